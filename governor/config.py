@@ -1,0 +1,201 @@
+"""Typed configuration of the GPU-memory governor (the `[governor]` table of the project TOML).
+
+No torch here: the daemon and the mount config import this module.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class GovernorConfigError(ValueError):
+    """A user mistake in the governor configuration; `str()` is one line naming key and problem."""
+
+
+class GpuConfig(BaseModel):
+    """One GPU the governor keeps a ledger for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(0, ge=0, description="CUDA device index as the clients see it.")
+    total_bytes: int = Field(
+        80 * GiB,
+        gt=0,
+        description="Bytes the ledger may hand out on this GPU. Set it to the card's memory "
+        "(or less, to emulate a smaller card); clients are told this number, not the driver's.",
+    )
+    reserve_bytes: int = Field(
+        2 * GiB,
+        ge=0,
+        description="Bytes never handed out: CUDA contexts, cuBLAS/cuDNN workspaces, fragmentation.",
+    )
+
+    @model_validator(mode="after")
+    def _reserve_below_total(self) -> "GpuConfig":
+        if self.reserve_bytes >= self.total_bytes:
+            raise ValueError("reserve_bytes must be smaller than total_bytes")
+        return self
+
+
+class GovernorConfig(BaseModel):
+    """Everything `hintfs governor CONFIG` needs; every field has a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    socket_path: str = Field(
+        "/run/hintfs/governor.sock",
+        description="Unix stream socket for registration and blocking requests (reserve, release).",
+    )
+    shm_name: str = Field(
+        "hintfs-governor",
+        pattern=r"^[A-Za-z0-9_.-]{1,200}$",
+        description="Name of the POSIX shared-memory segment (under /dev/shm) holding the "
+        "per-client quota/command/ack words. One segment per daemon; a per-GPU suffix is added.",
+    )
+    max_clients: int = Field(
+        64, ge=1, le=4096, description="Client slots in the shared-memory segment of each GPU."
+    )
+    gpus: list[GpuConfig] = Field(
+        default_factory=lambda: [GpuConfig()],
+        min_length=1,
+        description="GPUs governed by this daemon, each with its own ledger.",
+    )
+    # --- reclaim and deadlines -------------------------------------------------------------
+    reclaim_deadline_ms: float = Field(
+        50.0,
+        gt=0,
+        description="How long an inference reservation waits for training to acknowledge a "
+        "shrink before `deadline_miss_action` applies.",
+    )
+    deadline_miss_action: Literal["reject", "stop_training"] = Field(
+        "reject",
+        description="When training misses the reclaim deadline: 'reject' fails the inference "
+        "request (the caller may retry or route elsewhere); 'stop_training' kills the training "
+        "clients that did not acknowledge, and grants once their memory is back.",
+    )
+    ack_poll_interval_ms: float = Field(
+        0.2,
+        gt=0,
+        description="How often the daemon looks at ack words while a shrink is pending.",
+    )
+    # --- policy knobs ----------------------------------------------------------------------
+    min_headroom_bytes: int = Field(
+        1 * GiB,
+        ge=0,
+        description="Free memory always kept back from training for inference arrivals.",
+    )
+    headroom_quantile: float = Field(
+        0.99,
+        gt=0,
+        lt=1,
+        description="Headroom covers this quantile of inference demand arriving within one "
+        "reclaim time (Poisson arrivals at the observed rate).",
+    )
+    arrival_window_s: float = Field(
+        30.0, gt=0, description="Window over which the inference arrival rate is observed."
+    )
+    reclaim_time_initial_ms: float = Field(
+        20.0,
+        gt=0,
+        description="Reclaim time assumed before any shrink was measured (then an EWMA).",
+    )
+    keepalive_min_s: float = Field(
+        2.0, ge=0, description="Shortest keep-alive of an idle inference model."
+    )
+    keepalive_max_s: float = Field(
+        300.0, gt=0, description="Longest keep-alive of an idle inference model."
+    )
+    keepalive_quantile: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="Keep-alive = this quantile of the model's observed idle gaps (clamped).",
+    )
+    min_training_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Guaranteed minimum share of the GPU's usable memory that training keeps "
+        "(its minimum progress); inference requests beyond it are rejected, not reclaimed.",
+    )
+    grow_after_free_s: float = Field(
+        1.0,
+        ge=0,
+        description="Memory must have stayed free this long before training is told to grow.",
+    )
+    grow_step_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fraction of the spare memory given back to training per grow command.",
+    )
+    # --- page pool (fast handoff) ------------------------------------------------------------
+    page_bytes: int = Field(
+        32 * MiB,
+        gt=0,
+        description="Physical page size of the CUDA VMM page pool (multiple of the granularity).",
+    )
+    # --- liveness / ops --------------------------------------------------------------------
+    liveness_interval_s: float = Field(
+        1.0, gt=0, description="How often the daemon checks that client pids are alive."
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus metrics on this port; None disables."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level of the daemon."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GovernorConfig":
+        if self.keepalive_min_s > self.keepalive_max_s:
+            raise ValueError("keepalive_min_s must not exceed keepalive_max_s")
+        indexes = [g.index for g in self.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError("gpus: each index may appear once")
+        return self
+
+    def gpu(self, index: int) -> GpuConfig:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(index)
+
+
+def _one_line(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "governor"
+        parts.append(f"governor.{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def load_governor_config(path: str | Path) -> GovernorConfig:
+    """Read the `[governor]` table of a TOML file; other tables belong to the mount and are ignored.
+
+    Raises GovernorConfigError with a one-line message for a missing file, bad TOML or bad values.
+    A file without a `[governor]` table gives the defaults.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise GovernorConfigError(f"cannot read config {p}: {e.strerror or e}") from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise GovernorConfigError(f"{p}: invalid TOML: {e}") from None
+    table = doc.get("governor", {})
+    if not isinstance(table, dict):
+        raise GovernorConfigError(f"{p}: 'governor' must be a table")
+    try:
+        return GovernorConfig.model_validate(table)
+    except ValidationError as e:
+        raise GovernorConfigError(f"{p}: {_one_line(e)}") from None
