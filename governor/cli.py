@@ -1,0 +1,45 @@
+"""Entry point of `hintfs governor CONFIG` (called lazily by fusefs.cli)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from governor.config import GovernorConfigError, load_governor_config
+
+
+def main(config_path: str) -> int:
+    try:
+        cfg = load_governor_config(config_path)
+    except GovernorConfigError as e:
+        print(f"hintfs governor: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import trio
+
+    from governor.daemon import DaemonStartError, GovernorDaemon
+
+    daemon = GovernorDaemon(cfg)
+    try:
+        daemon.open()
+    except (DaemonStartError, OSError) as e:
+        print(f"hintfs governor: {e}", file=sys.stderr)
+        return 1
+    if cfg.metrics_port is not None:
+        from governor.metrics import start_metrics
+        start_metrics(cfg.metrics_port, daemon)
+    try:
+        trio.run(daemon.serve)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        daemon.close()
+    return 0
+
+
+if __name__ == "__main__":  # python -m governor.cli CONFIG
+    if len(sys.argv) != 2:
+        print("usage: python -m governor.cli CONFIG", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

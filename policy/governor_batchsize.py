@@ -1,0 +1,56 @@
+"""Memory per sample, fitted online, and the micro-batch size that fits a quota.
+
+Peak bytes of one micro-batch ≈ fixed + per_sample × samples (weights, grads and optimizer
+state are in `fixed`; activations scale with samples). A least-squares fit over recent
+observations with exponential forgetting tracks changes (e.g. sequence length drift).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class MemoryPerSample:
+    def __init__(self, forget: float = 0.95, margin: float = 1.1) -> None:
+        self.forget = forget
+        self.margin = margin
+        # Weighted sums for simple linear regression y = a + b x.
+        self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    def observe(self, samples: int, peak_bytes: int) -> None:
+        f = self.forget
+        self._w = self._w * f + 1
+        self._sx = self._sx * f + samples
+        self._sy = self._sy * f + peak_bytes
+        self._sxx = self._sxx * f + samples * samples
+        self._sxy = self._sxy * f + samples * peak_bytes
+
+    @property
+    def fitted(self) -> bool:
+        return self._w > 0
+
+    def coefficients(self) -> tuple[float, float]:
+        """(fixed_bytes, bytes_per_sample)."""
+        if self._w == 0:
+            raise ValueError("no observations")
+        mx, my = self._sx / self._w, self._sy / self._w
+        var = self._sxx / self._w - mx * mx
+        if var <= 1e-9 * max(1.0, mx * mx):
+            # One distinct batch size seen: attribute everything to samples (conservative).
+            return 0.0, my / max(mx, 1.0)
+        b = (self._sxy / self._w - mx * my) / var
+        b = max(b, 1.0)
+        a = my - b * mx
+        return max(a, 0.0), b
+
+    def predict(self, samples: int) -> float:
+        a, b = self.coefficients()
+        return (a + b * samples) * self.margin
+
+    def max_samples(self, quota_bytes: int, upper: int) -> int:
+        """Largest micro-batch (0..upper) whose predicted peak fits in quota_bytes."""
+        if upper <= 0:
+            return 0
+        a, b = self.coefficients()
+        n = math.floor((quota_bytes / self.margin - a) / b)
+        return int(min(upper, max(0, n)))

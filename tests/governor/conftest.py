@@ -1,0 +1,81 @@
+"""Fixtures: a governor daemon on a temp socket (trio in a background thread) and a simulated
+training device that acknowledges shrinks like a real client, without CUDA."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import pytest
+import trio
+
+from governor.config import GiB, GovernorConfig, GpuConfig
+from governor.daemon import GovernorDaemon
+
+
+class RunningDaemon:
+    def __init__(self, cfg: GovernorConfig) -> None:
+        self.cfg = cfg
+        self.daemon = GovernorDaemon(cfg)
+        self.daemon.open()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._cancel: trio.CancelScope | None = None
+        started = threading.Event()
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as cs:
+                self._cancel = cs
+                async with trio.open_nursery() as n:
+                    await n.start(self.daemon.serve)
+                    started.set()
+        self._thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+        self._thread.start()
+        assert started.wait(10), "daemon did not start"
+
+    def call(self, fn, *args):
+        """Run a sync function on the daemon's trio thread (to read the ledger safely)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def ledger(self, gpu: int = 0):
+        return self.daemon.gpus[gpu].ledger
+
+    def stop(self) -> None:
+        if self._token is not None:
+            try:
+                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(10)
+        self.daemon.close()
+
+
+@pytest.fixture
+def make_daemon(tmp_path):
+    running: list[RunningDaemon] = []
+
+    def make(**overrides) -> RunningDaemon:
+        base = dict(socket_path=str(tmp_path / "gov.sock"),
+                    shm_name=f"hintfs-test-{uuid.uuid4().hex[:8]}",
+                    gpus=[GpuConfig(index=0, total_bytes=16 * GiB, reserve_bytes=1 * GiB)],
+                    min_headroom_bytes=0, grow_after_free_s=0.2, liveness_interval_s=0.1,
+                    reclaim_deadline_ms=500)
+        base.update(overrides)
+        d = RunningDaemon(GovernorConfig(**base))
+        running.append(d)
+        return d
+
+    yield make
+    for d in running:
+        d.stop()
+
+
+def wait_until(pred, timeout=5.0, interval=0.005):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
