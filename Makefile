@@ -1,0 +1,33 @@
+# Every target does its own set-up, so `make demo` and `make test` work on a fresh Debian host as root.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio bindfs rclone systemd
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	fi
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU build on local disk; a looser spec would download a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/hintfs demo
+
+test: setup
+	$(PY) -m pytest -q -ra tests
+
+bench: setup
+	$(PY) bench/fuse_throughput.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

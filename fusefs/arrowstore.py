@@ -1,0 +1,232 @@
+"""A store over any `pyarrow.fs` filesystem: S3 (with endpoint override), HDFS in production.
+
+Every call may cross the network, so the operations layer runs all of them in worker threads.
+Writes are staged in a local spool file and uploaded on close: S3 makes the object visible only
+when the upload completes (atomic for readers); other filesystems get a temporary name and an
+atomic rename.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat as stat_mod
+import threading
+from typing import Iterator, Optional
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from .errors import StoreError
+from .store import STAGING_PREFIX, Stat, Staging
+
+_seq = itertools.count()
+_UPLOAD_CHUNK = 8 << 20
+_FILE_MODE = stat_mod.S_IFREG | 0o644
+_DIR_MODE = stat_mod.S_IFDIR | 0o755
+
+
+class ArrowReader:
+    __slots__ = ("_file", "_lock")
+
+    def __init__(self, f):
+        self._file = f
+        self._lock = threading.Lock()
+
+    def read(self, offset: int, size: int) -> bytes:
+        # read_at is positional and thread-safe in Arrow; no seek state is shared.
+        return self._file.read_at(size, offset)
+
+    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def _stat_of(info: pafs.FileInfo) -> Stat:
+    mtime = info.mtime_ns or 0
+    if info.type == pafs.FileType.Directory:
+        return Stat(_DIR_MODE, 0, mtime, mtime, 2)
+    if info.type == pafs.FileType.File:
+        return Stat(_FILE_MODE, info.size or 0, mtime, mtime, 1)
+    raise FileNotFoundError(errno.ENOENT, "not found", info.path)
+
+
+def filesystem_from_config(store_cfg) -> tuple[pafs.FileSystem, str]:
+    """Build the pyarrow filesystem and the root path inside it from the [store] section."""
+    uri = store_cfg.uri
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        kwargs = dict(
+            scheme=store_cfg.scheme,
+            connect_timeout=store_cfg.connect_timeout_s,
+            request_timeout=store_cfg.request_timeout_s,
+        )
+        if store_cfg.endpoint_override:
+            kwargs["endpoint_override"] = store_cfg.endpoint_override
+        if store_cfg.region:
+            kwargs["region"] = store_cfg.region
+        if store_cfg.access_key:
+            kwargs["access_key"] = store_cfg.access_key
+            kwargs["secret_key"] = store_cfg.secret_key or ""
+        fs = pafs.S3FileSystem(**kwargs)
+        root = (parsed.netloc + parsed.path).rstrip("/")
+        return fs, root
+    fs, root = pafs.FileSystem.from_uri(uri)
+    return fs, root.rstrip("/")
+
+
+class ArrowStore:
+    inline_metadata = False
+
+    def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str):
+        self.fs = fs
+        self.root = root
+        self.spool_dir = spool_dir
+        self.description = description
+        self._is_s3 = isinstance(fs, pafs.S3FileSystem)
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def check(self) -> None:
+        info = self.fs.get_file_info(self.root)
+        if info.type == pafs.FileType.NotFound:
+            raise StoreError(errno.ENOENT, f"store root {self.description} does not exist")
+        if info.type != pafs.FileType.Directory:
+            raise StoreError(errno.ENOTDIR, f"store root {self.description} is not a directory")
+        os.makedirs(self.spool_dir, exist_ok=True)
+
+    def stat(self, rel: str) -> Stat:
+        info = self.fs.get_file_info(self._p(rel))
+        return _stat_of(info)
+
+    def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
+        path = self._p(rel)
+        infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
+        for info in infos:
+            name = info.base_name
+            if not name or name.startswith(STAGING_PREFIX):
+                continue
+            try:
+                yield name, _stat_of(info)
+            except FileNotFoundError:
+                continue
+
+    def open_reader(self, rel: str) -> tuple[ArrowReader, Stat]:
+        info = self.fs.get_file_info(self._p(rel))
+        st = _stat_of(info)
+        if st.is_dir:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+        return ArrowReader(self.fs.open_input_file(info)), st
+
+    def readlink(self, rel: str) -> str:
+        raise StoreError(errno.EINVAL, "this store has no symlinks")
+
+    def symlink(self, rel: str, target: str) -> None:
+        raise StoreError(errno.EPERM, "this store has no symlinks")
+
+    def statfs(self):
+        return None
+
+    def mkdir(self, rel: str, mode: int) -> None:
+        if self.fs.get_file_info(self._p(rel)).type != pafs.FileType.NotFound:
+            raise FileExistsError(errno.EEXIST, "exists", rel)
+        self.fs.create_dir(self._p(rel), recursive=False)
+
+    def rmdir(self, rel: str) -> None:
+        path = self._p(rel)
+        info = self.fs.get_file_info(path)
+        if info.type != pafs.FileType.Directory:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", rel)
+        if self.fs.get_file_info(pafs.FileSelector(path, recursive=False)):
+            raise OSError(errno.ENOTEMPTY, "directory not empty", rel)
+        self.fs.delete_dir(path)
+
+    def unlink(self, rel: str) -> None:
+        info = self.fs.get_file_info(self._p(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, "not found", rel)
+        if info.type == pafs.FileType.Directory:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+        self.fs.delete_file(self._p(rel))
+
+    def rename(self, src: str, dst: str, noreplace: bool) -> None:
+        dst_info = self.fs.get_file_info(self._p(dst))
+        if noreplace and dst_info.type != pafs.FileType.NotFound:
+            raise FileExistsError(errno.EEXIST, "target exists", dst)
+        src_info = self.fs.get_file_info(self._p(src))
+        if src_info.type == pafs.FileType.Directory and self._is_s3:
+            self._rename_tree(src, dst)
+        else:
+            self.fs.move(self._p(src), self._p(dst))
+
+    def _rename_tree(self, src: str, dst: str) -> None:
+        """S3 has no directory rename: copy each object, then delete the originals (not atomic)."""
+        if self.fs.get_file_info(self._p(dst)).type == pafs.FileType.Directory:
+            if self.fs.get_file_info(pafs.FileSelector(self._p(dst), recursive=False)):
+                raise OSError(errno.ENOTEMPTY, "target directory not empty", dst)
+        self.fs.create_dir(self._p(dst), recursive=True)
+        infos = self.fs.get_file_info(pafs.FileSelector(self._p(src), recursive=True))
+        prefix = self._p(src) + "/"
+        for info in sorted(infos, key=lambda i: i.path):
+            tail = info.path[len(prefix):]
+            if info.type == pafs.FileType.Directory:
+                self.fs.create_dir(self._p(f"{dst}/{tail}"), recursive=True)
+            else:
+                self.fs.copy_file(info.path, self._p(f"{dst}/{tail}"))
+        self.fs.delete_dir(self._p(src))
+
+    def chmod(self, rel: str, mode: int) -> None:
+        raise StoreError(errno.EPERM, "this store has no permissions to change")
+
+    def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
+        # Object stores set mtime at upload; accept and ignore (as s3fs-fuse does) so `cp -p`,
+        # `touch` and `tar` keep working.
+        self.stat(rel)
+
+    def new_staging(self, rel: str, copy_existing: bool) -> Staging:
+        os.makedirs(self.spool_dir, exist_ok=True)
+        path = os.path.join(self.spool_dir, f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.unlink(path)  # the spool file needs no name: nothing can leak if we die
+        try:
+            if copy_existing:
+                info = self.fs.get_file_info(self._p(rel))
+                if info.type == pafs.FileType.File:
+                    with self.fs.open_input_stream(self._p(rel)) as src:
+                        offset = 0
+                        while True:
+                            chunk = src.read(_UPLOAD_CHUNK)
+                            if not chunk:
+                                break
+                            os.pwrite(fd, chunk, offset)
+                            offset += len(chunk)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Staging(fd, path, rel)
+
+    def commit(self, staging: Staging, rel: str) -> Stat:
+        target = self._p(rel)
+        dest = target if self._is_s3 else f"{os.path.dirname(target)}/{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
+        size = os.fstat(staging.fd).st_size
+        with self.fs.open_output_stream(dest) as out:
+            offset = 0
+            while offset < size:
+                chunk = os.pread(staging.fd, min(_UPLOAD_CHUNK, size - offset), offset)
+                if not chunk:
+                    break
+                out.write(chunk)
+                offset += len(chunk)
+        if dest != target:
+            self.fs.move(dest, target)
+        staging.dirty = False
+        return self.stat(rel)
+
+    def discard(self, staging: Staging) -> None:
+        staging.close()

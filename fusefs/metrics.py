@@ -1,0 +1,46 @@
+"""Prometheus endpoint (opt-in): a collector that reads the same `Stats` the mount keeps."""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, REGISTRY
+
+from .stats import Stats
+
+log = logging.getLogger("hintfs.metrics")
+
+
+class StatsCollector:
+    def __init__(self, stats: Stats):
+        self.stats = stats
+
+    def collect(self):
+        ops = CounterMetricFamily("hintfs_fuse_ops", "FUSE requests handled", labels=["op"])
+        errs = CounterMetricFamily("hintfs_fuse_errors", "FUSE requests that failed", labels=["op"])
+        lat = GaugeMetricFamily("hintfs_fuse_latency_seconds", "FUSE request latency quantiles",
+                                labels=["op", "quantile"])
+        for name, s in list(self.stats.ops.items()):
+            ops.add_metric([name], s.count)
+            errs.add_metric([name], s.errors)
+            for q in (0.5, 0.9, 0.99):
+                lat.add_metric([name, str(q)], s.percentile_us(q) / 1e6)
+        yield ops
+        yield errs
+        yield lat
+        c = CounterMetricFamily("hintfs_events", "Mount event counters", labels=["event"])
+        for name, v in list(self.stats.counters.items()):
+            c.add_metric([name], v)
+        yield c
+
+
+def start_metrics(stats: Stats, bind: str, port: int) -> int:
+    """Serve /metrics on bind:port in a background thread; return the bound port."""
+    REGISTRY.register(StatsCollector(stats))
+    server, _thread = start_http_server(port, addr=bind)
+    bound = server.server_address[1]
+    log.info("metrics on http://%s:%d/metrics", bind, bound)
+    return bound
+
+
+__all__ = ["start_metrics", "StatsCollector"]

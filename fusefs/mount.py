@@ -1,0 +1,183 @@
+"""Running a mount: build the store and the operations from a config, mount, serve, unmount.
+
+`run_mount` is what `hintfs mount --foreground` runs (directly, or as the child of the
+background launcher and of systemd). Pre-flight checks raise `MountError` with one line.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+from typing import Callable, Optional
+from urllib.parse import urlparse
+
+import pyfuse3
+import trio
+
+from mountconfig import MountConfig, effective_config_json
+from .control import ControlDir, ControlFile, loglevel_file
+from .operations import Operations
+from .stats import Stats
+from .store import Store
+
+log = logging.getLogger("hintfs.mount")
+
+
+class MountError(Exception):
+    """A problem the user can fix (mountpoint, /dev/fuse, store); one line, no traceback."""
+
+
+def build_store(cfg: MountConfig) -> Store:
+    scheme = urlparse(cfg.store.uri).scheme
+    if scheme == "file":
+        from .localstore import LocalStore
+        return LocalStore(urlparse(cfg.store.uri).path)
+    from .arrowstore import ArrowStore, filesystem_from_config
+    try:
+        fs, root = filesystem_from_config(cfg.store)
+    except Exception as err:  # pyarrow raises ArrowInvalid/OSError for bad URIs or missing HDFS libs
+        raise MountError(f"store {cfg.store.uri}: {err}") from None
+    return ArrowStore(fs, root, cfg.cache.spool_dir, cfg.store.uri)
+
+
+def check_store(store: Store, cfg: MountConfig) -> None:
+    if not cfg.store.startup_check:
+        return
+    try:
+        store.check()
+    except Exception as err:
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        raise MountError(f"store {cfg.store.uri} is not reachable: {reason}") from None
+
+
+def check_mountpoint(mountpoint: str) -> str:
+    mp = os.path.abspath(mountpoint)
+    if not os.path.exists(mp):
+        raise MountError(f"mountpoint {mp} does not exist")
+    if not os.path.isdir(mp):
+        raise MountError(f"mountpoint {mp} is not a directory")
+    if os.path.ismount(mp):
+        raise MountError(f"mountpoint {mp} is busy: something is already mounted there")
+    return mp
+
+
+def check_fuse_device() -> None:
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+    except FileNotFoundError:
+        raise MountError("/dev/fuse does not exist: load the fuse module (modprobe fuse) "
+                         "or pass the device into the container") from None
+    except PermissionError:
+        raise MountError("/dev/fuse is not accessible: run as root or grant access to /dev/fuse") from None
+    except OSError as err:
+        raise MountError(f"/dev/fuse cannot be opened: {err.strerror}") from None
+    os.close(fd)
+
+
+def build_control(cfg: MountConfig, stats: Stats) -> ControlDir:
+    root = ControlDir(".hintfs")
+    root.add(ControlFile("stats", render=lambda: (json.dumps(stats.snapshot(), indent=2) + "\n").encode()))
+    config_bytes = effective_config_json(cfg)
+    root.add(ControlFile("config", render=lambda: config_bytes))
+    root.add(loglevel_file())
+    return root
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+    except OSError as err:
+        log.warning("sd_notify failed: %s", err)
+
+
+def fuse_options(cfg: MountConfig) -> set[str]:
+    options = set(pyfuse3.default_options)
+    options.add(f"fsname={cfg.mount.fsname}")
+    options.add("subtype=hintfs")
+    if cfg.mount.allow_other:
+        options.add("allow_other")
+    return options
+
+
+def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
+              on_ready: Optional[Callable[[], None]] = None) -> int:
+    """Mount and serve until unmounted or signalled; return an exit status."""
+    mp = check_mountpoint(mountpoint)
+    check_fuse_device()
+    if store is None:
+        store = build_store(cfg)
+    check_store(store, cfg)
+    stats = Stats()
+    ops = Operations(store, cfg, stats, build_control(cfg, stats))
+    if cfg.metrics.enabled:
+        from .metrics import start_metrics
+        port = start_metrics(stats, cfg.metrics.bind, cfg.metrics.port)
+        stats.counters["metrics_port"] = port
+    try:
+        pyfuse3.init(ops, mp, fuse_options(cfg))
+    except RuntimeError as err:
+        raise MountError(f"cannot mount at {mp}: {err}") from None
+    log.info("mounted %s at %s", store.description, mp)
+    unmount = True
+    try:
+        trio.run(_serve, ops, mp, on_ready, cfg)
+    except BaseException:
+        log.exception("mount loop failed")
+        raise
+    finally:
+        dropped = ops.abandon_open_writes()
+        if dropped:
+            log.warning("%d open writes dropped at unmount", dropped)
+        sd_notify("STOPPING=1")
+        try:
+            pyfuse3.close(unmount=unmount)
+        except Exception as err:  # already unmounted by fusermount3 -u
+            log.debug("close: %s", err)
+        log.info("unmounted %s", mp)
+    return 0
+
+
+async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        nursery.start_soon(_announce_ready, mp, on_ready)
+        await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s: unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+async def _announce_ready(mp: str, on_ready) -> None:
+    # Prove the mount answers (a stat served by our own loop, from a thread) before saying so.
+    def probe():
+        os.stat(os.path.join(mp, ".hintfs", "stats"))
+
+    try:
+        await trio.to_thread.run_sync(probe)
+    except OSError as err:
+        log.error("mount does not answer: %s", err)
+        pyfuse3.terminate()
+        return
+    sd_notify("READY=1")
+    if on_ready is not None:
+        on_ready()
+
+
+__all__ = ["MountError", "run_mount", "build_store", "errno"]

@@ -1,0 +1,102 @@
+"""The store interface that the FUSE layer talks to, and the types it exchanges.
+
+A store is the system of record (a local folder, S3, HDFS). Its methods are synchronous and
+may block; the operations layer decides whether to call them inline or in a worker thread
+(`Store.inline_metadata`). Paths are relative to the store root, '/'-separated, '' for the root,
+and have already been checked not to escape it (see `fusefs.paths`).
+"""
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from dataclasses import dataclass
+from typing import Iterator, Optional, Protocol
+
+# Staged writes are hidden files next to their target (file://) or in a spool dir (remote).
+STAGING_PREFIX = ".hintfs-tmp."
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    mode: int            # full st_mode (type bits + permissions)
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int = 1
+    uid: int = 0
+    gid: int = 0
+
+    @property
+    def is_dir(self) -> bool:
+        return stat_mod.S_ISDIR(self.mode)
+
+    @property
+    def is_symlink(self) -> bool:
+        return stat_mod.S_ISLNK(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat_mod.S_ISREG(self.mode)
+
+    def identity(self) -> tuple[int, int]:
+        """What close-to-open compares: a changed file has another size or mtime."""
+        return (self.size, self.mtime_ns)
+
+    @classmethod
+    def from_os(cls, st: os.stat_result) -> "Stat":
+        return cls(st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_uid, st.st_gid)
+
+
+class Reader(Protocol):
+    def read(self, offset: int, size: int) -> bytes: ...
+    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+        """Bytes if they can be had without blocking (page cache), else None."""
+    def close(self) -> None: ...
+
+
+class Staging:
+    """A local file that collects the writes of one open file until close commits it.
+
+    `fd` is a plain read-write fd on local disk. After a commit of a file:// store the fd refers
+    to the live file, so `live` is set and the next write must stage a fresh copy first.
+    """
+
+    __slots__ = ("fd", "path", "dirty", "live", "target")
+
+    def __init__(self, fd: int, path: str, target: str):
+        self.fd = fd
+        self.path = path
+        self.target = target
+        self.dirty = False
+        self.live = False
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Store(Protocol):
+    inline_metadata: bool
+    description: str
+
+    def stat(self, rel: str) -> Stat: ...
+    def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]: ...
+    def open_reader(self, rel: str) -> tuple[Reader, Stat]: ...
+    def readlink(self, rel: str) -> str: ...
+    def symlink(self, rel: str, target: str) -> None: ...
+    def mkdir(self, rel: str, mode: int) -> None: ...
+    def rmdir(self, rel: str) -> None: ...
+    def unlink(self, rel: str) -> None: ...
+    def rename(self, src: str, dst: str, noreplace: bool) -> None: ...
+    def chmod(self, rel: str, mode: int) -> None: ...
+    def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None: ...
+    def statfs(self) -> os.statvfs_result | None: ...
+    def new_staging(self, rel: str, copy_existing: bool) -> Staging: ...
+    def commit(self, staging: Staging, rel: str) -> Stat: ...
+    def discard(self, staging: Staging) -> None: ...
+    def check(self) -> None:
+        """Raise OSError when the store root cannot be reached (used at mount time)."""

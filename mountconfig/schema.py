@@ -1,0 +1,109 @@
+"""The mount config: one typed schema; pydantic does the validation.
+
+Every tunable has a default and a description; docs/config.md is generated from these
+descriptions (``hintfs config-doc``) so the two cannot drift apart.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    # Unknown keys are mistakes (a typo silently ignored is a tunable silently at its default).
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(Section):
+    uri: str = Field(
+        "file:///srv/data",
+        description="The existing store, as a pyarrow.fs URI: file:///path (default), "
+        "s3://bucket/prefix, hdfs://namenode:port/path (production).",
+    )
+    endpoint_override: Optional[str] = Field(
+        None, description="S3 only: host:port of an S3-compatible server (MinIO, Ceph RGW, moto)."
+    )
+    scheme: Literal["https", "http"] = Field("https", description="S3 only: protocol to the endpoint.")
+    region: Optional[str] = Field(None, description="S3 only: region; pyarrow's default resolution when unset.")
+    access_key: Optional[str] = Field(
+        None, description="S3 only: access key; unset means the AWS default chain (env, profile, instance role)."
+    )
+    secret_key: Optional[str] = Field(None, description="S3 only: secret key, together with access_key.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Remote stores: connection timeout in seconds.")
+    request_timeout_s: float = Field(30.0, gt=0, description="Remote stores: per-request timeout in seconds.")
+    startup_check: bool = Field(
+        True, description="Fail `hintfs mount` at once when the store root cannot be listed."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        scheme = urlparse(uri).scheme
+        if scheme not in ("file", "s3", "hdfs", "viewfs"):
+            raise ValueError(f"unsupported store scheme {scheme!r}: use file://, s3:// or hdfs://")
+        if scheme == "file" and not urlparse(uri).path.startswith("/"):
+            raise ValueError("file:// URIs need an absolute path, e.g. file:///srv/data")
+        return uri
+
+
+class CacheConfig(Section):
+    attr_timeout_s: float = Field(
+        1.0, ge=0, description="How long the kernel may trust file attributes without asking again."
+    )
+    entry_timeout_s: float = Field(
+        1.0, ge=0, description="How long the kernel may trust a name lookup (including negative ones)."
+    )
+    immutable_globs: list[str] = Field(
+        default_factory=list,
+        description="Paths (fnmatch globs, relative to the store root) that are never modified once "
+        "written, e.g. checkpoints: their attributes and names are cached for `immutable_timeout_s`.",
+    )
+    immutable_timeout_s: float = Field(3600.0, ge=0, description="Attr/entry timeout for immutable paths.")
+    spool_dir: str = Field(
+        "/var/cache/hintfs/spool",
+        description="Remote stores only: local directory where written files are staged until close "
+        "uploads them. file:// stores stage next to the target instead, so the rename is atomic.",
+    )
+
+
+class MountOptions(Section):
+    fsname: str = Field("hintfs", description="Name shown in /proc/mounts and `df`.")
+    allow_other: bool = Field(True, description="Let users other than the mounting one use the mount.")
+    io_threads: int = Field(
+        16, ge=1, le=512, description="Threads for blocking store I/O (cache misses, uploads, listings)."
+    )
+    max_tasks: int = Field(
+        256, ge=1, le=100000, description="Most FUSE requests handled concurrently by the trio loop."
+    )
+    readdir_page: int = Field(
+        1000, ge=16, le=100000, description="Directory entries fetched from the store per listing page."
+    )
+    writeback_cache: bool = Field(
+        True, description="Let the kernel batch small writes into larger ones (faster sequential writes)."
+    )
+    unmount_timeout_s: float = Field(
+        30.0, gt=0, description="`hintfs umount`: how long to wait for pending uploads before giving up."
+    )
+
+
+class MetricsConfig(Section):
+    enabled: bool = Field(False, description="Serve Prometheus metrics over HTTP.")
+    bind: str = Field("127.0.0.1", description="Address the metrics endpoint binds.")
+    port: int = Field(9464, ge=0, le=65535, description="Port of the metrics endpoint (0: pick a free one).")
+
+
+class LoggingConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    file: Optional[str] = Field(
+        None, description="Log file; unset means stderr (the journal under systemd)."
+    )
+
+
+class MountConfig(Section):
+    store: StoreConfig = Field(default_factory=StoreConfig, description="The store hintfs is a view of.")
+    cache: CacheConfig = Field(default_factory=CacheConfig, description="Kernel caching and write staging.")
+    mount: MountOptions = Field(default_factory=MountOptions, description="FUSE mount options.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus endpoint.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logging.")

@@ -1,0 +1,124 @@
+"""The daemon end to end on CPU: real socket, real shared memory, simulated training device."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from governor.client import GovernorClient, GovernorError
+from governor.config import GiB
+from governor_simdevice import SimulatedTrainer
+from conftest import wait_until
+
+
+def test_reserve_fits_without_reclaim(make_daemon):
+    d = make_daemon()
+    inf = GovernorClient(d.cfg.socket_path, "inference", name="resnet")
+    r = inf.request({"op": "reserve", "kind": "weights", "bytes": 2 * GiB})
+    assert r["granted"] == 2 * GiB and r["reclaimed"] == 0
+    assert d.call(lambda: d.ledger().by_kind()["weights"]) == 2 * GiB
+    inf.request({"op": "release", "kind": "weights", "bytes": GiB})
+    assert d.call(lambda: d.ledger().inference_bytes()) == GiB
+    inf.close()
+
+
+def test_shrink_through_shared_memory_then_grow_back(make_daemon):
+    d = make_daemon(grow_after_free_s=0.1, min_training_fraction=0.1)
+    trainer = SimulatedTrainer(d.cfg.socket_path)
+    usable = 15 * GiB
+    assert trainer.client.initial_quota == usable  # headroom 0, nothing else on the GPU
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    t0 = time.perf_counter()
+    r = inf.request({"op": "reserve", "kind": "kv_cache", "bytes": 6 * GiB})
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    assert r["reclaimed"] == 6 * GiB
+    t = r["timing_ms"]
+    assert set(t) >= {"detect", "drain", "release", "ack", "reclaim"}
+    assert t["reclaim"] < 100 and wall_ms < 200
+    assert trainer.used <= 9 * GiB
+    assert d.call(lambda: d.ledger().training_bytes()) == 9 * GiB
+    # inference leaves: after the quiet period training grows back in steps
+    inf.request({"op": "release", "kind": "kv_cache", "bytes": 6 * GiB})
+    assert wait_until(lambda: d.call(lambda: d.ledger().training_bytes()) > 12 * GiB, 5)
+    assert wait_until(lambda: trainer.used > 12 * GiB, 5)
+    trainer.close(); inf.close()
+
+
+def test_inference_cannot_take_training_floor(make_daemon):
+    d = make_daemon(min_training_fraction=0.5)
+    trainer = SimulatedTrainer(d.cfg.socket_path)
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    with pytest.raises(GovernorError, match="limit"):
+        inf.request({"op": "reserve", "kind": "weights", "bytes": 8 * GiB})
+    inf.request({"op": "reserve", "kind": "weights", "bytes": 7 * GiB})
+    trainer.close(); inf.close()
+
+
+def test_deadline_miss_rejects(make_daemon):
+    d = make_daemon(reclaim_deadline_ms=30, deadline_miss_action="reject")
+    trainer = SimulatedTrainer(d.cfg.socket_path, stuck=True)
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    t0 = time.perf_counter()
+    with pytest.raises(GovernorError, match="deadline"):
+        inf.request({"op": "reserve", "kind": "weights", "bytes": 4 * GiB})
+    assert time.perf_counter() - t0 < 1.0
+    assert d.call(lambda: d.ledger().inference_bytes()) == 0
+    trainer.close(); inf.close()
+
+
+TRAINER_PROC = textwrap.dedent("""
+    import sys, time
+    from governor.client import GovernorClient
+    c = GovernorClient(sys.argv[1], "training", name="stuck")
+    print(c.initial_quota, flush=True)
+    time.sleep(60)   # never reaches a safe point
+""")
+
+
+def _spawn_trainer(sock):
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-c", TRAINER_PROC, sock], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    assert int(p.stdout.readline()) > 0
+    return p
+
+
+def test_deadline_miss_stops_training(make_daemon):
+    d = make_daemon(reclaim_deadline_ms=30, deadline_miss_action="stop_training")
+    p = _spawn_trainer(d.cfg.socket_path)
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    r = inf.request({"op": "reserve", "kind": "weights", "bytes": 10 * GiB})
+    assert r["granted"] == 10 * GiB
+    assert p.wait(5) != 0  # killed
+    assert d.call(lambda: len(d.ledger().training())) == 0
+    inf.close()
+
+
+def test_dead_client_returns_memory(make_daemon):
+    d = make_daemon()
+    p = _spawn_trainer(d.cfg.socket_path)
+    assert d.call(lambda: d.ledger().training_bytes()) == 15 * GiB
+    p.kill(); p.wait()
+    assert wait_until(lambda: d.call(lambda: d.ledger().training_bytes()) == 0, 5)
+    assert d.call(lambda: d.ledger().free_bytes()) == 15 * GiB
+    # its slot is reusable
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    assert inf.slot_index == 0
+    inf.close()
+
+
+def test_protocol_errors_are_replies_not_crashes(make_daemon):
+    d = make_daemon()
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    with pytest.raises(GovernorError, match="unknown kind"):
+        inf.request({"op": "reserve", "kind": "socks", "bytes": 1})
+    with pytest.raises(GovernorError, match="already registered"):
+        inf.request({"op": "register", "role": "inference", "gpu": 0, "pid": 1})
+    with pytest.raises(GovernorError, match="not governed"):
+        GovernorClient(d.cfg.socket_path, "inference", gpu=7)
+    s = inf.stats()["gpus"][0]
+    assert s["usable_bytes"] == 15 * GiB
+    inf.close()
