@@ -45,3 +45,59 @@ class SimulatedTrainer:
         self._stop.set()
         self._t.join(2)
         self.client.close()
+
+
+class SimulatedMemory:
+    """MemoryProbe of a simulated device: fixed bytes plus per-sample activation bytes that
+    stay cached (like the caching allocator) until release()."""
+
+    def __init__(self, fixed: int, per_sample: int) -> None:
+        self.fixed, self.per_sample = fixed, per_sample
+        self.cached_samples = 0
+        self.peak_samples = 0
+        self.releases = 0
+
+    def begin_micro(self, samples: int) -> None:
+        self.cached_samples = max(self.cached_samples, samples)
+        self.peak_samples = samples
+
+    def reserved(self) -> int:
+        return self.fixed + self.per_sample * self.cached_samples
+
+    def peak(self) -> int:
+        return self.fixed + self.per_sample * self.peak_samples
+
+    def drain(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.cached_samples = 0
+        self.releases += 1
+
+    def record_event(self):
+        return None
+
+
+class ScriptedControl:
+    """A real slot (SlotReader over a ControlBlock) whose daemon side posts commands from a
+    script: `script[k] = (cmd, target)` is posted just before the k-th safe-point check."""
+
+    def __init__(self, block_path, script: dict[int, tuple[int, int]], quota: int) -> None:
+        from governor.protocol import W_QUOTA, ControlBlock, SlotReader, SlotWriter
+        self.block = ControlBlock(block_path, create=True, max_clients=2)
+        self.writer = SlotWriter(self.block.slot(0))
+        self.reader = SlotReader(self.block.slot(0))
+        self.block.slot(0)[W_QUOTA] = quota
+        self.script = dict(script)
+        self.calls = 0
+        self.slot = self.reader.slot
+
+    def pending(self):
+        k = self.calls
+        self.calls += 1
+        if k in self.script:
+            self.writer.command(*self.script.pop(k))
+        return self.reader.pending()
+
+    def __getattr__(self, name):
+        return getattr(self.reader, name)

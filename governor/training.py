@@ -1,0 +1,325 @@
+"""Elastic training client: safe points inside backward, micro-batch accounting, exact gradients.
+
+One optimizer step consumes this worker's share of a fixed global batch, split into micro-batches
+whose size follows the governor's quota. Gradients of finished micro-batches are *committed*
+into an accumulator; a shrink arriving at a safe point (a forward pre-hook or a post-accumulate-
+grad hook in backward) aborts only the unfinished micro-batch, releases its memory, acknowledges
+through the shared-memory words, and the step goes on with smaller micro-batches. At the end of
+the step the accumulated sum (plus the sample count) is all-reduced once and divided by the
+global sample count, so workers with different local batch sizes still get the exact full-batch
+gradient of a loss that is a *sum* over samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from governor.protocol import CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns
+from policy.governor_batchsize import MemoryPerSample
+
+log = logging.getLogger("hintfs.governor.training")
+
+
+class ShrinkRequested(Exception):
+    """Raised from a safe-point hook to unwind the current micro-batch."""
+
+
+class MemoryProbe:
+    """How the trainer sees device memory. CUDA: the caching allocator. Override for tests."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device) if self.cuda else 0
+
+    def begin_micro(self, samples: int) -> None:
+        """A micro-batch of `samples` starts (resets the peak counter)."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device) if self.cuda else 0
+
+    def drain(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def release(self) -> None:
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def record_event(self):
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+
+@dataclass
+class Adjustment:
+    """One acknowledged command, with the client-side split of its latency (ms)."""
+
+    cmd: int
+    target: int
+    detect_ms: float
+    drain_ms: float
+    release_ms: float
+    used_after: int
+    dropped_samples: int
+
+
+@dataclass
+class StepResult:
+    loss_sum: float
+    samples: int
+    global_samples: int
+    micro_batches: list[int] = field(default_factory=list)
+    aborted: int = 0
+    adjustments: list[Adjustment] = field(default_factory=list)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.global_samples, 1)
+
+
+class ElasticTrainer:
+    """
+    model, optimizer: as usual. `loss_fn(output, target)` must return the SUM over samples.
+    `control`: the client's slot (None: not governed). `notify(seq)`: wakes the daemon after an
+    ack. `layers`: modules whose boundaries are safe points (default: every leaf with params).
+    `max_ahead`: the CPU may run at most this many safe points ahead of the GPU, so that a stop
+    drains in a few layers' time. `process_group`: data-parallel group or None.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                 device: torch.device | str = "cpu", control: SlotReader | None = None,
+                 notify: Callable[[int], None] | None = None, quota: int | None = None,
+                 max_micro_batch: int = 1 << 30, probe_batch: int = 4,
+                 layers: Iterable[nn.Module] | None = None, max_ahead: int = 2,
+                 probe: MemoryProbe | None = None, process_group=None,
+                 yield_to_inference: Callable[[], bool] | None = None,
+                 max_yield_s: float = 0.05) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.device = torch.device(device)
+        self.control = control
+        self.notify = notify
+        self.quota = quota if quota is not None else (control.quota() if control else 1 << 62)
+        self.max_micro_batch = max_micro_batch
+        self.probe_batch = probe_batch
+        self.max_ahead = max_ahead
+        self.probe = probe or MemoryProbe(self.device)
+        self.group = process_group
+        self.yield_to_inference = yield_to_inference
+        self.max_yield_s = max_yield_s
+        self.memory_model = MemoryPerSample()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self._acc: list[torch.Tensor | None] = [None] * len(self.params)
+        self._events: list = []
+        self._in_micro = False
+        self._micro_samples = 0
+        self._adjustments: list[Adjustment] = []
+        self._stopped = False
+        self._hooks = []
+        layers = list(layers) if layers is not None else [
+            m for m in model.modules()
+            if not list(m.children()) and any(p.requires_grad for p in m.parameters(recurse=False))]
+        for m in layers:
+            self._hooks.append(m.register_forward_pre_hook(self._forward_safe_point))
+            last = [p for p in m.parameters(recurse=False) if p.requires_grad]
+            if last:
+                self._hooks.append(last[-1].register_post_accumulate_grad_hook(
+                    self._backward_safe_point))
+
+    # --- safe points ---------------------------------------------------------------------
+    def _forward_safe_point(self, module, args):
+        self._safe_point()
+
+    def _backward_safe_point(self, param):
+        self._safe_point()
+
+    def _safe_point(self) -> None:
+        if not self._in_micro:
+            return
+        # Keep the CPU at most `max_ahead` safe points ahead of the GPU.
+        ev = self.probe.record_event()
+        if ev is not None:
+            self._events.append(ev)
+            if len(self._events) > self.max_ahead:
+                self._events.pop(0).synchronize()
+        if self.yield_to_inference is not None and self.yield_to_inference():
+            self._yield()
+        if self.control is None:
+            return
+        cmd = self.control.pending()
+        if cmd is None:
+            return
+        if cmd.cmd == CMD_SHRINK and self.probe.reserved() > cmd.target:
+            self.control.stamp_detect()
+            raise ShrinkRequested()
+        self._handle_command(cmd, dropped=0)
+
+    def _yield(self) -> None:
+        """Inference has priority on compute: pause at this safe point while it runs, but at
+        most `max_yield_s` per safe point (training's guaranteed progress)."""
+        end = time.monotonic() + self.max_yield_s
+        while self.yield_to_inference() and time.monotonic() < end:
+            time.sleep(50e-6)
+
+    def poll(self) -> None:
+        """Handle a pending command outside a step (call this while idle, e.g. loading data)."""
+        if self.control is not None:
+            cmd = self.control.pending()
+            if cmd is not None:
+                self.control.stamp_detect()
+                self._handle_command(cmd, dropped=0)
+
+    def _handle_command(self, cmd, dropped: int) -> None:
+        t_detect = int(self.control.slot[W_T_DETECT])  # stamped at the safe point
+        if t_detect == 0 or t_detect < cmd.issued_ns:
+            self.control.stamp_detect()
+            t_detect = int(self.control.slot[W_T_DETECT])
+        if cmd.cmd == CMD_SHRINK:
+            self.probe.drain()
+            t_drained = now_ns()
+            self.probe.release()
+            t_released = now_ns()
+            self.quota = cmd.target
+        else:
+            t_drained = t_released = now_ns()
+            if cmd.cmd == CMD_GROW:
+                self.quota = cmd.target
+            elif cmd.cmd == CMD_STOP:
+                self._stopped = True
+        used = self.probe.reserved()
+        self.control.ack(cmd.seq, used, t_drained, t_released)
+        if self.notify is not None and cmd.cmd == CMD_SHRINK:
+            self.notify(cmd.seq)
+        self._adjustments.append(Adjustment(
+            cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
+            (t_released - t_drained) / 1e6, used, dropped))
+
+    # --- micro-batch sizing -------------------------------------------------------------
+    def next_micro_batch(self, remaining: int) -> int:
+        upper = min(remaining, self.max_micro_batch)
+        if not self.memory_model.fitted:
+            return max(1, min(upper, self.probe_batch))
+        n = self.memory_model.max_samples(self.quota, upper)
+        return max(1, n)  # one sample always runs: training's minimum progress
+
+    # --- the step -----------------------------------------------------------------------
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepResult:
+        """One optimizer step over this worker's `inputs` (any local size, 0 included)."""
+        self._adjustments = []
+        local = int(inputs.shape[0])
+        res = StepResult(0.0, local, local)
+        done = 0
+        self._acc = [None] * len(self.params)
+        self.poll()
+        while done < local:
+            n = self.next_micro_batch(local - done)
+            x = inputs[done:done + n].to(self.device, non_blocking=True)
+            y = targets[done:done + n].to(self.device, non_blocking=True)
+            self.probe.begin_micro(n)
+            try:
+                loss_value = self._micro_batch(x, y)
+            except ShrinkRequested:
+                aborted = True
+            else:
+                aborted = False
+            # Outside the except block the traceback (and the micro-batch's graph) is gone.
+            del x, y
+            if aborted:
+                for p in self.params:
+                    p.grad = None  # drop the unfinished micro-batch's partial gradients
+                self._events.clear()
+                cmd = self.control.pending()
+                if cmd is not None:
+                    self._handle_command(cmd, dropped=n)
+                res.aborted += 1
+                continue
+            self.memory_model.observe(n, max(self.probe.peak(), 1))
+            self._commit()
+            res.loss_sum += loss_value
+            res.micro_batches.append(n)
+            done += n
+        res.global_samples = self._finish(res)
+        res.adjustments = list(self._adjustments)
+        return res
+
+    def _micro_batch(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self._in_micro = True
+        try:
+            out = self.model(x)
+            loss = self.loss_fn(out, y)
+            loss.backward()
+            return float(loss.detach())
+        finally:
+            self._in_micro = False
+            self._events.clear()
+
+    def _commit(self) -> None:
+        """Move this micro-batch's gradients into the accumulator (the committed part)."""
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            if self._acc[i] is None:
+                self._acc[i] = g  # first micro-batch: take the tensor, no copy
+            else:
+                self._acc[i].add_(g)
+            p.grad = None
+
+    def _finish(self, res: StepResult) -> int:
+        """One all-reduce of [grads..., loss_sum, count]; divide by the global sample count."""
+        grads = [a if a is not None else torch.zeros_like(p)
+                 for a, p in zip(self._acc, self.params)]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [
+            torch.tensor([res.loss_sum, float(res.samples)], dtype=grads[0].dtype,
+                         device=grads[0].device)])
+        if self.group is not None or (torch.distributed.is_available()
+                                      and torch.distributed.is_initialized()):
+            torch.distributed.all_reduce(flat, group=self.group)
+        total = int(round(float(flat[-1])))
+        res.loss_sum = float(flat[-2])
+        if total > 0:
+            flat[:-2].div_(total)
+            off = 0
+            for p in self.params:
+                k = p.numel()
+                p.grad = flat[off:off + k].view_as(p)
+                off += k
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._acc = [None] * len(self.params)
+        return total
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def governed_trainer(socket_path: str, model: nn.Module, optimizer, loss_fn, *, gpu: int = 0,
+                     name: str = "training", **kwargs) -> tuple[ElasticTrainer, "object"]:
+    """Register with the governor and build an ElasticTrainer on its slot.
+    Returns (trainer, client); close the client when done (that returns the memory)."""
+    from governor.client import GovernorClient
+
+    client = GovernorClient(socket_path, "training", gpu=gpu, name=name)
+    block = client.block
+    trainer = ElasticTrainer(model, optimizer, loss_fn, control=client.slot,
+                             notify=client.notify_ack, quota=client.initial_quota,
+                             yield_to_inference=block.inference_busy, **kwargs)
+    return trainer, client

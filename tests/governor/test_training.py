@@ -1,0 +1,170 @@
+"""Elastic training on CPU: exact gradients under shrinks and data parallelism with gloo."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from governor.protocol import CMD_GROW, CMD_SHRINK
+from governor.training import ElasticTrainer
+from governor_simdevice import ScriptedControl, SimulatedMemory
+
+MB = 1 << 20
+
+
+def make_model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4)).to(dtype)
+
+
+def make_data(n, seed=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g, dtype=dtype)
+    w = torch.randn(8, 4, generator=g, dtype=dtype)
+    y = (x @ w).argmax(1)
+    return x, y
+
+
+sum_ce = nn.CrossEntropyLoss(reduction="sum")
+
+
+class Capture(torch.optim.Optimizer):
+    """Records the gradient handed to step() (no update)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
+
+
+def reference_grads(x, y, seed=0):
+    m = make_model(seed)
+    loss = nn.CrossEntropyLoss(reduction="mean")(m(x), y)
+    loss.backward()
+    return [p.grad.clone() for p in m.parameters()], float(loss.detach())
+
+
+def rel_err(a, b):
+    num = torch.sqrt(sum(((u - v) ** 2).sum() for u, v in zip(a, b)))
+    den = torch.sqrt(sum((v ** 2).sum() for v in b))
+    return float(num / den)
+
+
+def test_shrink_mid_backward_keeps_exact_gradient(tmp_path):
+    x, y = make_data(40)
+    ref, ref_loss = reference_grads(x, y)
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
+    # shrink twice at safe points deep inside backward, then grow
+    ctl = ScriptedControl(tmp_path / "blk", {7: (CMD_SHRINK, 14 * MB), 30: (CMD_SHRINK, 12 * MB),
+                                             60: (CMD_GROW, 40 * MB)}, quota=30 * MB)
+    m = make_model()
+    opt = Capture(m.parameters())
+    t = ElasticTrainer(m, opt, sum_ce, control=ctl, probe=mem, quota=30 * MB, probe_batch=8)
+    res = t.step(x, y)
+    assert res.aborted >= 1  # unfinished micro-batches were dropped...
+    assert sum(res.micro_batches) == 40  # ...and redone: every sample counted exactly once
+    assert len(set(res.micro_batches)) > 1  # micro-batch size followed the quota
+    assert mem.releases >= 2
+    shrinks = [a for a in res.adjustments if a.cmd == CMD_SHRINK]
+    assert len(shrinks) == 2 and all(a.used_after <= a.target for a in shrinks)
+    assert any(a.dropped_samples > 0 for a in shrinks)
+    assert rel_err(opt.grads, ref) <= 1e-5
+    assert res.loss == pytest.approx(ref_loss, rel=1e-5)
+    # acked through the words: nothing left pending
+    assert ctl.reader.pending() is None
+
+
+def test_micro_batches_fit_the_quota_after_fitting():
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=2 * MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=30 * MB, probe_batch=2)
+    x, y = make_data(64)
+    t.step(x, y)
+    res = t.step(x, y)
+    assert max(res.micro_batches) * 2 * MB + 10 * MB <= 30 * MB
+    assert max(res.micro_batches) >= 7  # and not needlessly small (margin 10%)
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _dp_worker(rank, world, port, sizes, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    x, y = make_data(sum(sizes))
+    lo = sum(sizes[:rank])
+    xs, ys = x[lo:lo + sizes[rank]], y[lo:lo + sizes[rank]]
+    m = make_model()
+    opt = Capture(m.parameters())
+    # each worker sees a different quota: different micro-batch sizes as well
+    mem = SimulatedMemory(fixed=MB, per_sample=MB)
+    t = ElasticTrainer(m, opt, sum_ce, probe=mem, quota=(2 + 3 * rank) * MB, probe_batch=1 + rank)
+    res = t.step(xs, ys)
+    out[rank] = ([g for g in opt.grads], res.global_samples, res.micro_batches)
+    dist.destroy_process_group()
+
+
+def test_data_parallel_uneven_local_batches_match_full_batch():
+    sizes = [0, 5, 11]  # a worker with no samples at all still joins the one all-reduce
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as mgr:
+        out = mgr.dict()
+        mp.start_processes(_dp_worker, args=(len(sizes), _free_port(), sizes, out),
+                           nprocs=len(sizes), start_method="spawn", join=True)
+        out = dict(out)
+    x, y = make_data(sum(sizes))
+    ref, _ = reference_grads(x, y)
+    for rank in range(len(sizes)):
+        grads, total, micro = out[rank]
+        assert total == sum(sizes)
+        assert rel_err(grads, ref) <= 1e-5, rank
+    assert out[1][2] != out[2][2]
+
+
+def test_dynamic_batches_reach_the_same_loss_as_fixed(tmp_path):
+    x, y = make_data(512, seed=3)
+
+    def train(control, probe, quota):
+        m = make_model(seed=5)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
+        t = ElasticTrainer(m, opt, sum_ce, control=control, probe=probe, quota=quota)
+        g = torch.Generator().manual_seed(0)
+        t.stats = {"aborted": 0, "sizes": set()}
+        for epoch in range(6):
+            perm = torch.randperm(512, generator=g)
+            for i in range(0, 512, 64):
+                idx = perm[i:i + 64]
+                r = t.step(x[idx], y[idx])
+                t.stats["aborted"] += r.aborted
+                t.stats["sizes"].update(r.micro_batches)
+        with torch.no_grad():
+            return float(nn.functional.cross_entropy(m(x), y)), t
+
+    fixed_loss, _ = train(None, SimulatedMemory(MB, MB), 1 << 40)
+    import random
+    rnd = random.Random(7)
+    script = {}
+    for k in range(0, 20000, 97):
+        script[k] = (CMD_SHRINK, rnd.randint(3, 20) * MB) if rnd.random() < 0.6 else \
+            (CMD_GROW, rnd.randint(20, 80) * MB)
+    ctl = ScriptedControl(tmp_path / "blk", script, quota=64 * MB)
+    dyn_loss, t = train(ctl, SimulatedMemory(MB, MB), 64 * MB)
+    with torch.no_grad():
+        initial = float(nn.functional.cross_entropy(make_model(seed=5)(x), y))
+    assert t.stats["aborted"] >= 10 and len(t.stats["sizes"]) >= 5  # really dynamic
+    assert fixed_loss < 0.5 * initial
+    assert dyn_loss == pytest.approx(fixed_loss, rel=1e-3)
