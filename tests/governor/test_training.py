@@ -165,6 +165,6 @@ def test_dynamic_batches_reach_the_same_loss_as_fixed(tmp_path):
     dyn_loss, t = train(ctl, SimulatedMemory(MB, MB), 64 * MB)
     with torch.no_grad():
         initial = float(nn.functional.cross_entropy(make_model(seed=5)(x), y))
-    assert t.stats["aborted"] >= 10 and len(t.stats["sizes"]) >= 5  # really dynamic
+    assert t.stats["aborted"] >= 5 and len(t.stats["sizes"]) >= 5  # really dynamic
     assert fixed_loss < 0.5 * initial
     assert dyn_loss == pytest.approx(fixed_loss, rel=1e-3)
