@@ -602,7 +602,12 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         node = h.inode
         await self._ensure_private(node)
-        n = os.pwrite(node.writer.fd, buf, off)
+        try:
+            n = os.pwrite(node.writer.fd, buf, off)
+        except OSError as err:
+            # A file with a hole where a write failed must not be published on close.
+            node.writer.failed = f"write at offset {off} failed: {err.strerror}"
+            raise
         node.writer.dirty = True
         self.stats.add("bytes_written", n)
         return n
@@ -614,6 +619,8 @@ class Operations(pyfuse3.Operations):
         if node.unlinked:
             staging.dirty = False  # written to a name that no longer exists: nothing to publish
             return
+        if staging.failed:
+            raise StoreError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
         size = staging.size()
         st = await self._io(self.store.commit, staging, node.path)
         self.stats.add("commits")

@@ -61,7 +61,7 @@ class Staging:
     to the live file, so `live` is set and the next write must stage a fresh copy first.
     """
 
-    __slots__ = ("fd", "path", "dirty", "live", "target")
+    __slots__ = ("fd", "path", "dirty", "live", "target", "failed")
 
     def __init__(self, fd: int, path: str, target: str):
         self.fd = fd
@@ -69,6 +69,7 @@ class Staging:
         self.target = target
         self.dirty = False
         self.live = False
+        self.failed = ""   # a write failed: this staging must never be published
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size

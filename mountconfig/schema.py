@@ -43,7 +43,8 @@ class StoreConfig(Section):
         scheme = urlparse(uri).scheme
         if scheme not in ("file", "s3", "hdfs", "viewfs"):
             raise ValueError(f"unsupported store scheme {scheme!r}: use file://, s3:// or hdfs://")
-        if scheme == "file" and not urlparse(uri).path.startswith("/"):
+        if scheme == "file" and (urlparse(uri).netloc not in ("", "localhost")
+                                 or not urlparse(uri).path.startswith("/")):
             raise ValueError("file:// URIs need an absolute path, e.g. file:///srv/data")
         return uri
 
@@ -81,7 +82,9 @@ class MountOptions(Section):
         1000, ge=16, le=100000, description="Directory entries fetched from the store per listing page."
     )
     writeback_cache: bool = Field(
-        True, description="Let the kernel batch small writes into larger ones (faster sequential writes)."
+        False, description="Let the kernel batch small writes into larger ones. The kernel then trusts "
+        "its own idea of file sizes, so changes made to the store by anyone else are not seen until "
+        "remount: only for stores written through this one mount.",
     )
     unmount_timeout_s: float = Field(
         30.0, gt=0, description="`hintfs umount`: how long to wait for pending uploads before giving up."
