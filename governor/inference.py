@@ -102,7 +102,7 @@ class ModelCache:
         self.evict_expired(now)
         m = self.models.get(name)
         if m is None:
-            self.client.reserve(nbytes, "weights")
+            self._reserve_evicting(nbytes)
             try:
                 model = loader()
             except BaseException:
@@ -120,6 +120,18 @@ class ModelCache:
         finally:
             m.in_use -= 1
             m.history.ended(self.clock())
+
+    def _reserve_evicting(self, nbytes: int) -> None:
+        """Reserve the weights; if refused, evict idle models, least recently used first."""
+        while True:
+            try:
+                self.client.reserve(nbytes, "weights", timeout_s=0.2)
+                return
+            except ReservationRejected:
+                idle = [n for n, m in self.models.items() if m.in_use == 0]
+                if not idle:
+                    raise
+                self.evict(idle[0])
 
     def evict_expired(self, now: float | None = None) -> list[str]:
         now = self.clock() if now is None else now

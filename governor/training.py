@@ -102,7 +102,7 @@ class ElasticTrainer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
-                 device: torch.device | str = "cpu", control: SlotReader | None = None,
+                 device: torch.device | str | None = None, control: SlotReader | None = None,
                  notify: Callable[[int], None] | None = None, quota: int | None = None,
                  max_micro_batch: int = 1 << 30, probe_batch: int = 4,
                  layers: Iterable[nn.Module] | None = None, max_ahead: int = 2,
@@ -112,6 +112,8 @@ class ElasticTrainer:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
+        if device is None:
+            device = next(model.parameters()).device
         self.device = torch.device(device)
         self.control = control
         self.notify = notify
@@ -137,9 +139,11 @@ class ElasticTrainer:
             if not list(m.children()) and any(p.requires_grad for p in m.parameters(recurse=False))]
         for m in layers:
             self._hooks.append(m.register_forward_pre_hook(self._forward_safe_point))
-            last = [p for p in m.parameters(recurse=False) if p.requires_grad]
-            if last:
-                self._hooks.append(last[-1].register_post_accumulate_grad_hook(
+            # In backward a layer is finished once the gradient of its first parameter (first
+            # used in forward, so last reached in backward) has been accumulated.
+            first = next((p for p in m.parameters() if p.requires_grad), None)
+            if first is not None:
+                self._hooks.append(first.register_post_accumulate_grad_hook(
                     self._backward_safe_point))
 
     # --- safe points ---------------------------------------------------------------------
@@ -158,8 +162,17 @@ class ElasticTrainer:
             self._events.append(ev)
             if len(self._events) > self.max_ahead:
                 self._events.pop(0).synchronize()
+        self._check_command()
         if self.yield_to_inference is not None and self.yield_to_inference():
-            self._yield()
+            # Inference has priority on compute: pause here while it runs, at most
+            # `max_yield_s` per safe point (training's guaranteed progress); a command that
+            # arrives meanwhile is handled at once.
+            end = time.monotonic() + self.max_yield_s
+            while self.yield_to_inference() and time.monotonic() < end:
+                time.sleep(50e-6)
+                self._check_command()
+
+    def _check_command(self) -> None:
         if self.control is None:
             return
         cmd = self.control.pending()
@@ -169,13 +182,6 @@ class ElasticTrainer:
             self.control.stamp_detect()
             raise ShrinkRequested()
         self._handle_command(cmd, dropped=0)
-
-    def _yield(self) -> None:
-        """Inference has priority on compute: pause at this safe point while it runs, but at
-        most `max_yield_s` per safe point (training's guaranteed progress)."""
-        end = time.monotonic() + self.max_yield_s
-        while self.yield_to_inference() and time.monotonic() < end:
-            time.sleep(50e-6)
 
     def poll(self) -> None:
         """Handle a pending command outside a step (call this while idle, e.g. loading data)."""

@@ -1,0 +1,668 @@
+"""GPU sharing with the governor: inference first, training in the memory inference does not use.
+
+One run compares, on one GPU and the same seeded bursty trace: inference alone, training alone,
+static 50% / 75% partitions (inference's share), the governor reclaiming at batch end, the
+governor reclaiming mid-backward, and a page-handoff micro-benchmark (CUDA VMM pages moved
+between two processes). The governed card is an *emulated* smaller GPU (`--card-gib`, the
+ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
+Compute priority is the same in every co-located mode: training pauses at its safe points while
+an inference request runs (at most 50 ms per safe point), so the comparison isolates memory.
+
+    python bench/gpu_sharing.py            # full (< 10 min on one H200)
+    python bench/gpu_sharing.py --quick    # short smoke run
+Roles `--role train|infer|handoff` are the child processes; not for direct use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+GiB = 1 << 30
+MiB = 1 << 20
+
+MODES = ["inference_alone", "training_alone", "static_50", "static_75", "governor_batch_end",
+         "governor_mid_backward"]
+INFER_SHARE = {"static_50": 0.5, "static_75": 0.75}
+
+
+# ============================================================== trace (pure, seeded)
+
+def make_trace(seed: int, duration_s: float, models: list[str]) -> list[tuple[float, str]]:
+    """MMPP arrivals (quiet 2/s, burst 25/s, mean sojourn 4 s / 2 s) and Zipf(1.1) popularity."""
+    rnd = random.Random(seed)
+    weights = [1 / (i + 1) ** 1.1 for i in range(len(models))]
+    order = models[:]
+    rnd.shuffle(order)
+    t, state, out = 0.0, 0, []
+    rates, sojourn = (2.0, 25.0), (4.0, 2.0)
+    switch = rnd.expovariate(1 / sojourn[0])
+    while t < duration_s:
+        t += rnd.expovariate(rates[state])
+        while t > switch:
+            state ^= 1
+            switch += rnd.expovariate(1 / sojourn[state])
+        if t < duration_s:
+            out.append((t, rnd.choices(order, weights)[0]))
+    return out
+
+
+def instance_names(n_per_kind: int) -> list[str]:
+    return [f"{k}-{i}" for k in ("resnet50", "vit_b_16", "decoder") for i in range(n_per_kind)]
+
+
+# ============================================================== daemon in a thread
+
+class DaemonThread:
+    def __init__(self, cfg) -> None:
+        import trio
+
+        from governor.daemon import GovernorDaemon
+
+        self.daemon = GovernorDaemon(cfg)
+        self.daemon.open()
+        started = threading.Event()
+
+        async def main():
+            self.token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as cs:
+                self.cancel = cs
+                async with trio.open_nursery() as n:
+                    await n.start(self.daemon.serve)
+                    started.set()
+        self.thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+
+    def call(self, fn):
+        import trio
+        return trio.from_thread.run_sync(fn, trio_token=self.token)
+
+    def stop(self):
+        import trio
+        try:
+            trio.from_thread.run_sync(self.cancel.cancel, trio_token=self.token)
+        except trio.RunFinishedError:
+            pass
+        self.thread.join(10)
+        self.daemon.close()
+
+
+# ============================================================== models
+
+def build_decoder(d=2048, layers=12, vocab=32000):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x, k_cache, v_cache, pos):
+            b, t, _ = x.shape
+            h = 16
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, h, d // h).unbind(2)
+            k_cache[:, pos:pos + t] = k
+            v_cache[:, pos:pos + t] = v
+            kk, vv = k_cache[:, :pos + t], v_cache[:, :pos + t]
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2),
+                                               vv.transpose(1, 2), is_causal=(t > 1))
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.d, self.layers = d, layers
+
+        def forward(self, tokens, kv, pos):
+            x = self.emb(tokens)
+            for i, blk in enumerate(self.blocks):
+                x = blk(x, kv[i][0], kv[i][1], pos)
+            return self.head(x[:, -1])
+    return Decoder()
+
+
+# ============================================================== role: inference
+
+def role_infer(args) -> None:
+    import torch
+    from torch.func import functional_call
+
+    from governor.inference import InferenceClient, KVCache, ModelCache
+
+    dev = torch.device("cuda")
+    dtype = torch.bfloat16
+    try:
+        import torchvision.models as tvm
+        builders = {"resnet50": tvm.resnet50, "vit_b_16": tvm.vit_b_16}
+    except ImportError:  # pragma: no cover
+        builders = {}
+    templates, host_params, inputs = {}, {}, {}
+    for kind in ("resnet50", "vit_b_16", "decoder"):
+        with torch.device("cuda"):
+            m = builders[kind]() if kind in builders else build_decoder()
+        m = m.to(dtype).eval()
+        templates[kind] = m
+        host_params[kind] = {k: v.detach().to("cpu").pin_memory()
+                             for k, v in list(m.named_parameters()) + list(m.named_buffers())}
+        for p in m.parameters():  # the template keeps only structure: weights are per instance
+            p.data = torch.empty(0, device=dev, dtype=p.dtype)
+    torch.cuda.empty_cache()
+    inputs["resnet50"] = inputs["vit_b_16"] = torch.randn(1, 3, 224, 224, device=dev, dtype=dtype)
+    prompt = torch.randint(0, 32000, (1, 512), device=dev)
+    dec = templates["decoder"]
+    kv_tokens = args.kv_context  # KV cache sized for a long context (the elastic part)
+    kv_bytes_per_token = 2 * dec.layers * dec.d * 2
+    kv_chunk = -(-kv_tokens * kv_bytes_per_token // (256 * MiB)) * 256 * MiB  # one chunk
+
+    def weight_bytes(kind):
+        return sum(t.numel() * t.element_size() for t in host_params[kind].values())
+
+    client = InferenceClient(args.socket, name="bench-inference")
+    cache = ModelCache(client)
+    map_ms: list[float] = []
+
+    def loader(kind):
+        def load():
+            t0 = time.perf_counter()
+            p = {k: v.to(dev, non_blocking=True) for k, v in host_params[kind].items()}
+            torch.cuda.synchronize()
+            map_ms.append((time.perf_counter() - t0) * 1e3)
+            return p
+        return load
+
+    def alloc_kv(nbytes):
+        t0 = time.perf_counter()
+        t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        torch.cuda.synchronize()
+        map_ms.append((time.perf_counter() - t0) * 1e3)
+        return t
+
+    def serve(name):
+        kind = name.rsplit("-", 1)[0]
+        with cache.use(name, loader(kind), weight_bytes(kind)) as params:
+            with torch.inference_mode():
+                if kind != "decoder":
+                    functional_call(templates[kind], params, (inputs[kind],))
+                else:
+                    kv = KVCache(client, kv_bytes_per_token, kv_chunk, alloc_kv)
+                    kv.ensure(kv_tokens)
+                    flat = kv.chunks[0]
+                    per = kv_tokens * dec.d * 2
+                    kvs = [(flat[(2 * i) * per:(2 * i + 1) * per].view(dtype).view(1, kv_tokens, 16, dec.d // 16),
+                            flat[(2 * i + 1) * per:(2 * i + 2) * per].view(dtype).view(1, kv_tokens, 16, dec.d // 16))
+                           for i in range(dec.layers)]
+                    logits = functional_call(dec, params, (prompt, kvs, 0))
+                    pos = prompt.shape[1]
+                    for _ in range(args.decode_tokens):
+                        tok = logits.argmax(-1, keepdim=True)
+                        logits = functional_call(dec, params, (tok, kvs, pos))
+                        pos += 1
+                    del kvs, flat, logits
+                    torch.cuda.synchronize()
+                    kv.shrink_to(0)
+            torch.cuda.synchronize()
+
+    # warm the kernels (not counted), then evict so the trace starts cold
+    for kind in templates:
+        serve(f"{kind}-warm")
+    for n in list(cache.models):
+        cache.evict(n)
+    client.timings.clear()
+    map_ms.clear()
+    trace = json.loads(Path(args.trace).read_text())
+    while time.monotonic() < args.t0:
+        time.sleep(0.001)
+    records = []
+    mem = []
+    for t_arr, name in trace:
+        now = time.monotonic() - args.t0
+        if now < t_arr:
+            time.sleep(t_arr - now)
+        start = time.monotonic() - args.t0
+        cold_before = cache.cold_starts
+        n_timings = len(client.timings)
+        try:
+            with client.busy():
+                serve(name)
+            ok = True
+        except Exception as e:  # a rejected reservation is a failed request, not a crash
+            ok = False
+            print(f"request {name} failed: {e}", file=sys.stderr)
+        done = time.monotonic() - args.t0
+        records.append({"t": t_arr, "model": name, "latency_ms": (done - t_arr) * 1e3,
+                        "service_ms": (done - start) * 1e3, "ok": ok,
+                        "cold": cache.cold_starts > cold_before,
+                        "reclaims": len(client.timings) - n_timings})
+        mem.append((done, torch.cuda.memory_reserved()))
+        cache.evict_expired()
+    Path(args.out).write_text(json.dumps({"records": records, "timings": client.timings,
+                                          "map_ms": map_ms, "memory": mem}))
+    client.close()
+
+
+# ============================================================== role: training
+
+def role_train(args) -> None:
+    import torch
+    from torch import nn
+
+    from governor.protocol import ControlBlock, shm_path
+    from governor.training import ElasticTrainer, governed_trainer
+
+    dev = torch.device("cuda")
+    torch.backends.cudnn.benchmark = False
+    try:
+        from torchvision.models import swin_t
+        with torch.device("cuda"):
+            model = swin_t(num_classes=100)
+        blocks = [m for n, m in model.named_modules() if type(m).__name__.startswith("SwinTransformerBlock")]
+        blocks = [model.features[0]] + blocks + [model.head]
+        arch = "swin_t"
+    except ImportError:  # pragma: no cover
+        raise SystemExit("torchvision is needed for the training role")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ce = nn.CrossEntropyLoss(reduction="sum")
+
+    def loss_fn(out, y):
+        return ce(out.float(), y)
+
+    class Autocast(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return self.m(x)
+
+    wrapped = Autocast(model)
+    governed = args.mode.startswith("governor")
+    layers = [] if args.mode == "governor_batch_end" else blocks
+    client = None
+    block = ControlBlock(shm_path(args.shm_name, 0))
+    if governed:
+        trainer, client = governed_trainer(args.socket, wrapped, opt, loss_fn, layers=layers,
+                                           name=f"bench-{args.mode}", probe_batch=16, device=dev)
+    else:
+        trainer = ElasticTrainer(wrapped, opt, loss_fn, device=dev, quota=args.quota,
+                                 layers=blocks, probe_batch=16,
+                                 yield_to_inference=block.inference_busy if args.colocated else None)
+    gb = args.global_batch
+    x = torch.randn(gb, 3, 224, 224).pin_memory()
+    y = torch.randint(0, 100, (gb,)).pin_memory()
+    # fit the memory model with two probe sizes before the clock starts
+    trainer.probe_batch = 16
+    trainer.step(x[:48], y[:48])
+    steps, adjustments, mem = [], [], []
+    while time.monotonic() < args.t0:
+        trainer.poll() if governed else None
+        time.sleep(0.001)
+    end = args.t0 + args.duration
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        r = trainer.step(x, y)
+        torch.cuda.synchronize()
+        t1 = time.monotonic()
+        steps.append({"t": t1 - args.t0, "dt": t1 - t0, "samples": r.global_samples,
+                      "micro": r.micro_batches, "aborted": r.aborted, "loss": r.loss})
+        adjustments += [a.__dict__ for a in r.adjustments]
+        fixed = sum(p.numel() * p.element_size() * 4 for p in model.parameters())  # w, g, m, v
+        reserved = torch.cuda.memory_reserved()
+        mem.append((t1 - args.t0, reserved, fixed))
+        if client is not None:
+            client.report_usage({"weights": fixed // 4, "optimizer_state": fixed * 3 // 4,
+                                 "activations": max(0, reserved - fixed)})
+    done = [s for s in steps if s["t"] <= args.duration]
+    Path(args.out).write_text(json.dumps({
+        "arch": arch, "steps": done, "adjustments": adjustments, "memory": mem,
+        "samples_per_s": sum(s["samples"] for s in done) / args.duration,
+        "quota_final": trainer.quota}))
+    if client is not None:
+        client.close()
+
+
+# ============================================================== role: page handoff
+
+def role_handoff(args) -> None:
+    """Two processes share 32 MiB VMM pages; pages move A → B: unmap, map, zero."""
+    import socket
+
+    import torch
+
+    from governor import vmm_pool as vp
+
+    out = {"available": vp.available()}
+    if not vp.available():
+        Path(args.out).write_text(json.dumps(out))
+        return
+    page = 32 * MiB
+    n_pages = 64  # 2 GiB
+    a_sock, b_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # B: the new owner (inference)
+        a_sock.close()
+        try:
+            import torch as _t  # noqa: F401 - CUDA is re-initialised lazily in the child
+            vp.ensure_context(0)
+            fds = vp.recv_fds(b_sock)
+            pool = vp.PagePool.import_fds(0, fds, page)
+            for fd in fds:
+                os.close(fd)
+            res = []
+            while True:
+                msg = b_sock.recv(64)
+                if not msg or msg == b"done":
+                    break
+                lo, hi = map(int, msg.decode().split(","))
+                t0 = time.perf_counter_ns()
+                m = pool.map(list(range(lo, hi)))
+                t1 = time.perf_counter_ns()
+                pool.zero(m)
+                vp.cu.cuStreamSynchronize(0)
+                t2 = time.perf_counter_ns()
+                t = vp.as_tensor(m)
+                nonzero = int(t.count_nonzero())
+                del t
+                pool.unmap(m)
+                res.append({"bytes": (hi - lo) * page, "map_ms": (t1 - t0) / 1e6,
+                            "zero_ms": (t2 - t1) / 1e6, "nonzero_after_zero": nonzero})
+                b_sock.sendall(b"ok")
+            b_sock.sendall(json.dumps(res).encode() + b"\n")
+        except Exception as e:
+            b_sock.sendall(json.dumps({"error": repr(e)}).encode() + b"\n")
+        os._exit(0)
+    b_sock.close()
+    try:
+        torch.empty(1, device="cuda")  # CUDA only after the fork: a forked child cannot use it
+        pool = vp.PagePool.create(0, n_pages, page)
+        fds = pool.export_fds()
+        t0 = time.perf_counter()
+        vp.send_fds(a_sock, fds)
+        out["export_send_ms"] = (time.perf_counter() - t0) * 1e3
+        for fd in fds:
+            os.close(fd)
+        unmap_ms = []
+        for k in (8, 16, 32, 64, 8, 16, 32, 64, 32, 32):
+            m = pool.map(list(range(k)))
+            t = vp.as_tensor(m)
+            t.fill_(0xAB)  # the old owner's data, must not be visible to B
+            torch.cuda.synchronize()
+            del t
+            t0 = time.perf_counter_ns()
+            pool.unmap(m)
+            unmap_ms.append((time.perf_counter_ns() - t0) / 1e6)
+            a_sock.sendall(f"0,{k}".encode())
+            assert a_sock.recv(2) == b"ok"
+        a_sock.sendall(b"done")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            buf += a_sock.recv(1 << 20)
+        b_res = json.loads(buf)
+        out["b"] = b_res
+        out["unmap_ms"] = unmap_ms
+        # the empty_cache path for the same sizes, in one process (free, then allocate)
+        ec = []
+        for k in (8, 16, 32, 64):
+            t = torch.empty(k * page, dtype=torch.uint8, device="cuda")
+            t.fill_(1)
+            torch.cuda.synchronize()
+            del t
+            t0 = time.perf_counter_ns()
+            torch.cuda.empty_cache()
+            t1 = time.perf_counter_ns()
+            t = torch.empty(k * page, dtype=torch.uint8, device="cuda")
+            t.zero_()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter_ns()
+            del t
+            torch.cuda.empty_cache()
+            ec.append({"bytes": k * page, "release_ms": (t1 - t0) / 1e6,
+                       "alloc_zero_ms": (t2 - t1) / 1e6})
+        out["empty_cache_path"] = ec
+        pool.release()
+    except Exception as e:
+        out["error"] = repr(e)
+    os.waitpid(pid, 0)
+    Path(args.out).write_text(json.dumps(out))
+
+
+# ============================================================== orchestrator
+
+def pct(xs, q):
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run_mode(mode, args, trace_path, workdir) -> dict:
+    from governor.config import GovernorConfig, GpuConfig
+
+    card = int(args.card_gib * GiB)
+    reserve = GiB // 2
+    usable = card - reserve
+    sock = str(workdir / f"gov-{mode}.sock")
+    shm_name = f"hintfs-bench-{os.getpid()}-{mode}"
+    has_inf = mode != "training_alone"
+    has_train = mode != "inference_alone"
+    if mode in INFER_SHARE:
+        inf_total = int(usable * INFER_SHARE[mode]) + reserve
+        train_quota = int(usable * (1 - INFER_SHARE[mode]))
+    else:
+        inf_total = card
+        train_quota = usable
+    cfg = GovernorConfig(
+        socket_path=sock, shm_name=shm_name,
+        gpus=[GpuConfig(index=0, total_bytes=inf_total if mode in INFER_SHARE else card,
+                        reserve_bytes=reserve)],
+        min_training_fraction=0.0 if mode in INFER_SHARE else 0.1,
+        min_headroom_bytes=GiB // 2, reclaim_deadline_ms=200, deadline_miss_action="reject",
+        grow_after_free_s=1.0, keepalive_min_s=2.0, keepalive_max_s=20.0, log_level="WARNING")
+    d = DaemonThread(cfg)
+    t0 = time.monotonic() + args.warmup
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = {}
+    common = ["--socket", sock, "--shm-name", shm_name, "--t0", repr(t0),
+              "--duration", str(args.duration), "--mode", mode]
+    if has_train:
+        procs["train"] = subprocess.Popen(
+            [sys.executable, __file__, "--role", "train", "--out", str(workdir / f"{mode}-train.json"),
+             "--quota", str(train_quota), "--global-batch", str(args.global_batch),
+             "--colocated", str(int(has_inf))] + common, env=env)
+    if has_inf:
+        procs["infer"] = subprocess.Popen(
+            [sys.executable, __file__, "--role", "infer", "--out", str(workdir / f"{mode}-infer.json"),
+             "--trace", str(trace_path), "--kv-context", str(args.kv_context),
+             "--decode-tokens", str(args.decode_tokens)] + common, env=env)
+    series = []
+    while any(p.poll() is None for p in procs.values()):
+        now = time.monotonic() - t0
+        if 0 <= now <= args.duration + 30:
+            snap = d.call(lambda: d.daemon._stats(d.daemon.gpus[0]))
+            series.append({"t": now, "by_kind": snap["by_kind"],
+                           "training_quota": snap["training_bytes"],
+                           "inference": snap["inference_bytes"], "free": snap["free_bytes"]})
+        time.sleep(0.1)
+    d.stop()
+    res = {"mode": mode, "series": series,
+           "exit": {k: p.returncode for k, p in procs.items()}}
+    for role in ("train", "infer"):
+        f = workdir / f"{mode}-{role}.json"
+        if f.exists():
+            res[role] = json.loads(f.read_text())
+    return res
+
+
+def summarize(results: dict, handoff: dict, args) -> dict:
+    alone = results.get("inference_alone", {}).get("infer", {})
+    solo = {}
+    for kind in ("resnet50", "vit_b_16", "decoder"):
+        warm = [r["service_ms"] for r in alone.get("records", [])
+                if r["model"].startswith(kind) and not r["cold"] and r["ok"]]
+        solo[kind] = pct(warm, 0.5)
+    slo = {k: 4 * v for k, v in solo.items() if v}
+    table = {}
+    for mode, r in results.items():
+        row = {}
+        inf = r.get("infer")
+        if inf:
+            recs = inf["records"]
+            lat = [x["latency_ms"] for x in recs]
+            met = [x["ok"] and x["latency_ms"] <= slo.get(x["model"].rsplit("-", 1)[0], math.inf)
+                   for x in recs]
+            row.update(requests=len(recs), slo_attainment=sum(met) / max(len(met), 1),
+                       p50_ms=pct(lat, 0.5), p99_ms=pct(lat, 0.99),
+                       cold_starts=sum(x["cold"] for x in recs),
+                       failed=sum(not x["ok"] for x in recs))
+            tim = inf["timings"]
+            if tim:
+                recl = [t["reclaim"] for t in tim]
+                row["reclaims"] = len(tim)
+                row["adjust_ms"] = {
+                    "mean": sum(recl) / len(recl), "p99": pct(recl, 0.99),
+                    **{f"{k}_mean": sum(t.get(k, 0) for t in tim) / len(tim)
+                       for k in ("detect", "drain", "release", "ack")}}
+                row["map_ms_mean"] = (sum(inf["map_ms"]) / len(inf["map_ms"])) if inf["map_ms"] else None
+        tr = r.get("train")
+        if tr:
+            row["train_samples_per_s"] = tr["samples_per_s"]
+            row["train_steps"] = len(tr["steps"])
+            row["aborted_micro_batches"] = sum(s["aborted"] for s in tr["steps"])
+            mb = [m for s in tr["steps"] for m in s["micro"]]
+            row["micro_batch_mean"] = sum(mb) / len(mb) if mb else None
+        row["exit"] = r.get("exit")
+        table[mode] = row
+    base_slo = table.get("inference_alone", {}).get("slo_attainment")
+    best_static = max((table.get(m, {}).get("train_samples_per_s") or 0) for m in INFER_SHARE)
+    gov = table.get("governor_mid_backward", {})
+    out = {
+        "device": args.device_name, "card_gib_emulated": args.card_gib,
+        "duration_s": args.duration, "slo_ms": slo, "modes": table,
+        "adjust_ms": {"mean": gov.get("adjust_ms", {}).get("mean"),
+                      "p99": gov.get("adjust_ms", {}).get("p99"),
+                      "split_mean": {k: gov.get("adjust_ms", {}).get(f"{k}_mean")
+                                     for k in ("detect", "drain", "release", "ack")},
+                      "map_mean": gov.get("map_ms_mean")},
+        "adjust_ms_batch_end": table.get("governor_batch_end", {}).get("adjust_ms"),
+        "slo_attainment_vs_alone": (gov.get("slo_attainment") / base_slo)
+        if base_slo and gov.get("slo_attainment") is not None else None,
+        "train_throughput_vs_best_static": (gov.get("train_samples_per_s") / best_static)
+        if best_static and gov.get("train_samples_per_s") else None,
+        "page_handoff": handoff,
+    }
+    return out
+
+
+def plot(results: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    modes = [m for m in ("governor_mid_backward", "governor_batch_end") if results.get(m, {}).get("series")]
+    if not modes:
+        return False
+    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 4 * len(modes)), squeeze=False)
+    for ax, mode in zip(axes[:, 0], modes):
+        s = results[mode]["series"]
+        t = [p["t"] for p in s]
+        kinds = ["weights", "kv_cache", "activations", "optimizer_state", "workspace"]
+        ys = [[p["by_kind"][k] / GiB for p in s] for k in kinds]
+        ax.stackplot(t, ys, labels=kinds, alpha=0.8)
+        ax.plot(t, [p["training_quota"] / GiB for p in s], "k--", lw=1, label="training quota")
+        ax.plot(t, [p["inference"] / GiB for p in s], "r-", lw=1, label="inference reserved")
+        ax.set_title(f"{mode}: memory by kind (ledger of an emulated card)")
+        ax.set_xlabel("s")
+        ax.set_ylabel("GiB")
+        ax.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", default="bench", choices=["bench", "train", "infer", "handoff"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--card-gib", type=float, default=24.0)
+    ap.add_argument("--duration", type=float, default=40.0)
+    ap.add_argument("--warmup", type=float, default=25.0)
+    ap.add_argument("--global-batch", type=int, default=256)
+    ap.add_argument("--kv-context", type=int, default=16384)
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=6)
+    ap.add_argument("--modes", default=",".join(MODES))
+    # child-only
+    ap.add_argument("--socket"); ap.add_argument("--shm-name"); ap.add_argument("--t0", type=float)
+    ap.add_argument("--mode"); ap.add_argument("--trace"); ap.add_argument("--quota", type=int)
+    ap.add_argument("--colocated", type=int, default=1)
+    args = ap.parse_args()
+    if args.role == "infer":
+        role_infer(args); return 0
+    if args.role == "train":
+        role_train(args); return 0
+    if args.role == "handoff":
+        role_handoff(args); return 0
+    if args.quick:
+        args.duration = min(args.duration, 15.0)
+    import torch
+    args.device_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_sharing-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    trace = make_trace(args.seed, args.duration, instance_names(4))
+    trace_path = work / "trace.json"
+    trace_path.write_text(json.dumps(trace))
+    results = {}
+    t_start = time.monotonic()
+    for mode in args.modes.split(","):
+        print(f"== {mode} ({time.monotonic() - t_start:.0f} s)", flush=True)
+        results[mode] = run_mode(mode, args, trace_path, work)
+    print(f"== page handoff ({time.monotonic() - t_start:.0f} s)", flush=True)
+    hp = work / "handoff.json"
+    subprocess.run([sys.executable, __file__, "--role", "handoff", "--out", str(hp)], timeout=120)
+    handoff = json.loads(hp.read_text()) if hp.exists() else {"error": "handoff role failed"}
+    summary = summarize(results, handoff, args)
+    (out_dir / "gpu_sharing.json").write_text(json.dumps(summary, indent=1))
+    (out_dir / "gpu_sharing_series.json").write_text(json.dumps(
+        {m: {"series": r.get("series"), "train_memory": r.get("train", {}).get("memory"),
+             "infer_memory": r.get("infer", {}).get("memory")} for m, r in results.items()}))
+    plot(results, out_dir / "gpu_sharing.png")
+    print(f"{'mode':24} {'SLO':>6} {'p50ms':>8} {'p99ms':>8} {'train/s':>9} {'adj mean/p99 ms':>16}")
+    nan = float("nan")
+    for mode, row in summary["modes"].items():
+        adj = row.get("adjust_ms")
+        adj_s = "%.2f/%.2f" % (adj["mean"], adj["p99"]) if adj else "-"
+        print(f"{mode:24} {row.get('slo_attainment', nan):6.3f} "
+              f"{row.get('p50_ms') or nan:8.1f} {row.get('p99_ms') or nan:8.1f} "
+              f"{row.get('train_samples_per_s') or nan:9.1f} {adj_s:>16}")
+    print(json.dumps({k: summary[k] for k in ("adjust_ms", "slo_attainment_vs_alone",
+                                              "train_throughput_vs_best_static")}))
+    print(f"total {time.monotonic() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
