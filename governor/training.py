@@ -96,6 +96,7 @@ class ElasticTrainer:
     model, optimizer: as usual. `loss_fn(output, target)` must return the SUM over samples.
     `control`: the client's slot (None: not governed). `notify(seq)`: wakes the daemon after an
     ack. `layers`: modules whose boundaries are safe points (default: every leaf with params).
+    `reclaim_at`: 'safe_point' (default) or 'step_end' (the batch-end baseline).
     `max_ahead`: the CPU may run at most this many safe points ahead of the GPU, so that a stop
     drains in a few layers' time. `process_group`: data-parallel group or None.
     """
@@ -108,7 +109,7 @@ class ElasticTrainer:
                  layers: Iterable[nn.Module] | None = None, max_ahead: int = 2,
                  probe: MemoryProbe | None = None, process_group=None,
                  yield_to_inference: Callable[[], bool] | None = None,
-                 max_yield_s: float = 0.05) -> None:
+                 max_yield_s: float = 0.05, reclaim_at: str = "safe_point") -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -125,6 +126,11 @@ class ElasticTrainer:
         self.group = process_group
         self.yield_to_inference = yield_to_inference
         self.max_yield_s = max_yield_s
+        if reclaim_at not in ("safe_point", "step_end"):
+            raise ValueError("reclaim_at must be 'safe_point' or 'step_end'")
+        # 'step_end' is the baseline that waits for the batch: commands are only looked at
+        # between optimizer steps (compute still yields to inference at safe points).
+        self.reclaim_at = reclaim_at
         self.memory_model = MemoryPerSample()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._acc: list[torch.Tensor | None] = [None] * len(self.params)
@@ -173,7 +179,7 @@ class ElasticTrainer:
                 self._check_command()
 
     def _check_command(self) -> None:
-        if self.control is None:
+        if self.control is None or self.reclaim_at == "step_end":
             return
         cmd = self.control.pending()
         if cmd is None:
@@ -257,6 +263,10 @@ class ElasticTrainer:
                 continue
             self.memory_model.observe(n, max(self.probe.peak(), 1))
             self._commit()
+            if self.probe.reserved() > self.quota:
+                # The caching allocator kept more than the quota (fragmentation across sizes):
+                # give the excess back now rather than at the next shrink.
+                self.probe.release()
             res.loss_sum += loss_value
             res.micro_batches.append(n)
             done += n
