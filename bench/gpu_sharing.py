@@ -32,7 +32,8 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 MODES = ["inference_alone", "training_alone", "static_50", "static_75", "governor_batch_end",
-         "governor_mid_backward", "governor_mid_backward_expandable"]
+         "governor_mid_backward", "governor_mid_backward_expandable", "inference_alone_repeat"]
+ALONE = ("inference_alone", "inference_alone_repeat")
 INFER_SHARE = {"static_50": 0.5, "static_75": 0.75}
 
 
@@ -464,7 +465,7 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
     sock = str(workdir / f"gov-{mode}.sock")
     shm_name = f"hintfs-bench-{os.getpid()}-{mode}"
     has_inf = mode != "training_alone"
-    has_train = mode != "inference_alone"
+    has_train = mode not in ALONE
     if mode in INFER_SHARE:
         inf_total = int(usable * INFER_SHARE[mode]) + reserve
         train_quota = int(usable * (1 - INFER_SHARE[mode]))
@@ -518,6 +519,7 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
 
 
 def summarize(results: dict, handoff: dict, args) -> dict:
+    # SLO from the solo (warm) service time of the first inference-alone run
     alone = results.get("inference_alone", {}).get("infer", {})
     solo = {}
     for kind in ("resnet50", "vit_b_16", "decoder"):
@@ -534,6 +536,9 @@ def summarize(results: dict, handoff: dict, args) -> dict:
             lat = [x["latency_ms"] for x in recs]
             met = [x["ok"] and x["latency_ms"] <= slo.get(x["model"].rsplit("-", 1)[0], math.inf)
                    for x in recs]
+            row["service_p50_ms"] = {
+                k: pct([x["service_ms"] for x in recs if x["model"].startswith(k) and not x["cold"]], 0.5)
+                for k in ("resnet50", "vit_b_16", "decoder")}
             row.update(requests=len(recs), slo_attainment=sum(met) / max(len(met), 1),
                        p50_ms=pct(lat, 0.5), p99_ms=pct(lat, 0.99),
                        cold_starts=sum(x["cold"] for x in recs),
@@ -556,7 +561,8 @@ def summarize(results: dict, handoff: dict, args) -> dict:
             row["micro_batch_mean"] = sum(mb) / len(mb) if mb else None
         row["exit"] = r.get("exit")
         table[mode] = row
-    base_slo = table.get("inference_alone", {}).get("slo_attainment")
+    # the better of the two inference-alone runs is the baseline (conservative for the ratio)
+    base_slo = max((table.get(m, {}).get("slo_attainment") or 0) for m in ALONE) or None
     best_static = max((table.get(m, {}).get("train_samples_per_s") or 0) for m in INFER_SHARE)
     gov = table.get("governor_mid_backward", {})
     out = {
@@ -647,6 +653,14 @@ def main() -> int:
     trace_path = work / "trace.json"
     trace_path.write_text(json.dumps(trace))
     results = {}
+    if torch.cuda.is_available():  # bring the GPU to steady clocks before the first mode
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            a @ a
+            torch.cuda.synchronize()
+        del a
+        torch.cuda.empty_cache()
     t_start = time.monotonic()
     for mode in args.modes.split(","):
         print(f"== {mode} ({time.monotonic() - t_start:.0f} s)", flush=True)
