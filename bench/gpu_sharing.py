@@ -673,7 +673,10 @@ def main() -> int:
     (out_dir / "gpu_sharing.json").write_text(json.dumps(summary, indent=1))
     (out_dir / "gpu_sharing_series.json").write_text(json.dumps(
         {m: {"series": r.get("series"), "train_memory": r.get("train", {}).get("memory"),
-             "infer_memory": r.get("infer", {}).get("memory")} for m, r in results.items()}))
+             "infer_memory": r.get("infer", {}).get("memory"),
+             "infer_records": r.get("infer", {}).get("records"),
+             "adjustments": r.get("infer", {}).get("timings"),
+             "train_steps": r.get("train", {}).get("steps")} for m, r in results.items()}))
     plot(results, out_dir / "gpu_sharing.png")
     print(f"{'mode':24} {'SLO':>6} {'p50ms':>8} {'p99ms':>8} {'train/s':>9} {'adj mean/p99 ms':>16}")
     nan = float("nan")
