@@ -30,12 +30,26 @@ def main(config_path: str) -> int:
         from governor.metrics import start_metrics
         start_metrics(cfg.metrics_port, daemon)
     try:
-        trio.run(daemon.serve)
+        trio.run(_serve_until_signal, daemon)
     except KeyboardInterrupt:
         pass
     finally:
-        daemon.close()
+        daemon.close()  # removes the socket and the shared-memory files
     return 0
+
+
+async def _serve_until_signal(daemon) -> None:
+    import signal
+
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(daemon.serve)
+            async for sig in signals:
+                logging.getLogger("hintfs.governor").info("signal %d: shutting down", sig)
+                nursery.cancel_scope.cancel()
+                break
 
 
 if __name__ == "__main__":  # python -m governor.cli CONFIG
