@@ -122,7 +122,7 @@ class ArrowStore:
         st = _stat_of(info)
         if st.is_dir:
             raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
-        return ArrowReader(self.fs.open_input_file(info)), st
+        return ArrowReader(self.fs.open_input_file(self._p(rel))), st
 
     def readlink(self, rel: str) -> str:
         raise StoreError(errno.EINVAL, "this store has no symlinks")
@@ -209,7 +209,10 @@ class ArrowStore:
         except BaseException:
             os.close(fd)
             raise
-        return Staging(fd, path, rel)
+        from .localstore import read_mode
+        staging = Staging(fd, path, rel)
+        staging.inline_io = read_mode(os.fstat(fd).st_dev) == "memory"
+        return staging
 
     def commit(self, staging: Staging, rel: str) -> Stat:
         target = self._p(rel)

@@ -19,20 +19,70 @@ _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _HOST = socket.gethostname().replace("/", "_")
 _seq = itertools.count()
 STALE_STAGING_AGE_S = 60.0
+READAHEAD = 4 << 20
+
+
+def _fs_type_of_dev(st_dev: int) -> str:
+    """The filesystem type of a device, from /proc/self/mountinfo ('' if unknown)."""
+    want = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if fields[2] == want and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        pass
+    return ""
+
+
+# Filesystems whose pages live in memory: a pread there never waits for a disk.
+_MEMORY_FS = {"tmpfs", "ramfs", "shmfs"}
+_read_modes: dict[int, str] = {}
+
+
+def read_mode(st_dev: int) -> str:
+    """How reads of files on this device may run on the event loop.
+
+    'memory': tmpfs/ramfs, pread is a memory copy, always inline.
+    'nowait': preadv(RWF_NOWAIT) serves page-cache hits inline, misses go to a thread.
+    'thread': neither is possible; every read goes to a thread.
+    Decided once per device (RWF_NOWAIT support is per filesystem).
+    """
+    mode = _read_modes.get(st_dev)
+    if mode is None:
+        if _fs_type_of_dev(st_dev) in _MEMORY_FS:
+            mode = "memory"
+        else:
+            mode = "nowait" if _RWF_NOWAIT else "thread"
+        _read_modes[st_dev] = mode
+    return mode
+
+
+def _demote(st_dev: int) -> None:
+    _read_modes[st_dev] = "thread"
 
 
 class LocalReader:
-    __slots__ = ("fd", "_nowait")
+    __slots__ = ("fd", "dev", "_mode")
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, st_dev: int):
         self.fd = fd
-        self._nowait = bool(_RWF_NOWAIT)
+        self.dev = st_dev
+        self._mode = read_mode(st_dev)
 
     def read(self, offset: int, size: int) -> bytes:
+        # On a miss, ask the kernel to start reading ahead, so the next requests of a sequential
+        # reader are page-cache hits served inline.
+        if self._mode == "nowait":
+            os.posix_fadvise(self.fd, offset + size, READAHEAD, os.POSIX_FADV_WILLNEED)
         return os.pread(self.fd, size, offset)
 
-    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
-        if not self._nowait:
+    def read_nowait(self, offset: int, size: int):
+        mode = self._mode
+        if mode == "memory":
+            return os.pread(self.fd, size, offset)
+        if mode != "nowait":
             return None
         buf = bytearray(size)
         try:
@@ -41,16 +91,17 @@ class LocalReader:
             return None
         except OSError as err:
             if err.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                self._nowait = False  # this filesystem has no RWF_NOWAIT
+                _demote(self.dev)  # this filesystem has no RWF_NOWAIT
+                self._mode = "thread"
                 return None
             raise
         if n == size:
-            return bytes(buf)
+            return buf
         if n == 0:
             # EOF or nothing cached: only a blocking read can tell, so let the caller do one.
             return None
         # Partly cached: the caller reads the rest in a thread.
-        return bytes(buf[:n])
+        return memoryview(buf)[:n]
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -149,11 +200,11 @@ class LocalStore:
     def open_reader(self, rel: str) -> tuple[LocalReader, Stat]:
         fd = os.open(self._abs(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            st = Stat.from_os(os.fstat(fd))
+            raw = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
-        return LocalReader(fd), st
+        return LocalReader(fd, raw.st_dev), Stat.from_os(raw)
 
     def new_staging(self, rel: str, copy_existing: bool) -> Staging:
         """A hidden file beside the target, so the commit is one atomic rename."""
@@ -178,7 +229,9 @@ class LocalStore:
             os.close(fd)
             os.unlink(path)
             raise
-        return Staging(fd, path, rel)
+        staging = Staging(fd, path, rel)
+        staging.inline_io = read_mode(os.fstat(fd).st_dev) == "memory"
+        return staging
 
     def commit(self, staging: Staging, rel: str) -> Stat:
         os.rename(staging.path, self._abs(rel))

@@ -277,13 +277,13 @@ class Operations(pyfuse3.Operations):
     async def _truncate(self, node: Inode, size: int) -> None:
         if node.writer is not None:
             await self._ensure_private(node)
-            os.ftruncate(node.writer.fd, size)
+            await self._io(os.ftruncate, node.writer.fd, size, inline=node.writer.inline_io)
             node.writer.dirty = True
             return
         # A truncate without an open writer (`truncate -s`): stage, cut, commit at once.
         staging = await self._io(self.store.new_staging, node.path, size > 0)
         try:
-            os.ftruncate(staging.fd, size)
+            await self._io(os.ftruncate, staging.fd, size)
             st = await self._io(self.store.commit, staging, node.path)
         finally:
             self.store.discard(staging)
@@ -323,7 +323,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         path = paths.child(parent.path, name)
         inline = self._meta_inline()
-        await self._io(self.store.mkdir, path, stat_mod.S_IMODE(mode), inline=inline)
+        await self._io(self.store.mkdir, path, stat_mod.S_IMODE(mode))
         st = await self._io(self.store.stat, path, inline=inline)
         inode = self.inodes.ensure(path)
         inode.lookups += 1
@@ -335,7 +335,7 @@ class Operations(pyfuse3.Operations):
         if parent.control is not None:
             raise pyfuse3.FUSEError(errno.EPERM)
         path = paths.child(parent.path, name)
-        await self._io(self.store.rmdir, path, inline=self._meta_inline())
+        await self._io(self.store.rmdir, path)
         self.inodes.detach(path)
 
     @_op("unlink")
@@ -346,7 +346,8 @@ class Operations(pyfuse3.Operations):
         path = paths.child(parent.path, name)
         inode = self.inodes.by_path_get(path)
         try:
-            await self._io(self.store.unlink, path, inline=self._meta_inline())
+            # In a thread even for file://: freeing a large file's blocks can take 100s of ms.
+            await self._io(self.store.unlink, path)
         except FileNotFoundError:
             # A file created through the mount but not yet closed exists only as staging.
             if inode is None or inode.writer is None:
@@ -368,8 +369,7 @@ class Operations(pyfuse3.Operations):
             # Not in the store yet (or stale there): commit what was written so far first, so
             # the rename moves the data the writer has produced (`mv` of a file still open).
             await self._commit(inode)
-        await self._io(self.store.rename, old, new, bool(flags & pyfuse3.RENAME_NOREPLACE),
-                       inline=self._meta_inline())
+        await self._io(self.store.rename, old, new, bool(flags & pyfuse3.RENAME_NOREPLACE))
         self.inodes.move(old, new)
 
     @_op("statfs")
@@ -411,6 +411,8 @@ class Operations(pyfuse3.Operations):
 
     async def _fill(self, h: DirHandle, upto: int) -> None:
         """Fetch directory entries from the store until `upto` are known (paged listing)."""
+        if h.done:
+            return
         if h.inode.control is not None:
             if not h.done:
                 ctl: ControlDir = h.inode.control
@@ -517,7 +519,7 @@ class Operations(pyfuse3.Operations):
                 staging.dirty = True
         elif truncate:
             await self._ensure_private(node)
-            os.ftruncate(node.writer.fd, 0)
+            await self._io(os.ftruncate, node.writer.fd, 0, inline=node.writer.inline_io)
             node.writer.dirty = True
         node.writer_refs += 1
 
@@ -569,7 +571,10 @@ class Operations(pyfuse3.Operations):
                 reader, _st = await self._io(self.store.open_reader, h.inode.path, inline=self._meta_inline())
                 h.reader = reader
                 return await self.read(fh, off, size)
-            data = os.pread(staging.fd, size, off)
+            if staging.inline_io:
+                data = os.pread(staging.fd, size, off)
+            else:
+                data = await self._io(os.pread, staging.fd, size, off)
             self.stats.add("bytes_read", len(data))
             return data
         reader = h.reader
@@ -602,13 +607,17 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         node = h.inode
         await self._ensure_private(node)
+        staging = node.writer
         try:
-            n = os.pwrite(node.writer.fd, buf, off)
+            if staging.inline_io:
+                n = os.pwrite(staging.fd, buf, off)
+            else:
+                n = await self._io(os.pwrite, staging.fd, buf, off)
         except OSError as err:
             # A file with a hole where a write failed must not be published on close.
-            node.writer.failed = f"write at offset {off} failed: {err.strerror}"
+            staging.failed = f"write at offset {off} failed: {err.strerror}"
             raise
-        node.writer.dirty = True
+        staging.dirty = True
         self.stats.add("bytes_written", n)
         return n
 
@@ -638,6 +647,9 @@ class Operations(pyfuse3.Operations):
             except OSError as err:
                 code = errno_of(err)
                 log.error("close of %s failed, the store kept its previous content: %s", h.inode.path, err)
+                # The application was told this close failed: never publish these bytes later.
+                if h.inode.writer is not None and not h.inode.writer.failed:
+                    h.inode.writer.failed = f"an earlier close failed: {err}"
                 raise pyfuse3.FUSEError(code if code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES) else errno.EIO)
 
     @_op("fsync")
@@ -674,7 +686,7 @@ class Operations(pyfuse3.Operations):
                     log.error("upload of %s at release failed: %s", node.path, err)
                 finally:
                     node.writer = None
-                    self.store.discard(staging)
+                    await self._io(self.store.discard, staging, inline=staging.inline_io)
         self.inodes.release_open(node)
 
     # -- control files -------------------------------------------------------------------------

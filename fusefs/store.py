@@ -61,7 +61,7 @@ class Staging:
     to the live file, so `live` is set and the next write must stage a fresh copy first.
     """
 
-    __slots__ = ("fd", "path", "dirty", "live", "target", "failed")
+    __slots__ = ("fd", "path", "dirty", "live", "target", "failed", "inline_io")
 
     def __init__(self, fd: int, path: str, target: str):
         self.fd = fd
@@ -70,6 +70,9 @@ class Staging:
         self.dirty = False
         self.live = False
         self.failed = ""   # a write failed: this staging must never be published
+        # True when the staging file is in memory (tmpfs): its pread/pwrite never wait for a disk,
+        # so they may run on the event loop.
+        self.inline_io = False
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size

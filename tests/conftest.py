@@ -58,8 +58,9 @@ class Mounted:
         assert r.returncode == 0, r.stderr + self.log.read_text()
 
 
-def write_config(path: Path, store_uri: str, extra: str = "", log: Path | None = None) -> Path:
-    text = f'[store]\nuri = "{store_uri}"\n'
+def write_config(path: Path, store_uri: str, extra: str = "", log: Path | None = None,
+                 store_extra: str = "") -> Path:
+    text = f'[store]\nuri = "{store_uri}"\n{store_extra}'
     if log is not None:
         text += f'\n[logging]\nfile = "{log}"\nlevel = "DEBUG"\n'
     path.write_text(text + extra)
@@ -70,14 +71,14 @@ def write_config(path: Path, store_uri: str, extra: str = "", log: Path | None =
 def mount_factory(tmp_path):
     mounted: list[Mounted] = []
 
-    def make(extra: str = "", store_uri: str | None = None, name: str = "m") -> Mounted:
+    def make(extra: str = "", store_uri: str | None = None, name: str = "m", store_extra: str = "") -> Mounted:
         base = tmp_path / name
         store = base / "store"
         mnt = base / "mnt"
         store.mkdir(parents=True, exist_ok=True)
         mnt.mkdir(parents=True, exist_ok=True)
         log = base / "mount.log"
-        cfg = write_config(base / "hintfs.toml", store_uri or f"file://{store}", extra, log)
+        cfg = write_config(base / "hintfs.toml", store_uri or f"file://{store}", extra, log, store_extra)
         r = run_hintfs("mount", cfg, mnt)
         assert r.returncode == 0, r.stderr + (log.read_text() if log.exists() else "")
         m = Mounted(store, mnt, cfg, log)

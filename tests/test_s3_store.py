@@ -1,0 +1,125 @@
+"""s3:// stores through a real S3 server on loopback (moto's server), not a mocked client."""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+
+import pytest
+
+from tests.conftest import needs_fuse, run_hintfs, wait_for
+
+pytestmark = needs_fuse
+
+BUCKET = "ckpts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    from moto.server import ThreadedMotoServer
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield server, port
+    try:
+        server.stop()
+    except Exception:
+        pass
+
+
+def _s3fs(port):
+    import pyarrow.fs as pafs
+    return pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
+                             secret_key="test", region="us-east-1", allow_bucket_creation=True)
+
+
+@pytest.fixture
+def s3_mount(s3_server, mount_factory, tmp_path):
+    server, port = s3_server
+    fs = _s3fs(port)
+    fs.create_dir(BUCKET)
+    with fs.open_output_stream(f"{BUCKET}/existing/a.txt") as f:
+        f.write(b"from s3")
+    store_extra = (f'endpoint_override = "127.0.0.1:{port}"\nscheme = "http"\nregion = "us-east-1"\n'
+                   f'access_key = "test"\nsecret_key = "test"\nconnect_timeout_s = 1\nrequest_timeout_s = 3\n')
+    m = mount_factory(extra=f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\n', store_uri=f"s3://{BUCKET}",
+                      store_extra=store_extra)
+    return m, fs, server, port
+
+
+def test_read_write_list_rename_delete(s3_mount):
+    m, fs, server, port = s3_mount
+    assert (m.mnt / "existing" / "a.txt").read_bytes() == b"from s3"
+    assert os.listdir(m.mnt) == ["existing"]
+    data = os.urandom(3 << 20)
+    (m.mnt / "new.bin").write_bytes(data)
+    with fs.open_input_stream(f"{BUCKET}/new.bin") as f:
+        assert f.read() == data
+    assert (m.mnt / "new.bin").read_bytes() == data
+    (m.mnt / "dir").mkdir()
+    (m.mnt / "dir" / "x").write_bytes(b"x")
+    os.rename(m.mnt / "new.bin", m.mnt / "dir" / "moved.bin")
+    assert sorted(os.listdir(m.mnt / "dir")) == ["moved.bin", "x"]
+    os.rename(m.mnt / "dir", m.mnt / "dir2")   # directory rename: copy + delete per object
+    assert sorted(os.listdir(m.mnt / "dir2")) == ["moved.bin", "x"]
+    assert (m.mnt / "dir2" / "moved.bin").read_bytes() == data
+    os.unlink(m.mnt / "dir2" / "x")
+    os.unlink(m.mnt / "dir2" / "moved.bin")
+    os.rmdir(m.mnt / "dir2")
+    assert sorted(os.listdir(m.mnt)) == ["existing"]
+    with pytest.raises(FileNotFoundError):
+        (m.mnt / "nope").read_bytes()
+
+
+def test_partial_overwrite_and_append(s3_mount):
+    m, fs, *_ = s3_mount
+    with open(m.mnt / "existing" / "a.txt", "r+b") as f:
+        f.seek(5)
+        f.write(b"S3")
+    with open(m.mnt / "existing" / "a.txt", "ab") as f:
+        f.write(b"!")
+    with fs.open_input_stream(f"{BUCKET}/existing/a.txt") as f:
+        assert f.read() == b"from S3!"
+
+
+def test_failed_upload_fails_close_with_eio_and_daemon_recovers(s3_mount):
+    m, fs, server, port = s3_mount
+    fd = os.open(m.mnt / "lost.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"y" * 100_000)
+    server.stop()  # the store goes away before close uploads
+    try:
+        with pytest.raises(OSError) as exc:
+            os.close(fd)
+        assert exc.value.errno == errno.EIO
+    finally:
+        from moto.server import ThreadedMotoServer
+        restarted = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        restarted.start()
+    try:
+        assert wait_for(lambda: (m.mnt / "existing" / "a.txt").exists(), timeout=20)
+        assert (m.mnt / "existing" / "a.txt").read_bytes() == b"from s3"
+        # The kernel may keep the name it learnt at create for entry_timeout_s (1 s).
+        assert wait_for(lambda: not (m.mnt / "lost.bin").exists(), timeout=5)
+        assert "close of lost.bin failed" in m.log.read_text()
+    finally:
+        restarted.stop()
+        server.stop = lambda: None
+
+
+def test_cp_r_and_diff_r_through_s3(s3_mount, tmp_path):
+    m, *_ = s3_mount
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    for i in range(20):
+        (src / "a" / f"f{i}").write_bytes(os.urandom(1000 * i))
+    (src / "a" / "b" / "deep").write_bytes(b"deep")
+    subprocess.run(["cp", "-r", str(src), str(m.mnt / "copy")], check=True)
+    r = subprocess.run(["diff", "-r", str(src), str(m.mnt / "copy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
