@@ -105,7 +105,15 @@ def cmd_umount(args) -> int:
     mp = os.path.abspath(args.mountpoint)
     if not os.path.ismount(mp):
         raise UserError(f"{mp} is not mounted")
-    pid = _read_stats(mp)["pid"]
+    try:
+        pid = _read_stats(mp)["pid"]
+    except UserError:
+        # The daemon is gone (ENOTCONN) or unresponsive: detach the mount so the path works again.
+        r = subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise UserError(f"cannot unmount {mp}: {r.stderr.strip()}") from None
+        print(f"{mp}: daemon not answering; mount detached", file=sys.stderr)
+        return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:

@@ -109,6 +109,7 @@ def test_failed_upload_fails_close_with_eio_and_daemon_recovers(s3_mount):
         assert wait_for(lambda: not (m.mnt / "lost.bin").exists(), timeout=5)
         assert "close of lost.bin failed" in m.log.read_text()
     finally:
+        m.umount()          # while the store is still up, so pending work can finish
         restarted.stop()
         server.stop = lambda: None
 
