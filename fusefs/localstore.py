@@ -79,6 +79,7 @@ class LocalReader:
         return os.pread(self.fd, size, offset)
 
     def read_nowait(self, offset: int, size: int):
+        """The complete answer to this read if it can be had without waiting, else None."""
         mode = self._mode
         if mode == "memory":
             return os.pread(self.fd, size, offset)
@@ -97,11 +98,10 @@ class LocalReader:
             raise
         if n == size:
             return buf
-        if n == 0:
-            # EOF or nothing cached: only a blocking read can tell, so let the caller do one.
-            return None
-        # Partly cached: the caller reads the rest in a thread.
-        return memoryview(buf)[:n]
+        # Short: either EOF (a complete answer) or only partly cached (let a thread read it all).
+        if offset + n >= os.fstat(self.fd).st_size:
+            return memoryview(buf)[:n]
+        return None
 
     def close(self) -> None:
         if self.fd >= 0:

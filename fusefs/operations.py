@@ -582,10 +582,6 @@ class Operations(pyfuse3.Operations):
         if data is None:
             self.stats.add("read_thread")
             data = await self._io(reader.read, off, size)
-        elif len(data) < size:
-            self.stats.add("read_thread")
-            rest = await self._io(reader.read, off + len(data), size - len(data))
-            data = bytes(data) + rest
         else:
             self.stats.add("read_nowait_hit")
         self.stats.add("bytes_read", len(data))

@@ -50,7 +50,8 @@ class Stat:
 class Reader(Protocol):
     def read(self, offset: int, size: int) -> bytes: ...
     def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
-        """Bytes if they can be had without blocking (page cache), else None."""
+        """The complete answer (all `size` bytes, or fewer at EOF) if it can be had without
+        blocking (page cache, memory filesystem), else None."""
     def close(self) -> None: ...
 
 
