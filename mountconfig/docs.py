@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from .schema import MountConfig
 
@@ -32,7 +33,7 @@ def _default(field) -> str:
         value = field.default
     if value is None:
         return "unset"
-    return f"`{json.dumps(value)}`"
+    return f"`{json.dumps(to_jsonable_python(value))}`"
 
 
 def _section(name: str, model: type[BaseModel], out: list[str]) -> None:

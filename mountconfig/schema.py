@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from governor.config import GovernorConfig
+
 
 class Section(BaseModel):
     # Unknown keys are mistakes (a typo silently ignored is a tunable silently at its default).
@@ -110,3 +112,7 @@ class MountConfig(Section):
     mount: MountOptions = Field(default_factory=MountOptions, description="FUSE mount options.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus endpoint.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logging.")
+    governor: GovernorConfig = Field(
+        default_factory=GovernorConfig,
+        description="The GPU-memory governor (`hintfs governor CONFIG` reads this table; the mount ignores it).",
+    )
