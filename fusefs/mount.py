@@ -151,7 +151,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
 async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
-        nursery.start_soon(_announce_ready, mp, on_ready)
+        nursery.start_soon(_announce_ready, mp, on_ready, cfg)
         await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
         nursery.cancel_scope.cancel()
 
@@ -164,7 +164,18 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
-async def _announce_ready(mp: str, on_ready) -> None:
+def set_read_ahead(mp: str, kb: int) -> None:
+    """Widen the kernel's read-ahead for this mount (sysfs knob of its backing device info)."""
+    dev = os.stat(mp).st_dev
+    knob = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(knob, "w") as f:
+            f.write(str(kb))
+    except OSError as err:
+        log.warning("cannot set %s to %d: %s", knob, kb, err.strerror)
+
+
+async def _announce_ready(mp: str, on_ready, cfg: MountConfig) -> None:
     # Prove the mount answers (a stat served by our own loop, from a thread) before saying so.
     def probe():
         os.stat(os.path.join(mp, ".hintfs", "stats"))
@@ -175,6 +186,9 @@ async def _announce_ready(mp: str, on_ready) -> None:
         log.error("mount does not answer: %s", err)
         pyfuse3.terminate()
         return
+    if cfg.mount.read_ahead_kb:
+        # In a thread: stat() of our own mount is answered by this very event loop.
+        await trio.to_thread.run_sync(set_read_ahead, mp, cfg.mount.read_ahead_kb)
     sd_notify("READY=1")
     if on_ready is not None:
         on_ready()
