@@ -74,3 +74,18 @@ def test_every_field_has_a_description():
             yield f"{model.__name__}.{name}", field.description
     missing = [n for n, d in walk(MountConfig) if not d]
     assert not missing, missing
+
+
+def test_one_file_configures_mount_and_governor(tmp_path):
+    from governor.config import load_governor_config
+    p = tmp_path / "hintfs.toml"
+    p.write_text('[store]\nuri = "file:///srv/data"\n\n[governor]\n')
+    assert load_config(p).governor == load_governor_config(p)
+
+
+def test_governor_cli_bad_config_is_one_line(tmp_path):
+    p = tmp_path / "g.toml"
+    p.write_text('[governor]\nnot_a_key = 1\n')
+    r = run_hintfs("governor", p)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "not_a_key" in r.stderr

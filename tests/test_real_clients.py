@@ -155,7 +155,7 @@ def test_fio_reads_with_verification(mounted, rw):
     # fio lays the file out with a verification pattern through the mount, then reads it back.
     job = ["fio", "--name=v", f"--directory={mounted.mnt}", "--filename=fio.dat", "--size=32m",
            "--bs=64k", "--ioengine=psync", "--verify=crc32c", "--do_verify=1",
-           "--verify_fatal=1", "--rw=write", "--output-format=terse"]
+           "--verify_fatal=1", "--verify_state_save=0", "--rw=write", "--output-format=terse"]
     r = subprocess.run(job, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     job_read = job[:-2] + [f"--rw={rw}", "--verify_only", "--output-format=normal"]
