@@ -144,7 +144,11 @@ def format_status(snap: dict) -> str:
              f"uploaded {snap['bytes']['uploaded']:,}",
              "cache: " + ", ".join(f"{k} {v:,}" for k, v in snap["cache"].items())]
     if snap.get("errors"):
-        lines.append("errors: " + ", ".join(f"{k} {v}" for k, v in snap["errors"].items()))
+        import errno as errno_mod
+        lines.append("errors by errno: " + ", ".join(
+            f"{errno_mod.errorcode.get(int(k), k)} {v:,}" for k, v in snap["errors"].items()))
+        if str(errno_mod.ENOENT) in snap["errors"]:
+            lines.append("  (ENOENT counts lookups of names that do not exist: normal for cp, shells, loaders)")
     lines.append(f"{'op':<12}{'count':>10}{'errors':>8}{'p50 µs':>10}{'p99 µs':>10}{'max µs':>12}")
     for name, o in snap["ops"].items():
         lines.append(f"{name:<12}{o['count']:>10,}{o['errors']:>8}{o['p50_us']:>10.1f}{o['p99_us']:>10.1f}"
