@@ -1,0 +1,97 @@
+"""Replica policy for restart storms (issue 3): pure functions of numbers, no I/O, no clocks.
+
+A replication hint says how many readers each file will have. Storage pre-scales replicas so
+that no replica serves more than its safe load, fans the copies out as a tree (each finished
+replica becomes a source), spreads reads with the power of two choices, keeps replicas for a
+TTL and shrinks the plan to the disk budget.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+def replica_count(readers: int, safe_readers_per_replica: int, default: int, max_replicas: int,
+                  agents: int) -> int:
+    """clamp(ceil(readers / safe load), default, min(max_replicas, agents)), and at least 1."""
+    if readers < 0 or safe_readers_per_replica < 1 or default < 1 or max_replicas < 1:
+        raise ValueError("readers >= 0, safe_readers_per_replica >= 1, default >= 1, max_replicas >= 1")
+    want = math.ceil(readers / safe_readers_per_replica)
+    upper = max(1, min(max_replicas, agents))
+    return max(1, min(max(want, default), upper))
+
+
+@dataclass(frozen=True)
+class ReplicaTarget:
+    path: str
+    readers: int
+    replicas: int
+    expires_at: float
+
+
+def plan_replicas(files: Mapping[str, int], safe_readers_per_replica: int, default: int,
+                  max_replicas: int, agents: int, now: float, ttl_s: float) -> list[ReplicaTarget]:
+    """One target per hinted file, hottest first (they are copied first)."""
+    targets = [ReplicaTarget(p, r, replica_count(r, safe_readers_per_replica, default, max_replicas, agents),
+                             now + ttl_s) for p, r in files.items()]
+    return sorted(targets, key=lambda t: (-t.readers, t.path))
+
+
+def fit_to_budget(targets: Sequence[ReplicaTarget], sizes: Mapping[str, int], budget_bytes: int,
+                  existing_copies: int = 1) -> tuple[list[ReplicaTarget], dict[str, int]]:
+    """Shrink replica counts until the *extra* copies fit the disk budget.
+
+    The store already holds `existing_copies` of each file. Copies are taken away from the file
+    with the most replicas per reader first, so the hottest files keep theirs longest. Returns the
+    new targets and, per file, how many replicas were dropped (reported in the hint status).
+    """
+    counts = {t.path: t.replicas for t in targets}
+    readers = {t.path: t.readers for t in targets}
+
+    def extra_bytes() -> int:
+        return sum(max(0, counts[p] - existing_copies) * sizes.get(p, 0) for p in counts)
+
+    dropped = {p: 0 for p in counts}
+    while extra_bytes() > budget_bytes:
+        candidates = [p for p in counts if counts[p] > existing_copies and sizes.get(p, 0) > 0]
+        if not candidates:
+            break
+        victim = max(candidates, key=lambda p: (counts[p] / max(readers[p], 1), sizes.get(p, 0), p))
+        counts[victim] -= 1
+        dropped[victim] += 1
+    new = [ReplicaTarget(t.path, t.readers, counts[t.path], t.expires_at) for t in targets]
+    return new, {p: d for p, d in dropped.items() if d}
+
+
+def fanout_rounds(target: int, sources: int = 1) -> list[int]:
+    """Copies started per round of a tree fan-out: every finished replica is a source next round.
+
+    fanout_rounds(8) == [1, 2, 4]: 1 -> 2 -> 4 -> 8 replicas in three rounds, instead of seven
+    copies from the one original.
+    """
+    if target < 1 or sources < 1:
+        raise ValueError("target and sources must be >= 1")
+    have, rounds = sources, []
+    while have < target:
+        start = min(have, target - have)
+        rounds.append(start)
+        have += start
+    return rounds
+
+
+def expired(targets: Sequence[ReplicaTarget], now: float) -> list[ReplicaTarget]:
+    """Targets whose TTL has passed: their extra replicas are reclaimed."""
+    return [t for t in targets if t.expires_at <= now]
+
+
+def choose_replica(in_flight: Sequence[int], rng: random.Random) -> int:
+    """Power of two choices: sample two replicas, read from the one with fewer reads in flight."""
+    n = len(in_flight)
+    if n == 0:
+        raise ValueError("no replicas")
+    if n == 1:
+        return 0
+    a, b = rng.sample(range(n), 2)
+    return a if in_flight[a] <= in_flight[b] else b
