@@ -382,15 +382,9 @@ class Operations(pyfuse3.Operations):
             out.f_files = out.f_ffree = out.f_favail = 1 << 40
             out.f_namemax = 1024
             return out
-        out.f_bsize = sv.f_bsize
-        out.f_frsize = sv.f_frsize
-        out.f_blocks = sv.f_blocks
-        out.f_bfree = sv.f_bfree
-        out.f_bavail = sv.f_bavail
-        out.f_files = sv.f_files
-        out.f_ffree = sv.f_ffree
-        out.f_favail = sv.f_favail
-        out.f_namemax = sv.f_namemax
+        for field in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
+                      "f_favail", "f_namemax"):
+            setattr(out, field, getattr(sv, field))
         return out
 
     # -- directories ---------------------------------------------------------------------------
