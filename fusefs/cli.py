@@ -175,6 +175,19 @@ def cmd_config_doc(args) -> int:
     return 0
 
 
+def cmd_agent(args) -> int:
+    cfg = _load(args.config)
+    _setup_logging(cfg.logging.level, cfg.logging.file)
+    from .agent import run_agent
+    from .mount import MountError
+    try:
+        return run_agent(cfg)
+    except MountError as err:
+        raise UserError(str(err)) from None
+    except OSError as err:
+        raise UserError(f"agent: {err.strerror or err}") from None
+
+
 def cmd_governor(args) -> int:
     try:
         from governor.cli import main as governor_main
@@ -211,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("config-doc", help="print the config reference (docs/config.md)")
     c.set_defaults(func=cmd_config_doc)
+
+    a = sub.add_parser("agent", help="run a storage agent (Arrow Flight) on this node")
+    a.add_argument("config")
+    a.set_defaults(func=cmd_agent)
 
     g = sub.add_parser("governor", help="run the GPU-memory governor")
     g.add_argument("config")

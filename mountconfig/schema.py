@@ -112,12 +112,53 @@ class LoggingConfig(Section):
     )
 
 
+class AgentConfig(Section):
+    """`hintfs agent CONFIG` on a storage node; also the in-process agent of a mount with no agents."""
+    location: str = Field("grpc://127.0.0.1:8815", description="Flight location to bind: loopback unless "
+                          "told otherwise; grpc+tls://host:port with tls_cert_file/tls_key_file.")
+    data_dir: str = Field("/var/lib/hintfs/replicas", description="Where this agent keeps its replicas.")
+    budget_bytes: int = Field(64 << 30, ge=0, description="Most bytes of replicas kept on this agent's disk.")
+    token_file: Optional[str] = Field(None, description="File holding the shared token clients must send; "
+                                      "unset means no authentication (loopback use only).")
+    tls_cert_file: Optional[str] = Field(None, description="PEM certificate for TLS.")
+    tls_key_file: Optional[str] = Field(None, description="PEM private key for TLS.")
+    max_concurrent_reads: int = Field(64, ge=1, description="Reads served at once; more wait their turn.")
+    bandwidth_bytes_s: int = Field(0, ge=0, description="Cap on bytes served per second (0: none). "
+                                   "Benchmarks use it to emulate a data node's disk or NIC.")
+    reclaim_interval_s: float = Field(1.0, gt=0, description="How often expired replicas are removed.")
+
+
+class AgentsConfig(Section):
+    """The storage agents a mount talks to."""
+    locations: list[str] = Field(default_factory=list, description="Flight locations of the agents; "
+                                 "empty starts one agent inside the mount over `agent.data_dir`.")
+    token_file: Optional[str] = Field(None, description="Token sent to the agents.")
+    tls_root_file: Optional[str] = Field(None, description="PEM root certificate(s) to verify agents' TLS.")
+
+
+class ReplicasConfig(Section):
+    """Replication hints and reads from hot replicas (restart storms)."""
+    default_replicas: int = Field(1, ge=1, description="Fewest replicas of a hinted file.")
+    max_replicas: int = Field(16, ge=1, description="Most replicas of one file.")
+    safe_readers_per_replica: int = Field(32, ge=1, description="Concurrent readers one replica serves "
+                                          "without its p99 passing 2x its p50 (`hintfs hints calibrate`).")
+    max_hint_files: int = Field(100_000, ge=1, description="Most files in one hint document.")
+    read_timeout_s: float = Field(5.0, gt=0, description="A replica read slower than this fails over.")
+    hedge_after_ms: float = Field(200.0, ge=0, description="Send a second read to another source after "
+                                  "this long (0: no hedging).")
+    block_bytes: int = Field(4 << 20, ge=4096, description="Unit of reads from replicas; concurrent misses "
+                             "of one block on this host are fetched once.")
+
+
 class MountConfig(Section):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The store hintfs is a view of.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="Kernel caching and write staging.")
     mount: MountOptions = Field(default_factory=MountOptions, description="FUSE mount options.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus endpoint.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logging.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="This host's storage agent.")
+    agents: AgentsConfig = Field(default_factory=AgentsConfig, description="Agents the mount uses.")
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig, description="Hints and replica reads.")
     governor: GovernorConfig = Field(
         default_factory=GovernorConfig,
         description="The GPU-memory governor (`hintfs governor CONFIG` reads this table; the mount ignores it).",

@@ -1,0 +1,282 @@
+"""The storage agent: an Arrow Flight server on a storage node.
+
+It serves byte ranges of store files and of the replicas it keeps on its own disk, makes
+replicas on request (from the store, or from another agent: tree fan-out), keeps each for a TTL
+within a byte budget, and reports its load. Protocol (all JSON in, JSON or bytes out):
+
+- `do_get(ticket={"path", "offset", "length", "replica_only"?})` -> one record batch with one
+  `large_binary` value: the bytes. Served from a local replica when there is one.
+- actions: `replicate {"path", "ttl_s", "source"?}` (blocks until the copy is complete),
+  `drop {"path"}`, `status {}`, `ping {}`.
+
+Flight runs each call on its own thread; the agent's state is guarded by one lock, and reads
+are bounded by a semaphore (`max_concurrent_reads`) and an optional token bucket
+(`bandwidth_bytes_s`, used by the benchmarks to emulate a data node).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from .store import Store
+
+log = logging.getLogger("hintfs.agent")
+_CHUNK = 8 << 20
+
+
+class TokenBucket:
+    """Bytes per second with a burst of one second's worth; `take` sleeps the caller."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self.tokens = float(rate)
+        self.stamp = time.monotonic()
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            self.tokens -= n
+            wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)
+
+
+@dataclass
+class Replica:
+    path: str
+    local: str
+    size: int
+    expires_at: float
+
+
+class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
+    def __init__(self, token: str):
+        self.token = token
+
+    def start_call(self, info, headers):
+        got = headers.get("authorization") or headers.get("Authorization") or []
+        if not got or got[0] != f"Bearer {self.token}":
+            log.warning("refused %s call without a valid token", info.method)
+            raise fl.FlightUnauthenticatedError("missing or wrong token")
+        return None
+
+
+class AgentServer(fl.FlightServerBase):
+    def __init__(self, cfg, store: Store, location: Optional[str] = None):
+        acfg = cfg.agent
+        tls = None
+        if acfg.tls_cert_file and acfg.tls_key_file:
+            with open(acfg.tls_cert_file, "rb") as c, open(acfg.tls_key_file, "rb") as k:
+                tls = [fl.CertKeyPair(c.read(), k.read())]
+        middleware = {}
+        if acfg.token_file:
+            with open(acfg.token_file) as f:
+                middleware["auth"] = TokenMiddlewareFactory(f.read().strip())
+        super().__init__(location or acfg.location, tls_certificates=tls, middleware=middleware)
+        self.cfg = cfg
+        self.store = store
+        self.data_dir = acfg.data_dir
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.budget = acfg.budget_bytes
+        self.replicas: dict[str, Replica] = {}
+        self.lock = threading.Lock()
+        self.read_slots = threading.BoundedSemaphore(acfg.max_concurrent_reads)
+        self.bucket = TokenBucket(acfg.bandwidth_bytes_s)
+        self.in_flight = 0
+        self.bytes_served = 0
+        self.reads_served = 0
+        self.started = time.monotonic()
+        self.token = None
+        if cfg.agents.token_file:
+            with open(cfg.agents.token_file) as f:
+                self.token = f.read().strip()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
+        self._reaper.start()
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read_range(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
+        with self.read_slots:
+            with self.lock:
+                self.in_flight += 1
+                rep = self.replicas.get(path)
+            try:
+                if rep is not None:
+                    with open(rep.local, "rb") as f:
+                        data = os.pread(f.fileno(), length, offset)
+                elif replica_only:
+                    raise fl.FlightServerError(f"no replica of {path}")
+                else:
+                    reader, _st = self.store.open_reader(path)
+                    try:
+                        data = reader.read(offset, length)
+                    finally:
+                        reader.close()
+                self.bucket.take(len(data))
+                with self.lock:
+                    self.bytes_served += len(data)
+                    self.reads_served += 1
+                return data
+            finally:
+                with self.lock:
+                    self.in_flight -= 1
+
+    def do_get(self, context, ticket):
+        req = json.loads(ticket.ticket)
+        try:
+            data = self.read_range(req["path"], int(req["offset"]), int(req["length"]),
+                                   bool(req.get("replica_only")))
+        except FileNotFoundError:
+            raise fl.FlightServerError(f"ENOENT {req['path']}")
+        table = pa.table({"data": pa.array([data], type=pa.large_binary())})
+        return fl.RecordBatchStream(table)
+
+    # -- replicas ------------------------------------------------------------------------------
+    def _local_name(self, path: str) -> str:
+        return os.path.join(self.data_dir, hashlib.sha256(path.encode()).hexdigest()[:32])
+
+    def used_bytes(self) -> int:
+        return sum(r.size for r in self.replicas.values())
+
+    def replicate(self, path: str, ttl_s: float, source: Optional[str]) -> dict:
+        with self.lock:
+            rep = self.replicas.get(path)
+            if rep is not None:
+                rep.expires_at = max(rep.expires_at, time.time() + ttl_s)
+                return {"path": path, "size": rep.size, "already": True}
+        st = self.store.stat(path)
+        with self.lock:
+            if self.used_bytes() + st.size > self.budget:
+                raise fl.FlightServerError(f"ENOSPC budget: {path} needs {st.size} bytes, "
+                                           f"{self.budget - self.used_bytes()} left")
+        local = self._local_name(path)
+        tmp = local + ".part"
+        with open(tmp, "wb") as out:
+            if source:
+                from .agentclient import AgentClient
+                src = AgentClient(source, token=self.token)
+                offset = 0
+                while offset < st.size:
+                    chunk = src.read(path, offset, min(_CHUNK, st.size - offset), replica_only=True)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    offset += len(chunk)
+                src.close()
+            else:
+                reader, _ = self.store.open_reader(path)
+                try:
+                    offset = 0
+                    while offset < st.size:
+                        chunk = reader.read(offset, min(_CHUNK, st.size - offset))
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        offset += len(chunk)
+                finally:
+                    reader.close()
+        if os.path.getsize(tmp) != st.size:
+            os.unlink(tmp)
+            raise fl.FlightServerError(f"EIO short copy of {path}")
+        os.rename(tmp, local)
+        with self.lock:
+            self.replicas[path] = Replica(path, local, st.size, time.time() + ttl_s)
+        log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
+        return {"path": path, "size": st.size, "already": False}
+
+    def drop(self, path: str) -> bool:
+        with self.lock:
+            rep = self.replicas.pop(path, None)
+        if rep is not None:
+            try:
+                os.unlink(rep.local)
+            except FileNotFoundError:
+                pass
+        return rep is not None
+
+    def _reclaim_loop(self) -> None:
+        interval = self.cfg.agent.reclaim_interval_s
+        while not self._stop.wait(interval):
+            now = time.time()
+            with self.lock:
+                gone = [p for p, r in self.replicas.items() if r.expires_at <= now]
+            for p in gone:
+                self.drop(p)
+                log.info("replica of %s reclaimed at TTL", p)
+
+    def status(self) -> dict:
+        with self.lock:
+            elapsed = max(time.monotonic() - self.started, 1e-9)
+            return {
+                "replicas": {p: {"size": r.size, "expires_in_s": round(r.expires_at - time.time(), 3)}
+                             for p, r in self.replicas.items()},
+                "load": {"reads_in_flight": self.in_flight, "reads_served": self.reads_served,
+                         "bytes_served": self.bytes_served,
+                         "bytes_per_s": round(self.bytes_served / elapsed, 1)},
+                "budget": {"bytes": self.budget, "used": self.used_bytes()},
+            }
+
+    def do_action(self, context, action):
+        body = json.loads(action.body.to_pybytes() or b"{}")
+        kind = action.type
+        try:
+            if kind == "replicate":
+                result = self.replicate(body["path"], float(body.get("ttl_s", 600)), body.get("source"))
+            elif kind == "drop":
+                result = {"dropped": self.drop(body["path"])}
+            elif kind == "status":
+                result = self.status()
+            elif kind == "ping":
+                result = {"ok": True}
+            else:
+                raise fl.FlightServerError(f"EINVAL unknown action {kind}")
+        except FileNotFoundError:
+            raise fl.FlightServerError(f"ENOENT {body.get('path')}")
+        except KeyError as err:
+            raise fl.FlightServerError(f"EINVAL missing {err}")
+        yield fl.Result(json.dumps(result).encode())
+
+    def list_actions(self, context):
+        return [("replicate", "copy a file here"), ("drop", "remove a replica"),
+                ("status", "replicas, load, budget"), ("ping", "liveness")]
+
+    def shutdown(self):
+        self._stop.set()
+        super().shutdown()
+
+
+def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:
+    """The mount's own agent when no agents are configured: loopback, a free port, a thread."""
+    server = AgentServer(cfg, store, location="grpc://127.0.0.1:0")
+    location = f"grpc://127.0.0.1:{server.port}"
+    threading.Thread(target=server.serve, name="hintfs-agent", daemon=True).start()
+    return server, location
+
+
+def run_agent(cfg) -> int:
+    from .mount import build_store, check_store
+    store = build_store(cfg)
+    check_store(store, cfg)
+    server = AgentServer(cfg, store)
+    log.info("agent serving %s at %s (replicas in %s)", store.description, cfg.agent.location, cfg.agent.data_dir)
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=server.shutdown).start())
+    from .mount import sd_notify
+    sd_notify("READY=1")
+    server.serve()
+    return 0

@@ -1,0 +1,67 @@
+"""Blocking client of a storage agent (Arrow Flight). Used from worker threads of the mount,
+from other agents (tree fan-out) and from the benchmarks."""
+from __future__ import annotations
+
+import errno
+import json
+from typing import Optional
+
+import pyarrow.flight as fl
+
+
+class AgentError(OSError):
+    pass
+
+
+def _errno_of(err: Exception) -> int:
+    text = str(err)
+    for name in ("ENOENT", "ENOSPC", "EINVAL", "EIO"):
+        if name in text:
+            return getattr(errno, name)
+    if isinstance(err, fl.FlightUnauthenticatedError):
+        return errno.EACCES
+    return errno.EIO
+
+
+class AgentClient:
+    def __init__(self, location: str, token: Optional[str] = None, tls_root: Optional[bytes] = None,
+                 timeout_s: float = 30.0):
+        self.location = location
+        kwargs = {}
+        if tls_root:
+            kwargs["tls_root_certs"] = tls_root
+        self._client = fl.FlightClient(location, **kwargs)
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
+
+    def _call(self, kind: str, body: dict) -> dict:
+        try:
+            results = list(self._client.do_action(fl.Action(kind, json.dumps(body).encode()), self._opts))
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: {kind} failed: {err}") from None
+        return json.loads(results[0].body.to_pybytes()) if results else {}
+
+    def read(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
+        ticket = fl.Ticket(json.dumps({"path": path, "offset": offset, "length": length,
+                                       "replica_only": replica_only}).encode())
+        try:
+            table = self._client.do_get(ticket, self._opts).read_all()
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: read {path} failed: {err}") from None
+        col = table.column(0)
+        return col[0].as_py() if len(col) else b""
+
+    def replicate(self, path: str, ttl_s: float, source: Optional[str] = None) -> dict:
+        return self._call("replicate", {"path": path, "ttl_s": ttl_s, "source": source})
+
+    def drop(self, path: str) -> dict:
+        return self._call("drop", {"path": path})
+
+    def status(self) -> dict:
+        return self._call("status", {})
+
+    def ping(self) -> bool:
+        return bool(self._call("ping", {}).get("ok"))
+
+    def close(self) -> None:
+        self._client.close()
