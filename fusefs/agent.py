@@ -16,9 +16,11 @@ are bounded by a semaphore (`max_concurrent_reads`) and an optional token bucket
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from .store import Store
 
 log = logging.getLogger("hintfs.agent")
 _CHUNK = 8 << 20
+_instances = itertools.count()
 
 
 class TokenBucket:
@@ -89,8 +92,13 @@ class AgentServer(fl.FlightServerBase):
         super().__init__(location or acfg.location, tls_certificates=tls, middleware=middleware)
         self.cfg = cfg
         self.store = store
-        self.data_dir = acfg.data_dir
-        os.makedirs(self.data_dir, exist_ok=True)
+        # Each agent instance keeps its replicas in a folder of its own, so two agents (or a
+        # mount's in-process agent) sharing `data_dir` never serve each other's files; folders of
+        # agents that died are removed here.
+        os.makedirs(acfg.data_dir, exist_ok=True)
+        _reap_dead_instances(acfg.data_dir)
+        self.data_dir = os.path.join(acfg.data_dir, f"agent-{os.getpid()}-{next(_instances)}")
+        os.makedirs(self.data_dir)
         self.budget = acfg.budget_bytes
         self.replicas: dict[str, Replica] = {}
         self.lock = threading.Lock()
@@ -257,6 +265,20 @@ class AgentServer(fl.FlightServerBase):
     def shutdown(self):
         self._stop.set()
         super().shutdown()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _reap_dead_instances(data_dir: str) -> None:
+    for name in os.listdir(data_dir):
+        if not name.startswith("agent-"):
+            continue
+        try:
+            pid = int(name.split("-")[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
 
 
 def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:

@@ -188,6 +188,40 @@ def cmd_agent(args) -> int:
         raise UserError(f"agent: {err.strerror or err}") from None
 
 
+def cmd_hints(args) -> int:
+    from . import client
+    mp = os.path.abspath(args.mountpoint)
+    if args.action == "set":
+        if args.from_dcp:
+            files = client.hints_from_dcp(args.from_dcp, args.world_size)
+            prefix = os.path.relpath(os.path.abspath(args.from_dcp), mp)
+            if prefix.startswith(".."):
+                raise UserError(f"{args.from_dcp} is not inside the mount {mp}")
+            files = {os.path.normpath(os.path.join(prefix, p)): n for p, n in files.items()}
+        elif args.file:
+            with open(args.file) as f:
+                files = json.load(f)
+        else:
+            raise UserError("hints set needs --from-dcp DIR --world-size N or --file FILES.json")
+        try:
+            client.set_replication_hints(mp, args.job, files, ttl_s=args.ttl, deadline_s=args.deadline)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        print(f"hint {args.job}: {len(files)} files")
+        return 0
+    if args.action == "wait":
+        try:
+            status = client.wait_for_replicas(mp, args.job, timeout_s=args.timeout)
+        except TimeoutError as err:
+            raise UserError(str(err)) from None
+        except KeyError as err:
+            raise UserError(str(err.args[0])) from None
+        print(f"hint {args.job}: all {len(status['files'])} files have their replicas")
+        return 0
+    print(json.dumps(client.replica_status(mp, args.job), indent=2))
+    return 0
+
+
 def cmd_governor(args) -> int:
     try:
         from governor.cli import main as governor_main
@@ -228,6 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("agent", help="run a storage agent (Arrow Flight) on this node")
     a.add_argument("config")
     a.set_defaults(func=cmd_agent)
+
+    h = sub.add_parser("hints", help="replication hints: set, wait, status")
+    h.add_argument("action", choices=["set", "wait", "status"])
+    h.add_argument("mountpoint")
+    h.add_argument("job")
+    h.add_argument("--from-dcp", help="derive the hint from a DCP checkpoint directory inside the mount")
+    h.add_argument("--world-size", type=int, default=1)
+    h.add_argument("--file", help="JSON {relpath: expected_readers}")
+    h.add_argument("--ttl", type=float, default=600.0)
+    h.add_argument("--deadline", type=float, default=300.0)
+    h.add_argument("--timeout", type=float, default=None)
+    h.set_defaults(func=cmd_hints)
 
     g = sub.add_parser("governor", help="run the GPU-memory governor")
     g.add_argument("config")

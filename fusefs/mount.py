@@ -119,7 +119,10 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
         store = build_store(cfg)
     check_store(store, cfg)
     stats = Stats()
-    ops = Operations(store, cfg, stats, build_control(cfg, stats))
+    control = build_control(cfg, stats)
+    hints, replica_reads, agent_server = build_replication(cfg, store, stats, control)
+    ops = Operations(store, cfg, stats, control, replica_reads)
+    replica_reads.store_read = ops.store_read
     if cfg.metrics.enabled:
         from .metrics import start_metrics
         port = start_metrics(stats, cfg.metrics.bind, cfg.metrics.port)
@@ -131,7 +134,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     log.info("mounted %s at %s", store.description, mp)
     unmount = True
     try:
-        trio.run(_serve, ops, mp, on_ready, cfg)
+        trio.run(_serve, ops, mp, on_ready, cfg, hints)
     except BaseException:
         log.exception("mount loop failed")
         raise
@@ -144,13 +147,48 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
             pyfuse3.close(unmount=unmount)
         except Exception as err:  # already unmounted by fusermount3 -u
             log.debug("close: %s", err)
+        if agent_server is not None:
+            agent_server.shutdown()
         log.info("unmounted %s", mp)
     return 0
 
 
-async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig) -> None:
+def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir):
+    """Agents (configured, or one started in this process), the hints manager and replica reads."""
+    from .agentclient import AgentClient
+    from .hints import HintsManager
+    from .replicaread import ReplicaReads
+
+    server = None
+    locations = list(cfg.agents.locations)
+    if not locations:
+        from .agent import start_in_process
+        try:
+            server, loc = start_in_process(cfg, store)
+        except OSError as err:
+            raise MountError(f"cannot start the in-process agent in {cfg.agent.data_dir}: {err}") from None
+        locations = [loc]
+    token = None
+    if cfg.agents.token_file:
+        with open(cfg.agents.token_file) as f:
+            token = f.read().strip()
+    tls_root = None
+    if cfg.agents.tls_root_file:
+        with open(cfg.agents.tls_root_file, "rb") as f:
+            tls_root = f.read()
+    clients = {loc: AgentClient(loc, token=token, tls_root=tls_root, timeout_s=cfg.replicas.read_timeout_s * 10)
+               for loc in locations}
+    hints = HintsManager(cfg, locations, clients, stats)
+    control.add_dir(hints.control_dir())
+    reads = ReplicaReads(hints.router, clients, cfg, stats, store_read=None)
+    return hints, reads, server
+
+
+async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=None) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        if hints is not None:
+            nursery.start_soon(hints.run)
         nursery.start_soon(_announce_ready, mp, on_ready, cfg)
         await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
         nursery.cancel_scope.cancel()

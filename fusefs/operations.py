@@ -65,11 +65,13 @@ def _op(name: str):
 
 
 class ReadHandle:
-    __slots__ = ("inode", "reader")
+    __slots__ = ("inode", "reader", "replicated", "identity")
 
     def __init__(self, inode: Inode, reader):
         self.inode = inode
         self.reader = reader
+        self.replicated = False   # a hinted file with ready replicas: read from the agents
+        self.identity = None
 
 
 class WriteHandle:
@@ -103,8 +105,9 @@ class DirHandle:
 
 class Operations(pyfuse3.Operations):
     def __init__(self, store: Store, cfg, stats: Optional[Stats] = None,
-                 control_root: Optional[ControlDir] = None):
+                 control_root: Optional[ControlDir] = None, replica_reads=None):
         super().__init__()
+        self.replica_reads = replica_reads   # fusefs.replicaread.ReplicaReads, for hinted files
         self.store = store
         self.cfg = cfg
         self.stats = stats or Stats()
@@ -484,6 +487,9 @@ class Operations(pyfuse3.Operations):
                 reader, st = await self._io(self.store.open_reader, node.path, inline=self._meta_inline())
                 handle = ReadHandle(node, reader)
                 fi.keep_cache = self._same_as_cached(node, st)
+                if self.replica_reads is not None and self.replica_reads.has_replicas(node.path):
+                    handle.replicated = True
+                    handle.identity = st.identity()
         else:
             await self._acquire_writer(node, truncate=bool(flags & os.O_TRUNC))
             handle = WriteHandle(node)
@@ -569,6 +575,10 @@ class Operations(pyfuse3.Operations):
                 data = os.pread(staging.fd, size, off)
             else:
                 data = await self._io(os.pread, staging.fd, size, off)
+            self.stats.add("bytes_read", len(data))
+            return data
+        if h.replicated:
+            data = await self.replica_reads.read(h.inode.path, h.identity, off, size)
             self.stats.add("bytes_read", len(data))
             return data
         reader = h.reader
@@ -678,6 +688,16 @@ class Operations(pyfuse3.Operations):
                     node.writer = None
                     await self._io(self.store.discard, staging, inline=staging.inline_io)
         self.inodes.release_open(node)
+
+    async def store_read(self, path: str, off: int, length: int) -> bytes:
+        """One read of the store copy (the last fallback of replica reads)."""
+        def read():
+            reader, _st = self.store.open_reader(path)
+            try:
+                return reader.read(off, length)
+            finally:
+                reader.close()
+        return await self._io(read)
 
     # -- control files -------------------------------------------------------------------------
     def _open_control(self, node: Inode, flags: int) -> pyfuse3.FileInfo:

@@ -1,0 +1,72 @@
+"""One-call helpers for training jobs: everything goes through the mount's control files.
+
+The mount never imports torch; these helpers run in the job. `hints_from_dcp` and friends live
+in `fusefs.hintsource` and are re-exported here.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from typing import Mapping, Optional
+
+from .hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
+
+__all__ = ["set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
+           "hints_from_megatron", "hints_from_safetensors"]
+
+
+def _control(mount: str, *parts: str) -> str:
+    return os.path.join(mount, ".hintfs", *parts)
+
+
+def _write_control(path: str, doc: dict) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(json.dumps(doc))
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            try:
+                with open(path + ".error") as f:
+                    reason = f.read().strip()
+            except OSError:
+                reason = "refused"
+            raise ValueError(f"{os.path.basename(path)}: {reason}") from None
+        raise
+
+
+def set_replication_hints(mount: str, job: str, files: Mapping[str, int], *, ttl_s: float = 600.0,
+                          deadline_s: float = 300.0, safe_readers_per_replica: Optional[int] = None) -> None:
+    """Tell the mount which files `job` will read and by how many readers; returns at once.
+    Raises ValueError with the mount's reason if the hint is refused (nothing is applied then)."""
+    doc = {"files": dict(files), "ttl_s": ttl_s, "deadline_s": deadline_s}
+    if safe_readers_per_replica is not None:
+        doc["safe_readers_per_replica"] = safe_readers_per_replica
+    _write_control(_control(mount, "hints", job), doc)
+
+
+def replica_status(mount: str, job: str) -> dict:
+    with open(_control(mount, "hints", job + ".status")) as f:
+        text = f.read()
+    return json.loads(text) if text.strip() else {}
+
+
+def wait_for_replicas(mount: str, job: str, timeout_s: Optional[float] = None, poll_s: float = 0.1) -> dict:
+    """Block until every hinted file has its target replicas, or the hint's deadline (or
+    `timeout_s`) passes: then TimeoutError, carrying the last status."""
+    start = time.monotonic()
+    while True:
+        status = replica_status(mount, job)
+        if not status:
+            raise KeyError(f"no hint job {job!r} on {mount}")
+        if status.get("ready"):
+            return status
+        late = status.get("deadline_in_s", 1) <= 0
+        if late or (timeout_s is not None and time.monotonic() - start > timeout_s) or (
+                status.get("done") and not status.get("ready")):
+            err = TimeoutError(f"replicas of job {job!r} not ready: " + json.dumps(
+                {p: v for p, v in status["files"].items() if v["ready"] < v["target"]})[:2000])
+            err.status = status
+            raise err
+        time.sleep(poll_s)

@@ -1,0 +1,223 @@
+"""Replication hints in the mount: `.hintfs/hints/<job>` in, replicas on the agents out.
+
+A job writes `{"files": {relpath: expected_readers}, "safe_readers_per_replica"?, "ttl_s",
+"deadline_s"}`. The document is validated whole before anything happens (EINVAL and a reason
+otherwise). The manager then plans replicas with `policy.replicas`, copies them to agents as a
+tree (hottest file first; each finished replica is a source in the next round), reports
+progress in `.hintfs/hints/<job>.status`, and drops the extra replicas when the TTL passes.
+Reads of a hinted file are spread over its ready replicas by `ReplicaRouter`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
+from .control import ControlDir, ControlFile, ControlInputError
+
+log = logging.getLogger("hintfs.hints")
+
+
+class HintDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    files: dict[str, int] = Field(min_length=1)
+    safe_readers_per_replica: Optional[int] = Field(None, ge=1)
+    ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
+    deadline_s: float = Field(300.0, gt=0, le=86400)
+
+    @field_validator("files")
+    @classmethod
+    def _paths_inside(cls, files: dict[str, int]) -> dict[str, int]:
+        for path, readers in files.items():
+            norm = posixpath.normpath(path) if path else ""
+            if (not path or path.startswith("/") or norm != path or norm.startswith("..")
+                    or norm.split("/")[0] == ".hintfs" or "\0" in path):
+                raise ValueError(f"{path!r} is not a normalized path inside the mount")
+            if not isinstance(readers, int) or readers < 1:
+                raise ValueError(f"{path!r}: expected_readers must be an integer >= 1")
+        return files
+
+
+def parse_hint(doc: object, max_files: int) -> HintDocument:
+    if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and len(doc["files"]) > max_files:
+        raise ControlInputError(f"files: {len(doc['files'])} entries exceed replicas.max_hint_files={max_files}")
+    try:
+        return HintDocument.model_validate(doc)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e["loc"]) or "(document)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        raise ControlInputError(f"{where}: {msg}") from None
+
+
+@dataclass
+class FileState:
+    target: int
+    readers: int
+    ready: list[str] = field(default_factory=list)   # agent locations holding a complete copy
+    error: str = ""
+
+
+@dataclass
+class Job:
+    name: str
+    doc: HintDocument
+    files: dict[str, FileState]
+    expires_at: float
+    deadline_at: float
+    done: bool = False
+
+
+class ReplicaRouter:
+    """Where a hinted file's replicas are, and which one to read next (power of two choices)."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[str, list[str]] = {}
+        self.in_flight: dict[str, int] = {}
+        self.rng = random.Random(0)
+
+    def pick(self, path: str, exclude: tuple[str, ...] = ()) -> Optional[str]:
+        ready = [loc for loc in self.replicas.get(path, ()) if loc not in exclude]
+        if not ready:
+            return None
+        i = choose_replica([self.in_flight.get(loc, 0) for loc in ready], self.rng)
+        return ready[i]
+
+
+class HintsManager:
+    def __init__(self, cfg, agents: list[str], clients, stats):
+        self.cfg = cfg
+        self.agents = agents
+        self.clients = clients              # location -> AgentClient (blocking; used in threads)
+        self.stats = stats
+        self.jobs: dict[str, Job] = {}
+        self.router = ReplicaRouter()
+        self.limiter = trio.CapacityLimiter(max(4, 2 * len(agents)))
+        self._send, self._recv = trio.open_memory_channel(1000)
+
+    # -- control files ---------------------------------------------------------------------------
+    def control_dir(self) -> ControlDir:
+        d = ControlDir("hints")
+        d.make_file = lambda name: self._job_file(d, name)
+        return d
+
+    def _job_file(self, d: ControlDir, name: str) -> ControlFile:
+        def apply(doc: object) -> None:
+            self.submit(name, parse_hint(doc, self.cfg.replicas.max_hint_files))
+
+        def render() -> bytes:
+            job = self.jobs.get(name)
+            return (job.doc.model_dump_json() + "\n").encode() if job else b""
+
+        d.add(ControlFile(name + ".status", render=lambda: self.status_json(name)))
+        return ControlFile(name, render=render, apply=apply)
+
+    def status(self, name: str) -> dict:
+        job = self.jobs.get(name)
+        if job is None:
+            return {}
+        files = {p: {"target": s.target, "ready": len(s.ready), **({"error": s.error} if s.error else {})}
+                 for p, s in job.files.items()}
+        return {"job": name, "ready": all(v["ready"] >= v["target"] for v in files.values()),
+                "done": job.done, "deadline_in_s": round(job.deadline_at - time.time(), 3),
+                "expires_in_s": round(job.expires_at - time.time(), 3), "agents": len(self.agents),
+                "files": files}
+
+    def status_json(self, name: str) -> bytes:
+        return (json.dumps(self.status(name), indent=1, sort_keys=True) + "\n").encode()
+
+    # -- planning --------------------------------------------------------------------------------
+    def submit(self, name: str, doc: HintDocument) -> None:
+        """Validated document in, plan recorded; the copying happens in `run` (never inline)."""
+        now = time.time()
+        r = self.cfg.replicas
+        safe = doc.safe_readers_per_replica or r.safe_readers_per_replica
+        targets = plan_replicas(doc.files, safe, r.default_replicas, r.max_replicas, len(self.agents),
+                                now, doc.ttl_s)
+        job = Job(name, doc, {t.path: FileState(t.replicas, t.readers) for t in targets},
+                  now + doc.ttl_s, now + doc.deadline_s)
+        self.jobs[name] = job
+        self.stats.add("hint_jobs")
+        try:
+            self._send.send_nowait((job, targets))
+        except trio.WouldBlock:
+            raise ControlInputError("too many hint jobs queued; try again") from None
+
+    def _agents_for(self, path: str, n: int) -> list[str]:
+        start = int(hashlib.sha256(path.encode()).hexdigest(), 16) % len(self.agents)
+        return [self.agents[(start + i) % len(self.agents)] for i in range(min(n, len(self.agents)))]
+
+    async def run(self) -> None:
+        """Background task: copy planned replicas, tree fan-out, hottest file first; reclaim at TTL."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._reclaim_loop)
+            async for job, targets in self._recv:
+                nursery.start_soon(self._materialize, job, targets)
+
+    async def _materialize(self, job: Job, targets: list[ReplicaTarget]) -> None:
+        # A failure here is recorded in the job's status and logged; it never reaches the mount.
+        try:
+            for t in targets:
+                state = job.files[t.path]
+                places = self._agents_for(t.path, t.replicas)
+                pending = list(places)
+                # Tree fan-out: round 0 copies from the store, each later round from the copies
+                # finished so far; an agent that fails is skipped and its slot stays empty.
+                await self._copy(job, t.path, pending.pop(0), None)
+                for started in fanout_rounds(len(places), 1):
+                    if not state.ready or not pending:
+                        break
+                    sources = list(state.ready)
+                    batch, pending = pending[:started], pending[started:]
+                    async with trio.open_nursery() as n:
+                        for k, dest in enumerate(batch):
+                            n.start_soon(self._copy, job, t.path, dest, sources[k % len(sources)])
+                if len(state.ready) < state.target:
+                    log.warning("hint %s: %s has %d of %d replicas: %s", job.name, t.path, len(state.ready),
+                                state.target, state.error or "agents unavailable")
+        except Exception:
+            log.exception("hint %s: replication stopped", job.name)
+        job.done = True
+        log.info("hint %s: %d files planned, replication finished", job.name, len(targets))
+
+    async def _copy(self, job: Job, path: str, dest: str, source: Optional[str]) -> None:
+        client = self.clients[dest]
+        state = job.files[path]
+        try:
+            await trio.to_thread.run_sync(client.replicate, path, max(job.expires_at - time.time(), 1.0),
+                                          source, limiter=self.limiter)
+        except OSError as err:
+            state.error = str(err).split(". Detail")[0]
+            self.stats.add("replica_copy_errors")
+            return
+        if dest not in state.ready:
+            state.ready.append(dest)
+        locs = self.router.replicas.setdefault(path, [])
+        if dest not in locs:
+            locs.append(dest)
+        self.stats.add("replicas_made")
+
+    async def _reclaim_loop(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            now = time.time()
+            for name, job in list(self.jobs.items()):
+                if job.expires_at <= now:
+                    del self.jobs[name]
+                    for path, state in job.files.items():
+                        for loc in state.ready:
+                            try:
+                                await trio.to_thread.run_sync(self.clients[loc].drop, path, limiter=self.limiter)
+                            except OSError as err:
+                                log.warning("drop of %s at %s failed: %s", path, loc, err)
+                        self.router.replicas.pop(path, None)
+                    log.info("hint %s expired: replicas reclaimed", name)

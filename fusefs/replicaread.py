@@ -1,0 +1,141 @@
+"""Reads of hinted files from their replicas: blocks, single-flight, failover, hedging.
+
+A read is served in `replicas.block_bytes` blocks. Concurrent misses of one block on this host
+wait for a single fetch (single-flight), and recently fetched blocks stay in a small LRU, so 8
+ranks on one host cost one remote read. A fetch goes to the replica with fewer reads in flight
+of two sampled ones (power of two choices); if it has not answered after `hedge_after_ms`, a
+second fetch goes to another replica (or the store) and the first answer wins; errors and
+`read_timeout_s` fail over to the next replica and finally to the store. Hinted files are
+checkpoints, immutable once written: blocks are keyed by the file's (size, mtime) too.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Awaitable, Callable, Optional
+
+import trio
+
+log = logging.getLogger("hintfs.replicaread")
+
+_CACHE_BLOCKS = 16
+
+
+class ReplicaReads:
+    def __init__(self, router, clients, cfg, stats,
+                 store_read: Callable[[str, int, int], Awaitable[bytes]]):
+        self.router = router
+        self.clients = clients
+        self.block = cfg.replicas.block_bytes
+        self.timeout = cfg.replicas.read_timeout_s
+        self.hedge_s = cfg.replicas.hedge_after_ms / 1000.0
+        self.stats = stats
+        self.store_read = store_read
+        self.limiter = trio.CapacityLimiter(64)
+        self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
+        self._fetching: dict[tuple, trio.Event] = {}
+
+    def has_replicas(self, path: str) -> bool:
+        return bool(self.router.replicas.get(path))
+
+    async def read(self, path: str, identity, off: int, size: int) -> bytes:
+        out = []
+        pos, end = off, off + size
+        while pos < end:
+            b = pos // self.block
+            data = await self._get_block(path, identity, b)
+            start = pos - b * self.block
+            piece = data[start:start + (end - pos)]
+            if not piece:
+                break
+            out.append(piece)
+            pos += len(piece)
+            if len(data) < self.block:
+                break  # end of file
+        return b"".join(out)
+
+    async def _get_block(self, path: str, identity, b: int) -> bytes:
+        key = (path, identity, b)
+        while True:
+            data = self._blocks.get(key)
+            if data is not None:
+                self._blocks.move_to_end(key)
+                self.stats.add("replica_block_hits")
+                return data
+            pending = self._fetching.get(key)
+            if pending is None:
+                break
+            self.stats.add("replica_singleflight_waits")
+            await pending.wait()
+            if key not in self._blocks:   # the fetch failed: try ourselves
+                break
+        done = trio.Event()
+        self._fetching[key] = done
+        try:
+            data = await self._fetch(path, b * self.block, self.block)
+            self._blocks[key] = data
+            while len(self._blocks) > _CACHE_BLOCKS:
+                self._blocks.popitem(last=False)
+            return data
+        finally:
+            del self._fetching[key]
+            done.set()
+
+    async def _from_agent(self, loc: str, path: str, off: int, length: int) -> bytes:
+        self.router.in_flight[loc] = self.router.in_flight.get(loc, 0) + 1
+        try:
+            with trio.fail_after(self.timeout):
+                return await trio.to_thread.run_sync(self.clients[loc].read, path, off, length, True,
+                                                     limiter=self.limiter, abandon_on_cancel=True)
+        finally:
+            self.router.in_flight[loc] -= 1
+
+    async def _fetch(self, path: str, off: int, length: int) -> bytes:
+        tried: list[str] = []
+        while True:
+            loc = self.router.pick(path, exclude=tuple(tried))
+            if loc is None:
+                break
+            tried.append(loc)
+            try:
+                data = await self._hedged(path, off, length, loc, tried)
+                self.stats.add("replica_reads")
+                return data
+            except (OSError, trio.TooSlowError) as err:
+                self.stats.add("replica_failovers")
+                log.warning("replica read of %s at %s failed, trying another source: %s", path, loc, err)
+        self.stats.add("replica_store_fallbacks")
+        return await self.store_read(path, off, length)
+
+    async def _hedged(self, path: str, off: int, length: int, loc: str, tried: list[str]) -> bytes:
+        if self.hedge_s <= 0:
+            return await self._from_agent(loc, path, off, length)
+        result: dict = {}
+        failures: list[BaseException] = []
+
+        async def attempt(source: Optional[str], delay: float, scope_box: list) -> None:
+            if delay:
+                await trio.sleep(delay)
+                if result:
+                    return
+                self.stats.add("replica_hedges")
+            try:
+                if source is None:
+                    data = await self.store_read(path, off, length)
+                else:
+                    data = await self._from_agent(source, path, off, length)
+            except (OSError, trio.TooSlowError) as err:
+                failures.append(err)
+                return
+            if not result:
+                result["data"] = data
+                scope_box[0].cancel()
+
+        backup = self.router.pick(path, exclude=tuple(tried))
+        async with trio.open_nursery() as nursery:
+            box = [nursery.cancel_scope]
+            nursery.start_soon(attempt, loc, 0.0, box)
+            nursery.start_soon(attempt, backup, self.hedge_s, box)
+        if "data" in result:
+            return result["data"]
+        raise failures[0] if failures else OSError(5, f"no source answered for {path}")

@@ -1,0 +1,92 @@
+"""The storage agent over Flight on loopback: ranges, replicas, fan-out, TTL, budget, auth."""
+import errno
+import time
+
+import pytest
+
+from fusefs.agent import start_in_process
+from fusefs.agentclient import AgentClient
+from fusefs.localstore import LocalStore
+from mountconfig import parse_config
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    (root / "ckpt").mkdir(parents=True)
+    (root / "ckpt" / "a.bin").write_bytes(bytes(range(256)) * 4096)   # 1 MiB
+    (root / "ckpt" / ".metadata").write_bytes(b"meta")
+    return root
+
+
+def _agent(tmp_path, store, name="a", **agent):
+    cfg = parse_config({"store": {"uri": f"file://{store}"},
+                        "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1, **agent}})
+    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    return server, loc
+
+
+def test_ranges_replicas_fanout_and_ttl(tmp_path, store):
+    s1, l1 = _agent(tmp_path, store, "a1")
+    s2, l2 = _agent(tmp_path, store, "a2")
+    c1, c2 = AgentClient(l1), AgentClient(l2)
+    try:
+        data = (store / "ckpt" / "a.bin").read_bytes()
+        assert c1.read("ckpt/a.bin", 1000, 5000) == data[1000:6000]
+        with pytest.raises(OSError) as exc:
+            c1.read("ckpt/a.bin", 0, 10, replica_only=True)   # no replica yet
+        assert c1.replicate("ckpt/a.bin", ttl_s=0.5)["size"] == len(data)
+        # Tree fan-out: the second agent copies from the first, not from the store.
+        assert c2.replicate("ckpt/a.bin", ttl_s=30, source=l1)["size"] == len(data)
+        assert c2.read("ckpt/a.bin", 0, len(data), replica_only=True) == data
+        assert c1.status()["load"]["bytes_served"] >= len(data)
+        assert "ckpt/a.bin" in c1.status()["replicas"]
+        time.sleep(1.0)
+        assert c1.status()["replicas"] == {}                      # reclaimed at TTL
+        assert "ckpt/a.bin" in c2.status()["replicas"]
+        with pytest.raises(OSError) as exc:
+            c1.read("ckpt/missing", 0, 1)
+        assert exc.value.errno == errno.ENOENT
+    finally:
+        s1.shutdown()
+        s2.shutdown()
+
+
+def test_budget_refuses_replicas_that_do_not_fit(tmp_path, store):
+    s, loc = _agent(tmp_path, store, budget_bytes=100_000)
+    c = AgentClient(loc)
+    try:
+        c.replicate("ckpt/.metadata", ttl_s=30)
+        with pytest.raises(OSError) as exc:
+            c.replicate("ckpt/a.bin", ttl_s=30)
+        assert exc.value.errno == errno.ENOSPC
+        assert set(c.status()["replicas"]) == {"ckpt/.metadata"}
+    finally:
+        s.shutdown()
+
+
+def test_token_required_when_configured(tmp_path, store, caplog):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    s, loc = _agent(tmp_path, store, token_file=str(token))
+    try:
+        assert AgentClient(loc, token="s3cret").ping()
+        for bad in (None, "wrong"):
+            with pytest.raises(OSError) as exc:
+                AgentClient(loc, token=bad).read("ckpt/.metadata", 0, 4)
+            assert exc.value.errno == errno.EACCES
+        assert "without a valid token" in caplog.text
+    finally:
+        s.shutdown()
+
+
+def test_bandwidth_limit_binds(tmp_path, store):
+    s, loc = _agent(tmp_path, store, bandwidth_bytes_s=2 << 20)
+    c = AgentClient(loc)
+    try:
+        t0 = time.monotonic()
+        for i in range(4):
+            c.read("ckpt/a.bin", 0, 1 << 20)   # 4 MiB at 2 MiB/s with a 1 s burst: >= ~1 s
+        assert time.monotonic() - t0 >= 0.9
+    finally:
+        s.shutdown()

@@ -1,0 +1,183 @@
+"""Replication hints through real mounts and real agent processes (issue 3)."""
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from fusefs import client
+from fusefs.agentclient import AgentClient
+from tests.conftest import HINTFS, REPO, needs_fuse, wait_for
+
+pytestmark = needs_fuse
+
+
+def _ckpt(store, mib=8):
+    d = store / "ckpt"
+    d.mkdir(exist_ok=True)
+    (d / ".metadata").write_bytes(os.urandom(3000))
+    (d / "shard0.distcp").write_bytes(os.urandom(mib << 20))
+    return d
+
+
+def test_hint_replicates_and_reads_come_from_replicas(mount_factory, tmp_path):
+    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
+    _ckpt(m.store)
+    client.set_replication_hints(str(m.mnt), "restart", {"ckpt/.metadata": 256, "ckpt/shard0.distcp": 64},
+                                 ttl_s=3, deadline_s=30)
+    status = client.wait_for_replicas(str(m.mnt), "restart", timeout_s=30)
+    assert status["ready"] and status["files"]["ckpt/shard0.distcp"] == {"target": 1, "ready": 1}
+    data = (m.mnt / "ckpt" / "shard0.distcp").read_bytes()
+    assert data == (m.store / "ckpt" / "shard0.distcp").read_bytes()
+    counters = m.stats()["counters"]
+    assert counters.get("replica_reads", 0) >= 2 and counters.get("replicas_made") == 2
+    # The document reads back; the job is listed.
+    assert json.loads((m.mnt / ".hintfs" / "hints" / "restart").read_text())["ttl_s"] == 3
+    assert "restart.status" in os.listdir(m.mnt / ".hintfs" / "hints")
+    # At the TTL the replicas are reclaimed and reads go to the store again.
+    assert wait_for(lambda: client.replica_status(str(m.mnt), "restart") == {}, timeout=10)
+    assert hashlib.sha256((m.mnt / "ckpt" / ".metadata").read_bytes()).digest() == \
+        hashlib.sha256((m.store / "ckpt" / ".metadata").read_bytes()).digest()
+
+
+@pytest.mark.parametrize("doc, reason", [
+    ("{not json", "invalid JSON"),
+    ({"files": {"../etc/passwd": 3}}, "inside the mount"),
+    ({"files": {"/abs": 3}}, "inside the mount"),
+    ({"files": {".hintfs/stats": 3}}, "inside the mount"),
+    ({"files": {"a": 0}}, "expected_readers"),
+    ({"files": {"a": 1}, "ttl": 5}, "unknown key"),
+    ({"files": {}}, "files"),
+    ({"files": {f"f{i}": 1 for i in range(5)}}, "max_hint_files"),
+])
+def test_bad_hints_are_refused_whole(mount_factory, tmp_path, doc, reason):
+    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n[replicas]\nmax_hint_files = 4\n')
+    path = m.mnt / ".hintfs" / "hints" / "job"
+    with pytest.raises(OSError) as exc:
+        with open(path, "w") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+    assert exc.value.errno == 22
+    assert reason in (m.mnt / ".hintfs" / "hints" / "job.error").read_text()
+    assert client.replica_status(str(m.mnt), "job") == {}     # nothing applied
+    if isinstance(doc, dict):   # the client helper raises with the mount's reason
+        with pytest.raises(ValueError, match=reason):
+            client._write_control(str(m.mnt / ".hintfs" / "hints" / "job2"), doc)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def agents(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("tok")
+    store = tmp_path / "m" / "store"
+    store.mkdir(parents=True)
+    procs, locs = [], []
+    for i in range(3):
+        port = _free_port()
+        cfg = tmp_path / f"agent{i}.toml"
+        cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{port}"\n'
+                       f'data_dir = "{tmp_path / f"rep{i}"}"\ntoken_file = "{token}"\n'
+                       f'budget_bytes = {40 << 20 if i < 2 else 1 << 20}\n'
+                       f'[agents]\ntoken_file = "{token}"\n[logging]\nfile = "{tmp_path / f"agent{i}.log"}"\n')
+        procs.append(subprocess.Popen(HINTFS + ["agent", str(cfg)], cwd=REPO))
+        locs.append(f"grpc://127.0.0.1:{port}")
+    for loc in locs:
+        assert wait_for(lambda: _pings(loc), timeout=20)
+    yield store, locs, procs, token
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(timeout=20)
+
+
+def _pings(loc):
+    try:
+        return AgentClient(loc, token="tok", timeout_s=1).ping()
+    except OSError:
+        return False
+
+
+def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_path, agents):
+    store, locs, procs, token = agents
+    _ckpt(store, mib=16)
+    extra = (f'\n[agents]\nlocations = {json.dumps(locs)}\ntoken_file = "{token}"\n'
+             f'[replicas]\nsafe_readers_per_replica = 8\nhedge_after_ms = 100\nread_timeout_s = 2\n')
+    m = mount_factory(extra=extra)
+    client.set_replication_hints(str(m.mnt), "storm", {"ckpt/.metadata": 512, "ckpt/shard0.distcp": 512},
+                                 ttl_s=120, deadline_s=30)
+    with pytest.raises(TimeoutError) as exc:
+        client.wait_for_replicas(str(m.mnt), "storm", timeout_s=30)
+    # The third agent's budget (1 MiB) cannot hold the 16 MiB shard: fewer replicas, reported.
+    files = exc.value.status["files"]
+    assert files["ckpt/.metadata"] == {"target": 3, "ready": 3}
+    assert files["ckpt/shard0.distcp"]["target"] == 3 and files["ckpt/shard0.distcp"]["ready"] == 2
+    assert "ENOSPC" in files["ckpt/shard0.distcp"]["error"]
+
+    # Eight readers on this host at once: the agents serve the shard about once (single-flight
+    # in the mount plus the kernel page cache), not eight times.
+    before = sum(AgentClient(l, token="tok").status()["load"]["bytes_served"] for l in locs)
+    expected = (store / "ckpt" / "shard0.distcp").read_bytes()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append((m.mnt / "ckpt" / "shard0.distcp").read_bytes()))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r == expected for r in results)
+    served = sum(AgentClient(l, token="tok").status()["load"]["bytes_served"] for l in locs) - before
+    assert served <= 1.5 * len(expected)
+
+    # Kill the agents holding replicas: reads continue from another replica or the store.
+    for p in procs[:2]:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    subprocess.run(["sh", "-c", f"echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    fd = os.open(m.mnt / "ckpt" / "shard0.distcp", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert (m.mnt / "ckpt" / "shard0.distcp").read_bytes() == expected
+    counters = m.stats()["counters"]
+    assert counters.get("replica_failovers", 0) + counters.get("replica_store_fallbacks", 0) + \
+        counters.get("replica_block_hits", 0) >= 1
+
+
+def test_wrong_token_is_refused_and_logged(mount_factory, tmp_path, agents):
+    store, locs, procs, token = agents
+    _ckpt(store, mib=1)
+    bad = tmp_path / "bad_token"
+    bad.write_text("nope")
+    m = mount_factory(extra=f'\n[agents]\nlocations = {json.dumps(locs[:1])}\ntoken_file = "{bad}"\n')
+    client.set_replication_hints(str(m.mnt), "j", {"ckpt/.metadata": 8}, deadline_s=10)
+    with pytest.raises(TimeoutError) as exc:
+        client.wait_for_replicas(str(m.mnt), "j", timeout_s=20)
+    assert "token" in exc.value.status["files"]["ckpt/.metadata"]["error"]
+    assert wait_for(lambda: "without a valid token" in (tmp_path / "agent0.log").read_text(), timeout=5)
+    assert (m.mnt / "ckpt" / ".metadata").read_bytes() == (store / "ckpt" / ".metadata").read_bytes()
+
+
+def test_hints_cli(mount_factory, tmp_path):
+    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
+    _ckpt(m.store, mib=1)
+    (tmp_path / "files.json").write_text(json.dumps({"ckpt/.metadata": 4}))
+    r = subprocess.run(HINTFS + ["hints", "set", str(m.mnt), "cli", "--file", str(tmp_path / "files.json")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(HINTFS + ["hints", "wait", str(m.mnt), "cli", "--timeout", "30"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and "have their replicas" in r.stdout, r.stderr
+    (tmp_path / "bad.json").write_text(json.dumps({"../x": 4}))
+    r = subprocess.run(HINTFS + ["hints", "set", str(m.mnt), "bad", "--file", str(tmp_path / "bad.json")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 1 and "inside the mount" in r.stderr and "Traceback" not in r.stderr
