@@ -209,6 +209,19 @@ def cmd_hints(args) -> int:
             raise UserError(str(err)) from None
         print(f"hint {args.job}: {len(files)} files")
         return 0
+    if args.action == "calibrate":
+        from .agentclient import AgentClient
+        from .calibrate import calibrate
+        if not args.agent or not args.path:
+            raise UserError("hints calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
+        token = open(args.token_file).read().strip() if args.token_file else None
+        size = len(AgentClient(args.agent, token=token).read(args.path, 0, 1 << 30)) if args.size is None else args.size
+        result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
+        for row in result["levels"]:
+            print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"
+                  f"  p99 {row['p99_ms']:.2f} ms")
+        print(f"safe_readers_per_replica = {result['safe_readers_per_replica']}")
+        return 0
     if args.action == "wait":
         try:
             status = client.wait_for_replicas(mp, args.job, timeout_s=args.timeout)
@@ -264,9 +277,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_agent)
 
     h = sub.add_parser("hints", help="replication hints: set, wait, status")
-    h.add_argument("action", choices=["set", "wait", "status"])
-    h.add_argument("mountpoint")
-    h.add_argument("job")
+    h.add_argument("action", choices=["set", "wait", "status", "calibrate"])
+    h.add_argument("mountpoint", help="the mount (for calibrate: ignored, use -)")
+    h.add_argument("job", help="the job's name (for calibrate: ignored, use -)")
+    h.add_argument("--agent", help="calibrate: the agent's Flight location")
+    h.add_argument("--path", help="calibrate: a store file to read")
+    h.add_argument("--size", type=int, default=None, help="calibrate: the file's size (read once if unset)")
+    h.add_argument("--token-file", default=None)
+    h.add_argument("--max-readers", type=int, default=256)
+    h.add_argument("--seconds", type=float, default=2.0)
+    h.add_argument("--block", type=int, default=1 << 20)
     h.add_argument("--from-dcp", help="derive the hint from a DCP checkpoint directory inside the mount")
     h.add_argument("--world-size", type=int, default=1)
     h.add_argument("--file", help="JSON {relpath: expected_readers}")

@@ -90,3 +90,53 @@ def test_bandwidth_limit_binds(tmp_path, store):
         assert time.monotonic() - t0 >= 0.9
     finally:
         s.shutdown()
+
+
+def test_calibration_finds_the_knee(tmp_path, store):
+    from fusefs.calibrate import calibrate
+    # An agent that serves at most 2 reads at once: past 2 readers requests queue behind each other.
+    s, loc = _agent(tmp_path, store, max_concurrent_reads=2, bandwidth_bytes_s=64 << 20)
+    try:
+        result = calibrate(loc, "ckpt/a.bin", 1 << 20, max_readers=16, seconds=0.6, block=256 << 10)
+        levels = result["levels"]
+        assert levels[0]["readers"] == 1 and all(l["reads"] > 0 for l in levels)
+        assert 1 <= result["safe_readers_per_replica"] <= 8
+        last = levels[-1]
+        assert last["p99_ms"] > 2 * last["p50_ms"] or last["readers"] == 16
+    finally:
+        s.shutdown()
+
+
+def test_tls(tmp_path, store):
+    crypto = pytest.importorskip("cryptography")
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    from fusefs.agent import AgentServer
+    import threading
+    cfg = parse_config({"store": {"uri": f"file://{store}"},
+                        "agent": {"data_dir": str(tmp_path / "tls"), "tls_cert_file": str(tmp_path / "cert.pem"),
+                                  "tls_key_file": str(tmp_path / "key.pem")}})
+    server = AgentServer(cfg, LocalStore(str(store)), location="grpc+tls://localhost:0")
+    threading.Thread(target=server.serve, daemon=True).start()
+    try:
+        c = AgentClient(f"grpc+tls://localhost:{server.port}", tls_root=(tmp_path / "cert.pem").read_bytes())
+        assert c.read("ckpt/.metadata", 0, 4) == b"meta"
+        with pytest.raises(OSError):   # a client that does not trust the certificate is refused
+            AgentClient(f"grpc+tls://localhost:{server.port}", timeout_s=3).read("ckpt/.metadata", 0, 4)
+    finally:
+        server.shutdown()

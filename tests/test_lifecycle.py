@@ -200,16 +200,19 @@ def test_no_dev_fuse(tmp_path):
     assert "/dev/fuse does not exist" in line
 
 
-def test_systemd_unit_verifies(tmp_path):
+@pytest.mark.parametrize("unit_name", ["hintfs-mount@", "hintfs-agent@"])
+def test_systemd_units_verify(tmp_path, unit_name):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze not installed")
-    unit = (REPO / "systemd" / "hintfs-mount@.service").read_text()
+    unit = (REPO / "systemd" / f"{unit_name}.service").read_text()
     hintfs = shutil.which("hintfs") or str(Path(sys.executable).parent / "hintfs")
-    (tmp_path / "hintfs-mount@.service").write_text(unit.replace("/usr/local/bin/hintfs", hintfs))
-    r = subprocess.run([analyze, "verify", str(tmp_path / "hintfs-mount@srv-ckpt.service")],
+    (tmp_path / f"{unit_name}.service").write_text(unit.replace("/usr/local/bin/hintfs", hintfs))
+    r = subprocess.run([analyze, "verify", str(tmp_path / f"{unit_name}srv-ckpt.service")],
                        capture_output=True, text=True)
     problems = [l for l in (r.stdout + r.stderr).splitlines()
-                if "hintfs-mount" in l and "Documentation" not in l]
+                if unit_name in l and "Documentation" not in l]
     assert r.returncode == 0 and not problems, r.stdout + r.stderr
-    assert "Type=notify" in unit and "Restart=on-failure" in unit and "fusermount3 -u" in unit
+    assert "Type=notify" in unit and "Restart=on-failure" in unit
+    if unit_name == "hintfs-mount@":
+        assert "fusermount3 -u" in unit
