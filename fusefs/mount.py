@@ -165,6 +165,14 @@ def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: Con
         from .agent import start_in_process
         try:
             server, loc = start_in_process(cfg, store)
+        except PermissionError as err:
+            # Not allowed to use agent.data_dir (not root?): keep replicas in a private temp dir.
+            import tempfile
+            fallback = tempfile.mkdtemp(prefix="hintfs-replicas-")
+            log.warning("in-process agent cannot use %s (%s); replicas go to %s", cfg.agent.data_dir,
+                        err.strerror, fallback)
+            cfg = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"data_dir": fallback})})
+            server, loc = start_in_process(cfg, store)
         except OSError as err:
             raise MountError(f"cannot start the in-process agent in {cfg.agent.data_dir}: {err}") from None
         locations = [loc]

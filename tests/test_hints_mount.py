@@ -112,7 +112,7 @@ def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_pa
     store, locs, procs, token = agents
     _ckpt(store, mib=16)
     extra = (f'\n[agents]\nlocations = {json.dumps(locs)}\ntoken_file = "{token}"\n'
-             f'[replicas]\nsafe_readers_per_replica = 8\nhedge_after_ms = 100\nread_timeout_s = 2\n')
+             f'[replicas]\nsafe_readers_per_replica = 8\nhedge_after_ms = 2000\nread_timeout_s = 5\n')
     m = mount_factory(extra=extra)
     client.set_replication_hints(str(m.mnt), "storm", {"ckpt/.metadata": 512, "ckpt/shard0.distcp": 512},
                                  ttl_s=120, deadline_s=30)
