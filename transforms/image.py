@@ -1,0 +1,157 @@
+"""Image transform: JPEG/PNG/WebP bytes → RGB at the target size → crop → dtype/normalize.
+
+Decoding is PyAV (FFmpeg) from an in-memory buffer, one decode thread, FFmpeg's bit-exact
+flags on both the decoder and the scaler, and the resize happens inside the colour
+conversion (one swscale pass from the decoder's YUV/RGB to rgb24 at the target size).
+The helpers below (target size, crop offset, finishing) are shared with the video
+transform, so a video frame goes through exactly the same steps as an image.
+"""
+from __future__ import annotations
+
+import io
+import logging
+
+import av
+import numpy as np
+from av.video.reformatter import Interpolation
+
+from .errors import TransformError
+from .params import ImageParams, _Pixels
+
+log = logging.getLogger(__name__)
+
+_INTERP = {
+    "bilinear": Interpolation.BILINEAR,
+    "bicubic": Interpolation.BICUBIC,
+    "area": Interpolation.AREA,
+    "nearest": Interpolation.POINT,
+}
+# ACCURATE_RND and BITEXACT make swscale give the same bytes whatever SIMD the CPU has,
+# so a storage node and a client with different CPUs agree bit for bit.
+_EXACT = Interpolation.ACCURATE_RND | Interpolation.BITEXACT
+
+# The decoder options used for every decode (images and video).
+DECODER_OPTIONS = {"flags": "+bitexact"}
+
+
+def sws_flags(params: _Pixels) -> int:
+    return int(_INTERP[params.interpolation] | _EXACT)
+
+
+def target_size(width: int, height: int, params: _Pixels) -> tuple[int, int]:
+    """(width, height) after the resize: shorter side = ``params.size`` (aspect kept), then
+    scaled up if needed so that the crop fits. Never below 1 px."""
+    scale = 1.0
+    if params.size is not None:
+        scale = params.size / min(width, height)
+    w = max(1, round(width * scale))
+    h = max(1, round(height * scale))
+    if params.crop is not None:
+        ch, cw = params.crop
+        if h < ch or w < cw:
+            up = max(ch / height, cw / width)
+            w = max(cw, round(width * up))
+            h = max(ch, round(height * up))
+    return w, h
+
+
+def crop_offset(height: int, width: int, params: _Pixels, aug_seed: int) -> tuple[int, int]:
+    """(y, x) of the crop's top-left corner. Random mode: ``np.random.default_rng(aug_seed)``
+    draws y in [0, height-ch] and then x in [0, width-cw]; center mode: the centre
+    (rounded down). Without a crop: (0, 0)."""
+    if params.crop is None:
+        return 0, 0
+    ch, cw = params.crop
+    if ch > height or cw > width:
+        raise TransformError(f"crop {ch}x{cw} larger than the resized picture {height}x{width}")
+    if params.crop_mode == "center":
+        return (height - ch) // 2, (width - cw) // 2
+    rng = np.random.default_rng(_seed(aug_seed))
+    y = int(rng.integers(0, height - ch + 1))
+    x = int(rng.integers(0, width - cw + 1))
+    return y, x
+
+
+def _seed(aug_seed: int) -> int:
+    aug_seed = int(aug_seed)
+    if aug_seed < 0:
+        raise TransformError(f"aug_seed must be >= 0, got {aug_seed}")
+    return aug_seed
+
+
+def to_rgb(frame: "av.VideoFrame", width: int, height: int, params: _Pixels) -> np.ndarray:
+    """One swscale pass: decoded frame → rgb24 at (width, height). Returns HxWx3 uint8."""
+    out = frame.reformat(width=width, height=height, format="rgb24",
+                         interpolation=sws_flags(params))
+    arr = out.to_ndarray()
+    if arr.shape != (height, width, 3):  # to_ndarray drops line padding; be sure
+        raise TransformError(f"unexpected converted frame shape {arr.shape}")
+    return arr
+
+
+def finish(rgb: np.ndarray, params: _Pixels) -> np.ndarray:
+    """Cropped ...xHxWx3 uint8 → the requested dtype, normalization and layout.
+
+    float32 values are computed as ``(x * (1/255) - mean) * (1/std)`` in float32, which is
+    what the docs promise and what both sides of a fallback compute."""
+    if params.out_dtype == "uint8":
+        out = rgb
+    else:
+        x = rgb.astype(np.float32) * np.float32(1.0 / 255.0)
+        if params.normalize:
+            mean = np.asarray(params.mean, dtype=np.float32)
+            inv_std = (np.float32(1.0) / np.asarray(params.std, dtype=np.float32))
+            x = (x - mean) * inv_std
+        out = x
+    if params.out_layout == "CHW":
+        out = np.moveaxis(out, -1, -3)
+    return np.ascontiguousarray(out)
+
+
+def check_complete(raw: bytes) -> None:
+    """Cheap structural checks for truncation that FFmpeg decodes silently (a JPEG cut short
+    decodes to a grey bottom without an error)."""
+    if raw[:2] == b"\xff\xd8":  # JPEG: the last scan (SOS) must be followed by EOI
+        sos = raw.rfind(b"\xff\xda")
+        if sos < 0 or raw.find(b"\xff\xd9", sos) < 0:
+            raise TransformError("truncated JPEG (no end-of-image marker after the last scan)")
+    elif raw[:8] == b"\x89PNG\r\n\x1a\n":
+        if raw.rfind(b"IEND") < 0:
+            raise TransformError("truncated PNG (no IEND chunk)")
+    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        riff = int.from_bytes(raw[4:8], "little") + 8
+        if len(raw) < riff:
+            raise TransformError(f"truncated WebP ({len(raw)} of {riff} bytes)")
+
+
+def decode_image(raw: bytes) -> "av.VideoFrame":
+    """Decode the first picture of an image file held in memory."""
+    if not raw:
+        raise TransformError("empty image")
+    check_complete(raw)
+    try:
+        with av.open(io.BytesIO(raw), mode="r") as container:
+            if not container.streams.video:
+                raise TransformError("no picture in the file")
+            stream = container.streams.video[0]
+            cc = stream.codec_context
+            cc.options = dict(DECODER_OPTIONS)
+            cc.thread_count = 1
+            for frame in container.decode(stream):
+                return frame
+    except TransformError:
+        raise
+    except (av.FFmpegError, ValueError, OSError, EOFError) as e:
+        raise TransformError(f"cannot decode image: {e}") from e
+    raise TransformError("no picture decoded (corrupt or truncated image)")
+
+
+def transform_image(raw: bytes, params: ImageParams, aug_seed: int) -> dict[str, np.ndarray]:
+    frame = decode_image(raw)
+    w, h = target_size(frame.width, frame.height, params)
+    y, x = crop_offset(h, w, params, aug_seed)
+    rgb = to_rgb(frame, w, h, params)
+    if params.crop is not None:
+        ch, cw = params.crop
+        rgb = rgb[y:y + ch, x:x + cw]
+    return {"pixels": finish(rgb, params)}
