@@ -30,8 +30,9 @@ _INTERP = {
 # so a storage node and a client with different CPUs agree bit for bit.
 _EXACT = Interpolation.ACCURATE_RND | Interpolation.BITEXACT
 
-# The decoder options used for every decode (images and video).
-DECODER_OPTIONS = {"flags": "+bitexact"}
+# The decoder options used for every decode (images and video): bit-exact output, and
+# bitstream errors raise instead of being concealed (a damaged sample is an error).
+DECODER_OPTIONS = {"flags": "+bitexact", "err_detect": "+crccheck+bitstream+buffer+explode"}
 
 
 def sws_flags(params: _Pixels) -> int:
@@ -135,6 +136,8 @@ def decode_image(raw: bytes) -> "av.VideoFrame":
                 raise TransformError("no picture in the file")
             stream = container.streams.video[0]
             cc = stream.codec_context
+            if cc is None:
+                raise TransformError("no decoder for this image format")
             cc.options = dict(DECODER_OPTIONS)
             cc.thread_count = 1
             for frame in container.decode(stream):

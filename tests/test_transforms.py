@@ -1,0 +1,404 @@
+"""transforms: params, image and video transforms, the `.tensor` container.
+
+All media are generated here with PyAV (tiny images and ~2 s videos at 64x48), so the
+tests need no data files; a codec this PyAV build lacks is skipped.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+import transforms  # noqa: E402
+from transforms import TransformError, apply  # noqa: E402
+from transforms import container as tc  # noqa: E402
+from transforms.image import crop_offset, target_size  # noqa: E402
+from transforms.params import (ImageParams, TransformRule, VideoParams, default_seed,  # noqa: E402
+                               match_rule, params_hash)
+from transforms.video import build_index, sample_frames  # noqa: E402
+
+
+# ---------------------------------------------------------------- media generation
+
+def _has_encoder(name: str) -> bool:
+    try:
+        av.codec.Codec(name, "w")
+        return True
+    except Exception:
+        return False
+
+
+def _has_decoder(name: str) -> bool:
+    try:
+        av.codec.Codec(name, "r")
+        return True
+    except Exception:
+        return False
+
+
+def _pattern(i: int, w: int, h: int, seed: int = 0) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w]
+    a = np.stack([(xx * 4 + i * 7 + seed) % 256, (yy * 5 + i * 3) % 256,
+                  ((xx + yy) * 3 + i * 11) % 256], -1)
+    return a.astype(np.uint8)
+
+
+def make_image(fmt: str, w: int, h: int, seed: int = 0) -> bytes:
+    codec, pix, muxer = {"jpeg": ("mjpeg", "yuvj420p", "image2pipe"),
+                         "png": ("png", "rgb24", "image2pipe"),
+                         "webp": ("libwebp", "yuv420p", "webp")}[fmt]
+    if not _has_encoder(codec):
+        pytest.skip(f"PyAV has no {codec} encoder")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=muxer) as c:
+        s = c.add_stream(codec)
+        s.width, s.height, s.pix_fmt = w, h, pix
+        rng = np.random.default_rng(seed)
+        a = (_pattern(seed, w, h, seed) // 2 + rng.integers(0, 128, (h, w, 3))).astype(np.uint8)
+        for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+            c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    return buf.getvalue()
+
+
+VIDEO_CASES = {
+    # name: (encoder, muxer, decoder)
+    "h264-mp4": ("libx264", "mp4", "h264"),
+    "h264-mkv": ("libx264", "matroska", "h264"),
+    "h265-mp4": ("libx265", "mp4", "hevc"),
+    "vp9-webm": ("libvpx-vp9", "webm", "vp9"),
+    "av1-mkv": ("libsvtav1", "matroska", "av1"),
+}
+
+
+def make_video(encoder: str, muxer: str, n: int = 40, w: int = 64, h: int = 48, rate: int = 20,
+               gop: int = 8) -> bytes:
+    if not _has_encoder(encoder):
+        pytest.skip(f"PyAV has no {encoder} encoder")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=muxer) as c:
+        s = c.add_stream(encoder, rate=rate)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        s.codec_context.gop_size = gop
+        s.codec_context.thread_count = 1
+        s.options = {
+            "libx264": {"x264-params": f"mbtree=0:keyint={gop}:min-keyint={gop}:scenecut=0:"
+                                       "bframes=2:threads=1", "preset": "veryfast"},
+            "libx265": {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:"
+                                       "log-level=error:frame-threads=1:pools=none",
+                        "preset": "ultrafast"},
+            "libvpx-vp9": {"deadline": "realtime", "cpu-used": "8", "threads": "1",
+                           "row-mt": "0", "lag-in-frames": "0"},
+            "libsvtav1": {"preset": "12", "svtav1-params": f"keyint={gop}:lp=1"},
+        }.get(encoder, {})
+        for i in range(n):
+            for p in s.encode(av.VideoFrame.from_ndarray(_pattern(i, w, h), format="rgb24")):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return {f"{fmt}-{w}x{h}": make_image(fmt, w, h, seed=w)
+            for fmt in ("jpeg", "png", "webp") for (w, h) in ((97, 61), (64, 300))}
+
+
+_videos: dict[str, bytes] = {}
+
+
+@pytest.fixture(params=sorted(VIDEO_CASES))
+def video(request):
+    enc, mux, dec = VIDEO_CASES[request.param]
+    if not _has_decoder(dec):
+        pytest.skip(f"PyAV cannot decode {dec}")
+    if request.param not in _videos:
+        _videos[request.param] = make_video(enc, mux)
+    return request.param, _videos[request.param]
+
+
+def _h264() -> bytes:
+    if "h264-mp4" not in _videos:
+        _videos["h264-mp4"] = make_video("libx264", "mp4")
+    return _videos["h264-mp4"]
+
+
+# ---------------------------------------------------------------- params
+
+def test_params_validate_and_forbid_extra():
+    assert ImageParams().out_dtype == "uint8" and ImageParams().out_layout == "HWC"
+    p = ImageParams(normalize=True)
+    assert p.out_dtype == "float32" and p.out_layout == "CHW"
+    with pytest.raises(ValidationError):
+        ImageParams(sise=3)
+    with pytest.raises(ValidationError):
+        ImageParams(normalize=True, dtype="uint8")
+    with pytest.raises(ValidationError):
+        ImageParams(std=(1.0, 0.0, 1.0))
+    with pytest.raises(ValidationError):
+        VideoParams(mode="fps")
+    with pytest.raises(ValidationError):
+        VideoParams(frames=0)
+
+
+def test_rule_and_hash():
+    r = TransformRule.model_validate({"glob": "train/*.mp4", "kind": "video",
+                                      "params": {"frames": 4, "size": 32}})
+    assert isinstance(r.params, VideoParams) and r.params.frames == 4
+    with pytest.raises(ValidationError):
+        TransformRule.model_validate({"glob": "*.jpg", "kind": "image", "params": {"frames": 4}})
+    with pytest.raises(ValidationError):
+        TransformRule.model_validate({"glob": "*.jpg", "kind": "audio", "params": {}})
+    rules = [TransformRule(glob="*.jpg", kind="image", params=ImageParams()), r]
+    assert match_rule(rules, "train/a.mp4") is r
+    assert match_rule(rules, "x.jpg").kind == "image"
+    assert match_rule(rules, "x.png") is None
+    # stable: equal values hash equal; any change changes the hash; kind is part of it
+    assert params_hash(ImageParams(size=32)) == params_hash(ImageParams.model_validate_json('{"size":32}'))
+    assert params_hash(ImageParams(size=32)) != params_hash(ImageParams(size=33))
+    assert params_hash(ImageParams()) != params_hash(VideoParams())
+    h = params_hash(ImageParams())
+    assert len(h) == 16 and int(h, 16) >= 0
+    s = default_seed("a/b.jpg")
+    assert s == default_seed("/a/b.jpg") and 0 <= s < 2**63 and s != default_seed("a/c.jpg")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=st.integers(1, 4000), h=st.integers(1, 4000), size=st.none() | st.integers(1, 512),
+       ch=st.integers(1, 300), cw=st.integers(1, 300), seed=st.integers(0, 2**63 - 1),
+       mode=st.sampled_from(["random", "center"]))
+def test_crop_offset_within_bounds(w, h, size, ch, cw, seed, mode):
+    p = ImageParams(size=size, crop=(ch, cw), crop_mode=mode)
+    tw, th = target_size(w, h, p)
+    assert tw >= cw and th >= ch
+    y, x = crop_offset(th, tw, p, seed)
+    assert 0 <= y <= th - ch and 0 <= x <= tw - cw
+    assert (y, x) == crop_offset(th, tw, p, seed)
+
+
+# ---------------------------------------------------------------- images
+
+@pytest.mark.parametrize("params", [
+    {},
+    {"size": 32, "crop": [24, 24]},
+    {"size": 40, "crop": [32, 16], "normalize": True},
+    {"size": 20, "dtype": "float32", "layout": "HWC", "interpolation": "area"},
+    {"crop": [48, 48], "crop_mode": "center"},
+])
+def test_image_shapes_and_determinism(images, params):
+    p = ImageParams(**params)
+    for name, raw in images.items():
+        a = apply("image", raw, params, 12345)["pixels"]
+        b = apply("image", raw, p, 12345)["pixels"]
+        assert a.tobytes() == b.tobytes() and a.dtype == b.dtype
+        assert a.dtype == np.dtype(p.out_dtype) and a.flags.c_contiguous
+        w0, h0 = (int(v) for v in name.split("-")[1].split("x"))
+        tw, th = target_size(w0, h0, p)
+        hw = tuple(p.crop) if p.crop else (th, tw)
+        assert a.shape == ((3, *hw) if p.out_layout == "CHW" else (*hw, 3))
+        if p.size and not p.crop:
+            assert min(a.shape[:2] if p.out_layout == "HWC" else a.shape[1:]) == p.size
+
+
+def test_image_normalize_matches_formula(images):
+    raw = images["png-97x61"]
+    u8 = apply("image", raw, {"size": 40, "crop": [32, 32]}, 7)["pixels"]
+    f = apply("image", raw, {"size": 40, "crop": [32, 32], "normalize": True}, 7)["pixels"]
+    p = ImageParams(normalize=True)
+    ref = (u8.astype(np.float32) / 255 - np.float32(p.mean)) / np.float32(p.std)
+    np.testing.assert_allclose(f, ref.transpose(2, 0, 1), rtol=1e-6, atol=1e-6)
+    # PNG is lossless and no resize: the pixels are the encoded ones
+    full = apply("image", raw, {}, 0)["pixels"]
+    with av.open(io.BytesIO(raw)) as c:
+        assert np.array_equal(full, next(c.decode(video=0)).to_ndarray(format="rgb24"))
+
+
+def test_image_seed_moves_the_crop(images):
+    raw = images["png-97x61"]
+    outs = {apply("image", raw, {"crop": [20, 20]}, s)["pixels"].tobytes() for s in range(8)}
+    assert len(outs) > 1
+    centre = {apply("image", raw, {"crop": [20, 20], "crop_mode": "center"}, s)["pixels"].tobytes()
+              for s in range(4)}
+    assert len(centre) == 1
+
+
+@pytest.mark.parametrize("cut", ["half", "tail"])
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp"])
+def test_image_truncated_raises(images, fmt, cut):
+    raw = images[f"{fmt}-97x61"]
+    bad = raw[: len(raw) // 2] if cut == "half" else raw[:-3]
+    with pytest.raises(TransformError):
+        apply("image", bad, {}, 0)
+
+
+@pytest.mark.parametrize("bad", [b"", b"not an image at all" * 10, bytes(1000),
+                                 b"\xff\xd8\xff\xe0" + bytes(300)])
+def test_image_corrupt_raises(bad):
+    with pytest.raises(TransformError):
+        apply("image", bad, {}, 0)
+    assert issubclass(TransformError, ValueError)
+
+
+def test_bad_params_raise_transform_error(images):
+    with pytest.raises(TransformError):
+        apply("image", images["png-97x61"], {"bogus": 1}, 0)
+    with pytest.raises(TransformError):
+        apply("audio", images["png-97x61"], {}, 0)
+
+
+# ---------------------------------------------------------------- video
+
+VIDEO_PARAMS = [
+    VideoParams(frames=8),
+    VideoParams(frames=5, mode="fps", fps=7),
+    VideoParams(frames=3, mode="fps", fps=2, clip_start="center"),
+    VideoParams(frames=3, size=32, crop=(24, 24)),
+    VideoParams(frames=50),  # more than the video holds: repeats
+]
+
+
+def test_video_index(video):
+    name, raw = video
+    idx = build_index(raw)
+    assert idx.nframes == 40 and (idx.width, idx.height) == (64, 48)
+    assert len(idx.keyframe_pts) >= 5 and idx.keyframe_pts[0] == idx.frame_pts[0]
+    assert set(idx.keyframe_pts) <= set(idx.frame_pts)
+
+
+def test_video_seek_matches_decode_everything(video):
+    name, raw = video
+    idx = build_index(raw)
+    for p in VIDEO_PARAMS:
+        a, s_seek = sample_frames(raw, p, 99, idx, use_index=True)
+        b, s_ref = sample_frames(raw, p, 99, idx, use_index=False)
+        assert a.shape == b.shape and a.tobytes() == b.tobytes(), (name, p)
+        assert s_seek.decoded <= s_ref.decoded and s_seek.restarts == 0
+    # K=8 over 40 frames with a keyframe every 8: seeks happen, some are skipped,
+    # fewer frames are decoded than by the reference
+    _, s = sample_frames(raw, VideoParams(frames=8), 0, idx)
+    assert s.seeks >= 1 and s.skipped_seeks >= 1
+
+
+def test_video_frames_are_the_right_ones():
+    raw = _h264()
+    idx = build_index(raw)
+    out = apply("video", raw, {"frames": 40}, 0)["frames"]
+    assert out.shape == (40, 48, 64, 3) and out.dtype == np.uint8
+    # each decoded frame is closest to the source frame of its index (lossy codec)
+    for i in (0, 7, 8, 21, 39):
+        err = [np.abs(out[i].astype(int) - _pattern(j, 64, 48)).mean() for j in range(40)]
+        assert int(np.argmin(err)) == i
+    assert len(idx.frame_pts) == 40
+
+
+def test_video_determinism_and_layouts(video):
+    name, raw = video
+    p = {"frames": 4, "size": 40, "crop": [32, 32], "normalize": True}
+    a = apply("video", raw, p, 5)["frames"]
+    b = apply("video", raw, p, 5)["frames"]
+    assert a.tobytes() == b.tobytes() and a.shape == (4, 3, 32, 32) and a.dtype == np.float32
+    u = apply("video", raw, {"frames": 4, "size": 24}, 5)["frames"]
+    assert u.shape == (4, 24, 32, 3) and u.dtype == np.uint8
+
+
+def test_video_fps_mode_random_clip_uses_seed():
+    raw = _h264()
+    p = {"frames": 3, "mode": "fps", "fps": 10}
+    outs = {apply("video", raw, p, s)["frames"].tobytes() for s in range(6)}
+    assert len(outs) > 1
+    start = {apply("video", raw, dict(p, clip_start="start"), s)["frames"].tobytes()
+             for s in range(3)}
+    assert len(start) == 1
+
+
+def test_video_truncated_and_corrupt_raise(video):
+    name, raw = video
+    for bad in (raw[: len(raw) // 2], raw[:200], b"", b"\x00" * 4096,
+                bytes(np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8))):
+        with pytest.raises(TransformError):
+            apply("video", bad, {"frames": 4}, 0)
+
+
+def test_video_damaged_h264_raises():
+    raw = _h264()
+    mid = len(raw) // 2
+    bad = raw[:mid] + bytes(b ^ 0x55 for b in raw[mid:mid + 200]) + raw[mid + 200:]
+    with pytest.raises(TransformError):
+        apply("video", bad, {"frames": 40}, 0)
+
+
+# ---------------------------------------------------------------- container
+
+def _meta(kind, params, seed=3, raw=b""):
+    return tc.make_meta(kind, params, seed, f"data/x.{kind}", len(raw), 1_700_000_000_123)
+
+
+def test_container_alignment_and_safetensors_compat(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    from safetensors import safe_open
+    arrays = {"a": np.arange(7, dtype=np.uint8), "b": np.ones((3, 5), np.float32),
+              "c": np.arange(6, dtype=np.int64).reshape(2, 3), "pixels": np.zeros((5, 5, 3), np.uint8)}
+    data = tc.encode_tensor(arrays, _meta("image", {"size": 8}))
+    assert tc.data_offset(data) % 64 == 0
+    for name, (s, e) in tc.tensor_offsets(data).items():
+        if not name.startswith("__pad"):
+            assert s % 64 == 0, name
+    loaded = safetensors_numpy.load(data)
+    for k, v in arrays.items():
+        assert np.array_equal(loaded[k], v) and loaded[k].dtype == v.dtype
+    f = tmp_path / "x.jpg.tensor"
+    f.write_bytes(data)
+    with safe_open(str(f), framework="np") as st_:
+        md = st_.metadata()
+        assert np.array_equal(st_.get_tensor("b"), arrays["b"])
+    assert md["hintfs"] == "1" and md["mode"] == "tensor" and md["kind"] == "image"
+    assert json.loads(md["params"])["size"] == 8 and md["aug_seed"] == "3"
+    assert md["source"] == "data/x.image" and md["source_mtime_ns"] == "1700000000123"
+    meta, got = tc.decode(data)
+    assert set(got) == set(arrays) and meta.mode == "tensor"
+    assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    out = tc.load_sample(f)
+    assert set(out) == set(arrays) and out["b"].flags.writeable
+
+
+def test_container_rejects_garbage():
+    for bad in (b"", b"1234567", (10**9).to_bytes(8, "little") + b"{}", b"\x02\0\0\0\0\0\0\0{}"):
+        with pytest.raises(TransformError):
+            tc.decode(bad)
+    data = tc.encode_tensor({"x": np.zeros(100, np.uint8)}, _meta("image", {}))
+    with pytest.raises(TransformError):
+        tc.decode(data[:-10])
+
+
+@pytest.mark.parametrize("params", [{"size": 32, "crop": [24, 24]},
+                                    {"size": 40, "crop": [32, 32], "normalize": True}])
+def test_raw_and_tensor_modes_agree_images(images, params):
+    for name, raw in images.items():
+        meta = _meta("image", params, seed=default_seed(name), raw=raw)
+        t = tc.encode_tensor(apply("image", raw, params, meta.aug_seed), meta)
+        r = tc.encode_raw(raw, meta)
+        assert tc.data_offset(r) % 64 == 0 and tc.decode(r)[0].mode == "raw"
+        assert tc.decode(r)[1]["raw"].tobytes() == raw
+        a, b = tc.load_sample(t), tc.load_sample(r)
+        assert a.keys() == b.keys() == {"pixels"}
+        assert a["pixels"].dtype == b["pixels"].dtype and a["pixels"].tobytes() == b["pixels"].tobytes()
+
+
+def test_raw_and_tensor_modes_agree_video(video, tmp_path):
+    name, raw = video
+    params = VideoParams(frames=4, mode="fps", fps=5, size=32, crop=(24, 24), normalize=True)
+    meta = _meta("video", params, seed=11, raw=raw)
+    t = tc.encode_tensor(transforms.apply("video", raw, params, 11), meta)
+    (tmp_path / "r.tensor").write_bytes(tc.encode_raw(raw, meta))
+    a, b = tc.load_sample(t), tc.load_sample(tmp_path / "r.tensor")
+    assert a["frames"].shape == (4, 3, 24, 24)
+    assert a["frames"].tobytes() == b["frames"].tobytes()
