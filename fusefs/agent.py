@@ -112,6 +112,7 @@ class AgentServer(fl.FlightServerBase):
         if cfg.agents.token_file:
             with open(cfg.agents.token_file) as f:
                 self.token = f.read().strip()
+        self._samples = None
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
         self._reaper.start()
@@ -143,8 +144,33 @@ class AgentServer(fl.FlightServerBase):
                 with self.lock:
                     self.in_flight -= 1
 
+    @property
+    def samples(self):
+        """Storage-side transforms, started on first use (the process pool costs a fork)."""
+        with self.lock:
+            if self._samples is None:
+                from .samples import SampleService
+                self._samples = SampleService(self.store, self.cfg.transform_load)
+            return self._samples
+
+    def sample(self, req: dict) -> bytes:
+        try:
+            data, how = self.samples.get(req["path"], req["kind"], req["params"], int(req["aug_seed"]),
+                                         bool(req.get("allow_raw", True)))
+        except FileNotFoundError:
+            raise fl.FlightServerError(f"ENOENT {req['path']}")
+        except ValueError as err:   # transforms.TransformError: corrupt or truncated media
+            log.error("transform of %s failed: %s", req["path"], err)
+            raise fl.FlightServerError(f"EIO transform of {req['path']} failed: {err}")
+        with self.lock:
+            self.bytes_served += len(data)
+        return data
+
     def do_get(self, context, ticket):
         req = json.loads(ticket.ticket)
+        if req.get("op") == "sample":
+            data = self.sample(req)
+            return fl.RecordBatchStream(pa.table({"data": pa.array([data], type=pa.large_binary())}))
         try:
             data = self.read_range(req["path"], int(req["offset"]), int(req["length"]),
                                    bool(req.get("replica_only")))
@@ -248,6 +274,13 @@ class AgentServer(fl.FlightServerBase):
                 result = {"dropped": self.drop(body["path"])}
             elif kind == "status":
                 result = self.status()
+                if self._samples is not None:
+                    result["samples"] = self._samples.status()
+            elif kind == "prefetch":
+                result = {"started": self.samples.prefetch([tuple(x) for x in body["samples"]])}
+            elif kind == "forget":
+                self.samples.forget({(p, int(s)) for p, s in body["keep"]})
+                result = {"ok": True}
             elif kind == "ping":
                 result = {"ok": True}
             else:
@@ -264,6 +297,8 @@ class AgentServer(fl.FlightServerBase):
 
     def shutdown(self):
         self._stop.set()
+        if self._samples is not None:
+            self._samples.close()
         super().shutdown()
         shutil.rmtree(self.data_dir, ignore_errors=True)
 

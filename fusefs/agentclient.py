@@ -51,6 +51,22 @@ class AgentClient:
         col = table.column(0)
         return col[0].as_py() if len(col) else b""
 
+    def sample(self, path: str, kind: str, params_json: str, aug_seed: int, allow_raw: bool = True) -> bytes:
+        """The bytes of `path`'s `.tensor` file, transformed on the agent (or raw, see samples.py)."""
+        ticket = fl.Ticket(json.dumps({"op": "sample", "path": path, "kind": kind, "params": params_json,
+                                       "aug_seed": aug_seed, "allow_raw": allow_raw}).encode())
+        try:
+            table = self._client.do_get(ticket, self._opts).read_all()
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: sample {path} failed: {err}") from None
+        return table.column(0)[0].as_py()
+
+    def prefetch(self, samples: list) -> dict:
+        return self._call("prefetch", {"samples": samples})
+
+    def forget(self, keep: list) -> dict:
+        return self._call("forget", {"keep": keep})
+
     def replicate(self, path: str, ttl_s: float, source: Optional[str] = None) -> dict:
         return self._call("replicate", {"path": path, "ttl_s": ttl_s, "source": source})
 

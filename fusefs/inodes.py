@@ -16,7 +16,7 @@ from .store import Staging
 
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
-                 "cached_identity", "control")
+                 "cached_identity", "control", "virtual", "tensor_data")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -30,6 +30,8 @@ class Inode:
         # an open that sees another identity drops the cache (close-to-open consistency).
         self.cached_identity: Optional[tuple[int, int]] = None
         self.control = control                  # a control node for `.hintfs/...`, else None
+        self.virtual = None                     # (source, rule) of an `x.tensor` path, else None
+        self.tensor_data: Optional[bytes] = None  # its bytes while any handle has it open
 
 
 class InodeTable:
@@ -73,6 +75,8 @@ class InodeTable:
 
     def release_open(self, inode: Inode) -> None:
         inode.opens -= 1
+        if inode.opens <= 0:
+            inode.tensor_data = None   # the next open gets a fresh sample (it may differ: raw/tensor)
         self._maybe_drop(inode)
 
     def _maybe_drop(self, inode: Inode) -> None:

@@ -121,7 +121,10 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     stats = Stats()
     control = build_control(cfg, stats)
     hints, replica_reads, agent_server = build_replication(cfg, store, stats, control)
-    ops = Operations(store, cfg, stats, control, replica_reads)
+    from .tensorfile import TensorFiles
+    tensors = TensorFiles(cfg, store, hints.agents, hints.clients, stats)
+    control.add_dir(tensors.control_dir())
+    ops = Operations(store, cfg, stats, control, replica_reads, tensors)
     replica_reads.store_read = ops.store_read
     if cfg.metrics.enabled:
         from .metrics import start_metrics
@@ -134,7 +137,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     log.info("mounted %s at %s", store.description, mp)
     unmount = True
     try:
-        trio.run(_serve, ops, mp, on_ready, cfg, hints)
+        trio.run(_serve, ops, mp, on_ready, cfg, hints, tensors)
     except BaseException:
         log.exception("mount loop failed")
         raise
@@ -192,11 +195,13 @@ def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: Con
     return hints, reads, server
 
 
-async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=None) -> None:
+async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=None, tensors=None) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
         if hints is not None:
             nursery.start_soon(hints.run)
+        if tensors is not None:
+            nursery.start_soon(tensors.run)
         nursery.start_soon(_announce_ready, mp, on_ready, cfg)
         await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
         nursery.cancel_scope.cancel()

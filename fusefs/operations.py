@@ -93,6 +93,13 @@ class ControlHandle:
         self.dirty = False
 
 
+class TensorHandle:
+    __slots__ = ("inode",)
+
+    def __init__(self, inode: Inode):
+        self.inode = inode
+
+
 class DirHandle:
     __slots__ = ("inode", "entries", "source", "done")
 
@@ -105,8 +112,9 @@ class DirHandle:
 
 class Operations(pyfuse3.Operations):
     def __init__(self, store: Store, cfg, stats: Optional[Stats] = None,
-                 control_root: Optional[ControlDir] = None, replica_reads=None):
+                 control_root: Optional[ControlDir] = None, replica_reads=None, tensors=None):
         super().__init__()
+        self.tensors = tensors               # fusefs.tensorfile.TensorFiles: `x.mp4.tensor` paths
         self.replica_reads = replica_reads   # fusefs.replicaread.ReplicaReads, for hinted files
         self.store = store
         self.cfg = cfg
@@ -222,10 +230,33 @@ class Operations(pyfuse3.Operations):
         if inode is not None and inode.writer is not None:
             st = await self._stat_inode(inode)
         else:
-            st = await self._io(self.store.stat, path, inline=self._meta_inline())
+            try:
+                st = await self._io(self.store.stat, path, inline=self._meta_inline())
+            except FileNotFoundError:
+                virtual = self.tensors.match(path) if self.tensors is not None else None
+                if virtual is None:
+                    raise
+                await self._io(self.store.stat, virtual[0], inline=self._meta_inline())  # ENOENT if no source
+                inode = self.inodes.ensure(path)
+                inode.virtual = virtual
+                inode.lookups += 1
+                return self._virtual_attrs(inode)
             inode = self.inodes.ensure(path)
         inode.lookups += 1
         return self._attrs(inode, st)
+
+    def _virtual_attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode.ino
+        a.st_mode = stat_mod.S_IFREG | 0o444
+        a.st_nlink = 1
+        a.st_size = len(inode.tensor_data) if inode.tensor_data is not None else 0
+        a.st_blksize = 1 << 17
+        now = time.time_ns()
+        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = now
+        a.attr_timeout = 0          # the size is known only while the file is open
+        a.entry_timeout = self._entry_timeout
+        return a
 
     async def forget(self, inode_list):
         for ino, n in inode_list:
@@ -236,6 +267,8 @@ class Operations(pyfuse3.Operations):
         node = self._inode(inode)
         if node.control is not None:
             return self._control_attrs(node)
+        if node.virtual is not None:
+            return self._virtual_attrs(node)
         return self._attrs(node, await self._stat_inode(node))
 
     @_op("setattr")
@@ -477,6 +510,8 @@ class Operations(pyfuse3.Operations):
         node = self._inode(inode)
         if node.control is not None:
             return self._open_control(node, flags)
+        if node.virtual is not None:
+            return await self._open_tensor(node, flags)
         fi = pyfuse3.FileInfo()
         accmode = flags & os.O_ACCMODE
         if accmode == os.O_RDONLY and not flags & os.O_TRUNC:
@@ -565,6 +600,10 @@ class Operations(pyfuse3.Operations):
         h = self.handles[fh]
         if isinstance(h, ControlHandle):
             return h.content[off:off + size]
+        if isinstance(h, TensorHandle):
+            data = h.inode.tensor_data[off:off + size]
+            self.stats.add("bytes_read", len(data))
+            return data
         if isinstance(h, WriteHandle) or h.reader is None:
             staging = h.inode.writer
             if staging is None:  # the writer closed meanwhile: fall back to the store copy
@@ -688,6 +727,20 @@ class Operations(pyfuse3.Operations):
                     node.writer = None
                     await self._io(self.store.discard, staging, inline=staging.inline_io)
         self.inodes.release_open(node)
+
+    async def _open_tensor(self, node: Inode, flags: int) -> pyfuse3.FileInfo:
+        """Tensor or raw is fixed here, at the first open; handles open at once share it."""
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise pyfuse3.FUSEError(errno.EACCES)
+        if node.tensor_data is None:
+            source, rule = node.virtual
+            data = await self.tensors.fetch(source, rule)
+            if node.tensor_data is None:
+                node.tensor_data = data
+        fh = next(self._fh)
+        node.opens += 1
+        self.handles[fh] = TensorHandle(node)
+        return pyfuse3.FileInfo(fh=fh, direct_io=True)
 
     async def store_read(self, path: str, off: int, length: int) -> bytes:
         """One read of the store copy (the last fallback of replica reads)."""

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from governor.config import GovernorConfig
+from transforms.params import TransformRule
 
 
 class Section(BaseModel):
@@ -150,6 +151,19 @@ class ReplicasConfig(Section):
                              "of one block on this host are fetched once.")
 
 
+class TransformLoadConfig(Section):
+    """Storage-side transforms (`x.mp4.tensor`): workers, cache, lookahead, load-aware fallback."""
+    workers: int = Field(1, ge=1, le=256, description="Transform processes per agent (one decode thread each).")
+    cache_bytes: int = Field(1 << 30, ge=0, description="Bytes of transformed samples an agent keeps.")
+    lookahead_steps: int = Field(2, ge=0, le=1000, description="Plan steps N+1..N+W materialized while step N is read.")
+    fallback: bool = Field(True, description="Serve raw bytes (the client transforms) when storage CPU is busy "
+                           "or a sample misses its deadline.")
+    cpu_enter: float = Field(0.80, gt=0, le=1, description="Agent CPU share at which fallback starts.")
+    cpu_leave: float = Field(0.70, gt=0, le=1, description="Agent CPU share below which fallback stops.")
+    deadline_ms: float = Field(2000.0, gt=0, description="A sample not transformed by then is served raw "
+                               "(with fallback on).")
+
+
 class MountConfig(Section):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The store hintfs is a view of.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="Kernel caching and write staging.")
@@ -159,6 +173,10 @@ class MountConfig(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig, description="This host's storage agent.")
     agents: AgentsConfig = Field(default_factory=AgentsConfig, description="Agents the mount uses.")
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig, description="Hints and replica reads.")
+    transforms: list[TransformRule] = Field(default_factory=list, description="`[[transforms]]` rules: "
+                                            "glob, kind (image|video), params; the first match wins.")
+    transform_load: TransformLoadConfig = Field(default_factory=TransformLoadConfig,
+                                                description="Where and when transforms run.")
     governor: GovernorConfig = Field(
         default_factory=GovernorConfig,
         description="The GPU-memory governor (`hintfs governor CONFIG` reads this table; the mount ignores it).",
