@@ -303,7 +303,7 @@ class PlanRegistration(BaseModel):
     @field_validator("plan")
     @classmethod
     def _plan_inside(cls, v: str) -> str:
-        return normalize_relpath(v, "plan")
+        return normalize_relpath(v, "path")
 
 
 def parse_plan_registration(doc: object) -> PlanRegistration:
