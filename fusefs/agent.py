@@ -23,6 +23,7 @@ import os
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
@@ -64,6 +65,7 @@ class Replica:
     local: str
     size: int
     expires_at: float
+    fd: int = -1          # kept open: a read is one pread, not open+read+close
 
 
 class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
@@ -113,6 +115,9 @@ class AgentServer(fl.FlightServerBase):
             with open(cfg.agents.token_file) as f:
                 self.token = f.read().strip()
         self._samples = None
+        self._readers: "OrderedDict[str, tuple]" = OrderedDict()
+        self._retired: list = []       # readers and fds replaced while reads may still use them;
+        self._retired_fds: list = []   # closed by the reclaim loop a round later
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
         self._reaper.start()
@@ -125,16 +130,11 @@ class AgentServer(fl.FlightServerBase):
                 rep = self.replicas.get(path)
             try:
                 if rep is not None:
-                    with open(rep.local, "rb") as f:
-                        data = os.pread(f.fileno(), length, offset)
+                    data = os.pread(rep.fd, length, offset)
                 elif replica_only:
                     raise fl.FlightServerError(f"no replica of {path}")
                 else:
-                    reader, _st = self.store.open_reader(path)
-                    try:
-                        data = reader.read(offset, length)
-                    finally:
-                        reader.close()
+                    data = self._store_reader(path).read(offset, length)
                 self.bucket.take(len(data))
                 with self.lock:
                     self.bytes_served += len(data)
@@ -178,6 +178,25 @@ class AgentServer(fl.FlightServerBase):
             raise fl.FlightServerError(f"ENOENT {req['path']}")
         table = pa.table({"data": pa.array([data], type=pa.large_binary())})
         return fl.RecordBatchStream(table)
+
+    def _store_reader(self, path: str):
+        """An open reader of a store file, kept in a small LRU (reads are positional, so one
+        reader serves concurrent calls). A file changed in the store gets a fresh reader."""
+        st = self.store.stat(path)
+        with self.lock:
+            entry = self._readers.get(path)
+            if entry is not None and entry[1] == st.identity():
+                self._readers.move_to_end(path)
+                return entry[0]
+        reader, st = self.store.open_reader(path)
+        with self.lock:
+            old = self._readers.pop(path, None)
+            self._readers[path] = (reader, st.identity())
+            while len(self._readers) > 256:
+                self._retired.append(self._readers.popitem(last=False)[1][0])
+        if old is not None:
+            self._retired.append(old[0])
+        return reader
 
     # -- replicas ------------------------------------------------------------------------------
     def _local_name(self, path: str) -> str:
@@ -227,8 +246,9 @@ class AgentServer(fl.FlightServerBase):
             os.unlink(tmp)
             raise fl.FlightServerError(f"EIO short copy of {path}")
         os.rename(tmp, local)
+        fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
         with self.lock:
-            self.replicas[path] = Replica(path, local, st.size, time.time() + ttl_s)
+            self.replicas[path] = Replica(path, local, st.size, time.time() + ttl_s, fd)
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
 
@@ -236,6 +256,8 @@ class AgentServer(fl.FlightServerBase):
         with self.lock:
             rep = self.replicas.pop(path, None)
         if rep is not None:
+            # A read running on another thread may still hold the fd: retire it, close it later.
+            self._retired_fds.append(rep.fd)
             try:
                 os.unlink(rep.local)
             except FileNotFoundError:
@@ -245,6 +267,14 @@ class AgentServer(fl.FlightServerBase):
     def _reclaim_loop(self) -> None:
         interval = self.cfg.agent.reclaim_interval_s
         while not self._stop.wait(interval):
+            with self.lock:
+                readers, self._retired = self._retired, []
+                fds, self._retired_fds = self._retired_fds, []
+            self._stop.wait(min(interval, 1.0))   # let reads that picked them up finish
+            for r in readers:
+                r.close()
+            for fd in fds:
+                os.close(fd)
             now = time.time()
             with self.lock:
                 gone = [p for p, r in self.replicas.items() if r.expires_at <= now]

@@ -295,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--timeout", type=float, default=None)
     h.set_defaults(func=cmd_hints)
 
+    from .plan import add_plan_parser
+    add_plan_parser(sub)
+
     g = sub.add_parser("governor", help="run the GPU-memory governor")
     g.add_argument("config")
     g.set_defaults(func=cmd_governor)

@@ -18,7 +18,6 @@ import bisect
 import hashlib
 import json
 import logging
-import posixpath
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -146,9 +145,10 @@ class TensorFiles:
             existing.lookahead = lookahead
             self._queue(existing)
             return
-        path = doc["plan"]
-        if not isinstance(path, str) or path.startswith("/") or posixpath.normpath(path) != path or path.startswith(".."):
-            raise ControlInputError(f"plan: {path!r} is not a normalized path inside the mount")
+        from .plan import parse_plan_registration
+        reg = parse_plan_registration(doc)   # one validation for the mount and the helpers
+        path, step = reg.plan, reg.step
+        lookahead = reg.lookahead if reg.lookahead is not None else self.lookahead_default
         try:
             steps, samples, seeds = _load_plan_rows(self.store, path)   # validated before anything changes
         except FileNotFoundError:

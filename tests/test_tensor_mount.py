@@ -1,0 +1,136 @@
+"""`x.ext.tensor` through a real mount: agent-side transforms, fallback, plans (issue 4)."""
+import errno
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from tests.conftest import needs_fuse, wait_for
+
+pytestmark = needs_fuse
+av = pytest.importorskip("av")
+
+RULES = '''
+[[transforms]]
+glob = "imgs/*.jpg"
+kind = "image"
+params = { size = 64, crop = [48, 48], normalize = true }
+
+[[transforms]]
+glob = "vids/*.mp4"
+kind = "video"
+params = { frames = 4, size = 32 }
+'''
+
+
+def _jpeg(path, seed=0, w=160, h=120):
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+    with av.open(str(path), "w", format="image2") as c:
+        s = c.add_stream("mjpeg")
+        s.width, s.height, s.pix_fmt = w, h, "yuvj420p"
+        for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+def _mp4(path, frames=24):
+    with av.open(str(path), "w") as out:
+        s = out.add_stream("libx264", rate=24)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        s.options = {"x264-params": "mbtree=0"}
+        for i in range(frames):
+            img = np.full((48, 64, 3), (i * 9) % 256, dtype=np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+
+
+@pytest.fixture
+def media_mount(mount_factory, tmp_path):
+    def make(extra=""):
+        m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n{extra}{RULES}')
+        (m.store / "imgs").mkdir()
+        (m.store / "vids").mkdir()
+        for i in range(3):
+            _jpeg(m.store / "imgs" / f"{i}.jpg", seed=i)
+        _mp4(m.store / "vids" / "v.mp4")
+        (m.store / "imgs" / "broken.jpg").write_bytes((m.store / "imgs" / "0.jpg").read_bytes()[:300])
+        return m
+    return make
+
+
+def _local(m, rel, kind, params, seed=None):
+    import transforms
+    from transforms.params import default_seed
+    return transforms.apply(kind, (m.store / rel).read_bytes(), params, default_seed(rel) if seed is None else seed)
+
+
+def test_tensor_files_match_local_transforms(media_mount):
+    from transforms.container import decode, load_sample
+    m = media_mount()
+    p = m.mnt / "imgs" / "1.jpg.tensor"
+    assert p.exists() and not (m.store / "imgs" / "1.jpg.tensor").exists()
+    assert "1.jpg.tensor" not in os.listdir(m.mnt / "imgs")     # listings stay the store's
+    data = p.read_bytes()
+    meta, arrays = decode(data)
+    assert meta.mode == "tensor" and meta.source == "imgs/1.jpg"
+    ref = _local(m, "imgs/1.jpg", "image", {"size": 64, "crop": [48, 48], "normalize": True})
+    assert np.array_equal(arrays["pixels"], ref["pixels"]) and arrays["pixels"].shape == (3, 48, 48)
+    assert np.array_equal(load_sample(str(p))["pixels"], ref["pixels"])
+    video = load_sample(str(m.mnt / "vids" / "v.mp4.tensor"))
+    assert np.array_equal(video["frames"], _local(m, "vids/v.mp4", "video", {"frames": 4, "size": 32})["frames"])
+    # Size exact once open; concurrent handles agree.
+    with open(p, "rb") as a, open(p, "rb") as b:
+        assert os.fstat(a.fileno()).st_size == len(data)
+        assert a.read() == b.read() == data
+    with pytest.raises(OSError):
+        open(p, "wb")
+    assert not (m.mnt / "imgs" / "missing.jpg.tensor").exists()
+    assert not (m.mnt / "other.txt.tensor").exists()
+
+
+def test_fallback_gives_raw_bytes_and_the_same_tensor(media_mount):
+    from transforms.container import decode, load_sample
+    m = media_mount('\n[transform_load]\ndeadline_ms = 0.001\n')   # every sample misses its deadline
+    data = (m.mnt / "imgs" / "2.jpg.tensor").read_bytes()
+    meta, arrays = decode(data)
+    assert meta.mode == "raw" and bytes(arrays["raw"]) == (m.store / "imgs" / "2.jpg").read_bytes()
+    ref = _local(m, "imgs/2.jpg", "image", {"size": 64, "crop": [48, 48], "normalize": True})
+    assert np.array_equal(load_sample(data)["pixels"], ref["pixels"])    # bit for bit
+
+
+def test_corrupt_media_is_eio_and_the_raw_file_stays_readable(media_mount):
+    m = media_mount()
+    with pytest.raises(OSError) as exc:
+        (m.mnt / "imgs" / "broken.jpg.tensor").read_bytes()
+    assert exc.value.errno == errno.EIO
+    assert "broken.jpg" in m.log.read_text()
+    assert (m.mnt / "imgs" / "broken.jpg").read_bytes() == (m.store / "imgs" / "broken.jpg").read_bytes()
+    assert (m.mnt / "imgs" / "0.jpg.tensor").read_bytes()     # the mount and the agent keep serving
+
+
+def test_plan_seeds_and_inferred_progress(media_mount):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transforms.container import decode
+    m = media_mount()
+    rows = {"step": [0, 0, 1, 1, 2], "rank": [0, 1, 0, 1, 0], "slot": [0] * 5,
+            "sample": ["imgs/0.jpg", "imgs/1.jpg", "imgs/2.jpg", "imgs/0.jpg", "imgs/1.jpg"],
+            "aug_seed": [11, 12, 13, 14, 15], "est_cost_ms": [1.0] * 5}
+    pq.write_table(pa.table(rows), m.store / "plan.parquet")
+    ctl = m.mnt / ".hintfs" / "plans" / "train"
+    with pytest.raises(OSError) as exc:
+        ctl.write_text(json.dumps({"plan": "../x.parquet", "step": 0}))
+    assert exc.value.errno == errno.EINVAL
+    ctl.write_text(json.dumps({"plan": "plan.parquet", "step": 0, "lookahead": 1}))
+    assert json.loads(ctl.read_text())["step"] == 0
+    assert decode((m.mnt / "imgs" / "1.jpg.tensor").read_bytes())[0].aug_seed == 12
+    # Reading a sample of step 1 shows step 1 has started: imgs/0.jpg now has its step-1 seed.
+    assert decode((m.mnt / "imgs" / "2.jpg.tensor").read_bytes())[0].aug_seed == 13
+    assert json.loads(ctl.read_text())["step"] == 1
+    assert decode((m.mnt / "imgs" / "0.jpg.tensor").read_bytes())[0].aug_seed == 14
