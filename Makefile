@@ -27,7 +27,10 @@ test: setup
 	$(PY) -m pytest -q -ra tests
 
 bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/fuse_throughput.py --quick
+	$(PY) bench/restart_storm.py --quick
+	$(PY) bench/multimodal_loading.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info
