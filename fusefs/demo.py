@@ -34,6 +34,24 @@ def _make_tree(root: str, files: int, seed: int = 0) -> dict[str, str]:
     return digests
 
 
+def _make_images(folder: str, n: int) -> None:
+    """Small JPEGs written with PyAV (no downloads: the demo makes its own data)."""
+    import av
+    import numpy as np
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        h, w = 96 + 8 * i, 128 + 8 * i
+        img = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+        with av.open(os.path.join(folder, f"img{i}.jpg"), "w", format="image2") as c:
+            s = c.add_stream("mjpeg")
+            s.width, s.height, s.pix_fmt = w, h, "yuvj420p"
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+
+
 def _sha(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -52,7 +70,10 @@ def run_demo(keep: bool = False, files: int = 400) -> int:
     with open(config, "w") as f:
         f.write(f'[store]\nuri = "file://{store}"\n\n[cache]\nimmutable_globs = ["ckpt/*"]\n\n'
                 f'[agent]\ndata_dir = "{work}/replicas"\n\n'
+                '[[transforms]]\nglob = "images/*.jpg"\nkind = "image"\n'
+                'params = { size = 64, crop = [56, 56], normalize = true }\n\n'
                 f'[logging]\nfile = "{work}/mount.log"\n')
+    _make_images(os.path.join(store, "images"), 8)
     print(f"workspace {work}: generating a checkpoint-like tree of {files} files")
     digests = _make_tree(store, files)
     hintfs = [sys.executable, "-m", "fusefs.cli"]
@@ -104,6 +125,26 @@ def run_demo(keep: bool = False, files: int = 400) -> int:
         print(f"replication hint for {len(hot)} shards (256 readers each): replicas ready in {t_hint:.2f}s "
               f"on {status['agents']} agent (in-process: no agents configured); read back and verified "
               f"with {replica_reads} block reads from the replicas")
+
+        # Multimodal samples: x.jpg.tensor is decoded, resized, cropped and normalized by the agent.
+        import numpy as np
+        import transforms
+        from transforms.container import decode, load_sample
+        from transforms.params import default_seed
+        modes = {}
+        t0 = time.perf_counter()
+        for name in sorted(os.listdir(os.path.join(store, "images"))):
+            rel = f"images/{name}"
+            with open(os.path.join(mnt, rel + ".tensor"), "rb") as f:
+                data = f.read()
+            meta, _arrays = decode(data)
+            modes[meta.mode] = modes.get(meta.mode, 0) + 1
+            with open(os.path.join(store, rel), "rb") as f:
+                ref = transforms.apply("image", f.read(), meta.params, default_seed(rel))
+            if not np.array_equal(load_sample(data)["pixels"], ref["pixels"]):
+                raise SystemExit(f"demo: {rel}.tensor differs from a local transform")
+        print(f"read {sum(modes.values())} images as .tensor files ({modes}) in {time.perf_counter() - t0:.2f}s; "
+              f"each equals a local decode+resize+crop+normalize bit for bit")
 
         with open(os.path.join(mnt, ".hintfs", "stats")) as f:
             snap = json.load(f)
