@@ -13,6 +13,7 @@ Everything here runs on Flight's threads or the pool, never in a trio loop.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import threading
 import time
 from collections import OrderedDict
@@ -74,7 +75,10 @@ class SampleService:
     def __init__(self, store, load_cfg):
         self.store = store
         self.cfg = load_cfg
-        self.pool = ProcessPoolExecutor(max_workers=load_cfg.workers)
+        # forkserver, not fork: the agent process runs gRPC and trio threads, which a fork
+        # would copy mid-flight (locks held by other threads stay locked in the child).
+        self.pool = ProcessPoolExecutor(max_workers=load_cfg.workers,
+                                        mp_context=multiprocessing.get_context("forkserver"))
         self.monitor = LoadMonitor(load_cfg.cpu_enter, load_cfg.cpu_leave)
         self.lock = threading.Lock()
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
