@@ -72,7 +72,8 @@ def _local(m, rel, kind, params, seed=None):
 
 def test_tensor_files_match_local_transforms(media_mount):
     from transforms.container import decode, load_sample
-    m = media_mount()
+    # Fallback off: a busy test machine must not turn these samples into raw ones.
+    m = media_mount('\n[transform_load]\nfallback = false\n')
     p = m.mnt / "imgs" / "1.jpg.tensor"
     assert p.exists() and not (m.store / "imgs" / "1.jpg.tensor").exists()
     assert "1.jpg.tensor" not in os.listdir(m.mnt / "imgs")     # listings stay the store's
@@ -118,7 +119,7 @@ def test_plan_seeds_and_inferred_progress(media_mount):
     import pyarrow as pa
     import pyarrow.parquet as pq
     from transforms.container import decode
-    m = media_mount()
+    m = media_mount('\n[transform_load]\nfallback = false\n')
     rows = {"step": [0, 0, 1, 1, 2], "rank": [0, 1, 0, 1, 0], "slot": [0] * 5,
             "sample": ["imgs/0.jpg", "imgs/1.jpg", "imgs/2.jpg", "imgs/0.jpg", "imgs/1.jpg"],
             "aug_seed": [11, 12, 13, 14, 15], "est_cost_ms": [1.0] * 5}
