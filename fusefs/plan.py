@@ -331,21 +331,7 @@ def _plan_file(mount: str, job: str) -> str:
     return os.path.join(mount, ".hintfs", "plans", job)
 
 
-def _write_control(path: str, doc: dict) -> None:
-    # the pattern of fusefs.client._write_control: EINVAL -> the reason from <file>.error
-    try:
-        with open(path, "w") as f:
-            f.write(json.dumps(doc))
-    except OSError as err:
-        if err.errno == errno.EINVAL:
-            try:
-                with open(path + ".error") as f:
-                    reason = f.read().strip()
-            except OSError:
-                reason = "refused"
-            raise ValueError(f"{os.path.basename(path)}: {reason}") from None
-        raise
-
+from .client import _write_control  # noqa: E402  (EINVAL -> the reason in <file>.error)
 
 _registered: dict[tuple[str, str], PlanRegistration] = {}
 _registered_lock = threading.Lock()
