@@ -1,0 +1,231 @@
+"""bench/wan.py: the user-space WAN relay, against loopback echo and sink servers."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import socketserver
+import threading
+import time
+
+import pytest
+import trio
+
+from bench.wan import Relay, run_relay
+
+DELAY_S = 0.05
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+class _Sink(socketserver.BaseRequestHandler):
+    """Reads to EOF, answers with a JSON line: bytes, sha256, first/last byte times."""
+
+    def handle(self):
+        h, n, first, last = hashlib.sha256(), 0, None, None
+        while data := self.request.recv(1 << 20):
+            last = time.monotonic()
+            first = first or last
+            n += len(data)
+            h.update(data)
+        self.request.sendall(json.dumps({"bytes": n, "sha256": h.hexdigest(),
+                                         "first": first, "last": last}).encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@pytest.fixture
+def server_factory():
+    servers = []
+
+    def make(handler):
+        srv = _Server(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+        return srv.server_address
+
+    yield make
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    out = bytearray()
+    while data := sock.recv(65536):
+        out += data
+    return bytes(out)
+
+
+def test_rtt_is_twice_the_delay(server_factory):
+    echo = server_factory(_Echo)
+    with Relay(echo, DELAY_S, 50e6) as relay:
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            rtts = []
+            for i in range(5):
+                t0 = time.monotonic()
+                s.sendall(bytes([i]))
+                assert s.recv(1) == bytes([i])
+                rtts.append(time.monotonic() - t0)
+    rtt = sorted(rtts)[len(rtts) // 2]
+    assert abs(rtt - 2 * DELAY_S) <= 0.02, rtts
+
+
+@pytest.mark.parametrize("mbit,size", [(64, 3 << 20), (400, 12 << 20)])
+def test_bulk_throughput_is_bandwidth_limited_and_byte_exact(server_factory, mbit, size):
+    """One connection, data kept in flight: rate ~ bandwidth although the RTT is 100 ms."""
+    sink = server_factory(_Sink)
+    bw = mbit * 1e6 / 8
+    payload = os.urandom(size)
+    with Relay(sink, DELAY_S, bw, sample_interval_s=0.05) as relay:
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            reply = json.loads(_recv_all(s))
+            elapsed = time.monotonic() - t0
+        stats = relay.stats()
+    assert reply["bytes"] == size
+    assert reply["sha256"] == hashlib.sha256(payload).hexdigest()
+    rate = size / (reply["last"] - reply["first"])
+    assert abs(rate - bw) <= 0.25 * bw, (rate, bw)
+    # end to end: one transfer time plus about one RTT (request out, reply back)
+    assert elapsed == pytest.approx(size / bw + 2 * DELAY_S, rel=0.3)
+    assert stats["bytes"]["up"] == size
+    assert stats["bytes"]["down"] == len(json.dumps(reply).encode()) + 1 or stats["bytes"]["down"] > 0
+    up = stats["samples"]["up"]
+    assert sum(b for _, b in up) <= size and max(b for _, b in up) > 0
+    # no sample interval carries much more than the bandwidth allows (burst slack: one 5 ms burst)
+    interval = stats["sample_interval_s"]
+    assert max(b for _, b in up) <= bw * interval * 1.6 + 65536
+
+
+def test_many_concurrent_connections_share_the_bucket(server_factory):
+    echo = server_factory(_Echo)
+    n, size, bw = 40, 32 << 10, 8e6
+
+    async def one(port, i, results):
+        data = os.urandom(size)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            got = bytearray()
+
+            async def send():
+                await stream.send_all(data)
+                await stream.send_eof()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                while chunk := await stream.receive_some(65536):
+                    got += chunk
+        results[i] = bytes(got) == data
+
+    async def main(port):
+        results = {}
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, port, i, results)
+        return results
+
+    with Relay(echo, DELAY_S, bw) as relay:
+        t0 = time.monotonic()
+        results = trio.run(main, relay.port)
+        elapsed = time.monotonic() - t0
+        deadline = time.monotonic() + 2    # the relay closes its side just after the client saw EOF
+        while relay.stats()["active"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = relay.stats()
+    assert len(results) == n and all(results.values())
+    assert stats["accepted"] == n and stats["bytes"]["up"] == n * size == stats["bytes"]["down"]
+    # the shared bucket caps the aggregate: n*size bytes at bw take at least n*size/bw
+    assert elapsed >= n * size / bw * 0.9
+    assert stats["active"] == 0
+
+
+def test_stop_closes_open_connections_and_frees_the_port(server_factory):
+    echo = server_factory(_Echo)
+    relay = Relay(echo, DELAY_S, 10e6)
+    port = relay.start()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"hello")
+    assert s.recv(5) == b"hello"
+    t0 = time.monotonic()
+    relay.stop()
+    assert time.monotonic() - t0 < 2
+    assert not relay._thread.is_alive()
+    s.settimeout(2)
+    try:
+        assert s.recv(1) == b""            # closed by the relay
+    except ConnectionResetError:
+        pass
+    s.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    relay.stop()                           # idempotent
+    assert relay.stats()["accepted"] == 1
+
+
+def test_unreachable_target_closes_the_client():
+    with socket.socket() as probe:          # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()
+    with Relay(dead, 0.0, 10e6) as relay:
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as s:
+            s.settimeout(5)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        deadline = time.monotonic() + 2
+        while relay.stats()["failed"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert relay.stats()["failed"] == 1
+
+
+def test_loopback_only_and_bad_values():
+    with pytest.raises(ValueError):
+        Relay(("10.0.0.1", 9), 0.05, 1e6)
+    with pytest.raises(ValueError):
+        Relay(("127.0.0.1", 9), 0.05, 0)
+    with pytest.raises(ValueError):
+        Relay("127.0.0.1:9", -1, 1e6)
+
+    async def bad_listen():
+        await run_relay(0, "127.0.0.1", 9, 0.05, 1e6, listen_host="0.0.0.0")
+
+    with pytest.raises(ValueError):
+        try:
+            trio.run(bad_listen)
+        except BaseExceptionGroup as eg:
+            raise eg.exceptions[0]
+
+
+def test_cli_runs_for_a_bounded_time(tmp_path, server_factory):
+    import subprocess
+    import sys
+    from pathlib import Path
+    echo = server_factory(_Echo)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "stats.json"
+    script = Path(__file__).resolve().parent.parent / "bench" / "wan.py"
+    proc = subprocess.run([sys.executable, str(script), "--listen", f"127.0.0.1:{port}",
+                           "--target", f"127.0.0.1:{echo[1]}", "--delay-ms", "10",
+                           "--bandwidth-mbit", "100", "--duration-s", "0.5",
+                           "--stats-json", str(out)], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["accepted"] == 0
+    bad = subprocess.run([sys.executable, str(script), "--target", "10.1.1.1:80"],
+                         capture_output=True, text=True, timeout=20)
+    assert bad.returncode == 2 and "loopback" in bad.stderr
