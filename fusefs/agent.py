@@ -66,6 +66,7 @@ class Replica:
     size: int
     expires_at: float
     fd: int = -1          # kept open: a read is one pread, not open+read+close
+    source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
 
 
 class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
@@ -115,12 +116,17 @@ class AgentServer(fl.FlightServerBase):
             with open(cfg.agents.token_file) as f:
                 self.token = f.read().strip()
         self._samples = None
+        self._copying: dict[str, threading.Event] = {}
         self._readers: "OrderedDict[str, tuple]" = OrderedDict()
         self._retired: list = []       # readers and fds replaced while reads may still use them;
         self._retired_fds: list = []   # closed by the reclaim loop a round later
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
         self._reaper.start()
+        self.follower = None
+        if cfg.follow.prefixes:
+            from .follower import Follower
+            self.follower = Follower(self, cfg.follow).start()
 
     # -- reads ---------------------------------------------------------------------------------
     def read_range(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
@@ -205,12 +211,32 @@ class AgentServer(fl.FlightServerBase):
     def used_bytes(self) -> int:
         return sum(r.size for r in self.replicas.values())
 
-    def replicate(self, path: str, ttl_s: float, source: Optional[str]) -> dict:
-        with self.lock:
-            rep = self.replicas.get(path)
-            if rep is not None:
-                rep.expires_at = max(rep.expires_at, time.time() + ttl_s)
-                return {"path": path, "size": rep.size, "already": True}
+    def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16) -> dict:
+        """Copy `path` here (from the store, or from the agent at `source`) and keep it `ttl_s`.
+
+        The copy is `parallel` ranged reads of 8 MiB in flight, enough to fill the bandwidth-delay
+        product of a long link; one copy per path at a time (a second caller waits for the first).
+        The source's size and mtime are checked before and after: a file that changed during the
+        copy is not kept (EAGAIN).
+        """
+        while True:
+            with self.lock:
+                rep = self.replicas.get(path)
+                if rep is not None:
+                    rep.expires_at = max(rep.expires_at, time.time() + ttl_s)
+                    return {"path": path, "size": rep.size, "already": True}
+                busy = self._copying.get(path)
+                if busy is None:
+                    self._copying[path] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            return self._copy_in(path, ttl_s, source, parallel)
+        finally:
+            with self.lock:
+                self._copying.pop(path).set()
+
+    def _copy_in(self, path: str, ttl_s: float, source: Optional[str], parallel: int) -> dict:
         st = self.store.stat(path)
         with self.lock:
             if self.used_bytes() + st.size > self.budget:
@@ -218,39 +244,51 @@ class AgentServer(fl.FlightServerBase):
                                            f"{self.budget - self.used_bytes()} left")
         local = self._local_name(path)
         tmp = local + ".part"
-        with open(tmp, "wb") as out:
-            if source:
-                from .agentclient import AgentClient
-                src = AgentClient(source, token=self.token)
-                offset = 0
-                while offset < st.size:
-                    chunk = src.read(path, offset, min(_CHUNK, st.size - offset), replica_only=True)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    offset += len(chunk)
+        if source:
+            from .agentclient import AgentClient
+            src = AgentClient(source, token=self.token)
+            read = lambda off, n: src.read(path, off, n, replica_only=True)  # noqa: E731
+        else:
+            src = None
+            reader, _ = self.store.open_reader(path)
+            read = reader.read
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            ranges = [(off, min(_CHUNK, st.size - off)) for off in range(0, st.size, _CHUNK)]
+
+            def copy(rng) -> int:
+                data = read(*rng)
+                os.pwrite(fd, data, rng[0])
+                return len(data)
+
+            if len(ranges) > 1 and parallel > 1:
+                from concurrent.futures import ThreadPoolExecutor
+                with ThreadPoolExecutor(min(parallel, len(ranges))) as pool:
+                    copied = sum(pool.map(copy, ranges))
+            else:
+                copied = sum(map(copy, ranges))
+        finally:
+            os.close(fd)
+            if src is not None:
                 src.close()
             else:
-                reader, _ = self.store.open_reader(path)
-                try:
-                    offset = 0
-                    while offset < st.size:
-                        chunk = reader.read(offset, min(_CHUNK, st.size - offset))
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                        offset += len(chunk)
-                finally:
-                    reader.close()
-        if os.path.getsize(tmp) != st.size:
+                reader.close()
+        after = self.store.stat(path)
+        if copied != st.size or after.identity() != st.identity():
             os.unlink(tmp)
-            raise fl.FlightServerError(f"EIO short copy of {path}")
+            raise fl.FlightServerError(f"EAGAIN {path} changed or was short during the copy")
         os.rename(tmp, local)
         fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
         with self.lock:
-            self.replicas[path] = Replica(path, local, st.size, time.time() + ttl_s, fd)
+            self.replicas[path] = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns)
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
+
+    def has(self, path: str, size: int, mtime_ns: int) -> bool:
+        """A complete replica of exactly this version of `path` is here."""
+        with self.lock:
+            rep = self.replicas.get(path)
+            return rep is not None and rep.size == size and rep.source_mtime_ns == mtime_ns
 
     def drop(self, path: str) -> bool:
         with self.lock:
@@ -306,11 +344,15 @@ class AgentServer(fl.FlightServerBase):
                 result = self.status()
                 if self._samples is not None:
                     result["samples"] = self._samples.status()
+                if self.follower is not None:
+                    result["follow"] = self.follower.status()
             elif kind == "prefetch":
                 result = {"started": self.samples.prefetch([tuple(x) for x in body["samples"]])}
             elif kind == "forget":
                 self.samples.forget({(p, int(s)) for p, s in body["keep"]})
                 result = {"ok": True}
+            elif kind == "has":
+                result = {"has": self.has(body["path"], int(body["size"]), int(body["mtime_ns"]))}
             elif kind == "ping":
                 result = {"ok": True}
             else:
@@ -327,6 +369,8 @@ class AgentServer(fl.FlightServerBase):
 
     def shutdown(self):
         self._stop.set()
+        if self.follower is not None:
+            self.follower.stop()
         if self._samples is not None:
             self._samples.close()
         super().shutdown()

@@ -70,6 +70,9 @@ class AgentClient:
     def replicate(self, path: str, ttl_s: float, source: Optional[str] = None) -> dict:
         return self._call("replicate", {"path": path, "ttl_s": ttl_s, "source": source})
 
+    def has(self, path: str, size: int, mtime_ns: int) -> bool:
+        return bool(self._call("has", {"path": path, "size": size, "mtime_ns": mtime_ns}).get("has"))
+
     def drop(self, path: str) -> dict:
         return self._call("drop", {"path": path})
 

@@ -231,5 +231,13 @@ class ArrowStore:
         staging.dirty = False
         return self.stat(rel)
 
+    def put_small(self, rel: str, data: bytes) -> None:
+        """Write a small file whole (journal records); one PUT on S3."""
+        parent = os.path.dirname(self._p(rel))
+        if not self._is_s3:
+            self.fs.create_dir(parent, recursive=True)
+        with self.fs.open_output_stream(self._p(rel)) as out:
+            out.write(data)
+
     def discard(self, staging: Staging) -> None:
         staging.close()

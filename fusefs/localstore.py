@@ -239,6 +239,15 @@ class LocalStore:
         staging.dirty = False
         return Stat.from_os(os.fstat(staging.fd))
 
+    def put_small(self, rel: str, data: bytes) -> None:
+        """Write a small file whole (journal records): temp name, then rename."""
+        path = self._abs(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.rename(tmp, path)
+
     def discard(self, staging: Staging) -> None:
         if not staging.live:
             try:

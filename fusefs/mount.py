@@ -187,8 +187,9 @@ def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: Con
     if cfg.agents.tls_root_file:
         with open(cfg.agents.tls_root_file, "rb") as f:
             tls_root = f.read()
+    route_agents = [r.local_agent for r in cfg.routes]
     clients = {loc: AgentClient(loc, token=token, tls_root=tls_root, timeout_s=cfg.replicas.read_timeout_s * 10)
-               for loc in locations}
+               for loc in dict.fromkeys(locations + route_agents)}
     hints = HintsManager(cfg, locations, clients, stats)
     control.add_dir(hints.control_dir())
     reads = ReplicaReads(hints.router, clients, cfg, stats, store_read=None)

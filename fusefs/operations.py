@@ -115,6 +115,11 @@ class Operations(pyfuse3.Operations):
                  control_root: Optional[ControlDir] = None, replica_reads=None, tensors=None):
         super().__init__()
         self.tensors = tensors               # fusefs.tensorfile.TensorFiles: `x.mp4.tensor` paths
+        self._journal_dir = cfg.journal.dir if cfg.journal.enabled else None
+        self._hidden_root = {paths.CONTROL_DIR, cfg.journal.dir.split("/")[0]}
+        self.routes = list(cfg.routes)
+        self._route_checked: dict[tuple, bool] = {}
+        self._route_fetching: set[str] = set()
         self.replica_reads = replica_reads   # fusefs.replicaread.ReplicaReads, for hinted files
         self.store = store
         self.cfg = cfg
@@ -485,7 +490,7 @@ class Operations(pyfuse3.Operations):
                     return
             else:
                 path = f"{h.inode.path}/{name}" if h.inode.path else name
-                if not h.inode.path and name == paths.CONTROL_DIR:
+                if not h.inode.path and name in self._hidden_root:
                     i += 1  # a store folder named like the control dir stays hidden
                     continue
                 child = self.inodes.ensure(path)
@@ -522,6 +527,8 @@ class Operations(pyfuse3.Operations):
                 reader, st = await self._io(self.store.open_reader, node.path, inline=self._meta_inline())
                 handle = ReadHandle(node, reader)
                 fi.keep_cache = self._same_as_cached(node, st)
+                if self.routes and self.replica_reads is not None:
+                    await self._route(node.path, st)
                 if self.replica_reads is not None and self.replica_reads.has_replicas(node.path):
                     handle.replicated = True
                     handle.identity = st.identity()
@@ -674,6 +681,14 @@ class Operations(pyfuse3.Operations):
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()
+        if self._journal_dir is not None:
+            from .journal import encode_record, record_name
+            try:
+                await self._io(self.store.put_small, f"{self._journal_dir}/{record_name()}",
+                               encode_record(node.path, st.size, st.mtime_ns))
+                self.stats.add("journal_records")
+            except OSError as err:   # the file is published; followers fall back to listing
+                log.warning("journal record for %s failed: %s", node.path, err)
 
     @_op("flush")
     async def flush(self, fh):
@@ -727,6 +742,43 @@ class Operations(pyfuse3.Operations):
                     node.writer = None
                     await self._io(self.store.discard, staging, inline=staging.inline_io)
         self.inodes.release_open(node)
+
+    async def _route(self, path: str, st: Stat) -> None:
+        """Eval side: serve a routed path from the local tier when it holds exactly this version
+        (size and mtime verified by the agent); otherwise read through and ask it to fetch."""
+        route = next((r for r in self.routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")),
+                     None)
+        if route is None:
+            return
+        key = (path, st.identity())
+        if self._route_checked.get(key):
+            return
+        client = self.replica_reads.clients[route.local_agent]
+        try:
+            local = await self._io(client.has, path, st.size, st.mtime_ns)
+        except OSError as err:
+            log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
+            local = False
+        router = self.replica_reads.router
+        if local:
+            self._route_checked[key] = True
+            router.replicas[path] = [route.local_agent]
+            self.stats.add("route_local")
+            return
+        router.replicas.pop(path, None)
+        self.stats.add("route_remote")
+        if route.fetch_on_read and path not in self._route_fetching:
+            self._route_fetching.add(path)
+            trio.lowlevel.spawn_system_task(self._fetch_to_local_tier, client, path)
+
+    async def _fetch_to_local_tier(self, client, path: str) -> None:
+        try:
+            await self._io(client.replicate, path, 86400.0, None)
+            self.stats.add("route_fetches")
+        except OSError as err:
+            log.warning("local tier fetch of %s failed: %s", path, err)
+        finally:
+            self._route_fetching.discard(path)
 
     async def _open_tensor(self, node: Inode, flags: int) -> pyfuse3.FileInfo:
         """Tensor or raw is fixed here, at the first open; handles open at once share it."""

@@ -164,6 +164,34 @@ class TransformLoadConfig(Section):
                                "(with fallback on).")
 
 
+class JournalConfig(Section):
+    """Training side: record every file this mount publishes, so eval DCs learn of it at once."""
+    enabled: bool = Field(False, description="Write one small record per closed file to `dir` in the store.")
+    dir: str = Field(".hintfs-journal", description="Store folder of the journal (hidden in the mount).")
+
+
+class FollowConfig(Section):
+    """Eval side, in an agent: copy each new checkpoint from the (remote) store as it is written."""
+    prefixes: list[str] = Field(default_factory=list, description="Store prefixes to follow (empty: off).")
+    journal_dir: str = Field(".hintfs-journal", description="Where training mounts journal closed files; "
+                             "without it the agent polls the listing of the prefixes.")
+    commit_marker: str = Field(".metadata", description="File name that completes a checkpoint (DCP: "
+                               ".metadata); copied last, then the checkpoint is complete.")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept per job folder.")
+    ttl_s: float = Field(86400.0, gt=0, description="How long a followed checkpoint's replicas live.")
+    poll_interval_s: float = Field(0.5, gt=0, description="How often the journal (or listing) is read.")
+    parallel: int = Field(16, ge=1, le=256, description="Ranged reads in flight per file copy (fill the "
+                          "bandwidth-delay product of the link).")
+
+
+class RouteConfig(Section):
+    """Eval side, in the mount: paths under `prefix` are read from the local tier when it has them."""
+    prefix: str = Field(min_length=1, description="Relpath prefix in the mount.")
+    local_agent: str = Field(description="Flight location of the local tier's agent.")
+    fetch_on_read: bool = Field(True, description="A read of a file the local tier lacks asks it to fetch "
+                                "that file first (the read itself goes to the store meanwhile).")
+
+
 class MountConfig(Section):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The store hintfs is a view of.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="Kernel caching and write staging.")
@@ -173,6 +201,9 @@ class MountConfig(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig, description="This host's storage agent.")
     agents: AgentsConfig = Field(default_factory=AgentsConfig, description="Agents the mount uses.")
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig, description="Hints and replica reads.")
+    journal: JournalConfig = Field(default_factory=JournalConfig, description="Closed-file journal (training side).")
+    follow: FollowConfig = Field(default_factory=FollowConfig, description="Predictive replication (eval-side agent).")
+    routes: list[RouteConfig] = Field(default_factory=list, description="`[[routes]]`: local-tier routing (eval side).")
     transforms: list[TransformRule] = Field(default_factory=list, description="`[[transforms]]` rules: "
                                             "glob, kind (image|video), params; the first match wins.")
     transform_load: TransformLoadConfig = Field(default_factory=TransformLoadConfig,
