@@ -101,7 +101,7 @@ def test_bulk_throughput_is_bandwidth_limited_and_byte_exact(server_factory, mbi
     # end to end: one transfer time plus about one RTT (request out, reply back)
     assert elapsed == pytest.approx(size / bw + 2 * DELAY_S, rel=0.3)
     assert stats["bytes"]["up"] == size
-    assert stats["bytes"]["down"] == len(json.dumps(reply).encode()) + 1 or stats["bytes"]["down"] > 0
+    assert stats["bytes"]["down"] > 0                       # the sink's reply
     up = stats["samples"]["up"]
     assert sum(b for _, b in up) <= size and max(b for _, b in up) > 0
     # no sample interval carries much more than the bandwidth allows (burst slack: one 5 ms burst)
