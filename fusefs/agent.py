@@ -123,6 +123,10 @@ class AgentServer(fl.FlightServerBase):
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
         self._reaper.start()
+        self.link = None
+        if acfg.link_bytes_s:
+            from .linkgate import LinkGate
+            self.link = LinkGate(acfg.link_bytes_s, acfg.link_chunk_bytes)
         self.follower = None
         if cfg.follow.prefixes:
             from .follower import Follower
@@ -211,7 +215,8 @@ class AgentServer(fl.FlightServerBase):
     def used_bytes(self) -> int:
         return sum(r.size for r in self.replicas.values())
 
-    def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16) -> dict:
+    def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16,
+                  priority: str = "background", job: Optional[str] = None, importance: float = 1.0) -> dict:
         """Copy `path` here (from the store, or from the agent at `source`) and keep it `ttl_s`.
 
         The copy is `parallel` ranged reads of 8 MiB in flight, enough to fill the bandwidth-delay
@@ -231,12 +236,13 @@ class AgentServer(fl.FlightServerBase):
                     break
             busy.wait()
         try:
-            return self._copy_in(path, ttl_s, source, parallel)
+            return self._copy_in(path, ttl_s, source, parallel, priority, job, importance)
         finally:
             with self.lock:
                 self._copying.pop(path).set()
 
-    def _copy_in(self, path: str, ttl_s: float, source: Optional[str], parallel: int) -> dict:
+    def _copy_in(self, path: str, ttl_s: float, source: Optional[str], parallel: int,
+                 priority: str = "background", job: Optional[str] = None, importance: float = 1.0) -> dict:
         st = self.store.stat(path)
         with self.lock:
             if self.used_bytes() + st.size > self.budget:
@@ -253,10 +259,17 @@ class AgentServer(fl.FlightServerBase):
             reader, _ = self.store.open_reader(path)
             read = reader.read
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        chunk = self.cfg.agent.link_chunk_bytes if self.link is not None and not source else _CHUNK
+        ranges = [(off, min(chunk, st.size - off)) for off in range(0, st.size, chunk)]
+        tid = None
+        if self.link is not None and not source and ranges:
+            # Copies from the store cross the shared link: each chunk waits for its turn.
+            from policy.link import transfer_weight
+            tid = self.link.open(path, priority, transfer_weight(st.size, importance), [n for _o, n in ranges], job)
         try:
-            ranges = [(off, min(_CHUNK, st.size - off)) for off in range(0, st.size, _CHUNK)]
-
             def copy(rng) -> int:
+                if tid is not None:
+                    self.link.acquire(tid)
                 data = read(*rng)
                 os.pwrite(fd, data, rng[0])
                 return len(data)
@@ -269,6 +282,8 @@ class AgentServer(fl.FlightServerBase):
                 copied = sum(map(copy, ranges))
         finally:
             os.close(fd)
+            if tid is not None:
+                self.link.close(tid)
             if src is not None:
                 src.close()
             else:
@@ -337,7 +352,18 @@ class AgentServer(fl.FlightServerBase):
         kind = action.type
         try:
             if kind == "replicate":
-                result = self.replicate(body["path"], float(body.get("ttl_s", 600)), body.get("source"))
+                result = self.replicate(body["path"], float(body.get("ttl_s", 600)), body.get("source"),
+                                        priority=body.get("priority", "background"), job=body.get("job"),
+                                        importance=float(body.get("importance", 1.0)))
+            elif kind == "signal":
+                if self.link is None:
+                    result = {"applied": False}
+                elif body.get("clear"):
+                    self.link.clear(body["job"])
+                    result = {"applied": True}
+                else:
+                    self.link.signal(body["job"], float(body.get("severity", 1.0)))
+                    result = {"applied": True}
             elif kind == "drop":
                 result = {"dropped": self.drop(body["path"])}
             elif kind == "status":
@@ -346,6 +372,8 @@ class AgentServer(fl.FlightServerBase):
                     result["samples"] = self._samples.status()
                 if self.follower is not None:
                     result["follow"] = self.follower.status()
+                if self.link is not None:
+                    result["link_bytes_by_class"] = dict(self.link.sent)
             elif kind == "prefetch":
                 result = {"started": self.samples.prefetch([tuple(x) for x in body["samples"]])}
             elif kind == "forget":
@@ -371,6 +399,8 @@ class AgentServer(fl.FlightServerBase):
         self._stop.set()
         if self.follower is not None:
             self.follower.stop()
+        if self.link is not None:
+            self.link.stop()
         if self._samples is not None:
             self._samples.close()
         super().shutdown()

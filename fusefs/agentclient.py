@@ -67,8 +67,13 @@ class AgentClient:
     def forget(self, keep: list) -> dict:
         return self._call("forget", {"keep": keep})
 
-    def replicate(self, path: str, ttl_s: float, source: Optional[str] = None) -> dict:
-        return self._call("replicate", {"path": path, "ttl_s": ttl_s, "source": source})
+    def replicate(self, path: str, ttl_s: float, source: Optional[str] = None, priority: str = "background",
+                  job: Optional[str] = None, importance: float = 1.0) -> dict:
+        return self._call("replicate", {"path": path, "ttl_s": ttl_s, "source": source, "priority": priority,
+                                        "job": job, "importance": importance})
+
+    def signal(self, job: str, severity: float = 1.0, clear: bool = False) -> dict:
+        return self._call("signal", {"job": job, "severity": severity, "clear": clear})
 
     def has(self, path: str, size: int, mtime_ns: int) -> bool:
         return bool(self._call("has", {"path": path, "size": size, "mtime_ns": mtime_ns}).get("has"))

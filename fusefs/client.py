@@ -13,7 +13,7 @@ from typing import Mapping, Optional
 
 from .hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
-__all__ = ["set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
+__all__ = ["signal_anomaly", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
            "hints_from_megatron", "hints_from_safetensors"]
 
 
@@ -70,3 +70,9 @@ def wait_for_replicas(mount: str, job: str, timeout_s: Optional[float] = None, p
             err.status = status
             raise err
         time.sleep(poll_s)
+
+
+def signal_anomaly(mount: str, job: str, path: str, kind: str = "loss_spike", severity: float = 1.0) -> None:
+    """Tell the mount that `job`'s eval of the checkpoints under `path` is anomaly-triggered:
+    their copies across the cross-DC link go first. `kind="clear"` ends it."""
+    _write_control(_control(mount, "signals", job), {"path": path, "kind": kind, "severity": severity})

@@ -92,7 +92,10 @@ class Follower:
     # -- copying ---------------------------------------------------------------------------------
     def _copy(self, path: str) -> bool:
         try:
-            self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel)
+            # Predictive copies serve scheduled evals; the job is the checkpoint's parent folder,
+            # so a signal for that job promotes its copies on the link.
+            job = posixpath.dirname(posixpath.dirname(path))
+            self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval", job=job)
             self.copied.add(path)
             self.errors.pop(path, None)
             return True

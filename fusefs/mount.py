@@ -124,6 +124,9 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     from .tensorfile import TensorFiles
     tensors = TensorFiles(cfg, store, hints.agents, hints.clients, stats)
     control.add_dir(tensors.control_dir())
+    from .signals import SignalForwarder
+    signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), hints.clients, stats)
+    control.add_dir(signals.control_dir())
     ops = Operations(store, cfg, stats, control, replica_reads, tensors)
     replica_reads.store_read = ops.store_read
     if cfg.metrics.enabled:
@@ -137,7 +140,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     log.info("mounted %s at %s", store.description, mp)
     unmount = True
     try:
-        trio.run(_serve, ops, mp, on_ready, cfg, hints, tensors)
+        trio.run(_serve, ops, mp, on_ready, cfg, hints, tensors, signals)
     except BaseException:
         log.exception("mount loop failed")
         raise
@@ -196,13 +199,16 @@ def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: Con
     return hints, reads, server
 
 
-async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=None, tensors=None) -> None:
+async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=None, tensors=None,
+                 signals=None) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
         if hints is not None:
             nursery.start_soon(hints.run)
         if tensors is not None:
             nursery.start_soon(tensors.run)
+        if signals is not None:
+            nursery.start_soon(signals.run)
         nursery.start_soon(_announce_ready, mp, on_ready, cfg)
         await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
         nursery.cancel_scope.cancel()

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Optional
@@ -57,8 +58,14 @@ class LoadMonitor:
         self._thread.start()
 
     def _run(self, interval: float) -> None:
+        # The busy share of the cores this agent may run on (its affinity set): a burner or the
+        # agent's own transforms there count; a trainer pinned to other cores does not.
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        psutil.cpu_percent(None, percpu=True)
         while not self._stop.wait(interval):
-            self.update(psutil.cpu_percent(None) / 100.0)
+            per = psutil.cpu_percent(None, percpu=True)
+            mine = [per[c] for c in cores if c < len(per)] if cores else per
+            self.update(sum(mine) / (100.0 * max(1, len(mine))))
 
     def update(self, share: float) -> None:
         self.share = share
@@ -84,6 +91,7 @@ class SampleService:
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
         self.cache_bytes = 0
         self.running: dict[SampleKey, Future] = {}
+        self.backlog: deque = deque()     # prefetches waiting for an idle worker
         self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "cache_hits": 0, "prefetched": 0,
                        "errors": 0}
 
@@ -99,8 +107,9 @@ class SampleService:
                 self.cache_bytes -= len(old)
 
     def forget(self, keep: set) -> None:
-        """Free cached samples the plan has passed (not in `keep`)."""
+        """Free cached samples the plan has passed (not in `keep`), and drop stale prefetches."""
         with self.lock:
+            self.backlog = deque(b for b in self.backlog if (b[0].path, b[0].aug_seed) in keep)
             for key in [k for k in self.cache if (k.path, k.aug_seed) not in keep]:
                 self.cache_bytes -= len(self.cache.pop(key))
 
@@ -139,6 +148,7 @@ class SampleService:
                 self.running.pop(key, None)
             if not f.cancelled() and f.exception() is None:
                 self._put(key, f.result())
+            self._pump()
 
         fut.add_done_callback(done)
         return fut
@@ -188,15 +198,33 @@ class SampleService:
                     continue
             if self.cfg.fallback and self.monitor.busy:
                 break   # do not add load while shedding it
-            self._start(key, kind, pjson, meta)
+            with self.lock:
+                self.backlog.append((key, kind, pjson, meta))
             started += 1
         self.counts["prefetched"] += started
+        self._pump()
         return started
+
+    def _pump(self) -> None:
+        """Feed prefetches to the pool only while it has idle workers, so a sample a reader is
+        waiting for (submitted directly by `get`) never queues behind the lookahead."""
+        while True:
+            with self.lock:
+                if not self.backlog or len(self.running) >= self.cfg.workers:
+                    return
+                key, kind, pjson, meta = self.backlog.popleft()
+                if key in self.cache or key in self.running:
+                    continue
+            try:
+                self._start(key, kind, pjson, meta)
+            except OSError as err:
+                log.warning("prefetch of %s failed: %s", key.path, err)
 
     def status(self) -> dict:
         with self.lock:
             return {**self.counts, "cached": len(self.cache), "cache_bytes": self.cache_bytes,
-                    "running": len(self.running), "cpu_share": round(self.monitor.share, 3),
+                    "running": len(self.running), "backlog": len(self.backlog),
+                    "cpu_share": round(self.monitor.share, 3),
                     "busy": self.monitor.busy}
 
     def close(self) -> None:

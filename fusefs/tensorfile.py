@@ -184,8 +184,9 @@ class TensorFiles:
                         continue
                     loc = self._agent_for(sample)
                     keep.setdefault(loc, []).append([sample, seed])
-                    if s > plan.step:
-                        want.setdefault(loc, []).append([sample, m[1].kind, params_json(m[1].params), seed])
+                    # Step N too: at registration its samples are not being made yet; the agent
+                    # skips what is cached or running, and demand reads go ahead of prefetches.
+                    want.setdefault(loc, []).append([sample, m[1].kind, params_json(m[1].params), seed])
             for loc in self.agents:
                 try:
                     await trio.to_thread.run_sync(self.clients[loc].forget, keep.get(loc, []), limiter=self.limiter)

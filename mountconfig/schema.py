@@ -127,6 +127,11 @@ class AgentConfig(Section):
     bandwidth_bytes_s: int = Field(0, ge=0, description="Cap on bytes served per second (0: none). "
                                    "Benchmarks use it to emulate a data node's disk or NIC.")
     reclaim_interval_s: float = Field(1.0, gt=0, description="How often expired replicas are removed.")
+    link_bytes_s: int = Field(0, ge=0, description="Bandwidth budget of the link this agent copies across "
+                              "(cross-DC); copies from the store are then scheduled by priority class "
+                              "(anomaly > eval > background) and weight. 0: no scheduling.")
+    link_chunk_bytes: int = Field(4 << 20, ge=4096, description="Unit of scheduling on the link: a higher "
+                                  "class takes the link at the next chunk boundary.")
 
 
 class AgentsConfig(Section):

@@ -111,3 +111,58 @@ def test_training_mount_journal_to_eval_mount_local_reads(mount_factory, tmp_pat
         assert wait_for(lambda: c.has("ckpt/late.bin", st.st_size, st.st_mtime_ns), timeout=10)
     finally:
         server.shutdown()
+
+
+def test_anomaly_signal_takes_the_link_first(tmp_path):
+    import threading
+    store = tmp_path / "store"
+    (store / "ckpt" / "big" / "s1").mkdir(parents=True)
+    (store / "ckpt" / "urgent" / "s1").mkdir(parents=True)
+    (store / "ckpt" / "big" / "s1" / "w.distcp").write_bytes(os.urandom(6 << 20))
+    (store / "ckpt" / "urgent" / "s1" / "w.distcp").write_bytes(os.urandom(1 << 20))
+    cfg = parse_config({"store": {"uri": f"file://{store}"},
+                        "agent": {"data_dir": str(tmp_path / "tier"), "link_bytes_s": 4 << 20,
+                                  "link_chunk_bytes": 256 << 10}})
+    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    done = {}
+
+    def copy(name, priority):
+        AgentClient(loc).replicate(f"ckpt/{name}/s1/w.distcp", 600, None, priority=priority, job=f"ckpt/{name}")
+        done[name] = time.monotonic()
+
+    try:
+        t0 = time.monotonic()
+        big = threading.Thread(target=copy, args=("big", "eval"))
+        big.start()
+        time.sleep(0.3)                                   # the big copy holds the link
+        assert AgentClient(loc).signal("ckpt/urgent", severity=3.0)["applied"]
+        urgent = threading.Thread(target=copy, args=("urgent", "eval"))
+        urgent.start()
+        urgent.join(30)
+        big.join(30)
+        # 1 MiB at 4 MiB/s takes ~0.25 s once it has the link; the 6 MiB copy ~1.5 s in all.
+        assert done["urgent"] < done["big"]
+        assert done["urgent"] - t0 < 1.2
+        by_class = AgentClient(loc).status()["link_bytes_by_class"]
+        assert by_class.get("anomaly", 0) + by_class.get("done", 0) >= 1 << 20
+    finally:
+        server.shutdown()
+
+
+@needs_fuse
+def test_signals_control_file(mount_factory, tmp_path):
+    from fusefs import client
+    cfg = parse_config({"store": {"uri": f"file://{tmp_path}"}, "agent": {"data_dir": str(tmp_path / "tier"),
+                                                                        "link_bytes_s": 1 << 30}})
+    server, loc = start_in_process(cfg, LocalStore(str(tmp_path)))
+    try:
+        m = mount_factory(extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{loc}"\n')
+        client.signal_anomaly(str(m.mnt), "eval7", "ckpt/run7", "loss_spike", 2.5)
+        assert wait_for(lambda: json.loads((m.mnt / ".hintfs" / "signals" / "eval7").read_text())["forwarded"])
+        assert server.link.sched._signals == {"ckpt/run7": 2.5}
+        with pytest.raises(ValueError, match="kind"):
+            client.signal_anomaly(str(m.mnt), "eval7", "ckpt/run7", "bogus", 1)
+        client.signal_anomaly(str(m.mnt), "eval7", "ckpt/run7", "clear")
+        assert wait_for(lambda: server.link.sched._signals == {})
+    finally:
+        server.shutdown()

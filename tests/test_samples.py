@@ -62,3 +62,13 @@ def test_busy_storage_serves_raw(service):
     assert how == "tensor"
     assert np.array_equal(load_sample(data)["pixels"], load_sample(tensor)["pixels"])
     assert service.status()["raw_busy"] == 1
+
+
+def test_demand_reads_go_ahead_of_the_lookahead(service):
+    # One worker, three prefetches: only one runs, two wait in the backlog ...
+    service.prefetch([(f"{i}.jpg", "image", PARAMS, 100 + i) for i in range(3)])
+    assert service.status()["backlog"] == 2 and service.status()["running"] == 1
+    # ... and a sample a reader waits for is made before them.
+    data, how = service.get("2.jpg", "image", PARAMS, 999)
+    assert how == "tensor"
+    assert service.status()["backlog"] >= 1 or service.status()["cached"] >= 1

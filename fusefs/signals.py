@@ -1,0 +1,80 @@
+"""`.hintfs/signals/<job>`: anomaly signals that give an eval's checkpoint the link first.
+
+A job (or its monitor) writes `{"path": "ckpt/run7", "kind": "loss_spike"|"grad_norm_spike"|"clear",
+"severity": s}` when its loss or gradient norm spikes; the mount forwards it to the agents of its
+routes, whose link schedulers move that job folder's copies into the anomaly class (weighted by
+severity) until a `clear`. Forwarding runs in a background task, never in the write itself."""
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+from typing import Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .control import ControlDir, ControlFile, ControlInputError
+
+log = logging.getLogger("hintfs.signals")
+
+
+class Signal(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str = Field(min_length=1)
+    kind: Literal["loss_spike", "grad_norm_spike", "clear"]
+    severity: float = Field(1.0, ge=0, le=1e6)
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        if v.startswith("/") or posixpath.normpath(v) != v or v.startswith(".."):
+            raise ValueError(f"{v!r} is not a normalized path inside the mount")
+        return v
+
+
+class SignalForwarder:
+    def __init__(self, agents: list[str], clients, stats):
+        self.agents = agents
+        self.clients = clients
+        self.stats = stats
+        self.last: dict[str, dict] = {}
+        self._send, self._recv = trio.open_memory_channel(256)
+
+    def control_dir(self) -> ControlDir:
+        d = ControlDir("signals")
+        d.make_file = lambda job: ControlFile(job, render=lambda: self._render(job),
+                                              apply=lambda doc: self.submit(job, doc))
+        return d
+
+    def _render(self, job: str) -> bytes:
+        return (json.dumps(self.last[job]) + "\n").encode() if job in self.last else b""
+
+    def submit(self, job: str, doc: object) -> None:
+        try:
+            sig = Signal.model_validate(doc)
+        except ValidationError as err:
+            e = err.errors()[0]
+            where = ".".join(str(p) for p in e["loc"]) or "(document)"
+            raise ControlInputError(f"{where}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}") from None
+        if not self.agents:
+            raise ControlInputError("no [[routes]] agents to signal: signals steer the cross-DC link")
+        self.last[job] = {**sig.model_dump(), "at": time.time(), "forwarded": False}
+        try:
+            self._send.send_nowait((job, sig))
+        except trio.WouldBlock:
+            raise ControlInputError("too many signals queued; try again") from None
+        self.stats.add("signals")
+
+    async def run(self) -> None:
+        async for job, sig in self._recv:
+            ok = True
+            for loc in self.agents:
+                try:
+                    await trio.to_thread.run_sync(self.clients[loc].signal, sig.path, sig.severity,
+                                                  sig.kind == "clear")
+                except OSError as err:
+                    ok = False
+                    log.warning("signal %s for %s to %s failed: %s", sig.kind, sig.path, loc, err)
+            self.last[job]["forwarded"] = ok
