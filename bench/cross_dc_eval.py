@@ -1,0 +1,536 @@
+"""Cross-DC eval benchmark (issue 5): an eval "merge" of a DCP checkpoint across a 100 ms WAN.
+
+One run, side by side, over the same S3 store behind `bench/wan.py`'s relay:
+  remote  eval mount whose store is S3 through the relay, no routes (direct remote reads)
+  rclone  `rclone mount --vfs-cache-mode full` of the same S3 through the relay
+  hintfs  training mount with [journal] writes the checkpoint to S3 (directly, no relay); an
+          eval-side `hintfs agent` with [follow] copies it through the relay as it is written;
+          the eval mount routes `ckpt` to that agent; the merge starts when the agent reports
+          the checkpoint complete (polled from the commit on).
+Merge latency = commit (`.metadata` closed on the training mount) -> `dcp.load` of the subset done.
+
+Second run: 16 eval jobs' checkpoints cross the link at once through the agent's link scheduler
+(`[agent] link_bytes_s` = relay bandwidth); two of them signalled as anomaly evals.
+
+The S3 server is moto's WSGI app in a keep-alive (HTTP/1.1) werkzeug server in its own process:
+stock `ThreadedMotoServer` closes the connection after each response, which would make every
+request pay a new TCP handshake across the relay (an artefact, not the WAN). moto still reads
+the whole object per ranged GET; objects here are ~10-20 MB, a few ms per request, small next
+to the 100 ms RTT.
+
+  python bench/cross_dc_eval.py --quick            # < 3 min
+  python bench/cross_dc_eval.py --reps 5 --bandwidth-mbit 400
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+RESULTS = REPO / "bench" / "results"
+BUCKET = "xdc"
+PY = sys.executable
+
+SAVE = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    dist.init_process_group("gloo")
+    d, layers, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for tower in ("text", "vision", "audio"):
+        for i in range(layers):
+            p = f"{tower}.layers.{i}."
+            for name, shape in (("attn.qkv.weight", (3 * d, d)), ("attn.qkv.bias", (3 * d,)),
+                                ("attn.out.weight", (d, d)), ("attn.out.bias", (d,)),
+                                ("ln1.weight", (d,)), ("ln1.bias", (d,)), ("ln2.weight", (d,)), ("ln2.bias", (d,)),
+                                ("mlp.fc1.weight", (4 * d, d)), ("mlp.fc1.bias", (4 * d,)),
+                                ("mlp.fc2.weight", (d, 4 * d)), ("mlp.fc2.bias", (d,))):
+                sd[p + name] = torch.randn(*shape, generator=g)
+        sd[f"{tower}.norm.weight"] = torch.ones(d)
+        sd[f"{tower}.norm.bias"] = torch.zeros(d)
+    dcp.save(sd, checkpoint_id=out)
+    dist.destroy_process_group()
+""")
+
+MERGE = textwrap.dedent("""
+    import json, re, sys, time, torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        t0 = time.time()
+        try:
+            md = FileSystemReader(req["path"]).read_metadata()
+            sd = {}
+            for k, m in md.state_dict_metadata.items():
+                if re.match(req["pattern"], k):
+                    sd[k] = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+            dcp.load(sd, checkpoint_id=req["path"], no_dist=True)
+            need = sum(t.numel() * t.element_size() for t in sd.values())
+            print(json.dumps({"ok": True, "t0": t0, "done": time.time(), "tensors": len(sd),
+                              "bytes": need}), flush=True)
+        except Exception as e:
+            print(json.dumps({"ok": False, "error": repr(e)[:500], "done": time.time()}), flush=True)
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open")
+
+
+def serve_s3(port: int) -> None:
+    """moto's S3 app in a threaded, keep-alive werkzeug server (objects in memory)."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class KeepAlive(MotoRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+    app = DomainDispatcherApplication(create_backend_app)
+    srv = make_server("127.0.0.1", port, app, threaded=True, request_handler=KeepAlive)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    srv.serve_forever()
+
+
+def s3_store_toml(port: int, spool: Path | None = None) -> str:
+    t = (f'[store]\nuri = "s3://{BUCKET}"\nendpoint_override = "127.0.0.1:{port}"\nscheme = "http"\n'
+         f'region = "us-east-1"\naccess_key = "test"\nsecret_key = "test"\nconnect_timeout_s = 5\n'
+         f'request_timeout_s = 60\n')
+    if spool is not None:
+        t += f'\n[cache]\nspool_dir = "{spool}"\n'
+    return t
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="hintfs-xdc-"))
+        self.procs: list[subprocess.Popen] = []
+        self.mounts: list[Path] = []
+        self.relay = None
+        self.phases: list[tuple[str, float, float]] = []
+        self.t_relay0 = None
+
+    # -- processes -----------------------------------------------------------------------------
+    def spawn(self, cmd, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw)
+        self.procs.append(p)
+        return p
+
+    def mount(self, name: str, toml: str) -> Path:
+        base = self.tmp / name
+        mnt = base / "mnt"
+        mnt.mkdir(parents=True)
+        cfg = base / "hintfs.toml"
+        cfg.write_text(toml + f'\n[logging]\nfile = "{base / "mount.log"}"\nlevel = "WARNING"\n')
+        r = subprocess.run([PY, "-m", "fusefs.cli", "mount", str(cfg), str(mnt)], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"mount {name}: {r.stderr[-1500:]}")
+        self.mounts.append(mnt)
+        return mnt
+
+    def cleanup(self) -> None:
+        for mnt in reversed(self.mounts):
+            if os.path.ismount(mnt):
+                subprocess.run([PY, "-m", "fusefs.cli", "umount", str(mnt), "--timeout", "20"], cwd=REPO,
+                               capture_output=True, timeout=40)
+            if os.path.ismount(mnt):
+                subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+        for mnt in self.mounts:   # rclone mounts: after its process is gone
+            if os.path.ismount(mnt):
+                subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        if self.relay is not None:
+            try:
+                self.relay.stop()
+            except Exception:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def make_checkpoint(self) -> Path:
+        out = self.tmp / "src_ckpt"
+        script = self.tmp / "save.py"
+        script.write_text(SAVE)
+        cmd = [PY, "-m", "torch.distributed.run", f"--nproc-per-node={self.args.ranks}", "--master-port=0",
+               "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), str(self.args.d_model),
+               str(self.args.layers), str(out)]
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if r.returncode != 0:
+            raise RuntimeError("DCP save failed: " + r.stderr[-2000:])
+        return out
+
+    def checkpoint_facts(self, src: Path) -> dict:
+        from torch.distributed.checkpoint import FileSystemReader
+        md = FileSystemReader(str(src)).read_metadata()
+        sizes = {}
+        for k, m in md.state_dict_metadata.items():
+            n = 1
+            for s in m.size:
+                n *= s
+            sizes[k] = n * m.properties.dtype.itemsize
+        small = sum(1 for v in sizes.values() if v < 16 << 10)
+        sub = {k: v for k, v in sizes.items() if re.match(self.args.pattern, k)}
+        files = {p.name: p.stat().st_size for p in src.iterdir()}
+        return {"tensors": len(sizes), "small_fraction": round(small / len(sizes), 3),
+                "bytes": sum(files.values()), "files": files, "subset_tensors": len(sub),
+                "subset_bytes": sum(sub.values()), "ranks": self.args.ranks}
+
+    def start(self):
+        a = self.args
+        self.src = self.make_checkpoint()
+        self.facts = self.checkpoint_facts(self.src)
+        print("checkpoint:", json.dumps(self.facts), flush=True)
+        s3_port = free_port()
+        self.spawn([PY, __file__, "--serve-s3", str(s3_port)], stdout=subprocess.DEVNULL,
+                   stderr=open(self.tmp / "s3.log", "w"))
+        wait_port(s3_port)
+        import pyarrow.fs as pafs
+        fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{s3_port}", scheme="http", access_key="test",
+                               secret_key="test", region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir(BUCKET)
+        from bench.wan import Relay
+        self.bw = a.bandwidth_mbit * 1e6 / 8
+        self.relay = Relay(("127.0.0.1", s3_port), a.delay_ms / 1000, self.bw)
+        rport = self.relay.start()
+        self.t_relay0 = time.time()
+        self.rport = rport
+        # training side: S3 directly, journal on
+        self.train = self.mount("train", s3_store_toml(s3_port, self.tmp / "spool-train")
+                                + '\n[journal]\nenabled = true\n')
+        # eval-side agent: S3 through the relay, follows ckpt/
+        aport = free_port()
+        self.agent_loc = f"grpc://127.0.0.1:{aport}"
+        acfg = self.tmp / "agent.toml"
+        acfg.write_text(s3_store_toml(rport) + textwrap.dedent(f"""
+            [agent]
+            location = "{self.agent_loc}"
+            data_dir = "{self.tmp / 'tier'}"
+            link_bytes_s = {int(self.bw)}
+            link_chunk_bytes = {a.chunk_kb << 10}
+            [follow]
+            prefixes = ["ckpt"]
+            poll_interval_s = 0.05
+            keep_last = 2
+            parallel = 16
+            [logging]
+            level = "WARNING"
+            file = "{self.tmp / 'agent.log'}"
+        """))
+        self.spawn([PY, "-m", "fusefs.cli", "agent", str(acfg)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+        wait_port(aport)
+        from fusefs.agentclient import AgentClient
+        self.agent = AgentClient(self.agent_loc)
+        # checkpoints are immutable once written: both eval mounts may cache their names/attributes
+        imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
+        self.ev_remote = self.mount("eval-remote", s3_store_toml(rport) + imm.replace(
+            "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-er"}"'))
+        self.ev_hint = self.mount("eval-hintfs", s3_store_toml(rport) + imm.replace(
+            "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-eh"}"')
+                                  + f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{self.agent_loc}"\n')
+        self.merger = self.spawn([PY, "-c", MERGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 stderr=open(self.tmp / "merge.log", "w"))
+        assert self.merger.stdout.readline().strip() == "ready"
+
+    def start_rclone(self) -> Path | None:
+        base = self.tmp / "rclone"
+        mnt = base / "mnt"
+        mnt.mkdir(parents=True)
+        env = {**os.environ, "RCLONE_CONFIG_XDC_TYPE": "s3", "RCLONE_CONFIG_XDC_PROVIDER": "Other",
+               "RCLONE_CONFIG_XDC_ENDPOINT": f"http://127.0.0.1:{self.rport}",
+               "RCLONE_CONFIG_XDC_ACCESS_KEY_ID": "test", "RCLONE_CONFIG_XDC_SECRET_ACCESS_KEY": "test",
+               "RCLONE_CONFIG_XDC_REGION": "us-east-1", "RCLONE_CONFIG_XDC_FORCE_PATH_STYLE": "true",
+               "RCLONE_CONFIG": str(base / "none.conf")}
+        env.pop("AWS_CA_BUNDLE", None)   # rclone's AWS SDK refuses a custom CA bundle on plain http
+        p = subprocess.Popen(["rclone", "mount", f"xdc:{BUCKET}", str(mnt), "--vfs-cache-mode", "full",
+                              "--cache-dir", str(base / "cache"), "--dir-cache-time", "1s",
+                              "--log-file", str(base / "rclone.log")], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(p)
+        self.mounts.append(mnt)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not os.path.ismount(mnt):
+            if p.poll() is not None:
+                return None
+            time.sleep(0.1)
+        return mnt if os.path.ismount(mnt) else None
+
+    # -- one repetition ------------------------------------------------------------------------
+    def write_checkpoint(self, rel: str) -> float:
+        """The training side writes a checkpoint through its mount: data files, then .metadata."""
+        dst = self.train / rel
+        dst.mkdir(parents=True)
+        names = sorted(p.name for p in self.src.iterdir() if p.name != ".metadata")
+        for n in names + [".metadata"]:
+            shutil.copyfile(self.src / n, dst / n)
+        return time.time()
+
+    def merge(self, path: Path) -> dict:
+        self.merger.stdin.write(json.dumps({"path": str(path), "pattern": self.args.pattern}) + "\n")
+        self.merger.stdin.flush()
+        res = json.loads(self.merger.stdout.readline())
+        if not res.get("ok"):
+            raise RuntimeError(f"merge of {path} failed: {res}")
+        return res
+
+    @staticmethod
+    def counters(mnt: Path) -> dict:
+        try:
+            return json.loads((mnt / ".hintfs" / "stats").read_text()).get("counters", {})
+        except (OSError, ValueError):
+            return {}
+
+    def wan_down(self) -> int:
+        return self.relay.stats()["bytes"]["down"]
+
+    def rep(self, mode: str, i: int, eval_mnt: Path) -> dict:
+        rel = f"{'ckpt' if mode == 'hintfs' else 'base'}/{mode}/step_{i}"
+        t_start = time.time()
+        b0 = self.wan_down()
+        n0 = self.relay.stats()["accepted"]
+        t_commit = self.write_checkpoint(rel)
+        if mode == "hintfs":
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if rel in self.agent.status().get("follow", {}).get("complete", []):
+                    break
+                time.sleep(0.02)
+            else:
+                raise TimeoutError(f"{rel} never completed in the tier")
+        t_ready = time.time()
+        c0 = self.counters(eval_mnt)
+        res = self.merge(eval_mnt / rel)
+        c1 = self.counters(eval_mnt)
+        # the follower may still be trailing: give the link a moment to be quiet before counting
+        wan = self.wan_down() - b0
+        self.phases.append((mode, t_start - self.t_relay0, res["done"] - self.t_relay0))
+        r = {"latency_s": round(res["done"] - t_commit, 3), "merge_s": round(res["done"] - res["t0"], 3),
+             "wait_s": round(t_ready - t_commit, 3), "wan_bytes": wan, "needed_bytes": res["bytes"],
+             "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
+        if c1:
+            r["mount_counters"] = {k: v - c0.get(k, 0) for k, v in c1.items()
+                                   if isinstance(v, (int, float)) and v != c0.get(k, 0)}
+        print(f"  {mode} rep {i}: {json.dumps(r)}", flush=True)
+        return r
+
+    def run_mode(self, mode: str, mnt: Path, reps: int) -> dict:
+        out = [self.rep(mode, i, mnt) for i in range(reps)]
+        lat = sorted(r["latency_s"] for r in out)
+        p95 = lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))]
+        return {"reps": out, "mean_s": round(sum(lat) / len(lat), 3), "p95_s": p95,
+                "wan_over_needed": round(sum(r["wan_bytes"] for r in out) / sum(r["needed_bytes"] for r in out), 2)}
+
+    # -- second run: 16 jobs share the link ---------------------------------------------------
+    def shared_link(self, n_jobs: int) -> dict:
+        """n_jobs checkpoints committed at once; two are anomaly evals (signalled first).
+        Each job's time = commit -> complete in the eval tier (+ its merge from the tier)."""
+        def commit_all(jobs, tag):
+            t = {}
+            for j in jobs:                        # every job's data files first, then the markers:
+                dst = self.train / f"ckpt/{tag}/{j}/step_1"   # all checkpoints in flight together
+                dst.mkdir(parents=True)
+                for p in sorted(self.src.iterdir()):
+                    if p.name != ".metadata":
+                        shutil.copyfile(p, dst / p.name)
+            for j in jobs:
+                shutil.copyfile(self.src / ".metadata", self.train / f"ckpt/{tag}/{j}/step_1/.metadata")
+                t[j] = time.time()
+            return t
+
+        def wait_done(tag, commits, timeout):
+            done = {}
+            deadline = time.monotonic() + timeout
+            while len(done) < len(commits) and time.monotonic() < deadline:
+                complete = set(self.agent.status().get("follow", {}).get("complete", []))
+                for j in commits:
+                    if j not in done and f"ckpt/{tag}/{j}/step_1" in complete:
+                        done[j] = time.time()
+                time.sleep(0.02)
+            return {j: round(done[j] - commits[j], 3) if j in done else None for j in commits}
+
+        # idle baselines: one normal and one anomaly job alone on the link
+        t0 = time.time() - self.t_relay0
+        idle_n = wait_done("idle", commit_all(["n"], "idle"), 120)["n"]
+        self.agent.signal("ckpt/idle_a", severity=3.0)
+        idle_a = wait_done("idle_a", commit_all(["a"], "idle_a"), 120)["a"]
+        jobs = [f"job{k:02d}" for k in range(n_jobs)]
+        anomalies = jobs[-2:]                     # committed last: they must overtake the others
+        for j in anomalies:
+            self.agent.signal(f"ckpt/shared/{j}", severity=3.0)
+        times = wait_done("shared", commit_all(jobs, "shared"), 600)
+        self.phases.append(("shared-link", t0, time.time() - self.t_relay0))
+        for j in anomalies:
+            self.agent.signal(f"ckpt/shared/{j}", clear=True)
+        others = [times[j] for j in jobs[:-2] if times[j] is not None]
+        # "others" lose time only to the anomalies: their ideal is the fair-share finish of the
+        # same bytes without anomalies, i.e. the whole batch's link time (n_jobs x idle copy).
+        ideal_others = n_jobs * idle_n
+        anomaly = [times[j] for j in anomalies if times[j] is not None]
+        return {"jobs": n_jobs, "idle_normal_s": idle_n, "idle_anomaly_s": idle_a, "times_s": times,
+                "anomaly_slowdown": round(max(anomaly) / idle_a, 3) if anomaly and idle_a else None,
+                "others_mean_s": round(sum(others) / len(others), 3) if others else None,
+                "others_ideal_s": round(ideal_others, 3),
+                "others_slowdown": round(max(others) / ideal_others - 1, 3) if others else None}
+
+
+def plot(stats: dict, phases, path: Path, bw: float) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dt = stats["sample_interval_s"]
+    xs = [t for t, _ in stats["samples"]["down"]]
+    ys = [b * 8 / dt / 1e6 for _, b in stats["samples"]["down"]]
+    fig, ax = plt.subplots(figsize=(11, 4))
+    colors = {"remote": "tab:red", "rclone": "tab:orange", "hintfs": "tab:green", "shared-link": "tab:blue"}
+    seen = set()
+    for mode, a, b in phases:
+        ax.axvspan(a, b, alpha=0.12, color=colors.get(mode, "grey"), label=None if mode in seen else mode)
+        seen.add(mode)
+    ax.plot(xs, ys, lw=0.8, color="black", label="WAN down (eval side)")
+    ax.axhline(bw * 8 / 1e6, ls="--", color="grey", lw=0.8, label="link bandwidth")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("Mbit/s")
+    ax.set_title("Cross-DC link utilization (relay, 50 ms each way)")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--serve-s3", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="small run, < 3 minutes")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--remote-reps", type=int, default=None, help="reps of the slow direct-remote mode")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--pattern", default=r"vision\.", help="regex of the tensors the merge loads")
+    ap.add_argument("--delay-ms", type=float, default=50.0, help="one way")
+    ap.add_argument("--bandwidth-mbit", type=float, default=400.0)
+    ap.add_argument("--chunk-kb", type=int, default=1024, help="agent link_chunk_bytes")
+    ap.add_argument("--jobs", type=int, default=16, help="second run: jobs sharing the link (0: skip)")
+    ap.add_argument("--skip-rclone", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "cross_dc_eval.json"))
+    a = ap.parse_args()
+    if a.serve_s3 is not None:
+        serve_s3(a.serve_s3)
+        return 0
+    if a.quick:
+        a.reps = 2
+        a.remote_reps = 1 if a.remote_reps is None else a.remote_reps
+    remote_reps = a.remote_reps or a.reps
+    t_begin = time.monotonic()
+    b = Bench(a)
+    result = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
+                         "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
+                         "s3_server": "moto WSGI app, keep-alive werkzeug server (HTTP/1.1), own process"},
+              "merge_latency_s": {"remote": None, "rclone": None, "hintfs": None},
+              "anomaly_slowdown": None, "others_slowdown": None, "reasons": {}}
+    try:
+        b.start()
+        result["checkpoint"] = b.facts
+        modes = {}
+        print("mode remote", flush=True)
+        modes["remote"] = b.run_mode("remote", b.ev_remote, remote_reps)
+        if a.skip_rclone:
+            result["reasons"]["rclone"] = "skipped (--skip-rclone)"
+        else:
+            rmnt = b.start_rclone()
+            if rmnt is None:
+                result["reasons"]["rclone"] = "rclone mount did not come up"
+            else:
+                print("mode rclone", flush=True)
+                modes["rclone"] = b.run_mode("rclone", rmnt, a.reps)
+        print("mode hintfs", flush=True)
+        modes["hintfs"] = b.run_mode("hintfs", b.ev_hint, a.reps)
+        result["modes"] = modes
+        for m, v in modes.items():
+            result["merge_latency_s"][m] = v["mean_s"]
+        result["merge_latency_p95_s"] = {m: v["p95_s"] for m, v in modes.items()}
+        result["wan_over_needed"] = {m: v["wan_over_needed"] for m, v in modes.items()}
+        if a.jobs:
+            print(f"second run: {a.jobs} jobs share the link", flush=True)
+            sl = b.shared_link(a.jobs)
+            result["shared_link"] = sl
+            result["anomaly_slowdown"] = sl["anomaly_slowdown"]
+            result["others_slowdown"] = sl["others_slowdown"]
+        else:
+            result["reasons"]["shared_link"] = "skipped (--jobs 0)"
+        r, h = result["merge_latency_s"]["remote"], result["merge_latency_s"]["hintfs"]
+        rc = result["merge_latency_s"]["rclone"]
+        result["goals"] = {
+            "hintfs_vs_remote_reduction": round(1 - h / r, 3) if r and h else None,
+            "ge_90pct_below_remote": bool(r and h and h <= 0.1 * r),
+            "below_rclone": bool(rc and h and h < rc) if rc else None,
+            "anomaly_le_1_5x": (result["anomaly_slowdown"] <= 1.5) if result["anomaly_slowdown"] else None,
+            "others_lt_20pct": (result["others_slowdown"] < 0.2) if result["others_slowdown"] is not None else None,
+        }
+    except Exception as e:
+        result["reasons"]["error"] = repr(e)[:2000]
+        print("ERROR:", repr(e), file=sys.stderr, flush=True)
+        for name in ("agent.log", "merge.log", "s3.log"):
+            p = b.tmp / name
+            if p.exists():
+                print(f"--- {name}\n" + p.read_text()[-2000:], file=sys.stderr)
+    finally:
+        if b.relay is not None:
+            stats = b.relay.stats()
+            result["wan_total_bytes"] = stats["bytes"]
+            try:
+                plot(stats, b.phases, RESULTS / "cross_dc_eval.png", a.bandwidth_mbit * 1e6 / 8)
+            except Exception as e:
+                result["reasons"]["plot"] = repr(e)
+        b.cleanup()
+    result["wall_s"] = round(time.monotonic() - t_begin, 1)
+    for k in ("rclone", "hintfs", "remote"):
+        if result["merge_latency_s"][k] is None and k not in result["reasons"]:
+            result["reasons"][k] = "not measured (see error)"
+    if result["anomaly_slowdown"] is None and "shared_link" not in result["reasons"]:
+        result["reasons"]["shared_link"] = "not measured (see error)"
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result.get(k) for k in ("merge_latency_s", "merge_latency_p95_s", "wan_over_needed",
+                                                  "anomaly_slowdown", "others_slowdown", "goals", "reasons",
+                                                  "wall_s")}, indent=1))
+    return 0 if "error" not in result["reasons"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
