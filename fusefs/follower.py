@@ -13,6 +13,7 @@ import logging
 import posixpath
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs  # noqa: F401  (listing types come through the store)
 
@@ -32,6 +33,7 @@ class Follower:
         self.complete: dict[str, float] = {}      # checkpoint folder -> when it completed
         self.errors: dict[str, str] = {}
         self._stop = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hintfs-follow")
         self.thread = threading.Thread(target=self._run, name="hintfs-follower", daemon=True)
 
     def start(self) -> "Follower":
@@ -40,6 +42,7 @@ class Follower:
 
     def stop(self) -> None:
         self._stop.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _followed(self, path: str) -> bool:
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.cfg.prefixes)
@@ -51,23 +54,23 @@ class Follower:
             entries = list(store.iter_dir(self.cfg.journal_dir))
         except FileNotFoundError:
             return None
-        new = []
-        for name, _st in sorted(entries):
-            if name in self.seen_records or not name.endswith(".json"):
-                continue
-            self.seen_records.add(name)
+        names = [n for n, _st in sorted(entries) if n not in self.seen_records and n.endswith(".json")]
+        self.seen_records.update(names)
+
+        def read(name: str):
             try:
                 reader, st = store.open_reader(f"{self.cfg.journal_dir}/{name}")
                 try:
-                    rec = decode_record(reader.read(0, st.size))
+                    return decode_record(reader.read(0, st.size))
                 finally:
                     reader.close()
             except (OSError, ValueError, KeyError) as err:
                 log.warning("unreadable journal record %s: %s", name, err)
-                continue
-            if self._followed(rec["path"]):
-                new.append(rec["path"])
-        return new
+                return None
+
+        # Records are read concurrently: over a long link each one costs round trips.
+        records = list(self.pool.map(read, names)) if len(names) > 1 else [read(n) for n in names]
+        return [r["path"] for r in records if r is not None and self._followed(r["path"])]
 
     def _walk(self, rel: str):
         for name, st in self.agent.store.iter_dir(rel):
@@ -111,9 +114,7 @@ class Follower:
                 files = [p for p, _st in self._walk(folder)]
             except FileNotFoundError:
                 continue
-            missing = [p for p in files if p != marker and p not in self.copied]
-            for p in missing:
-                self._copy(p)
+            self._copy_all([p for p in files if p != marker and p not in self.copied])
             if all(p in self.copied for p in files if p != marker) and self._copy(marker):
                 self.pending_markers.discard(marker)
                 self.complete[folder] = time.time()
@@ -129,18 +130,29 @@ class Follower:
             del self.complete[folder]
             log.info("checkpoint %s dropped from the local tier (keep_last=%d)", folder, self.cfg.keep_last)
 
+    def _copy_all(self, paths: list[str]) -> None:
+        """Copy files concurrently: their chunks meet in the agent's link scheduler (priority
+        and weights decide who crosses first) and the round trips of one file overlap others'."""
+        paths = [p for p in dict.fromkeys(paths) if p not in self.copied]
+        if len(paths) <= 1:
+            for p in paths:
+                self._copy(p)
+            return
+        list(self.pool.map(self._copy, paths))
+
     def step(self) -> None:
         new = self._new_from_journal()
         if new is None:
             new = self._new_from_listing()
+        todo = []
         for path in new:
             if posixpath.basename(path) == self.cfg.commit_marker:
                 self.pending_markers.add(path)
             elif path not in self.copied:
-                self._copy(path)
-        # retry earlier failures
-        for path in [p for p in self.errors if p not in self.pending_markers]:
-            self._copy(path)
+                todo.append(path)
+        # and earlier failures, again
+        todo += [p for p in self.errors if p not in self.pending_markers]
+        self._copy_all(todo)
         self._finish_markers()
 
     def _run(self) -> None:
