@@ -92,6 +92,16 @@ class ErrorView:
         return (self.target.last_error + "\n").encode() if self.target.last_error else b""
 
 
+def validation_reason(err) -> str:
+    """One line for a control document refused by pydantic: `key: reason` of the first error."""
+    e = err.errors()[0]
+    where = ".".join(str(p) for p in e["loc"]) or "(document)"
+    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return f"{where}: {msg}".replace("\n", " ")
+
+
 def parse_json_document(data: bytes) -> object:
     if len(data) > MAX_CONTROL_WRITE:
         raise ControlInputError(f"document of {len(data)} bytes exceeds {MAX_CONTROL_WRITE}")

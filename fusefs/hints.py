@@ -22,7 +22,7 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
-from .control import ControlDir, ControlFile, ControlInputError
+from .control import ControlDir, ControlFile, ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.hints")
 
@@ -53,10 +53,7 @@ def parse_hint(doc: object, max_files: int) -> HintDocument:
     try:
         return HintDocument.model_validate(doc)
     except ValidationError as err:
-        e = err.errors()[0]
-        where = ".".join(str(p) for p in e["loc"]) or "(document)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        raise ControlInputError(f"{where}: {msg}") from None
+        raise ControlInputError(validation_reason(err)) from None
 
 
 @dataclass

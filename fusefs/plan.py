@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policy.plan import CostModel, PlanSpec, build_chunks, features, fill_missing, listing_hash, summarize_ratios
-from .control import ControlInputError
+from .control import ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.plan")
 
@@ -313,12 +313,7 @@ def parse_plan_registration(doc: object) -> PlanRegistration:
     try:
         return PlanRegistration.model_validate(doc)
     except ValidationError as err:
-        e = err.errors()[0]
-        where = ".".join(str(p) for p in e["loc"]) or "(document)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        raise ControlInputError(f"{where}: {msg}".replace("\n", " ")) from None
+        raise ControlInputError(validation_reason(err)) from None
 
 
 def _check_job(job: str) -> None:

@@ -15,7 +15,7 @@ from typing import Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .control import ControlDir, ControlFile, ControlInputError
+from .control import ControlDir, ControlFile, ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.signals")
 
@@ -55,9 +55,7 @@ class SignalForwarder:
         try:
             sig = Signal.model_validate(doc)
         except ValidationError as err:
-            e = err.errors()[0]
-            where = ".".join(str(p) for p in e["loc"]) or "(document)"
-            raise ControlInputError(f"{where}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}") from None
+            raise ControlInputError(validation_reason(err)) from None
         if not self.agents:
             raise ControlInputError("no [[routes]] agents to signal: signals steer the cross-DC link")
         self.last[job] = {**sig.model_dump(), "at": time.time(), "forwarded": False}
