@@ -23,7 +23,8 @@ import trio
 from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 from governor.protocol import (
-    CMD_GROW, CMD_SHRINK, ROLE_INFERENCE, ROLE_TRAINING, W_ACK, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
+    ACK_ABORTED, ACK_RELEASED, CMD_GROW, CMD_SHRINK, ROLE_INFERENCE, ROLE_TRAINING, W_ACK,
+    W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
     W_SEQ, W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_CMD_T, ControlBlock, LineBuffer,
     ProtocolError, SlotWriter, decode, encode, now_ns, shm_path, validate_request, HEADER_WORDS,
     SLOT_WORDS,
@@ -331,7 +332,9 @@ class GovernorDaemon:
 
     def _timing(self, st: GpuState, plan: dict, t_cmd: int, t0: int, t_done: int) -> dict:
         """Split of the slowest acknowledging client: detect (command → safe point), drain
-        (safe point → GPU idle), release (→ memory returned), ack (→ daemon saw the ack)."""
+        (safe point → GPU idle), release (→ memory returned), ack (→ daemon saw the ack).
+        `released`: the client physically gave memory back (else it was already under target);
+        `aborted`: it dropped an unfinished micro-batch to do so."""
         worst = None
         for cid in plan:
             c = self.conns.get(cid)
@@ -340,11 +343,13 @@ class GovernorDaemon:
             s = st.block.slots[c.entry.slot]
             det, dr, rel = int(s[W_T_DETECT]), int(s[W_T_DRAINED]), int(s[W_T_RELEASED])
             if det and dr and rel and (worst is None or rel > worst[2]):
-                worst = (det, dr, rel)
+                worst = (det, dr, rel, int(s[W_ACK_FLAGS]))
         out = {"total": (t_done - t0) / 1e6, "reclaim": (t_done - t_cmd) / 1e6}
         if worst:
             out.update(detect=(worst[0] - t_cmd) / 1e6, drain=(worst[1] - worst[0]) / 1e6,
-                       release=(worst[2] - worst[1]) / 1e6, ack=(t_done - worst[2]) / 1e6)
+                       release=(worst[2] - worst[1]) / 1e6, ack=(t_done - worst[2]) / 1e6,
+                       released=bool(worst[3] & ACK_RELEASED),
+                       aborted=bool(worst[3] & ACK_ABORTED))
         return out
 
     async def _stop_training(self, st: GpuState, cids: list[int]) -> None:

@@ -7,7 +7,8 @@ order (TSO), which the publication protocol relies on:
 
   daemon, to command a client:  TARGET, CMD, CMD_T  then  SEQ += 1   (SEQ last: publishes)
   client, at a safe point:      reads SEQ; if SEQ != ACK: reads CMD/TARGET, stamps T_DETECT
-  client, after releasing:      USED, T_DRAINED, T_RELEASED  then  ACK = SEQ  (ACK last)
+  client, after releasing:      USED, T_DRAINED, T_RELEASED, ACK_FLAGS  then  ACK = SEQ
+                                (ACK last; a client already under TARGET acks without releasing)
   daemon:                       sees ACK == SEQ, then trusts USED and lowers the ledger quota
 
 QUOTA is written by the daemon whenever a quota is committed (after an ack, or a grow).
@@ -39,9 +40,12 @@ H_MAGIC, H_VERSION, H_MAX_CLIENTS, H_SLOT_WORDS, H_TOTAL, H_USABLE = range(6)
 
 # slot words
 (W_OWNER, W_QUOTA, W_CMD, W_TARGET, W_CMD_T, W_SEQ, W_ACK, W_USED, W_T_DETECT, W_T_DRAINED,
- W_T_RELEASED, W_HEARTBEAT, W_BUSY, W_ROLE) = range(14)
+ W_T_RELEASED, W_HEARTBEAT, W_BUSY, W_ROLE, W_ACK_FLAGS) = range(15)
 
 CMD_NONE, CMD_SHRINK, CMD_GROW, CMD_STOP = 0, 1, 2, 3
+# ACK_FLAGS bits: what the acknowledged shrink cost the client (for the timing split)
+ACK_RELEASED = 1  # memory was physically returned (drain + release ran)
+ACK_ABORTED = 2   # an unfinished micro-batch was dropped to get there
 ROLE_FREE, ROLE_TRAINING, ROLE_INFERENCE = 0, 1, 2
 
 MAX_LINE = 1 << 16
@@ -158,11 +162,12 @@ class SlotReader:
     def stamp_detect(self) -> None:
         self.slot[W_T_DETECT] = now_ns()
 
-    def ack(self, seq: int, used: int, drained_ns: int, released_ns: int) -> None:
+    def ack(self, seq: int, used: int, drained_ns: int, released_ns: int, flags: int = 0) -> None:
         s = self.slot
         s[W_USED] = used
         s[W_T_DRAINED] = drained_ns
         s[W_T_RELEASED] = released_ns
+        s[W_ACK_FLAGS] = flags
         s[W_ACK] = seq  # last: the daemon trusts USED once it sees ACK
 
     def quota(self) -> int:

@@ -20,7 +20,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from governor.protocol import CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns
+from governor.protocol import (
+    ACK_ABORTED, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
+)
 from policy.governor_batchsize import MemoryPerSample
 
 log = logging.getLogger("hintfs.governor.training")
@@ -75,6 +77,7 @@ class Adjustment:
     release_ms: float
     used_after: int
     dropped_samples: int
+    released: bool = False  # False: already under the target, nothing drained or released
 
 
 @dataclass
@@ -85,6 +88,7 @@ class StepResult:
     micro_batches: list[int] = field(default_factory=list)
     aborted: int = 0
     adjustments: list[Adjustment] = field(default_factory=list)
+    excess_releases: int = 0  # cache emptied because the allocator held more than the quota
 
     @property
     def loss(self) -> float:
@@ -136,7 +140,7 @@ class ElasticTrainer:
         self._acc: list[torch.Tensor | None] = [None] * len(self.params)
         self._events: list = []
         self._in_micro = False
-        self._micro_samples = 0
+        self._micro_n = 0
         self._adjustments: list[Adjustment] = []
         self._stopped = False
         self._hooks = []
@@ -162,12 +166,15 @@ class ElasticTrainer:
     def _safe_point(self) -> None:
         if not self._in_micro:
             return
-        # Keep the CPU at most `max_ahead` safe points ahead of the GPU.
+        # Keep the CPU at most `max_ahead` safe points ahead of the GPU. While waiting, keep
+        # reading the control words: a command is seen within microseconds, not one layer later.
         ev = self.probe.record_event()
         if ev is not None:
             self._events.append(ev)
             if len(self._events) > self.max_ahead:
-                self._events.pop(0).synchronize()
+                oldest = self._events.pop(0)
+                while not oldest.query():
+                    self._check_command()
         self._check_command()
         if self.yield_to_inference is not None and self.yield_to_inference():
             # Inference has priority on compute: pause here while it runs, at most
@@ -178,13 +185,24 @@ class ElasticTrainer:
                 time.sleep(50e-6)
                 self._check_command()
 
+    def bound(self) -> int:
+        """Most bytes this process can hold before the current micro-batch ends: what the
+        allocator holds now or, inside a micro-batch, its fitted peak if that is larger
+        (memory still grows in forward). Unknown (no fit yet) inside a micro-batch: no bound."""
+        held = self.probe.reserved()
+        if not self._in_micro:
+            return held
+        if not self.memory_model.fitted:
+            return 1 << 62
+        return max(held, int(self.memory_model.estimate(self._micro_n)))
+
     def _check_command(self) -> None:
         if self.control is None or self.reclaim_at == "step_end":
             return
         cmd = self.control.pending()
         if cmd is None:
             return
-        if cmd.cmd == CMD_SHRINK and self.probe.reserved() > cmd.target:
+        if cmd.cmd == CMD_SHRINK and self.bound() > cmd.target:
             self.control.stamp_detect()
             raise ShrinkRequested()
         self._handle_command(cmd, dropped=0)
@@ -197,16 +215,35 @@ class ElasticTrainer:
                 self.control.stamp_detect()
                 self._handle_command(cmd, dropped=0)
 
+    def wait_gpu(self) -> None:
+        """Wait until the GPU finished the queued work, handling commands meanwhile (a plain
+        synchronize would leave a command unseen for the whole wait)."""
+        ev = self.probe.record_event()
+        if ev is None:
+            return
+        while not ev.query():
+            self.poll()
+            time.sleep(20e-6)
+
     def _handle_command(self, cmd, dropped: int) -> None:
         t_detect = int(self.control.slot[W_T_DETECT])  # stamped at the safe point
         if t_detect == 0 or t_detect < cmd.issued_ns:
             self.control.stamp_detect()
             t_detect = int(self.control.slot[W_T_DETECT])
+        flags = ACK_ABORTED if dropped else 0
         if cmd.cmd == CMD_SHRINK:
-            self.probe.drain()
-            t_drained = now_ns()
-            self.probe.release()
-            t_released = now_ns()
+            if self.bound() <= cmd.target:
+                # Already under the target (the quota had slack): nothing is physically held
+                # beyond it, so there is nothing to drain or release. Ack at once.
+                t_drained = t_released = t_detect
+            else:
+                # Drain before release: no queued kernel may still write memory that changes
+                # hands. Release before ack: the daemon grants once it sees the ack.
+                self.probe.drain()
+                t_drained = now_ns()
+                self.probe.release()
+                t_released = now_ns()
+                flags |= ACK_RELEASED
             self.quota = cmd.target
         else:
             t_drained = t_released = now_ns()
@@ -215,12 +252,12 @@ class ElasticTrainer:
             elif cmd.cmd == CMD_STOP:
                 self._stopped = True
         used = self.probe.reserved()
-        self.control.ack(cmd.seq, used, t_drained, t_released)
+        self.control.ack(cmd.seq, used, t_drained, t_released, flags)
         if self.notify is not None and cmd.cmd == CMD_SHRINK:
             self.notify(cmd.seq)
         self._adjustments.append(Adjustment(
             cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
-            (t_released - t_drained) / 1e6, used, dropped))
+            (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED)))
 
     # --- micro-batch sizing -------------------------------------------------------------
     def next_micro_batch(self, remaining: int) -> int:
@@ -267,6 +304,7 @@ class ElasticTrainer:
                 # The caching allocator kept more than the quota (fragmentation across sizes):
                 # give the excess back now rather than at the next shrink.
                 self.probe.release()
+                res.excess_releases += 1
             res.loss_sum += loss_value
             res.micro_batches.append(n)
             done += n
@@ -275,6 +313,7 @@ class ElasticTrainer:
         return res
 
     def _micro_batch(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self._micro_n = int(x.shape[0])
         self._in_micro = True
         try:
             out = self.model(x)
@@ -307,6 +346,7 @@ class ElasticTrainer:
         if self.group is not None or (torch.distributed.is_available()
                                       and torch.distributed.is_initialized()):
             torch.distributed.all_reduce(flat, group=self.group)
+        self.wait_gpu()  # reading the count below synchronises: keep handling commands
         total = int(round(float(flat[-1])))
         res.loss_sum = float(flat[-2])
         if total > 0:

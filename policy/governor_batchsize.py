@@ -43,9 +43,13 @@ class MemoryPerSample:
         a = my - b * mx
         return max(a, 0.0), b
 
-    def predict(self, samples: int) -> float:
+    def estimate(self, samples: int) -> float:
+        """Fitted peak bytes of a micro-batch of `samples`, without the sizing margin."""
         a, b = self.coefficients()
-        return (a + b * samples) * self.margin
+        return a + b * samples
+
+    def predict(self, samples: int) -> float:
+        return self.estimate(samples) * self.margin
 
     def max_samples(self, quota_bytes: int, upper: int) -> int:
         """Largest micro-batch (0..upper) whose predicted peak fits in quota_bytes."""

@@ -8,14 +8,15 @@ import threading
 import time
 
 from governor.client import GovernorClient
-from governor.protocol import CMD_GROW, CMD_SHRINK, now_ns
+from governor.protocol import ACK_RELEASED, CMD_GROW, CMD_SHRINK, W_T_DETECT, now_ns
 
 
 class SimulatedTrainer:
     def __init__(self, socket_path: str, step_s: float = 0.001, release_s: float = 0.0005,
-                 stuck: bool = False) -> None:
+                 stuck: bool = False, used: int | None = None) -> None:
         self.client = GovernorClient(socket_path, "training", name="sim")
-        self.used = self.client.initial_quota
+        # physically held bytes; below the quota, a shrink that stays above them is free
+        self.used = self.client.initial_quota if used is None else used
         self.step_s, self.release_s, self.stuck = step_s, release_s, stuck
         self.acks: list[int] = []
         self._stop = threading.Event()
@@ -30,13 +31,18 @@ class SimulatedTrainer:
             if cmd is None or self.stuck:
                 continue
             slot.stamp_detect()
-            drained = now_ns()
-            if cmd.cmd == CMD_SHRINK:
+            detected = int(slot.slot[W_T_DETECT])
+            drained = released = detected
+            flags = 0
+            if cmd.cmd == CMD_SHRINK and self.used > cmd.target:
+                drained = now_ns()
                 time.sleep(self.release_s)
-                self.used = min(self.used, cmd.target)
+                self.used = cmd.target
+                released = now_ns()
+                flags = ACK_RELEASED
             elif cmd.cmd == CMD_GROW:
                 self.used = cmd.target
-            slot.ack(cmd.seq, self.used, drained, now_ns())
+            slot.ack(cmd.seq, self.used, drained, released, flags)
             self.acks.append(cmd.seq)
             if cmd.cmd == CMD_SHRINK:
                 self.client.notify_ack(cmd.seq)

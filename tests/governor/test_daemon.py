@@ -36,7 +36,8 @@ def test_shrink_through_shared_memory_then_grow_back(make_daemon):
     wall_ms = (time.perf_counter() - t0) * 1e3
     assert r["reclaimed"] == 6 * GiB
     t = r["timing_ms"]
-    assert set(t) >= {"detect", "drain", "release", "ack", "reclaim"}
+    assert set(t) >= {"detect", "drain", "release", "ack", "reclaim", "released"}
+    assert t["released"] is True and t["aborted"] is False
     assert t["reclaim"] < 100 and wall_ms < 200
     assert trainer.used <= 9 * GiB
     assert d.call(lambda: d.ledger().training_bytes()) == 9 * GiB
@@ -44,6 +45,20 @@ def test_shrink_through_shared_memory_then_grow_back(make_daemon):
     inf.request({"op": "release", "kind": "kv_cache", "bytes": 6 * GiB})
     assert wait_until(lambda: d.call(lambda: d.ledger().training_bytes()) > 12 * GiB, 5)
     assert wait_until(lambda: trainer.used > 12 * GiB, 5)
+    trainer.close(); inf.close()
+
+
+def test_shrink_within_slack_is_acked_without_release(make_daemon):
+    # training holds 5 GiB of its 15 GiB quota: a 6 GiB reservation costs it nothing physical
+    d = make_daemon(min_training_fraction=0.1)
+    trainer = SimulatedTrainer(d.cfg.socket_path, used=5 * GiB, release_s=0.05)
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    r = inf.request({"op": "reserve", "kind": "kv_cache", "bytes": 6 * GiB})
+    t = r["timing_ms"]
+    assert r["reclaimed"] == 6 * GiB and t["released"] is False
+    assert t["drain"] == 0 and t["release"] == 0 and t["reclaim"] < 40
+    assert trainer.used == 5 * GiB
+    assert d.call(lambda: d.ledger().training_bytes()) == 9 * GiB
     trainer.close(); inf.close()
 
 

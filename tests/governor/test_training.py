@@ -81,6 +81,50 @@ def test_shrink_mid_backward_keeps_exact_gradient(tmp_path):
     assert ctl.reader.pending() is None
 
 
+def test_shrink_under_held_memory_acks_without_drain_or_release(tmp_path):
+    from governor.protocol import ACK_RELEASED, W_ACK_FLAGS
+    x, y = make_data(32)
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=60 * MB, probe_batch=8)
+    t.step(x, y)  # fit the memory model: micro-batches of 32 need ~42 MB
+    releases = mem.releases
+    # the quota drops from 60 to 50 MB mid-step: still above what the step can hold
+    ctl = ScriptedControl(tmp_path / "blk", {5: (CMD_SHRINK, 50 * MB)}, quota=60 * MB)
+    t.control = ctl
+    res = t.step(x, y)
+    assert res.aborted == 0 and mem.releases == releases
+    (a,) = res.adjustments
+    assert not a.released and a.drain_ms == 0 and a.release_ms == 0 and a.used_after <= 50 * MB
+    assert int(ctl.block.slot(0)[W_ACK_FLAGS]) & ACK_RELEASED == 0
+    assert t.quota == 50 * MB and ctl.reader.pending() is None
+
+
+def test_shrink_below_the_micro_batch_peak_aborts_even_if_the_cache_is_small(tmp_path):
+    # After a release the cache is small, but the running micro-batch will grow back to its
+    # fitted peak: acking without aborting would break the new quota.
+    x, y = make_data(32)
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=60 * MB, probe_batch=8)
+    t.step(x, y)
+    mem.release()
+    mem.cached_samples = 0
+
+    class Lazy(SimulatedMemory):  # the cache fills only at the end of the micro-batch
+        def begin_micro(self, samples):
+            self.peak_samples = samples
+
+    mem.__class__ = Lazy
+    ctl = ScriptedControl(tmp_path / "blk", {2: (CMD_SHRINK, 25 * MB)}, quota=60 * MB)
+    t.control = ctl
+    res = t.step(x, y)
+    assert res.aborted == 1
+    assert max(res.micro_batches) * MB + 10 * MB <= 25 * MB
+
+
 def test_micro_batches_fit_the_quota_after_fitting():
     mem = SimulatedMemory(fixed=10 * MB, per_sample=2 * MB)
     m = make_model()
