@@ -16,6 +16,7 @@ Roles `--role train|infer|handoff` are the child processes; not for direct use.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -32,7 +33,13 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 MODES = ["inference_alone", "training_alone", "static_50", "static_75", "governor_batch_end",
-         "governor_mid_backward", "governor_mid_backward_expandable", "inference_alone_repeat"]
+         "governor_mid_backward", "governor_mid_backward_long_kv", "inference_alone_repeat"]
+# Stress mode: the decoder reserves its KV cache for a 4x longer context (6 GiB), more than the
+# slack under training's quota, so that reclaims must physically release (and may abort).
+LONG_KV = {"governor_mid_backward_long_kv": 4}
+# One inference server process per model kind, each with its own FIFO queue (as separate
+# services would be): a ResNet request never waits behind a decoder's 80 ms prefill.
+SERVERS = ["resnet50", "vit_b_16", "decoder"]
 ALONE = ("inference_alone", "inference_alone_repeat")
 INFER_SHARE = {"static_50": 0.5, "static_75": 0.75}
 
@@ -157,7 +164,8 @@ def role_infer(args) -> None:
     except ImportError:  # pragma: no cover
         builders = {}
     templates, host_params, inputs = {}, {}, {}
-    for kind in ("resnet50", "vit_b_16", "decoder"):
+    my_kinds = args.kinds.split(",")
+    for kind in my_kinds:
         with torch.device("cuda"):
             m = builders[kind]() if kind in builders else build_decoder()
         m = m.to(dtype).eval()
@@ -169,24 +177,26 @@ def role_infer(args) -> None:
     torch.cuda.empty_cache()
     inputs["resnet50"] = inputs["vit_b_16"] = torch.randn(1, 3, 224, 224, device=dev, dtype=dtype)
     prompt = torch.randint(0, 32000, (1, 512), device=dev)
-    dec = templates["decoder"]
+    dec = templates.get("decoder")
     kv_tokens = args.kv_context  # KV cache sized for a long context (the elastic part)
-    kv_bytes_per_token = 2 * dec.layers * dec.d * 2
+    kv_bytes_per_token = 2 * dec.layers * dec.d * 2 if dec else 0
     kv_chunk = -(-kv_tokens * kv_bytes_per_token // (256 * MiB)) * 256 * MiB  # one chunk
 
     def weight_bytes(kind):
         return sum(t.numel() * t.element_size() for t in host_params[kind].values())
 
-    client = InferenceClient(args.socket, name="bench-inference")
+    client = InferenceClient(args.socket, name=f"bench-{args.kinds}")
     cache = ModelCache(client)
-    map_ms: list[float] = []
+    load_ms: list[float] = []  # weights copied from pinned host memory (cold start)
+    map_ms: list[float] = []   # granted KV bytes allocated (cudaMalloc: the driver maps pages)
+    zero_ms: list[float] = []  # and zeroed before use (what a page handoff must do)
 
     def loader(kind):
         def load():
             t0 = time.perf_counter()
             p = {k: v.to(dev, non_blocking=True) for k, v in host_params[kind].items()}
             torch.cuda.synchronize()
-            map_ms.append((time.perf_counter() - t0) * 1e3)
+            load_ms.append((time.perf_counter() - t0) * 1e3)
             return p
         return load
 
@@ -194,7 +204,11 @@ def role_infer(args) -> None:
         t0 = time.perf_counter()
         t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         torch.cuda.synchronize()
-        map_ms.append((time.perf_counter() - t0) * 1e3)
+        t1 = time.perf_counter()
+        t.zero_()
+        torch.cuda.synchronize()
+        map_ms.append((t1 - t0) * 1e3)
+        zero_ms.append((time.perf_counter() - t1) * 1e3)
         return t
 
     def serve(name):
@@ -228,8 +242,12 @@ def role_infer(args) -> None:
     for n in list(cache.models):
         cache.evict(n)
     client.timings.clear()
-    map_ms.clear()
-    trace = json.loads(Path(args.trace).read_text())
+    for xs in (load_ms, map_ms, zero_ms):
+        xs.clear()
+    gc.collect()
+    gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-trace
+    trace = [(t, n) for t, n in json.loads(Path(args.trace).read_text())
+             if n.rsplit("-", 1)[0] in my_kinds]
     while time.monotonic() < args.t0:
         time.sleep(0.001)
     records = []
@@ -256,7 +274,8 @@ def role_infer(args) -> None:
         mem.append((done, torch.cuda.memory_reserved()))
         cache.evict_expired()
     Path(args.out).write_text(json.dumps({"records": records, "timings": client.timings,
-                                          "map_ms": map_ms, "memory": mem}))
+                                          "load_ms": load_ms, "map_ms": map_ms,
+                                          "zero_ms": zero_ms, "memory": mem}))
     client.close()
 
 
@@ -275,8 +294,6 @@ def role_train(args) -> None:
         from torchvision.models import swin_t
         with torch.device("cuda"):
             model = swin_t(num_classes=100)
-        blocks = [m for n, m in model.named_modules() if type(m).__name__.startswith("SwinTransformerBlock")]
-        blocks = [model.features[0]] + blocks + [model.head]
         arch = "swin_t"
     except ImportError:  # pragma: no cover
         raise SystemExit("torchvision is needed for the training role")
@@ -301,12 +318,14 @@ def role_train(args) -> None:
     client = None
     block = ControlBlock(shm_path(args.shm_name, 0))
     if governed:
-        trainer, client = governed_trainer(args.socket, wrapped, opt, loss_fn, layers=blocks,
-                                           reclaim_at=reclaim_at,
+        # layers=None: a safe point at every module with parameters (Linear, LayerNorm, conv),
+        # about 160 per micro-batch, so that a stop drains in about a millisecond of GPU work
+        trainer, client = governed_trainer(args.socket, wrapped, opt, loss_fn, layers=None,
+                                           reclaim_at=reclaim_at, max_ahead=args.max_ahead,
                                            name=f"bench-{args.mode}", probe_batch=16, device=dev)
     else:
         trainer = ElasticTrainer(wrapped, opt, loss_fn, device=dev, quota=args.quota,
-                                 layers=blocks, probe_batch=16,
+                                 layers=None, max_ahead=args.max_ahead, probe_batch=16,
                                  yield_to_inference=block.inference_busy if args.colocated else None)
     gb = args.global_batch
     x = torch.randn(gb, 3, 224, 224).pin_memory()
@@ -314,6 +333,8 @@ def role_train(args) -> None:
     # fit the memory model with two probe sizes before the clock starts
     trainer.probe_batch = 16
     trainer.step(x[:48], y[:48])
+    gc.collect()
+    gc.freeze()  # as in the servers: a full collection would stall a safe point for ms
     steps, adjustments, mem = [], [], []
     while time.monotonic() < args.t0:
         trainer.poll() if governed else None
@@ -322,10 +343,11 @@ def role_train(args) -> None:
     while time.monotonic() < end:
         t0 = time.monotonic()
         r = trainer.step(x, y)
-        torch.cuda.synchronize()
+        trainer.wait_gpu()  # like synchronize, but commands are still handled meanwhile
         t1 = time.monotonic()
         steps.append({"t": t1 - args.t0, "dt": t1 - t0, "samples": r.global_samples,
-                      "micro": r.micro_batches, "aborted": r.aborted, "loss": r.loss})
+                      "micro": r.micro_batches, "aborted": r.aborted, "loss": r.loss,
+                      "excess_releases": r.excess_releases})
         adjustments += [a.__dict__ for a in r.adjustments]
         fixed = sum(p.numel() * p.element_size() * 4 for p in model.parameters())  # w, g, m, v
         reserved = torch.cuda.memory_reserved()
@@ -486,19 +508,20 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
     common = ["--socket", sock, "--shm-name", shm_name, "--t0", repr(t0),
               "--duration", str(args.duration), "--mode", mode]
     train_env = dict(env)
-    if mode.endswith("_expandable"):
-        # torch's own VMM-backed segments: empty_cache unmaps and releases physical pages
-        train_env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if has_train:
         procs["train"] = subprocess.Popen(
             [sys.executable, __file__, "--role", "train", "--out", str(workdir / f"{mode}-train.json"),
              "--quota", str(train_quota), "--global-batch", str(args.global_batch),
+             "--max-ahead", str(args.max_ahead),
              "--colocated", str(int(has_inf))] + common, env=train_env)
     if has_inf:
-        procs["infer"] = subprocess.Popen(
-            [sys.executable, __file__, "--role", "infer", "--out", str(workdir / f"{mode}-infer.json"),
-             "--trace", str(trace_path), "--kv-context", str(args.kv_context),
-             "--decode-tokens", str(args.decode_tokens)] + common, env=env)
+        for kind in SERVERS:
+            procs[f"infer-{kind}"] = subprocess.Popen(
+                [sys.executable, __file__, "--role", "infer", "--kinds", kind,
+                 "--out", str(workdir / f"{mode}-infer-{kind}.json"),
+                 "--trace", str(trace_path),
+                 "--kv-context", str(args.kv_context * LONG_KV.get(mode, 1)),
+                 "--decode-tokens", str(args.decode_tokens)] + common, env=env)
     series = []
     while any(p.poll() is None for p in procs.values()):
         now = time.monotonic() - t0
@@ -511,11 +534,24 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
     d.stop()
     res = {"mode": mode, "series": series,
            "exit": {k: p.returncode for k, p in procs.items()}}
-    for role in ("train", "infer"):
-        f = workdir / f"{mode}-{role}.json"
-        if f.exists():
-            res[role] = json.loads(f.read_text())
+    f = workdir / f"{mode}-train.json"
+    if f.exists():
+        res["train"] = json.loads(f.read_text())
+    parts = [json.loads(f.read_text()) for kind in SERVERS
+             if (f := workdir / f"{mode}-infer-{kind}.json").exists()]
+    if parts:  # the servers' results, merged
+        res["infer"] = {k: [x for p in parts for x in p[k]]
+                        for k in ("records", "timings", "load_ms", "map_ms", "zero_ms", "memory")}
+        res["infer"]["records"].sort(key=lambda r: r["t"])
+        res["infer"]["servers_done"] = len(parts)
     return res
+
+
+def adjust_stats(tim: list[dict]) -> dict:
+    recl = [t["reclaim"] for t in tim]
+    return {"mean": sum(recl) / len(recl), "p99": pct(recl, 0.99), "max": max(recl),
+            **{f"{k}_mean": sum(t.get(k, 0) for t in tim) / len(tim)
+               for k in ("detect", "drain", "release", "ack")}}
 
 
 def summarize(results: dict, handoff: dict, args) -> dict:
@@ -545,13 +581,16 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                        failed=sum(not x["ok"] for x in recs))
             tim = inf["timings"]
             if tim:
-                recl = [t["reclaim"] for t in tim]
                 row["reclaims"] = len(tim)
-                row["adjust_ms"] = {
-                    "mean": sum(recl) / len(recl), "p99": pct(recl, 0.99),
-                    **{f"{k}_mean": sum(t.get(k, 0) for t in tim) / len(tim)
-                       for k in ("detect", "drain", "release", "ack")}}
-                row["map_ms_mean"] = (sum(inf["map_ms"]) / len(inf["map_ms"])) if inf["map_ms"] else None
+                row["adjust_ms"] = adjust_stats(tim)
+                # only the reclaims where training physically gave memory back
+                phys = [t for t in tim if t.get("released")]
+                row["adjust_ms_released"] = adjust_stats(phys) if phys else None
+                row["reclaims_released"] = len(phys)
+                row["reclaims_aborted"] = sum(bool(t.get("aborted")) for t in tim)
+            for k in ("load_ms", "map_ms", "zero_ms"):
+                xs = inf.get(k) or []
+                row[k] = {"mean": sum(xs) / len(xs), "p99": pct(xs, 0.99), "n": len(xs)} if xs else None
         tr = r.get("train")
         if tr:
             row["train_samples_per_s"] = tr["samples_per_s"]
@@ -559,6 +598,13 @@ def summarize(results: dict, handoff: dict, args) -> dict:
             row["aborted_micro_batches"] = sum(s["aborted"] for s in tr["steps"])
             mb = [m for s in tr["steps"] for m in s["micro"]]
             row["micro_batch_mean"] = sum(mb) / len(mb) if mb else None
+            row["excess_releases"] = sum(s.get("excess_releases", 0) for s in tr["steps"])
+            shr = [a for a in tr.get("adjustments", []) if a["cmd"] == 1]
+            row["train_side_shrinks"] = {
+                w: {"n": len(xs), "detect_max_ms": max(a["detect_ms"] for a in xs)}
+                for w in sorted({a.get("where", "") for a in shr})
+                if (xs := [a for a in shr if a.get("where", "") == w])}
+            row["train_quota_final"] = tr.get("quota_final")
         row["exit"] = r.get("exit")
         table[mode] = row
     # the better of the two inference-alone runs is the baseline (conservative for the ratio)
@@ -568,12 +614,21 @@ def summarize(results: dict, handoff: dict, args) -> dict:
     out = {
         "device": args.device_name, "card_gib_emulated": args.card_gib,
         "duration_s": args.duration, "slo_ms": slo, "modes": table,
-        "adjust_ms": {"mean": gov.get("adjust_ms", {}).get("mean"),
-                      "p99": gov.get("adjust_ms", {}).get("p99"),
-                      "split_mean": {k: gov.get("adjust_ms", {}).get(f"{k}_mean")
+        "adjust_ms": {"mean": (gov.get("adjust_ms") or {}).get("mean"),
+                      "p99": (gov.get("adjust_ms") or {}).get("p99"),
+                      "n": gov.get("reclaims"),
+                      "split_mean": {k: (gov.get("adjust_ms") or {}).get(f"{k}_mean")
                                      for k in ("detect", "drain", "release", "ack")},
-                      "map_mean": gov.get("map_ms_mean")},
+                      # inference side, after the grant: allocate the KV chunk, then zero it
+                      "map_mean": (gov.get("map_ms") or {}).get("mean"),
+                      "zero_mean": (gov.get("zero_ms") or {}).get("mean"),
+                      "released_only": gov.get("adjust_ms_released"),
+                      "n_released": gov.get("reclaims_released"),
+                      "n_aborted": gov.get("reclaims_aborted")},
         "adjust_ms_batch_end": table.get("governor_batch_end", {}).get("adjust_ms"),
+        "adjust_ms_long_kv": {k: table.get("governor_mid_backward_long_kv", {}).get(k) for k in
+                              ("adjust_ms", "adjust_ms_released", "reclaims", "reclaims_released",
+                               "reclaims_aborted", "map_ms", "zero_ms")},
         "slo_attainment_vs_alone": (gov.get("slo_attainment") / base_slo)
         if base_slo and gov.get("slo_attainment") is not None else None,
         "train_throughput_vs_best_static": (gov.get("train_samples_per_s") / best_static)
@@ -596,7 +651,8 @@ def plot(results: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    modes = [m for m in ("governor_mid_backward", "governor_batch_end") if results.get(m, {}).get("series")]
+    modes = [m for m in ("governor_mid_backward", "governor_mid_backward_long_kv", "governor_batch_end")
+             if results.get(m, {}).get("series")]
     if not modes:
         return False
     fig, axes = plt.subplots(len(modes), 1, figsize=(11, 4 * len(modes)), squeeze=False)
@@ -634,6 +690,8 @@ def main() -> int:
     ap.add_argument("--socket"); ap.add_argument("--shm-name"); ap.add_argument("--t0", type=float)
     ap.add_argument("--mode"); ap.add_argument("--trace"); ap.add_argument("--quota", type=int)
     ap.add_argument("--colocated", type=int, default=1)
+    ap.add_argument("--kinds", default=",".join(SERVERS))
+    ap.add_argument("--max-ahead", type=int, default=3)
     args = ap.parse_args()
     if args.role == "infer":
         role_infer(args); return 0
@@ -664,7 +722,13 @@ def main() -> int:
     t_start = time.monotonic()
     for mode in args.modes.split(","):
         print(f"== {mode} ({time.monotonic() - t_start:.0f} s)", flush=True)
-        results[mode] = run_mode(mode, args, trace_path, work)
+        try:
+            results[mode] = run_mode(mode, args, trace_path, work)
+        except Exception as e:  # one broken mode must not lose the others
+            print(f"mode {mode} failed: {e!r}", flush=True)
+            results[mode] = {"mode": mode, "error": repr(e)}
+        (out_dir / "gpu_sharing_partial.json").write_text(json.dumps(
+            summarize(results, {}, args), indent=1))
     print(f"== page handoff ({time.monotonic() - t_start:.0f} s)", flush=True)
     hp = work / "handoff.json"
     subprocess.run([sys.executable, __file__, "--role", "handoff", "--out", str(hp)], timeout=120)
@@ -678,14 +742,17 @@ def main() -> int:
              "adjustments": r.get("infer", {}).get("timings"),
              "train_steps": r.get("train", {}).get("steps")} for m, r in results.items()}))
     plot(results, out_dir / "gpu_sharing.png")
-    print(f"{'mode':24} {'SLO':>6} {'p50ms':>8} {'p99ms':>8} {'train/s':>9} {'adj mean/p99 ms':>16}")
+    (out_dir / "gpu_sharing_partial.json").unlink(missing_ok=True)
+    print(f"{'mode':24} {'SLO':>6} {'p50ms':>8} {'p99ms':>8} {'train/s':>9} {'adj mean/p99 ms':>16}"
+          f" {'released':>9}")
     nan = float("nan")
     for mode, row in summary["modes"].items():
         adj = row.get("adjust_ms")
         adj_s = "%.2f/%.2f" % (adj["mean"], adj["p99"]) if adj else "-"
+        rel = f"{row.get('reclaims_released')}/{row.get('reclaims')}" if adj else "-"
         print(f"{mode:24} {row.get('slo_attainment', nan):6.3f} "
               f"{row.get('p50_ms') or nan:8.1f} {row.get('p99_ms') or nan:8.1f} "
-              f"{row.get('train_samples_per_s') or nan:9.1f} {adj_s:>16}")
+              f"{row.get('train_samples_per_s') or nan:9.1f} {adj_s:>16} {rel:>9}")
     print(json.dumps({k: summary[k] for k in ("adjust_ms", "slo_attainment_vs_alone",
                                               "train_throughput_vs_best_static")}))
     print(f"total {time.monotonic() - t_start:.0f} s")

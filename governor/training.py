@@ -78,6 +78,7 @@ class Adjustment:
     used_after: int
     dropped_samples: int
     released: bool = False  # False: already under the target, nothing drained or released
+    where: str = ""  # where the command was seen: safe_point, poll (between micro-batches)
 
 
 @dataclass
@@ -103,6 +104,8 @@ class ElasticTrainer:
     `reclaim_at`: 'safe_point' (default) or 'step_end' (the batch-end baseline).
     `max_ahead`: the CPU may run at most this many safe points ahead of the GPU, so that a stop
     drains in a few layers' time. `process_group`: data-parallel group or None.
+    `yield_to_inference()`: True while inference runs; training pauses at safe points then, for
+    at most `max_yield_s` at a time, followed by at least `min_run_s` of running.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -113,7 +116,8 @@ class ElasticTrainer:
                  layers: Iterable[nn.Module] | None = None, max_ahead: int = 2,
                  probe: MemoryProbe | None = None, process_group=None,
                  yield_to_inference: Callable[[], bool] | None = None,
-                 max_yield_s: float = 0.05, reclaim_at: str = "safe_point") -> None:
+                 max_yield_s: float = 0.05, min_run_s: float = 0.005,
+                 reclaim_at: str = "safe_point") -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -130,6 +134,8 @@ class ElasticTrainer:
         self.group = process_group
         self.yield_to_inference = yield_to_inference
         self.max_yield_s = max_yield_s
+        self.min_run_s = min_run_s
+        self._run_until = 0.0
         if reclaim_at not in ("safe_point", "step_end"):
             raise ValueError("reclaim_at must be 'safe_point' or 'step_end'")
         # 'step_end' is the baseline that waits for the batch: commands are only looked at
@@ -176,12 +182,17 @@ class ElasticTrainer:
                 while not oldest.query():
                     self._check_command()
         self._check_command()
-        if self.yield_to_inference is not None and self.yield_to_inference():
-            # Inference has priority on compute: pause here while it runs, at most
-            # `max_yield_s` per safe point (training's guaranteed progress); a command that
-            # arrives meanwhile is handled at once.
+        if (self.yield_to_inference is not None and self.yield_to_inference()
+                and time.monotonic() >= self._run_until):
+            # Inference has priority on compute: pause here while it runs. Training's
+            # guaranteed progress: after a pause of `max_yield_s` it runs `min_run_s` before it
+            # pauses again (a time budget, so it does not depend on how dense safe points are).
+            # A command that arrives meanwhile is handled at once.
             end = time.monotonic() + self.max_yield_s
-            while self.yield_to_inference() and time.monotonic() < end:
+            while self.yield_to_inference():
+                if time.monotonic() >= end:
+                    self._run_until = time.monotonic() + self.min_run_s
+                    break
                 time.sleep(50e-6)
                 self._check_command()
 
@@ -205,7 +216,7 @@ class ElasticTrainer:
         if cmd.cmd == CMD_SHRINK and self.bound() > cmd.target:
             self.control.stamp_detect()
             raise ShrinkRequested()
-        self._handle_command(cmd, dropped=0)
+        self._handle_command(cmd, dropped=0, where="safe_point")
 
     def poll(self) -> None:
         """Handle a pending command outside a step (call this while idle, e.g. loading data)."""
@@ -225,7 +236,7 @@ class ElasticTrainer:
             self.poll()
             time.sleep(20e-6)
 
-    def _handle_command(self, cmd, dropped: int) -> None:
+    def _handle_command(self, cmd, dropped: int, where: str = "poll") -> None:
         t_detect = int(self.control.slot[W_T_DETECT])  # stamped at the safe point
         if t_detect == 0 or t_detect < cmd.issued_ns:
             self.control.stamp_detect()
@@ -257,15 +268,19 @@ class ElasticTrainer:
             self.notify(cmd.seq)
         self._adjustments.append(Adjustment(
             cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
-            (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED)))
+            (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED),
+            "abort" if dropped else where))
 
     # --- micro-batch sizing -------------------------------------------------------------
     def next_micro_batch(self, remaining: int) -> int:
         upper = min(remaining, self.max_micro_batch)
         if not self.memory_model.fitted:
             return max(1, min(upper, self.probe_batch))
-        n = self.memory_model.max_samples(self.quota, upper)
-        return max(1, n)  # one sample always runs: training's minimum progress
+        n = max(1, self.memory_model.max_samples(self.quota, upper))  # one sample always runs
+        # Equal micro-batches (256 → 128 + 128, not 209 + 47): the same block sizes each time,
+        # so the caching allocator reuses its blocks instead of growing past the quota.
+        k = -(-remaining // n)
+        return min(n, -(-remaining // k))
 
     # --- the step -----------------------------------------------------------------------
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepResult:

@@ -212,3 +212,30 @@ def test_dynamic_batches_reach_the_same_loss_as_fixed(tmp_path):
     assert t.stats["aborted"] >= 5 and len(t.stats["sizes"]) >= 5  # really dynamic
     assert fixed_loss < 0.5 * initial
     assert dyn_loss == pytest.approx(fixed_loss, rel=1e-3)
+
+
+def test_yield_to_inference_is_a_time_budget():
+    # inference always busy: training pauses max_yield_s, then runs min_run_s before pausing
+    # again, however many safe points it passes meanwhile
+    import time
+    mem = SimulatedMemory(fixed=MB, per_sample=MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=1 << 40, probe_batch=64, yield_to_inference=lambda: True,
+                       max_yield_s=0.03, min_run_s=60.0)
+    x, y = make_data(16)
+    t0 = time.monotonic()
+    t.step(x, y)  # ~6 safe points, one pause
+    assert 0.03 <= time.monotonic() - t0 < 0.03 + 1.0
+
+
+def test_micro_batches_are_equal_sized():
+    # 64 samples, room for ~40 per micro-batch: 32 + 32, not 40 + 24 (allocator reuse)
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=int(55 * MB), probe_batch=4)
+    x, y = make_data(64)
+    t.step(x, y)
+    res = t.step(x, y)
+    assert res.micro_batches == [32, 32]
