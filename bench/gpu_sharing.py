@@ -548,9 +548,13 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
 
 
 def adjust_stats(tim: list[dict]) -> dict:
+    """Adjustment = command issued → daemon saw the ack (the grant). The split is averaged over
+    the reclaims that have one (granted on this command's ack; see GovernorDaemon._timing)."""
     recl = [t["reclaim"] for t in tim]
+    split = [t for t in tim if "detect" in t and t["detect"] >= 0]
     return {"mean": sum(recl) / len(recl), "p99": pct(recl, 0.99), "max": max(recl),
-            **{f"{k}_mean": sum(t.get(k, 0) for t in tim) / len(tim)
+            "split_n": len(split),
+            **{f"{k}_mean": (sum(t[k] for t in split) / len(split)) if split else None
                for k in ("detect", "drain", "release", "ack")}}
 
 
@@ -588,6 +592,7 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                 row["adjust_ms_released"] = adjust_stats(phys) if phys else None
                 row["reclaims_released"] = len(phys)
                 row["reclaims_aborted"] = sum(bool(t.get("aborted")) for t in tim)
+                row["reclaim_timings"] = tim  # raw, one per reclaim (small)
             for k in ("load_ms", "map_ms", "zero_ms"):
                 xs = inf.get(k) or []
                 row[k] = {"mean": sum(xs) / len(xs), "p99": pct(xs, 0.99), "n": len(xs)} if xs else None

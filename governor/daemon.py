@@ -287,6 +287,7 @@ class GovernorDaemon:
                 issued[cid] = (SlotWriter(st.block.slots[c.entry.slot]).command(CMD_SHRINK, quota),
                                quota)
             t_cmd = now_ns()
+            acked: list[int] = []  # clients whose ack of *this* command was seen
             deadline_s = self.cfg.reclaim_deadline_ms / 1000
             poll_s = self.cfg.ack_poll_interval_ms / 1000
             while True:
@@ -299,6 +300,7 @@ class GovernorDaemon:
                     if int(st.block.slots[c.entry.slot][W_ACK]) >= seq:
                         ledger.set_quota(cid, quota)
                         st.block.slots[c.entry.slot][W_QUOTA] = quota
+                        acked.append(cid)
                         del issued[cid]
                 elapsed = (now_ns() - t_cmd) / 1e9
                 outcome = reclaim_outcome(ledger.free_bytes(), nbytes, elapsed, deadline_s,
@@ -324,19 +326,21 @@ class GovernorDaemon:
             ledger.grant(conn.client_id, kind, nbytes)
             st.free_since = None
             t_done = now_ns()
-            timing = self._timing(st, plan, t_cmd, t0, t_done)
+            timing = self._timing(st, acked, t_cmd, t0, t_done)
             st.reclaim_s.update((t_done - t_cmd) / 1e9)
             st.adjustments.append(timing)
             del st.adjustments[:-1000]
             return {"ok": True, "granted": nbytes, "reclaimed": need, "timing_ms": timing}
 
-    def _timing(self, st: GpuState, plan: dict, t_cmd: int, t0: int, t_done: int) -> dict:
+    def _timing(self, st: GpuState, acked: list[int], t_cmd: int, t0: int, t_done: int) -> dict:
         """Split of the slowest acknowledging client: detect (command → safe point), drain
         (safe point → GPU idle), release (→ memory returned), ack (→ daemon saw the ack).
         `released`: the client physically gave memory back (else it was already under target);
-        `aborted`: it dropped an unfinished micro-batch to do so."""
+        `aborted`: it dropped an unfinished micro-batch to do so. Only clients that acked this
+        command count: their stamps belong to it. With none (memory came free another way, e.g.
+        a late ack of an earlier command) there is no split."""
         worst = None
-        for cid in plan:
+        for cid in acked:
             c = self.conns.get(cid)
             if c is None:
                 continue

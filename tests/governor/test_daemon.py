@@ -137,3 +137,22 @@ def test_protocol_errors_are_replies_not_crashes(make_daemon):
     s = inf.stats()["gpus"][0]
     assert s["usable_bytes"] == 15 * GiB
     inf.close()
+
+
+def test_timing_split_only_from_clients_that_acked_this_command(make_daemon):
+    # A reclaim satisfied without this command's ack (e.g. an earlier command's late ack freed
+    # the memory) must not report the stale stamps of an older command as its split.
+    from governor.protocol import W_T_DETECT, W_T_DRAINED, W_T_RELEASED, now_ns
+    d = make_daemon()
+    trainer = SimulatedTrainer(d.cfg.socket_path, stuck=True)
+    st = d.daemon.gpus[0]
+    slot = st.block.slots[trainer.client.slot_index]
+    old = now_ns()
+    slot[W_T_DETECT], slot[W_T_DRAINED], slot[W_T_RELEASED] = old, old + 10, old + 20
+    t_cmd = now_ns() + 1_000_000
+    none = d.call(lambda: d.daemon._timing(st, [], t_cmd, t_cmd, t_cmd + 5_000_000))
+    assert "detect" not in none and none["reclaim"] == pytest.approx(5.0)
+    cid = trainer.client.client_id
+    some = d.call(lambda: d.daemon._timing(st, [cid], old - 1000, old - 1000, old + 1000))
+    assert some["detect"] >= 0 and some["released"] is False
+    trainer.close()
