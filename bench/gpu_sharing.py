@@ -2,8 +2,9 @@
 
 One run compares, on one GPU and the same seeded bursty trace: inference alone, training alone,
 static 50% / 75% partitions (inference's share), the governor reclaiming at batch end, the
-governor reclaiming mid-backward, and a page-handoff micro-benchmark (CUDA VMM pages moved
-between two processes). The governed card is an *emulated* smaller GPU (`--card-gib`, the
+governor reclaiming mid-backward, the same with a 4x larger KV cache per decoder request (a stress
+mode whose reclaims must release memory physically), and a page-handoff micro-benchmark (CUDA
+VMM pages moved between two processes). Inference runs as one server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`, the
 ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
 Compute priority is the same in every co-located mode: training pauses at its safe points while
 an inference request runs (at most 50 ms per safe point), so the comparison isolates memory.
