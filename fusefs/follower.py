@@ -1,25 +1,33 @@
 """Predictive checkpoint replication in an eval-side agent.
 
 The agent follows the training side's closed-file journal in the (remote) store, or, without a
-journal, the listing of the followed prefixes. Every new file under a followed prefix is copied
-at once (large ranged reads, many in flight); a checkpoint's commit marker (`.metadata` for DCP)
-is copied last, after every other file of its folder, and then the checkpoint is complete.
+journal, the listing of the followed prefixes. Every new file under a followed prefix is queued
+for copying at once (large ranged reads, many in flight); a checkpoint's commit marker (`.metadata`
+for DCP) is copied last, after every other file of its folder, and then the checkpoint is complete.
 The last `keep_last` complete checkpoints of each job folder are kept; older ones are dropped.
-Runs on its own thread (the agent is a threaded Flight server).
+
+Nothing here waits for a copy on the polling thread: a round lists the journal, queues copies and
+starts a finisher per new marker, and returns. Copy workers take the queue in priority order (files
+of a job with an anomaly signal first, then oldest first), so an urgent checkpoint does not wait
+behind a backlog before it even reaches the link scheduler. Finishers run concurrently, so one
+checkpoint's marker never waits for another's.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import posixpath
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
-import pyarrow.fs as pafs  # noqa: F401  (listing types come through the store)
-
-from .journal import decode_record
+from .journal import decode_name, decode_record
 
 log = logging.getLogger("hintfs.follower")
+
+COPY_WORKERS = 8          # files copied at once (each with `parallel` ranged reads in flight)
+FINISH_WAIT_S = 600.0     # a finisher gives up (and is started again next round) after this
 
 
 class Follower:
@@ -29,33 +37,55 @@ class Follower:
         self.seen_records: set[str] = set()
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
+        self.expect: dict[str, tuple[int, int]] = {}       # journaled version of each file
+        self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
+        self.queued: dict[str, int] = {}                  # path -> arrival order
+        self.running: set[str] = set()
         self.pending_markers: set[str] = set()
+        self.finishing: set[str] = set()
         self.complete: dict[str, float] = {}      # checkpoint folder -> when it completed
         self.errors: dict[str, str] = {}
+        self.cond = threading.Condition()
+        self._order = itertools.count()
         self._stop = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hintfs-follow")
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hintfs-follow-io")
+        self.finishers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hintfs-follow-marker")
+        self.workers = [threading.Thread(target=self._work, name=f"hintfs-follow-copy-{i}", daemon=True)
+                        for i in range(COPY_WORKERS)]
         self.thread = threading.Thread(target=self._run, name="hintfs-follower", daemon=True)
 
     def start(self) -> "Follower":
+        for w in self.workers:
+            w.start()
         self.thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.finishers.shutdown(wait=False, cancel_futures=True)
 
     def _followed(self, path: str) -> bool:
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.cfg.prefixes)
 
+    @staticmethod
+    def _job(path: str) -> str:
+        # The job is the checkpoint's parent folder: a signal for it promotes its copies.
+        return posixpath.dirname(posixpath.dirname(path))
+
     # -- discovering new files -------------------------------------------------------------------
-    def _new_from_journal(self) -> list[str] | None:
+    def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]]]]]:
         store = self.agent.store
         try:
             entries = list(store.iter_dir(self.cfg.journal_dir))
         except FileNotFoundError:
             return None
-        names = [n for n, _st in sorted(entries) if n not in self.seen_records and n.endswith(".json")]
+        names = [n for n, _st in sorted(entries)
+                 if n not in self.seen_records and (n.endswith(".json") or n.endswith(".rec"))]
         self.seen_records.update(names)
+        records = {n: decode_name(n) for n in names}
 
         def read(name: str):
             try:
@@ -68,9 +98,16 @@ class Follower:
                 log.warning("unreadable journal record %s: %s", name, err)
                 return None
 
-        # Records are read concurrently: over a long link each one costs round trips.
-        records = list(self.pool.map(read, names)) if len(names) > 1 else [read(n) for n in names]
-        return [r["path"] for r in records if r is not None and self._followed(r["path"])]
+        # Records whose name does not carry them are read concurrently (round trips overlap).
+        unread = [n for n, r in records.items() if r is None]
+        for n, r in zip(unread, self.pool.map(read, unread) if len(unread) > 1 else map(read, unread)):
+            records[n] = r
+        out = []
+        for n in names:
+            r = records[n]
+            if r is not None and self._followed(r["path"]):
+                out.append((r["path"], (r["size"], r["mtime_ns"])))
+        return out
 
     def _walk(self, rel: str):
         for name, st in self.agent.store.iter_dir(rel):
@@ -80,80 +117,167 @@ class Follower:
             elif st.is_file:
                 yield path, st
 
-    def _new_from_listing(self) -> list[str]:
+    def _new_from_listing(self) -> list[tuple[str, Optional[tuple[int, int]]]]:
         new = []
         for prefix in self.cfg.prefixes:
             try:
                 for path, st in self._walk(prefix.rstrip("/")):
                     if self.seen_files.get(path) != st.identity():
                         self.seen_files[path] = st.identity()
-                        new.append(path)
+                        new.append((path, None))   # listing times may not match a stat's: stat it
             except FileNotFoundError:
                 continue
         return new
 
     # -- copying ---------------------------------------------------------------------------------
+    def _enqueue(self, path: str) -> None:
+        """Queue a copy (caller holds the lock)."""
+        if path in self.copied or path in self.queued or path in self.running:
+            return
+        self.queued[path] = next(self._order)
+        self.cond.notify_all()
+
+    def _urgent(self, path: str) -> bool:
+        link = self.agent.link
+        return link is not None and link.is_signalled(self._job(path))
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            with self.cond:
+                while not self.queued and not self._stop.is_set():
+                    self.cond.wait(0.5)
+                if self._stop.is_set():
+                    return
+                path = min(self.queued, key=lambda p: (not self._urgent(p), self.queued[p]))
+                del self.queued[path]
+                self.running.add(path)
+            try:
+                self._copy(path)
+            finally:
+                with self.cond:
+                    self.running.discard(path)
+                    self.cond.notify_all()
+
     def _copy(self, path: str) -> bool:
+        expect = self.expect.get(path)
         try:
-            # Predictive copies serve scheduled evals; the job is the checkpoint's parent folder,
-            # so a signal for that job promotes its copies on the link.
-            job = posixpath.dirname(posixpath.dirname(path))
-            self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval", job=job)
-            self.copied.add(path)
-            self.errors.pop(path, None)
+            self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
+                                 job=self._job(path), expect=expect)
+            with self.cond:
+                self.copied.add(path)
+                self.errors.pop(path, None)
             return True
         except Exception as err:   # FlightServerError/OSError: retried on the next round
-            self.errors[path] = str(err)
+            with self.cond:
+                self.errors[path] = str(err)
+                # The journaled version may be gone (rewritten): the retry stats the store.
+                self.expect.pop(path, None)
             log.warning("predictive copy of %s failed (will retry): %s", path, err)
             return False
 
-    def _finish_markers(self) -> None:
-        for marker in sorted(self.pending_markers):
-            folder = posixpath.dirname(marker)
+    # -- completing checkpoints ------------------------------------------------------------------
+    def _finish(self, marker: str) -> None:
+        """Copy every other file of the marker's folder, then the marker: the checkpoint is complete.
+        The folder is listed too, so a file that was closed without a journal record still counts."""
+        folder = posixpath.dirname(marker)
+        try:
             try:
-                files = [p for p, _st in self._walk(folder)]
+                listed = {p for p, _st in self._walk(folder)}
             except FileNotFoundError:
-                continue
-            self._copy_all([p for p in files if p != marker and p not in self.copied])
-            if all(p in self.copied for p in files if p != marker) and self._copy(marker):
-                self.pending_markers.discard(marker)
-                self.complete[folder] = time.time()
+                listed = set()
+            with self.cond:
+                files = (listed | self.folder_files.get(folder, set())) - {marker}
+                for p in files:
+                    self._enqueue(p)
+                deadline = time.monotonic() + FINISH_WAIT_S
+                while not files <= self.copied:
+                    if self._stop.is_set() or time.monotonic() > deadline:
+                        return
+                    self.cond.wait(0.5)
+            if self._copy(marker):
+                with self.cond:
+                    self.pending_markers.discard(marker)
+                    self.complete[folder] = time.time()
                 log.info("checkpoint %s complete in the local tier", folder)
                 self._keep_last(posixpath.dirname(folder))
+        except Exception:
+            log.exception("finishing checkpoint %s failed (will retry)", folder)
+        finally:
+            with self.cond:
+                self.finishing.discard(marker)
+                self.cond.notify_all()
 
     def _keep_last(self, job: str) -> None:
-        done = sorted((t, f) for f, t in self.complete.items() if posixpath.dirname(f) == job)
-        for _t, folder in done[: max(0, len(done) - self.cfg.keep_last)]:
-            for path in [p for p in self.copied if p.startswith(folder + "/")]:
-                self.agent.drop(path)
-                self.copied.discard(path)
-            del self.complete[folder]
-            log.info("checkpoint %s dropped from the local tier (keep_last=%d)", folder, self.cfg.keep_last)
+        with self.cond:
+            done = sorted((t, f) for f, t in self.complete.items() if posixpath.dirname(f) == job)
+            old = [f for _t, f in done[: max(0, len(done) - self.cfg.keep_last)]]
+            drop = [p for f in old for p in self.copied if p.startswith(f + "/")]
+            for f in old:
+                del self.complete[f]
+                self.folder_files.pop(f, None)
+            for p in drop:
+                self.copied.discard(p)
+        for p in drop:
+            self.agent.drop(p)
+        for f in old:
+            log.info("checkpoint %s dropped from the local tier (keep_last=%d)", f, self.cfg.keep_last)
 
-    def _copy_all(self, paths: list[str]) -> None:
-        """Copy files concurrently: their chunks meet in the agent's link scheduler (priority
-        and weights decide who crosses first) and the round trips of one file overlap others'."""
-        paths = [p for p in dict.fromkeys(paths) if p not in self.copied]
-        if len(paths) <= 1:
-            for p in paths:
-                self._copy(p)
-            return
-        list(self.pool.map(self._copy, paths))
+    # -- what eviction must respect (policy/tier.py) ----------------------------------------------
+    def newest_files(self) -> set[str]:
+        """Copied files of each job's newest complete checkpoint (the likely next eval)."""
+        with self.cond:
+            newest: dict[str, tuple[float, str]] = {}
+            for folder, t in self.complete.items():
+                job = posixpath.dirname(folder)
+                if job not in newest or t > newest[job][0]:
+                    newest[job] = (t, folder)
+            keep = {f + "/" for _t, f in newest.values()}
+            return {p for p in self.copied if any(p.startswith(k) for k in keep)}
 
-    def step(self) -> None:
+    def pinned_files(self) -> set[str]:
+        """Copied files of checkpoints still being copied: evicting them would stall completion."""
+        with self.cond:
+            folders = {posixpath.dirname(m) + "/" for m in self.pending_markers}
+            folders |= {posixpath.dirname(p) + "/" for p in list(self.queued) + list(self.running)}
+            return {p for p in self.copied if any(p.startswith(f) for f in folders)}
+
+    # -- rounds ----------------------------------------------------------------------------------
+    def step(self, wait: bool = False) -> None:
+        """One round: learn of new files, queue their copies, start finishers for new markers.
+        `wait` blocks until everything started is done (tests drive rounds this way)."""
         new = self._new_from_journal()
         if new is None:
             new = self._new_from_listing()
-        todo = []
-        for path in new:
-            if posixpath.basename(path) == self.cfg.commit_marker:
-                self.pending_markers.add(path)
-            elif path not in self.copied:
-                todo.append(path)
-        # and earlier failures, again
-        todo += [p for p in self.errors if p not in self.pending_markers]
-        self._copy_all(todo)
-        self._finish_markers()
+        with self.cond:
+            for path, version in new:
+                if version is not None:
+                    self.expect[path] = version
+                    if path in self.copied:        # a new version of a copied file
+                        self.copied.discard(path)
+                if posixpath.basename(path) == self.cfg.commit_marker:
+                    self.pending_markers.add(path)
+                else:
+                    self.folder_files.setdefault(posixpath.dirname(path), set()).add(path)
+                    self._enqueue(path)
+            for path in list(self.errors):         # earlier failures, again
+                if path not in self.pending_markers:
+                    self._enqueue(path)
+            start = sorted(self.pending_markers - self.finishing, key=lambda m: not self._urgent(m))
+            self.finishing.update(start)
+        for marker in start:
+            self.finishers.submit(self._finish, marker)
+        if wait:
+            self.drain()
+
+    def drain(self, timeout_s: float = 120.0) -> bool:
+        """Wait until no copy is queued or running and no finisher is working."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self.queued or self.running or self.finishing:
+                if time.monotonic() > deadline:
+                    return False
+                self.cond.wait(0.05)
+        return True
 
     def _run(self) -> None:
         while not self._stop.wait(self.cfg.poll_interval_s):
@@ -163,5 +287,7 @@ class Follower:
                 log.exception("follower round failed")
 
     def status(self) -> dict:
-        return {"complete": sorted(self.complete), "copied": len(self.copied),
-                "pending_markers": sorted(self.pending_markers), "errors": dict(self.errors)}
+        with self.cond:
+            return {"complete": sorted(self.complete), "complete_at": dict(self.complete), "copied": len(self.copied),
+                    "queued": len(self.queued), "copying": sorted(self.running),
+                    "pending_markers": sorted(self.pending_markers), "errors": dict(self.errors)}

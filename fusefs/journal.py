@@ -1,21 +1,35 @@
 """The closed-file journal: the training-side mount records every file it publishes, one small
-object per file (`<time_ns>-<host>-<pid>-<seq>.json` under `journal.dir`), so eval-side agents
-learn of new checkpoint files at once instead of listing the remote store. Object names sort by
-time; an object store needs no append."""
+object per file under `journal.dir`, so eval-side agents learn of new checkpoint files at once
+instead of listing the remote store. Object names sort by time; an object store needs no append.
+
+The record (path, size, mtime) is also encoded in the object's name when the name stays within
+255 bytes (`<time_ns>-<host>-<pid>-<seq>~<size>~<mtime_ns>~<base64url(path)>.rec`): a follower
+then learns everything from one listing, without a GET per record (each is a round trip on a
+long link). Longer paths get a `<time_ns>-<host>-<pid>-<seq>.json` name and the record as content.
+"""
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
 import socket
 import time
+from typing import Optional
 
 _seq = itertools.count()
-_HOST = socket.gethostname().replace("/", "_").replace("-", "_")
+_HOST = socket.gethostname().replace("/", "_").replace("-", "_").replace("~", "_")
+NAME_MAX = 255
 
 
-def record_name() -> str:
-    return f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}.json"
+def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0) -> str:
+    stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}"
+    if path is not None:
+        enc = base64.urlsafe_b64encode(path.encode()).decode().rstrip("=")
+        name = f"{stem}~{size}~{mtime_ns}~{enc}.rec"
+        if len(name.encode()) <= NAME_MAX:
+            return name
+    return stem + ".json"
 
 
 def encode_record(path: str, size: int, mtime_ns: int) -> bytes:
@@ -25,3 +39,15 @@ def encode_record(path: str, size: int, mtime_ns: int) -> bytes:
 def decode_record(data: bytes) -> dict:
     doc = json.loads(data)
     return {"path": str(doc["path"]), "size": int(doc["size"]), "mtime_ns": int(doc["mtime_ns"])}
+
+
+def decode_name(name: str) -> Optional[dict]:
+    """The record carried by a `.rec` name; None for `.json` names (read the content) or junk."""
+    if not name.endswith(".rec"):
+        return None
+    try:
+        _stem, size, mtime_ns, enc = name[:-4].split("~", 3)
+        path = base64.urlsafe_b64decode(enc + "=" * (-len(enc) % 4)).decode()
+        return {"path": path, "size": int(size), "mtime_ns": int(mtime_ns)}
+    except (ValueError, UnicodeDecodeError):
+        return None

@@ -51,6 +51,10 @@ class LinkGate:
             self.sched.signal(job, severity)
             self.cond.notify_all()
 
+    def is_signalled(self, job: str) -> bool:
+        with self.cond:
+            return self.sched.is_signalled(job)
+
     def clear(self, job: str) -> None:
         with self.cond:
             self.sched.clear(job)

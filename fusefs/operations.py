@@ -684,7 +684,8 @@ class Operations(pyfuse3.Operations):
         if self._journal_dir is not None:
             from .journal import encode_record, record_name
             try:
-                await self._io(self.store.put_small, f"{self._journal_dir}/{record_name()}",
+                await self._io(self.store.put_small,
+                               f"{self._journal_dir}/{record_name(node.path, st.size, st.mtime_ns)}",
                                encode_record(node.path, st.size, st.mtime_ns))
                 self.stats.add("journal_records")
             except OSError as err:   # the file is published; followers fall back to listing

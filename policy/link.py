@@ -155,6 +155,9 @@ class LinkScheduler:
                 self._unqueue(t)
                 self._place(t)
 
+    def is_signalled(self, job: Hashable) -> bool:
+        return job in self._signals
+
     def clear(self, job: Hashable) -> None:
         """End a job's signal: its transfers go back to their own class and weight."""
         if self._signals.pop(job, None) is None:
