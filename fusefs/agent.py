@@ -15,12 +15,14 @@ are bounded by a semaphore (`max_concurrent_reads`) and an optional token bucket
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
+import stat as stat_mod
 import threading
 import time
 from collections import OrderedDict
@@ -30,7 +32,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from .store import Store
+from .store import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
 _CHUNK = 8 << 20
@@ -67,6 +69,7 @@ class Replica:
     expires_at: float
     fd: int = -1          # kept open: a read is one pread, not open+read+close
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
+    last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
 
 
 class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
@@ -82,7 +85,7 @@ class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
 
 
 class AgentServer(fl.FlightServerBase):
-    def __init__(self, cfg, store: Store, location: Optional[str] = None):
+    def __init__(self, cfg, store: Store, location: Optional[str] = None, persistent: bool = False):
         acfg = cfg.agent
         tls = None
         if acfg.tls_cert_file and acfg.tls_key_file:
@@ -95,15 +98,22 @@ class AgentServer(fl.FlightServerBase):
         super().__init__(location or acfg.location, tls_certificates=tls, middleware=middleware)
         self.cfg = cfg
         self.store = store
-        # Each agent instance keeps its replicas in a folder of its own, so two agents (or a
-        # mount's in-process agent) sharing `data_dir` never serve each other's files; folders of
-        # agents that died are removed here.
+        # Each agent instance keeps its replicas in a folder of its own, locked (flock) while it
+        # runs, so two agents (or a mount's in-process agent) sharing `data_dir` never serve each
+        # other's files. A persistent agent (`hintfs agent`) keeps its folder when it stops and
+        # adopts the folders of stopped or crashed ones: its catalog is rebuilt from disk.
+        # A mount's in-process agent removes its folder on exit and those of dead mounts.
         os.makedirs(acfg.data_dir, exist_ok=True)
-        _reap_dead_instances(acfg.data_dir)
-        self.data_dir = os.path.join(acfg.data_dir, f"agent-{os.getpid()}-{next(_instances)}")
+        self.persistent = persistent
+        kind = "agent" if persistent else "mount"
+        self.data_dir = os.path.join(acfg.data_dir, f"{kind}-{os.getpid()}-{next(_instances)}")
         os.makedirs(self.data_dir)
+        self._lock_fd = _lock_folder(self.data_dir)
         self.budget = acfg.budget_bytes
         self.replicas: dict[str, Replica] = {}
+        self._partial: dict[str, dict] = {}   # interrupted copies: version, .part file, ranges done
+        self.evictions = 0
+        self.resumed_ranges = 0
         self.lock = threading.Lock()
         self.read_slots = threading.BoundedSemaphore(acfg.max_concurrent_reads)
         self.bucket = TokenBucket(acfg.bandwidth_bytes_s)
@@ -117,10 +127,14 @@ class AgentServer(fl.FlightServerBase):
                 self.token = f.read().strip()
         self._samples = None
         self._copying: dict[str, threading.Event] = {}
+        self._copying_version: dict[str, tuple[int, int]] = {}   # (size, mtime_ns) of copies in flight
         self._readers: "OrderedDict[str, tuple]" = OrderedDict()
         self._retired: list = []       # readers and fds replaced while reads may still use them;
         self._retired_fds: list = []   # closed by the reclaim loop a round later
         self._stop = threading.Event()
+        _reap_dead_instances(acfg.data_dir, "mount")
+        if persistent:
+            self._adopt_stopped_instances(acfg.data_dir)
         self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
         self._reaper.start()
         self.link = None
@@ -140,6 +154,7 @@ class AgentServer(fl.FlightServerBase):
                 rep = self.replicas.get(path)
             try:
                 if rep is not None:
+                    rep.last_used = time.monotonic()
                     data = os.pread(rep.fd, length, offset)
                 elif replica_only:
                     raise fl.FlightServerError(f"no replica of {path}")
@@ -209,6 +224,63 @@ class AgentServer(fl.FlightServerBase):
         return reader
 
     # -- replicas ------------------------------------------------------------------------------
+    def _adopt_stopped_instances(self, data_dir: str) -> None:
+        """Rebuild the catalog from the folders of persistent agents that stopped or crashed:
+        every replica with a sidecar and the right size moves here; `.part` files (copies that
+        were cut) and undescribed files are removed with their folder."""
+        now = time.time()
+        adopted = 0
+        for folder in _stopped_instances(data_dir, "agent"):
+            for name in os.listdir(folder):
+                if not name.endswith(".meta"):
+                    continue
+                try:
+                    with open(os.path.join(folder, name)) as f:
+                        meta = json.load(f)
+                    data = os.path.join(folder, name[: -len(".meta")])
+                    if os.path.getsize(data) != int(meta["size"]) or float(meta["expires_at"]) <= now:
+                        continue
+                    path = str(meta["path"])
+                    old = self.replicas.get(path)
+                    if old is not None and old.source_mtime_ns >= int(meta["mtime_ns"]):
+                        continue
+                    local = self._local_name(path)
+                    os.rename(data, local)
+                    rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]),
+                                  os.open(local, os.O_RDONLY | os.O_CLOEXEC), int(meta["mtime_ns"]),
+                                  time.monotonic())
+                    _write_sidecar(local, rep)
+                    if old is not None:
+                        os.close(old.fd)
+                    self.replicas[path] = rep
+                    adopted += 1
+                except (OSError, ValueError, KeyError) as err:
+                    log.warning("not adopting %s from %s: %s", name, folder, err)
+            shutil.rmtree(folder, ignore_errors=True)
+        if adopted:
+            log.info("catalog rebuilt from disk: %d replicas (%d bytes)", adopted, self.used_bytes())
+
+    def _make_room(self, path: str, size: int) -> None:
+        """Evict replicas (policy/tier.py) so that `size` more bytes fit the budget, or ENOSPC."""
+        from policy.tier import TierEntry, pick_evictions
+        with self.lock:
+            need = self.used_bytes() + size - self.budget
+            if need <= 0:
+                return
+            now = time.time()
+            newest = self.follower.newest_files() if self.follower is not None else set()
+            pinned = self.follower.pinned_files() if self.follower is not None else set()
+            entries = [TierEntry(p, r.size, r.last_used, r.expires_at <= now, p in newest, p in pinned)
+                       for p, r in self.replicas.items() if p != path]
+            victims = pick_evictions(entries, need)
+            if not victims:
+                raise fl.FlightServerError(f"ENOSPC budget: {path} needs {size} bytes, "
+                                           f"{self.budget - self.used_bytes()} left and no replica may go")
+        for p in victims:
+            if self.drop(p):
+                self.evictions += 1
+                log.info("evicted %s to make room for %s", p, path)
+
     def _local_name(self, path: str) -> str:
         return os.path.join(self.data_dir, hashlib.sha256(path.encode()).hexdigest()[:32])
 
@@ -216,19 +288,25 @@ class AgentServer(fl.FlightServerBase):
         return sum(r.size for r in self.replicas.values())
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16,
-                  priority: str = "background", job: Optional[str] = None, importance: float = 1.0) -> dict:
+                  priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
+                  expect: Optional[tuple[int, int]] = None) -> dict:
         """Copy `path` here (from the store, or from the agent at `source`) and keep it `ttl_s`.
 
         The copy is `parallel` ranged reads of 8 MiB in flight, enough to fill the bandwidth-delay
         product of a long link; one copy per path at a time (a second caller waits for the first).
         The source's size and mtime are checked before and after: a file that changed during the
-        copy is not kept (EAGAIN).
+        copy is not kept (EAGAIN). `expect` = (size, mtime_ns) of the version to copy (from a
+        journal record) saves the first check: one round trip less per file on a long link.
+        A replica of another version than `expect` is replaced.
         """
         while True:
             with self.lock:
                 rep = self.replicas.get(path)
-                if rep is not None:
+                if rep is not None and (expect is None or (rep.size, rep.source_mtime_ns) == tuple(expect)):
                     rep.expires_at = max(rep.expires_at, time.time() + ttl_s)
+                    rep.last_used = time.monotonic()
+                    if self.persistent:
+                        _write_sidecar(rep.local, rep)
                     return {"path": path, "size": rep.size, "already": True}
                 busy = self._copying.get(path)
                 if busy is None:
@@ -236,18 +314,24 @@ class AgentServer(fl.FlightServerBase):
                     break
             busy.wait()
         try:
-            return self._copy_in(path, ttl_s, source, parallel, priority, job, importance)
+            if rep is not None:
+                self.drop(path)    # an older version: the new one replaces it
+            return self._copy_in(path, ttl_s, source, parallel, priority, job, importance, expect)
         finally:
             with self.lock:
                 self._copying.pop(path).set()
+                self._copying_version.pop(path, None)
 
     def _copy_in(self, path: str, ttl_s: float, source: Optional[str], parallel: int,
-                 priority: str = "background", job: Optional[str] = None, importance: float = 1.0) -> dict:
-        st = self.store.stat(path)
+                 priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
+                 expect: Optional[tuple[int, int]] = None) -> dict:
+        if expect is not None and not source:
+            st = Stat(stat_mod.S_IFREG | 0o644, int(expect[0]), int(expect[1]), int(expect[1]))
+        else:
+            st = self.store.stat(path)
         with self.lock:
-            if self.used_bytes() + st.size > self.budget:
-                raise fl.FlightServerError(f"ENOSPC budget: {path} needs {st.size} bytes, "
-                                           f"{self.budget - self.used_bytes()} left")
+            self._copying_version[path] = (st.size, st.mtime_ns)
+        self._make_room(path, st.size)
         local = self._local_name(path)
         tmp = local + ".part"
         if source:
@@ -256,11 +340,29 @@ class AgentServer(fl.FlightServerBase):
             read = lambda off, n: src.read(path, off, n, replica_only=True)  # noqa: E731
         else:
             src = None
-            reader, _ = self.store.open_reader(path)
+            open_data = getattr(self.store, "open_data", None)   # a reader without its own stat
+            reader = open_data(path) if open_data is not None else self.store.open_reader(path)[0]
             read = reader.read
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         chunk = self.cfg.agent.link_chunk_bytes if self.link is not None and not source else _CHUNK
         ranges = [(off, min(chunk, st.size - off)) for off in range(0, st.size, chunk)]
+        # One ranged GET returns one version whole: asking for a byte more than expected shows a
+        # grown file, and a same-size rewrite journals a record of its own (copied again then).
+        single = expect is not None and not source and len(ranges) <= 1
+        if single:
+            ranges = [(0, st.size + 1)]
+        # A copy of this very version that was cut (the link dropped) resumes at the ranges it
+        # had not finished; the `.part` file is never served either way.
+        partial = self._partial.pop(path, None)
+        done: dict[int, int] = {}
+        if (partial is not None and partial["version"] == st.identity() and partial["chunk"] == chunk
+                and not single and os.path.exists(tmp)):
+            done = partial["done"]
+            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+            log.info("resuming the copy of %s: %d of %d ranges already here", path, len(done), len(ranges))
+        else:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        resumed = len(done)
+        ranges = [r for r in ranges if r[0] not in done]
         tid = None
         if self.link is not None and not source and ranges:
             # Copies from the store cross the shared link: each chunk waits for its turn.
@@ -272,14 +374,23 @@ class AgentServer(fl.FlightServerBase):
                     self.link.acquire(tid)
                 data = read(*rng)
                 os.pwrite(fd, data, rng[0])
+                with self.lock:
+                    done[rng[0]] = len(data)
                 return len(data)
 
-            if len(ranges) > 1 and parallel > 1:
-                from concurrent.futures import ThreadPoolExecutor
-                with ThreadPoolExecutor(min(parallel, len(ranges))) as pool:
-                    copied = sum(pool.map(copy, ranges))
-            else:
-                copied = sum(map(copy, ranges))
+            try:
+                if len(ranges) > 1 and parallel > 1:
+                    from concurrent.futures import ThreadPoolExecutor
+                    with ThreadPoolExecutor(min(parallel, len(ranges))) as pool:
+                        list(pool.map(copy, ranges))
+                else:
+                    list(map(copy, ranges))
+            except BaseException:
+                if not single:
+                    with self.lock:
+                        self._partial[path] = {"version": st.identity(), "chunk": chunk, "done": done}
+                raise
+            copied = sum(done.values())
         finally:
             os.close(fd)
             if tid is not None:
@@ -288,16 +399,36 @@ class AgentServer(fl.FlightServerBase):
                 src.close()
             else:
                 reader.close()
-        after = self.store.stat(path)
+        after = st if single else self.store.stat(path)
         if copied != st.size or after.identity() != st.identity():
             os.unlink(tmp)
             raise fl.FlightServerError(f"EAGAIN {path} changed or was short during the copy")
         os.rename(tmp, local)
         fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+        rep = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns, time.monotonic())
+        if self.persistent:
+            _write_sidecar(local, rep)
         with self.lock:
-            self.replicas[path] = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns)
+            self.replicas[path] = rep
+            self.resumed_ranges += resumed
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
+
+    def tier_stat(self, path: str) -> dict:
+        """What this agent holds at `path`: a ready replica (its version), a copy in flight (the
+        version being copied), a folder of replicas, or nothing. Eval mounts answer lookups of
+        routed paths with it instead of a round trip to the remote store."""
+        with self.lock:
+            rep = self.replicas.get(path)
+            if rep is not None:
+                return {"state": "ready", "size": rep.size, "mtime_ns": rep.source_mtime_ns}
+            ver = self._copying_version.get(path)
+            if ver is not None:
+                return {"state": "copying", "size": ver[0], "mtime_ns": ver[1]}
+            prefix = path.rstrip("/") + "/"
+            if any(p.startswith(prefix) for p in self.replicas) or any(p.startswith(prefix) for p in self._copying):
+                return {"state": "dir"}
+        return {"state": "absent"}
 
     def has(self, path: str, size: int, mtime_ns: int) -> bool:
         """A complete replica of exactly this version of `path` is here."""
@@ -311,10 +442,11 @@ class AgentServer(fl.FlightServerBase):
         if rep is not None:
             # A read running on another thread may still hold the fd: retire it, close it later.
             self._retired_fds.append(rep.fd)
-            try:
-                os.unlink(rep.local)
-            except FileNotFoundError:
-                pass
+            for name in (rep.local + ".meta", rep.local):   # the description first: no orphan data is trusted
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
         return rep is not None
 
     def _reclaim_loop(self) -> None:
@@ -344,7 +476,8 @@ class AgentServer(fl.FlightServerBase):
                 "load": {"reads_in_flight": self.in_flight, "reads_served": self.reads_served,
                          "bytes_served": self.bytes_served,
                          "bytes_per_s": round(self.bytes_served / elapsed, 1)},
-                "budget": {"bytes": self.budget, "used": self.used_bytes()},
+                "budget": {"bytes": self.budget, "used": self.used_bytes(), "evictions": self.evictions},
+                "resumed_ranges": self.resumed_ranges,
             }
 
     def do_action(self, context, action):
@@ -354,7 +487,7 @@ class AgentServer(fl.FlightServerBase):
             if kind == "replicate":
                 result = self.replicate(body["path"], float(body.get("ttl_s", 600)), body.get("source"),
                                         priority=body.get("priority", "background"), job=body.get("job"),
-                                        importance=float(body.get("importance", 1.0)))
+                                        importance=float(body.get("importance", 1.0)), expect=body.get("expect"))
             elif kind == "signal":
                 if self.link is None:
                     result = {"applied": False}
@@ -379,6 +512,8 @@ class AgentServer(fl.FlightServerBase):
             elif kind == "forget":
                 self.samples.forget({(p, int(s)) for p, s in body["keep"]})
                 result = {"ok": True}
+            elif kind == "tier_stat":
+                result = self.tier_stat(body["path"])
             elif kind == "has":
                 result = {"has": self.has(body["path"], int(body["size"]), int(body["mtime_ns"]))}
             elif kind == "ping":
@@ -404,20 +539,71 @@ class AgentServer(fl.FlightServerBase):
         if self._samples is not None:
             self._samples.close()
         super().shutdown()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+        if self.persistent:   # replicas stay for the next agent on this data_dir to adopt
+            with self.lock:
+                for r in self.replicas.values():
+                    os.close(r.fd)
+                self.replicas.clear()
+        else:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
-def _reap_dead_instances(data_dir: str) -> None:
-    for name in os.listdir(data_dir):
-        if not name.startswith("agent-"):
+def _lock_folder(folder: str) -> int:
+    """Hold an exclusive flock on `folder/.lock` for the life of this instance (the kernel drops it
+    when the process dies, however it dies)."""
+    fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _stopped_instances(data_dir: str, kind: str) -> list[str]:
+    """Folders of `kind` whose owner is gone (its lock is free), locked now by the caller's
+    process until the returned fds... are closed by `_release`. Old folders without a lock file
+    count as gone when their pid is."""
+    out = []
+    for name in sorted(os.listdir(data_dir)):
+        if not name.startswith(kind + "-"):
             continue
-        try:
-            pid = int(name.split("-")[1])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
+        folder = os.path.join(data_dir, name)
+        lock = os.path.join(folder, ".lock")
+        if os.path.exists(lock):
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue          # its owner runs
+            os.close(fd)          # free: the owner stopped (a racing adopter finds it gone)
+            out.append(folder)
+        else:
+            try:
+                os.kill(int(name.split("-")[1]), 0)
+            except ProcessLookupError:
+                out.append(folder)
+            except (ValueError, IndexError, PermissionError):
+                continue
+    return out
+
+
+def _reap_dead_instances(data_dir: str, kind: str) -> None:
+    for folder in _stopped_instances(data_dir, kind):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_sidecar(local: str, rep: "Replica") -> None:
+    """`<replica>.meta`: what the replica is a copy of, written after the data (tmp + rename), so
+    a restarted agent trusts only complete, described copies."""
+    tmp = local + ".meta.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"path": rep.path, "size": rep.size, "mtime_ns": rep.source_mtime_ns,
+                   "expires_at": rep.expires_at}, f)
+    os.rename(tmp, local + ".meta")
 
 
 def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:
@@ -432,7 +618,7 @@ def run_agent(cfg) -> int:
     from .mount import build_store, check_store
     store = build_store(cfg)
     check_store(store, cfg)
-    server = AgentServer(cfg, store)
+    server = AgentServer(cfg, store, persistent=True)
     log.info("agent serving %s at %s (replicas in %s)", store.description, cfg.agent.location, cfg.agent.data_dir)
     import signal
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())

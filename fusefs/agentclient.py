@@ -68,9 +68,15 @@ class AgentClient:
         return self._call("forget", {"keep": keep})
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str] = None, priority: str = "background",
-                  job: Optional[str] = None, importance: float = 1.0) -> dict:
+                  job: Optional[str] = None, importance: float = 1.0,
+                  expect: Optional[tuple[int, int]] = None) -> dict:
         return self._call("replicate", {"path": path, "ttl_s": ttl_s, "source": source, "priority": priority,
-                                        "job": job, "importance": importance})
+                                        "job": job, "importance": importance,
+                                        "expect": list(expect) if expect is not None else None})
+
+    def tier_stat(self, path: str) -> dict:
+        """{"state": "ready"|"copying", "size", "mtime_ns"} | {"state": "dir"} | {"state": "absent"}"""
+        return self._call("tier_stat", {"path": path})
 
     def signal(self, job: str, severity: float = 1.0, clear: bool = False) -> dict:
         return self._call("signal", {"job": job, "severity": severity, "clear": clear})

@@ -118,7 +118,9 @@ class AgentConfig(Section):
     location: str = Field("grpc://127.0.0.1:8815", description="Flight location to bind: loopback unless "
                           "told otherwise; grpc+tls://host:port with tls_cert_file/tls_key_file.")
     data_dir: str = Field("/var/lib/hintfs/replicas", description="Where this agent keeps its replicas.")
-    budget_bytes: int = Field(64 << 30, ge=0, description="Most bytes of replicas kept on this agent's disk.")
+    budget_bytes: int = Field(64 << 30, ge=0, description="Most bytes of replicas kept on this agent's disk; "
+                              "a copy beyond it evicts replicas by policy (expired, then older "
+                              "checkpoints, least recently used first) or is refused (ENOSPC).")
     token_file: Optional[str] = Field(None, description="File holding the shared token clients must send; "
                                       "unset means no authentication (loopback use only).")
     tls_cert_file: Optional[str] = Field(None, description="PEM certificate for TLS.")
