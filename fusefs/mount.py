@@ -127,7 +127,11 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     from .signals import SignalForwarder
     signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), hints.clients, stats)
     control.add_dir(signals.control_dir())
-    ops = Operations(store, cfg, stats, control, replica_reads, tensors)
+    view = store
+    if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
+        from .routedstore import RoutedStore
+        view = RoutedStore(store, cfg.routes, hints.clients, stats)
+    ops = Operations(view, cfg, stats, control, replica_reads, tensors)
     replica_reads.store_read = ops.store_read
     if cfg.metrics.enabled:
         from .metrics import start_metrics
