@@ -39,7 +39,7 @@ def test_marker_is_copied_last_and_keep_last(tmp_path):
         (ck1 / ".metadata").write_bytes(b"meta")
         _journal(store, "ckpt/job/step_1/.metadata")
         (ck1 / "__1_0.distcp").write_bytes(b"b" * 50_000)   # closed after the marker was journaled
-        f.step()
+        f.step(wait=True)
         # The marker waits for every other file of its folder, then completes the checkpoint.
         assert f.status()["complete"] == ["ckpt/job/step_1"]
         c = AgentClient(loc)
@@ -53,7 +53,7 @@ def test_marker_is_copied_last_and_keep_last(tmp_path):
         (ck2 / ".metadata").write_bytes(b"meta2")
         _journal(store, "ckpt/job/step_2/__0_0.distcp")
         _journal(store, "ckpt/job/step_2/.metadata")
-        f.step()
+        f.step(wait=True)
         assert f.status()["complete"] == ["ckpt/job/step_2"]
         assert set(c.status()["replicas"]) == {"ckpt/job/step_2/__0_0.distcp", "ckpt/job/step_2/.metadata"}
     finally:
@@ -68,7 +68,7 @@ def test_listing_fallback_without_journal(tmp_path):
     (ck / ".metadata").write_bytes(b"m")
     server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
     try:
-        server.follower.step()
+        server.follower.step(wait=True)
         assert server.follower.status()["complete"] == ["ckpt/j/s1"]
         assert AgentClient(loc).has("ckpt/j/s1/x.distcp", 10, os.stat(ck / "x.distcp").st_mtime_ns)
     finally:
@@ -166,3 +166,123 @@ def test_signals_control_file(mount_factory, tmp_path):
         assert wait_for(lambda: server.link.sched._signals == {})
     finally:
         server.shutdown()
+
+
+def test_journal_records_in_names_and_content():
+    from fusefs.journal import decode_name
+    name = record_name("ckpt/run/step_1/__0_0.distcp", 123, 456)
+    assert name.endswith(".rec") and len(name.encode()) <= 255
+    assert decode_name(name) == {"path": "ckpt/run/step_1/__0_0.distcp", "size": 123, "mtime_ns": 456}
+    long = "ckpt/" + "x" * 300
+    assert record_name(long, 1, 2).endswith(".json")       # too long for a name: the content says it
+    assert decode_name("00000000000000000001-h-1-0.json") is None
+    assert decode_name("garbage~x.rec") is None
+
+
+def test_follower_copies_journaled_version_and_recopies_a_rewrite(tmp_path):
+    store = tmp_path / "store"
+    ck = store / "ckpt" / "job" / "step_1"
+    ck.mkdir(parents=True)
+    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    f, c = server.follower, AgentClient(loc)
+    try:
+        (ck / "w.distcp").write_bytes(b"a" * 100)
+        _journal(store, "ckpt/job/step_1/w.distcp")             # a record whose name carries it
+        (ck / "w.distcp").write_bytes(b"b" * 150)                # rewritten before the copy ran
+        f.step(wait=True)
+        # The copy asked for one byte more than journaled, saw 101 bytes: not the journaled
+        # version, so nothing is kept and the next round stats the store instead.
+        assert "ckpt/job/step_1/w.distcp" in f.status()["errors"]
+        assert c.status()["replicas"] == {}
+        f.step(wait=True)
+        st = os.stat(ck / "w.distcp")
+        assert c.has("ckpt/job/step_1/w.distcp", 150, st.st_mtime_ns)
+        assert c.read("ckpt/job/step_1/w.distcp", 0, 200, replica_only=True) == b"b" * 150
+        # A later journaled version replaces the replica.
+        (ck / "w.distcp").write_bytes(b"c" * 80)
+        _journal(store, "ckpt/job/step_1/w.distcp")
+        f.step(wait=True)
+        assert c.read("ckpt/job/step_1/w.distcp", 0, 200, replica_only=True) == b"c" * 80
+        assert c.tier_stat("ckpt/job/step_1/w.distcp")["size"] == 80
+        assert c.tier_stat("ckpt/job")["state"] == "dir"
+        assert c.tier_stat("ckpt/other")["state"] == "absent"
+    finally:
+        server.shutdown()
+
+
+def test_follower_serves_a_signalled_job_before_a_backlog(tmp_path):
+    store = tmp_path / "store"
+    cfg = parse_config({"store": {"uri": f"file://{store}"},
+                        "agent": {"data_dir": str(tmp_path / "tier"), "link_bytes_s": 8 << 20,
+                                  "link_chunk_bytes": 256 << 10},
+                        "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600}})
+    jobs = [f"job{i:02d}" for i in range(12)] + ["urgent"]
+    for j in jobs:
+        (store / "ckpt" / j / "s1").mkdir(parents=True)
+        (store / "ckpt" / j / "s1" / "w.distcp").write_bytes(os.urandom(1 << 20))
+        (store / "ckpt" / j / "s1" / ".metadata").write_bytes(b"m")
+    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    try:
+        server.link.signal("ckpt/urgent", 3.0)
+        for j in jobs:                                     # the urgent job's records come last
+            _journal(store, f"ckpt/{j}/s1/w.distcp")
+        for j in jobs:
+            _journal(store, f"ckpt/{j}/s1/.metadata")
+        server.follower.step(wait=True)
+        done = server.follower.status()["complete_at"]
+        assert len(done) == len(jobs)
+        # 13 MiB at 8 MiB/s: the urgent checkpoint is among the first few, not the last.
+        order = sorted(done, key=done.get)
+        assert order.index("ckpt/urgent/s1") <= 3, order
+    finally:
+        server.shutdown()
+
+
+@needs_fuse
+def test_eval_mount_takes_routed_metadata_from_the_tier(mount_factory, tmp_path):
+    store = tmp_path / "remote"
+    ck = store / "ckpt" / "run" / "step_1"
+    ck.mkdir(parents=True)
+    payload = {"__0_0.distcp": os.urandom(200_000), ".metadata": b"meta"}
+    for name, data in payload.items():
+        (ck / name).write_bytes(data)
+    (store / "ckpt" / "big.bin").write_bytes(os.urandom(3 << 20))
+    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    slow_cfg = parse_config({"store": {"uri": f"file://{store}"},
+                             "agent": {"data_dir": str(tmp_path / "tier2"), "link_bytes_s": 2 << 20,
+                                       "link_chunk_bytes": 256 << 10}})
+    slow, slow_loc = start_in_process(slow_cfg, LocalStore(str(store)))
+    try:
+        for name in payload:
+            _journal(store, f"ckpt/run/step_1/{name}")
+        server.follower.step(wait=True)
+        assert server.follower.status()["complete"] == ["ckpt/run/step_1"]
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt/run"\nlocal_agent = "{loc}"\n'
+                                 f'\n[[routes]]\nprefix = "ckpt/big.bin"\nlocal_agent = "{slow_loc}"\n')
+        # The tier's verified version is what the eval mount serves: even with the remote copy
+        # gone, attributes and bytes come from the tier (no remote round trip for them).
+        os.unlink(ck / "__0_0.distcp")
+        p = ev.mnt / "ckpt" / "run" / "step_1" / "__0_0.distcp"
+        assert os.stat(p).st_size == 200_000
+        assert p.read_bytes() == payload["__0_0.distcp"]
+        counters = ev.stats()["counters"]
+        assert counters.get("route_tier_stat", 0) >= 2 and counters.get("route_local", 0) >= 1
+        assert not (ev.mnt / "ckpt" / "run" / "nope").exists()    # not in the tier: the store says
+        # A copy in flight: the open waits for it (2 MiB/s link), then reads the tier's copy.
+        import threading
+        t = threading.Thread(target=lambda: AgentClient(slow_loc).replicate("ckpt/big.bin", 600, None,
+                                                                             priority="eval"))
+        t.start()
+        assert wait_for(lambda: AgentClient(slow_loc).tier_stat("ckpt/big.bin")["state"] == "copying", timeout=5)
+        assert (ev.mnt / "ckpt" / "big.bin").read_bytes() == (store / "ckpt" / "big.bin").read_bytes()
+        t.join(30)
+        assert ev.stats()["counters"].get("route_wait_copy", 0) >= 1
+        # The tier goes away: routed paths fall back to the store.
+        server.shutdown()
+        (ck / "__0_0.distcp").write_bytes(payload["__0_0.distcp"])
+        meta = ev.mnt / "ckpt" / "run" / "step_1" / ".metadata"
+        assert meta.read_bytes() == b"meta"
+    finally:
+        server.shutdown()
+        slow.shutdown()

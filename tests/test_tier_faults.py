@@ -1,0 +1,213 @@
+"""Cross-DC faults (issue 5): a cut link resumes, a changing file is copied again, a full tier
+evicts by policy, and a restarted agent rebuilds its catalog from disk."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fusefs.agent import AgentServer, start_in_process
+from fusefs.agentclient import AgentClient, AgentError
+from fusefs.localstore import LocalStore
+from mountconfig import parse_config
+from policy.tier import TierEntry, pick_evictions
+from tests.conftest import REPO, wait_for
+
+CHUNK = 64 << 10
+
+
+class FlakyStore(LocalStore):
+    """A LocalStore whose copy readers fail ("the link drops") after `fail_after` reads, once,
+    or run `on_read` before each read."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.fail_after = None
+        self.on_read = None
+        self.reads = 0
+
+    def open_data(self, rel):
+        reader, _st = self.open_reader(rel)
+        store = self
+
+        class R:
+            def read(self, off, n):
+                store.reads += 1
+                if store.fail_after is not None and store.reads > store.fail_after:
+                    store.fail_after = None
+                    raise ConnectionResetError("link dropped")
+                if store.on_read is not None:
+                    store.on_read(store.reads)
+                return reader.read(off, n)
+
+            def read_nowait(self, off, n):
+                return None
+
+            def close(self):
+                reader.close()
+        return R()
+
+
+def _cfg(tmp_path, store, **agent):
+    return parse_config({"store": {"uri": f"file://{store}"},
+                         "agent": {"data_dir": str(tmp_path / "tier"), "link_bytes_s": 1 << 30,
+                                   "link_chunk_bytes": CHUNK, **agent}})
+
+
+def test_cut_link_resumes_from_offsets_and_never_serves_a_torn_copy(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    data = os.urandom(16 * CHUNK)
+    (store / "w.bin").write_bytes(data)
+    fs = FlakyStore(str(store))
+    server, loc = start_in_process(_cfg(tmp_path, store), fs)
+    c = AgentClient(loc)
+    try:
+        fs.fail_after = 5
+        with pytest.raises(ConnectionResetError):
+            server.replicate("w.bin", 600, None, parallel=1)
+        assert c.tier_stat("w.bin")["state"] == "absent"          # the .part file is not served
+        with pytest.raises(AgentError):
+            c.read("w.bin", 0, 10, replica_only=True)
+        fs.reads = 0
+        server.replicate("w.bin", 600, None, parallel=1)
+        assert fs.reads == 16 - 5                                   # only the ranges not yet here
+        assert c.status()["resumed_ranges"] == 5
+        assert c.read("w.bin", 0, len(data) + 1, replica_only=True) == data
+    finally:
+        server.shutdown()
+
+
+def test_file_changing_during_copy_is_detected_and_copied_again(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "w.bin").write_bytes(b"a" * (8 * CHUNK))
+    fs = FlakyStore(str(store))
+    server, loc = start_in_process(_cfg(tmp_path, store), fs)
+    try:
+        def rewrite(n):
+            if n == 3:
+                (store / "w.bin").write_bytes(b"b" * (8 * CHUNK + 10))
+        fs.on_read = rewrite
+        import pyarrow.flight as fl
+        with pytest.raises(fl.FlightServerError, match="changed"):
+            server.replicate("w.bin", 600, None, parallel=1)
+        assert AgentClient(loc).tier_stat("w.bin")["state"] == "absent"
+        fs.on_read = None
+        server.replicate("w.bin", 600, None, parallel=1)
+        assert AgentClient(loc).read("w.bin", 0, 1 << 20, replica_only=True) == b"b" * (8 * CHUNK + 10)
+    finally:
+        server.shutdown()
+
+
+def test_eviction_policy_order_and_refusal():
+    e = [TierEntry("new/a", 10, last_used=1.0, newest=True),
+         TierEntry("old/a", 10, last_used=5.0),
+         TierEntry("old/b", 10, last_used=2.0),
+         TierEntry("exp", 10, last_used=9.0, expired=True),
+         TierEntry("busy", 100, last_used=0.0, pinned=True)]
+    assert pick_evictions(e, 15) == ["exp", "old/b"]
+    assert pick_evictions(e, 35) == ["exp", "old/b", "old/a", "new/a"]
+    assert pick_evictions(e, 41) == []            # pinned bytes never count: refuse instead
+    assert pick_evictions(e, 0) == []
+
+
+def test_full_tier_evicts_least_recently_used_and_reads_stay_correct(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    files = {f"f{i}": os.urandom(1 << 20) for i in range(4)}
+    for n, d in files.items():
+        (store / n).write_bytes(d)
+    server, loc = start_in_process(_cfg(tmp_path, store, budget_bytes=3 << 20), LocalStore(str(store)))
+    c = AgentClient(loc)
+    try:
+        for n in ("f0", "f1", "f2"):
+            c.replicate(n, 600)
+        c.read("f0", 0, 10, replica_only=True)          # f1 is now the least recently used
+        c.replicate("f3", 600)
+        st = c.status()
+        assert set(st["replicas"]) == {"f0", "f2", "f3"} and st["budget"]["evictions"] == 1
+        assert st["budget"]["used"] <= 3 << 20
+        for n in ("f0", "f2", "f3"):
+            assert c.read(n, 0, 2 << 20, replica_only=True) == files[n]
+        assert c.read("f1", 0, 2 << 20) == files["f1"]     # not in the tier: read from the store
+        big = os.urandom(4 << 20)
+        (store / "big").write_bytes(big)
+        with pytest.raises(AgentError) as err:             # more than the whole budget
+            c.replicate("big", 600)
+        assert "ENOSPC" in str(err.value)
+    finally:
+        server.shutdown()
+
+
+def test_persistent_agent_rebuilds_its_catalog_after_a_stop(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "a").write_bytes(b"a" * 1000)
+    (store / "b").write_bytes(b"b" * 3000)
+    cfg = _cfg(tmp_path, store)
+    first = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0", persistent=True)
+    first.replicate("a", 600, None)
+    first.replicate("b", 600, None)
+    first.shutdown()
+    second = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0", persistent=True)
+    try:
+        assert set(second.replicas) == {"a", "b"}
+        assert second.read_range("b", 0, 5000, replica_only=True) == b"b" * 3000
+        st = os.stat(store / "a")
+        assert second.has("a", 1000, st.st_mtime_ns)
+    finally:
+        second.shutdown()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_agent_killed_with_sigkill_restarts_with_its_replicas(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    payload = os.urandom(300_000)
+    (store / "ck.distcp").write_bytes(payload)
+    port = _free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{port}"\n'
+                   f'data_dir = "{tmp_path / "tier"}"\n[logging]\nfile = "{tmp_path / "agent.log"}"\n')
+
+    def start():
+        p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(cfg)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = AgentClient(f"grpc://127.0.0.1:{port}")
+        def up():
+            try:
+                return c.status() is not None
+            except AgentError:
+                return False
+        assert wait_for(up, timeout=30), (tmp_path / "agent.log").read_text()
+        return p, c
+
+    p, c = start()
+    try:
+        c.replicate("ck.distcp", 600)
+        # a torn copy left behind by the crash: never adopted
+        folder = next((tmp_path / "tier").glob("agent-*"))
+        (folder / "deadbeef.part").write_bytes(b"half")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        p, c = start()
+        st = c.status()
+        assert set(st["replicas"]) == {"ck.distcp"}
+        assert c.read("ck.distcp", 0, 1 << 20, replica_only=True) == payload
+        assert not list((tmp_path / "tier").glob("*/deadbeef.part"))
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
