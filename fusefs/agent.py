@@ -196,6 +196,21 @@ class AgentServer(fl.FlightServerBase):
         if req.get("op") == "sample":
             data = self.sample(req)
             return fl.RecordBatchStream(pa.table({"data": pa.array([data], type=pa.large_binary())}))
+        if req.get("op") == "samples_ready":   # transformed samples in the cache; nothing is started
+            rows = []
+            for path, kind, params, seed in req["samples"]:
+                try:
+                    data = self.samples.peek(path, kind, params, int(seed))
+                except (OSError, ValueError):
+                    data = None
+                if data is not None:
+                    rows.append((path, int(seed), data))
+            with self.lock:
+                self.bytes_served += sum(len(r[2]) for r in rows)
+            return fl.RecordBatchStream(pa.table({
+                "path": pa.array([r[0] for r in rows], type=pa.string()),
+                "seed": pa.array([r[1] for r in rows], type=pa.int64()),
+                "data": pa.array([r[2] for r in rows], type=pa.large_binary())}))
         try:
             data = self.read_range(req["path"], int(req["offset"]), int(req["length"]),
                                    bool(req.get("replica_only")))
@@ -512,6 +527,10 @@ class AgentServer(fl.FlightServerBase):
             elif kind == "forget":
                 self.samples.forget({(p, int(s)) for p, s in body["keep"]})
                 result = {"ok": True}
+            elif kind == "plan_window":   # forget + prefetch in one call: one per plan step
+                self.samples.forget({(p, int(s)) for p, s in body["keep"]})
+                started = self.samples.prefetch([tuple(x) for x in body["want"]]) if body["want"] else 0
+                result = {"started": started}
             elif kind == "tier_stat":
                 result = self.tier_stat(body["path"])
             elif kind == "has":

@@ -61,11 +61,26 @@ class AgentClient:
             raise AgentError(_errno_of(err), f"agent {self.location}: sample {path} failed: {err}") from None
         return table.column(0)[0].as_py()
 
+    def samples_ready(self, samples: list) -> list[tuple[str, int, bytes]]:
+        """Of [path, kind, params_json, aug_seed] items, the `.tensor` bytes the agent has ready,
+        as (path, aug_seed, bytes), in one call; samples not ready are left out."""
+        ticket = fl.Ticket(json.dumps({"op": "samples_ready", "samples": samples}).encode())
+        try:
+            table = self._client.do_get(ticket, self._opts).read_all()
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: samples_ready failed: {err}") from None
+        return list(zip(table.column("path").to_pylist(), table.column("seed").to_pylist(),
+                        table.column("data").to_pylist()))
+
     def prefetch(self, samples: list) -> dict:
         return self._call("prefetch", {"samples": samples})
 
     def forget(self, keep: list) -> dict:
         return self._call("forget", {"keep": keep})
+
+    def plan_window(self, keep: list, want: list) -> dict:
+        """Free transformed samples not in `keep`, start making `want` (one call per plan step)."""
+        return self._call("plan_window", {"keep": keep, "want": want})
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str] = None, priority: str = "background",
                   job: Optional[str] = None, importance: float = 1.0,

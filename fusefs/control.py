@@ -30,6 +30,9 @@ class ControlFile:
     name: str
     render: Optional[Callable[[], bytes]] = None          # read side
     apply: Optional[Callable[[object], None]] = None       # write side: takes parsed JSON
+    # Optional blocking step before `apply` (reading a file the document names), run in a worker
+    # thread; it gets the parsed JSON and returns what `apply` gets. Raises ControlInputError.
+    prepare: Optional[Callable[[object], object]] = None
     last_error: str = ""
     _error_view: Optional["ErrorView"] = field(default=None, repr=False)
 
@@ -113,10 +116,15 @@ def parse_json_document(data: bytes) -> object:
         raise ControlInputError(f"invalid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
 
 
-def apply_write(f: ControlFile, data: bytes) -> None:
-    """Parse and apply one written document; record the reason on failure and re-raise."""
+async def apply_write(f: ControlFile, data: bytes) -> None:
+    """Parse and apply one written document; record the reason on failure and re-raise.
+    `prepare` runs in a thread (the trio loop never blocks on it); `apply` runs in the loop."""
     try:
-        f.apply(parse_json_document(data))
+        doc = parse_json_document(data)
+        if f.prepare is not None:
+            import trio
+            doc = await trio.to_thread.run_sync(f.prepare, doc)
+        f.apply(doc)
     except ControlInputError as err:
         f.last_error = str(err)
         log.warning("refused write to .hintfs/%s: %s", f.name, err)

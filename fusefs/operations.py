@@ -842,7 +842,7 @@ class Operations(pyfuse3.Operations):
         h.dirty = False
         data = bytes(h.written)
         try:
-            apply_write(h.node, data)
+            await apply_write(h.node, data)
         except ControlInputError:
             self.stats.add("control_refused")
             raise pyfuse3.FUSEError(errno.EINVAL)

@@ -185,6 +185,16 @@ class SampleService:
         self.counts["tensor"] += 1
         return data, "tensor"
 
+    def peek(self, path: str, kind: str, params, aug_seed: int) -> Optional[bytes]:
+        """The cached `.tensor` bytes of this sample, or None (nothing is started)."""
+        key, _meta, _pjson = self._key_and_meta(path, kind, params, aug_seed)
+        with self.lock:
+            data = self.cache.get(key)
+            if data is not None:
+                self.cache.move_to_end(key)
+                self.counts["cache_hits"] += 1
+            return data
+
     def prefetch(self, samples: list[tuple[str, str, object, int]]) -> int:
         """Start transforms for (path, kind, params, aug_seed) not cached or running yet."""
         started = 0

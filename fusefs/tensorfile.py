@@ -15,6 +15,7 @@ that tell the agents which samples come next.
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 import hashlib
 import json
 import logging
@@ -37,20 +38,25 @@ class Plan:
     step: int
     lookahead: int
     steps: list[int]                       # sorted distinct steps
-    by_step: dict[int, list[tuple[str, int]]]
+    by_step: dict[int, list[tuple[str, int, int]]]                                 # step -> (sample, seed, rank)
     seeds: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)   # sample -> (steps, seeds)
+    ranks: dict[str, list[int]] = field(default_factory=dict)                     # sample -> ranks, by occurrence
+    local_ranks: set[int] = field(default_factory=set)   # ranks whose samples this mount has served
+    pulled: set[int] = field(default_factory=set)        # steps whose ready tensors were pulled here
 
 
 def _load_plan_rows(store, rel: str):
+    import pyarrow as pa
     import pyarrow.parquet as pq
     reader, st = store.open_reader(rel)
     try:
         data = reader.read(0, st.size)
     finally:
         reader.close()
-    import pyarrow as pa
-    table = pq.read_table(pa.BufferReader(data), columns=["step", "sample", "aug_seed"])
-    return table.column("step").to_pylist(), table.column("sample").to_pylist(), table.column("aug_seed").to_pylist()
+    # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.1 s of CPU) for nothing.
+    table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["step", "rank", "sample", "aug_seed"])
+    return (table.column("step").to_pylist(), table.column("rank").to_pylist(),
+            table.column("sample").to_pylist(), table.column("aug_seed").to_pylist())
 
 
 class TensorFiles:
@@ -62,8 +68,15 @@ class TensorFiles:
         self.clients = clients
         self.stats = stats
         self.plans: dict[str, Plan] = {}
+        self._pjson: dict[int, str] = {}
+        self.pull_bytes = cfg.transform_load.mount_pull_bytes
+        self._pulled: "OrderedDict[tuple[str, int], bytes]" = OrderedDict()
+        self._pulled_bytes = 0
+        self._pulling: dict[tuple[str, int], trio.Event] = {}
         self.limiter = trio.CapacityLimiter(16)
         self._send, self._recv = trio.open_memory_channel(256)
+        if self.rules:   # plans are Parquet: import it now, not during the first registration
+            import pyarrow.parquet  # noqa: F401
 
     # -- which paths are virtual -------------------------------------------------------------------
     def match(self, path: str):
@@ -75,11 +88,23 @@ class TensorFiles:
         rule = match_rule(self.rules, source)
         return (source, rule) if rule is not None else None
 
+    def _params_json(self, rule) -> str:
+        """The canonical JSON of a rule's parameters, computed once per rule."""
+        pj = self._pjson.get(id(rule))
+        if pj is None:
+            from transforms.params import params_json
+            pj = self._pjson[id(rule)] = params_json(rule.params)
+        return pj
+
     def _agent_for(self, source: str) -> str:
         return self.agents[int(hashlib.sha256(source.encode()).hexdigest(), 16) % len(self.agents)]
 
     # -- seeds and progress from plans -------------------------------------------------------------
     def seed_for(self, source: str) -> int:
+        return self._locate(source)[0]
+
+    def _locate(self, source: str) -> tuple[int, Optional[Plan]]:
+        """The sample's seed, and the plan it is read under (None without one)."""
         for plan in self.plans.values():
             entry = plan.seeds.get(source)
             if entry:
@@ -87,10 +112,11 @@ class TensorFiles:
                 # The sample's first occurrence at or after the current step; a read of a later
                 # step's sample shows that step has started.
                 i = min(bisect.bisect_left(steps, plan.step), len(steps) - 1)
+                plan.local_ranks.add(plan.ranks[source][i])
                 self._advance(plan, steps[i])
-                return seeds[i]
+                return seeds[i], plan
         from transforms.params import default_seed
-        return default_seed(source)
+        return default_seed(source), None
 
     def _advance(self, plan: Plan, step: int) -> None:
         if step > plan.step:
@@ -106,19 +132,78 @@ class TensorFiles:
 
     async def fetch(self, source: str, rule) -> bytes:
         """The `.tensor` bytes of `source`, made by its agent (never in this event loop)."""
-        from transforms.params import params_json
-        seed = self.seed_for(source)
+        seed, plan = self._locate(source)
+        key = (source, seed)
+        if plan is not None and self.pull_bytes:
+            self._pull_ahead(plan)
+            pending = self._pulling.get(key)
+            if pending is not None:
+                await pending.wait()
+            data = self._pulled.pop(key, None)
+            if data is not None:
+                self._pulled_bytes -= len(data)
+                self.stats.add("tensor_opens")
+                self.stats.add("tensor_pulled_hits")
+                return data
         client = self.clients[self._agent_for(source)]
-        data = await trio.to_thread.run_sync(client.sample, source, rule.kind, params_json(rule.params), seed,
+        data = await trio.to_thread.run_sync(client.sample, source, rule.kind, self._params_json(rule), seed,
                                              True, limiter=self.limiter)
         self.stats.add("tensor_opens")
         return data
+
+    # -- pulling a step's ready tensors in one call per agent -----------------------------------------
+    def _pull_ahead(self, plan: Plan) -> None:
+        """At the first read of step N, fetch the tensors of steps N and N+1 (this host's ranks)
+        that the agents have ready, one call per agent: later opens of those samples are served
+        from here without a call and a thread hand-off each. Bounded by `mount_pull_bytes`."""
+        for step in (plan.step, plan.step + 1):
+            if step in plan.pulled or step not in plan.by_step:
+                continue
+            plan.pulled.add(step)
+            want: dict[str, list] = {}
+            for sample, seed, rank in plan.by_step[step]:
+                key = (sample, seed)
+                if rank not in plan.local_ranks or key in self._pulled or key in self._pulling:
+                    continue
+                m = self.match(sample + SUFFIX)
+                if m is None:
+                    continue
+                self._pulling[key] = trio.Event()
+                want.setdefault(self._agent_for(sample), []).append([sample, m[1].kind, self._params_json(m[1]), seed])
+            for loc, samples in want.items():
+                trio.lowlevel.spawn_system_task(self._pull, loc, samples)
+        for old in [s for s in plan.pulled if s < plan.step - 1]:
+            plan.pulled.discard(old)
+        # What was pulled for steps that are over (opened under another seed, or never) goes.
+        live = {(sa, se) for st in (plan.step, plan.step + 1) for sa, se, _r in plan.by_step.get(st, ())}
+        for key in [k for k in self._pulled if k not in live and k[0] in plan.seeds]:
+            self._pulled_bytes -= len(self._pulled.pop(key))
+
+    async def _pull(self, loc: str, samples: list) -> None:
+        try:
+            got = await trio.to_thread.run_sync(self.clients[loc].samples_ready, samples, limiter=self.limiter)
+        except OSError as err:
+            log.warning("pulling ready tensors from %s failed: %s", loc, err)
+            got = []
+        for path, seed, data in got:
+            if self._pulled_bytes + len(data) > self.pull_bytes:
+                break
+            self._pulled[(path, seed)] = data
+            self._pulled_bytes += len(data)
+        while len(self._pulled) > 0 and self._pulled_bytes > self.pull_bytes:
+            _k, old = self._pulled.popitem(last=False)
+            self._pulled_bytes -= len(old)
+        for sample, _kind, _params, seed in samples:
+            ev = self._pulling.pop((sample, seed), None)
+            if ev is not None:
+                ev.set()
 
     # -- plan registration ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
         d = ControlDir("plans")
         d.make_file = lambda name: ControlFile(name, render=lambda: self._render(name),
-                                               apply=lambda doc: self.register(name, doc))
+                                               prepare=lambda doc: self.prepare(name, doc),
+                                               apply=lambda prepared: self.install(name, prepared))
         return d
 
     def _render(self, job: str) -> bytes:
@@ -129,6 +214,11 @@ class TensorFiles:
                             "steps": len(plan.steps)}) + "\n").encode()
 
     def register(self, job: str, doc: object) -> None:
+        """Validate and apply a registration at once (blocking: for callers outside the loop)."""
+        self.install(job, self.prepare(job, doc))
+
+    def prepare(self, job: str, doc: object):
+        """Validate a registration and read its plan (blocking: a worker thread); nothing changes."""
         if not isinstance(doc, dict) or not set(doc) <= {"plan", "step", "lookahead"} or "step" not in doc:
             raise ControlInputError('expected {"plan": relpath, "step": N, "lookahead"?: W}')
         step = doc["step"]
@@ -137,40 +227,48 @@ class TensorFiles:
         lookahead = doc.get("lookahead", self.lookahead_default)
         if not isinstance(lookahead, int) or lookahead < 0:
             raise ControlInputError("lookahead: must be an integer >= 0")
-        existing = self.plans.get(job)
         if "plan" not in doc:
+            return ("step", step, lookahead)
+        from .plan import parse_plan_registration
+        reg = parse_plan_registration(doc)   # one validation for the mount and the helpers
+        path, step = reg.plan, reg.step
+        lookahead = reg.lookahead if reg.lookahead is not None else self.lookahead_default
+        try:
+            steps, ranks, samples, seeds = _load_plan_rows(self.store, path)
+        except FileNotFoundError:
+            raise ControlInputError(f"plan: {path} does not exist") from None
+        except Exception as err:
+            raise ControlInputError(f"plan: {path} is not a readable plan: {err}") from None
+        by_step: dict[int, list[tuple[str, int, int]]] = {}
+        per_sample: dict[str, list[tuple[int, int, int]]] = {}
+        for st, rk, sa, se in zip(steps, ranks, samples, seeds):
+            by_step.setdefault(st, []).append((sa, se, rk))
+            per_sample.setdefault(sa, []).append((st, se, rk))
+        plan = Plan(job, path, step, lookahead, sorted(by_step), by_step)
+        for sample, occ in per_sample.items():
+            occ.sort()
+            plan.seeds[sample] = ([o[0] for o in occ], [o[1] for o in occ])
+            plan.ranks[sample] = [o[2] for o in occ]
+        return ("plan", plan)
+
+    def install(self, job: str, prepared) -> None:
+        """Apply a prepared registration (in the trio loop)."""
+        if prepared[0] == "step":
+            _kind, step, lookahead = prepared
+            existing = self.plans.get(job)
             if existing is None:
                 raise ControlInputError("plan: required when registering a job")
             existing.step = step   # a step update
             existing.lookahead = lookahead
             self._queue(existing)
             return
-        from .plan import parse_plan_registration
-        reg = parse_plan_registration(doc)   # one validation for the mount and the helpers
-        path, step = reg.plan, reg.step
-        lookahead = reg.lookahead if reg.lookahead is not None else self.lookahead_default
-        try:
-            steps, samples, seeds = _load_plan_rows(self.store, path)   # validated before anything changes
-        except FileNotFoundError:
-            raise ControlInputError(f"plan: {path} does not exist") from None
-        except Exception as err:
-            raise ControlInputError(f"plan: {path} is not a readable plan: {err}") from None
-        by_step: dict[int, list[tuple[str, int]]] = {}
-        per_sample: dict[str, list[tuple[int, int]]] = {}
-        for st, sa, se in zip(steps, samples, seeds):
-            by_step.setdefault(st, []).append((sa, se))
-            per_sample.setdefault(sa, []).append((st, se))
-        plan = Plan(job, path, step, lookahead, sorted(by_step), by_step)
-        for sample, occ in per_sample.items():
-            occ.sort()
-            plan.seeds[sample] = ([o[0] for o in occ], [o[1] for o in occ])
+        plan = prepared[1]
         self.plans[job] = plan
         self.stats.add("plans_registered")
         self._queue(plan)
 
     async def run(self) -> None:
         """Background task: ask the agents for steps N+1..N+W and let them free steps before N."""
-        from transforms.params import params_json
         async for job in self._recv:
             plan = self.plans.get(job)
             if plan is None:
@@ -178,7 +276,7 @@ class TensorFiles:
             want: dict[str, list] = {}
             keep: dict[str, list] = {}
             for s in range(plan.step, plan.step + plan.lookahead + 1):
-                for sample, seed in plan.by_step.get(s, ()):
+                for sample, seed, _rank in plan.by_step.get(s, ()):
                     m = self.match(sample + SUFFIX)
                     if m is None:
                         continue
@@ -186,11 +284,10 @@ class TensorFiles:
                     keep.setdefault(loc, []).append([sample, seed])
                     # Step N too: at registration its samples are not being made yet; the agent
                     # skips what is cached or running, and demand reads go ahead of prefetches.
-                    want.setdefault(loc, []).append([sample, m[1].kind, params_json(m[1].params), seed])
+                    want.setdefault(loc, []).append([sample, m[1].kind, self._params_json(m[1]), seed])
             for loc in self.agents:
                 try:
-                    await trio.to_thread.run_sync(self.clients[loc].forget, keep.get(loc, []), limiter=self.limiter)
-                    if want.get(loc):
-                        await trio.to_thread.run_sync(self.clients[loc].prefetch, want[loc], limiter=self.limiter)
+                    await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
+                                                  want.get(loc, []), limiter=self.limiter)
                 except OSError as err:
                     log.warning("plan %s: agent %s: %s", job, loc, err)

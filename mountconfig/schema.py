@@ -169,6 +169,10 @@ class TransformLoadConfig(Section):
     cpu_leave: float = Field(0.70, gt=0, le=1, description="Agent CPU share below which fallback stops.")
     deadline_ms: float = Field(2000.0, gt=0, description="A sample not transformed by then is served raw "
                                "(with fallback on).")
+    mount_pull_bytes: int = Field(256 << 20, ge=0, description="Mount side: at the first read of plan step N, "
+                                  "the tensors of steps N and N+1 the agents have ready are fetched in one "
+                                  "call per agent and kept here (at most this many bytes) for their opens; "
+                                  "0: one call per open.")
 
 
 class JournalConfig(Section):

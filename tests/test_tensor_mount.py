@@ -135,3 +135,40 @@ def test_plan_seeds_and_inferred_progress(media_mount):
     assert decode((m.mnt / "imgs" / "2.jpg.tensor").read_bytes())[0].aug_seed == 13
     assert json.loads(ctl.read_text())["step"] == 1
     assert decode((m.mnt / "imgs" / "0.jpg.tensor").read_bytes())[0].aug_seed == 14
+
+
+def test_plan_steps_pulled_ahead_give_the_same_tensors(media_mount):
+    """With a plan, the mount pulls the ready tensors of steps N and N+1 in one call per agent;
+    what an open gets that way is the very tensor (seed and bytes) a direct fetch gives."""
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transforms.container import decode, load_sample
+    m = media_mount('\n[transform_load]\nfallback = false\nlookahead_steps = 3\n')
+    imgs = ["imgs/0.jpg", "imgs/1.jpg", "imgs/2.jpg"]
+    steps = 8
+    rows = {"step": [], "rank": [], "slot": [], "sample": [], "aug_seed": [], "est_cost_ms": []}
+    for s in range(steps):
+        for r in range(2):
+            rows["step"].append(s)
+            rows["rank"].append(r)
+            rows["slot"].append(0)
+            rows["sample"].append(imgs[(s * 2 + r) % 3])
+            rows["aug_seed"].append(1000 + s * 2 + r)
+            rows["est_cost_ms"].append(1.0)
+    pq.write_table(pa.table(rows), m.store / "plan.parquet")
+    (m.mnt / ".hintfs" / "plans" / "job").write_text(json.dumps({"plan": "plan.parquet", "step": 0}))
+    params = {"size": 64, "crop": [48, 48], "normalize": True}
+    for s in range(steps):
+        for r in range(2):
+            rel = imgs[(s * 2 + r) % 3]
+            blob = (m.mnt / (rel + ".tensor")).read_bytes()
+            meta = decode(blob)[0]
+            assert meta.aug_seed == 1000 + s * 2 + r
+            want = _local(m, rel, "image", params, seed=meta.aug_seed)
+            got = load_sample(blob)
+            assert all(np.array_equal(got[k], want[k]) for k in want)
+        time.sleep(0.3)      # the "GPU step": the agent makes the next steps meanwhile
+    # 12 of the 16 opens on an idle machine; the first reads of the run cannot be pulled
+    assert m.stats()["counters"].get("tensor_pulled_hits", 0) >= 6
