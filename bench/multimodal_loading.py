@@ -207,7 +207,12 @@ def trainer_main(spec):
             for _arrays, mode, n in b:
                 modes[mode] = modes.get(mode, 0) + 1
                 nbytes += n
-        time.sleep(spec["gpu_step_s"])
+        # The GPU step. The emulator sleeps it; --trainer-busy F spins the first F of it on
+        # the training core instead (a real trainer's main process launches kernels meanwhile).
+        busy_until = time.perf_counter() + spec["trainer_busy"] * spec["gpu_step_s"]
+        while time.perf_counter() < busy_until:
+            pass
+        time.sleep(max(0.0, spec["gpu_step_s"] * (1 - spec["trainer_busy"])))
     wall = time.perf_counter() - wall0
     for it in loaders:
         it._shutdown_workers()
@@ -344,7 +349,8 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
         spec = {"plan": os.path.join(ctx["store"], plan_rel), "plan_rel": plan_rel, "steps": steps,
                 "world": a.world, "batch": a.batch, "root": root, "raw": raw, "gpu_step_s": gpu_step_s,
                 "register": register, "lookahead": lookahead, "job": name, "out": out,
-                "init_s": a.init_s, "img_params": IMG_PARAMS, "vid_params": VID_PARAMS}
+                "init_s": a.init_s, "img_params": IMG_PARAMS, "vid_params": VID_PARAMS,
+                "trainer_busy": a.trainer_busy}
         d0 = tree_cpu(mpid) if mpid else (0.0, 0.0)
         g0 = tree_cpu(apid) if apid else (0.0, 0.0)
         b0 = tree_cpu(burn.pid)[0] if burn else 0.0
@@ -439,6 +445,9 @@ def main():
     ap.add_argument("--trainer")
     ap.add_argument("--steps", dest="steps_arg", type=int, help="steps per case (default: 30 quick, 2000 full)")
     ap.add_argument("--cases", help="comma-separated subset, e.g. C0,C3 (default: all)")
+    ap.add_argument("--trainer-busy", dest="trainer_busy", type=float, default=0.0,
+                    help="share of the GPU step the trainer's main process keeps the training core busy "
+                         "(0: it sleeps, as the issue's emulator does)")
     ap.add_argument("--float32", action="store_true", help="normalized float32 tensors (4x the bytes of uint8)")
     ap.add_argument("--init-s", dest="init_s", type=float, default=2.0,
                     help="trainer set-up time before step 0 (the same for every case)")
@@ -537,7 +546,7 @@ def main():
                   "images": a.n_img, "videos": a.n_vid, "long_videos": a.n_long, "long_video_s": a.long_s,
                   "video": "320x240 24 fps, H.264 (mbtree off)/H.265, GOP 25 or 250",
                   "image_params": IMG_PARAMS, "video_params": VID_PARAMS, "lookahead_steps": W,
-                  "transform_workers": 1, "burner_duty": 0.6, "init_s": a.init_s, "cpu_enter": 0.5, "cpu_leave": 0.42,
+                  "transform_workers": 1, "burner_duty": 0.6, "init_s": a.init_s, "trainer_busy": a.trainer_busy, "cpu_enter": 0.5, "cpu_leave": 0.42,
                   "deadline_ms": 500.0, "storage_cpu_limit": limit,
                   "transform_ms": {"mean": mean_ms, "p50": float(np.percentile(costs, 50)),
                                    "p99": float(np.percentile(costs, 99)), "max": float(max(costs))},
