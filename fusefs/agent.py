@@ -579,9 +579,9 @@ def _lock_folder(folder: str) -> int:
 
 
 def _stopped_instances(data_dir: str, kind: str) -> list[str]:
-    """Folders of `kind` whose owner is gone (its lock is free), locked now by the caller's
-    process until the returned fds... are closed by `_release`. Old folders without a lock file
-    count as gone when their pid is."""
+    """Folders of `kind` whose owner is gone: nobody holds their lock (an owner holds it from
+    start to exit, and the kernel drops it when the owner dies). Folders without a lock file (older
+    versions) count as gone when their pid is."""
     out = []
     for name in sorted(os.listdir(data_dir)):
         if not name.startswith(kind + "-"):

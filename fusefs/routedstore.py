@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import stat as stat_mod
+import time
 from typing import Optional
 
 from .store import Stat
@@ -66,6 +67,7 @@ class RoutedStore:
         self.stats = stats
         # A stat may be a call to the tier agent: never inline in the trio loop.
         self.inline_metadata = False
+        self._warned: dict[str, float] = {}
 
     def __getattr__(self, name):           # everything not routed is the store's
         return getattr(self._store, name)
@@ -82,7 +84,11 @@ class RoutedStore:
         try:
             return client, client.tier_stat(path)
         except OSError as err:
-            log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
+            now = time.monotonic()
+            if now - self._warned.get(route.local_agent, -1e9) > 30:   # not once per lookup
+                self._warned[route.local_agent] = now
+                log.warning("local tier %s unavailable (reading the store): %s", route.local_agent, err)
+            self.stats.add("route_tier_down")
             return None, {"state": "absent"}
 
     @staticmethod
