@@ -47,6 +47,20 @@ class ArrowReader:
                 self._file = None
 
 
+def _last_modified_ns(meta) -> Optional[int]:
+    """Last-Modified of an S3 object's HEAD (`2026-11-29T17:02:24Z`, seconds) in ns, or None."""
+    raw = meta.get("Last-Modified") if meta is not None else None
+    if not raw:
+        return None
+    from datetime import datetime, timezone
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        dt = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return int(dt.timestamp()) * 1_000_000_000
+
+
 def _stat_of(info: pafs.FileInfo) -> Stat:
     mtime = info.mtime_ns or 0
     if info.type == pafs.FileType.Directory:
@@ -118,6 +132,18 @@ class ArrowStore:
                 continue
 
     def open_reader(self, rel: str) -> tuple[ArrowReader, Stat]:
+        if self._is_s3:
+            # One request instead of two: opening sends a HEAD whose Last-Modified is the mtime
+            # a stat would give (each request is a round trip on a long link).
+            try:
+                f = self.fs.open_input_file(self._p(rel))
+            except FileNotFoundError:
+                f = None   # missing, or a "directory" (a prefix): the stat below says which
+            if f is not None:
+                mtime = _last_modified_ns(f.metadata())
+                if mtime is not None:
+                    return ArrowReader(f), Stat(_FILE_MODE, f.size(), mtime, mtime, 1)
+                f.close()
         info = self.fs.get_file_info(self._p(rel))
         st = _stat_of(info)
         if st.is_dir:

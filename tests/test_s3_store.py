@@ -124,3 +124,25 @@ def test_cp_r_and_diff_r_through_s3(s3_mount, tmp_path):
     subprocess.run(["cp", "-r", str(src), str(m.mnt / "copy")], check=True)
     r = subprocess.run(["diff", "-r", str(src), str(m.mnt / "copy")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+def test_open_reader_stat_matches_stat_in_one_request(s3_server, tmp_path):
+    """An S3 open takes size and mtime from the open's own HEAD (one round trip, not two); the
+    Stat must be the one `stat` gives, or close-to-open would see every file as changed."""
+    from fusefs.arrowstore import ArrowStore
+    _server, port = s3_server
+    fs = _s3fs(port)
+    fs.create_dir(BUCKET)
+    with fs.open_output_stream(f"{BUCKET}/d/x.bin") as f:
+        f.write(b"x" * 1234)
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}")
+    reader, st = store.open_reader("d/x.bin")
+    try:
+        assert st == store.stat("d/x.bin") and st.size == 1234
+        assert reader.read(0, 10) == b"x" * 10
+    finally:
+        reader.close()
+    with pytest.raises(IsADirectoryError):
+        store.open_reader("d")
+    with pytest.raises(FileNotFoundError):
+        store.open_reader("d/missing")
