@@ -177,9 +177,8 @@ def trainer_main(spec):
     t = pq.read_table(spec["plan"]).to_pydict()
     steps, world, B = spec["steps"], spec["world"], spec["batch"]
     # One DataLoader (one worker) reads each step's samples in plan order (rank 0's slots, then
-    # rank 1's): reads then follow the plan, which is how the mount infers progress. (Per-rank
-    # loaders running at different paces move the inferred step ahead of the slower rank; its
-    # samples then get the seed of their next occurrence and miss the prefetched tensors.)
+    # rank 1's), so the stall of a step is one wait. (The mount keeps progress per rank, so
+    # per-rank loaders at different paces would get their own steps' seeds too.)
     items = [None] * (steps * world * B)
     for s, r, sl, sa, se in zip(t["step"], t["rank"], t["slot"], t["sample"], t["aug_seed"]):
         if s < steps:

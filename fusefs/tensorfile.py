@@ -7,10 +7,10 @@ that tell the agents which samples come next.
   raw fallback) is fixed at the first open and shared by every handle open at the same time, so
   its size is exact once open and concurrent readers see the same bytes.
 - `.hintfs/plans/<job>` registers a Parquet plan (`step, rank, slot, sample, aug_seed, ...`) and
-  the current step. Each sample's `aug_seed` comes from the plan (the occurrence at or after the
-  current step), else from a hash of its path. When a read shows that a later step has started,
-  the current step moves on; the agents are asked to make steps N+1..N+W ahead and to free what is
-  before N.
+  the current step. Each sample's `aug_seed` comes from the plan (the occurrence nearest the step
+  its rank has reached, see `_locate`), else from a hash of its path. Reads move each rank's step
+  on; the agents are asked to make the steps from the slowest local rank's to the fastest one's
+  + W and to free what is before the slowest.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from .control import ControlDir, ControlFile, ControlInputError
 log = logging.getLogger("hintfs.tensorfile")
 
 SUFFIX = ".tensor"
+CONSUMED_PENALTY = 2   # steps: see TensorFiles._locate
 
 
 @dataclass
@@ -38,11 +39,15 @@ class Plan:
     step: int
     lookahead: int
     steps: list[int]                       # sorted distinct steps
+    base: int                              # the registered step: where every rank starts
     by_step: dict[int, list[tuple[str, int, int]]]                                 # step -> (sample, seed, rank)
     seeds: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)   # sample -> (steps, seeds)
     ranks: dict[str, list[int]] = field(default_factory=dict)                     # sample -> ranks, by occurrence
     local_ranks: set[int] = field(default_factory=set)   # ranks whose samples this mount has served
+    rank_step: dict[int, int] = field(default_factory=dict)   # inferred step of each local rank
+    front: int = 0                                        # the most advanced local rank's step
     pulled: set[int] = field(default_factory=set)        # steps whose ready tensors were pulled here
+    read: set[tuple[str, int, int]] = field(default_factory=set)   # (sample, step, rank) occurrences read
 
 
 def _load_plan_rows(store, rel: str):
@@ -104,24 +109,49 @@ class TensorFiles:
         return self._locate(source)[0]
 
     def _locate(self, source: str) -> tuple[int, Optional[Plan]]:
-        """The sample's seed, and the plan it is read under (None without one)."""
+        """The sample's seed, and the plan it is read under (None without one).
+
+        Progress is kept per rank: a read is the sample's occurrence nearest (at or after) the step
+        its rank has reached, so ranks reading at different paces each get their own step's seed,
+        and it moves that rank to that step. A read does not say which rank reads: when two ranks'
+        occurrences are equally near, the earlier step wins. `plan.step` is the slowest local rank's step (what
+        the agents may free before), `plan.front` the fastest one's (what they prepare after)."""
         for plan in self.plans.values():
             entry = plan.seeds.get(source)
             if entry:
                 steps, seeds = entry
-                # The sample's first occurrence at or after the current step; a read of a later
-                # step's sample shows that step has started.
-                i = min(bisect.bisect_left(steps, plan.step), len(steps) - 1)
-                plan.local_ranks.add(plan.ranks[source][i])
-                self._advance(plan, steps[i])
+                ranks = plan.ranks[source]
+                # Of the occurrences not behind their rank, the one nearest its rank's progress
+                # (each rank reads its steps in order; a rank not seen yet is at `base`). One
+                # already read counts as CONSUMED_PENALTY steps farther: a re-read of it still
+                # wins over a later epoch, another rank's unread one one step ahead does not.
+                best = None
+                for j in range(bisect.bisect_left(steps, plan.base), len(steps)):
+                    ahead = steps[j] - plan.rank_step.get(ranks[j], plan.base)
+                    if ahead < 0:
+                        continue
+                    score = ahead + (CONSUMED_PENALTY if (source, steps[j], ranks[j]) in plan.read else 0)
+                    if best is None or score < best[0]:
+                        best = (score, j)
+                i = best[1] if best is not None else len(steps) - 1
+                plan.read.add((source, steps[i], ranks[i]))
+                self._advance(plan, ranks[i], steps[i])
                 return seeds[i], plan
         from transforms.params import default_seed
         return default_seed(source), None
 
-    def _advance(self, plan: Plan, step: int) -> None:
-        if step > plan.step:
-            plan.step = step
-            self.stats.add("plan_steps_inferred")
+    def _advance(self, plan: Plan, rank: int, step: int) -> None:
+        plan.local_ranks.add(rank)
+        if step <= plan.rank_step.get(rank, plan.base) and rank in plan.rank_step:
+            return
+        plan.rank_step[rank] = max(step, plan.rank_step.get(rank, plan.base))
+        slowest, front = min(plan.rank_step.values()), max(plan.rank_step.values())
+        if (slowest, front) != (plan.step, plan.front):
+            if front > plan.front:
+                self.stats.add("plan_steps_inferred")
+            if slowest > plan.step:   # occurrences behind every rank are never candidates again
+                plan.read = {o for o in plan.read if o[1] >= slowest}
+            plan.step, plan.front = slowest, front
             self._queue(plan)
 
     def _queue(self, plan: Plan) -> None:
@@ -210,8 +240,9 @@ class TensorFiles:
         plan = self.plans.get(job)
         if plan is None:
             return b""
-        return (json.dumps({"plan": plan.path, "step": plan.step, "lookahead": plan.lookahead,
-                            "steps": len(plan.steps)}) + "\n").encode()
+        return (json.dumps({"plan": plan.path, "step": plan.front, "slowest_step": plan.step,
+                            "rank_steps": {str(r): s for r, s in sorted(plan.rank_step.items())},
+                            "lookahead": plan.lookahead, "steps": len(plan.steps)}) + "\n").encode()
 
     def register(self, job: str, doc: object) -> None:
         """Validate and apply a registration at once (blocking: for callers outside the loop)."""
@@ -244,7 +275,7 @@ class TensorFiles:
         for st, rk, sa, se in zip(steps, ranks, samples, seeds):
             by_step.setdefault(st, []).append((sa, se, rk))
             per_sample.setdefault(sa, []).append((st, se, rk))
-        plan = Plan(job, path, step, lookahead, sorted(by_step), by_step)
+        plan = Plan(job, path, step, lookahead, sorted(by_step), step, by_step, front=step)
         for sample, occ in per_sample.items():
             occ.sort()
             plan.seeds[sample] = ([o[0] for o in occ], [o[1] for o in occ])
@@ -258,7 +289,9 @@ class TensorFiles:
             existing = self.plans.get(job)
             if existing is None:
                 raise ControlInputError("plan: required when registering a job")
-            existing.step = step   # a step update
+            # a step update: every rank is there now
+            existing.step = existing.front = existing.base = step
+            existing.rank_step = {r: step for r in existing.rank_step}
             existing.lookahead = lookahead
             self._queue(existing)
             return
@@ -275,7 +308,7 @@ class TensorFiles:
                 continue
             want: dict[str, list] = {}
             keep: dict[str, list] = {}
-            for s in range(plan.step, plan.step + plan.lookahead + 1):
+            for s in range(plan.step, plan.front + plan.lookahead + 1):
                 for sample, seed, _rank in plan.by_step.get(s, ()):
                     m = self.match(sample + SUFFIX)
                     if m is None:

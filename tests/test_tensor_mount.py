@@ -172,3 +172,42 @@ def test_plan_steps_pulled_ahead_give_the_same_tensors(media_mount):
         time.sleep(0.3)      # the "GPU step": the agent makes the next steps meanwhile
     # 12 of the 16 opens on an idle machine; the first reads of the run cannot be pulled
     assert m.stats()["counters"].get("tensor_pulled_hits", 0) >= 6
+
+
+def test_ranks_reading_at_different_paces_get_their_own_steps_seeds(media_mount):
+    """Two ranks' loaders on one host, one far ahead of the other: each read gets the seed of the
+    occurrence at its own rank's step, not of a later epoch's occurrence."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transforms.container import decode
+    m = media_mount('\n[transform_load]\nfallback = false\nlookahead_steps = 1\n')
+    imgs = [f"imgs/e{i}.jpg" for i in range(8)]
+    for i, rel in enumerate(imgs):
+        _jpeg(m.store / rel, seed=10 + i, w=64, h=48)
+    # 2 ranks x 1 sample per step, 4 steps per epoch, 2 epochs (another order in the second).
+    order = [list(range(8)), [5, 2, 7, 0, 3, 6, 1, 4]]
+    rows = {"step": [], "rank": [], "slot": [], "sample": [], "aug_seed": [], "est_cost_ms": []}
+    for e in range(2):
+        for k in range(4):
+            for r in range(2):
+                s = 4 * e + k
+                rows["step"].append(s)
+                rows["rank"].append(r)
+                rows["slot"].append(0)
+                rows["sample"].append(imgs[order[e][2 * k + r]])
+                rows["aug_seed"].append(100 * s + r)
+                rows["est_cost_ms"].append(1.0)
+    pq.write_table(pa.table(rows), m.store / "plan.parquet")
+    ctl = m.mnt / ".hintfs" / "plans" / "job"
+    ctl.write_text(json.dumps({"plan": "plan.parquet", "step": 0}))
+
+    def read(s, r):
+        rel = imgs[order[s // 4][2 * (s % 4) + r]]
+        return decode((m.mnt / (rel + ".tensor")).read_bytes())[0].aug_seed
+
+    for s in range(6):                      # rank 0 runs into the second epoch
+        assert read(s, 0) == 100 * s
+    for s in range(6):                      # rank 1 still gets its first-epoch seeds, then its own
+        assert read(s, 1) == 100 * s + 1
+    doc = json.loads(ctl.read_text())
+    assert doc["step"] == 5 and doc["rank_steps"] == {"0": 5, "1": 5}
