@@ -357,7 +357,7 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
         proc = subprocess.Popen(["taskset", "-c", str(TRAIN_CORE), PY, os.path.abspath(__file__), "--trainer",
                                  json.dumps(spec)], cwd=REPO)
         core, util = [], []
-        deadline = time.time() + 600
+        deadline = time.time() + max(600.0, 3 * steps * gpu_step_s + a.init_s + 120)
 
         def storage_cpu():   # the storage core's processes: the agent, its transform workers, the burner
             g = tree_cpu(apid) if apid else (0.0, 0.0)
