@@ -41,42 +41,31 @@ class AgentClient:
             raise AgentError(_errno_of(err), f"agent {self.location}: {kind} failed: {err}") from None
         return json.loads(results[0].body.to_pybytes()) if results else {}
 
-    def read(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
-        ticket = fl.Ticket(json.dumps({"path": path, "offset": offset, "length": length,
-                                       "replica_only": replica_only}).encode())
+    def _get(self, doc: dict, what: str):
+        """One do_get stream, read whole; Flight errors become AgentError naming `what`."""
         try:
-            table = self._client.do_get(ticket, self._opts).read_all()
+            return self._client.do_get(fl.Ticket(json.dumps(doc).encode()), self._opts).read_all()
         except fl.FlightError as err:
-            raise AgentError(_errno_of(err), f"agent {self.location}: read {path} failed: {err}") from None
+            raise AgentError(_errno_of(err), f"agent {self.location}: {what} failed: {err}") from None
+
+    def read(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
+        table = self._get({"path": path, "offset": offset, "length": length, "replica_only": replica_only},
+                          f"read {path}")
         col = table.column(0)
         return col[0].as_py() if len(col) else b""
 
     def sample(self, path: str, kind: str, params_json: str, aug_seed: int, allow_raw: bool = True) -> bytes:
         """The bytes of `path`'s `.tensor` file, transformed on the agent (or raw, see samples.py)."""
-        ticket = fl.Ticket(json.dumps({"op": "sample", "path": path, "kind": kind, "params": params_json,
-                                       "aug_seed": aug_seed, "allow_raw": allow_raw}).encode())
-        try:
-            table = self._client.do_get(ticket, self._opts).read_all()
-        except fl.FlightError as err:
-            raise AgentError(_errno_of(err), f"agent {self.location}: sample {path} failed: {err}") from None
+        table = self._get({"op": "sample", "path": path, "kind": kind, "params": params_json,
+                           "aug_seed": aug_seed, "allow_raw": allow_raw}, f"sample {path}")
         return table.column(0)[0].as_py()
 
     def samples_ready(self, samples: list) -> list[tuple[str, int, bytes]]:
         """Of [path, kind, params_json, aug_seed] items, the `.tensor` bytes the agent has ready,
         as (path, aug_seed, bytes), in one call; samples not ready are left out."""
-        ticket = fl.Ticket(json.dumps({"op": "samples_ready", "samples": samples}).encode())
-        try:
-            table = self._client.do_get(ticket, self._opts).read_all()
-        except fl.FlightError as err:
-            raise AgentError(_errno_of(err), f"agent {self.location}: samples_ready failed: {err}") from None
+        table = self._get({"op": "samples_ready", "samples": samples}, "samples_ready")
         return list(zip(table.column("path").to_pylist(), table.column("seed").to_pylist(),
                         table.column("data").to_pylist()))
-
-    def prefetch(self, samples: list) -> dict:
-        return self._call("prefetch", {"samples": samples})
-
-    def forget(self, keep: list) -> dict:
-        return self._call("forget", {"keep": keep})
 
     def plan_window(self, keep: list, want: list) -> dict:
         """Free transformed samples not in `keep`, start making `want` (one call per plan step)."""

@@ -747,8 +747,8 @@ class Operations(pyfuse3.Operations):
     async def _route(self, path: str, st: Stat) -> None:
         """Eval side: serve a routed path from the local tier when it holds exactly this version
         (size and mtime verified by the agent); otherwise read through and ask it to fetch."""
-        route = next((r for r in self.routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")),
-                     None)
+        from .routedstore import route_of
+        route = route_of(self.routes, path)
         if route is None:
             return
         key = (path, st.identity())

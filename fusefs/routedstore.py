@@ -59,6 +59,11 @@ class _StoreFallbackReader:
             self.reader.close()
 
 
+def route_of(routes, path: str):
+    """The first route whose prefix is `path` or a folder above it, or None."""
+    return next((r for r in routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
+
+
 class RoutedStore:
     def __init__(self, store, routes, clients: dict, stats):
         self._store = store
@@ -72,12 +77,8 @@ class RoutedStore:
     def __getattr__(self, name):           # everything not routed is the store's
         return getattr(self._store, name)
 
-    def _route_of(self, path: str):
-        return next((r for r in self.routes
-                     if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
-
     def _tier(self, path: str) -> tuple[Optional[object], dict]:
-        route = self._route_of(path)
+        route = route_of(self.routes, path)
         if route is None:
             return None, {"state": "absent"}
         client = self.clients[route.local_agent]

@@ -158,14 +158,20 @@ class SampleService:
         return encode_raw(self._read_raw(key.path), make_meta(kind, pjson, key.aug_seed, meta["source"],
                                                               meta["source_size"], meta["source_mtime_ns"]))
 
+    def _cached(self, key: SampleKey) -> Optional[bytes]:
+        """A cache hit (counted, moved to the recent end) or None; the caller holds the lock."""
+        data = self.cache.get(key)
+        if data is not None:
+            self.cache.move_to_end(key)
+            self.counts["cache_hits"] += 1
+        return data
+
     def get(self, path: str, kind: str, params, aug_seed: int, allow_raw: bool = True) -> tuple[bytes, str]:
         """The `.tensor` bytes and how they were made: tensor | cache | raw_busy | raw_deadline."""
         key, meta, pjson = self._key_and_meta(path, kind, params, aug_seed)
         with self.lock:
-            data = self.cache.get(key)
+            data = self._cached(key)
             if data is not None:
-                self.cache.move_to_end(key)
-                self.counts["cache_hits"] += 1
                 return data, "cache"
             running = key in self.running
         fallback = allow_raw and self.cfg.fallback
@@ -189,11 +195,7 @@ class SampleService:
         """The cached `.tensor` bytes of this sample, or None (nothing is started)."""
         key, _meta, _pjson = self._key_and_meta(path, kind, params, aug_seed)
         with self.lock:
-            data = self.cache.get(key)
-            if data is not None:
-                self.cache.move_to_end(key)
-                self.counts["cache_hits"] += 1
-            return data
+            return self._cached(key)
 
     def prefetch(self, samples: list[tuple[str, str, object, int]]) -> int:
         """Start transforms for (path, kind, params, aug_seed) not cached or running yet."""

@@ -114,8 +114,9 @@ class TensorFiles:
         Progress is kept per rank: a read is the sample's occurrence nearest (at or after) the step
         its rank has reached, so ranks reading at different paces each get their own step's seed,
         and it moves that rank to that step. A read does not say which rank reads: when two ranks'
-        occurrences are equally near, the earlier step wins. `plan.step` is the slowest local rank's step (what
-        the agents may free before), `plan.front` the fastest one's (what they prepare after)."""
+        occurrences are equally near, the earlier step wins. `plan.step` is the slowest local
+        rank's step (what the agents may free before), `plan.front` the fastest one's (what they
+        prepare after)."""
         for plan in self.plans.values():
             entry = plan.seeds.get(source)
             if entry:
@@ -149,9 +150,11 @@ class TensorFiles:
         if (slowest, front) != (plan.step, plan.front):
             if front > plan.front:
                 self.stats.add("plan_steps_inferred")
-            if slowest > plan.step:   # occurrences behind every rank are never candidates again
-                plan.read = {o for o in plan.read if o[1] >= slowest}
+            moved = slowest > plan.step
             plan.step, plan.front = slowest, front
+            if moved:   # occurrences behind every rank are never candidates again
+                plan.read = {o for o in plan.read if o[1] >= slowest}
+                self._prune_pulled(plan)
             self._queue(plan)
 
     def _queue(self, plan: Plan) -> None:
@@ -202,9 +205,11 @@ class TensorFiles:
                 want.setdefault(self._agent_for(sample), []).append([sample, m[1].kind, self._params_json(m[1]), seed])
             for loc, samples in want.items():
                 trio.lowlevel.spawn_system_task(self._pull, loc, samples)
-        for old in [s for s in plan.pulled if s < plan.step - 1]:
-            plan.pulled.discard(old)
-        # What was pulled for steps that are over (opened under another seed, or never) goes.
+
+    def _prune_pulled(self, plan: Plan) -> None:
+        """When the slowest rank moves on: what was pulled for steps that are over (opened under
+        another seed, or never) goes."""
+        plan.pulled = {s for s in plan.pulled if s >= plan.step - 1}
         live = {(sa, se) for st in (plan.step, plan.step + 1) for sa, se, _r in plan.by_step.get(st, ())}
         for key in [k for k in self._pulled if k not in live and k[0] in plan.seeds]:
             self._pulled_bytes -= len(self._pulled.pop(key))
@@ -243,10 +248,6 @@ class TensorFiles:
         return (json.dumps({"plan": plan.path, "step": plan.front, "slowest_step": plan.step,
                             "rank_steps": {str(r): s for r, s in sorted(plan.rank_step.items())},
                             "lookahead": plan.lookahead, "steps": len(plan.steps)}) + "\n").encode()
-
-    def register(self, job: str, doc: object) -> None:
-        """Validate and apply a registration at once (blocking: for callers outside the loop)."""
-        self.install(job, self.prepare(job, doc))
 
     def prepare(self, job: str, doc: object):
         """Validate a registration and read its plan (blocking: a worker thread); nothing changes."""
