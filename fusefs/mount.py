@@ -239,18 +239,21 @@ def set_read_ahead(mp: str, kb: int) -> None:
 
 async def _announce_ready(mp: str, on_ready, cfg: MountConfig) -> None:
     # Prove the mount answers (a stat served by our own loop, from a thread) before saying so.
+    # Both stats below are answered by this very loop: if a signal stops pyfuse3.main first,
+    # they never return, so the threads are abandoned on cancel (closing the mount then fails
+    # their stat with ENOTCONN) instead of holding the nursery open forever.
     def probe():
         os.stat(os.path.join(mp, ".hintfs", "stats"))
 
     try:
-        await trio.to_thread.run_sync(probe)
+        await trio.to_thread.run_sync(probe, abandon_on_cancel=True)
     except OSError as err:
         log.error("mount does not answer: %s", err)
         pyfuse3.terminate()
         return
     if cfg.mount.read_ahead_kb:
-        # In a thread: stat() of our own mount is answered by this very event loop.
-        await trio.to_thread.run_sync(set_read_ahead, mp, cfg.mount.read_ahead_kb)
+        await trio.to_thread.run_sync(set_read_ahead, mp, cfg.mount.read_ahead_kb,
+                                      abandon_on_cancel=True)
     sd_notify("READY=1")
     if on_ready is not None:
         on_ready()

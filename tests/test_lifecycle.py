@@ -53,6 +53,24 @@ def test_foreground_mount_unmounts_cleanly_on_signal(tmp_path, sig):
         force_unmount(mnt)
 
 
+def test_signal_while_mount_is_still_announcing_itself(tmp_path):
+    # A signal that stops the FUSE loop while the readiness probe (a stat of the mount from a
+    # worker thread, answered by that same loop) is pending once hung the daemon forever.
+    store, mnt, cfg = _dirs(tmp_path)
+    for _ in range(3):
+        p = _foreground(cfg, mnt)
+        try:
+            assert wait_for(lambda: os.path.ismount(mnt), timeout=20, interval=0.001)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=20) == 0
+            assert not os.path.ismount(mnt)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            force_unmount(mnt)
+
+
 def test_fusermount_u_stops_the_daemon(tmp_path):
     store, mnt, cfg = _dirs(tmp_path)
     p = _foreground(cfg, mnt)
