@@ -34,10 +34,17 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 MODES = ["inference_alone", "training_alone", "static_50", "static_75", "governor_batch_end",
-         "governor_mid_backward", "governor_mid_backward_long_kv", "inference_alone_repeat"]
+         "governor_mid_backward", "governor_mid_backward_long_kv", "governor_paged_long_kv",
+         "governor_handoff_long_kv", "inference_alone_repeat"]
 # Stress mode: the decoder reserves its KV cache for a 4x longer context (6 GiB), more than the
 # slack under training's quota, so that reclaims must physically release (and may abort).
-LONG_KV = {"governor_mid_backward_long_kv": 4}
+LONG_KV = {"governor_mid_backward_long_kv": 4, "governor_paged_long_kv": 4, "governor_handoff_long_kv": 4}
+# Training through the page allocator (governor/pagealloc.py as torch's allocator): a release
+# unmaps only the empty 32 MiB pages needed to get under the target, no empty_cache.
+# Handoff: those pages go (as fds, through the daemon) to the inference server being granted,
+# which maps and zeroes them for its KV cache instead of allocating new memory.
+PAGED = ("governor_paged_long_kv", "governor_handoff_long_kv")
+HANDOFF = ("governor_handoff_long_kv",)
 # One inference server process per model kind, each with its own FIFO queue (as separate
 # services would be): a ResNet request never waits behind a decoder's 80 ms prefill.
 SERVERS = ["resnet50", "vit_b_16", "decoder"]
@@ -186,7 +193,9 @@ def role_infer(args) -> None:
     def weight_bytes(kind):
         return sum(t.numel() * t.element_size() for t in host_params[kind].values())
 
-    client = InferenceClient(args.socket, name=f"bench-{args.kinds}")
+    client = InferenceClient(args.socket, name=f"bench-{args.kinds}", accept_pages=args.mode in HANDOFF)
+    lent_maps: list = []        # (PagePool, Mapping) of KV chunks built on lent pages
+    lent_pages: list[int] = []  # pages used per KV chunk (0: allocated by torch)
     cache = ModelCache(client)
     load_ms: list[float] = []  # weights copied from pinned host memory (cold start)
     map_ms: list[float] = []   # granted KV bytes allocated (cudaMalloc: the driver maps pages)
@@ -203,6 +212,27 @@ def role_infer(args) -> None:
 
     def alloc_kv(nbytes):
         t0 = time.perf_counter()
+        fds, page = client.pop_pages()
+        if fds:   # training's pages, lent with the grant: map them, then zero (owner changed)
+            from governor import vmm_pool as vp
+            try:
+                need = -(-nbytes // page)
+                pool = vp.PagePool.import_fds(0, fds[:need], page)
+                if need > len(fds):   # the rest as fresh pages
+                    pool.handles += vp.PagePool.create(0, need - len(fds), page).handles
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            m = pool.map(list(range(need)))
+            t1 = time.perf_counter()
+            pool.zero(m)
+            torch.cuda.synchronize()
+            map_ms.append((t1 - t0) * 1e3)
+            zero_ms.append((time.perf_counter() - t1) * 1e3)
+            lent_maps.append(pool)
+            lent_pages.append(min(len(fds), need))
+            return vp.as_tensor(m)[:nbytes]
+        lent_pages.append(0)
         t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
@@ -235,6 +265,8 @@ def role_infer(args) -> None:
                     del kvs, flat, logits
                     torch.cuda.synchronize()
                     kv.shrink_to(0)
+                    while lent_maps:   # the chunk's tensor is gone: unmap, free the pages
+                        lent_maps.pop().release()
             torch.cuda.synchronize()
 
     # warm the kernels (not counted), then evict so the trace starts cold
@@ -243,7 +275,7 @@ def role_infer(args) -> None:
     for n in list(cache.models):
         cache.evict(n)
     client.timings.clear()
-    for xs in (load_ms, map_ms, zero_ms):
+    for xs in (load_ms, map_ms, zero_ms, lent_pages):
         xs.clear()
     gc.collect()
     gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-trace
@@ -276,13 +308,17 @@ def role_infer(args) -> None:
         cache.evict_expired()
     Path(args.out).write_text(json.dumps({"records": records, "timings": client.timings,
                                           "load_ms": load_ms, "map_ms": map_ms,
-                                          "zero_ms": zero_ms, "memory": mem}))
+                                          "zero_ms": zero_ms, "memory": mem,
+                                          "lent_pages": lent_pages}))
     client.close()
 
 
 # ============================================================== role: training
 
 def role_train(args) -> None:
+    if args.mode in PAGED:   # before CUDA starts: torch cannot swap an allocator in use
+        from governor import pagealloc
+        pagealloc.install(0)
     import torch
     from torch import nn
 
@@ -322,6 +358,7 @@ def role_train(args) -> None:
         # layers=None: a safe point at every module with parameters (Linear, LayerNorm, conv),
         # about 160 per micro-batch, so that a stop drains in about a millisecond of GPU work
         trainer, client = governed_trainer(args.socket, wrapped, opt, loss_fn, layers=None,
+                                           handoff=args.mode in HANDOFF,
                                            reclaim_at=reclaim_at, max_ahead=args.max_ahead,
                                            name=f"bench-{args.mode}", probe_batch=16, device=dev)
     else:
@@ -351,7 +388,7 @@ def role_train(args) -> None:
                       "excess_releases": r.excess_releases})
         adjustments += [a.__dict__ for a in r.adjustments]
         fixed = sum(p.numel() * p.element_size() * 4 for p in model.parameters())  # w, g, m, v
-        reserved = torch.cuda.memory_reserved()
+        reserved = trainer.probe.reserved()
         mem.append((t1 - args.t0, reserved, fixed))
         if client is not None:
             client.report_usage({"weights": fixed // 4, "optimizer_state": fixed * 3 // 4,
@@ -541,8 +578,9 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
     parts = [json.loads(f.read_text()) for kind in SERVERS
              if (f := workdir / f"{mode}-infer-{kind}.json").exists()]
     if parts:  # the servers' results, merged
-        res["infer"] = {k: [x for p in parts for x in p[k]]
-                        for k in ("records", "timings", "load_ms", "map_ms", "zero_ms", "memory")}
+        res["infer"] = {k: [x for p in parts for x in p.get(k, [])]
+                        for k in ("records", "timings", "load_ms", "map_ms", "zero_ms", "memory",
+                                  "lent_pages")}
         res["infer"]["records"].sort(key=lambda r: r["t"])
         res["infer"]["servers_done"] = len(parts)
     return res
@@ -594,6 +632,9 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                 row["reclaims_released"] = len(phys)
                 row["reclaims_aborted"] = sum(bool(t.get("aborted")) for t in tim)
                 row["reclaim_timings"] = tim  # raw, one per reclaim (small)
+            lp = inf.get("lent_pages") or []
+            row["kv_chunks_on_lent_pages"] = sum(1 for n in lp if n)
+            row["kv_chunks"] = len(lp)
             for k in ("load_ms", "map_ms", "zero_ms"):
                 xs = inf.get(k) or []
                 row[k] = {"mean": sum(xs) / len(xs), "p99": pct(xs, 0.99), "n": len(xs)} if xs else None
@@ -640,6 +681,14 @@ def summarize(results: dict, handoff: dict, args) -> dict:
         "train_throughput_vs_best_static": (gov.get("train_samples_per_s") / best_static)
         if best_static and gov.get("train_samples_per_s") else None,
         "page_handoff": handoff,
+        # the same stress mode with training's memory behind the page allocator
+        "paged_vs_caching_long_kv": {
+            m: {k: table.get(m, {}).get(k) for k in
+                ("adjust_ms", "adjust_ms_released", "reclaims", "reclaims_released", "reclaims_aborted",
+                 "slo_attainment", "train_samples_per_s", "excess_releases", "map_ms", "zero_ms",
+                 "kv_chunks", "kv_chunks_on_lent_pages")}
+            for m in ("governor_mid_backward_long_kv", "governor_paged_long_kv",
+                      "governor_handoff_long_kv") if m in table},
     }
     out["goals"] = {
         "adjust_mean_lt_5ms": bool(out["adjust_ms"]["mean"] is not None and out["adjust_ms"]["mean"] < 5),
@@ -657,7 +706,8 @@ def plot(results: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    modes = [m for m in ("governor_mid_backward", "governor_mid_backward_long_kv", "governor_batch_end")
+    modes = [m for m in ("governor_mid_backward", "governor_mid_backward_long_kv", "governor_paged_long_kv",
+                          "governor_handoff_long_kv", "governor_batch_end")
              if results.get(m, {}).get("series")]
     if not modes:
         return False

@@ -11,7 +11,7 @@ import socket
 import threading
 from pathlib import Path
 
-from governor.protocol import ControlBlock, LineBuffer, SlotReader, encode
+from governor.protocol import MAX_FDS_PER_MESSAGE, ControlBlock, LineBuffer, SlotReader, encode
 
 
 class GovernorError(RuntimeError):
@@ -20,7 +20,7 @@ class GovernorError(RuntimeError):
 
 class GovernorClient:
     def __init__(self, socket_path: str | Path, role: str, gpu: int = 0, name: str = "",
-                 want_bytes: int | None = None) -> None:
+                 want_bytes: int | None = None, accept_pages: bool = False) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(str(socket_path))
@@ -29,10 +29,13 @@ class GovernorClient:
             raise GovernorError(f"cannot reach governor at {socket_path}: {e.strerror or e}") from None
         self._lines = LineBuffer()
         self._pending: list[bytes] = []
+        self._fds: list[int] = []     # received with SCM_RIGHTS, claimed by the reply that names them
         self._lock = threading.Lock()  # one request in flight per connection
         msg = {"op": "register", "role": role, "gpu": gpu, "pid": os.getpid(), "name": name}
         if want_bytes is not None:
             msg["want_bytes"] = int(want_bytes)
+        if accept_pages:
+            msg["accept_pages"] = True
         reply = self.request(msg)
         self.client_id: int = reply["client"]
         self.slot_index: int = reply["slot"]
@@ -46,15 +49,28 @@ class GovernorClient:
         with self._lock:
             self._sock.sendall(encode(msg))
             while not self._pending:
-                data = self._sock.recv(65536)
+                data, fds, _, _ = socket.recv_fds(self._sock, 65536, MAX_FDS_PER_MESSAGE)
+                self._fds.extend(fds)
                 if not data:
                     raise GovernorError("governor closed the connection")
                 self._pending.extend(self._lines.feed(data))
             raw = self._pending.pop(0)
-        reply = json.loads(raw)
+            reply = json.loads(raw)
+            if reply.get("pages"):   # lent pages: their fds came with this line
+                n = int(reply["pages"])
+                reply["fds"], self._fds = self._fds[:n], self._fds[n:]
         if not reply.get("ok"):
             raise GovernorError(reply.get("error", "request failed"))
         return reply
+
+    def give_pages(self, fds: list[int], page_bytes: int, seq: int) -> None:
+        """Send pages released for command `seq` to the daemon (before writing the ACK word);
+        the caller still closes its own copies of the fds."""
+        with self._lock:
+            for i in range(0, len(fds), MAX_FDS_PER_MESSAGE):
+                part = fds[i:i + MAX_FDS_PER_MESSAGE]
+                msg = encode({"op": "pages", "seq": int(seq), "n": len(part), "page_bytes": int(page_bytes)})
+                socket.send_fds(self._sock, [msg], part)
 
     def notify_ack(self, seq: int) -> None:
         """Wake the daemon after the ACK word was written (no reply)."""
@@ -68,6 +84,9 @@ class GovernorClient:
         return self.request({"op": "stats"})
 
     def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
         try:
             self._sock.close()
         finally:

@@ -8,6 +8,7 @@ quotas through the control words and wait for the acks, up to the reclaim deadli
 
 from __future__ import annotations
 
+import array
 import errno
 import logging
 import os
@@ -22,8 +23,9 @@ import trio
 
 from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
+from governor.pagebroker import PageBroker
 from governor.protocol import (
-    ACK_ABORTED, ACK_RELEASED, CMD_GROW, CMD_SHRINK, ROLE_INFERENCE, ROLE_TRAINING, W_ACK,
+    ACK_ABORTED, ACK_LENT, ACK_RELEASED, MAX_FDS_PER_MESSAGE, CMD_GROW, CMD_SHRINK, ROLE_INFERENCE, ROLE_TRAINING, W_ACK,
     W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
     W_SEQ, W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_CMD_T, ControlBlock, LineBuffer,
     ProtocolError, SlotWriter, decode, encode, now_ns, shm_path, validate_request, HEADER_WORDS,
@@ -51,6 +53,7 @@ class GpuState:
     reclaim_s: Ewma | None = None
     free_since: float | None = None
     adjustments: list[dict] = field(default_factory=list)  # recent reclaim timings
+    broker: PageBroker = field(default_factory=PageBroker)   # pages lent by training, in transit
 
     def free_slot(self) -> int:
         roles = self.block.slots[:, W_ROLE]
@@ -66,6 +69,9 @@ class Conn:
     gpu: int
     entry: ClientEntry
     ack_event: trio.Event = field(default_factory=trio.Event)
+    accept_pages: bool = False          # inference: take lent pages (fds) with its grants
+    lent_seq: int = 0                   # training: the last command whose pages arrived
+    pages_event: trio.Event = field(default_factory=trio.Event)
 
 
 class GovernorDaemon:
@@ -155,13 +161,17 @@ class GovernorDaemon:
     async def _handle(self, stream: trio.SocketStream) -> None:
         conn: Conn | None = None
         lines = LineBuffer()
-        peer_pid = _peer_pid(stream.socket)
+        sock = stream.socket
+        peer_pid = _peer_pid(sock)
+        fds: list[int] = []   # received with SCM_RIGHTS, not yet claimed by a `pages` message
         try:
             while True:
                 try:
-                    data = await stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data, anc, _, _ = await sock.recvmsg(65536, pysocket.CMSG_SPACE(
+                        MAX_FDS_PER_MESSAGE * 4))
+                except OSError:
                     break
+                fds.extend(_fds_of(anc))
                 if not data:
                     break
                 for line in lines.feed(data):
@@ -174,18 +184,47 @@ class GovernorDaemon:
                         if conn is not None:
                             conn.ack_event.set()
                         continue
+                    if msg["op"] == "pages":   # no reply: like ack, sent on the shrink's path
+                        taken, fds = fds[:msg["n"]], fds[msg["n"]:]
+                        self._pages_in(conn, msg, taken)
+                        continue
                     try:
                         reply, conn = await self._dispatch(msg, conn, peer_pid)
                     except (LedgerError, ProtocolError) as e:
                         reply = {"ok": False, "error": str(e)}
-                    await stream.send_all(encode(reply))
-        except (ProtocolError, trio.BrokenResourceError):
+                    await self._send(stream, reply)
+        except (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            _close_all(fds)
             if conn is not None:
                 self._drop(conn, "connection closed")
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+
+    async def _send(self, stream: trio.SocketStream, reply: dict) -> None:
+        """One reply line; lent pages travel with it as SCM_RIGHTS (then the daemon's copies
+        are closed: the receiver holds the memory now)."""
+        fds = reply.pop("_fds", None)
+        data = encode(reply)
+        if not fds:
+            await stream.send_all(data)
+            return
+        try:
+            sent = await stream.socket.sendmsg(
+                [data], [(pysocket.SOL_SOCKET, pysocket.SCM_RIGHTS, array.array("i", fds))])
+            if sent < len(data):
+                await stream.send_all(data[sent:])
+        finally:
+            _close_all(fds)
+
+    def _pages_in(self, conn: Conn | None, msg: dict, fds: list[int]) -> None:
+        if conn is None or conn.entry.role is not Role.TRAINING or len(fds) != msg["n"]:
+            _close_all(fds)   # not a training client, or fds missing: nothing to trust
+            return
+        self.gpus[conn.gpu].broker.add(fds, msg["page_bytes"])
+        conn.lent_seq = max(conn.lent_seq, msg["seq"])
+        conn.pages_event.set()
 
     def _drop(self, conn: Conn, why: str) -> None:
         if self.conns.pop(conn.client_id, None) is None:
@@ -249,7 +288,7 @@ class GovernorDaemon:
             quota = share if not isinstance(want, int) else max(0, min(want, share))
             st.ledger.set_quota(cid, quota)
             s[W_QUOTA] = quota
-        conn = Conn(cid, gpu, entry)
+        conn = Conn(cid, gpu, entry, accept_pages=bool(msg.get("accept_pages")) and role is Role.INFERENCE)
         self.conns[cid] = conn
         log.info("client %d registered: %s %r pid %d GPU %d slot %d quota %d", cid, role.value,
                  entry.name, pid, gpu, slot, entry.quota)
@@ -286,6 +325,7 @@ class GovernorDaemon:
                 c.ack_event = trio.Event()
                 issued[cid] = (SlotWriter(st.block.slots[c.entry.slot]).command(CMD_SHRINK, quota),
                                quota)
+            issued_seq = {cid: seq for cid, (seq, _) in issued.items()}
             t_cmd = now_ns()
             acked: list[int] = []  # clients whose ack of *this* command was seen
             deadline_s = self.cfg.reclaim_deadline_ms / 1000
@@ -325,12 +365,33 @@ class GovernorDaemon:
                         await waiters[0].wait()
             ledger.grant(conn.client_id, kind, nbytes)
             st.free_since = None
+            pages = await self._lent_pages(st, conn, acked, issued_seq, nbytes)
             t_done = now_ns()
             timing = self._timing(st, acked, t_cmd, t0, t_done)
             st.reclaim_s.update((t_done - t_cmd) / 1e9)
             st.adjustments.append(timing)
             del st.adjustments[:-1000]
-            return {"ok": True, "granted": nbytes, "reclaimed": need, "timing_ms": timing}
+            reply = {"ok": True, "granted": nbytes, "reclaimed": need, "timing_ms": timing}
+            if pages:
+                reply.update(pages=len(pages), page_bytes=st.broker.page_bytes, _fds=pages)
+            return reply
+
+    async def _lent_pages(self, st: GpuState, conn: Conn, acked: list[int], seqs: dict[int, int],
+                          nbytes: int) -> list[int]:
+        """Pages that training lent for this reclaim, for the grant; the rest are closed. The
+        `pages` message precedes the ACK word on the client's side, but the daemon reads it on
+        another task: wait briefly for the ones whose ack announced pages."""
+        for cid in acked:
+            c = self.conns.get(cid)
+            if c is None or not int(st.block.slots[c.entry.slot][W_ACK_FLAGS]) & ACK_LENT:
+                continue
+            with trio.move_on_after(self.cfg.reclaim_deadline_ms / 1000):
+                while c.lent_seq < seqs.get(cid, 0):
+                    c.pages_event = trio.Event()
+                    await c.pages_event.wait()
+        out = st.broker.take(nbytes) if conn.accept_pages else []
+        st.broker.drop_all()
+        return out
 
     def _timing(self, st: GpuState, acked: list[int], t_cmd: int, t0: int, t_done: int) -> dict:
         """Split of the slowest acknowledging client: detect (command → safe point), drain
@@ -353,7 +414,7 @@ class GovernorDaemon:
             out.update(detect=(worst[0] - t_cmd) / 1e6, drain=(worst[1] - worst[0]) / 1e6,
                        release=(worst[2] - worst[1]) / 1e6, ack=(t_done - worst[2]) / 1e6,
                        released=bool(worst[3] & ACK_RELEASED),
-                       aborted=bool(worst[3] & ACK_ABORTED))
+                       aborted=bool(worst[3] & ACK_ABORTED), lent=bool(worst[3] & ACK_LENT))
         return out
 
     async def _stop_training(self, st: GpuState, cids: list[int]) -> None:
@@ -415,6 +476,8 @@ class GovernorDaemon:
             for conn in list(self.conns.values()):
                 if not _pid_alive(conn.entry.pid):
                     self._drop(conn, "pid gone")
+            for st in self.gpus.values():
+                st.broker.drop_stale(self.cfg.reclaim_deadline_ms / 1000)
 
     def _stats(self, st: GpuState) -> dict:
         snap = st.ledger.snapshot()
@@ -422,10 +485,29 @@ class GovernorDaemon:
         snap["training_target_bytes"] = self.training_target(st)
         adj = [a["reclaim"] for a in st.adjustments]
         snap["adjustments"] = len(adj)
+        snap["pages"] = st.broker.stats()
         if adj:
             s = sorted(adj)
             snap["adjust_ms"] = {"mean": sum(s) / len(s), "p99": s[min(len(s) - 1, int(0.99 * len(s)))]}
         return snap
+
+
+def _fds_of(ancillary) -> list[int]:
+    out: list[int] = []
+    for level, kind, data in ancillary:
+        if level == pysocket.SOL_SOCKET and kind == pysocket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            out.extend(fds)
+    return out
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _peer_pid(sock) -> int | None:

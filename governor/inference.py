@@ -8,6 +8,7 @@ BUSY word is set so that training yields compute at its next safe point.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -22,10 +23,28 @@ class ReservationRejected(GovernorError):
 
 
 class InferenceClient:
-    def __init__(self, socket_path: str, gpu: int = 0, name: str = "inference") -> None:
-        self.client = GovernorClient(socket_path, "inference", gpu=gpu, name=name)
+    """`accept_pages=True`: grants that made training shrink may come with training's freed
+    pages as fds (`pop_pages()`); map them (governor.vmm_pool.PagePool.import_fds) and ZERO
+    them before use. Unclaimed pages are closed at the next reserve."""
+
+    def __init__(self, socket_path: str, gpu: int = 0, name: str = "inference",
+                 accept_pages: bool = False) -> None:
+        self.client = GovernorClient(socket_path, "inference", gpu=gpu, name=name,
+                                     accept_pages=accept_pages)
         self.held: dict[str, int] = {}
         self.timings: list[dict] = []
+        self._pages: list[int] = []
+        self.page_bytes = 0
+
+    def pop_pages(self) -> tuple[list[int], int]:
+        """The fds lent with the last grant (the caller owns them now), and the page size."""
+        out, self._pages = self._pages, []
+        return out, self.page_bytes
+
+    def _drop_pages(self) -> None:
+        for fd in self._pages:
+            os.close(fd)
+        self._pages = []
 
     def reserve(self, nbytes: int, kind: str = "workspace", timeout_s: float = 5.0) -> dict:
         """Block until `nbytes` of `kind` are granted; retries rejected reclaims until timeout."""
@@ -41,6 +60,9 @@ class InferenceClient:
                 delay = min(delay * 2, 0.05)
                 continue
             self.held[kind] = self.held.get(kind, 0) + int(nbytes)
+            self._drop_pages()
+            if r.get("fds"):
+                self._pages, self.page_bytes = r.pop("fds"), int(r["page_bytes"])
             if r.get("reclaimed"):
                 self.timings.append(r["timing_ms"])
             return r
@@ -65,6 +87,7 @@ class InferenceClient:
         return self.client.keepalive
 
     def close(self) -> None:
+        self._drop_pages()
         self.client.close()
 
 

@@ -17,6 +17,12 @@ safe points while any BUSY is set. HEARTBEAT is the client's last monotonic ns.
 
 Socket messages are JSON objects, one per line, request → one reply line (except `ack`,
 which is a notification without a reply, sent after the ACK word so the daemon wakes at once).
+
+Page handoff: a training client behind the page allocator may hand the pages it frees for a
+shrink to the daemon instead of the driver: `pages {seq, n, page_bytes}` (no reply) carries n
+file descriptors (SCM_RIGHTS), sent *before* the ACK word, whose flags then include ACK_LENT. The
+daemon passes them on with the grant: a `reserve` reply with `pages: n` carries n fds, if the
+inference client registered with `accept_pages`.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ CMD_NONE, CMD_SHRINK, CMD_GROW, CMD_STOP = 0, 1, 2, 3
 # ACK_FLAGS bits: what the acknowledged shrink cost the client (for the timing split)
 ACK_RELEASED = 1  # memory was physically returned (drain + release ran)
 ACK_ABORTED = 2   # an unfinished micro-batch was dropped to get there
+ACK_LENT = 4      # the released pages were sent to the daemon as fds (op `pages`) before the ack
 ROLE_FREE, ROLE_TRAINING, ROLE_INFERENCE = 0, 1, 2
 
 MAX_LINE = 1 << 16
@@ -220,7 +227,8 @@ class LineBuffer:
         return lines
 
 
-OPS = {"register", "reserve", "release", "usage", "ack", "stats", "ping"}
+OPS = {"register", "reserve", "release", "usage", "ack", "pages", "stats", "ping"}
+MAX_FDS_PER_MESSAGE = 250   # the kernel's SCM_RIGHTS limit is 253
 
 
 def validate_request(msg: dict) -> dict:
@@ -252,4 +260,10 @@ def validate_request(msg: dict) -> dict:
             raise ProtocolError("usage: 'kinds' must be an object")
     elif op == "ack":
         need("seq", int)
+    elif op == "pages":
+        need("seq", int)
+        need("n", int)
+        need("page_bytes", int)
+        if not 0 <= msg["n"] <= MAX_FDS_PER_MESSAGE or msg["page_bytes"] <= 0:
+            raise ProtocolError(f"pages: 'n' must be 0..{MAX_FDS_PER_MESSAGE} and 'page_bytes' > 0")
     return msg

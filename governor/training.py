@@ -13,6 +13,7 @@ gradient of a loss that is a *sum* over samples.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from governor.protocol import (
-    ACK_ABORTED, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
+    ACK_ABORTED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
 )
 from policy.governor_batchsize import MemoryPerSample
 
@@ -54,7 +55,9 @@ class MemoryProbe:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def release(self) -> None:
+    def release(self, keep_bytes: int) -> None:
+        """Give memory back so that at most `keep_bytes` stay held. The caching allocator can
+        only empty its whole cache."""
         if self.cuda:
             torch.cuda.empty_cache()
 
@@ -64,6 +67,45 @@ class MemoryProbe:
         ev = torch.cuda.Event()
         ev.record()
         return ev
+
+
+class PagedMemoryProbe(MemoryProbe):
+    """Device memory through the page allocator (governor.pagealloc, installed as torch's
+    allocator): `reserved` is the mapped pages, and a release unmaps only the empty pages needed
+    to get under the target, instead of emptying the whole cache."""
+
+    def __init__(self, device: torch.device, allocator) -> None:
+        super().__init__(device)
+        self.alloc = allocator
+
+    def reserved(self) -> int:
+        return self.alloc.mapped()
+
+    def begin_micro(self, samples: int) -> None:
+        self.alloc.reset_peak()
+
+    def peak(self) -> int:
+        return self.alloc.peak_allocated()
+
+    def release(self, keep_bytes: int) -> None:
+        self.alloc.release(keep_bytes)
+
+    def lend(self, keep_bytes: int) -> list[int]:
+        """Release down to `keep_bytes`, the pages becoming fds for another process."""
+        page = self.alloc.page_bytes
+        most = max(0, -(-(self.alloc.mapped() - keep_bytes) // page))
+        return self.alloc.lend(keep_bytes, most) if most else []
+
+
+def default_probe(device: torch.device) -> MemoryProbe:
+    """The page allocator's view when it is torch's allocator (torch's own memory statistics
+    are not available then), otherwise the caching allocator's."""
+    from governor import pagealloc
+
+    alloc = pagealloc.installed()
+    if alloc is not None and torch.device(device).type == "cuda":
+        return PagedMemoryProbe(torch.device(device), alloc)
+    return MemoryProbe(torch.device(device))
 
 
 @dataclass
@@ -117,7 +159,8 @@ class ElasticTrainer:
                  probe: MemoryProbe | None = None, process_group=None,
                  yield_to_inference: Callable[[], bool] | None = None,
                  max_yield_s: float = 0.05, min_run_s: float = 0.005,
-                 reclaim_at: str = "safe_point") -> None:
+                 reclaim_at: str = "safe_point",
+                 lend_pages: Callable[[list[int], int, int], None] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -130,7 +173,10 @@ class ElasticTrainer:
         self.max_micro_batch = max_micro_batch
         self.probe_batch = probe_batch
         self.max_ahead = max_ahead
-        self.probe = probe or MemoryProbe(self.device)
+        self.probe = probe or default_probe(self.device)
+        # lend_pages(fds, page_bytes, seq): hand a shrink's pages on (the governor's page
+        # handoff) instead of returning them to the driver; needs a probe that can lend.
+        self.lend_pages = lend_pages if hasattr(self.probe, "lend") else None
         self.group = process_group
         self.yield_to_inference = yield_to_inference
         self.max_yield_s = max_yield_s
@@ -252,7 +298,17 @@ class ElasticTrainer:
                 # hands. Release before ack: the daemon grants once it sees the ack.
                 self.probe.drain()
                 t_drained = now_ns()
-                self.probe.release()
+                if self.lend_pages is not None:
+                    fds = self.probe.lend(cmd.target)
+                    try:
+                        if fds:   # before the ACK word: the daemon passes them with the grant
+                            self.lend_pages(fds, self.probe.alloc.page_bytes, cmd.seq)
+                            flags |= ACK_LENT
+                    finally:
+                        for fd in fds:
+                            os.close(fd)
+                else:
+                    self.probe.release(cmd.target)
                 t_released = now_ns()
                 flags |= ACK_RELEASED
             self.quota = cmd.target
@@ -318,7 +374,7 @@ class ElasticTrainer:
             if self.probe.reserved() > self.quota:
                 # The caching allocator kept more than the quota (fragmentation across sizes):
                 # give the excess back now rather than at the next shrink.
-                self.probe.release()
+                self.probe.release(self.quota)
                 res.excess_releases += 1
             res.loss_sum += loss_value
             res.micro_batches.append(n)
@@ -383,8 +439,11 @@ class ElasticTrainer:
 
 
 def governed_trainer(socket_path: str, model: nn.Module, optimizer, loss_fn, *, gpu: int = 0,
-                     name: str = "training", **kwargs) -> tuple[ElasticTrainer, "object"]:
-    """Register with the governor and build an ElasticTrainer on its slot.
+                     name: str = "training", handoff: bool = False,
+                     **kwargs) -> tuple[ElasticTrainer, "object"]:
+    """Register with the governor and build an ElasticTrainer on its slot. `handoff`: with
+    the page allocator installed, a shrink's pages go to the inference client being granted
+    (as fds, through the daemon) instead of back to the driver.
     Returns (trainer, client); close the client when done (that returns the memory)."""
     from governor.client import GovernorClient
 
@@ -392,5 +451,6 @@ def governed_trainer(socket_path: str, model: nn.Module, optimizer, loss_fn, *, 
     block = client.block
     trainer = ElasticTrainer(model, optimizer, loss_fn, control=client.slot,
                              notify=client.notify_ack, quota=client.initial_quota,
-                             yield_to_inference=block.inference_busy, **kwargs)
+                             yield_to_inference=block.inference_busy,
+                             lend_pages=client.give_pages if handoff else None, **kwargs)
     return trainer, client

@@ -62,6 +62,7 @@ class SimulatedMemory:
         self.cached_samples = 0
         self.peak_samples = 0
         self.releases = 0
+        self.release_targets: list[int] = []
 
     def begin_micro(self, samples: int) -> None:
         self.cached_samples = max(self.cached_samples, samples)
@@ -76,9 +77,10 @@ class SimulatedMemory:
     def drain(self) -> None:
         pass
 
-    def release(self) -> None:
+    def release(self, keep_bytes: int) -> None:
         self.cached_samples = 0
         self.releases += 1
+        self.release_targets.append(keep_bytes)
 
     def record_event(self):
         return None

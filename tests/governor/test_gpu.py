@@ -68,3 +68,21 @@ def test_vmm_pages_handed_over_zeroed(tmp_path):
     r = json.loads(out.read_text())
     assert "error" not in r, r.get("error")
     assert r["b"] and all(x["nonzero_after_zero"] == 0 for x in r["b"])
+
+
+def test_page_allocator_behind_torch_releases_mid_backward_and_lends_pages(tmp_path):
+    # a fresh process: the page allocator must be torch's allocator before CUDA starts
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_paged_child.py")), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["default_probe_is_paged"]
+    assert out["aborted"] == 1 and out["released"]
+    assert out["used_after"] <= out["target"]            # only empty pages went, down to the target
+    assert out["rel_err"] <= 1e-5
+    assert out["stats"]["ooms"] == 0 and out["stats"]["unmaps"] > 0
+    assert out["lent_pages"] == (1 << 30) // (32 << 20)
+    b = out["borrower"]
+    assert "error" not in b, b
+    assert b["nonzero_after_zero"] == 0 and b["bytes"] == 1 << 30
+    assert out["after_lend_sum"] == float(1 << 28)

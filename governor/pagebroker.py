@@ -1,0 +1,59 @@
+"""Pages lent by training on their way to inference (the daemon's side of the page handoff).
+
+A training client behind the page allocator sends the pages it frees for a shrink as file
+descriptors (`pages` op, SCM_RIGHTS). The daemon holds them only until the reservation that
+caused the shrink is granted: that grant takes the whole pages it covers, and every page left over
+is closed at once. An fd keeps its physical memory alive, so a page parked here would be memory
+that the ledger counts as free but nobody can use; hence nothing stays here past one grant.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class PageBroker:
+    def __init__(self) -> None:
+        self.pages: list[int] = []        # fds, oldest first
+        self.page_bytes = 0
+        self.received = 0
+        self.handed = 0
+        self.dropped = 0
+        self.added_at = 0.0
+
+    def add(self, fds: list[int], page_bytes: int) -> None:
+        if self.pages and page_bytes != self.page_bytes:
+            self.drop_all()               # one page size at a time
+        self.page_bytes = page_bytes
+        self.pages.extend(fds)
+        self.received += len(fds)
+        self.added_at = time.monotonic()
+
+    def take(self, nbytes: int) -> list[int]:
+        """The pages wholly inside `nbytes`; the caller owns (and must close) the fds."""
+        if not self.pages or self.page_bytes <= 0:
+            return []
+        n = min(len(self.pages), nbytes // self.page_bytes)
+        out, self.pages = self.pages[:n], self.pages[n:]
+        self.handed += n
+        return out
+
+    def drop_all(self) -> None:
+        """Close what nobody took: the memory goes back to the driver."""
+        for fd in self.pages:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.dropped += len(self.pages)
+        self.pages = []
+
+    def drop_stale(self, max_age_s: float) -> None:
+        """Pages whose reclaim ended without them (they came after the grant)."""
+        if self.pages and time.monotonic() - self.added_at > max_age_s:
+            self.drop_all()
+
+    def stats(self) -> dict:
+        return {"received": self.received, "handed": self.handed, "dropped": self.dropped,
+                "parked": len(self.pages)}

@@ -1,0 +1,120 @@
+"""Page handoff end to end on the host backend: a real ElasticTrainer behind the page allocator
+lends the pages of a shrink to the daemon, which passes them with the grant to the inference
+client that caused it. Same code paths as on the GPU, with memfd pages."""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+import torch
+from torch import nn
+
+from governor.config import GpuConfig
+from governor.inference import InferenceClient
+from governor.pagealloc import PageAllocator
+from governor.training import ElasticTrainer, PagedMemoryProbe, governed_trainer
+
+MiB = 1 << 20
+PAGE = 2 * MiB
+
+
+class Poller:
+    """The training process between steps: handles commands as they come (like wait_gpu)."""
+
+    def __init__(self, trainer: ElasticTrainer) -> None:
+        self.trainer = trainer
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.trainer.poll()
+            time.sleep(0.0005)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+
+
+def _training(d, handoff: bool = True):
+    alloc = PageAllocator.host(page_bytes=PAGE, va_bytes=256 * MiB)
+    blocks = [alloc.malloc(PAGE) for _ in range(16)]      # 32 MiB of "activations"...
+    for p in blocks:
+        mmap_fill(p, PAGE, 0xCD)
+        alloc.free(p, PAGE)                               # ...freed: empty pages, still mapped
+    m = nn.Linear(4, 2)
+    trainer, client = governed_trainer(d.cfg.socket_path, m, torch.optim.SGD(m.parameters(), lr=0.1),
+                                       lambda o, y: o.sum(), handoff=handoff, device="cpu",
+                                       probe=PagedMemoryProbe(torch.device("cpu"), alloc))
+    return alloc, trainer, client
+
+
+def mmap_fill(ptr: int, n: int, byte: int) -> None:
+    import ctypes
+    ctypes.memset(ptr, byte, n)
+
+
+def test_a_shrink_lends_its_pages_to_the_inference_client_that_caused_it(make_daemon):
+    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
+                    min_training_fraction=0.0, min_headroom_bytes=0)
+    alloc, trainer, tclient = _training(d)
+    poller = Poller(trainer)
+    inf = InferenceClient(d.cfg.socket_path, accept_pages=True)
+    try:
+        assert alloc.mapped() == 32 * MiB
+        r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
+        assert r["reclaimed"] > 0 and r["timing_ms"]["lent"]
+        fds, page_bytes = inf.pop_pages()
+        assert page_bytes == PAGE and len(fds) == 8       # training held 32, may keep 16
+        assert alloc.mapped() == 16 * MiB and alloc.stats()["pages_lent"] == 8
+        for fd in fds:
+            with mmap.mmap(fd, PAGE) as m:
+                assert m[:4] == b"\xcd" * 4               # training's bytes: zero before use
+                m[:] = bytes(PAGE)
+                assert m[:].count(0) == PAGE
+        stats = tclient.stats()["gpus"][0]["pages"]
+        assert stats == {"received": 8, "handed": 8, "dropped": 0, "parked": 0}
+        for fd in fds:
+            os.close(fd)
+    finally:
+        poller.close()
+        inf.close()
+        tclient.close()
+
+
+def test_pages_nobody_takes_are_closed_at_the_grant(make_daemon):
+    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
+                    min_training_fraction=0.0, min_headroom_bytes=0)
+    alloc, trainer, tclient = _training(d)
+    poller = Poller(trainer)
+    inf = InferenceClient(d.cfg.socket_path)              # does not accept pages
+    try:
+        r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
+        assert r["reclaimed"] > 0 and "fds" not in r and inf.pop_pages() == ([], 0)
+        stats = tclient.stats()["gpus"][0]["pages"]
+        assert stats["received"] == 8 and stats["dropped"] == 8 and stats["parked"] == 0
+    finally:
+        poller.close()
+        inf.close()
+        tclient.close()
+
+
+def test_without_handoff_a_shrink_returns_pages_to_the_driver(make_daemon):
+    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
+                    min_training_fraction=0.0, min_headroom_bytes=0)
+    alloc, trainer, tclient = _training(d, handoff=False)
+    poller = Poller(trainer)
+    inf = InferenceClient(d.cfg.socket_path, accept_pages=True)
+    try:
+        r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
+        assert r["reclaimed"] > 0 and not r["timing_ms"]["lent"] and r["timing_ms"]["released"]
+        assert inf.pop_pages() == ([], 0)
+        s = alloc.stats()
+        assert s["mapped"] == 16 * MiB and s["pages_lent"] == 0 and s["unmaps"] == 8
+    finally:
+        poller.close()
+        inf.close()
+        tclient.close()

@@ -1,0 +1,176 @@
+"""The page allocator (governor/csrc/pagealloc.c) on its host-memory backend: the same C code
+torch calls on the GPU, with memfd pages instead of CUDA ones."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from governor.pagealloc import PageAllocError, PageAllocator
+
+MiB = 1 << 20
+PAGE = 2 * MiB
+
+
+def host(va=256 * MiB):
+    return PageAllocator.host(page_bytes=PAGE, va_bytes=va)
+
+
+def rounded(n):
+    return (n + 511) // 512 * 512
+
+
+def fill(ptr, n, byte):
+    ctypes.memset(ptr, byte, n)
+
+
+def check(ptr, n, byte):
+    data = ctypes.string_at(ptr, n)
+    assert data == bytes([byte]) * n
+
+
+def test_random_allocations_never_overlap_and_the_books_balance():
+    a = host()
+    rng = random.Random(7)
+    live = {}   # ptr -> (size, marker)
+    released_midway = 0
+    for i in range(1500):
+        if live and rng.random() < 0.45:
+            ptr = rng.choice(list(live))
+            size, marker = live.pop(ptr)
+            check(ptr, size, marker)   # nobody wrote into this block while it was ours
+            a.free(ptr, size, stream=0)
+        else:
+            # mostly small blocks, some larger than a page (they span several pages)
+            size = rng.choice([rng.randint(1, 4096), rng.randint(4096, 900_000),
+                               rng.randint(MiB, 5 * MiB)])
+            ptr = a.malloc(size)
+            assert ptr and ptr % 512 == 0
+            marker = i % 251 + 1
+            fill(ptr, size, marker)
+            live[ptr] = (size, marker)
+        if i % 300 == 150:
+            released_midway += a.release(0)    # the empty pages between live blocks
+        if i % 100 == 0:
+            s = a.stats()
+            assert s["allocated"] == sum(rounded(n) for n, _ in live.values())
+            assert s["mapped"] >= s["allocated"] and s["mapped"] % PAGE == 0
+    assert released_midway > 0
+    for ptr, (size, marker) in live.items():
+        check(ptr, size, marker)
+        a.free(ptr, size)
+    s = a.stats()
+    assert s["allocated"] == 0 and s["allocs"] == s["frees"]
+    assert a.release(0) == s["mapped"]
+    s = a.stats()
+    assert s["mapped"] == 0 and s["empty_pages"] == 0 and s["unmaps"] == s["maps"]
+
+
+def test_release_frees_only_empty_pages_down_to_the_target_and_keeps_live_data():
+    a = host()
+    blocks = [a.malloc(PAGE) for _ in range(8)]         # one page each
+    for k, p in enumerate(blocks):
+        fill(p, PAGE, k + 1)
+    for p in blocks[::2]:
+        a.free(p, PAGE)                                 # 4 pages now empty
+    assert a.stats()["mapped"] == 8 * PAGE
+    assert a.release(6 * PAGE) == 2 * PAGE              # only what the target needs
+    assert a.stats()["mapped"] == 6 * PAGE
+    assert a.release(0) == 2 * PAGE                     # the live pages cannot go
+    assert a.stats()["mapped"] == 4 * PAGE
+    for k, p in enumerate(blocks):
+        if k % 2:
+            check(p, PAGE, k + 1)
+    # released space is reused: new blocks map fresh pages again
+    q = a.malloc(3 * PAGE)
+    fill(q, 3 * PAGE, 99)
+    check(q, 3 * PAGE, 99)
+    assert a.stats()["mapped"] == 7 * PAGE
+
+
+def test_a_page_with_one_small_live_block_stays_mapped():
+    a = host()
+    small = [a.malloc(1000) for _ in range(50)]
+    keep = small[17]
+    for p in small:
+        if p != keep:
+            a.free(p, 1000)
+    assert a.release(0) == 0                            # the page holds `keep`
+    a.free(keep, 1000)
+    assert a.release(0) == PAGE
+
+
+def test_a_block_freed_on_one_stream_is_not_reused_on_another_until_a_release():
+    a = host()
+    p = a.malloc(4096, stream=1)
+    a.free(p, 4096, stream=1)
+    assert a.malloc(4096, stream=1) == p                # same stream: reused at once
+    a.free(p, 4096, stream=1)
+    q = a.malloc(4096, stream=2)
+    assert q != p                                       # its kernels may still be queued on 1
+    a.free(q, 4096, stream=2)
+    a.release(10 * PAGE)                                # synchronises: streams are forgotten
+    assert a.malloc(4096, stream=2) in (p, q)
+
+
+def test_running_out_of_address_space_returns_null_with_a_message(capfd):
+    a = host(va=8 * PAGE)
+    p = a.malloc(6 * PAGE)
+    assert p
+    assert a.malloc(4 * PAGE) == 0
+    assert a.stats()["ooms"] == 1
+    assert "out of device memory" in capfd.readouterr().err
+    a.free(p, 6 * PAGE)
+    assert a.malloc(4 * PAGE)
+
+
+def test_when_nothing_is_left_to_map_empty_pages_of_the_other_pool_are_given_back():
+    a = host(va=8 * PAGE)
+    big = a.malloc(8 * PAGE)            # every page, in the large pool
+    a.free(big, 8 * PAGE)               # empty but still mapped
+    small = a.malloc(1000)              # the small pool needs a page of its own
+    assert small
+    s = a.stats()
+    assert s["unmaps"] == 8 and s["mapped"] == PAGE and s["ooms"] == 0
+
+
+def test_lent_pages_carry_the_old_owner_data_until_the_new_owner_zeroes_them():
+    a = host()
+    p = a.malloc(2 * PAGE)
+    fill(p, 2 * PAGE, 0xAB)
+    a.free(p, 2 * PAGE)
+    fds = a.lend(0, max_pages=8)
+    assert len(fds) == 2 and a.stats()["mapped"] == 0 and a.stats()["pages_lent"] == 2
+    # the borrower maps the page in another process (the fd crosses like SCM_RIGHTS would)
+    code = ("import mmap, os, sys; fd = int(sys.argv[1]); m = mmap.mmap(fd, %d);"
+            "before = m[:16]; m[:] = bytes(%d); print(before.hex(), m[:].count(0))" % (PAGE, PAGE))
+    r = subprocess.run([sys.executable, "-c", code, str(fds[0])], pass_fds=[fds[0]],
+                       capture_output=True, text=True, check=True)
+    before, zeros = r.stdout.split()
+    assert before == "ab" * 16        # why zeroing on an owner change is mandatory
+    assert int(zeros) == PAGE
+    with mmap.mmap(fds[0], PAGE) as m:  # the memory is the borrower's, and zeroed
+        assert m[:].count(0) == PAGE
+    for fd in fds:
+        os.close(fd)
+
+
+def test_bad_parameters_are_refused_with_a_clear_error():
+    with pytest.raises(PageAllocError, match="multiple of 2 MiB"):
+        PageAllocator.host(page_bytes=3 * MiB)
+
+
+def test_the_lock_free_counters_match_the_statistics():
+    a = host()
+    p = a.malloc(3 * PAGE + 5)
+    s = a.stats()
+    assert a.mapped() == s["mapped"] == 4 * PAGE
+    assert a.peak_allocated() == s["peak_allocated"] == rounded(3 * PAGE + 5)
+    a.free(p, 3 * PAGE + 5)
+    a.reset_peak()
+    assert a.peak_allocated() == 0
