@@ -82,7 +82,9 @@ class Follower:
             entries = list(store.iter_dir(self.cfg.journal_dir))
         except FileNotFoundError:
             return None
-        names = [n for n, _st in sorted(entries)
+        listed = {n for n, _st in entries}
+        self.seen_records &= listed   # pruned records are gone for good: forget them
+        names = [n for n in sorted(listed)
                  if n not in self.seen_records and (n.endswith(".json") or n.endswith(".rec"))]
         self.seen_records.update(names)
         records = {n: decode_name(n) for n in names}

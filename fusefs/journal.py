@@ -6,6 +6,10 @@ The record (path, size, mtime) is also encoded in the object's name when the nam
 255 bytes (`<time_ns>-<host>-<pid>-<seq>~<size>~<mtime_ns>~<base64url(path)>.rec`): a follower
 then learns everything from one listing, without a GET per record (each is a round trip on a
 long link). Longer paths get a `<time_ns>-<host>-<pid>-<seq>.json` name and the record as content.
+
+The journal is pruned by age (`journal.retention_s`): every writing mount deletes records whose
+name's time is older, whoever wrote them (deleting twice is harmless). Followers forget the names
+they no longer see, so their memory is bounded by the retention too.
 """
 from __future__ import annotations
 
@@ -30,6 +34,36 @@ def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0) ->
         if len(name.encode()) <= NAME_MAX:
             return name
     return stem + ".json"
+
+
+def record_time_ns(name: str) -> Optional[int]:
+    """The write time a record's name starts with; None for names that are not records."""
+    stamp = name[:20]
+    return int(stamp) if len(name) > 20 and stamp.isdigit() and name[20] == "-" else None
+
+
+def prune(store, journal_dir: str, older_than_ns: int) -> int:
+    """Delete the records written before `older_than_ns`; returns how many went. Blocking (store
+    calls): run it in a worker thread."""
+    try:
+        names = [n for n, _st in store.iter_dir(journal_dir)]
+    except FileNotFoundError:
+        return 0
+    gone = 0
+    for name in names:
+        t = record_time_ns(name)
+        if t is None or t >= older_than_ns:
+            continue
+        try:
+            store.unlink(f"{journal_dir}/{name}")
+            gone += 1
+        except FileNotFoundError:
+            pass   # another writer pruned it first
+    return gone
+
+
+def prune_interval_s(retention_s: float) -> float:
+    return min(600.0, max(0.05, retention_s / 10))
 
 
 def encode_record(path: str, size: int, mtime_ns: int) -> bytes:

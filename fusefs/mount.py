@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from typing import Callable, Optional
 from urllib.parse import urlparse
 
@@ -214,6 +215,8 @@ async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=Non
         if signals is not None:
             nursery.start_soon(signals.run)
         nursery.start_soon(_announce_ready, mp, on_ready, cfg)
+        if cfg.journal.enabled:
+            nursery.start_soon(_prune_journal, ops.store, cfg)
         await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
         nursery.cancel_scope.cancel()
 
@@ -224,6 +227,21 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
+
+
+async def _prune_journal(store: Store, cfg: MountConfig) -> None:
+    from .journal import prune, prune_interval_s
+    retention_ns = int(cfg.journal.retention_s * 1e9)
+    while True:
+        await trio.sleep(prune_interval_s(cfg.journal.retention_s))
+        try:
+            gone = await trio.to_thread.run_sync(prune, store, cfg.journal.dir, time.time_ns() - retention_ns,
+                                                 abandon_on_cancel=True)
+        except OSError as err:
+            log.warning("journal pruning failed: %s", err)
+            continue
+        if gone:
+            log.debug("journal: %d old records deleted", gone)
 
 
 def set_read_ahead(mp: str, kb: int) -> None:

@@ -179,6 +179,10 @@ class JournalConfig(Section):
     """Training side: record every file this mount publishes, so eval DCs learn of it at once."""
     enabled: bool = Field(False, description="Write one small record per closed file to `dir` in the store.")
     dir: str = Field(".hintfs-journal", description="Store folder of the journal (hidden in the mount).")
+    retention_s: float = Field(86400.0, gt=0, description="Records older than this are deleted by the "
+                               "writing mounts (checked every retention/10, at most every 10 min), so "
+                               "the followers' listing stays short. A follower down for longer misses "
+                               "older records: reads of those files go to the store and fetch them then.")
 
 
 class FollowConfig(Section):

@@ -286,3 +286,51 @@ def test_eval_mount_takes_routed_metadata_from_the_tier(mount_factory, tmp_path)
     finally:
         server.shutdown()
         slow.shutdown()
+
+
+def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
+    from fusefs.journal import prune, record_time_ns
+    store = tmp_path / "store"
+    jdir = store / ".hintfs-journal"
+    jdir.mkdir(parents=True)
+    now = time.time_ns()
+    old = f"{now - 10**12:020d}-h-1-0~1~2~YQ.rec"          # 1000 s old
+    new = f"{now:020d}-h-1-1~1~2~Yg.rec"
+    (jdir / old).write_bytes(b"")
+    (jdir / new).write_bytes(b"")
+    (jdir / "notes.txt").write_bytes(b"not a record")      # never touched
+    assert record_time_ns(old) == now - 10**12 and record_time_ns("notes.txt") is None
+    assert prune(LocalStore(str(store)), ".hintfs-journal", now - 10**9) == 1
+    assert sorted(os.listdir(jdir)) == sorted([new, "notes.txt"])
+    assert prune(LocalStore(str(store)), "absent-journal", now) == 0
+
+
+def test_follower_forgets_pruned_record_names(tmp_path):
+    store = tmp_path / "store"
+    ck = store / "ckpt" / "job" / "step_1"
+    ck.mkdir(parents=True)
+    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    try:
+        f = server.follower
+        (ck / "a.distcp").write_bytes(b"a" * 1000)
+        _journal(store, "ckpt/job/step_1/a.distcp")
+        f.step(wait=True)
+        assert len(f.seen_records) == 1
+        for name in os.listdir(store / ".hintfs-journal"):
+            os.unlink(store / ".hintfs-journal" / name)     # pruned by the writer
+        f.step(wait=True)
+        assert f.seen_records == set()
+    finally:
+        server.shutdown()
+
+
+@needs_fuse
+def test_training_mount_prunes_its_journal_by_age(mount_factory):
+    m = mount_factory(name="train", extra='\n[journal]\nenabled = true\nretention_s = 0.5\n')
+    jdir = m.store / ".hintfs-journal"
+    (m.mnt / "a").write_bytes(b"1")
+    assert wait_for(lambda: jdir.exists() and len(os.listdir(jdir)) == 1, timeout=10)
+    assert wait_for(lambda: len(os.listdir(jdir)) == 0, timeout=10)   # older than 0.5 s: deleted
+    (m.mnt / "b").write_bytes(b"2")                                    # the journal goes on
+    assert wait_for(lambda: m.stats()["counters"].get("journal_records") == 2, timeout=10)
+    assert wait_for(lambda: len(os.listdir(jdir)) == 0, timeout=10)
