@@ -32,6 +32,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from .procs import pid_alive
 from .store import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
@@ -602,11 +603,11 @@ def _stopped_instances(data_dir: str, kind: str) -> list[str]:
             out.append(folder)
         else:
             try:
-                os.kill(int(name.split("-")[1]), 0)
-            except ProcessLookupError:
-                out.append(folder)
-            except (ValueError, IndexError, PermissionError):
+                pid = int(name.split("-")[1])
+            except (ValueError, IndexError):
                 continue
+            if not pid_alive(pid):
+                out.append(folder)
     return out
 
 

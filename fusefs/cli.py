@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from .procs import pid_alive
+
 log = logging.getLogger("hintfs")
 
 
@@ -117,24 +119,12 @@ def cmd_umount(args) -> int:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        if not os.path.ismount(mp) and not _alive(pid):
+        if not os.path.ismount(mp) and not pid_alive(pid):
             return 0
         time.sleep(0.05)
     # The daemon did not finish in time: detach the mount so the path is usable again.
     subprocess.run(["fusermount3", "-u", "-z", mp], check=False)
     raise UserError(f"daemon {pid} did not stop within {args.timeout:.0f}s; mount detached lazily")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child of ours counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 # -- status --------------------------------------------------------------------------------------

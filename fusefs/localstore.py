@@ -13,6 +13,7 @@ import time
 from typing import Iterator, Optional
 
 from .errors import StoreError
+from .procs import pid_alive
 from .store import STAGING_PREFIX, Stat, Staging
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
@@ -109,16 +110,6 @@ class LocalReader:
             self.fd = -1
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class LocalStore:
     inline_metadata = True
 
@@ -159,7 +150,7 @@ class LocalStore:
         """Remove staging files left by a crashed daemon of this host (the pid is in the name)."""
         try:
             _, _, pid, _seqno, host = name.split(".", 4)
-            if host != _HOST or _pid_alive(int(pid)):
+            if host != _HOST or pid_alive(int(pid)):
                 return
             if now - os.lstat(path).st_mtime > STALE_STAGING_AGE_S:
                 os.unlink(path)

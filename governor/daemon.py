@@ -21,6 +21,7 @@ from pathlib import Path
 
 import trio
 
+from fusefs.procs import pid_alive
 from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 from governor.pagebroker import PageBroker
@@ -433,7 +434,7 @@ class GovernorDaemon:
             while any(cid in self.conns for cid in cids):
                 for cid in cids:
                     c = self.conns.get(cid)
-                    if c is not None and not _pid_alive(c.entry.pid):
+                    if c is not None and not pid_alive(c.entry.pid):
                         self._drop(c, "stopped")
                 await trio.sleep(0.005)
 
@@ -474,7 +475,7 @@ class GovernorDaemon:
         while True:
             await trio.sleep(self.cfg.liveness_interval_s)
             for conn in list(self.conns.values()):
-                if not _pid_alive(conn.entry.pid):
+                if not pid_alive(conn.entry.pid):
                     self._drop(conn, "pid gone")
             for st in self.gpus.values():
                 st.broker.drop_stale(self.cfg.reclaim_deadline_ms / 1000)
@@ -516,21 +517,6 @@ def _peer_pid(sock) -> int | None:
         return struct.unpack("3i", creds)[0]
     except (OSError, AttributeError):
         return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b")")[-1].split()[0] != b"Z"
-    except OSError:
-        return True
 
 
 async def run_daemon(config: GovernorConfig) -> None:

@@ -1,0 +1,21 @@
+"""Is a process still there? One answer for the mount's lock files, `hintfs umount`, the agent's
+stale folders and the governor's liveness checks."""
+from __future__ import annotations
+
+import os
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs. A process we may not signal (EPERM) runs; a zombie (exited, not yet
+    reaped by its parent) counts as gone: it holds no memory and will never answer."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True   # no /proc: kill(0) succeeded, so it runs
