@@ -735,8 +735,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--card-gib", type=float, default=32.0)
-    ap.add_argument("--duration", type=float, default=40.0)
-    ap.add_argument("--warmup", type=float, default=25.0)
+    # 10 modes x (18 s warm-up + 30 s trace + start/stop) + the handoff role: about 9 minutes
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=18.0)
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--kv-context", type=int, default=16384)
     ap.add_argument("--decode-tokens", type=int, default=16)
