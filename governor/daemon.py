@@ -26,8 +26,8 @@ from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 from governor.pagebroker import PageBroker
 from governor.protocol import (
-    ACK_ABORTED, ACK_LENT, ACK_RELEASED, MAX_FDS_PER_MESSAGE, CMD_GROW, CMD_SHRINK, ROLE_INFERENCE, ROLE_TRAINING, W_ACK,
-    W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
+    ACK_ABORTED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, MAX_FDS_PER_MESSAGE, ROLE_INFERENCE,
+    ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
     W_SEQ, W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_CMD_T, ControlBlock, LineBuffer,
     ProtocolError, SlotWriter, decode, encode, now_ns, shm_path, validate_request, HEADER_WORDS,
     SLOT_WORDS,
@@ -179,6 +179,9 @@ class GovernorDaemon:
                     try:
                         msg = validate_request(decode(line))
                     except ProtocolError as e:
+                        # fds that came with a message we cannot read belong to nobody we know
+                        _close_all(fds)
+                        fds = []
                         await stream.send_all(encode({"ok": False, "error": str(e)}))
                         continue
                     if msg["op"] == "ack":

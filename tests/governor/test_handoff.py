@@ -8,9 +8,11 @@ import os
 import threading
 import time
 
+import pytest
 import torch
 from torch import nn
 
+from conftest import wait_until
 from governor.config import GpuConfig
 from governor.inference import InferenceClient
 from governor.pagealloc import PageAllocator
@@ -118,3 +120,36 @@ def test_without_handoff_a_shrink_returns_pages_to_the_driver(make_daemon):
         poller.close()
         inf.close()
         tclient.close()
+
+
+def test_fds_with_a_bad_or_misplaced_pages_message_are_closed(make_daemon):
+    import socket
+
+    from governor.client import GovernorClient
+    from governor.protocol import encode
+
+    d = make_daemon()
+    inf = GovernorClient(d.cfg.socket_path, "inference")
+    train = GovernorClient(d.cfg.socket_path, "training")
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))   # the daemon runs in this process
+
+    mine = [os.memfd_create("page") for _ in range(3)]
+    try:
+        base = open_fds()
+        # a malformed message: an error reply, and the daemon's copies of the fds are closed
+        socket.send_fds(train._sock, [encode({"op": "pages", "seq": "x", "n": 3, "page_bytes": 1})], mine)
+        with pytest.raises(Exception, match="seq"):
+            train.request({"op": "ping"})   # the next reply line is the error (the ping's
+                                            # own reply stays queued: train is not used again)
+        # a well-formed one from an inference client: not a trainer's pages, closed
+        socket.send_fds(inf._sock, [encode({"op": "pages", "seq": 1, "n": 3, "page_bytes": 1})], mine)
+        assert inf.request({"op": "ping"})["ok"]
+        assert wait_until(lambda: open_fds() == base)
+        assert inf.stats()["gpus"][0]["pages"]["received"] == 0
+    finally:
+        for fd in mine:
+            os.close(fd)
+        inf.close()
+        train.close()
