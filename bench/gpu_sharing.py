@@ -194,6 +194,9 @@ def role_infer(args) -> None:
         return sum(t.numel() * t.element_size() for t in host_params[kind].values())
 
     client = InferenceClient(args.socket, name=f"bench-{args.kinds}", accept_pages=args.mode in HANDOFF)
+    if args.mode in HANDOFF:   # load cuda-python and bind its context now, not inside a timed map
+        from governor import vmm_pool
+        vmm_pool.ensure_context(0)
     lent_maps: list = []        # (PagePool, Mapping) of KV chunks built on lent pages
     lent_pages: list[int] = []  # pages used per KV chunk (0: allocated by torch)
     cache = ModelCache(client)
@@ -318,7 +321,8 @@ def role_infer(args) -> None:
 def role_train(args) -> None:
     if args.mode in PAGED:   # before CUDA starts: torch cannot swap an allocator in use
         from governor import pagealloc
-        pagealloc.install(0)
+        # handoff: pages exported once, at creation, so lending costs no export on the shrink
+        pagealloc.install(0, export_fds=args.mode in HANDOFF)
     import torch
     from torch import nn
 

@@ -75,7 +75,8 @@ def library_path() -> Path:
 class PageAllocator:
     """One loaded instance of the allocator (its state is per loaded copy of the library)."""
 
-    def __init__(self, lib_path: Path, backend: int, device: int, page_bytes: int, va_bytes: int) -> None:
+    def __init__(self, lib_path: Path, backend: int, device: int, page_bytes: int, va_bytes: int,
+                 export_fds: bool = False) -> None:
         self.path = Path(lib_path)
         self.lib = ctypes.CDLL(str(self.path))
         L = self.lib
@@ -92,11 +93,14 @@ class PageAllocator:
         L.pa_peak_allocated.restype = ctypes.c_uint64
         if L.pa_init(backend, device, page_bytes, va_bytes) != 0:
             raise PageAllocError(f"pagealloc init: {L.pa_last_error().decode()}")
+        if export_fds:
+            _raise_fd_limit()
+            L.pa_export_at_create(1)
         self.device = device
         self.page_bytes = page_bytes
 
     @classmethod
-    def host(cls, page_bytes: int = 2 << 20, va_bytes: int = 1 << 30) -> "PageAllocator":
+    def host(cls, page_bytes: int = 2 << 20, va_bytes: int = 1 << 30, export_fds: bool = False) -> "PageAllocator":
         """Host-memory backend, for tests: a private copy of the library, so each instance has
         its own state."""
         src = library_path()
@@ -104,7 +108,7 @@ class PageAllocator:
         os.close(fd)
         shutil.copyfile(src, tmp)
         try:
-            return cls(Path(tmp), 1, 0, page_bytes, va_bytes)
+            return cls(Path(tmp), 1, 0, page_bytes, va_bytes, export_fds)
         finally:
             os.unlink(tmp)   # the mapping stays; the name is not needed any more
 
@@ -143,16 +147,32 @@ class PageAllocator:
         self.lib.pa_reset_peak()
 
 
-def install(device: int = 0, page_bytes: int = PAGE_BYTES, va_bytes: int = 0) -> PageAllocator:
+def _raise_fd_limit() -> None:
+    """One fd per mapped page (4,400 for 141 GB of 32 MiB pages) exceeds the usual soft limit
+    of 1,024: raise it to the hard limit."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass   # keep the soft limit; lending falls back to exporting at lend time
+
+
+def install(device: int = 0, page_bytes: int = PAGE_BYTES, va_bytes: int = 0,
+            export_fds: bool = False) -> PageAllocator:
     """Make the page allocator torch's CUDA allocator in this process (call before any CUDA
-    allocation; torch refuses to swap an allocator in use)."""
+    allocation; torch refuses to swap an allocator in use). `export_fds`: export each page as
+    an fd when it is created, so that lending pages (the governor's handoff) costs no export
+    on the shrink's path."""
     global _installed
     if _installed is not None:
         return _installed
     import torch
 
     path = library_path()
-    alloc = PageAllocator(path, 0, device, page_bytes, va_bytes)   # same dlopen handle as torch's
+    alloc = PageAllocator(path, 0, device, page_bytes, va_bytes, export_fds)   # torch's dlopen handle
     pluggable = torch.cuda.memory.CUDAPluggableAllocator(str(path), "pa_malloc", "pa_free")
     torch.cuda.memory.change_current_allocator(pluggable)
     _installed = alloc

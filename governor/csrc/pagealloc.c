@@ -74,6 +74,7 @@ typedef struct { Range *r; int n, cap; } RangeSet;
 
 typedef struct {
     u64 handle;      /* CUDA: generic allocation handle; host: memfd */
+    int fd;          /* exported at creation (pa_export_at_create), or -1 */
     int mapped;
     int pool;
     u64 live;        /* bytes of allocated blocks on this page */
@@ -81,6 +82,7 @@ typedef struct {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int backend = -1, device = 0;
+static int export_at_create = 0;   /* export each page's fd when it is created, not when lent */
 static void *cu_ctx;
 static u64 page_bytes, va_base, va_bytes;
 static int n_pages;
@@ -252,6 +254,8 @@ static int map_page(int p, int pool) {
     pages[p].mapped = 1;
     pages[p].pool = pool;
     pages[p].live = 0;
+    pages[p].fd = -1;
+    if (export_at_create && bk_export(pages[p].handle, &pages[p].fd)) pages[p].fd = -1;
     st_mapped += page_bytes;
     if (st_mapped > st_peak_mapped) st_peak_mapped = st_mapped;
     st_maps++;
@@ -265,7 +269,13 @@ static int unmap_page(int p, int *lend_fd) {
     u64 t = now_ns();
     Page *pg = &pages[p];
     rs_cut(&pools[pg->pool], va_base + (u64)p * page_bytes, page_bytes);
-    if (lend_fd && bk_export(pg->handle, lend_fd)) { set_error("export", -1); return -1; }
+    if (lend_fd) {
+        if (pg->fd >= 0) { *lend_fd = pg->fd; pg->fd = -1; }   /* exported already: no driver call */
+        else if (bk_export(pg->handle, lend_fd)) { set_error("export", -1); return -1; }
+    } else if (pg->fd >= 0) {
+        close(pg->fd);
+        pg->fd = -1;
+    }
     bk_unmap(va_base + (u64)p * page_bytes);
     bk_release(pg->handle);
     pg->mapped = 0;
@@ -401,7 +411,7 @@ int pa_init(int backend_kind, int dev, u64 page, u64 va) {
     va_bytes = va / page * page;
     n_pages = (int)(va_bytes / page);
     pages = calloc((size_t)n_pages, sizeof(Page));
-    for (int p = 0; p < n_pages; p++) pages[p].pool = POOL_NONE;
+    for (int p = 0; p < n_pages; p++) { pages[p].pool = POOL_NONE; pages[p].fd = -1; }
     rc = 0;
 out:
     pthread_mutex_unlock(&mu);
@@ -409,6 +419,14 @@ out:
 }
 
 const char *pa_last_error(void) { return last_error; }
+
+/* Export every page as an fd when it is created (one fd held per mapped page), so that lending
+ * a page later costs no driver call on the shrink's critical path. Call before allocating. */
+void pa_export_at_create(int on) {
+    pthread_mutex_lock(&mu);
+    export_at_create = on;
+    pthread_mutex_unlock(&mu);
+}
 
 /* torch.cuda.memory.CUDAPluggableAllocator: void* alloc(ssize_t size, int device, cudaStream_t) */
 void *pa_malloc(ssize_t size, int dev, void *stream) {

@@ -15,7 +15,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from governor import pagealloc  # noqa: E402
 
-alloc = pagealloc.install(0)
+alloc = pagealloc.install(0, export_fds=True)   # pages exported at creation: lending is cheap
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402

@@ -174,3 +174,23 @@ def test_the_lock_free_counters_match_the_statistics():
     a.free(p, 3 * PAGE + 5)
     a.reset_peak()
     assert a.peak_allocated() == 0
+
+
+def test_pages_exported_at_creation_are_lent_without_a_new_export_and_closed_on_release():
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    a = PageAllocator.host(page_bytes=PAGE, va_bytes=256 * MiB, export_fds=True)
+    base = open_fds()
+    p = a.malloc(4 * PAGE)
+    assert open_fds() == base + 2 * 4                  # the memfd and its exported fd, per page
+    fill(p, 4 * PAGE, 0x5A)
+    a.free(p, 4 * PAGE)
+    fds = a.lend(2 * PAGE, max_pages=8)                # the exported fds change hands as they are
+    assert len(fds) == 2 and open_fds() == base + 2 * 2 + 2
+    with mmap.mmap(fds[0], PAGE) as m:
+        assert m[:2] == b"\x5a\x5a"
+    for fd in fds:
+        os.close(fd)
+    assert a.release(0) == 2 * PAGE                    # released pages close their fds too
+    assert open_fds() == base
