@@ -1,4 +1,4 @@
-"""`hintfs hints calibrate`: measure the safe load of one replica.
+"""`hintfs calibrate`: measure the safe load of one replica.
 
 Closed-loop readers (each sends its next read when the previous one returns) read random
 blocks of one file from one agent. The reader count doubles from 1; the safe load is the

@@ -199,19 +199,8 @@ def cmd_hints(args) -> int:
             raise UserError(str(err)) from None
         print(f"hint {args.job}: {len(files)} files")
         return 0
-    if args.action == "calibrate":
-        from .agentclient import AgentClient
-        from .calibrate import calibrate
-        if not args.agent or not args.path:
-            raise UserError("hints calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
-        token = open(args.token_file).read().strip() if args.token_file else None
-        size = len(AgentClient(args.agent, token=token).read(args.path, 0, 1 << 30)) if args.size is None else args.size
-        result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
-        for row in result["levels"]:
-            print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"
-                  f"  p99 {row['p99_ms']:.2f} ms")
-        print(f"safe_readers_per_replica = {result['safe_readers_per_replica']}")
-        return 0
+    if args.action == "calibrate":   # the older spelling: hintfs hints calibrate - - --agent ...
+        return cmd_calibrate(args)
     if args.action == "wait":
         try:
             status = client.wait_for_replicas(mp, args.job, timeout_s=args.timeout)
@@ -222,6 +211,22 @@ def cmd_hints(args) -> int:
         print(f"hint {args.job}: all {len(status['files'])} files have their replicas")
         return 0
     print(json.dumps(client.replica_status(mp, args.job), indent=2))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """Measure how many concurrent readers one replica serves (safe_readers_per_replica)."""
+    from .agentclient import AgentClient
+    from .calibrate import calibrate
+    if not args.agent or not args.path:
+        raise UserError("calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
+    token = open(args.token_file).read().strip() if args.token_file else None
+    size = len(AgentClient(args.agent, token=token).read(args.path, 0, 1 << 30)) if args.size is None else args.size
+    result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
+    for row in result["levels"]:
+        print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"
+              f"  p99 {row['p99_ms']:.2f} ms")
+    print(f"safe_readers_per_replica = {result['safe_readers_per_replica']}")
     return 0
 
 
@@ -266,17 +271,20 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("config")
     a.set_defaults(func=cmd_agent)
 
+    def calibrate_options(parser) -> None:
+        parser.add_argument("--agent", help="calibrate: the agent's Flight location")
+        parser.add_argument("--path", help="calibrate: a store file to read")
+        parser.add_argument("--size", type=int, default=None, help="calibrate: the file's size (read once if unset)")
+        parser.add_argument("--token-file", default=None)
+        parser.add_argument("--max-readers", type=int, default=256)
+        parser.add_argument("--seconds", type=float, default=2.0)
+        parser.add_argument("--block", type=int, default=1 << 20)
+
     h = sub.add_parser("hints", help="replication hints: set, wait, status")
     h.add_argument("action", choices=["set", "wait", "status", "calibrate"])
-    h.add_argument("mountpoint", help="the mount (for calibrate: ignored, use -)")
-    h.add_argument("job", help="the job's name (for calibrate: ignored, use -)")
-    h.add_argument("--agent", help="calibrate: the agent's Flight location")
-    h.add_argument("--path", help="calibrate: a store file to read")
-    h.add_argument("--size", type=int, default=None, help="calibrate: the file's size (read once if unset)")
-    h.add_argument("--token-file", default=None)
-    h.add_argument("--max-readers", type=int, default=256)
-    h.add_argument("--seconds", type=float, default=2.0)
-    h.add_argument("--block", type=int, default=1 << 20)
+    h.add_argument("mountpoint", help="the mount")
+    h.add_argument("job", help="the job's name")
+    calibrate_options(h)
     h.add_argument("--from-dcp", help="derive the hint from a DCP checkpoint directory inside the mount")
     h.add_argument("--world-size", type=int, default=1)
     h.add_argument("--file", help="JSON {relpath: expected_readers}")
@@ -284,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--deadline", type=float, default=300.0)
     h.add_argument("--timeout", type=float, default=None)
     h.set_defaults(func=cmd_hints)
+
+    cal = sub.add_parser("calibrate", help="measure the concurrent readers one replica serves "
+                         "(sets replicas.safe_readers_per_replica)")
+    calibrate_options(cal)
+    cal.set_defaults(func=cmd_calibrate)
 
     from .plan import add_plan_parser
     add_plan_parser(sub)

@@ -140,3 +140,18 @@ def test_tls(tmp_path, store):
             AgentClient(f"grpc+tls://localhost:{server.port}", timeout_s=3).read("ckpt/.metadata", 0, 4)
     finally:
         server.shutdown()
+
+
+def test_calibrate_command_and_its_older_spelling(tmp_path, store):
+    from tests.conftest import run_hintfs
+    s, loc = _agent(tmp_path, store, max_concurrent_reads=2, bandwidth_bytes_s=64 << 20)
+    try:
+        for argv in (["calibrate"], ["hints", "calibrate", "-", "-"]):
+            r = run_hintfs(*argv, "--agent", loc, "--path", "ckpt/a.bin", "--max-readers", "2",
+                           "--seconds", "0.2", "--block", str(64 << 10))
+            assert r.returncode == 0, r.stderr
+            assert "safe_readers_per_replica = " in r.stdout and "readers:" in r.stdout
+        r = run_hintfs("calibrate", "--agent", loc)
+        assert r.returncode != 0 and "needs --agent LOCATION --path RELPATH" in r.stderr
+    finally:
+        s.shutdown()
