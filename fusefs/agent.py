@@ -71,6 +71,7 @@ class Replica:
     fd: int = -1          # kept open: a read is one pread, not open+read+close
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
     last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
+    record: Optional[str] = None   # the journal record this copy answered (one per close)
 
 
 class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
@@ -264,7 +265,7 @@ class AgentServer(fl.FlightServerBase):
                     os.rename(data, local)
                     rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]),
                                   os.open(local, os.O_RDONLY | os.O_CLOEXEC), int(meta["mtime_ns"]),
-                                  time.monotonic())
+                                  time.monotonic(), meta.get("record"))
                     _write_sidecar(local, rep)
                     if old is not None:
                         os.close(old.fd)
@@ -305,7 +306,7 @@ class AgentServer(fl.FlightServerBase):
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16,
                   priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
-                  expect: Optional[tuple[int, int]] = None) -> dict:
+                  expect: Optional[tuple[int, int]] = None, record: Optional[str] = None) -> dict:
         """Copy `path` here (from the store, or from the agent at `source`) and keep it `ttl_s`.
 
         The copy is `parallel` ranged reads of 8 MiB in flight, enough to fill the bandwidth-delay
@@ -313,12 +314,19 @@ class AgentServer(fl.FlightServerBase):
         The source's size and mtime are checked before and after: a file that changed during the
         copy is not kept (EAGAIN). `expect` = (size, mtime_ns) of the version to copy (from a
         journal record) saves the first check: one round trip less per file on a long link.
-        A replica of another version than `expect` is replaced.
+        A replica of another version than `expect` is replaced. `record`: the journal record
+        that announced this version. Every close writes a record of its own, so a replica copied
+        for another record is replaced even if size and mtime match: that is a rewrite within
+        the mtime's precision (one second on S3), which size + mtime alone cannot see.
         """
         while True:
             with self.lock:
                 rep = self.replicas.get(path)
-                if rep is not None and (expect is None or (rep.size, rep.source_mtime_ns) == tuple(expect)):
+                same_write = record is None or rep is None or rep.record in (None, record)
+                if rep is not None and same_write and (
+                        expect is None or (rep.size, rep.source_mtime_ns) == tuple(expect)):
+                    if record is not None and rep.record is None:
+                        rep.record = record   # copied before its record was seen: the same write
                     rep.expires_at = max(rep.expires_at, time.time() + ttl_s)
                     rep.last_used = time.monotonic()
                     if self.persistent:
@@ -332,7 +340,15 @@ class AgentServer(fl.FlightServerBase):
         try:
             if rep is not None:
                 self.drop(path)    # an older version: the new one replaces it
-            return self._copy_in(path, ttl_s, source, parallel, priority, job, importance, expect)
+            out = self._copy_in(path, ttl_s, source, parallel, priority, job, importance, expect)
+            if record is not None:
+                with self.lock:
+                    rep = self.replicas.get(path)
+                    if rep is not None:
+                        rep.record = record
+                        if self.persistent:
+                            _write_sidecar(rep.local, rep)
+            return out
         finally:
             with self.lock:
                 self._copying.pop(path).set()
@@ -503,7 +519,8 @@ class AgentServer(fl.FlightServerBase):
             if kind == "replicate":
                 result = self.replicate(body["path"], float(body.get("ttl_s", 600)), body.get("source"),
                                         priority=body.get("priority", "background"), job=body.get("job"),
-                                        importance=float(body.get("importance", 1.0)), expect=body.get("expect"))
+                                        importance=float(body.get("importance", 1.0)), expect=body.get("expect"),
+                                        record=body.get("record"))
             elif kind == "signal":
                 if self.link is None:
                     result = {"applied": False}
@@ -622,7 +639,7 @@ def _write_sidecar(local: str, rep: "Replica") -> None:
     tmp = local + ".meta.tmp"
     with open(tmp, "w") as f:
         json.dump({"path": rep.path, "size": rep.size, "mtime_ns": rep.source_mtime_ns,
-                   "expires_at": rep.expires_at}, f)
+                   "expires_at": rep.expires_at, "record": rep.record}, f)
     os.rename(tmp, local + ".meta")
 
 

@@ -38,6 +38,7 @@ class Follower:
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
         self.expect: dict[str, tuple[int, int]] = {}       # journaled version of each file
+        self.records: dict[str, str] = {}                  # and the record that announced it
         self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
         self.queued: dict[str, int] = {}                  # path -> arrival order
         self.running: set[str] = set()
@@ -76,7 +77,7 @@ class Follower:
         return posixpath.dirname(posixpath.dirname(path))
 
     # -- discovering new files -------------------------------------------------------------------
-    def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]]]]]:
+    def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]], Optional[str]]]]:
         store = self.agent.store
         try:
             entries = list(store.iter_dir(self.cfg.journal_dir))
@@ -108,7 +109,7 @@ class Follower:
         for n in names:
             r = records[n]
             if r is not None and self._followed(r["path"]):
-                out.append((r["path"], (r["size"], r["mtime_ns"])))
+                out.append((r["path"], (r["size"], r["mtime_ns"]), n))
         return out
 
     def _walk(self, rel: str):
@@ -119,14 +120,14 @@ class Follower:
             elif st.is_file:
                 yield path, st
 
-    def _new_from_listing(self) -> list[tuple[str, Optional[tuple[int, int]]]]:
+    def _new_from_listing(self) -> list[tuple[str, Optional[tuple[int, int]], Optional[str]]]:
         new = []
         for prefix in self.cfg.prefixes:
             try:
                 for path, st in self._walk(prefix.rstrip("/")):
                     if self.seen_files.get(path) != st.identity():
                         self.seen_files[path] = st.identity()
-                        new.append((path, None))   # listing times may not match a stat's: stat it
+                        new.append((path, None, None))   # listing times may not match a stat's: stat it
             except FileNotFoundError:
                 continue
         return new
@@ -164,7 +165,8 @@ class Follower:
         expect = self.expect.get(path)
         try:
             self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
-                                 job=self._job(path), expect=expect)
+                                 job=self._job(path), expect=expect,
+                                 record=self.records.get(path) if expect is not None else None)
             with self.cond:
                 self.copied.add(path)
                 self.errors.pop(path, None)
@@ -174,6 +176,7 @@ class Follower:
                 self.errors[path] = str(err)
                 # The journaled version may be gone (rewritten): the retry stats the store.
                 self.expect.pop(path, None)
+                self.records.pop(path, None)
             log.warning("predictive copy of %s failed (will retry): %s", path, err)
             return False
 
@@ -251,9 +254,10 @@ class Follower:
         if new is None:
             new = self._new_from_listing()
         with self.cond:
-            for path, version in new:
+            for path, version, record in new:
                 if version is not None:
                     self.expect[path] = version
+                    self.records[path] = record
                     if path in self.copied:        # a new version of a copied file
                         self.copied.discard(path)
                 if posixpath.basename(path) == self.cfg.commit_marker:

@@ -334,3 +334,29 @@ def test_training_mount_prunes_its_journal_by_age(mount_factory):
     (m.mnt / "b").write_bytes(b"2")                                    # the journal goes on
     assert wait_for(lambda: m.stats()["counters"].get("journal_records") == 2, timeout=10)
     assert wait_for(lambda: len(os.listdir(jdir)) == 0, timeout=10)
+
+
+def test_a_rewrite_with_the_same_size_and_mtime_is_copied_again(tmp_path):
+    # S3's Last-Modified has one-second precision: a same-size rewrite within that second has the
+    # same (size, mtime). Its journal record is new, and that is what the replica is tied to.
+    store = tmp_path / "store"
+    ck = store / "ckpt" / "job" / "step_1"
+    ck.mkdir(parents=True)
+    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    f, c = server.follower, AgentClient(loc)
+    path = "ckpt/job/step_1/w.distcp"
+    try:
+        (ck / "w.distcp").write_bytes(b"a" * 100)
+        first = os.stat(ck / "w.distcp")
+        _journal(store, path)
+        f.step(wait=True)
+        assert c.read(path, 0, 200, replica_only=True) == b"a" * 100
+        f.step(wait=True)                                   # no new record: nothing copied again
+        assert server.replicas[path].record is not None
+        (ck / "w.distcp").write_bytes(b"b" * 100)
+        os.utime(ck / "w.distcp", ns=(first.st_atime_ns, first.st_mtime_ns))   # same size and mtime
+        _journal(store, path)
+        f.step(wait=True)
+        assert c.read(path, 0, 200, replica_only=True) == b"b" * 100
+    finally:
+        server.shutdown()
