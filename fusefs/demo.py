@@ -34,22 +34,27 @@ def _make_tree(root: str, files: int, seed: int = 0) -> dict[str, str]:
     return digests
 
 
-def _make_images(folder: str, n: int) -> None:
-    """Small JPEGs written with PyAV (no downloads: the demo makes its own data)."""
+def write_jpeg(path: str, img) -> None:
+    """One JPEG of an (h, w, 3) uint8 array, with PyAV (the demo and the tests make their data)."""
     import av
+    h, w = img.shape[:2]
+    with av.open(str(path), "w", format="image2") as c:
+        s = c.add_stream("mjpeg")
+        s.width, s.height, s.pix_fmt = w, h, "yuvj420p"
+        for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+def _make_images(folder: str, n: int) -> None:
+    """Small JPEGs (no downloads: the demo makes its own data)."""
     import numpy as np
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(0)
     for i in range(n):
         h, w = 96 + 8 * i, 128 + 8 * i
-        img = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-        with av.open(os.path.join(folder, f"img{i}.jpg"), "w", format="image2") as c:
-            s = c.add_stream("mjpeg")
-            s.width, s.height, s.pix_fmt = w, h, "yuvj420p"
-            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                c.mux(p)
-            for p in s.encode():
-                c.mux(p)
+        write_jpeg(os.path.join(folder, f"img{i}.jpg"), rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
 def _sha(path: str) -> str:

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from fusefs.demo import write_jpeg
 from tests.conftest import needs_fuse, wait_for
 
 pytestmark = needs_fuse
@@ -26,15 +27,7 @@ params = { frames = 4, size = 32 }
 
 
 def _jpeg(path, seed=0, w=160, h=120):
-    rng = np.random.default_rng(seed)
-    img = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-    with av.open(str(path), "w", format="image2") as c:
-        s = c.add_stream("mjpeg")
-        s.width, s.height, s.pix_fmt = w, h, "yuvj420p"
-        for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-            c.mux(p)
-        for p in s.encode():
-            c.mux(p)
+    write_jpeg(path, np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
 def _mp4(path, frames=24):
