@@ -273,6 +273,7 @@ class AgentServer(fl.FlightServerBase):
                     adopted += 1
                 except (OSError, ValueError, KeyError) as err:
                     log.warning("not adopting %s from %s: %s", name, folder, err)
+            self._adopt_partial_copies(folder)
             shutil.rmtree(folder, ignore_errors=True)
         if adopted:
             log.info("catalog rebuilt from disk: %d replicas (%d bytes)", adopted, self.used_bytes())
@@ -297,6 +298,26 @@ class AgentServer(fl.FlightServerBase):
             if self.drop(p):
                 self.evictions += 1
                 log.info("evicted %s to make room for %s", p, path)
+
+    def _adopt_partial_copies(self, folder: str) -> None:
+        """Copies cut by the stop (or crash) of the agent that owned `folder`: their `.part` file
+        and its progress move here, and the next copy of the same version resumes from them."""
+        for name in os.listdir(folder):
+            if not name.endswith(".part.progress"):
+                continue
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    doc = json.load(f)
+                part = os.path.join(folder, name[: -len(".progress")])
+                path, size, chunk = str(doc["path"]), int(doc["size"]), int(doc["chunk"])
+                done = {int(k): int(v) for k, v in doc["done"].items()}
+                if path in self.replicas or path in self._partial or os.path.getsize(part) > size:
+                    continue
+                os.rename(part, self._local_name(path) + ".part")
+                self._partial[path] = {"version": (size, int(doc["mtime_ns"])), "chunk": chunk, "done": done}
+                log.info("adopted a cut copy of %s: %d ranges already here", path, len(done))
+            except (OSError, ValueError, KeyError, AttributeError) as err:
+                log.warning("not adopting the cut copy %s from %s: %s", name, folder, err)
 
     def _local_name(self, path: str) -> str:
         return os.path.join(self.data_dir, hashlib.sha256(path.encode()).hexdigest()[:32])
@@ -395,6 +416,9 @@ class AgentServer(fl.FlightServerBase):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         resumed = len(done)
         ranges = [r for r in ranges if r[0] not in done]
+        # A persistent agent also keeps the progress on disk (`.part.progress`, after an
+        # fdatasync of the ranges it lists), so a copy cut by a crash resumes after a restart.
+        progress = _Progress(tmp, path, st, chunk, fd) if self.persistent and not single else None
         tid = None
         if self.link is not None and not source and ranges:
             # Copies from the store cross the shared link: each chunk waits for its turn.
@@ -408,6 +432,9 @@ class AgentServer(fl.FlightServerBase):
                 os.pwrite(fd, data, rng[0])
                 with self.lock:
                     done[rng[0]] = len(data)
+                    snapshot = dict(done) if progress is not None and progress.due() else None
+                if snapshot is not None:
+                    progress.save(snapshot)
                 return len(data)
 
             try:
@@ -421,6 +448,9 @@ class AgentServer(fl.FlightServerBase):
                 if not single:
                     with self.lock:
                         self._partial[path] = {"version": st.identity(), "chunk": chunk, "done": done}
+                        snapshot = dict(done)
+                    if progress is not None:
+                        progress.save(snapshot, force=True)
                 raise
             copied = sum(done.values())
         finally:
@@ -431,6 +461,8 @@ class AgentServer(fl.FlightServerBase):
                 src.close()
             else:
                 reader.close()
+        if progress is not None:
+            progress.remove()
         after = st if single else self.store.stat(path)
         if copied != st.size or after.identity() != st.identity():
             os.unlink(tmp)
@@ -586,6 +618,44 @@ class AgentServer(fl.FlightServerBase):
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+class _Progress:
+    """The ranges of a copy that are on disk, in `<part>.progress` (JSON, tmp + rename). What it
+    lists was fdatasync'ed first: after a crash, the listed ranges of the `.part` hold real data."""
+
+    EVERY_S = 0.5
+
+    def __init__(self, part: str, path: str, st, chunk: int, fd: int) -> None:
+        self.file = part + ".progress"
+        self.doc = {"path": path, "size": st.size, "mtime_ns": st.mtime_ns, "chunk": chunk}
+        self.fd = fd
+        self.last = time.monotonic()
+        self.saving = threading.Lock()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.EVERY_S
+
+    def save(self, done: dict, force: bool = False) -> None:
+        if not self.saving.acquire(blocking=force):
+            return   # another range's thread is saving right now
+        try:
+            self.last = time.monotonic()
+            os.fdatasync(self.fd)
+            tmp = self.file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({**self.doc, "done": {str(k): v for k, v in done.items()}}, f)
+            os.rename(tmp, self.file)
+        except OSError as err:
+            log.warning("cannot save the progress of %s: %s", self.doc["path"], err)
+        finally:
+            self.saving.release()
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.file)
+        except FileNotFoundError:
+            pass
 
 
 def _lock_folder(folder: str) -> int:

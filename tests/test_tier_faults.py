@@ -211,3 +211,81 @@ def test_agent_killed_with_sigkill_restarts_with_its_replicas(tmp_path):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def test_a_cut_copy_resumes_after_the_agent_restarts(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    data = os.urandom(16 * CHUNK)
+    (store / "w.bin").write_bytes(data)
+    cfg = _cfg(tmp_path, store)
+    fs = FlakyStore(str(store))
+    first = AgentServer(cfg, fs, location="grpc://127.0.0.1:0", persistent=True)
+    fs.fail_after = 5
+    with pytest.raises(ConnectionResetError):
+        first.replicate("w.bin", 600, None, parallel=1)
+    first.shutdown()                      # the cut copy and its progress stay on disk
+    fs2 = FlakyStore(str(store))
+    second = AgentServer(cfg, fs2, location="grpc://127.0.0.1:0", persistent=True)
+    try:
+        assert "w.bin" not in second.replicas   # a cut copy is not a replica
+        second.replicate("w.bin", 600, None, parallel=1)
+        assert fs2.reads == 16 - 5 and second.resumed_ranges == 5
+        assert second.read_range("w.bin", 0, len(data) + 1, replica_only=True) == data
+        assert not list((tmp_path / "tier").glob("*/*.progress"))
+    finally:
+        second.shutdown()
+
+
+def test_a_copy_cut_by_sigkill_resumes_from_its_saved_progress(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    data = os.urandom(32 * CHUNK)         # 2 MiB at 512 KiB/s through the link gate: about 4 s
+    (store / "big.bin").write_bytes(data)
+    port = _free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{port}"\n'
+                   f'data_dir = "{tmp_path / "tier"}"\nlink_bytes_s = {512 << 10}\n'
+                   f'link_chunk_bytes = {CHUNK}\n[logging]\nfile = "{tmp_path / "agent.log"}"\n')
+
+    def start():
+        p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(cfg)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = AgentClient(f"grpc://127.0.0.1:{port}")
+
+        def up():
+            try:
+                return c.status() is not None
+            except AgentError:
+                return False
+        assert wait_for(up, timeout=30), (tmp_path / "agent.log").read_text()
+        return p, c
+
+    p, c = start()
+    try:
+        import threading
+
+        def copy():
+            try:
+                c.replicate("big.bin", 600)
+            except AgentError:
+                pass                      # the agent is killed under it
+        t = threading.Thread(target=copy, daemon=True)
+        t.start()
+        assert wait_for(lambda: list((tmp_path / "tier").glob("*/*.part.progress")), timeout=20)
+        time.sleep(0.6)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        t.join(10)
+        p, c = start()
+        c.replicate("big.bin", 600)
+        st = c.status()
+        assert 0 < st["resumed_ranges"] < 32
+        assert c.read("big.bin", 0, len(data) + 1, replica_only=True) == data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
