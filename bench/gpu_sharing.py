@@ -197,7 +197,7 @@ def role_infer(args) -> None:
     if args.mode in HANDOFF:   # load cuda-python and bind its context now, not inside a timed map
         from governor import vmm_pool
         vmm_pool.ensure_context(0)
-    lent_maps: list = []        # (PagePool, Mapping) of KV chunks built on lent pages
+    lent_maps: list = []        # PagePools of KV chunks built on lent pages (released after use)
     lent_pages: list[int] = []  # pages used per KV chunk (0: allocated by torch)
     cache = ModelCache(client)
     load_ms: list[float] = []  # weights copied from pinned host memory (cold start)
@@ -638,6 +638,7 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                 row["reclaim_timings"] = tim  # raw, one per reclaim (small)
             lp = inf.get("lent_pages") or []
             row["kv_chunks_on_lent_pages"] = sum(1 for n in lp if n)
+            row["kv_lent_pages"] = [n for n in lp if n]   # pages lent per chunk that got any
             row["kv_chunks"] = len(lp)
             for k in ("load_ms", "map_ms", "zero_ms"):
                 xs = inf.get(k) or []
@@ -690,7 +691,7 @@ def summarize(results: dict, handoff: dict, args) -> dict:
             m: {k: table.get(m, {}).get(k) for k in
                 ("adjust_ms", "adjust_ms_released", "reclaims", "reclaims_released", "reclaims_aborted",
                  "slo_attainment", "train_samples_per_s", "excess_releases", "map_ms", "zero_ms",
-                 "kv_chunks", "kv_chunks_on_lent_pages")}
+                 "kv_chunks", "kv_chunks_on_lent_pages", "kv_lent_pages")}
             for m in ("governor_mid_backward_long_kv", "governor_paged_long_kv",
                       "governor_handoff_long_kv") if m in table},
     }
