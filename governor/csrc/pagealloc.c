@@ -268,14 +268,14 @@ static int map_page(int p, int pool) {
 static int unmap_page(int p, int *lend_fd) {
     u64 t = now_ns();
     Page *pg = &pages[p];
-    rs_cut(&pools[pg->pool], va_base + (u64)p * page_bytes, page_bytes);
-    if (lend_fd) {
+    if (lend_fd) {   /* first, so that a failed export leaves the page as it was */
         if (pg->fd >= 0) { *lend_fd = pg->fd; pg->fd = -1; }   /* exported already: no driver call */
         else if (bk_export(pg->handle, lend_fd)) { set_error("export", -1); return -1; }
     } else if (pg->fd >= 0) {
         close(pg->fd);
         pg->fd = -1;
     }
+    rs_cut(&pools[pg->pool], va_base + (u64)p * page_bytes, page_bytes);
     bk_unmap(va_base + (u64)p * page_bytes);
     bk_release(pg->handle);
     pg->mapped = 0;
