@@ -519,7 +519,7 @@ def main() -> int:
             stats = b.relay.stats()
             result["wan_total_bytes"] = stats["bytes"]
             try:
-                plot(stats, b.phases, RESULTS / "cross_dc_eval.png", a.bandwidth_mbit * 1e6 / 8)
+                plot(stats, b.phases, Path(a.out).with_suffix(".png"), a.bandwidth_mbit * 1e6 / 8)
             except Exception as e:
                 result["reasons"]["plot"] = repr(e)
         b.cleanup()
