@@ -171,6 +171,9 @@ def install(device: int = 0, page_bytes: int = PAGE_BYTES, va_bytes: int = 0,
         return _installed
     import torch
 
+    if torch.cuda.is_initialized():
+        raise PageAllocError("pagealloc.install() must run before CUDA is initialised in this "
+                             "process (torch cannot swap an allocator in use)")
     path = library_path()
     alloc = PageAllocator(path, 0, device, page_bytes, va_bytes, export_fds)   # torch's dlopen handle
     pluggable = torch.cuda.memory.CUDAPluggableAllocator(str(path), "pa_malloc", "pa_free")

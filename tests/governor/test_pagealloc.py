@@ -194,3 +194,16 @@ def test_pages_exported_at_creation_are_lent_without_a_new_export_and_closed_on_
         os.close(fd)
     assert a.release(0) == 2 * PAGE                    # released pages close their fds too
     assert open_fds() == base
+
+
+def test_install_without_a_cuda_driver_fails_with_a_clear_error():
+    import ctypes.util
+
+    import torch
+
+    from governor import pagealloc
+    if torch.cuda.is_available() or ctypes.util.find_library("cuda"):
+        pytest.skip("a CUDA driver is present: install() would succeed")
+    with pytest.raises(PageAllocError, match="libcuda"):
+        pagealloc.install(0)
+    assert pagealloc.installed() is None
