@@ -27,6 +27,15 @@ def _journal(store, path):
     (store / ".hintfs-journal" / record_name()).write_bytes(encode_record(path, st.st_size, st.st_mtime_ns))
 
 
+def _following_agent(tmp_path):
+    """A store with an empty checkpoint folder ckpt/job/step_1, and an agent following ckpt/."""
+    store = tmp_path / "store"
+    ck = store / "ckpt" / "job" / "step_1"
+    ck.mkdir(parents=True)
+    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    return store, ck, server, loc
+
+
 def test_marker_is_copied_last_and_keep_last(tmp_path):
     store = tmp_path / "store"
     ck1 = store / "ckpt" / "job" / "step_1"
@@ -180,10 +189,7 @@ def test_journal_records_in_names_and_content():
 
 
 def test_follower_copies_journaled_version_and_recopies_a_rewrite(tmp_path):
-    store = tmp_path / "store"
-    ck = store / "ckpt" / "job" / "step_1"
-    ck.mkdir(parents=True)
-    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    store, ck, server, loc = _following_agent(tmp_path)
     f, c = server.follower, AgentClient(loc)
     try:
         (ck / "w.distcp").write_bytes(b"a" * 100)
@@ -306,10 +312,7 @@ def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
 
 
 def test_follower_forgets_pruned_record_names(tmp_path):
-    store = tmp_path / "store"
-    ck = store / "ckpt" / "job" / "step_1"
-    ck.mkdir(parents=True)
-    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    store, ck, server, loc = _following_agent(tmp_path)
     try:
         f = server.follower
         (ck / "a.distcp").write_bytes(b"a" * 1000)
@@ -341,10 +344,7 @@ def test_training_mount_prunes_its_journal_by_age(mount_factory):
 def test_a_rewrite_with_the_same_size_and_mtime_is_copied_again(tmp_path):
     # S3's Last-Modified has one-second precision: a same-size rewrite within that second has the
     # same (size, mtime). Its journal record is new, and that is what the replica is tied to.
-    store = tmp_path / "store"
-    ck = store / "ckpt" / "job" / "step_1"
-    ck.mkdir(parents=True)
-    server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
+    store, ck, server, loc = _following_agent(tmp_path)
     f, c = server.follower, AgentClient(loc)
     path = "ckpt/job/step_1/w.distcp"
     try:

@@ -36,21 +36,31 @@ def _foreground(cfg, mnt, env=None):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_foreground_mount_unmounts_cleanly_on_signal(tmp_path, sig):
-    store, mnt, cfg = _dirs(tmp_path)
-    (store / "f").write_bytes(b"1")
+def _stop(p: subprocess.Popen, mnt: Path) -> None:
+    """Whatever the test saw: no daemon and no mount left behind."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    force_unmount(mnt)
+
+
+def _signal_and_check_clean_exit(cfg, mnt, sig, ready, interval=0.05):
+    """Start a foreground mount, signal it once `ready()`, expect exit status 0 and no mount."""
     p = _foreground(cfg, mnt)
     try:
-        assert wait_for(lambda: os.path.ismount(mnt) and (mnt / "f").exists(), timeout=20)
+        assert wait_for(ready, timeout=20, interval=interval)
         p.send_signal(sig)
         assert p.wait(timeout=20) == 0
         assert not os.path.ismount(mnt)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        force_unmount(mnt)
+        _stop(p, mnt)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_foreground_mount_unmounts_cleanly_on_signal(tmp_path, sig):
+    store, mnt, cfg = _dirs(tmp_path)
+    (store / "f").write_bytes(b"1")
+    _signal_and_check_clean_exit(cfg, mnt, sig, lambda: os.path.ismount(mnt) and (mnt / "f").exists())
 
 
 def test_signal_while_mount_is_still_announcing_itself(tmp_path):
@@ -58,17 +68,7 @@ def test_signal_while_mount_is_still_announcing_itself(tmp_path):
     # worker thread, answered by that same loop) is pending once hung the daemon forever.
     store, mnt, cfg = _dirs(tmp_path)
     for _ in range(3):
-        p = _foreground(cfg, mnt)
-        try:
-            assert wait_for(lambda: os.path.ismount(mnt), timeout=20, interval=0.001)
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(timeout=20) == 0
-            assert not os.path.ismount(mnt)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            force_unmount(mnt)
+        _signal_and_check_clean_exit(cfg, mnt, signal.SIGTERM, lambda: os.path.ismount(mnt), interval=0.001)
 
 
 def test_fusermount_u_stops_the_daemon(tmp_path):
@@ -80,10 +80,7 @@ def test_fusermount_u_stops_the_daemon(tmp_path):
         subprocess.run(["fusermount3", "-u", str(mnt)], check=True)
         assert p.wait(timeout=20) == 0
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        force_unmount(mnt)
+        _stop(p, mnt)
 
 
 def test_background_mount_and_hintfs_umount(tmp_path):
@@ -118,10 +115,7 @@ def test_systemd_notify_ready_only_when_mount_answers(tmp_path):
         assert p.wait(timeout=20) == 0
     finally:
         sock.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        force_unmount(mnt)
+        _stop(p, mnt)
 
 
 def test_kill_mid_write_leaves_no_partial_file_and_restart_serves_same_data(tmp_path):

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -169,48 +170,63 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_agent_killed_with_sigkill_restarts_with_its_replicas(tmp_path):
-    store = tmp_path / "store"
-    store.mkdir()
-    payload = os.urandom(300_000)
-    (store / "ck.distcp").write_bytes(payload)
-    port = _free_port()
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{port}"\n'
-                   f'data_dir = "{tmp_path / "tier"}"\n[logging]\nfile = "{tmp_path / "agent.log"}"\n')
+class AgentProcess:
+    """A real `hintfs agent` on a free port over `store`; `start()` again after a kill."""
 
-    def start():
-        p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(cfg)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        c = AgentClient(f"grpc://127.0.0.1:{port}")
+    def __init__(self, tmp_path, store, agent_extra: str = "") -> None:
+        self.port = _free_port()
+        self.log = tmp_path / "agent.log"
+        self.cfg = tmp_path / "agent.toml"
+        self.cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{self.port}"\n'
+                            f'data_dir = "{tmp_path / "tier"}"\n{agent_extra}[logging]\nfile = "{self.log}"\n')
+        self.p = None
+
+    def start(self) -> AgentClient:
+        self.p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(self.cfg)], cwd=REPO,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = AgentClient(f"grpc://127.0.0.1:{self.port}")
+
         def up():
             try:
                 return c.status() is not None
             except AgentError:
                 return False
-        assert wait_for(up, timeout=30), (tmp_path / "agent.log").read_text()
-        return p, c
+        assert wait_for(up, timeout=30), self.log.read_text()
+        return c
 
-    p, c = start()
+    def kill(self) -> None:
+        os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+
+    def stop(self) -> None:
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def test_agent_killed_with_sigkill_restarts_with_its_replicas(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    payload = os.urandom(300_000)
+    (store / "ck.distcp").write_bytes(payload)
+    agent = AgentProcess(tmp_path, store)
+    c = agent.start()
     try:
         c.replicate("ck.distcp", 600)
         # a torn copy left behind by the crash: never adopted
         folder = next((tmp_path / "tier").glob("agent-*"))
         (folder / "deadbeef.part").write_bytes(b"half")
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(10)
-        p, c = start()
+        agent.kill()
+        c = agent.start()
         st = c.status()
         assert set(st["replicas"]) == {"ck.distcp"}
         assert c.read("ck.distcp", 0, 1 << 20, replica_only=True) == payload
         assert not list((tmp_path / "tier").glob("*/deadbeef.part"))
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        agent.stop()
 
 
 def test_a_cut_copy_resumes_after_the_agent_restarts(tmp_path):
@@ -242,29 +258,9 @@ def test_a_copy_cut_by_sigkill_resumes_from_its_saved_progress(tmp_path):
     store.mkdir()
     data = os.urandom(32 * CHUNK)         # 2 MiB at 512 KiB/s through the link gate: about 4 s
     (store / "big.bin").write_bytes(data)
-    port = _free_port()
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{port}"\n'
-                   f'data_dir = "{tmp_path / "tier"}"\nlink_bytes_s = {512 << 10}\n'
-                   f'link_chunk_bytes = {CHUNK}\n[logging]\nfile = "{tmp_path / "agent.log"}"\n')
-
-    def start():
-        p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(cfg)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        c = AgentClient(f"grpc://127.0.0.1:{port}")
-
-        def up():
-            try:
-                return c.status() is not None
-            except AgentError:
-                return False
-        assert wait_for(up, timeout=30), (tmp_path / "agent.log").read_text()
-        return p, c
-
-    p, c = start()
+    agent = AgentProcess(tmp_path, store, f"link_bytes_s = {512 << 10}\nlink_chunk_bytes = {CHUNK}\n")
+    c = agent.start()
     try:
-        import threading
-
         def copy():
             try:
                 c.replicate("big.bin", 600)
@@ -274,18 +270,12 @@ def test_a_copy_cut_by_sigkill_resumes_from_its_saved_progress(tmp_path):
         t.start()
         assert wait_for(lambda: list((tmp_path / "tier").glob("*/*.part.progress")), timeout=20)
         time.sleep(0.6)
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(10)
+        agent.kill()
         t.join(10)
-        p, c = start()
+        c = agent.start()
         c.replicate("big.bin", 600)
         st = c.status()
         assert 0 < st["resumed_ranges"] < 32
         assert c.read("big.bin", 0, len(data) + 1, replica_only=True) == data
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        agent.stop()

@@ -3,6 +3,8 @@ lends the pages of a shrink to the daemon, which passes them with the grant to t
 client that caused it. Same code paths as on the GPU, with memfd pages."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import mmap
 import os
 import threading
@@ -41,31 +43,34 @@ class Poller:
         self._t.join(5)
 
 
-def _training(d, handoff: bool = True):
+@contextlib.contextmanager
+def _colocated(make_daemon, handoff: bool = True, accept_pages: bool = True):
+    """A 40 MiB governed card: a trainer behind a host-memory page allocator holding 32 MiB of
+    freed (empty, still mapped) pages filled with 0xCD, and an inference client.
+    Yields (allocator, training client, inference client)."""
+    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
+                    min_training_fraction=0.0, min_headroom_bytes=0)
     alloc = PageAllocator.host(page_bytes=PAGE, va_bytes=256 * MiB)
     blocks = [alloc.malloc(PAGE) for _ in range(16)]      # 32 MiB of "activations"...
     for p in blocks:
-        mmap_fill(p, PAGE, 0xCD)
+        ctypes.memset(p, 0xCD, PAGE)
         alloc.free(p, PAGE)                               # ...freed: empty pages, still mapped
     m = nn.Linear(4, 2)
-    trainer, client = governed_trainer(d.cfg.socket_path, m, torch.optim.SGD(m.parameters(), lr=0.1),
-                                       lambda o, y: o.sum(), handoff=handoff, device="cpu",
-                                       probe=PagedMemoryProbe(torch.device("cpu"), alloc))
-    return alloc, trainer, client
-
-
-def mmap_fill(ptr: int, n: int, byte: int) -> None:
-    import ctypes
-    ctypes.memset(ptr, byte, n)
+    trainer, tclient = governed_trainer(d.cfg.socket_path, m, torch.optim.SGD(m.parameters(), lr=0.1),
+                                        lambda o, y: o.sum(), handoff=handoff, device="cpu",
+                                        probe=PagedMemoryProbe(torch.device("cpu"), alloc))
+    poller = Poller(trainer)
+    inf = InferenceClient(d.cfg.socket_path, accept_pages=accept_pages)
+    try:
+        yield alloc, tclient, inf
+    finally:
+        poller.close()
+        inf.close()
+        tclient.close()
 
 
 def test_a_shrink_lends_its_pages_to_the_inference_client_that_caused_it(make_daemon):
-    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
-                    min_training_fraction=0.0, min_headroom_bytes=0)
-    alloc, trainer, tclient = _training(d)
-    poller = Poller(trainer)
-    inf = InferenceClient(d.cfg.socket_path, accept_pages=True)
-    try:
+    with _colocated(make_daemon) as (alloc, tclient, inf):
         assert alloc.mapped() == 32 * MiB
         r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
         assert r["reclaimed"] > 0 and r["timing_ms"]["lent"]
@@ -81,45 +86,23 @@ def test_a_shrink_lends_its_pages_to_the_inference_client_that_caused_it(make_da
         assert stats == {"received": 8, "handed": 8, "dropped": 0, "parked": 0}
         for fd in fds:
             os.close(fd)
-    finally:
-        poller.close()
-        inf.close()
-        tclient.close()
 
 
 def test_pages_nobody_takes_are_closed_at_the_grant(make_daemon):
-    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
-                    min_training_fraction=0.0, min_headroom_bytes=0)
-    alloc, trainer, tclient = _training(d)
-    poller = Poller(trainer)
-    inf = InferenceClient(d.cfg.socket_path)              # does not accept pages
-    try:
+    with _colocated(make_daemon, accept_pages=False) as (_alloc, tclient, inf):
         r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
         assert r["reclaimed"] > 0 and "fds" not in r and inf.pop_pages() == ([], 0)
         stats = tclient.stats()["gpus"][0]["pages"]
         assert stats["received"] == 8 and stats["dropped"] == 8 and stats["parked"] == 0
-    finally:
-        poller.close()
-        inf.close()
-        tclient.close()
 
 
 def test_without_handoff_a_shrink_returns_pages_to_the_driver(make_daemon):
-    d = make_daemon(gpus=[GpuConfig(index=0, total_bytes=40 * MiB, reserve_bytes=0)],
-                    min_training_fraction=0.0, min_headroom_bytes=0)
-    alloc, trainer, tclient = _training(d, handoff=False)
-    poller = Poller(trainer)
-    inf = InferenceClient(d.cfg.socket_path, accept_pages=True)
-    try:
+    with _colocated(make_daemon, handoff=False) as (alloc, _tclient, inf):
         r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
         assert r["reclaimed"] > 0 and not r["timing_ms"]["lent"] and r["timing_ms"]["released"]
         assert inf.pop_pages() == ([], 0)
         s = alloc.stats()
         assert s["mapped"] == 16 * MiB and s["pages_lent"] == 0 and s["unmaps"] == 8
-    finally:
-        poller.close()
-        inf.close()
-        tclient.close()
 
 
 def test_fds_with_a_bad_or_misplaced_pages_message_are_closed(make_daemon):
