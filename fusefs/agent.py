@@ -243,18 +243,13 @@ class AgentServer(fl.FlightServerBase):
     # -- replicas ------------------------------------------------------------------------------
     def _adopt_stopped_instances(self, data_dir: str) -> None:
         """Rebuild the catalog from the folders of persistent agents that stopped or crashed:
-        every replica with a sidecar and the right size moves here; `.part` files (copies that
-        were cut) and undescribed files are removed with their folder."""
+        every replica with a sidecar and the right size moves here, and so does every cut copy
+        with its progress (`_adopt_partial_copies`); anything else is removed with the folder."""
         now = time.time()
         adopted = 0
         for folder in _stopped_instances(data_dir, "agent"):
-            for name in os.listdir(folder):
-                if not name.endswith(".meta"):
-                    continue
+            for name, data, meta in _descriptions(folder, ".meta"):
                 try:
-                    with open(os.path.join(folder, name)) as f:
-                        meta = json.load(f)
-                    data = os.path.join(folder, name[: -len(".meta")])
                     if os.path.getsize(data) != int(meta["size"]) or float(meta["expires_at"]) <= now:
                         continue
                     path = str(meta["path"])
@@ -302,13 +297,9 @@ class AgentServer(fl.FlightServerBase):
     def _adopt_partial_copies(self, folder: str) -> None:
         """Copies cut by the stop (or crash) of the agent that owned `folder`: their `.part` file
         and its progress move here, and the next copy of the same version resumes from them."""
-        for name in os.listdir(folder):
-            if not name.endswith(".part.progress"):
-                continue
+        for name, data, doc in _descriptions(folder, ".part.progress"):
+            part = data + ".part"
             try:
-                with open(os.path.join(folder, name)) as f:
-                    doc = json.load(f)
-                part = os.path.join(folder, name[: -len(".progress")])
                 path, size, chunk = str(doc["path"]), int(doc["size"]), int(doc["chunk"])
                 done = {int(k): int(v) for k, v in doc["done"].items()}
                 if path in self.replicas or path in self._partial or os.path.getsize(part) > size:
@@ -361,15 +352,7 @@ class AgentServer(fl.FlightServerBase):
         try:
             if rep is not None:
                 self.drop(path)    # an older version: the new one replaces it
-            out = self._copy_in(path, ttl_s, source, parallel, priority, job, importance, expect)
-            if record is not None:
-                with self.lock:
-                    rep = self.replicas.get(path)
-                    if rep is not None:
-                        rep.record = record
-                        if self.persistent:
-                            _write_sidecar(rep.local, rep)
-            return out
+            return self._copy_in(path, ttl_s, source, parallel, priority, job, importance, expect, record)
         finally:
             with self.lock:
                 self._copying.pop(path).set()
@@ -377,7 +360,7 @@ class AgentServer(fl.FlightServerBase):
 
     def _copy_in(self, path: str, ttl_s: float, source: Optional[str], parallel: int,
                  priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
-                 expect: Optional[tuple[int, int]] = None) -> dict:
+                 expect: Optional[tuple[int, int]] = None, record: Optional[str] = None) -> dict:
         if expect is not None and not source:
             st = Stat(stat_mod.S_IFREG | 0o644, int(expect[0]), int(expect[1]), int(expect[1]))
         else:
@@ -469,7 +452,7 @@ class AgentServer(fl.FlightServerBase):
             raise fl.FlightServerError(f"EAGAIN {path} changed or was short during the copy")
         os.rename(tmp, local)
         fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
-        rep = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns, time.monotonic())
+        rep = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns, time.monotonic(), record)
         if self.persistent:
             _write_sidecar(local, rep)
         with self.lock:
@@ -656,6 +639,22 @@ class _Progress:
             os.unlink(self.file)
         except FileNotFoundError:
             pass
+
+
+def _descriptions(folder: str, suffix: str):
+    """(name, the file it describes, its JSON) for each `*suffix` file of a stopped agent's
+    folder: replica sidecars (`.meta`) and cut-copy progress (`.part.progress`). An unreadable
+    description is logged and skipped; its file goes with the folder."""
+    for name in os.listdir(folder):
+        if not name.endswith(suffix):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as err:
+            log.warning("unreadable %s in %s: %s", name, folder, err)
+            continue
+        yield name, os.path.join(folder, name[: -len(suffix)]), doc
 
 
 def _lock_folder(folder: str) -> int:

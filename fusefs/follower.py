@@ -37,8 +37,8 @@ class Follower:
         self.seen_records: set[str] = set()
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
-        self.expect: dict[str, tuple[int, int]] = {}       # journaled version of each file
-        self.records: dict[str, str] = {}                  # and the record that announced it
+        # journaled version of each file, (size, mtime_ns), and the record that announced it
+        self.journaled: dict[str, tuple[tuple[int, int], str]] = {}
         self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
         self.queued: dict[str, int] = {}                  # path -> arrival order
         self.running: set[str] = set()
@@ -162,11 +162,10 @@ class Follower:
                     self.cond.notify_all()
 
     def _copy(self, path: str) -> bool:
-        expect = self.expect.get(path)
+        expect, record = self.journaled.get(path, (None, None))
         try:
             self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
-                                 job=self._job(path), expect=expect,
-                                 record=self.records.get(path) if expect is not None else None)
+                                 job=self._job(path), expect=expect, record=record)
             with self.cond:
                 self.copied.add(path)
                 self.errors.pop(path, None)
@@ -175,8 +174,7 @@ class Follower:
             with self.cond:
                 self.errors[path] = str(err)
                 # The journaled version may be gone (rewritten): the retry stats the store.
-                self.expect.pop(path, None)
-                self.records.pop(path, None)
+                self.journaled.pop(path, None)
             log.warning("predictive copy of %s failed (will retry): %s", path, err)
             return False
 
@@ -256,8 +254,7 @@ class Follower:
         with self.cond:
             for path, version, record in new:
                 if version is not None:
-                    self.expect[path] = version
-                    self.records[path] = record
+                    self.journaled[path] = (version, record)
                     if path in self.copied:        # a new version of a copied file
                         self.copied.discard(path)
                 if posixpath.basename(path) == self.cfg.commit_marker:
