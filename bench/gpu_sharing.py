@@ -2,8 +2,9 @@
 
 One run compares, on one GPU and the same seeded bursty trace: inference alone, training alone,
 static 50% / 75% partitions (inference's share), the governor reclaiming at batch end, the
-governor reclaiming mid-backward, the same with a 4x larger KV cache per decoder request (a stress
-mode whose reclaims must release memory physically), and a page-handoff micro-benchmark (CUDA
+governor reclaiming mid-backward, the same with a 4x larger KV cache per decoder request and a
+larger training batch (stress modes whose reclaims must release memory physically: with torch's
+caching allocator, with the page allocator, and with the page handoff), and a page-handoff micro-benchmark (CUDA
 VMM pages moved between two processes). Inference runs as one server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`, the
 ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
 Compute priority is the same in every co-located mode: training pauses at its safe points while
@@ -553,7 +554,8 @@ def run_mode(mode, args, trace_path, workdir) -> dict:
     if has_train:
         procs["train"] = subprocess.Popen(
             [sys.executable, __file__, "--role", "train", "--out", str(workdir / f"{mode}-train.json"),
-             "--quota", str(train_quota), "--global-batch", str(args.global_batch),
+             "--quota", str(train_quota),
+             "--global-batch", str(args.stress_global_batch if mode in LONG_KV else args.global_batch),
              "--max-ahead", str(args.max_ahead),
              "--colocated", str(int(has_inf))] + common, env=train_env)
     if has_inf:
@@ -656,6 +658,14 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                 w: {"n": len(xs), "detect_max_ms": max(a["detect_ms"] for a in xs)}
                 for w in sorted({a.get("where", "") for a in shr})
                 if (xs := [a for a in shr if a.get("where", "") == w])}
+            # the physical ones, as training saw them: drain = unwind (exception out of the
+            # pass, graph freed) + sync (queued kernels finishing)
+            row["train_side_released"] = [
+                {"where": a.get("where"), "detect": a["detect_ms"],
+                 "unwind": a.get("unwind_ms", 0.0),
+                 "sync": a["drain_ms"] - a.get("unwind_ms", 0.0), "release": a["release_ms"],
+                 "micro_batch": a.get("dropped_samples")}
+                for a in shr if a.get("released")]
             row["train_quota_final"] = tr.get("quota_final")
         row["exit"] = r.get("exit")
         table[mode] = row
@@ -666,6 +676,8 @@ def summarize(results: dict, handoff: dict, args) -> dict:
     out = {
         "device": args.device_name, "card_gib_emulated": args.card_gib,
         "duration_s": args.duration, "slo_ms": slo, "modes": table,
+        "global_batch": args.global_batch,
+        "stress_global_batch": {m: args.stress_global_batch for m in LONG_KV if m in table},
         "adjust_ms": {"mean": (gov.get("adjust_ms") or {}).get("mean"),
                       "p99": (gov.get("adjust_ms") or {}).get("p99"),
                       "n": gov.get("reclaims"),
@@ -744,6 +756,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=18.0)
     ap.add_argument("--global-batch", type=int, default=256)
+    # The stress modes train a larger global batch: at 256 the page allocator holds less than
+    # the caching one and every reclaim is slack, so nothing would be released or handed off.
+    ap.add_argument("--stress-global-batch", type=int, default=320)
     ap.add_argument("--kv-context", type=int, default=16384)
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=6)

@@ -120,7 +120,12 @@ class Adjustment:
     used_after: int
     dropped_samples: int
     released: bool = False  # False: already under the target, nothing drained or released
-    where: str = ""  # where the command was seen: safe_point, poll (between micro-batches)
+    # where the command was seen: safe_point, poll (between micro-batches), or abort_forward /
+    # abort_backward (a safe point in that pass unwound the micro-batch)
+    where: str = ""
+    # part of drain_ms spent before the synchronize: unwinding the aborted micro-batch (the
+    # exception out of forward/backward, freeing its graph); the rest waits for queued kernels
+    unwind_ms: float = 0.0
 
 
 @dataclass
@@ -193,6 +198,7 @@ class ElasticTrainer:
         self._events: list = []
         self._in_micro = False
         self._micro_n = 0
+        self._abort_pass = ""
         self._adjustments: list[Adjustment] = []
         self._stopped = False
         self._hooks = []
@@ -210,12 +216,12 @@ class ElasticTrainer:
 
     # --- safe points ---------------------------------------------------------------------
     def _forward_safe_point(self, module, args):
-        self._safe_point()
+        self._safe_point("forward")
 
     def _backward_safe_point(self, param):
-        self._safe_point()
+        self._safe_point("backward")
 
-    def _safe_point(self) -> None:
+    def _safe_point(self, where: str = "forward") -> None:
         if not self._in_micro:
             return
         # Keep the CPU at most `max_ahead` safe points ahead of the GPU. While waiting, keep
@@ -226,8 +232,8 @@ class ElasticTrainer:
             if len(self._events) > self.max_ahead:
                 oldest = self._events.pop(0)
                 while not oldest.query():
-                    self._check_command()
-        self._check_command()
+                    self._check_command(where)
+        self._check_command(where)
         if (self.yield_to_inference is not None and self.yield_to_inference()
                 and time.monotonic() >= self._run_until):
             # Inference has priority on compute: pause here while it runs. Training's
@@ -240,7 +246,7 @@ class ElasticTrainer:
                     self._run_until = time.monotonic() + self.min_run_s
                     break
                 time.sleep(50e-6)
-                self._check_command()
+                self._check_command(where)
 
     def bound(self) -> int:
         """Most bytes this process can hold before the current micro-batch ends: what the
@@ -253,7 +259,7 @@ class ElasticTrainer:
             return 1 << 62
         return max(held, int(self.memory_model.estimate(self._micro_n)))
 
-    def _check_command(self) -> None:
+    def _check_command(self, where: str = "forward") -> None:
         if self.control is None or self.reclaim_at == "step_end":
             return
         cmd = self.control.pending()
@@ -261,6 +267,7 @@ class ElasticTrainer:
             return
         if cmd.cmd == CMD_SHRINK and self.bound() > cmd.target:
             self.control.stamp_detect()
+            self._abort_pass = where
             raise ShrinkRequested()
         self._handle_command(cmd, dropped=0, where="safe_point")
 
@@ -283,6 +290,7 @@ class ElasticTrainer:
             time.sleep(20e-6)
 
     def _handle_command(self, cmd, dropped: int, where: str = "poll") -> None:
+        t_handle = now_ns()
         t_detect = int(self.control.slot[W_T_DETECT])  # stamped at the safe point
         if t_detect == 0 or t_detect < cmd.issued_ns:
             self.control.stamp_detect()
@@ -325,7 +333,8 @@ class ElasticTrainer:
         self._adjustments.append(Adjustment(
             cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
             (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED),
-            "abort" if dropped else where))
+            f"abort_{self._abort_pass}" if dropped else where,
+            max(0, t_handle - t_detect) / 1e6 if flags & ACK_RELEASED else 0.0))
 
     # --- micro-batch sizing -------------------------------------------------------------
     def next_micro_batch(self, remaining: int) -> int:

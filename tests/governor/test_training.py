@@ -77,6 +77,10 @@ def test_shrink_mid_backward_keeps_exact_gradient(tmp_path):
     shrinks = [a for a in res.adjustments if a.cmd == CMD_SHRINK]
     assert len(shrinks) == 2 and all(a.used_after <= a.target for a in shrinks)
     assert any(a.dropped_samples > 0 for a in shrinks)
+    # an abort names the pass it unwound, and its drain's unwinding part is within the drain
+    for a in shrinks:
+        assert (a.where in ("abort_forward", "abort_backward")) == (a.dropped_samples > 0)
+        assert 0 <= a.unwind_ms <= a.drain_ms
     assert rel_err(opt.grads, ref) <= 1e-5
     assert res.loss == pytest.approx(ref_loss, rel=1e-5)
     # acked through the words: nothing left pending
