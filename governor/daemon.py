@@ -343,6 +343,7 @@ class GovernorDaemon:
                         continue
                     if int(st.block.slots[c.entry.slot][W_ACK]) >= seq:
                         ledger.set_quota(cid, quota)
+                        ledger.trim_reported(cid, int(st.block.slots[c.entry.slot][W_USED]))
                         st.block.slots[c.entry.slot][W_QUOTA] = quota
                         acked.append(cid)
                         del issued[cid]

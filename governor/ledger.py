@@ -130,6 +130,24 @@ class GpuLedger:
             raise LedgerError(f"unknown client {client_id}")
         c.reported = {k: max(0, int(v)) for k, v in usage.items()}
 
+    def trim_reported(self, client_id: int, used: int) -> None:
+        """A training client acknowledged a shrink holding `used` bytes: its last report (made
+        at a step end, before the shrink) may say more. Take the excess off the elastic kinds
+        first (activations, then workspace), so memory by kind never shows what was given back."""
+        c = self.clients.get(client_id)
+        if c is None:
+            return
+        excess = sum(c.reported.values()) - max(0, int(used))
+        order = [MemoryKind.ACTIVATIONS, MemoryKind.WORKSPACE, MemoryKind.KV_CACHE,
+                 MemoryKind.OPTIMIZER_STATE, MemoryKind.WEIGHTS]
+        for k in order:
+            if excess <= 0:
+                break
+            cut = min(excess, c.reported.get(k, 0))
+            if cut:
+                c.reported[k] -= cut
+                excess -= cut
+
     def plan_shrink(self, needed: int, floor_total: int) -> dict[int, int]:
         """New quotas for training clients that free at least `needed` bytes, taking from the
         largest quota first and never taking training's total below `floor_total`.

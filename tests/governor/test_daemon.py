@@ -30,6 +30,9 @@ def test_shrink_through_shared_memory_then_grow_back(make_daemon):
     trainer = SimulatedTrainer(d.cfg.socket_path)
     usable = 15 * GiB
     assert trainer.client.initial_quota == usable  # headroom 0, nothing else on the GPU
+    # its last step-end report says it holds the whole quota
+    trainer.client.report_usage({"weights": GiB, "optimizer_state": 3 * GiB,
+                                 "activations": usable - 4 * GiB})
     inf = GovernorClient(d.cfg.socket_path, "inference")
     t0 = time.perf_counter()
     r = inf.request({"op": "reserve", "kind": "kv_cache", "bytes": 6 * GiB})
@@ -41,6 +44,10 @@ def test_shrink_through_shared_memory_then_grow_back(make_daemon):
     assert t["reclaim"] < 100 and wall_ms < 200
     assert trainer.used <= 9 * GiB
     assert d.call(lambda: d.ledger().training_bytes()) == 9 * GiB
+    # memory by kind follows the ack's held bytes, not the stale report
+    kinds = d.call(lambda: d.ledger().by_kind())
+    assert kinds["kv_cache"] == 6 * GiB and kinds["optimizer_state"] == 3 * GiB
+    assert kinds["weights"] + kinds["optimizer_state"] + kinds["activations"] == trainer.used
     # inference leaves: after the quiet period training grows back in steps
     inf.request({"op": "release", "kind": "kv_cache", "bytes": 6 * GiB})
     assert wait_until(lambda: d.call(lambda: d.ledger().training_bytes()) > 12 * GiB, 5)

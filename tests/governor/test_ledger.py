@@ -40,6 +40,23 @@ def test_remove_returns_memory():
     assert l.remove(1) == 0
 
 
+def test_a_shrink_ack_trims_trainings_last_report_elastic_kinds_first():
+    l = make()
+    l.set_quota(1, 800)
+    l.report(1, {MemoryKind.WEIGHTS: 100, MemoryKind.OPTIMIZER_STATE: 300,
+                 MemoryKind.ACTIVATIONS: 350})
+    l.set_quota(1, 500)
+    l.trim_reported(1, 450)  # the ack says 450 held: 300 of activations went back
+    assert (l.by_kind()["activations"], l.by_kind()["optimizer_state"],
+            l.by_kind()["weights"]) == (50, 300, 100)
+    l.trim_reported(1, 300)  # more than the activations: optimizer state next, weights last
+    assert (l.by_kind()["activations"], l.by_kind()["optimizer_state"],
+            l.by_kind()["weights"]) == (0, 200, 100)
+    l.trim_reported(1, 900)  # a report already under what is held is left alone
+    assert sum(l.by_kind().values()) == 300
+    l.trim_reported(99, 0)   # an unknown (departed) client: nothing to trim
+
+
 def test_plan_shrink_respects_floor_and_takes_largest_first():
     l = GpuLedger(0, 1000, 0)
     l.add(ClientEntry(1, Role.TRAINING, 1, "a", 0))
