@@ -23,12 +23,10 @@ import json
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "governor"))   # ScriptedControl: a real slot, scripted
 
 
 def main() -> int:
@@ -39,20 +37,17 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu-smoke", action="store_true", help="a small MLP on the CPU (checks the script)")
-    ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval (s): the GIL's hand-over period, 5 ms by default")
     args = ap.parse_args()
-    if args.switch_interval:
-        sys.setswitchinterval(args.switch_interval)
     if args.paged:
         from governor import pagealloc
         pagealloc.install(0)
     import torch
     from torch import nn
 
-    from governor.protocol import CMD_GROW, CMD_SHRINK, W_T_DETECT, now_ns
+    from governor.protocol import (
+        CMD_GROW, CMD_SHRINK, W_QUOTA, W_T_DETECT, ControlBlock, SlotReader, SlotWriter, now_ns,
+    )
     from governor.training import ElasticTrainer, ShrinkRequested
-    from governor_simdevice import ScriptedControl
 
     dev = "cpu" if args.cpu_smoke else "cuda"
     if args.cpu_smoke:
@@ -76,8 +71,11 @@ def main() -> int:
     ce = nn.CrossEntropyLoss(reduction="sum")
     wrapped = Autocast(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tmp = Path(tempfile.mkdtemp())
-    ctl = ScriptedControl(tmp / "blk", {}, quota=1 << 40)
+    tmpdir = tempfile.TemporaryDirectory()   # the control block's file; removed at exit
+    tmp = Path(tmpdir.name)
+    block = ControlBlock(tmp / "blk", create=True, max_clients=1)   # a real slot; we are the daemon
+    block.slot(0)[W_QUOTA] = 1 << 40
+    ctl, daemon = SlotReader(block.slot(0)), SlotWriter(block.slot(0))
     t = ElasticTrainer(wrapped, opt, lambda o, y: ce(o.float(), y), control=ctl, quota=1 << 40,
                        probe_batch=16, max_ahead=3, device=dev)
     x = torch.randn(args.batch, 3, 224, 224)
@@ -91,7 +89,7 @@ def main() -> int:
     def counting_safe_point(where="forward"):
         seen[0] += 1
         if seen[0] == post_at[0]:   # the daemon's side: post the shrink at this safe point
-            ctl.writer.command(CMD_SHRINK, post_at[1])
+            daemon.command(CMD_SHRINK, post_at[1])
         return orig_safe_point(where)
 
     post_at = [0, 0]
@@ -132,7 +130,7 @@ def main() -> int:
         collections.clear()
         r = t.step(x, y)
         t.wait_gpu()
-        ctl.writer.command(CMD_GROW, 1 << 40)   # back to the full batch for the next step
+        daemon.command(CMD_GROW, 1 << 40)   # back to the full batch for the next step
         t.poll()
         for a in r.adjustments:
             if a.cmd != CMD_SHRINK or not a.where.startswith("abort"):
@@ -146,7 +144,6 @@ def main() -> int:
                 "drain": a.drain_ms,
                 "gc_in_window": [g for ts, g in collections if detect <= ts <= stamps["handle"]]})
     out = {"allocator": "page allocator" if args.paged else "caching", "batch": args.batch,
-           "switch_interval_s": sys.getswitchinterval(),
            "aborts": rows}
     for part in ("propagate", "free", "sync", "release", "drain"):
         xs = sorted(r[part] for r in rows)

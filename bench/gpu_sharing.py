@@ -2,11 +2,12 @@
 
 One run compares, on one GPU and the same seeded bursty trace: inference alone, training alone,
 static 50% / 75% partitions (inference's share), the governor reclaiming at batch end, the
-governor reclaiming mid-backward, the same with a 4x larger KV cache per decoder request and a
-larger training batch (stress modes whose reclaims must release memory physically: with torch's
-caching allocator, with the page allocator, and with the page handoff), and a page-handoff micro-benchmark (CUDA
-VMM pages moved between two processes). Inference runs as one server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`, the
-ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
+governor reclaiming mid-backward, three stress modes with a 4x larger KV cache per decoder
+request and a larger training batch, whose reclaims must release memory physically (through
+torch's caching allocator, through the page allocator, and with the page handoff), and a
+page-handoff micro-benchmark (CUDA VMM pages moved between two processes). Inference runs as one
+server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`,
+the ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
 Compute priority is the same in every co-located mode: training pauses at its safe points while
 an inference request runs (at most 50 ms per safe point), so the comparison isolates memory.
 
