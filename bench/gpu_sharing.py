@@ -731,8 +731,7 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                 ("adjust_ms", "adjust_ms_released", "reclaims", "reclaims_released", "reclaims_aborted",
                  "slo_attainment", "train_samples_per_s", "excess_releases", "map_ms", "zero_ms",
                  "kv_chunks", "kv_chunks_on_lent_pages", "kv_lent_pages")}
-            for m in ("governor_mid_backward_long_kv", "governor_paged_long_kv",
-                      "governor_handoff_long_kv") if m in table},
+            for m in LONG_KV if m in table},
     }
     out["goals"] = {
         "adjust_mean_lt_5ms": bool(out["adjust_ms"]["mean"] is not None and out["adjust_ms"]["mean"] < 5),

@@ -24,6 +24,7 @@ from . import paths
 from .control import ControlDir, ControlFile, ControlInputError, ErrorView, MAX_CONTROL_WRITE, apply_write
 from .errors import StoreError, errno_of
 from .inodes import Inode, InodeTable
+from .routedstore import route_of
 from .stats import Stats
 from .store import Stat, Staging, Store
 
@@ -747,7 +748,6 @@ class Operations(pyfuse3.Operations):
     async def _route(self, path: str, st: Stat) -> None:
         """Eval side: serve a routed path from the local tier when it holds exactly this version
         (size and mtime verified by the agent); otherwise read through and ask it to fetch."""
-        from .routedstore import route_of
         route = route_of(self.routes, path)
         if route is None:
             return

@@ -24,7 +24,7 @@ import trio
 from fusefs.procs import pid_alive
 from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
-from governor.pagebroker import PageBroker
+from governor.pagebroker import PageBroker, close_fds
 from governor.protocol import (
     ACK_ABORTED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, MAX_FDS_PER_MESSAGE, ROLE_INFERENCE,
     ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
@@ -180,7 +180,7 @@ class GovernorDaemon:
                         msg = validate_request(decode(line))
                     except ProtocolError as e:
                         # fds that came with a message we cannot read belong to nobody we know
-                        _close_all(fds)
+                        close_fds(fds)
                         fds = []
                         await stream.send_all(encode({"ok": False, "error": str(e)}))
                         continue
@@ -200,7 +200,7 @@ class GovernorDaemon:
         except (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
-            _close_all(fds)
+            close_fds(fds)
             if conn is not None:
                 self._drop(conn, "connection closed")
             with trio.CancelScope(shield=True):
@@ -220,11 +220,11 @@ class GovernorDaemon:
             if sent < len(data):
                 await stream.send_all(data[sent:])
         finally:
-            _close_all(fds)
+            close_fds(fds)
 
     def _pages_in(self, conn: Conn | None, msg: dict, fds: list[int]) -> None:
         if conn is None or conn.entry.role is not Role.TRAINING or len(fds) != msg["n"]:
-            _close_all(fds)   # not a training client, or fds missing: nothing to trust
+            close_fds(fds)   # not a training client, or fds missing: nothing to trust
             return
         self.gpus[conn.gpu].broker.add(fds, msg["page_bytes"])
         conn.lent_seq = max(conn.lent_seq, msg["seq"])
@@ -505,14 +505,6 @@ def _fds_of(ancillary) -> list[int]:
             fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
             out.extend(fds)
     return out
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _peer_pid(sock) -> int | None:

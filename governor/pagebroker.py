@@ -13,6 +13,15 @@ import os
 import time
 
 
+def close_fds(fds: list[int]) -> None:
+    """Close fds that nobody will claim (one already closed is no error)."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 class PageBroker:
     def __init__(self) -> None:
         self.pages: list[int] = []        # fds, oldest first
@@ -41,11 +50,7 @@ class PageBroker:
 
     def drop_all(self) -> None:
         """Close what nobody took: the memory goes back to the driver."""
-        for fd in self.pages:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_fds(self.pages)
         self.dropped += len(self.pages)
         self.pages = []
 
