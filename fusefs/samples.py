@@ -8,32 +8,235 @@ made ahead of the plan, and replaced by raw bytes when the storage CPU is busy.
   misses `deadline_ms`; the client then transforms locally and gets the identical tensor.
 - `prefetch(samples)` starts transforms for samples of the next plan steps; `forget_before`
   frees what the plan has passed.
+- Media bounds: every transform runs in a worker process of `TransformPool` under the sample's
+  limits (transforms.limits: pixels, frames, decoded bytes from the header, before decoding;
+  the worker's address space capped at 3x `max_decoded_bytes` over its baseline). A worker
+  that runs past the sample's `time_limit_s` (+1 s grace) is killed and replaced, and the sample
+  is EIO; a worker that dies is replaced and its sample retried once on a fresh worker (EIO if
+  that one dies too). A source whose transform failed is remembered (`bad`), so it is EIO in
+  every mode: it is never handed out as a raw container later. Before a raw container is
+  handed out, the checks that need no decoder run (file size, truncation, image header).
 Everything here runs on Flight's threads or the pool, never in a trio loop.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import psutil
 
+from transforms.errors import TransformError, TransformTimeout, WorkerDied
+
 log = logging.getLogger("hintfs.samples")
+
+AS_SLACK = 256 << 20        # address space a worker may use above its baseline + 3x max_decoded_bytes
+KILL_GRACE_S = 1.0          # the pool kills a worker this long after the sample's time_limit_s
+BAD_MAX = 4096              # sources remembered as failed (LRU)
+TRANSIENT_BAD_S = 60.0      # how long a time-out or a worker death is remembered
+
+
+@contextlib.contextmanager
+def _address_space_cap(extra: int):
+    """Cap this process's address space at its current size + ``extra`` bytes (Linux), so a
+    decode that slips past the header checks fails with MemoryError instead of growing."""
+    try:
+        import resource
+        with open("/proc/self/statm") as f:
+            vms = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        old = resource.getrlimit(resource.RLIMIT_AS)
+        cap = vms + extra
+        if old[1] != resource.RLIM_INFINITY:
+            cap = min(cap, old[1])
+        resource.setrlimit(resource.RLIMIT_AS, (cap, old[1]))
+    except (OSError, ValueError, ImportError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
 
 
 def transform_to_container(kind: str, raw: bytes, params_json: str, aug_seed: int, meta: dict) -> bytes:
-    """Runs in a worker process: decode + transform + encode the `.tensor` bytes."""
+    """Runs in a worker process: decode + transform + encode the `.tensor` bytes, with the
+    address space capped for the sample's `max_decoded_bytes`."""
     import transforms
     from transforms.container import encode_tensor, make_meta
-    arrays = transforms.apply(kind, raw, params_json, aug_seed)
-    return encode_tensor(arrays, make_meta(kind, params_json, aug_seed, meta["source"], meta["source_size"],
-                                           meta["source_mtime_ns"]))
+    from transforms.params import parse_params
+    p = parse_params(kind, params_json)
+    try:
+        with _address_space_cap(3 * p.max_decoded_bytes + AS_SLACK):
+            arrays = transforms.apply(kind, raw, p, aug_seed)
+            return encode_tensor(arrays, make_meta(kind, p, aug_seed, meta["source"], meta["source_size"],
+                                                   meta["source_mtime_ns"]))
+    except MemoryError:
+        raise TransformError(f"out of memory: the sample needs more than its address-space cap "
+                             f"(3 x max_decoded_bytes={p.max_decoded_bytes} + {AS_SLACK >> 20} MiB)") from None
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the kernel kills this worker when its parent (the forkserver, which
+    exits with the agent) goes away."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(conn, fn: Callable) -> None:
+    """A transform worker: one task at a time from ``conn``; exits when the agent's end closes."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # a terminal's Ctrl-C is the agent's to handle
+    while True:
+        try:
+            args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            out = fn(*args)
+        except Exception as err:    # sent back to the agent, which decides
+            try:
+                conn.send(("err", err))
+            except Exception:
+                conn.send(("err", RuntimeError(f"{type(err).__name__}: {err}")))
+            continue
+        conn.send(("ok", len(out)))
+        conn.send_bytes(out)
+
+
+_DIED = object()
+
+
+class TransformPool:
+    """`workers` processes (forkserver), each fed one task at a time by its own thread.
+
+    Unlike concurrent.futures' pool it can stop one running task: a task past its time limit
+    gets its worker SIGKILLed and a new worker started, and a worker that dies (crash, OOM
+    killer, an operator's kill) is replaced; the other workers' tasks are not touched."""
+
+    def __init__(self, workers: int, fn: Callable = transform_to_container, grace_s: float = KILL_GRACE_S):
+        # forkserver, not fork: the agent process runs gRPC and trio threads, which a fork
+        # would copy mid-flight (locks held by other threads stay locked in the child).
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.fn = fn
+        self.grace_s = grace_s
+        self.cond = threading.Condition()
+        self.queue: deque = deque()
+        self.closed = False
+        self.slots: list = [None] * workers         # (process, connection) or None
+        self.counts = {"worker_starts": 0, "worker_deaths": 0, "killed_over_time": 0}
+        self.threads = [threading.Thread(target=self._loop, args=(i,), name=f"hintfs-transform-{i}", daemon=True)
+                        for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, args: tuple, time_limit_s: float, label: str = "") -> Future:
+        fut: Future = Future()
+        with self.cond:
+            if self.closed:
+                raise RuntimeError("transform pool is closed")
+            self.queue.append((fut, args, float(time_limit_s), label))
+            self.cond.notify()
+        return fut
+
+    def pids(self) -> list[int]:
+        with self.cond:
+            return [slot[0].pid for slot in self.slots if slot is not None]
+
+    # -- the dispatcher threads ---------------------------------------------------------------
+    def _loop(self, i: int) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                fut, args, limit, label = self.queue.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                outcome = self._run(i, args, limit)
+                if outcome is _DIED and not self.closed:
+                    log.warning("transform worker died while making %s; retrying on a new worker", label)
+                    outcome = self._run(i, args, limit)
+                if outcome is _DIED:
+                    outcome = ("err", WorkerDied("the transform worker died twice while making this sample "
+                                                 "(crash or killed for memory)"))
+            except Exception as err:   # starting a worker failed, a pickling error ...
+                outcome = ("err", err)
+            if outcome[0] == "ok":
+                fut.set_result(outcome[1])
+            else:
+                fut.set_exception(outcome[1])
+
+    def _slot(self, i: int):
+        slot = self.slots[i]
+        if slot is None or not slot[0].is_alive():
+            if slot is not None:
+                self._drop(i)
+                self.counts["worker_deaths"] += 1
+            parent, child = self.ctx.Pipe()
+            proc = self.ctx.Process(target=_worker_main, args=(child, self.fn), name=f"hintfs-transform-{i}",
+                                    daemon=True)
+            proc.start()
+            child.close()
+            with self.cond:
+                self.slots[i] = slot = (proc, parent)
+            self.counts["worker_starts"] += 1
+        return slot
+
+    def _drop(self, i: int, kill: bool = False) -> None:
+        with self.cond:
+            slot, self.slots[i] = self.slots[i], None
+        if slot is None:
+            return
+        proc, conn = slot
+        if kill:
+            with contextlib.suppress(OSError, ValueError):
+                proc.kill()
+        conn.close()
+        proc.join(5)
+        with contextlib.suppress(ValueError):
+            proc.close()
+
+    def _run(self, i: int, args: tuple, limit: float):
+        proc, conn = self._slot(i)
+        try:
+            conn.send(args)
+            if not conn.poll(limit + self.grace_s):
+                self._drop(i, kill=True)
+                self.counts["killed_over_time"] += 1
+                return ("err", TransformTimeout(f"transform ran over time_limit_s={limit:g}; "
+                                                f"its worker was killed and replaced"))
+            head = conn.recv()
+            if head[0] == "ok":
+                return ("ok", conn.recv_bytes())
+            return head
+        except (EOFError, OSError):
+            self._drop(i, kill=True)
+            self.counts["worker_deaths"] += 1
+            return _DIED
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.closed = True
+            pending, self.queue = list(self.queue), deque()
+            self.cond.notify_all()
+        for fut, *_ in pending:
+            fut.cancel()
+        for i in range(len(self.slots)):
+            self._drop(i, kill=True)
 
 
 @dataclass(frozen=True)
@@ -82,10 +285,7 @@ class SampleService:
     def __init__(self, store, load_cfg):
         self.store = store
         self.cfg = load_cfg
-        # forkserver, not fork: the agent process runs gRPC and trio threads, which a fork
-        # would copy mid-flight (locks held by other threads stay locked in the child).
-        self.pool = ProcessPoolExecutor(max_workers=load_cfg.workers,
-                                        mp_context=multiprocessing.get_context("forkserver"))
+        self.pool = TransformPool(load_cfg.workers)
         self.monitor = LoadMonitor(load_cfg.cpu_enter, load_cfg.cpu_leave)
         self.lock = threading.Lock()
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
@@ -93,7 +293,9 @@ class SampleService:
         self.running: dict[SampleKey, Future] = {}
         self.backlog: deque = deque()     # prefetches waiting for an idle worker
         self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "cache_hits": 0, "prefetched": 0,
-                       "errors": 0}
+                       "errors": 0, "refused": 0}
+        # sources whose transform failed: (path, size, mtime_ns, params_hash) -> (reason, expiry)
+        self.bad: OrderedDict[tuple, tuple[str, float]] = OrderedDict()
 
     # -- the cache -----------------------------------------------------------------------------
     def _put(self, key: SampleKey, data: bytes) -> None:
@@ -113,6 +315,36 @@ class SampleService:
             for key in [k for k in self.cache if (k.path, k.aug_seed) not in keep]:
                 self.cache_bytes -= len(self.cache.pop(key))
 
+    # -- sources known to be bad ----------------------------------------------------------------
+    @staticmethod
+    def _bad_key(key: SampleKey) -> tuple:
+        return (key.path, key.size, key.mtime_ns, key.params_hash)    # any seed: a source property
+
+    def _bad_reason(self, key: SampleKey) -> Optional[str]:
+        """Why this source (at this size/mtime, with these params) failed before, or None; the
+        caller holds the lock."""
+        entry = self.bad.get(self._bad_key(key))
+        if entry is None:
+            return None
+        reason, expiry = entry
+        if expiry and time.monotonic() > expiry:
+            del self.bad[self._bad_key(key)]
+            return None
+        return reason
+
+    def _refuse(self, key: SampleKey, err: TransformError) -> None:
+        """Remember a failed source (and log it once: the file and the limit or the damage)."""
+        transient = isinstance(err, (TransformTimeout, WorkerDied))
+        with self.lock:
+            bk = self._bad_key(key)
+            if bk in self.bad:
+                return
+            self.bad[bk] = (str(err), time.monotonic() + TRANSIENT_BAD_S if transient else 0.0)
+            while len(self.bad) > BAD_MAX:
+                self.bad.popitem(last=False)
+            self.counts["refused"] += 1
+        log.error("transform of %s refused: %s", key.path, err)
+
     # -- making samples ------------------------------------------------------------------------
     def _key_and_meta(self, path: str, kind: str, params, aug_seed: int):
         from transforms.params import params_hash, params_json, parse_params
@@ -122,41 +354,71 @@ class SampleService:
         meta = {"source": path, "source_size": st.size, "source_mtime_ns": st.mtime_ns}
         return key, meta, params_json(p)
 
-    def _read_raw(self, path: str) -> bytes:
-        reader, st = self.store.open_reader(path)
+    def _read_raw(self, key: SampleKey, kind: str, pjson: str) -> bytes:
+        """The whole source file, refused (TransformError, remembered) when it is over the
+        sample's `max_source_bytes`: it is read into the agent's memory."""
+        from transforms.limits import check_source_size
+        from transforms.params import parse_params
+        p = parse_params(kind, pjson)
+        reader, st = self.store.open_reader(key.path)
         try:
+            try:
+                check_source_size(st.size, p)
+            except TransformError as err:
+                self._refuse(key, err)
+                raise
             return reader.read(0, st.size)
         finally:
             reader.close()
 
     def _start(self, key: SampleKey, kind: str, pjson: str, meta: dict) -> Future:
+        from transforms.params import parse_params
         with self.lock:
             fut = self.running.get(key)
             if fut is not None:
                 return fut
-            raw = None
-        raw = self._read_raw(key.path)
+        raw = self._read_raw(key, kind, pjson)
+        limit = parse_params(kind, pjson).time_limit_s
         with self.lock:
             fut = self.running.get(key)
             if fut is not None:
                 return fut
-            fut = self.pool.submit(transform_to_container, kind, raw, pjson, key.aug_seed, meta)
+            fut = self.pool.submit((kind, raw, pjson, key.aug_seed, meta), limit, key.path)
             self.running[key] = fut
+        del raw
 
         def done(f: Future, key=key) -> None:
             with self.lock:
                 self.running.pop(key, None)
-            if not f.cancelled() and f.exception() is None:
-                self._put(key, f.result())
+            if not f.cancelled():
+                err = f.exception()
+                if err is None:
+                    self._put(key, f.result())
+                elif isinstance(err, TransformError):
+                    self._refuse(key, err)
+                else:
+                    log.error("transform of %s failed: %s: %s", key.path, type(err).__name__, err)
             self._pump()
 
         fut.add_done_callback(done)
         return fut
 
     def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict) -> bytes:
+        """The raw-mode `.tensor` of a sample, after the checks that need no decoder (size,
+        truncation, an image's header against the limits): what fails them is EIO here and
+        remembered, never handed out raw. Corruption only a decoder finds is found by the
+        client's local transform, which `load_sample` turns into EIO as well."""
         from transforms.container import encode_raw, make_meta
-        return encode_raw(self._read_raw(key.path), make_meta(kind, pjson, key.aug_seed, meta["source"],
-                                                              meta["source_size"], meta["source_mtime_ns"]))
+        from transforms.limits import precheck
+        from transforms.params import parse_params
+        raw = self._read_raw(key, kind, pjson)
+        try:
+            precheck(kind, raw, parse_params(kind, pjson))
+        except TransformError as err:
+            self._refuse(key, err)
+            raise
+        return encode_raw(raw, make_meta(kind, pjson, key.aug_seed, meta["source"],
+                                         meta["source_size"], meta["source_mtime_ns"]))
 
     def _cached(self, key: SampleKey) -> Optional[bytes]:
         """A cache hit (counted, moved to the recent end) or None; the caller holds the lock."""
@@ -167,23 +429,36 @@ class SampleService:
         return data
 
     def get(self, path: str, kind: str, params, aug_seed: int, allow_raw: bool = True) -> tuple[bytes, str]:
-        """The `.tensor` bytes and how they were made: tensor | cache | raw_busy | raw_deadline."""
+        """The `.tensor` bytes and how they were made: tensor | cache | raw_busy | raw_deadline.
+
+        Raises TransformError (the agent answers EIO) for a source that is corrupt or over a
+        limit, in every mode: a source that failed before is refused at once."""
         key, meta, pjson = self._key_and_meta(path, kind, params, aug_seed)
         with self.lock:
             data = self._cached(key)
             if data is not None:
                 return data, "cache"
+            reason = self._bad_reason(key)
+            if reason is not None:
+                self.counts["errors"] += 1
+                raise TransformError(reason)
             running = key in self.running
         fallback = allow_raw and self.cfg.fallback
-        if fallback and self.monitor.busy and not running:
-            self.counts["raw_busy"] += 1
-            return self._raw_container(kind, pjson, key, meta), "raw_busy"
-        fut = self._start(key, kind, pjson, meta)
         try:
-            data = fut.result(timeout=self.cfg.deadline_ms / 1000.0 if fallback else None)
-        except FutureTimeout:
-            self.counts["raw_deadline"] += 1
-            return self._raw_container(kind, pjson, key, meta), "raw_deadline"
+            if fallback and self.monitor.busy and not running:
+                data = self._raw_container(kind, pjson, key, meta)
+                self.counts["raw_busy"] += 1
+                return data, "raw_busy"
+            fut = self._start(key, kind, pjson, meta)
+            try:
+                data = fut.result(timeout=self.cfg.deadline_ms / 1000.0 if fallback else None)
+            except FutureTimeout:
+                data = self._raw_container(kind, pjson, key, meta)
+                self.counts["raw_deadline"] += 1
+                return data, "raw_deadline"
+        except TransformError:
+            self.counts["errors"] += 1
+            raise
         except Exception as err:
             self.counts["errors"] += 1
             log.error("transform of %s failed: %s", path, err)
@@ -203,10 +478,10 @@ class SampleService:
         for path, kind, params, seed in samples:
             try:
                 key, meta, pjson = self._key_and_meta(path, kind, params, seed)
-            except OSError:
+            except (OSError, ValueError):
                 continue
             with self.lock:
-                if key in self.cache or key in self.running:
+                if key in self.cache or key in self.running or self._bad_reason(key) is not None:
                     continue
             if self.cfg.fallback and self.monitor.busy:
                 break   # do not add load while shedding it
@@ -229,16 +504,19 @@ class SampleService:
                     continue
             try:
                 self._start(key, kind, pjson, meta)
-            except OSError as err:
+            except TransformError:
+                pass            # logged and remembered by _read_raw
+            except (OSError, RuntimeError) as err:
                 log.warning("prefetch of %s failed: %s", key.path, err)
 
     def status(self) -> dict:
         with self.lock:
-            return {**self.counts, "cached": len(self.cache), "cache_bytes": self.cache_bytes,
-                    "running": len(self.running), "backlog": len(self.backlog),
+            return {**self.counts, **self.pool.counts, "cached": len(self.cache),
+                    "cache_bytes": self.cache_bytes, "running": len(self.running),
+                    "backlog": len(self.backlog), "bad": len(self.bad),
                     "cpu_share": round(self.monitor.share, 3),
                     "busy": self.monitor.busy}
 
     def close(self) -> None:
         self.monitor.stop()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()

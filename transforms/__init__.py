@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TransformError
+from .errors import SampleEIO, TransformError, TransformTimeout, WorkerDied
 from .params import (ImageParams, Params, TransformRule, VideoParams, default_seed,
                      match_rule, params_hash, params_json, parse_params)
 
 __all__ = [
-    "apply", "TransformError", "ImageParams", "VideoParams", "TransformRule", "Params",
+    "apply", "TransformError", "SampleEIO", "TransformTimeout", "WorkerDied",
+    "ImageParams", "VideoParams", "TransformRule", "Params",
     "params_hash", "params_json", "parse_params", "default_seed", "match_rule",
 ]
 
@@ -27,7 +28,9 @@ def apply(kind: str, raw: bytes, params: Any, aug_seed: int) -> dict[str, np.nda
 
     ``params`` is an ``ImageParams``/``VideoParams``, a dict or a JSON string.
     Returns ``{"pixels": ...}`` for images and ``{"frames": ...}`` for videos.
-    Raises ``TransformError`` for corrupt or truncated media and impossible parameters.
+    Raises ``TransformError`` for corrupt or truncated media, impossible parameters and media
+    over the parameters' resource bounds (``max_pixels``, ``max_frames``, ``max_decoded_bytes``,
+    ``max_source_bytes``, ``time_limit_s``: see ``transforms.limits``).
     """
     try:
         p = parse_params(kind, params)
@@ -39,8 +42,16 @@ def apply(kind: str, raw: bytes, params: Any, aug_seed: int) -> dict[str, np.nda
         raw = raw.tobytes()
     elif not isinstance(raw, bytes):
         raw = bytes(raw)
-    if kind == "image":
-        from .image import transform_image
-        return transform_image(raw, p, aug_seed)
-    from .video import transform_video
-    return transform_video(raw, p, aug_seed)
+    from .limits import Deadline, check_source_size
+    deadline = Deadline(p.time_limit_s)
+    check_source_size(len(raw), p)
+    try:
+        if kind == "image":
+            from .image import transform_image
+            return transform_image(raw, p, aug_seed, deadline)
+        from .video import transform_video
+        return transform_video(raw, p, aug_seed, deadline=deadline)
+    except MemoryError:
+        # an allocation over the worker's address-space cap, or a machine out of memory
+        raise TransformError("out of memory while transforming (raise max_decoded_bytes only "
+                             "if the machine can afford it)") from None

@@ -21,10 +21,13 @@ Layout (standard safetensors, readable by ``safetensors.safe_open`` and ``load_f
 
 In raw mode the file holds the original media bytes as one uint8 tensor ``raw``;
 ``load_sample`` then runs the transform locally with the metadata's parameters and seed
-and returns exactly what tensor mode would have held.
+(limits included) and returns exactly what tensor mode would have held, or raises
+``SampleEIO`` (an ``OSError`` with ``errno.EIO`` that is also a ``TransformError``) when the
+media are corrupt or over a limit.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -33,7 +36,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import TransformError
+from .errors import SampleEIO, TransformError
 from .params import Params, params_hash, params_json, parse_params
 
 ALIGN = 64
@@ -201,7 +204,8 @@ def load_sample(path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryv
 
     Tensor mode: the stored arrays (writable, owned by the caller). Raw mode: runs
     ``transforms.apply`` locally with the stored kind, params and seed: the result is bit
-    for bit what the storage side would have stored."""
+    for bit what the storage side would have stored, and media it cannot transform (corrupt,
+    truncated, over a limit) raise ``SampleEIO`` (errno EIO), never give a tensor."""
     if isinstance(path_or_bytes, (str, os.PathLike)):
         with open(path_or_bytes, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -219,7 +223,12 @@ def load_sample(path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryv
     if "raw" not in arrays:
         raise TransformError("raw-mode .tensor file without a 'raw' tensor")
     from . import apply
-    return apply(meta.kind, arrays["raw"].tobytes(), meta.params, meta.aug_seed)
+    try:
+        return apply(meta.kind, arrays["raw"].tobytes(), meta.params, meta.aug_seed)
+    except TransformError as err:
+        # The storage side fell back to raw bytes (busy CPU, deadline) before it knew the
+        # source was bad: the reader gets the same EIO the tensor-mode open would have given.
+        raise SampleEIO(errno.EIO, f"transform of {meta.source} failed: {err}") from err
 
 
 def tensor_offsets(data: Union[bytes, bytearray, memoryview]) -> dict[str, tuple[int, int]]:

@@ -16,6 +16,7 @@ import numpy as np
 from av.video.reformatter import Interpolation
 
 from .errors import TransformError
+from .limits import Deadline, check_picture, image_header
 from .params import ImageParams, _Pixels
 
 log = logging.getLogger(__name__)
@@ -125,32 +126,64 @@ def check_complete(raw: bytes) -> None:
             raise TransformError(f"truncated WebP ({len(raw)} of {riff} bytes)")
 
 
-def decode_image(raw: bytes) -> "av.VideoFrame":
-    """Decode the first picture of an image file held in memory."""
+def bytes_per_px(frame_or_format) -> int:
+    """Upper estimate of a decoded picture's bytes per pixel: 8 with >8-bit samples, else 4."""
+    try:
+        fmt = getattr(frame_or_format, "format", frame_or_format)
+        return 8 if max(c.bits for c in fmt.components) > 8 else 4
+    except Exception:
+        return 8
+
+
+def decoder_options(params: _Pixels) -> dict[str, str]:
+    """DECODER_OPTIONS plus the picture-size bound, which FFmpeg checks before it allocates."""
+    return {**DECODER_OPTIONS, "max_pixels": str(params.max_pixels)}
+
+
+def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame":
+    """Decode the first picture of an image file held in memory, within ``params``' limits.
+
+    The header (JPEG/PNG/WebP) is checked against ``max_pixels``/``max_decoded_bytes`` before
+    FFmpeg sees the bytes (opening an image already decodes it, to probe it); FFmpeg also gets
+    ``max_pixels`` for the probe and for the decoder, for formats whose header is not read
+    here."""
+    params = params if params is not None else ImageParams()
     if not raw:
         raise TransformError("empty image")
     check_complete(raw)
+    head = image_header(raw)
+    if head is not None:
+        _fmt, w, h, bpp = head
+        check_picture(w, h, bpp, params)
+    opts = {"max_pixels": str(params.max_pixels)}
     try:
-        with av.open(io.BytesIO(raw), mode="r") as container:
+        with av.open(io.BytesIO(raw), mode="r", options=opts) as container:
             if not container.streams.video:
                 raise TransformError("no picture in the file")
             stream = container.streams.video[0]
             cc = stream.codec_context
             if cc is None:
                 raise TransformError("no decoder for this image format")
-            cc.options = dict(DECODER_OPTIONS)
+            cc.options = decoder_options(params)
             cc.thread_count = 1
             for frame in container.decode(stream):
+                check_picture(frame.width, frame.height, bytes_per_px(frame), params)
                 return frame
     except TransformError:
         raise
     except (av.FFmpegError, ValueError, OSError, EOFError) as e:
-        raise TransformError(f"cannot decode image: {e}") from e
+        hint = ""
+        if head is None and isinstance(e, av.error.ArgumentError):
+            hint = f" (the picture may be over max_pixels={params.max_pixels})"
+        raise TransformError(f"cannot decode image: {e}{hint}") from e
     raise TransformError("no picture decoded (corrupt or truncated image)")
 
 
-def transform_image(raw: bytes, params: ImageParams, aug_seed: int) -> dict[str, np.ndarray]:
-    frame = decode_image(raw)
+def transform_image(raw: bytes, params: ImageParams, aug_seed: int,
+                    deadline: "Deadline | None" = None) -> dict[str, np.ndarray]:
+    frame = decode_image(raw, params)
+    if deadline is not None:
+        deadline.check("image decode")
     w, h = target_size(frame.width, frame.height, params)
     y, x = crop_offset(h, w, params, aug_seed)
     rgb = to_rgb(frame, w, h, params)

@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+# Safe defaults of the resource bounds (see the fields' descriptions and docs/transforms.md).
+MAX_PIXELS = 1 << 26                 # 67,108,864 px = 8192 x 8192 (a 96 MP 12000 x 8000 photo is over)
+MAX_DECODED_BYTES = 512 << 20        # 512 MiB per sample
+MAX_SOURCE_BYTES = 1 << 30           # 1 GiB media file
+MAX_FRAMES = 100_000                 # ~55 min at 30 fps
+TIME_LIMIT_S = 30.0                  # a sample normally takes 5-150 ms
+
 PosInt = Annotated[int, Field(ge=1, le=16384)]
 Interp = Literal["bilinear", "bicubic", "area", "nearest"]
 
@@ -44,6 +51,29 @@ class _Pixels(BaseModel):
                           "default: float32 when normalize else uint8")
     layout: Optional[Literal["HWC", "CHW"]] = Field(
         None, description="channel position; default: CHW for float32, HWC for uint8")
+    # Resource bounds: checked from the file's header before anything is decoded (see
+    # transforms/limits.py). They travel with the other parameters (and so into a raw-mode
+    # `.tensor` file's metadata), so a client transforming a raw container locally refuses what
+    # the agent refuses. Like every field they are part of ``params_hash``.
+    max_pixels: int = Field(
+        MAX_PIXELS, ge=1, le=1 << 32,
+        description="largest source picture (width x height of the image or of a video frame) "
+                    "that is decoded; read from the header before decoding, and given to the "
+                    "decoder as its max_pixels; a larger one is an error (EIO)")
+    max_decoded_bytes: int = Field(
+        MAX_DECODED_BYTES, ge=1 << 20, le=1 << 40,
+        description="most bytes one sample may hold while it is made: one decoded source "
+                    "picture, the converted frames and the output array, estimated from the "
+                    "header before decoding; a transform worker's address space is capped at "
+                    "3x this plus its baseline")
+    max_source_bytes: int = Field(
+        MAX_SOURCE_BYTES, ge=1, le=1 << 44,
+        description="largest media file that is read to make a sample (the whole file is held "
+                    "in memory while it is transformed)")
+    time_limit_s: float = Field(
+        TIME_LIMIT_S, gt=0, le=3600,
+        description="wall time one sample may take; checked between decoding steps, and the "
+                    "agent kills a worker that runs past it (plus a 1 s grace) and starts a new one")
 
     @field_validator("std")
     @classmethod
@@ -86,6 +116,10 @@ class VideoParams(_Pixels):
     clip_start: Literal["random", "start", "center"] = Field(
         "random", description="mode=fps: where the K/fps-long clip starts "
                               "(random: drawn from Generator(aug_seed))")
+    max_frames: int = Field(
+        MAX_FRAMES, ge=1, le=1 << 31,
+        description="most frames a video may have (the header's count, then the packets counted "
+                    "while indexing, before any decoding); a longer one is an error (EIO)")
 
     @model_validator(mode="after")
     def _fps_needed(self):

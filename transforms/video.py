@@ -32,7 +32,8 @@ import av
 import numpy as np
 
 from .errors import TransformError
-from .image import DECODER_OPTIONS, crop_offset, finish, target_size, to_rgb
+from .image import bytes_per_px, crop_offset, decoder_options, finish, target_size, to_rgb
+from .limits import Deadline, check_frames, check_picture, check_pixels
 from .params import VideoParams
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class VideoIndex:
     width: int
     height: int
     codec: str
+    bytes_per_px: int = 4            # upper estimate of a decoded frame's (8 above 8-bit)
 
     @property
     def nframes(self) -> int:
@@ -77,31 +79,43 @@ class DecodeStats:
     targets: list[int] = field(default_factory=list)
 
 
-def _open(raw: bytes) -> "av.container.InputContainer":
+def _open(raw: bytes, params: VideoParams) -> "av.container.InputContainer":
+    """Open ``raw`` with the picture-size bound given to FFmpeg (its probe decodes frames),
+    and check the header's frame size and frame count against the limits."""
     try:
-        container = av.open(io.BytesIO(raw), mode="r")
+        container = av.open(io.BytesIO(raw), mode="r",
+                            options={"max_pixels": str(params.max_pixels)})
     except _AV_ERRORS as e:
         raise TransformError(f"cannot open video: {e}") from e
-    if not container.streams.video:
+    try:
+        if not container.streams.video:
+            raise TransformError("no video stream in the file")
+        stream = container.streams.video[0]
+        cc = stream.codec_context
+        if cc is None:
+            raise TransformError("no decoder for this video stream (unsupported codec or "
+                                 "damaged header)")
+        if cc.width and cc.height:
+            check_pixels(cc.width, cc.height, params, "video frame")
+        if stream.frames:
+            check_frames(stream.frames, params)
+        cc.options = decoder_options(params)
+        cc.thread_count = 1
+    except BaseException:
         container.close()
-        raise TransformError("no video stream in the file")
-    stream = container.streams.video[0]
-    cc = stream.codec_context
-    if cc is None:
-        container.close()
-        raise TransformError("no decoder for this video stream (unsupported codec or "
-                             "damaged header)")
-    cc.options = dict(DECODER_OPTIONS)
-    cc.thread_count = 1
+        raise
     return container
 
 
-def build_index(raw: bytes) -> VideoIndex:
+def build_index(raw: bytes, params: Optional[VideoParams] = None,
+                deadline: Optional[Deadline] = None) -> VideoIndex:
     """Demux ``raw`` (no decoding) into a ``VideoIndex``; raises TransformError when the
-    file cannot be demuxed or is visibly truncated."""
+    file cannot be demuxed, is visibly truncated, or is over ``params``' limits (frame size,
+    ``max_frames``: demuxing stops at the first packet over it)."""
+    params = params if params is not None else VideoParams()
     if not raw:
         raise TransformError("empty video")
-    container = _open(raw)
+    container = _open(raw, params)
     try:
         stream = container.streams.video[0]
         pts: list[int] = []
@@ -116,6 +130,10 @@ def build_index(raw: bytes) -> VideoIndex:
                 pts.append(t)
                 if packet.is_keyframe:
                     keys.append(t)
+                if len(pts) > params.max_frames:
+                    check_frames(len(pts), params)
+                if deadline is not None and not len(pts) & 255:
+                    deadline.check("video indexing")
         except _AV_ERRORS as e:
             raise TransformError(f"cannot demux video (corrupt or truncated): {e}") from e
         if not pts:
@@ -125,7 +143,8 @@ def build_index(raw: bytes) -> VideoIndex:
         tb = stream.time_base or Fraction(1, 1000)
         cc = stream.codec_context
         width, height = cc.width, cc.height
-        index = VideoIndex(frame_pts, keyframe_pts, Fraction(tb), width, height, cc.name)
+        bpp = bytes_per_px(cc.format) if cc.format is not None else 8
+        index = VideoIndex(frame_pts, keyframe_pts, Fraction(tb), width, height, cc.name, bpp)
         _check_truncation(container, stream, index)
         return index
     finally:
@@ -181,15 +200,19 @@ def _frame_pts(frame) -> int:
 
 
 def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
-                  use_index: bool = True) -> tuple[dict[int, np.ndarray], DecodeStats]:
+                  use_index: bool = True, params: Optional[VideoParams] = None,
+                  deadline: Optional[Deadline] = None
+                  ) -> tuple[dict[int, np.ndarray], DecodeStats]:
     """Decode the frames at ``targets`` (pts) and return ``{pts: convert(frame)}``.
 
     With ``use_index`` it seeks by the keyframe index and skips seeks that would not pass a
-    keyframe; without it, it decodes everything from the start (the reference)."""
+    keyframe; without it, it decodes everything from the start (the reference). ``deadline``
+    is checked after every decoded frame."""
+    params = params if params is not None else VideoParams()
     wanted = sorted(set(targets))
     stats = DecodeStats(targets=wanted)
     out: dict[int, np.ndarray] = {}
-    container = _open(raw)
+    container = _open(raw, params)
     try:
         stream = container.streams.video[0]
         gen = None
@@ -219,16 +242,17 @@ def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
                     stats.skipped_seeks += 1
                 else:
                     start(key)
-            chosen = _advance(gen, t, stats, lambda: (cur, prev, pending))
+            chosen = _advance(gen, t, stats, lambda: (cur, prev, pending), deadline)
             frame, cur, prev, pending = chosen
             if frame is None and use_index and stats.seeks:
                 # the seek landed after the target (odd index): decode from the start
                 stats.restarts += 1
                 container.close()
-                container = _open(raw)
+                container = _open(raw, params)
                 stream = container.streams.video[0]
                 gen = container.decode(stream)
-                frame, cur, prev, pending = _advance(gen, t, stats, lambda: (None, None, None))
+                frame, cur, prev, pending = _advance(gen, t, stats, lambda: (None, None, None),
+                                                     deadline)
             if frame is None:
                 raise TransformError(f"frame at pts {t} could not be decoded")
             out[t] = convert(frame)
@@ -241,7 +265,7 @@ def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
         container.close()
 
 
-def _advance(gen, t: int, stats: DecodeStats, state):
+def _advance(gen, t: int, stats: DecodeStats, state, deadline: Optional[Deadline] = None):
     """Decode until the frame at pts ``t``. Returns (frame, cur, prev, pending).
 
     Exact pts match wins; if the decoder jumps past ``t`` the frame shown at ``t`` (the
@@ -256,6 +280,8 @@ def _advance(gen, t: int, stats: DecodeStats, state):
         prev, pending = pending, None
     for frame in gen:
         stats.decoded += 1
+        if deadline is not None:
+            deadline.check("video decoding")
         p = _frame_pts(frame)
         cur = p
         if p == t:
@@ -272,35 +298,43 @@ def _advance(gen, t: int, stats: DecodeStats, state):
 
 
 def transform_video(raw: bytes, params: VideoParams, aug_seed: int,
-                    index: Optional[VideoIndex] = None, use_index: bool = True
-                    ) -> dict[str, np.ndarray]:
+                    index: Optional[VideoIndex] = None, use_index: bool = True,
+                    deadline: Optional[Deadline] = None) -> dict[str, np.ndarray]:
     """Sample, decode and convert K frames of ``raw``. ``index`` may come from a cache."""
     if index is None:
-        index = build_index(raw)
-    frames, _ = sample_frames(raw, params, aug_seed, index, use_index)
+        index = build_index(raw, params, deadline)
+    frames, _ = sample_frames(raw, params, aug_seed, index, use_index, deadline)
     return {"frames": finish(frames, params)}
 
 
 def sample_frames(raw: bytes, params: VideoParams, aug_seed: int,
-                  index: Optional[VideoIndex] = None, use_index: bool = True
-                  ) -> tuple[np.ndarray, DecodeStats]:
-    """K x H x W x 3 uint8 (resized and cropped, not yet normalized) and decode stats."""
+                  index: Optional[VideoIndex] = None, use_index: bool = True,
+                  deadline: Optional[Deadline] = None) -> tuple[np.ndarray, DecodeStats]:
+    """K x H x W x 3 uint8 (resized and cropped, not yet normalized) and decode stats.
+
+    Before anything is decoded the frame count, the frame size and the sample's bytes are
+    checked against ``params``' limits."""
     if index is None:
-        index = build_index(raw)
+        index = build_index(raw, params, deadline)
+    check_frames(index.nframes, params)
     targets = select_frames(index, params, aug_seed)
     w0, h0 = index.width, index.height
     size: dict[str, tuple[int, int]] = {}
 
     def convert(frame):
-        if not size:
+        if not size:   # the header had no frame size: check the first decoded frame
             src_w, src_h = (w0, h0) if w0 and h0 else (frame.width, frame.height)
+            check_picture(src_w, src_h, bytes_per_px(frame), params, kept=params.frames,
+                          what="video frame")
             size["wh"] = target_size(src_w, src_h, params)
         w, h = size["wh"]
         return to_rgb(frame, w, h, params)
 
     if w0 and h0:
+        check_picture(w0, h0, index.bytes_per_px, params, kept=params.frames, what="video frame")
         size["wh"] = target_size(w0, h0, params)
-    got, stats = decode_frames(raw, index, targets, convert, use_index=use_index)
+    got, stats = decode_frames(raw, index, targets, convert, use_index=use_index, params=params,
+                               deadline=deadline)
     w, h = size["wh"]
     y, x = crop_offset(h, w, params, aug_seed)
     stack = np.stack([got[t] for t in targets])
