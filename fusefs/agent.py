@@ -4,10 +4,13 @@ It serves byte ranges of store files and of the replicas it keeps on its own dis
 replicas on request (from the store, or from another agent: tree fan-out), keeps each for a TTL
 within a byte budget, and reports its load. Protocol (all JSON in, JSON or bytes out):
 
-- `do_get(ticket={"path", "offset", "length", "replica_only"?})` -> one record batch with one
-  `large_binary` value: the bytes. Served from a local replica when there is one.
-- actions: `replicate {"path", "ttl_s", "source"?}` (blocks until the copy is complete),
-  `drop {"path"}`, `status {}`, `ping {}`.
+- `do_get` tickets: a byte range `{"path", "offset", "length", "replica_only"?}` (served from a
+  local replica when there is one), a transformed sample `{"op": "sample", ...}`, and the ready
+  samples of a plan window `{"op": "samples_ready", ...}`.
+- actions: replicate, drop, signal, plan_window, tier_stat, has, status, ping.
+Every request is parsed by `agentrpc` (typed, bounded, paths by the one resolver) before it
+reaches a handler; every error leaves as `agentrpc.rpc_error` (errno + message).
+Who may call: see docs/security.md (a token, or the 0700 unix socket of a mount's own agent).
 
 Flight runs each call on its own thread; the agent's state is guarded by one lock, and reads
 are bounded by a semaphore (`max_concurrent_reads`) and an optional token bucket
@@ -16,13 +19,17 @@ are bounded by a semaphore (`max_concurrent_reads`) and an optional token bucket
 from __future__ import annotations
 
 import fcntl
+import errno
 import hashlib
+import hmac
 import itertools
 import json
 import logging
 import os
+import contextlib
 import shutil
 import stat as stat_mod
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +39,11 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from common.errors import HintfsError
+from common.secrets import read_token_file
+
+from . import agentrpc as rpc
+from .agentrpc import rpc_error
 from .procs import pid_alive
 from .store import Stat, Store
 
@@ -80,14 +92,15 @@ class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
 
     def start_call(self, info, headers):
         got = headers.get("authorization") or headers.get("Authorization") or []
-        if not got or got[0] != f"Bearer {self.token}":
+        if not got or not hmac.compare_digest(str(got[0]).encode(), f"Bearer {self.token}".encode()):
             log.warning("refused %s call without a valid token", info.method)
             raise fl.FlightUnauthenticatedError("missing or wrong token")
         return None
 
 
 class AgentServer(fl.FlightServerBase):
-    def __init__(self, cfg, store: Store, location: Optional[str] = None, persistent: bool = False):
+    def __init__(self, cfg, store: Store, location: Optional[str] = None, persistent: bool = False,
+                 require_token: bool = False):
         acfg = cfg.agent
         tls = None
         if acfg.tls_cert_file and acfg.tls_key_file:
@@ -95,8 +108,11 @@ class AgentServer(fl.FlightServerBase):
                 tls = [fl.CertKeyPair(c.read(), k.read())]
         middleware = {}
         if acfg.token_file:
-            with open(acfg.token_file) as f:
-                middleware["auth"] = TokenMiddlewareFactory(f.read().strip())
+            middleware["auth"] = TokenMiddlewareFactory(read_token_file(acfg.token_file))
+        elif require_token and acfg.auth != "none":
+            raise HintfsError(errno.EPERM, "an agent that listens on a network needs [agent] token_file "
+                              "(a 0600 file holding a shared secret); set [agent] auth = \"none\" only on a "
+                              "host where every local user may read every file of the store")
         super().__init__(location or acfg.location, tls_certificates=tls, middleware=middleware)
         self.cfg = cfg
         self.store = store
@@ -125,9 +141,9 @@ class AgentServer(fl.FlightServerBase):
         self.started = time.monotonic()
         self.token = None
         if cfg.agents.token_file:
-            with open(cfg.agents.token_file) as f:
-                self.token = f.read().strip()
+            self.token = read_token_file(cfg.agents.token_file)
         self._samples = None
+        self.socket_dir: Optional[str] = None   # the in-process agent's private socket folder
         self._copying: dict[str, threading.Event] = {}
         self._copying_version: dict[str, tuple[int, int]] = {}   # (size, mtime_ns) of copies in flight
         self._readers: "OrderedDict[str, tuple]" = OrderedDict()
@@ -159,7 +175,7 @@ class AgentServer(fl.FlightServerBase):
                     rep.last_used = time.monotonic()
                     data = os.pread(rep.fd, length, offset)
                 elif replica_only:
-                    raise fl.FlightServerError(f"no replica of {path}")
+                    raise rpc_error(errno.ENOENT, f"no replica of {path}")
                 else:
                     data = self._store_reader(path).read(offset, length)
                 self.bucket.take(len(data))
@@ -180,46 +196,42 @@ class AgentServer(fl.FlightServerBase):
                 self._samples = SampleService(self.store, self.cfg.transform_load)
             return self._samples
 
-    def sample(self, req: dict) -> bytes:
+    def sample(self, req: rpc.SampleRequest) -> bytes:
         try:
-            data, how = self.samples.get(req["path"], req["kind"], req["params"], int(req["aug_seed"]),
-                                         bool(req.get("allow_raw", True)))
-        except FileNotFoundError:
-            raise fl.FlightServerError(f"ENOENT {req['path']}")
-        except ValueError as err:   # transforms.TransformError: corrupt or truncated media
-            log.error("transform of %s failed: %s", req["path"], err)
-            raise fl.FlightServerError(f"EIO transform of {req['path']} failed: {err}")
+            data, _how = self.samples.get(req.path, req.kind, req.params, req.aug_seed, req.allow_raw)
+        except ValueError as err:   # transforms.TransformError: corrupt media or over a limit
+            log.error("transform of %s failed: %s", req.path, err)
+            raise rpc_error(errno.EIO, f"transform of {req.path} failed: {err}") from None
         with self.lock:
             self.bytes_served += len(data)
         return data
 
+    def samples_ready(self, req: rpc.SamplesReadyRequest):
+        """Transformed samples already in the cache; nothing is started."""
+        rows = []
+        for path, kind, params, seed in req.samples:
+            try:
+                data = self.samples.peek(path, kind, params, seed)
+            except (OSError, ValueError):
+                data = None
+            if data is not None:
+                rows.append((path, seed, data))
+        with self.lock:
+            self.bytes_served += sum(len(r[2]) for r in rows)
+        return pa.table({"path": pa.array([r[0] for r in rows], type=pa.string()),
+                         "seed": pa.array([r[1] for r in rows], type=pa.int64()),
+                         "data": pa.array([r[2] for r in rows], type=pa.large_binary())})
+
     def do_get(self, context, ticket):
-        req = json.loads(ticket.ticket)
-        if req.get("op") == "sample":
-            data = self.sample(req)
+        with _errors_as_rpc():
+            req = rpc.parse_ticket(ticket.ticket)
+            if isinstance(req, rpc.SampleRequest):
+                data = self.sample(req)
+            elif isinstance(req, rpc.SamplesReadyRequest):
+                return fl.RecordBatchStream(self.samples_ready(req))
+            else:
+                data = self.read_range(req.path, req.offset, req.length, req.replica_only)
             return fl.RecordBatchStream(pa.table({"data": pa.array([data], type=pa.large_binary())}))
-        if req.get("op") == "samples_ready":   # transformed samples in the cache; nothing is started
-            rows = []
-            for path, kind, params, seed in req["samples"]:
-                try:
-                    data = self.samples.peek(path, kind, params, int(seed))
-                except (OSError, ValueError):
-                    data = None
-                if data is not None:
-                    rows.append((path, int(seed), data))
-            with self.lock:
-                self.bytes_served += sum(len(r[2]) for r in rows)
-            return fl.RecordBatchStream(pa.table({
-                "path": pa.array([r[0] for r in rows], type=pa.string()),
-                "seed": pa.array([r[1] for r in rows], type=pa.int64()),
-                "data": pa.array([r[2] for r in rows], type=pa.large_binary())}))
-        try:
-            data = self.read_range(req["path"], int(req["offset"]), int(req["length"]),
-                                   bool(req.get("replica_only")))
-        except FileNotFoundError:
-            raise fl.FlightServerError(f"ENOENT {req['path']}")
-        table = pa.table({"data": pa.array([data], type=pa.large_binary())})
-        return fl.RecordBatchStream(table)
 
     def _store_reader(self, path: str):
         """An open reader of a store file, kept in a small LRU (reads are positional, so one
@@ -287,8 +299,8 @@ class AgentServer(fl.FlightServerBase):
                        for p, r in self.replicas.items() if p != path]
             victims = pick_evictions(entries, need)
             if not victims:
-                raise fl.FlightServerError(f"ENOSPC budget: {path} needs {size} bytes, "
-                                           f"{self.budget - self.used_bytes()} left and no replica may go")
+                raise rpc_error(errno.ENOSPC, f"budget: {path} needs {size} bytes, "
+                                              f"{self.budget - self.used_bytes()} left and no replica may go")
         for p in victims:
             if self.drop(p):
                 self.evictions += 1
@@ -449,7 +461,7 @@ class AgentServer(fl.FlightServerBase):
         after = st if single else self.store.stat(path)
         if copied != st.size or after.identity() != st.identity():
             os.unlink(tmp)
-            raise fl.FlightServerError(f"EAGAIN {path} changed or was short during the copy")
+            raise rpc_error(errno.EAGAIN, f"{path} changed or was short during the copy")
         os.rename(tmp, local)
         fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
         rep = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns, time.monotonic(), record)
@@ -528,59 +540,46 @@ class AgentServer(fl.FlightServerBase):
             }
 
     def do_action(self, context, action):
-        body = json.loads(action.body.to_pybytes() or b"{}")
-        kind = action.type
-        try:
-            if kind == "replicate":
-                result = self.replicate(body["path"], float(body.get("ttl_s", 600)), body.get("source"),
-                                        priority=body.get("priority", "background"), job=body.get("job"),
-                                        importance=float(body.get("importance", 1.0)), expect=body.get("expect"),
-                                        record=body.get("record"))
-            elif kind == "signal":
-                if self.link is None:
-                    result = {"applied": False}
-                elif body.get("clear"):
-                    self.link.clear(body["job"])
-                    result = {"applied": True}
-                else:
-                    self.link.signal(body["job"], float(body.get("severity", 1.0)))
-                    result = {"applied": True}
-            elif kind == "drop":
-                result = {"dropped": self.drop(body["path"])}
-            elif kind == "status":
-                result = self.status()
-                if self._samples is not None:
-                    result["samples"] = self._samples.status()
-                if self.follower is not None:
-                    result["follow"] = self.follower.status()
-                if self.link is not None:
-                    result["link_bytes_by_class"] = dict(self.link.sent)
-            elif kind == "prefetch":
-                result = {"started": self.samples.prefetch([tuple(x) for x in body["samples"]])}
-            elif kind == "forget":
-                self.samples.forget({(p, int(s)) for p, s in body["keep"]})
-                result = {"ok": True}
-            elif kind == "plan_window":   # forget + prefetch in one call: one per plan step
-                self.samples.forget({(p, int(s)) for p, s in body["keep"]})
-                started = self.samples.prefetch([tuple(x) for x in body["want"]]) if body["want"] else 0
-                result = {"started": started}
-            elif kind == "tier_stat":
-                result = self.tier_stat(body["path"])
-            elif kind == "has":
-                result = {"has": self.has(body["path"], int(body["size"]), int(body["mtime_ns"]))}
-            elif kind == "ping":
-                result = {"ok": True}
-            else:
-                raise fl.FlightServerError(f"EINVAL unknown action {kind}")
-        except FileNotFoundError:
-            raise fl.FlightServerError(f"ENOENT {body.get('path')}")
-        except KeyError as err:
-            raise fl.FlightServerError(f"EINVAL missing {err}")
+        with _errors_as_rpc():
+            kind = action.type
+            req = rpc.parse_action(kind, action.body.to_pybytes())
+            result = self._act(kind, req)
         yield fl.Result(json.dumps(result).encode())
 
+    def _act(self, kind: str, req) -> dict:
+        if kind == "replicate":
+            return self.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,
+                                  importance=req.importance, expect=req.expect, record=req.record)
+        if kind == "signal":
+            if self.link is None:
+                return {"applied": False}
+            if req.clear:
+                self.link.clear(req.job)
+            else:
+                self.link.signal(req.job, req.severity)
+            return {"applied": True}
+        if kind == "drop":
+            return {"dropped": self.drop(req.path)}
+        if kind == "status":
+            result = self.status()
+            if self._samples is not None:
+                result["samples"] = self._samples.status()
+            if self.follower is not None:
+                result["follow"] = self.follower.status()
+            if self.link is not None:
+                result["link_bytes_by_class"] = dict(self.link.sent)
+            return result
+        if kind == "plan_window":   # forget + prefetch in one call: one per plan step
+            self.samples.forget({(p, s) for p, s in req.keep})
+            return {"started": self.samples.prefetch([tuple(x) for x in req.want]) if req.want else 0}
+        if kind == "tier_stat":
+            return self.tier_stat(req.path)
+        if kind == "has":
+            return {"has": self.has(req.path, req.size, req.mtime_ns)}
+        return {"ok": True}   # ping
+
     def list_actions(self, context):
-        return [("replicate", "copy a file here"), ("drop", "remove a replica"),
-                ("status", "replicas, load, budget"), ("ping", "liveness")]
+        return [(name, doc) for name, (_model, doc) in rpc.ACTIONS.items()]
 
     def shutdown(self):
         self._stop.set()
@@ -601,6 +600,8 @@ class AgentServer(fl.FlightServerBase):
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 class _Progress:
@@ -712,10 +713,32 @@ def _write_sidecar(local: str, rep: "Replica") -> None:
     os.rename(tmp, local + ".meta")
 
 
+@contextlib.contextmanager
+def _errors_as_rpc():
+    """Whatever a handler raises leaves as an errno + message (never a bare traceback text)."""
+    try:
+        yield
+    except fl.FlightError:
+        raise
+    except OSError as err:
+        code = err.errno or errno.EIO
+        raise rpc_error(code, err.strerror or str(err)) from None
+    except Exception as err:
+        log.exception("agent request failed")
+        raise rpc_error(errno.EIO, f"internal error: {type(err).__name__}") from None
+
+
 def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:
-    """The mount's own agent when no agents are configured: loopback, a free port, a thread."""
-    server = AgentServer(cfg, store, location="grpc://127.0.0.1:0")
-    location = f"grpc://127.0.0.1:{server.port}"
+    """The mount's own agent when no agents are configured: a thread serving a unix socket in a
+    fresh 0700 directory, so only the mount's own user can reach it (no TCP port at all)."""
+    sock_dir = tempfile.mkdtemp(prefix="hintfs-agent-")
+    location = f"grpc+unix://{sock_dir}/agent.sock"
+    try:
+        server = AgentServer(cfg, store, location=location)
+    except BaseException:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        raise
+    server.socket_dir = sock_dir
     threading.Thread(target=server.serve, name="hintfs-agent", daemon=True).start()
     return server, location
 
@@ -724,7 +747,10 @@ def run_agent(cfg) -> int:
     from .mount import build_store, check_store
     store = build_store(cfg)
     check_store(store, cfg)
-    server = AgentServer(cfg, store, persistent=True)
+    if not cfg.agent.token_file and cfg.agent.auth == "none":
+        log.warning("agent at %s runs WITHOUT authentication ([agent] auth = \"none\"): anyone who can "
+                    "reach it can read every file of %s", cfg.agent.location, store.description)
+    server = AgentServer(cfg, store, persistent=True, require_token=True)
     log.info("agent serving %s at %s (replicas in %s)", store.description, cfg.agent.location, cfg.agent.data_dir)
     import signal
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())

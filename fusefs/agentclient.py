@@ -2,11 +2,12 @@
 from other agents (tree fan-out) and from the benchmarks."""
 from __future__ import annotations
 
-import errno
 import json
 from typing import Optional
 
 import pyarrow.flight as fl
+
+from .agentrpc import errno_of_flight_error
 
 
 class AgentError(OSError):
@@ -14,13 +15,7 @@ class AgentError(OSError):
 
 
 def _errno_of(err: Exception) -> int:
-    text = str(err)
-    for name in ("ENOENT", "ENOSPC", "EINVAL", "EIO"):
-        if name in text:
-            return getattr(errno, name)
-    if isinstance(err, fl.FlightUnauthenticatedError):
-        return errno.EACCES
-    return errno.EIO
+    return errno_of_flight_error(err)
 
 
 class AgentClient:

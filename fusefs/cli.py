@@ -10,7 +10,11 @@ import subprocess
 import sys
 import time
 
-from .procs import pid_alive
+from common.secrets import read_token_file
+
+from .agentrpc import MAX_READ_BYTES
+
+from .procs import daemon_python, pid_alive
 
 log = logging.getLogger("hintfs")
 
@@ -73,11 +77,11 @@ def cmd_mount(args) -> int:
     log_file = cfg.logging.file or default_log_file(mountpoint)
     os.makedirs(os.path.dirname(log_file), exist_ok=True)
     rfd, wfd = os.pipe()
-    cmd = [sys.executable, "-m", "fusefs.cli", "mount", os.path.abspath(args.config),
+    cmd = [*daemon_python(), "-m", "fusefs.cli", "mount", os.path.abspath(args.config),
            os.path.abspath(mountpoint), "--foreground", "--ready-fd", str(wfd)]
     with open(log_file, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                pass_fds=(wfd,), start_new_session=True,
+                                pass_fds=(wfd,), start_new_session=True, cwd="/",
                                 env={**os.environ, "HINTFS_LOG_FILE": log_file})
     os.close(wfd)
     with os.fdopen(rfd, "rb") as r:
@@ -220,8 +224,12 @@ def cmd_calibrate(args) -> int:
     from .calibrate import calibrate
     if not args.agent or not args.path:
         raise UserError("calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
-    token = open(args.token_file).read().strip() if args.token_file else None
-    size = len(AgentClient(args.agent, token=token).read(args.path, 0, 1 << 30)) if args.size is None else args.size
+    try:
+        token = read_token_file(args.token_file) if args.token_file else None
+    except OSError as err:
+        raise UserError(err.strerror or str(err)) from None
+    size = (len(AgentClient(args.agent, token=token).read(args.path, 0, MAX_READ_BYTES))
+            if args.size is None else args.size)
     result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
     for row in result["levels"]:
         print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"

@@ -16,6 +16,7 @@ import tempfile
 import time
 
 from .cli import format_status
+from .procs import daemon_python
 
 
 def _make_tree(root: str, files: int, seed: int = 0) -> dict[str, str]:
@@ -81,7 +82,7 @@ def run_demo(keep: bool = False, files: int = 400) -> int:
     _make_images(os.path.join(store, "images"), 8)
     print(f"workspace {work}: generating a checkpoint-like tree of {files} files")
     digests = _make_tree(store, files)
-    hintfs = [sys.executable, "-m", "fusefs.cli"]
+    hintfs = [*daemon_python(), "-m", "fusefs.cli"]
     subprocess.run(hintfs + ["mount", config, mnt], check=True)
     ok = False
     try:

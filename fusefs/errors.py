@@ -5,6 +5,8 @@ import errno
 import logging
 import re
 
+from common.errors import HintfsError
+
 log = logging.getLogger("hintfs.errors")
 
 # pyarrow's remote filesystems raise plain OSError with the service's message in the text.
@@ -38,8 +40,5 @@ def errno_of(exc: BaseException) -> int:
     return errno.EIO
 
 
-class StoreError(OSError):
-    """An error raised by hintfs itself with an explicit errno and reason."""
-
-    def __init__(self, code: int, reason: str):
-        super().__init__(code, reason)
+# hintfs's own errors carry an errno and a reason; one type for every room (common.errors).
+StoreError = HintfsError

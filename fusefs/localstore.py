@@ -9,8 +9,11 @@ import errno
 import itertools
 import os
 import socket
+import stat as stat_mod
 import time
 from typing import Iterator, Optional
+
+from common.paths import Beneath, open_beneath
 
 from .errors import StoreError
 from .procs import pid_alive
@@ -111,85 +114,134 @@ class LocalReader:
 
 
 class LocalStore:
+    """Every path is resolved beneath one fd of the root (`common.paths`): no symlink in the store
+    leads a call out of it, and paths are never joined onto the root as strings (so a path up to
+    PATH_MAX relative to the root works however deep the root itself is)."""
     inline_metadata = True
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
         self.description = f"file://{self.root}"
+        self._root_fd = -1
 
     # -- helpers -------------------------------------------------------------------------------
-    def _abs(self, rel: str) -> str:
-        return os.path.join(self.root, rel) if rel else self.root
+    @property
+    def root_fd(self) -> int:
+        if self._root_fd < 0:
+            self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return self._root_fd
+
+    def _at(self, rel: str) -> Beneath:
+        return Beneath(self.root_fd, rel)
 
     def check(self) -> None:
-        st = os.stat(self.root)
         if not os.path.isdir(self.root):
             raise StoreError(errno.ENOTDIR, f"{self.root} is not a directory")
-        os.listdir(self.root)  # readable?
-        del st
+        fd = open_beneath(self.root_fd, "", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.listdir(fd)  # readable?
+        finally:
+            os.close(fd)
 
     # -- metadata ------------------------------------------------------------------------------
     def stat(self, rel: str) -> Stat:
-        return Stat.from_os(os.lstat(self._abs(rel)))
+        if not rel:
+            return Stat.from_os(os.stat(self.root_fd))
+        with self._at(rel) as (d, name):
+            return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         now = time.time()
-        with os.scandir(self._abs(rel)) as it:
-            for entry in it:
-                name = entry.name
-                if name.startswith(STAGING_PREFIX):
-                    self._reap_stale_staging(entry.path, name, now)
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # removed while listing
-                yield name, Stat.from_os(st)
+        fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = entry.name
+                    if name.startswith(STAGING_PREFIX):
+                        self._reap_stale_staging(fd, name, now)
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    yield name, Stat.from_os(st)
+        finally:
+            os.close(fd)
 
-    def _reap_stale_staging(self, path: str, name: str, now: float) -> None:
+    def _reap_stale_staging(self, dir_fd: int, name: str, now: float) -> None:
         """Remove staging files left by a crashed daemon of this host (the pid is in the name)."""
         try:
             _, _, pid, _seqno, host = name.split(".", 4)
             if host != _HOST or pid_alive(int(pid)):
                 return
-            if now - os.lstat(path).st_mtime > STALE_STAGING_AGE_S:
-                os.unlink(path)
+            if now - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime > STALE_STAGING_AGE_S:
+                os.unlink(name, dir_fd=dir_fd)
         except (ValueError, OSError):
             pass
 
     def readlink(self, rel: str) -> str:
-        return os.readlink(self._abs(rel))
+        with self._at(rel) as (d, name):
+            return os.readlink(name, dir_fd=d)
 
     def statfs(self) -> os.statvfs_result:
-        return os.statvfs(self.root)
+        return os.statvfs(self.root_fd)
 
     # -- namespace changes ---------------------------------------------------------------------
     def symlink(self, rel: str, target: str) -> None:
-        os.symlink(target, self._abs(rel))
+        with self._at(rel) as (d, name):
+            os.symlink(target, name, dir_fd=d)
 
     def mkdir(self, rel: str, mode: int) -> None:
-        os.mkdir(self._abs(rel), mode)
+        with self._at(rel) as (d, name):
+            os.mkdir(name, mode, dir_fd=d)
+
+    def _makedirs(self, rel: str) -> None:
+        parts = rel.split("/") if rel else []
+        for i in range(1, len(parts) + 1):
+            try:
+                self.mkdir("/".join(parts[:i]), 0o755)
+            except FileExistsError:
+                pass
 
     def rmdir(self, rel: str) -> None:
-        os.rmdir(self._abs(rel))
+        with self._at(rel) as (d, name):
+            os.rmdir(name, dir_fd=d)
 
     def unlink(self, rel: str) -> None:
-        os.unlink(self._abs(rel))
+        with self._at(rel) as (d, name):
+            os.unlink(name, dir_fd=d)
 
     def rename(self, src: str, dst: str, noreplace: bool) -> None:
-        if noreplace and os.path.lexists(self._abs(dst)):
-            raise FileExistsError(errno.EEXIST, "target exists", dst)
-        os.rename(self._abs(src), self._abs(dst))
+        with self._at(src) as (sd, sname), self._at(dst) as (dd, dname):
+            if noreplace:
+                try:
+                    os.stat(dname, dir_fd=dd, follow_symlinks=False)
+                    raise FileExistsError(errno.EEXIST, "target exists", dst)
+                except FileNotFoundError:
+                    pass
+            os.rename(sname, dname, src_dir_fd=sd, dst_dir_fd=dd)
 
     def chmod(self, rel: str, mode: int) -> None:
-        os.chmod(self._abs(rel), mode)
+        # chmod has no no-follow form on Linux: pin the inode with O_PATH|O_NOFOLLOW first, so a
+        # symlink swapped in never redirects the change outside the store.
+        fd = open_beneath(self.root_fd, rel, os.O_PATH | os.O_NOFOLLOW)
+        try:
+            if stat_mod.S_ISLNK(os.fstat(fd).st_mode):
+                raise StoreError(errno.EOPNOTSUPP, f"{rel}: symlinks have no mode")
+            os.chmod(f"/proc/self/fd/{fd}", mode)
+        finally:
+            os.close(fd)
 
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
-        os.utime(self._abs(rel), ns=(atime_ns, mtime_ns), follow_symlinks=False)
+        if not rel:
+            os.utime(self.root_fd, ns=(atime_ns, mtime_ns))
+            return
+        with self._at(rel) as (d, name):
+            os.utime(name, ns=(atime_ns, mtime_ns), dir_fd=d, follow_symlinks=False)
 
     # -- data ----------------------------------------------------------------------------------
     def open_reader(self, rel: str) -> tuple[LocalReader, Stat]:
-        fd = os.open(self._abs(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             raw = os.fstat(fd)
         except BaseException:
@@ -197,16 +249,20 @@ class LocalStore:
             raise
         return LocalReader(fd, raw.st_dev), Stat.from_os(raw)
 
+    def _staging_name(self, rel: str) -> str:
+        head = rel.rpartition("/")[0]
+        name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}"
+        return f"{head}/{name}" if head else name
+
     def new_staging(self, rel: str, copy_existing: bool) -> Staging:
-        """A hidden file beside the target, so the commit is one atomic rename."""
-        target = self._abs(rel)
-        directory = os.path.dirname(target)
-        path = os.path.join(directory, f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        """A hidden file beside the target, so the commit is one atomic rename. `Staging.path` is
+        store-relative."""
+        path = self._staging_name(rel)
+        fd = open_beneath(self.root_fd, path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             if copy_existing:
                 try:
-                    src = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    src = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW)
                 except FileNotFoundError:
                     src = -1
                 if src >= 0:
@@ -218,33 +274,40 @@ class LocalStore:
                         os.close(src)
         except BaseException:
             os.close(fd)
-            os.unlink(path)
+            self._unlink_quiet(path)
             raise
         staging = Staging(fd, path, rel)
         staging.inline_io = read_mode(os.fstat(fd).st_dev) == "memory"
         return staging
 
+    def _unlink_quiet(self, rel: str) -> None:
+        try:
+            self.unlink(rel)
+        except FileNotFoundError:
+            pass
+
     def commit(self, staging: Staging, rel: str) -> Stat:
-        os.rename(staging.path, self._abs(rel))
+        self.rename(staging.path, rel, noreplace=False)
         staging.live = True
         staging.dirty = False
         return Stat.from_os(os.fstat(staging.fd))
 
     def put_small(self, rel: str, data: bytes) -> None:
         """Write a small file whole (journal records): temp name, then rename."""
-        path = self._abs(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.rename(tmp, path)
+        self._makedirs(rel.rpartition("/")[0])
+        tmp = self._staging_name(rel)
+        fd = open_beneath(self.root_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except BaseException:
+            self._unlink_quiet(tmp)
+            raise
+        self.rename(tmp, rel, noreplace=False)
 
     def discard(self, staging: Staging) -> None:
         if not staging.live:
-            try:
-                os.unlink(staging.path)
-            except FileNotFoundError:
-                pass
+            self._unlink_quiet(staging.path)
         staging.close()
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import pyfuse3
 import trio
 
+from common.secrets import read_token_file
 from mountconfig import MountConfig, effective_config_json
 from .control import ControlDir, ControlFile, loglevel_file
 from .operations import Operations
@@ -189,8 +190,10 @@ def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: Con
         locations = [loc]
     token = None
     if cfg.agents.token_file:
-        with open(cfg.agents.token_file) as f:
-            token = f.read().strip()
+        try:
+            token = read_token_file(cfg.agents.token_file)
+        except OSError as err:
+            raise MountError(f"[agents] {err.strerror}") from None
     tls_root = None
     if cfg.agents.tls_root_file:
         with open(cfg.agents.tls_root_file, "rb") as f:

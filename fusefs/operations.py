@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import pyfuse3
 import trio
 
-from . import paths
+from common import paths
 from .control import ControlDir, ControlFile, ControlInputError, ErrorView, MAX_CONTROL_WRITE, apply_write
 from .errors import StoreError, errno_of
 from .inodes import Inode, InodeTable

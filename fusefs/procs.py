@@ -3,6 +3,7 @@ stale folders and the governor's liveness checks."""
 from __future__ import annotations
 
 import os
+import sys
 
 
 def pid_alive(pid: int) -> bool:
@@ -19,3 +20,10 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True   # no /proc: kill(0) succeeded, so it runs
+
+
+def daemon_python() -> list[str]:
+    """The interpreter command a hintfs daemon is started with: isolated (`-I`), so neither the
+    caller's working directory nor PYTHONPATH/PYTHON* variables nor a user site-packages can put
+    a module in front of ours in a process that runs as root."""
+    return [sys.executable, "-I"]

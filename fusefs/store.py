@@ -3,7 +3,7 @@
 A store is the system of record (a local folder, S3, HDFS). Its methods are synchronous and
 may block; the operations layer decides whether to call them inline or in a worker thread
 (`Store.inline_metadata`). Paths are relative to the store root, '/'-separated, '' for the root,
-and have already been checked not to escape it (see `fusefs.paths`).
+and have already been checked not to escape it (see `common.paths`).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import stat as stat_mod
 from dataclasses import dataclass
 from typing import Iterator, Optional, Protocol
 
-# Staged writes are hidden files next to their target (file://) or in a spool dir (remote).
-STAGING_PREFIX = ".hintfs-tmp."
+
+from common.paths import STAGING_PREFIX  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,8 +121,14 @@ class AgentConfig(Section):
     budget_bytes: int = Field(64 << 30, ge=0, description="Most bytes of replicas kept on this agent's disk; "
                               "a copy beyond it evicts replicas by policy (expired, then older "
                               "checkpoints, least recently used first) or is refused (ENOSPC).")
-    token_file: Optional[str] = Field(None, description="File holding the shared token clients must send; "
-                                      "unset means no authentication (loopback use only).")
+    token_file: Optional[str] = Field(None, description="File holding the shared token clients must send "
+                                      "(mode 0600, owned by the agent's user). `hintfs agent` refuses to start "
+                                      "without one unless `auth = \"none\"`. A mount's own in-process agent "
+                                      "needs none: it listens on a unix socket only its user can reach.")
+    auth: Literal["token", "none"] = Field("token", description="`hintfs agent`: \"token\" requires "
+                                           "`token_file`; \"none\" serves anyone who can reach `location` "
+                                           "(logged as a warning at start): only where every such user may "
+                                           "read every file of the store.")
     tls_cert_file: Optional[str] = Field(None, description="PEM certificate for TLS.")
     tls_key_file: Optional[str] = Field(None, description="PEM private key for TLS.")
     max_concurrent_reads: int = Field(64, ge=1, description="Reads served at once; more wait their turn.")
@@ -140,7 +146,8 @@ class AgentsConfig(Section):
     """The storage agents a mount talks to."""
     locations: list[str] = Field(default_factory=list, description="Flight locations of the agents; "
                                  "empty starts one agent inside the mount over `agent.data_dir`.")
-    token_file: Optional[str] = Field(None, description="Token sent to the agents.")
+    token_file: Optional[str] = Field(None, description="Token sent to the agents (a 0600 file owned by "
+                                      "the mount's user).")
     tls_root_file: Optional[str] = Field(None, description="PEM root certificate(s) to verify agents' TLS.")
 
 

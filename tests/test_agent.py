@@ -68,6 +68,7 @@ def test_budget_refuses_replicas_that_do_not_fit(tmp_path, store):
 def test_token_required_when_configured(tmp_path, store, caplog):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)
     s, loc = _agent(tmp_path, store, token_file=str(token))
     try:
         assert AgentClient(loc, token="s3cret").ping()

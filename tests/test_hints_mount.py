@@ -80,6 +80,7 @@ def _free_port():
 def agents(tmp_path):
     token = tmp_path / "token"
     token.write_text("tok")
+    token.chmod(0o600)
     store = tmp_path / "m" / "store"
     store.mkdir(parents=True)
     procs, locs = [], []
@@ -158,6 +159,7 @@ def test_wrong_token_is_refused_and_logged(mount_factory, tmp_path, agents):
     _ckpt(store, mib=1)
     bad = tmp_path / "bad_token"
     bad.write_text("nope")
+    bad.chmod(0o600)
     m = mount_factory(extra=f'\n[agents]\nlocations = {json.dumps(locs[:1])}\ntoken_file = "{bad}"\n')
     client.set_replication_hints(str(m.mnt), "j", {"ckpt/.metadata": 8}, deadline_s=10)
     with pytest.raises(TimeoutError) as exc:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fusefs import paths
+from common import paths
 from fusefs.errors import StoreError, errno_of
 from fusefs.stats import OpStats, Stats
 

@@ -177,14 +177,18 @@ class AgentProcess:
         self.port = _free_port()
         self.log = tmp_path / "agent.log"
         self.cfg = tmp_path / "agent.toml"
+        token = tmp_path / "agent.token"
+        token.write_text("tier-secret\n")
+        token.chmod(0o600)
         self.cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{self.port}"\n'
-                            f'data_dir = "{tmp_path / "tier"}"\n{agent_extra}[logging]\nfile = "{self.log}"\n')
+                            f'data_dir = "{tmp_path / "tier"}"\ntoken_file = "{token}"\n{agent_extra}'
+                            f'[logging]\nfile = "{self.log}"\n')
         self.p = None
 
     def start(self) -> AgentClient:
         self.p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(self.cfg)], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        c = AgentClient(f"grpc://127.0.0.1:{self.port}")
+        c = AgentClient(f"grpc://127.0.0.1:{self.port}", token="tier-secret")
 
         def up():
             try:

@@ -1,0 +1,172 @@
+"""The agent's wire messages: one typed, bounded request model per RPC, and errors that carry
+an errno across the wire.
+
+Every request from a client is hostile until it parses here: paths go through the one resolver's
+lexical rule (`common.paths.relpath`; the store then resolves them beneath its root), numbers
+have bounds, lists have lengths. A request that does not parse is EINVAL with a one-line reason.
+An error crosses the wire as a FlightServerError whose `extra_info` is
+`{"errno": N, "message": "..."}` (its text starts with the errno's name, for humans and logs);
+`AgentClient` turns it back into an OSError with the same errno.
+"""
+from __future__ import annotations
+
+import errno
+import json
+from typing import Annotated, Literal, Optional
+
+import pyarrow.flight as fl
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from common.paths import relpath
+
+MAX_READ_BYTES = 256 << 20          # one do_get range
+MAX_TTL_S = 30 * 86400.0            # a replica lives at most 30 days per request (renewable)
+MAX_BATCH = 100_000                 # samples in one plan_window / samples_ready call
+MAX_PARAMS_JSON = 64 << 10
+MAX_NAME = 4096                     # job names, records, locations
+
+StorePath = Annotated[str, AfterValidator(lambda v: relpath(v, what="path"))]
+Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
+NonNeg = Annotated[int, Field(ge=0, le=(1 << 63) - 1)]
+Params = Annotated[str, Field(max_length=MAX_PARAMS_JSON)]
+Kind = Literal["image", "video"]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ReadRequest(Request):
+    op: Literal["read"] = "read"
+    path: StorePath
+    offset: NonNeg
+    length: int = Field(ge=0, le=MAX_READ_BYTES)
+    replica_only: bool = False
+
+
+class SampleRequest(Request):
+    op: Literal["sample"]
+    path: StorePath
+    kind: Kind
+    params: Params
+    aug_seed: Int64
+    allow_raw: bool = True
+
+
+class SamplesReadyRequest(Request):
+    op: Literal["samples_ready"]
+    samples: list[tuple[StorePath, Kind, Params, Int64]] = Field(max_length=MAX_BATCH)
+
+
+class ReplicateRequest(Request):
+    path: StorePath
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TTL_S)
+    source: Optional[str] = Field(None, max_length=MAX_NAME)
+    priority: Literal["anomaly", "eval", "background"] = "background"
+    job: Optional[str] = Field(None, max_length=MAX_NAME)
+    importance: float = Field(1.0, ge=0, le=1e6)
+    expect: Optional[tuple[NonNeg, NonNeg]] = None
+    record: Optional[str] = Field(None, max_length=MAX_NAME)
+
+
+class SignalRequest(Request):
+    job: str = Field(min_length=1, max_length=MAX_NAME)
+    severity: float = Field(1.0, ge=0, le=1e6)
+    clear: bool = False
+
+
+class PathRequest(Request):
+    path: StorePath
+
+
+class HasRequest(Request):
+    path: StorePath
+    size: NonNeg
+    mtime_ns: Int64
+
+
+class PlanWindowRequest(Request):
+    keep: list[tuple[StorePath, Int64]] = Field(max_length=MAX_BATCH)
+    want: list[tuple[StorePath, Kind, Params, Int64]] = Field(max_length=MAX_BATCH)
+
+
+class EmptyRequest(Request):
+    pass
+
+
+ACTIONS: dict[str, tuple[type[Request], str]] = {
+    "replicate": (ReplicateRequest, "copy a file here and keep it ttl_s (blocks until complete)"),
+    "drop": (PathRequest, "remove a replica"),
+    "signal": (SignalRequest, "move a job's copies on the link into the anomaly class (or clear)"),
+    "plan_window": (PlanWindowRequest, "free transformed samples not in keep, start making want"),
+    "tier_stat": (PathRequest, "what this agent holds at a path: ready, copying, dir or absent"),
+    "has": (HasRequest, "whether a complete replica of exactly this version is here"),
+    "status": (EmptyRequest, "replicas, load, budget, samples, follow, link"),
+    "ping": (EmptyRequest, "liveness"),
+}
+TICKETS: dict[str, type[Request]] = {"read": ReadRequest, "sample": SampleRequest,
+                                     "samples_ready": SamplesReadyRequest}
+
+
+def rpc_error(code: int, message: str) -> fl.FlightServerError:
+    """The error to raise in a Flight handler: the errno travels in `extra_info`."""
+    name = errno.errorcode.get(code, "EIO")
+    return fl.FlightServerError(f"{name} {message}",
+                                extra_info=json.dumps({"errno": code, "message": message}).encode())
+
+
+def _load(body: bytes) -> dict:
+    try:
+        doc = json.loads(body or b"{}")
+    except (ValueError, RecursionError) as err:
+        raise rpc_error(errno.EINVAL, f"request is not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise rpc_error(errno.EINVAL, "request must be a JSON object")
+    return doc
+
+
+def _validate(model: type[Request], doc: dict) -> Request:
+    try:
+        return model.model_validate(doc)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e["loc"]) or "(request)"
+        msg = e["msg"].removeprefix("Value error, ")
+        raise rpc_error(errno.EINVAL, f"{where}: {msg}") from None
+    except OSError as err:   # the path rule raises HintfsError (ENAMETOOLONG keeps its errno)
+        raise rpc_error(err.errno or errno.EINVAL, err.strerror or str(err)) from None
+
+
+def parse_action(kind: str, body: bytes) -> Request:
+    entry = ACTIONS.get(kind)
+    if entry is None:
+        raise rpc_error(errno.EINVAL, f"unknown action {kind!r}")
+    return _validate(entry[0], _load(body))
+
+
+def parse_ticket(body: bytes) -> Request:
+    doc = _load(body)
+    op = doc.get("op", "read")
+    model = TICKETS.get(op) if isinstance(op, str) else None
+    if model is None:
+        raise rpc_error(errno.EINVAL, f"unknown ticket op {op!r}")
+    return _validate(model, doc)
+
+
+def errno_of_flight_error(err: Exception) -> int:
+    """The errno an agent sent with its error (EACCES for a refused token, EIO otherwise)."""
+    info = getattr(err, "extra_info", None)
+    if info:
+        try:
+            code = int(json.loads(info)["errno"])
+            if code > 0:
+                return code
+        except (ValueError, KeyError, TypeError):
+            pass
+    if isinstance(err, fl.FlightUnauthenticatedError):
+        return errno.EACCES
+    if isinstance(err, fl.FlightUnavailableError):
+        return errno.EHOSTUNREACH
+    if isinstance(err, fl.FlightTimedOutError):
+        return errno.ETIMEDOUT
+    return errno.EIO
