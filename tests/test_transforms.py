@@ -402,3 +402,39 @@ def test_raw_and_tensor_modes_agree_video(video, tmp_path):
     a, b = tc.load_sample(t), tc.load_sample(tmp_path / "r.tensor")
     assert a["frames"].shape == (4, 3, 24, 24)
     assert a["frames"].tobytes() == b["frames"].tobytes()
+
+
+# ---------------------------------------------------------------- resource bounds (see also test_media_bounds)
+
+def test_image_header_reads_the_size_every_supported_format_announces(images):
+    from transforms.limits import image_header
+    for name, raw in images.items():
+        fmt, size = name.split("-")
+        w, h = (int(x) for x in size.split("x"))
+        assert image_header(raw) == (fmt, w, h, 4), name
+    # lossless WebP (VP8L) and the extended header (VP8X, with alpha)
+    for opts, pix in (({"lossless": "1"}, "bgra"), ({}, "yuva420p")):
+        if not _has_encoder("libwebp"):
+            pytest.skip("PyAV has no libwebp encoder")
+        buf = io.BytesIO()
+        with av.open(buf, "w", format="webp") as c:
+            s = c.add_stream("libwebp")
+            s.width, s.height, s.pix_fmt = 123, 45, pix
+            s.options = opts
+            frame = av.VideoFrame.from_ndarray(_pattern(0, 123, 45), format="rgb24").reformat(format=pix)
+            for p in s.encode(frame):
+                c.mux(p)
+            for p in s.encode(None):
+                c.mux(p)
+        raw = buf.getvalue()
+        assert image_header(raw)[1:3] == (123, 45), (raw[12:16], opts)
+        assert apply("image", raw, {}, 0)["pixels"].shape == (45, 123, 3)
+    assert image_header(b"not an image") is None and image_header(b"\xff\xd8\xff") is None
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp"])
+def test_picture_over_max_pixels_is_refused_before_decoding(images, fmt):
+    raw = images[f"{fmt}-97x61"]
+    with pytest.raises(TransformError, match="97x61 = 5917 pixels is over max_pixels=5916"):
+        apply("image", raw, {"max_pixels": 5916}, 0)
+    assert apply("image", raw, {"max_pixels": 5917}, 0)["pixels"].shape == (61, 97, 3)

@@ -135,9 +135,17 @@ def bytes_per_px(frame_or_format) -> int:
         return 8
 
 
+def ffmpeg_max_pixels(params: _Pixels) -> str:
+    """The picture-size bound given to FFmpeg, which checks it before it allocates a picture.
+    FFmpeg counts the *coded* size (width and height rounded up to its block alignment), so it
+    gets room for that (2x + 4 Mpx); the exact ``max_pixels`` is checked here on the header
+    and on the decoded picture."""
+    return str(2 * params.max_pixels + (4 << 20))
+
+
 def decoder_options(params: _Pixels) -> dict[str, str]:
-    """DECODER_OPTIONS plus the picture-size bound, which FFmpeg checks before it allocates."""
-    return {**DECODER_OPTIONS, "max_pixels": str(params.max_pixels)}
+    """DECODER_OPTIONS plus FFmpeg's own picture-size bound (``ffmpeg_max_pixels``)."""
+    return {**DECODER_OPTIONS, "max_pixels": ffmpeg_max_pixels(params)}
 
 
 def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame":
@@ -155,7 +163,7 @@ def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame"
     if head is not None:
         _fmt, w, h, bpp = head
         check_picture(w, h, bpp, params)
-    opts = {"max_pixels": str(params.max_pixels)}
+    opts = {"max_pixels": ffmpeg_max_pixels(params)}
     try:
         with av.open(io.BytesIO(raw), mode="r", options=opts) as container:
             if not container.streams.video:

@@ -7,9 +7,10 @@ The bounds are fields of the transform parameters (``max_pixels``, ``max_decoded
 
 ``image_header`` reads width, height and bit depth of a JPEG, PNG or WebP file in pure Python
 (a few hundred bytes looked at; no decoder runs): a 746 KB PNG announcing 16000x16000 is refused
-in microseconds. Other formats, or headers this does not understand, are still bounded: the
-decoder gets ``max_pixels`` as its own option (FFmpeg then refuses a larger picture before it
-allocates it), and the decoded picture is checked before it is converted.
+in microseconds. Other formats, or headers this does not understand, are still bounded: FFmpeg
+gets a picture-size bound of its own (``image.ffmpeg_max_pixels``: it refuses a larger picture
+before it allocates it, also while probing), and the decoded picture is checked before it is
+converted. In the agent's workers the address space is capped as well (fusefs/samples.py).
 """
 from __future__ import annotations
 

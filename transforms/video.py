@@ -32,7 +32,8 @@ import av
 import numpy as np
 
 from .errors import TransformError
-from .image import bytes_per_px, crop_offset, decoder_options, finish, target_size, to_rgb
+from .image import (bytes_per_px, crop_offset, decoder_options, ffmpeg_max_pixels, finish,
+                    target_size, to_rgb)
 from .limits import Deadline, check_frames, check_picture, check_pixels
 from .params import VideoParams
 
@@ -84,7 +85,7 @@ def _open(raw: bytes, params: VideoParams) -> "av.container.InputContainer":
     and check the header's frame size and frame count against the limits."""
     try:
         container = av.open(io.BytesIO(raw), mode="r",
-                            options={"max_pixels": str(params.max_pixels)})
+                            options={"max_pixels": ffmpeg_max_pixels(params)})
     except _AV_ERRORS as e:
         raise TransformError(f"cannot open video: {e}") from e
     try:
