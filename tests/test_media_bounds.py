@@ -50,6 +50,38 @@ def png_bomb(w: int = 16000, h: int = 16000, rows_per_block: int = 512) -> bytes
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
+def tiff_bomb(w=16000, h=16000, rows_per_block=512):
+    """A w x h black RGB TIFF, one deflate strip (~750 KB for 16000x16000)."""
+    row = b"\x00" * (3 * w)
+    block = row * rows_per_block
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    piece = c.compress(block) + c.flush(zlib.Z_FULL_FLUSH)
+    n, rest = divmod(h, rows_per_block)
+    adler = 1
+    for _ in range(n):
+        adler = zlib.adler32(block, adler)
+    adler = zlib.adler32(row * rest, adler)
+    strip = b"\x78\xda" + piece * n + c.compress(row * rest) + c.flush() + struct.pack(">I", adler)
+    tags = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, 3, None), (259, 3, 1, 8), (262, 3, 1, 2),
+            (273, 4, 1, None), (277, 3, 1, 3), (278, 4, 1, h), (279, 4, 1, len(strip)), (284, 3, 1, 1)]
+    ifd_off = 8
+    ifd_len = 2 + 12 * len(tags) + 4
+    bps_off = ifd_off + ifd_len
+    strip_off = bps_off + 6
+    out = bytearray(b"II*\x00" + struct.pack("<I", ifd_off) + struct.pack("<H", len(tags)))
+    for tag, typ, count, val in tags:
+        if tag == 258:
+            val = bps_off
+        if tag == 273:
+            val = strip_off
+        if typ == 3 and count == 1:
+            out += struct.pack("<HHIHH", tag, typ, count, val, 0)
+        else:
+            out += struct.pack("<HHII", tag, typ, count, val)
+    out += struct.pack("<I", 0) + struct.pack("<HHH", 8, 8, 8) + strip
+    return bytes(out)
+
+
 def _peak_rss(pid: int) -> int:
     """Peak resident set (VmHWM) of a live process, in bytes."""
     with open(f"/proc/{pid}/status") as f:
@@ -62,6 +94,12 @@ def _peak_rss(pid: int) -> int:
 @pytest.fixture(scope="module")
 def bomb() -> bytes:
     return png_bomb()
+
+
+@pytest.fixture(scope="module")
+def tiff() -> bytes:
+    """The same bomb in a format whose header hintfs does not read (FFmpeg decodes TIFF)."""
+    return tiff_bomb()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +135,7 @@ def store(tmp_path, bomb, media):
 
 # ---------------------------------------------------------------- in the library
 
-def test_pixel_bomb_is_refused_from_the_header(bomb):
+def test_pixel_bomb_is_refused_from_the_header(bomb, tiff):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.monotonic()
     with pytest.raises(TransformError, match=r"16000x16000 .* over max_pixels=67108864"):
@@ -105,11 +143,11 @@ def test_pixel_bomb_is_refused_from_the_header(bomb):
     assert time.monotonic() - t0 < 0.5                       # was ~5.8 s
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 64 * MiB                                   # was ~770 MB
-    # a header this code does not read is still bounded: FFmpeg gets max_pixels itself
-    hidden = bomb[:12] + b"IHDX" + bomb[16:]
+    # a format whose header is not read here is still bounded: FFmpeg gets max_pixels itself
+    assert transforms.apply("image", tiff_bomb(64, 48, 16), PARAMS, 1)["pixels"].shape == (24, 24, 3)
     t0 = time.monotonic()
-    with pytest.raises(TransformError):
-        transforms.apply("image", hidden, PARAMS, 1)
+    with pytest.raises(TransformError, match="max_pixels"):
+        transforms.apply("image", tiff, PARAMS, 1)
     assert time.monotonic() - t0 < 0.5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < 64 * MiB
 
@@ -364,5 +402,25 @@ def test_bad_sources_are_not_prefetched_and_sources_over_size_are_refused(store)
         with pytest.raises(TransformError, match="max_source_bytes=10"):
             svc.get("png.png", "image", {**PARAMS, "max_source_bytes": 10}, 3)
         assert np.asarray(load_sample(svc.get("png.png", "image", PARAMS, 3)[0])["pixels"]).size
+    finally:
+        svc.close()
+
+
+def test_worker_address_space_cap(store, tiff):
+    """What slips past every size check (a header not read, max_pixels raised) still cannot
+    grow a worker: its address space is capped at baseline + 3 x max_decoded_bytes + 256 MiB."""
+    (store / "hidden.tif").write_bytes(tiff)
+    svc = _service(store)
+    try:
+        small = {**PARAMS, "max_decoded_bytes": MiB}
+        assert svc.get("png.png", "image", small, 1)[1] == "tensor"   # imports fine under the cap
+        pid = svc.pool.pids()[0]
+        t0 = time.monotonic()
+        with pytest.raises(TransformError, match="[Mm]emory"):
+            svc.get("hidden.tif", "image", {**small, "max_pixels": 1 << 32}, 1)
+        assert time.monotonic() - t0 < 3.0
+        assert _peak_rss(pid) < 400 * MiB                  # 768 MB of pixels were never allocated
+        assert svc.pool.pids() == [pid]                    # the worker lives on, uncapped again
+        assert svc.get("png.png", "image", PARAMS, 2)[1] == "tensor"
     finally:
         svc.close()

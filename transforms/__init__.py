@@ -53,5 +53,6 @@ def apply(kind: str, raw: bytes, params: Any, aug_seed: int) -> dict[str, np.nda
         return transform_video(raw, p, aug_seed, deadline=deadline)
     except MemoryError:
         # an allocation over the worker's address-space cap, or a machine out of memory
-        raise TransformError("out of memory while transforming (raise max_decoded_bytes only "
-                             "if the machine can afford it)") from None
+        raise TransformError(f"out of memory while transforming (in the agent: over the worker's "
+                             f"address-space cap, which follows max_decoded_bytes={p.max_decoded_bytes})"
+                             ) from None

@@ -140,7 +140,7 @@ def ffmpeg_max_pixels(params: _Pixels) -> str:
     FFmpeg counts the *coded* size (width and height rounded up to its block alignment), so it
     gets room for that (2x + 4 Mpx); the exact ``max_pixels`` is checked here on the header
     and on the decoded picture."""
-    return str(2 * params.max_pixels + (4 << 20))
+    return str(min(2 * params.max_pixels + (4 << 20), (1 << 31) - 1))   # an int option in FFmpeg
 
 
 def decoder_options(params: _Pixels) -> dict[str, str]:
@@ -179,6 +179,8 @@ def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame"
                 return frame
     except TransformError:
         raise
+    except MemoryError:
+        raise                       # reported by transforms.apply
     except (av.FFmpegError, ValueError, OSError, EOFError) as e:
         hint = ""
         if head is None and isinstance(e, av.error.ArgumentError):

@@ -86,6 +86,8 @@ def _open(raw: bytes, params: VideoParams) -> "av.container.InputContainer":
     try:
         container = av.open(io.BytesIO(raw), mode="r",
                             options={"max_pixels": ffmpeg_max_pixels(params)})
+    except MemoryError:
+        raise                       # reported by transforms.apply
     except _AV_ERRORS as e:
         raise TransformError(f"cannot open video: {e}") from e
     try:
@@ -135,6 +137,8 @@ def build_index(raw: bytes, params: Optional[VideoParams] = None,
                     check_frames(len(pts), params)
                 if deadline is not None and not len(pts) & 255:
                     deadline.check("video indexing")
+        except MemoryError:
+            raise                       # reported by transforms.apply
         except _AV_ERRORS as e:
             raise TransformError(f"cannot demux video (corrupt or truncated): {e}") from e
         if not pts:
@@ -260,6 +264,8 @@ def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
         return out, stats
     except TransformError:
         raise
+    except MemoryError:
+        raise                       # reported by transforms.apply
     except _AV_ERRORS as e:
         raise TransformError(f"cannot decode video (corrupt or truncated): {e}") from e
     finally:
