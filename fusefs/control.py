@@ -2,37 +2,94 @@
 
 Readable files render a snapshot at open (so a reader sees one consistent document).
 Writable files take a JSON document: the mount collects the writes of one open and applies the
-document on close; a bad document fails close() with EINVAL and the reason becomes readable in
-the sibling `<name>.error` file (and is logged). Nothing is applied partly: `apply` validates
-everything before it changes anything.
+document on close. The steps of a write, in order, each able to refuse it (EINVAL, the reason in
+the sibling `<name>.error`, logged once), and nothing applied before the last:
 
-Later features add directories of writable files (`hints/<job>`, `signals/<job>`,
-`plans/<job>`) by registering a `ControlDir` with a handler.
+1. the writes themselves: a document over `MAX_CONTROL_WRITE` fails `write()` with EFBIG and the
+   whole document is then refused at close (a failed write applies nothing, not its prefix);
+2. `parse_json_document`: UTF-8 JSON, bounded in size and depth;
+3. `ControlFile.parse`: the typed, bounded schema of that file (pure, no I/O);
+4. who may say it (`may_write`): the mount's owner and root may write any control file; another
+   user may write a job file it created (files are owned by their creator, directories are
+   sticky like /tmp) and only about store paths it may read itself (`names` lists them; their
+   permissions are checked against the caller's uid, gid and groups in a worker thread);
+5. `prepare` (blocking work such as reading a plan, in a worker thread), then `apply` (in the
+   trio loop, bounded work only).
+
+Who may write which file is documented in docs/security.md.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
+import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 log = logging.getLogger("hintfs.control")
 
 MAX_CONTROL_WRITE = 16 << 20  # a control document larger than this is refused (EFBIG)
+MAX_JSON_DEPTH = 64           # deeper nesting is refused before json.loads recurses
+MAX_JOB_FILES = 1024          # job files in one control directory (hints/, plans/, signals/)
 
 
 class ControlInputError(ValueError):
     """A control write that is not accepted; the message is what `<name>.error` shows."""
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who wrote a control document: the FUSE request's uid and gid and the process's groups."""
+    uid: int
+    gid: int
+    groups: frozenset = frozenset()
+
+    @classmethod
+    def of(cls, ctx) -> "Caller":
+        return cls(ctx.uid, ctx.gid, _groups_of(ctx.pid))
+
+    def privileged(self) -> bool:
+        return self.uid in (0, os.getuid())
+
+
+def _groups_of(pid: int) -> frozenset:
+    """The supplementary groups of `pid` (FUSE requests carry only uid and gid)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return frozenset()
+
+
+def may_read(st, caller: Caller) -> bool:
+    """Whether `caller` may read a file with these attributes (POSIX mode bits; no ACLs)."""
+    mode = stat_mod.S_IMODE(st.mode)
+    if caller.uid == 0:
+        return True
+    if st.uid == caller.uid:
+        return bool(mode & 0o400)
+    if st.gid == caller.gid or st.gid in caller.groups:
+        return bool(mode & 0o040)
+    return bool(mode & 0o004)
+
+
 @dataclass
 class ControlFile:
     name: str
     render: Optional[Callable[[], bytes]] = None          # read side
-    apply: Optional[Callable[[object], None]] = None       # write side: takes parsed JSON
-    # Optional blocking step before `apply` (reading a file the document names), run in a worker
-    # thread; it gets the parsed JSON and returns what `apply` gets. Raises ControlInputError.
+    apply: Optional[Callable[[object], None]] = None       # write side: takes what parse/prepare gave
+    parse: Optional[Callable[[object], object]] = None     # JSON -> typed document; ControlInputError
+    # Blocking step before `apply` (reading a file the document names), run in a worker thread;
+    # it gets the parsed document and returns what `apply` gets. Raises ControlInputError.
     prepare: Optional[Callable[[object], object]] = None
+    names: Optional[Callable[[object], list[str]]] = None  # store paths the document names
+    owner_only: bool = False        # only the mount's owner (and root) may write it at all
+    uid: int = field(default_factory=os.getuid)            # who created it (owns its job)
+    gid: int = field(default_factory=os.getgid)
     last_error: str = ""
     _error_view: Optional["ErrorView"] = field(default=None, repr=False)
 
@@ -46,10 +103,17 @@ class ControlFile:
             self._error_view = ErrorView(self)
         return self._error_view
 
+    def may_open_for_write(self, caller: Caller) -> bool:
+        if not self.writable:
+            return False
+        if caller.privileged():
+            return True
+        return not self.owner_only and caller.uid == self.uid
+
 
 @dataclass
 class ControlDir:
-    """A directory of control files; `make_file(name)` creates entries written into it."""
+    """A directory of control files; `make_file(name, caller)` creates entries written into it."""
     name: str
     files: dict[str, ControlFile] = field(default_factory=dict)
     dirs: dict[str, "ControlDir"] = field(default_factory=dict)
@@ -63,6 +127,9 @@ class ControlDir:
         self.dirs[d.name] = d
         return d
 
+    def job_files(self) -> int:
+        return sum(1 for f in self.files.values() if f.writable)
+
     def entries(self) -> list[str]:
         names = list(self.dirs)
         for n, f in self.files.items():
@@ -72,7 +139,7 @@ class ControlDir:
         return sorted(names)
 
     def child(self, name: str):
-        """A ControlDir, a ControlFile, or ('error', ControlFile) for `<name>.error`."""
+        """A ControlDir, a ControlFile, or an ErrorView for `<name>.error`."""
         if name in self.dirs:
             return self.dirs[name]
         if name in self.files:
@@ -96,7 +163,7 @@ class ErrorView:
 
 
 def validation_reason(err) -> str:
-    """One line for a control document refused by pydantic: `key: reason` of the first error."""
+    """One line for a document refused by pydantic: `key: reason` of the first error."""
     e = err.errors()[0]
     where = ".".join(str(p) for p in e["loc"]) or "(document)"
     msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
@@ -105,47 +172,104 @@ def validation_reason(err) -> str:
     return f"{where}: {msg}".replace("\n", " ")
 
 
+def _depth_ok(text: str) -> bool:
+    """Whether the JSON text nests at most MAX_JSON_DEPTH deep (brackets outside strings)."""
+    depth = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
 def parse_json_document(data: bytes) -> object:
     if len(data) > MAX_CONTROL_WRITE:
         raise ControlInputError(f"document of {len(data)} bytes exceeds {MAX_CONTROL_WRITE}")
     try:
-        return json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ControlInputError(f"not UTF-8: {err}") from None
+    if not _depth_ok(text):
+        raise ControlInputError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise ControlInputError(f"invalid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except (ValueError, RecursionError) as err:   # e.g. an integer over Python's digit limit
+        raise ControlInputError(f"invalid JSON: {err}") from None
 
 
-async def apply_write(f: ControlFile, data: bytes) -> None:
-    """Parse and apply one written document; record the reason on failure and re-raise.
-    `prepare` runs in a thread (the trio loop never blocks on it); `apply` runs in the loop."""
+def check_readable(store, paths: list[str], caller: Caller) -> None:
+    """Blocking (a worker thread): every named store path exists and `caller` may read it."""
+    for path in paths:
+        try:
+            st = store.stat(path)
+        except FileNotFoundError:
+            raise ControlInputError(f"{path}: does not exist") from None
+        except OSError as err:
+            raise ControlInputError(f"{path}: {err.strerror or err}") from None
+        if not may_read(st, caller):
+            raise ControlInputError(f"{path}: permission denied for uid {caller.uid}")
+
+
+def refuse(f: ControlFile, reason: str) -> None:
+    """Record and log one refusal; the reason replaces whatever the previous write left."""
+    f.last_error = reason
+    log.warning("refused write to .hintfs/%s: %s", f.name, reason)
+
+
+async def apply_write(f: ControlFile, data: bytes, caller: Caller, store=None) -> None:
+    """Parse, authorize, prepare and apply one written document; on refusal record the reason
+    and raise ControlInputError. Blocking steps run in worker threads; nothing changes before
+    `apply`."""
+    import trio
     try:
         doc = parse_json_document(data)
+        if f.parse is not None:
+            doc = f.parse(doc)
+        if f.names is not None and not caller.privileged():
+            if store is None:
+                raise ControlInputError("only the mount's owner may write this file")
+            await trio.to_thread.run_sync(check_readable, store, f.names(doc), caller)
         if f.prepare is not None:
-            import trio
             doc = await trio.to_thread.run_sync(f.prepare, doc)
         f.apply(doc)
     except ControlInputError as err:
-        f.last_error = str(err)
-        log.warning("refused write to .hintfs/%s: %s", f.name, err)
+        refuse(f, str(err))
         raise
     f.last_error = ""
 
 
 def loglevel_file() -> ControlFile:
-    """`.hintfs/loglevel`: read the level, write {"level": "DEBUG"} to change it live."""
+    """`.hintfs/loglevel`: read the level; the mount's owner writes {"level": "DEBUG"} to change it."""
     levels = ("DEBUG", "INFO", "WARNING", "ERROR")
 
     def render() -> bytes:
         return (json.dumps({"level": logging.getLevelName(logging.getLogger("hintfs").getEffectiveLevel())}) + "\n").encode()
 
-    def apply(doc: object) -> None:
+    def parse(doc: object) -> str:
         if not isinstance(doc, dict) or set(doc) != {"level"}:
             raise ControlInputError('expected {"level": "DEBUG"|"INFO"|"WARNING"|"ERROR"}')
         level = str(doc["level"]).upper()
         if level not in levels:
-            raise ControlInputError(f"level: {doc['level']!r} is not one of {', '.join(levels)}")
+            raise ControlInputError(f"level: {str(doc['level'])[:40]!r} is not one of {', '.join(levels)}")
+        return level
+
+    def apply(level: str) -> None:
         logging.getLogger("hintfs").setLevel(level)
         log.warning("log level set to %s through .hintfs/loglevel", level)
 
-    return ControlFile("loglevel", render=render, apply=apply)
+    return ControlFile("loglevel", render=render, parse=parse, apply=apply, owner_only=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import posixpath
 import random
 import time
 from dataclasses import dataclass, field
@@ -21,30 +20,38 @@ from typing import Optional
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.paths import user_relpath
 from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
 from .control import ControlDir, ControlFile, ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.hints")
 
 
+MAX_READERS = 1 << 24    # expected readers of one file: far above any cluster's rank count
+
+
 class HintDocument(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     files: dict[str, int] = Field(min_length=1)
-    safe_readers_per_replica: Optional[int] = Field(None, ge=1)
+    safe_readers_per_replica: Optional[int] = Field(None, ge=1, le=MAX_READERS)
     ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
     deadline_s: float = Field(300.0, gt=0, le=86400)
 
     @field_validator("files")
     @classmethod
     def _paths_inside(cls, files: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
         for path, readers in files.items():
-            norm = posixpath.normpath(path) if path else ""
-            if (not path or path.startswith("/") or norm != path or norm.startswith("..")
-                    or norm.split("/")[0] == ".hintfs" or "\0" in path):
-                raise ValueError(f"{path!r} is not a normalized path inside the mount")
-            if not isinstance(readers, int) or readers < 1:
-                raise ValueError(f"{path!r}: expected_readers must be an integer >= 1")
-        return files
+            try:
+                rel = user_relpath(path, what="file")
+            except OSError as err:
+                raise ValueError(err.strerror) from None
+            if rel in out:
+                raise ValueError(f"{path!r} names the same file as another entry")
+            if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
+                raise ValueError(f"{path!r}: expected_readers must be an integer in 1..{MAX_READERS}")
+            out[rel] = readers
+        return out
 
 
 def parse_hint(doc: object, max_files: int) -> HintDocument:
@@ -108,15 +115,14 @@ class HintsManager:
         return d
 
     def _job_file(self, d: ControlDir, name: str) -> ControlFile:
-        def apply(doc: object) -> None:
-            self.submit(name, parse_hint(doc, self.cfg.replicas.max_hint_files))
-
         def render() -> bytes:
             job = self.jobs.get(name)
             return (job.doc.model_dump_json() + "\n").encode() if job else b""
 
         d.add(ControlFile(name + ".status", render=lambda: self.status_json(name)))
-        return ControlFile(name, render=render, apply=apply)
+        return ControlFile(name, render=render,
+                           parse=lambda doc: parse_hint(doc, self.cfg.replicas.max_hint_files),
+                           names=lambda doc: list(doc.files), apply=lambda doc: self.submit(name, doc))
 
     def status(self, name: str) -> dict:
         job = self.jobs.get(name)

@@ -21,7 +21,8 @@ import pyfuse3
 import trio
 
 from common import paths
-from .control import ControlDir, ControlFile, ControlInputError, ErrorView, MAX_CONTROL_WRITE, apply_write
+from .control import (MAX_CONTROL_WRITE, MAX_JOB_FILES, Caller, ControlDir, ControlFile, ControlInputError,
+                      ErrorView, apply_write, refuse)
 from .errors import StoreError, errno_of
 from .inodes import Inode, InodeTable
 from .routedstore import route_of
@@ -84,14 +85,16 @@ class WriteHandle:
 
 
 class ControlHandle:
-    __slots__ = ("inode", "node", "content", "written", "dirty")
+    __slots__ = ("inode", "node", "content", "written", "dirty", "caller", "failed")
 
-    def __init__(self, inode: Inode, node, content: bytes):
+    def __init__(self, inode: Inode, node, content: bytes, caller: Caller):
         self.inode = inode
         self.node = node
         self.content = content
         self.written = bytearray()
         self.dirty = False
+        self.caller = caller
+        self.failed = ""    # a write() of this open failed: the document is refused whole
 
 
 class TensorHandle:
@@ -200,11 +203,15 @@ class Operations(pyfuse3.Operations):
         node = inode.control
         a = pyfuse3.EntryAttributes()
         a.st_ino = inode.ino
+        # Directories where jobs create files are sticky like /tmp; a job file belongs to the user
+        # who created it (and the mount's owner); everything else is read-only.
+        a.st_uid, a.st_gid = os.getuid(), os.getgid()
         if isinstance(node, ControlDir):
-            a.st_mode = stat_mod.S_IFDIR | (0o755 if node.make_file is None else 0o777)
+            a.st_mode = stat_mod.S_IFDIR | (0o755 if node.make_file is None else 0o1777)
             a.st_nlink = 2
         elif isinstance(node, ControlFile) and node.writable:
-            a.st_mode = stat_mod.S_IFREG | (0o666 if node.render is None else 0o666)
+            a.st_mode = stat_mod.S_IFREG | 0o644
+            a.st_uid, a.st_gid = node.uid, node.gid
         else:
             a.st_mode = stat_mod.S_IFREG | 0o444
         a.st_size = 0  # content is generated; control files are opened with direct_io
@@ -515,7 +522,7 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         node = self._inode(inode)
         if node.control is not None:
-            return self._open_control(node, flags)
+            return self._open_control(node, flags, Caller.of(ctx))
         if node.virtual is not None:
             return await self._open_tensor(node, flags)
         fi = pyfuse3.FileInfo()
@@ -579,7 +586,7 @@ class Operations(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):
         parent = self._inode(parent_inode)
         if parent.control is not None:
-            return await self._create_control(parent, name, flags)
+            return await self._create_control(parent, name, flags, Caller.of(ctx))
         path = paths.child(parent.path, name)
         if paths.is_hidden_name(path.rsplit("/", 1)[-1]):
             raise pyfuse3.FUSEError(errno.EACCES)
@@ -644,6 +651,8 @@ class Operations(pyfuse3.Operations):
         if isinstance(h, ControlHandle):
             end = off + len(buf)
             if end > MAX_CONTROL_WRITE:
+                h.failed = f"document larger than {MAX_CONTROL_WRITE} bytes (EFBIG): nothing applied"
+                h.dirty = True
                 raise pyfuse3.FUSEError(errno.EFBIG)
             if len(h.written) < end:
                 h.written.extend(b"\0" * (end - len(h.written)))
@@ -808,41 +817,55 @@ class Operations(pyfuse3.Operations):
         return await self._io(read)
 
     # -- control files -------------------------------------------------------------------------
-    def _open_control(self, node: Inode, flags: int) -> pyfuse3.FileInfo:
+    def _open_control(self, node: Inode, flags: int, caller: Caller) -> pyfuse3.FileInfo:
         target = node.control
         if isinstance(target, ControlDir):
             raise pyfuse3.FUSEError(errno.EISDIR)
         accmode = flags & os.O_ACCMODE
-        if accmode != os.O_RDONLY and not (isinstance(target, ControlFile) and target.writable):
-            raise pyfuse3.FUSEError(errno.EACCES)
-        if accmode == os.O_RDONLY and getattr(target, "render", None) is None:
+        if accmode != os.O_RDONLY and not (isinstance(target, ControlFile) and target.may_open_for_write(caller)):
             raise pyfuse3.FUSEError(errno.EACCES)
         render = getattr(target, "render", None)
+        if accmode == os.O_RDONLY and render is None:
+            raise pyfuse3.FUSEError(errno.EACCES)
         content = render() if accmode != os.O_WRONLY and render is not None else b""
         fh = next(self._fh)
-        self.handles[fh] = ControlHandle(node, target, content)
+        self.handles[fh] = ControlHandle(node, target, content, caller)
         node.opens += 1
         return pyfuse3.FileInfo(fh=fh, direct_io=True)
 
-    async def _create_control(self, parent: Inode, name: bytes, flags: int):
+    async def _create_control(self, parent: Inode, name: bytes, flags: int, caller: Caller):
         ctl: ControlDir = parent.control
         text = name.decode("utf-8", "surrogateescape")
         node = ctl.child(text)
         if node is None:
-            if ctl.make_file is None or "/" in text or text.endswith(".error") or text.startswith("."):
+            if ctl.make_file is None:
                 raise pyfuse3.FUSEError(errno.EACCES)
-            node = ctl.add(ctl.make_file(text))
+            try:
+                paths.job_name(text)
+            except OSError as err:
+                log.warning("refused to create .hintfs/%s/%s: %s", ctl.name, text[:80], err.strerror)
+                raise pyfuse3.FUSEError(errno.EINVAL) from None
+            if ctl.job_files() >= MAX_JOB_FILES:
+                log.warning("refused to create .hintfs/%s/%s: %d job files exist", ctl.name, text, MAX_JOB_FILES)
+                raise pyfuse3.FUSEError(errno.ENOSPC)
+            node = ctl.make_file(text)
+            node.uid, node.gid = caller.uid, caller.gid
+            ctl.add(node)
         inode = self.control_inode(node)
-        fi = self._open_control(inode, flags | os.O_WRONLY)
+        fi = self._open_control(inode, flags | os.O_WRONLY, caller)
         return fi, self._control_attrs(inode)
 
     async def _apply_control(self, h: ControlHandle) -> None:
         if not h.dirty:
             return
         h.dirty = False
+        if h.failed:
+            refuse(h.node, h.failed)
+            self.stats.add("control_refused")
+            raise pyfuse3.FUSEError(errno.EINVAL)
         data = bytes(h.written)
         try:
-            await apply_write(h.node, data)
+            await apply_write(h.node, data, h.caller, self.store)
         except ControlInputError:
             self.stats.add("control_refused")
             raise pyfuse3.FUSEError(errno.EINVAL)

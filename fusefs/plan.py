@@ -33,6 +33,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.paths import user_relpath
 from policy.plan import CostModel, PlanSpec, build_chunks, features, fill_missing, listing_hash, summarize_ratios
 from .control import ControlInputError, validation_reason
 
@@ -42,6 +43,7 @@ META_KEY = b"hintfs.plan"
 FORMAT_VERSION = 1
 COLUMNS = ("step", "rank", "slot", "sample", "aug_seed", "est_cost_ms")
 MAX_LOOKAHEAD = 4096
+MAX_STEP = 1 << 48
 
 
 def _schema():
@@ -52,17 +54,12 @@ def _schema():
 
 # -- relpaths ------------------------------------------------------------------------------------
 def normalize_relpath(path: str, what: str = "path") -> str:
-    """A normalized relative POSIX path inside the mount, or ValueError with the reason."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise ValueError(f"{what} must be a non-empty path")
-    if path.startswith("/"):
-        raise ValueError(f"{what} {path!r} must be relative to the mount")
-    norm = posixpath.normpath(path)
-    if norm in (".", "") or norm == ".." or norm.startswith("../"):
-        raise ValueError(f"{what} {path!r} escapes the mount")
-    if norm.split("/")[0] == ".hintfs":
-        raise ValueError(f"{what} {path!r} is inside .hintfs")
-    return norm
+    """A store path a plan names, by the one path rule (`common.paths.user_relpath`); ValueError
+    with the reason otherwise."""
+    try:
+        return user_relpath(path, what=what)
+    except OSError as err:
+        raise ValueError(err.strerror) from None
 
 
 # -- dataset listings ----------------------------------------------------------------------------
@@ -293,17 +290,19 @@ def read_steps(path: str, start: int = 0, stop: Optional[int] = None, rank: Opti
 
 # -- registration ---------------------------------------------------------------------------------
 class PlanRegistration(BaseModel):
-    """The document written to `.hintfs/plans/<job>`."""
+    """The document written to `.hintfs/plans/<job>`: a registration (with `plan`) or a step-only
+    update of a registered job; both are validated here, the same way."""
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    plan: str = Field(description="the plan's relpath inside the mount")
-    step: int = Field(ge=0, description="the step the job is consuming now")
+    plan: Optional[str] = Field(None, description="the plan's relpath inside the mount (absent: a step "
+                                "update of the job's registered plan)")
+    step: int = Field(ge=0, le=MAX_STEP, description="the step the job is consuming now")
     lookahead: Optional[int] = Field(None, ge=0, le=MAX_LOOKAHEAD,
                                      description="steps to prepare ahead (the config's default if absent)")
 
     @field_validator("plan")
     @classmethod
-    def _plan_inside(cls, v: str) -> str:
-        return normalize_relpath(v, "path")
+    def _plan_inside(cls, v: Optional[str]) -> Optional[str]:
+        return None if v is None else normalize_relpath(v, "plan")
 
 
 def parse_plan_registration(doc: object) -> PlanRegistration:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 import time
 from typing import Literal
 
 import trio
+
+from common.paths import user_relpath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .control import ControlDir, ControlFile, ControlInputError, validation_reason
@@ -21,7 +22,7 @@ log = logging.getLogger("hintfs.signals")
 
 
 class Signal(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     path: str = Field(min_length=1)
     kind: Literal["loss_spike", "grad_norm_spike", "clear"]
     severity: float = Field(1.0, ge=0, le=1e6)
@@ -29,9 +30,17 @@ class Signal(BaseModel):
     @field_validator("path")
     @classmethod
     def _inside(cls, v: str) -> str:
-        if v.startswith("/") or posixpath.normpath(v) != v or v.startswith(".."):
-            raise ValueError(f"{v!r} is not a normalized path inside the mount")
-        return v
+        try:
+            return user_relpath(v, what="path")
+        except OSError as err:
+            raise ValueError(err.strerror) from None
+
+
+def parse_signal(doc: object) -> Signal:
+    try:
+        return Signal.model_validate(doc)
+    except ValidationError as err:
+        raise ControlInputError(validation_reason(err)) from None
 
 
 class SignalForwarder:
@@ -44,18 +53,15 @@ class SignalForwarder:
 
     def control_dir(self) -> ControlDir:
         d = ControlDir("signals")
-        d.make_file = lambda job: ControlFile(job, render=lambda: self._render(job),
-                                              apply=lambda doc: self.submit(job, doc))
+        d.make_file = lambda job: ControlFile(job, render=lambda: self._render(job), parse=parse_signal,
+                                              names=lambda sig: [sig.path],
+                                              apply=lambda sig: self.submit(job, sig))
         return d
 
     def _render(self, job: str) -> bytes:
         return (json.dumps(self.last[job]) + "\n").encode() if job in self.last else b""
 
-    def submit(self, job: str, doc: object) -> None:
-        try:
-            sig = Signal.model_validate(doc)
-        except ValidationError as err:
-            raise ControlInputError(validation_reason(err)) from None
+    def submit(self, job: str, sig: Signal) -> None:
         if not self.agents:
             raise ControlInputError("no [[routes]] agents to signal: signals steer the cross-DC link")
         self.last[job] = {**sig.model_dump(), "at": time.time(), "forwarded": False}

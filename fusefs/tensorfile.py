@@ -30,6 +30,8 @@ log = logging.getLogger("hintfs.tensorfile")
 
 SUFFIX = ".tensor"
 CONSUMED_PENALTY = 2   # steps: see TensorFiles._locate
+MAX_PLAN_BYTES = 1 << 30          # a plan file larger than this is refused at registration
+MAX_WINDOW_SAMPLES = 50_000       # samples asked of the agents in one plan window
 
 
 @dataclass
@@ -54,6 +56,9 @@ def _load_plan_rows(store, rel: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
     reader, st = store.open_reader(rel)
+    if st.size > MAX_PLAN_BYTES:
+        reader.close()
+        raise ValueError(f"{st.size} bytes is over the {MAX_PLAN_BYTES}-byte limit for plans")
     try:
         data = reader.read(0, st.size)
     finally:
@@ -235,9 +240,12 @@ class TensorFiles:
 
     # -- plan registration ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
+        from .plan import parse_plan_registration
         d = ControlDir("plans")
         d.make_file = lambda name: ControlFile(name, render=lambda: self._render(name),
-                                               prepare=lambda doc: self.prepare(name, doc),
+                                               parse=parse_plan_registration,
+                                               names=lambda reg: [reg.plan] if reg.plan is not None else [],
+                                               prepare=lambda reg: self.prepare(name, reg),
                                                apply=lambda prepared: self.install(name, prepared))
         return d
 
@@ -249,22 +257,14 @@ class TensorFiles:
                             "rank_steps": {str(r): s for r, s in sorted(plan.rank_step.items())},
                             "lookahead": plan.lookahead, "steps": len(plan.steps)}) + "\n").encode()
 
-    def prepare(self, job: str, doc: object):
-        """Validate a registration and read its plan (blocking: a worker thread); nothing changes."""
-        if not isinstance(doc, dict) or not set(doc) <= {"plan", "step", "lookahead"} or "step" not in doc:
-            raise ControlInputError('expected {"plan": relpath, "step": N, "lookahead"?: W}')
-        step = doc["step"]
-        if not isinstance(step, int) or step < 0:
-            raise ControlInputError("step: must be an integer >= 0")
-        lookahead = doc.get("lookahead", self.lookahead_default)
-        if not isinstance(lookahead, int) or lookahead < 0:
-            raise ControlInputError("lookahead: must be an integer >= 0")
-        if "plan" not in doc:
-            return ("step", step, lookahead)
-        from .plan import parse_plan_registration
-        reg = parse_plan_registration(doc)   # one validation for the mount and the helpers
-        path, step = reg.plan, reg.step
+    def prepare(self, job: str, reg):
+        """Read a registration's plan (blocking: a worker thread); nothing changes. `reg` is a
+        validated `plan.PlanRegistration`: a step-only update carries no plan."""
+        step = reg.step
         lookahead = reg.lookahead if reg.lookahead is not None else self.lookahead_default
+        if reg.plan is None:
+            return ("step", step, lookahead)
+        path = reg.plan
         try:
             steps, ranks, samples, seeds = _load_plan_rows(self.store, path)
         except FileNotFoundError:
@@ -309,8 +309,20 @@ class TensorFiles:
                 continue
             want: dict[str, list] = {}
             keep: dict[str, list] = {}
-            for s in range(plan.step, plan.front + plan.lookahead + 1):
+            # Only steps the plan has, from the slowest rank to the front + lookahead: the work is
+            # bounded by the plan's rows in that window, never by the numbers in a document, and
+            # the loop yields to the mount at every step.
+            lo = bisect.bisect_left(plan.steps, plan.step)
+            hi = bisect.bisect_right(plan.steps, plan.front + plan.lookahead)
+            items = 0
+            for s in plan.steps[lo:hi]:
+                await trio.lowlevel.checkpoint()
+                if items >= MAX_WINDOW_SAMPLES:
+                    log.warning("plan %s: window past step %d holds over %d samples; the rest waits",
+                                job, s, MAX_WINDOW_SAMPLES)
+                    break
                 for sample, seed, _rank in plan.by_step.get(s, ()):
+                    items += 1
                     m = self.match(sample + SUFFIX)
                     if m is None:
                         continue

@@ -48,9 +48,14 @@ def test_hint_replicates_and_reads_come_from_replicas(mount_factory, tmp_path):
 
 @pytest.mark.parametrize("doc, reason", [
     ("{not json", "invalid JSON"),
-    ({"files": {"../etc/passwd": 3}}, "inside the mount"),
-    ({"files": {"/abs": 3}}, "inside the mount"),
-    ({"files": {".hintfs/stats": 3}}, "inside the mount"),
+    ({"files": {"../etc/passwd": 3}}, "contains '..'"),
+    ({"files": {"sub/../../x": 3}}, "contains '..'"),
+    ({"files": {"/abs": 3}}, "not absolute"),
+    ({"files": {".hintfs/stats": 3}}, "inside .hintfs"),
+    ({"files": {".": 3}}, "store root"),
+    ({"files": {"a": 10 ** 400}}, "expected_readers"),
+    ({"files": {"a": 1}, "ttl_s": 1e308}, "ttl_s"),
+    ("[" * 100000 + "]" * 100000, "nested deeper"),
     ({"files": {"a": 0}}, "expected_readers"),
     ({"files": {"a": 1}, "ttl": 5}, "unknown key"),
     ({"files": {}}, "files"),
@@ -182,4 +187,4 @@ def test_hints_cli(mount_factory, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"../x": 4}))
     r = subprocess.run(HINTFS + ["hints", "set", str(m.mnt), "bad", "--file", str(tmp_path / "bad.json")],
                        capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 1 and "inside the mount" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "contains '..'" in r.stderr and "Traceback" not in r.stderr
