@@ -140,7 +140,7 @@ def test_pixel_bomb_is_refused_from_the_header(bomb, tiff):
     t0 = time.monotonic()
     with pytest.raises(TransformError, match=r"16000x16000 .* over max_pixels=67108864"):
         transforms.apply("image", bomb, PARAMS, 1)
-    assert time.monotonic() - t0 < 0.5                       # was ~5.8 s
+    assert time.monotonic() - t0 < 1.0                       # was ~5.8 s
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 64 * MiB                                   # was ~770 MB
     # a format whose header is not read here is still bounded: FFmpeg gets max_pixels itself
@@ -148,7 +148,7 @@ def test_pixel_bomb_is_refused_from_the_header(bomb, tiff):
     t0 = time.monotonic()
     with pytest.raises(TransformError, match="max_pixels"):
         transforms.apply("image", tiff, PARAMS, 1)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 1.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < 64 * MiB
 
 
@@ -212,7 +212,7 @@ def test_pixel_bomb_through_the_sample_service(store, caplog):
         with caplog.at_level("ERROR", logger="hintfs.samples"):
             with pytest.raises(TransformError, match="max_pixels"):
                 svc.get("bomb.png", "image", PARAMS, 1)
-        assert time.monotonic() - t0 < 1.0                         # was ~5.8 s
+        assert time.monotonic() - t0 < 2.0                         # was ~5.8 s
         assert _peak_rss(pid) < 300 * MiB                           # was ~800 MB
         lines = [r.getMessage() for r in caplog.records if "bomb.png" in r.getMessage()]
         assert len(lines) == 1 and "max_pixels=67108864" in lines[0]   # the file and the limit, once
@@ -248,7 +248,7 @@ def test_pixel_bomb_through_a_real_agent(tmp_path, store):
         with pytest.raises(OSError) as exc:
             client.sample("bomb.png", "image", pjson, 1)
         assert exc.value.errno == errno.EIO and "max_pixels" in str(exc.value)
-        assert time.monotonic() - t0 < 1.5
+        assert time.monotonic() - t0 < 2.0
         assert _peak_rss(pid) < 300 * MiB                           # the worker's peak
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < 64 * MiB  # the agent's
         assert decode(client.sample("png.png", "image", pjson, 2))[0].mode == "tensor"
