@@ -70,6 +70,8 @@ def transform_to_container(kind: str, raw: bytes, params_json: str, aug_seed: in
     """Runs in a worker process: decode + transform + encode the `.tensor` bytes, with the
     address space capped for the sample's `max_decoded_bytes`."""
     import transforms
+    import transforms.image  # noqa: F401  (loads av and FFmpeg's libraries before the cap)
+    import transforms.video  # noqa: F401
     from transforms.container import encode_tensor, make_meta
     from transforms.params import parse_params
     p = parse_params(kind, params_json)
