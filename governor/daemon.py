@@ -26,9 +26,9 @@ from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 from governor.pagebroker import PageBroker, close_fds
 from governor.protocol import (
-    ACK_ABORTED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, MAX_FDS_PER_MESSAGE, ROLE_INFERENCE,
+    ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, MAX_FDS_PER_MESSAGE, ROLE_INFERENCE,
     ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
-    W_SEQ, W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_CMD_T, ControlBlock, LineBuffer,
+    W_SEQ, W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_CMD_T, W_FREED, ControlBlock, LineBuffer,
     ProtocolError, SlotWriter, decode, encode, now_ns, shm_path, validate_request, HEADER_WORDS,
     SLOT_WORDS,
 )
@@ -73,6 +73,7 @@ class Conn:
     accept_pages: bool = False          # inference: take lent pages (fds) with its grants
     lent_seq: int = 0                   # training: the last command whose pages arrived
     pages_event: trio.Event = field(default_factory=trio.Event)
+    drain_bound_s: float = 0.0          # training: how long its stop can take (its usage report)
 
 
 class GovernorDaemon:
@@ -146,10 +147,18 @@ class GovernorDaemon:
             await trio.serve_listeners(self._handle, [listener], handler_nursery=nursery)
 
     # --- policy helpers ---------------------------------------------------------------
+    def reclaim_estimate_s(self, st: GpuState) -> float:
+        """How long a reclaim is expected to take: the EWMA of measured reclaims, but never less
+        than what a training client says its stop can take (its bounded drain), so that the
+        headroom covers the arrivals of a slow stop before one was measured."""
+        bound = max((c.drain_bound_s for c in self.conns.values()
+                     if c.gpu == st.ledger.index and c.entry.role is Role.TRAINING), default=0.0)
+        return max(st.reclaim_s.value, bound)
+
     def headroom(self, st: GpuState) -> int:
         now = time.monotonic()
         return headroom_bytes(
-            rate_per_s=st.arrivals.rate(now), reclaim_s=st.reclaim_s.value,
+            rate_per_s=st.arrivals.rate(now), reclaim_s=self.reclaim_estimate_s(st),
             bytes_per_arrival=st.arrivals.size_quantile(self.cfg.headroom_quantile),
             quantile=self.cfg.headroom_quantile, floor_bytes=self.cfg.min_headroom_bytes,
             cap_bytes=st.ledger.usable_bytes // 2)
@@ -260,6 +269,7 @@ class GovernorDaemon:
                 except (ValueError, TypeError):
                     raise ProtocolError(f"usage: bad kind or value {k!r}") from None
             st.ledger.report(conn.client_id, usage)
+            conn.drain_bound_s = float(msg.get("drain_ms", 0.0)) / 1e3
             return {"ok": True}, conn
         if conn.entry.role is not Role.INFERENCE:
             raise ProtocolError(f"{op}: only inference clients reserve memory")
@@ -402,7 +412,9 @@ class GovernorDaemon:
         """Split of the slowest acknowledging client: detect (command → safe point), drain
         (safe point → GPU idle), release (→ memory returned), ack (→ daemon saw the ack).
         `released`: the client physically gave memory back (else it was already under target);
-        `aborted`: it dropped an unfinished micro-batch to do so. Only clients that acked this
+        `aborted`: it dropped an unfinished micro-batch to do so; `freed`: the client's held
+        bytes went down by `freed_mib` (an abort early in a micro-batch can run the release path
+        and free nothing). Only clients that acked this
         command count: their stamps belong to it. With none (memory came free another way, e.g.
         a late ack of an earlier command) there is no split."""
         worst = None
@@ -413,13 +425,15 @@ class GovernorDaemon:
             s = st.block.slots[c.entry.slot]
             det, dr, rel = int(s[W_T_DETECT]), int(s[W_T_DRAINED]), int(s[W_T_RELEASED])
             if det and dr and rel and (worst is None or rel > worst[2]):
-                worst = (det, dr, rel, int(s[W_ACK_FLAGS]))
+                worst = (det, dr, rel, int(s[W_ACK_FLAGS]), int(s[W_FREED]))
         out = {"total": (t_done - t0) / 1e6, "reclaim": (t_done - t_cmd) / 1e6}
         if worst:
             out.update(detect=(worst[0] - t_cmd) / 1e6, drain=(worst[1] - worst[0]) / 1e6,
                        release=(worst[2] - worst[1]) / 1e6, ack=(t_done - worst[2]) / 1e6,
                        released=bool(worst[3] & ACK_RELEASED),
-                       aborted=bool(worst[3] & ACK_ABORTED), lent=bool(worst[3] & ACK_LENT))
+                       aborted=bool(worst[3] & ACK_ABORTED), lent=bool(worst[3] & ACK_LENT),
+                       freed=bool(worst[3] & ACK_FREED),
+                       freed_mib=(worst[4] if worst[3] & ACK_FREED else 0) / (1 << 20))
         return out
 
     async def _stop_training(self, st: GpuState, cids: list[int]) -> None:
@@ -488,6 +502,7 @@ class GovernorDaemon:
         snap = st.ledger.snapshot()
         snap["headroom_bytes"] = self.headroom(st)
         snap["training_target_bytes"] = self.training_target(st)
+        snap["reclaim_estimate_ms"] = self.reclaim_estimate_s(st) * 1e3
         adj = [a["reclaim"] for a in st.adjustments]
         snap["adjustments"] = len(adj)
         snap["pages"] = st.broker.stats()

@@ -46,13 +46,14 @@ H_MAGIC, H_VERSION, H_MAX_CLIENTS, H_SLOT_WORDS, H_TOTAL, H_USABLE = range(6)
 
 # slot words
 (W_OWNER, W_QUOTA, W_CMD, W_TARGET, W_CMD_T, W_SEQ, W_ACK, W_USED, W_T_DETECT, W_T_DRAINED,
- W_T_RELEASED, W_HEARTBEAT, W_BUSY, W_ROLE, W_ACK_FLAGS) = range(15)
+ W_T_RELEASED, W_HEARTBEAT, W_BUSY, W_ROLE, W_ACK_FLAGS, W_FREED) = range(16)
 
 CMD_NONE, CMD_SHRINK, CMD_GROW, CMD_STOP = 0, 1, 2, 3
 # ACK_FLAGS bits: what the acknowledged shrink cost the client (for the timing split)
 ACK_RELEASED = 1  # memory was physically returned (drain + release ran)
 ACK_ABORTED = 2   # an unfinished micro-batch was dropped to get there
 ACK_LENT = 4      # the released pages were sent to the daemon as fds (op `pages`) before the ack
+ACK_FREED = 8     # the client holds fewer bytes than before (W_FREED says how many): memory moved
 ROLE_FREE, ROLE_TRAINING, ROLE_INFERENCE = 0, 1, 2
 
 MAX_LINE = 1 << 16
@@ -169,9 +170,11 @@ class SlotReader:
     def stamp_detect(self) -> None:
         self.slot[W_T_DETECT] = now_ns()
 
-    def ack(self, seq: int, used: int, drained_ns: int, released_ns: int, flags: int = 0) -> None:
+    def ack(self, seq: int, used: int, drained_ns: int, released_ns: int, flags: int = 0,
+            freed: int = 0) -> None:
         s = self.slot
         s[W_USED] = used
+        s[W_FREED] = max(0, int(freed))
         s[W_T_DRAINED] = drained_ns
         s[W_T_RELEASED] = released_ns
         s[W_ACK_FLAGS] = flags
@@ -258,6 +261,9 @@ def validate_request(msg: dict) -> dict:
     elif op == "usage":
         if not isinstance(msg.get("kinds"), dict):
             raise ProtocolError("usage: 'kinds' must be an object")
+        d = msg.get("drain_ms", 0.0)
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1e6:
+            raise ProtocolError("usage: 'drain_ms' must be a number of ms >= 0")
     elif op == "ack":
         need("seq", int)
     elif op == "pages":

@@ -12,8 +12,10 @@ gradient of a loss that is a *sum* over samples.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -22,11 +24,19 @@ import torch
 from torch import nn
 
 from governor.protocol import (
-    ACK_ABORTED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
+    ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
 )
 from policy.governor_batchsize import MemoryPerSample
 
 log = logging.getLogger("hintfs.governor.training")
+
+
+_GCS = [0]   # garbage collections started in this process (for the unwind diagnostics)
+
+
+def _count_gc(phase, info) -> None:
+    if phase == "start":
+        _GCS[0] += 1
 
 
 class ShrinkRequested(Exception):
@@ -39,6 +49,7 @@ class MemoryProbe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.timing = False   # record_event makes timing events (the trainer's drain budget)
 
     def reserved(self) -> int:
         return torch.cuda.memory_reserved(self.device) if self.cuda else 0
@@ -64,7 +75,7 @@ class MemoryProbe:
     def record_event(self):
         if not self.cuda:
             return None
-        ev = torch.cuda.Event()
+        ev = torch.cuda.Event(enable_timing=self.timing)
         ev.record()
         return ev
 
@@ -126,6 +137,16 @@ class Adjustment:
     # part of drain_ms spent before the synchronize: unwinding the aborted micro-batch (the
     # exception out of forward/backward, freeing its graph); the rest waits for queued kernels
     unwind_ms: float = 0.0
+    # of unwind_ms: the exception reaching the step (the rest frees the micro-batch)
+    propagate_ms: float = 0.0
+    # over the unwind: CPU time of the whole process (all threads), involuntary context
+    # switches, and garbage collections that ran. Wall time far above CPU time with context
+    # switches means the process waited for a core (or a lock), not that unwinding is slow.
+    unwind_cpu_ms: float = 0.0
+    unwind_nivcsw: int = 0
+    unwind_gcs: int = 0
+    freed_bytes: int = 0      # held bytes before the drain minus after the release
+    queued_ms: float = 0.0    # GPU work the drain budget estimated queued at the safe point
 
 
 @dataclass
@@ -150,7 +171,10 @@ class ElasticTrainer:
     ack. `layers`: modules whose boundaries are safe points (default: every leaf with params).
     `reclaim_at`: 'safe_point' (default) or 'step_end' (the batch-end baseline).
     `max_ahead`: the CPU may run at most this many safe points ahead of the GPU, so that a stop
-    drains in a few layers' time. `process_group`: data-parallel group or None.
+    drains in a few layers' time. `max_ahead_ms`: also keep the GPU work queued behind the
+    current safe point under this many ms (estimated from timing events of earlier micro-batches,
+    per safe point and sample), so the drain is bounded in time whatever the layers cost; None:
+    count only. `process_group`: data-parallel group or None.
     `yield_to_inference()`: True while inference runs; training pauses at safe points then, for
     at most `max_yield_s` at a time, followed by at least `min_run_s` of running.
     """
@@ -161,6 +185,7 @@ class ElasticTrainer:
                  notify: Callable[[int], None] | None = None, quota: int | None = None,
                  max_micro_batch: int = 1 << 30, probe_batch: int = 4,
                  layers: Iterable[nn.Module] | None = None, max_ahead: int = 2,
+                 max_ahead_ms: float | None = None,
                  probe: MemoryProbe | None = None, process_group=None,
                  yield_to_inference: Callable[[], bool] | None = None,
                  max_yield_s: float = 0.05, min_run_s: float = 0.005,
@@ -178,7 +203,20 @@ class ElasticTrainer:
         self.max_micro_batch = max_micro_batch
         self.probe_batch = probe_batch
         self.max_ahead = max_ahead
+        self.max_ahead_ms = max_ahead_ms
         self.probe = probe or default_probe(self.device)
+        if max_ahead_ms is not None:
+            self.probe.timing = True
+        # drain budget: GPU ms per sample of the work between safe point i-1 and i (EWMA)
+        self._cost: dict[int, float] = {}
+        self._sp_idx = 0          # safe points seen in this micro-batch
+        self._last_done = None    # the last retired event of this micro-batch
+        self._paused = False      # paused for inference since the last event (its gap is idle)
+        self._queued_ms = 0.0
+        self._detect_usage = None  # (ns, rusage, gc count) when a safe point raised
+        self._caught_ns = 0
+        if _count_gc not in gc.callbacks:
+            gc.callbacks.append(_count_gc)
         # lend_pages(fds, page_bytes, seq): hand a shrink's pages on (the governor's page
         # handoff) instead of returning them to the driver; needs a probe that can lend.
         self.lend_pages = lend_pages if hasattr(self.probe, "lend") else None
@@ -228,11 +266,19 @@ class ElasticTrainer:
         # reading the control words: a command is seen within microseconds, not one layer later.
         ev = self.probe.record_event()
         if ev is not None:
-            self._events.append(ev)
-            if len(self._events) > self.max_ahead:
-                oldest = self._events.pop(0)
+            self._events.append((ev, self._sp_idx, self._paused))
+            self._sp_idx += 1
+            self._paused = False
+            if self.max_ahead_ms is not None:   # learn from what already finished (cheap)
+                while len(self._events) > 1 and self._events[0][0].query():
+                    self._retire()
+            while len(self._events) > self.max_ahead or (
+                    self.max_ahead_ms is not None and len(self._events) > 1
+                    and self._queued_estimate() > self.max_ahead_ms):
+                oldest = self._events[0][0]
                 while not oldest.query():
                     self._check_command(where)
+                self._retire()
         self._check_command(where)
         if (self.yield_to_inference is not None and self.yield_to_inference()
                 and time.monotonic() >= self._run_until):
@@ -246,7 +292,33 @@ class ElasticTrainer:
                     self._run_until = time.monotonic() + self.min_run_s
                     break
                 time.sleep(50e-6)
+                self._paused = True
                 self._check_command(where)
+
+    def _queued_estimate(self) -> float:
+        """GPU ms of the intervals still pending (unknown ones count 0)."""
+        n = self._micro_n
+        q = sum(self._cost.get(i, 0.0) for _, i, _ in self._events) * n
+        self._queued_ms = q
+        return q
+
+    def _retire(self) -> None:
+        """The oldest pending event has completed: learn its interval's GPU time."""
+        ev, i, paused = self._events.pop(0)
+        if self.max_ahead_ms is not None:
+            last = self._last_done
+            if last is not None and not paused and self._micro_n > 0:
+                per = last.elapsed_time(ev) / self._micro_n
+                old = self._cost.get(i)
+                self._cost[i] = per if old is None else 0.7 * old + 0.3 * per
+            self._last_done = ev
+
+    def drain_bound_ms(self) -> float:
+        """About how long a stop waits for queued GPU work at most: the budget plus the costliest
+        single interval at the last micro-batch size (0 when not known)."""
+        if self.max_ahead_ms is None or not self._cost:
+            return 0.0
+        return self.max_ahead_ms + max(self._cost.values()) * max(self._micro_n, 1)
 
     def bound(self) -> int:
         """Most bytes this process can hold before the current micro-batch ends: what the
@@ -268,6 +340,8 @@ class ElasticTrainer:
         if cmd.cmd == CMD_SHRINK and self.bound() > cmd.target:
             self.control.stamp_detect()
             self._abort_pass = where
+            self._detect_usage = (now_ns(), resource.getrusage(resource.RUSAGE_SELF), _GCS[0],
+                                  self._queued_ms)
             raise ShrinkRequested()
         self._handle_command(cmd, dropped=0, where="safe_point")
 
@@ -296,6 +370,17 @@ class ElasticTrainer:
             self.control.stamp_detect()
             t_detect = int(self.control.slot[W_T_DETECT])
         flags = ACK_ABORTED if dropped else 0
+        freed = 0
+        diag = {}
+        if dropped and self._detect_usage is not None:
+            t0, ru0, gcs0, queued = self._detect_usage
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            diag = dict(
+                propagate_ms=max(0, self._caught_ns - t0) / 1e6 if self._caught_ns else 0.0,
+                unwind_cpu_ms=(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * 1e3,
+                unwind_nivcsw=ru1.ru_nivcsw - ru0.ru_nivcsw, unwind_gcs=_GCS[0] - gcs0,
+                queued_ms=queued)
+        self._detect_usage = None
         if cmd.cmd == CMD_SHRINK:
             if self.bound() <= cmd.target:
                 # Already under the target (the quota had slack): nothing is physically held
@@ -304,6 +389,7 @@ class ElasticTrainer:
             else:
                 # Drain before release: no queued kernel may still write memory that changes
                 # hands. Release before ack: the daemon grants once it sees the ack.
+                held = self.probe.reserved()
                 self.probe.drain()
                 t_drained = now_ns()
                 if self.lend_pages is not None:
@@ -319,6 +405,9 @@ class ElasticTrainer:
                     self.probe.release(cmd.target)
                 t_released = now_ns()
                 flags |= ACK_RELEASED
+                freed = max(0, held - self.probe.reserved())
+                if freed:
+                    flags |= ACK_FREED
             self.quota = cmd.target
         else:
             t_drained = t_released = now_ns()
@@ -327,14 +416,15 @@ class ElasticTrainer:
             elif cmd.cmd == CMD_STOP:
                 self._stopped = True
         used = self.probe.reserved()
-        self.control.ack(cmd.seq, used, t_drained, t_released, flags)
+        self.control.ack(cmd.seq, used, t_drained, t_released, flags, freed)
         if self.notify is not None and cmd.cmd == CMD_SHRINK:
             self.notify(cmd.seq)
         self._adjustments.append(Adjustment(
             cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
             (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED),
             f"abort_{self._abort_pass}" if dropped else where,
-            max(0, t_handle - t_detect) / 1e6 if flags & ACK_RELEASED else 0.0))
+            max(0, t_handle - t_detect) / 1e6 if flags & ACK_RELEASED else 0.0,
+            freed_bytes=freed, **diag))
 
     # --- micro-batch sizing -------------------------------------------------------------
     def next_micro_batch(self, remaining: int) -> int:
@@ -364,6 +454,7 @@ class ElasticTrainer:
             try:
                 loss_value = self._micro_batch(x, y)
             except ShrinkRequested:
+                self._caught_ns = now_ns()
                 aborted = True
             else:
                 aborted = False
@@ -403,6 +494,8 @@ class ElasticTrainer:
         finally:
             self._in_micro = False
             self._events.clear()
+            self._sp_idx = 0
+            self._last_done = None
 
     def _commit(self) -> None:
         """Move this micro-batch's gradients into the accumulator (the committed part)."""
@@ -445,6 +538,7 @@ class ElasticTrainer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
 
 
 def governed_trainer(socket_path: str, model: nn.Module, optimizer, loss_fn, *, gpu: int = 0,

@@ -163,3 +163,15 @@ def test_timing_split_only_from_clients_that_acked_this_command(make_daemon):
     some = d.call(lambda: d.daemon._timing(st, [cid], old - 1000, old - 1000, old + 1000))
     assert some["detect"] >= 0 and some["released"] is False
     trainer.close()
+
+
+def test_training_drain_bound_raises_the_reclaim_estimate(make_daemon):
+    d = make_daemon(reclaim_time_initial_ms=2.0)
+    trainer = GovernorClient(d.cfg.socket_path, "training")
+    assert trainer.stats()["gpus"][0]["reclaim_estimate_ms"] == pytest.approx(2.0)
+    trainer.request({"op": "usage", "kinds": {"activations": GiB}, "drain_ms": 9.5})
+    assert trainer.stats()["gpus"][0]["reclaim_estimate_ms"] == pytest.approx(9.5)
+    with pytest.raises(GovernorError, match="drain_ms"):
+        trainer.request({"op": "usage", "kinds": {}, "drain_ms": -1})
+    trainer.close()
+    assert wait_until(lambda: d.call(lambda: d.daemon.reclaim_estimate_s(d.daemon.gpus[0])) == pytest.approx(0.002), 5)

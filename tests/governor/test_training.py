@@ -245,3 +245,99 @@ def test_micro_batches_are_equal_sized():
     t.step(x, y)
     res = t.step(x, y)
     assert res.micro_batches == [32, 32]
+
+
+class _LagEvent:
+    """A CUDA event stand-in: the GPU runs 5 safe points behind the host, and catches up while
+    the host waits (each query is some GPU progress); 2 ms after the event before it."""
+
+    def __init__(self, clock):
+        self.clock, self.at = clock, clock[0]
+        clock[0] += 1
+
+    def query(self):
+        self.clock[1] += 1
+        return self.clock[0] - self.at >= 5 or self.clock[1] - self.at >= 8
+
+    def elapsed_time(self, other):
+        return 2.0
+
+
+class _TimedMemory(SimulatedMemory):
+    def record_event(self):
+        if not hasattr(self, "clock"):
+            self.clock = [0, 0]
+        return _LagEvent(self.clock)
+
+
+def test_drain_budget_bounds_the_gpu_work_queued_at_a_safe_point():
+    x, y = make_data(32)
+    m = make_model()
+    mem = _TimedMemory(fixed=10 * MB, per_sample=1 * MB)
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=1 << 40, probe_batch=32, max_ahead=1000, max_ahead_ms=3.0)
+    assert mem.timing
+    pending = []
+    check = t._check_command
+    t._check_command = lambda where="forward": (pending.append(len(t._events)), check(where))[1]
+    t.step(x, y)                        # learns 2 ms per interval
+    assert t._cost and t.drain_bound_ms() == pytest.approx(5.0)
+    pending.clear()
+    t.step(x, y)
+    # two pending intervals are 4 ms > 3 ms: the oldest is waited for, one stays queued
+    assert pending and max(pending) == 1
+    # without a budget only the count bounds the queue
+    m2 = make_model()
+    t2 = ElasticTrainer(m2, torch.optim.SGD(m2.parameters(), lr=0.1), sum_ce,
+                        probe=_TimedMemory(fixed=10 * MB, per_sample=1 * MB), quota=1 << 40,
+                        probe_batch=32, max_ahead=1000)
+    seen = []
+    check2 = t2._check_command
+    t2._check_command = lambda where="forward": (seen.append(len(t2._events)), check2(where))[1]
+    t2.step(x, y)
+    assert max(seen) > 3 and t2.drain_bound_ms() == 0.0
+
+
+def test_ack_says_how_many_bytes_a_shrink_freed(tmp_path):
+    from governor.protocol import ACK_FREED, ACK_RELEASED, W_ACK_FLAGS, W_FREED
+    x, y = make_data(32)
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=60 * MB, probe_batch=8)
+    t.step(x, y)
+    held = mem.reserved()
+    ctl = ScriptedControl(tmp_path / "blk", {3: (CMD_SHRINK, 25 * MB)}, quota=60 * MB)
+    t.control = ctl
+    res = t.step(x, y)
+    a = [a for a in res.adjustments if a.cmd == CMD_SHRINK][0]
+    assert a.released and a.where.startswith("abort") and a.freed_bytes >= held - 10 * MB > 0
+    assert a.unwind_cpu_ms >= 0 and a.unwind_nivcsw >= 0 and 0 <= a.propagate_ms <= a.unwind_ms
+    flags = int(ctl.block.slot(0)[W_ACK_FLAGS])
+    assert flags & ACK_RELEASED and flags & ACK_FREED
+    assert int(ctl.block.slot(0)[W_FREED]) == a.freed_bytes
+
+
+def test_abort_that_frees_nothing_is_not_flagged_freed(tmp_path):
+    # the micro-batch is dropped (its fitted peak is over the target) but nothing was held
+    # above the fixed part: the ack must not claim that memory moved
+    from governor.protocol import ACK_FREED, W_ACK_FLAGS
+    x, y = make_data(32)
+    mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
+    m = make_model()
+    t = ElasticTrainer(m, torch.optim.SGD(m.parameters(), lr=0.1), sum_ce, probe=mem,
+                       quota=60 * MB, probe_batch=8)
+    t.step(x, y)
+    mem.release(0)
+
+    class Lazy(SimulatedMemory):
+        def begin_micro(self, samples):
+            self.peak_samples = samples
+
+    mem.__class__ = Lazy
+    ctl = ScriptedControl(tmp_path / "blk", {2: (CMD_SHRINK, 25 * MB)}, quota=60 * MB)
+    t.control = ctl
+    res = t.step(x, y)
+    a = [a for a in res.adjustments if a.cmd == CMD_SHRINK][0]
+    assert a.where.startswith("abort") and a.freed_bytes == 0
+    assert not int(ctl.block.slot(0)[W_ACK_FLAGS]) & ACK_FREED
