@@ -125,7 +125,10 @@ class AgentServer(fl.FlightServerBase):
         self.persistent = persistent
         kind = "agent" if persistent else "mount"
         self.data_dir = os.path.join(acfg.data_dir, f"{kind}-{os.getpid()}-{next(_instances)}")
-        os.makedirs(self.data_dir)
+        # Replicas are copies of files whose permissions the agent cannot carry over: only the
+        # agent's user may open them (the folder is 0700, the files 0600).
+        os.makedirs(self.data_dir, mode=0o700)
+        os.chmod(self.data_dir, 0o700)
         self._lock_fd = _lock_folder(self.data_dir)
         self.budget = acfg.budget_bytes
         self.replicas: dict[str, Replica] = {}
@@ -200,7 +203,7 @@ class AgentServer(fl.FlightServerBase):
         try:
             data, _how = self.samples.get(req.path, req.kind, req.params, req.aug_seed, req.allow_raw)
         except ValueError as err:   # transforms.TransformError: corrupt media or over a limit
-            log.error("transform of %s failed: %s", req.path, err)
+            log.debug("transform of %s failed: %s", req.path, err)   # SampleService logged it once
             raise rpc_error(errno.EIO, f"transform of {req.path} failed: {err}") from None
         with self.lock:
             self.bytes_served += len(data)
@@ -384,7 +387,7 @@ class AgentServer(fl.FlightServerBase):
         tmp = local + ".part"
         if source:
             from .agentclient import AgentClient
-            src = AgentClient(source, token=self.token)
+            src = AgentClient(self._peer(source), token=self.token)
             read = lambda off, n: src.read(path, off, n, replica_only=True)  # noqa: E731
         else:
             src = None
@@ -408,7 +411,7 @@ class AgentServer(fl.FlightServerBase):
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
             log.info("resuming the copy of %s: %d of %d ranges already here", path, len(done), len(ranges))
         else:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         resumed = len(done)
         ranges = [r for r in ranges if r[0] not in done]
         # A persistent agent also keeps the progress on disk (`.part.progress`, after an
@@ -472,6 +475,18 @@ class AgentServer(fl.FlightServerBase):
             self.resumed_ranges += resumed
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
+
+    def _peer(self, source: str) -> str:
+        """A copy's `source` must be another agent on the network, and one of `[agents] locations`
+        where the agent's config lists them: never a unix socket (a mount's private agent, which
+        this agent's user could open on the caller's behalf), never an arbitrary address that
+        would receive this agent's token."""
+        if not source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+            raise HintfsError(errno.EINVAL, f"source {source!r}: only grpc:// or grpc+tls:// agents")
+        peers = self.cfg.agents.locations
+        if peers and source not in peers:
+            raise HintfsError(errno.EACCES, f"source {source!r} is not one of [agents] locations")
+        return source
 
     def tier_stat(self, path: str) -> dict:
         """What this agent holds at `path`: a ready replica (its version), a copy in flight (the

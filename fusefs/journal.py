@@ -21,6 +21,8 @@ import socket
 import time
 from typing import Optional
 
+from common.paths import relpath
+
 _seq = itertools.count()
 _HOST = socket.gethostname().replace("/", "_").replace("-", "_").replace("~", "_")
 NAME_MAX = 255
@@ -72,7 +74,16 @@ def encode_record(path: str, size: int, mtime_ns: int) -> bytes:
 
 def decode_record(data: bytes) -> dict:
     doc = json.loads(data)
-    return {"path": str(doc["path"]), "size": int(doc["size"]), "mtime_ns": int(doc["mtime_ns"])}
+    return {"path": _record_path(doc["path"]), "size": int(doc["size"]), "mtime_ns": int(doc["mtime_ns"])}
+
+
+def _record_path(path: object) -> str:
+    """A record names a store path: the one path rule applies (a record is a file anyone with
+    write access to the store's journal folder could have written). ValueError if refused."""
+    try:
+        return relpath(path, what="journal record path")
+    except OSError as err:
+        raise ValueError(err.strerror) from None
 
 
 def decode_name(name: str) -> Optional[dict]:
@@ -81,7 +92,7 @@ def decode_name(name: str) -> Optional[dict]:
         return None
     try:
         _stem, size, mtime_ns, enc = name[:-4].split("~", 3)
-        path = base64.urlsafe_b64decode(enc + "=" * (-len(enc) % 4)).decode()
+        path = _record_path(base64.urlsafe_b64decode(enc + "=" * (-len(enc) % 4)).decode())
         return {"path": path, "size": int(size), "mtime_ns": int(mtime_ns)}
     except (ValueError, UnicodeDecodeError):
         return None

@@ -10,8 +10,16 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.paths import relpath
 from governor.config import GovernorConfig
 from transforms.params import TransformRule
+
+
+def _store_path(v: str) -> str:
+    try:
+        return relpath(v)
+    except OSError as err:   # pydantic reports ValueError with the key it belongs to
+        raise ValueError(err.strerror) from None
 
 
 class Section(BaseModel):
@@ -192,7 +200,13 @@ class JournalConfig(Section):
                                "older records: reads of those files go to the store and fetch them then.")
 
 
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, v: str) -> str:
+        return _store_path(v)
+
 class FollowConfig(Section):
+
     """Eval side, in an agent: copy each new checkpoint from the (remote) store as it is written."""
     prefixes: list[str] = Field(default_factory=list, description="Store prefixes to follow (empty: off).")
     journal_dir: str = Field(".hintfs-journal", description="Where training mounts journal closed files; "
@@ -206,13 +220,28 @@ class FollowConfig(Section):
                           "bandwidth-delay product of the link).")
 
 
+    @field_validator("prefixes")
+    @classmethod
+    def _paths(cls, v: list[str]) -> list[str]:
+        return [_store_path(p) for p in v]
+
+    @field_validator("journal_dir")
+    @classmethod
+    def _journal(cls, v: str) -> str:
+        return _store_path(v)
+
 class RouteConfig(Section):
     """Eval side, in the mount: paths under `prefix` are read from the local tier when it has them."""
-    prefix: str = Field(min_length=1, description="Relpath prefix in the mount.")
+    prefix: str = Field(description="Relpath prefix in the mount.")
     local_agent: str = Field(description="Flight location of the local tier's agent.")
     fetch_on_read: bool = Field(True, description="A read of a file the local tier lacks asks it to fetch "
                                 "that file first (the read itself goes to the store meanwhile).")
 
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return _store_path(v)
 
 class MountConfig(Section):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The store hintfs is a view of.")

@@ -1,10 +1,11 @@
 """The storage agent over Flight on loopback: ranges, replicas, fan-out, TTL, budget, auth."""
 import errno
+import threading
 import time
 
 import pytest
 
-from fusefs.agent import start_in_process
+from fusefs.agent import AgentServer, start_in_process
 from fusefs.agentclient import AgentClient
 from fusefs.localstore import LocalStore
 from mountconfig import parse_config
@@ -26,9 +27,18 @@ def _agent(tmp_path, store, name="a", **agent):
     return server, loc
 
 
+def _tcp_agent(tmp_path, store, name):
+    """A storage-node agent on loopback TCP (a copy's source must be a network agent)."""
+    cfg = parse_config({"store": {"uri": f"file://{store}"},
+                        "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1}})
+    server = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0")
+    threading.Thread(target=server.serve, daemon=True).start()
+    return server, f"grpc://127.0.0.1:{server.port}"
+
+
 def test_ranges_replicas_fanout_and_ttl(tmp_path, store):
-    s1, l1 = _agent(tmp_path, store, "a1")
-    s2, l2 = _agent(tmp_path, store, "a2")
+    s1, l1 = _tcp_agent(tmp_path, store, "a1")
+    s2, l2 = _tcp_agent(tmp_path, store, "a2")
     c1, c2 = AgentClient(l1), AgentClient(l2)
     try:
         data = (store / "ckpt" / "a.bin").read_bytes()

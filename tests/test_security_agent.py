@@ -339,12 +339,8 @@ def test_hint_through_a_symlinked_directory_copies_nothing(mount_factory, tmp_pa
     assert files_holding(rep, secret) == [], "the outside file was copied into the replica folder"
 
 
-# -- a hole found while writing these: replicas lose the store file's permissions --------------------
+# -- replicas keep store files private; a copy's source is never a private agent --------------------
 @needs_nobody
-@pytest.mark.xfail(strict=False, reason=(
-    "hole: fusefs/agent.py AgentServer.__init__ makes data_dir and its instance folder with "
-    "os.makedirs (0777 & umask = 0755) and _copy_in opens the copy with mode 0o644, so a replica "
-    "of a 0600 store file is readable by every local user in data_dir (and <hash>.meta names it)"))
 def test_a_replica_of_a_private_file_is_not_readable_by_other_users():
     d = WorldDir()                      # data_dir where every user may look, like /var/lib/hintfs
     try:
@@ -376,12 +372,6 @@ def test_a_replica_of_a_private_file_is_not_readable_by_other_users():
 
 
 @needs_fuse
-@pytest.mark.xfail(strict=False, reason=(
-    "hole: fusefs/agentrpc.py ReplicateRequest.source is any string and fusefs/agent.py "
-    "AgentServer._copy_in connects to it (AgentClient(source, token=self.token)): a token holder of a "
-    "`hintfs agent` running as the mount's user can name a mount's private grpc+unix:// socket and "
-    "pull that mount's replicas (of another store) through the agent; a TCP source also receives the "
-    "agent's [agents] token"))
 def test_replicate_source_cannot_reach_a_mounts_private_agent(mount_factory, real_agent, tmp_path):
     m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
     private = b"MOUNT-PRIVATE-" + os.urandom(16).hex().encode()
