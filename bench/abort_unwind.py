@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=320)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-ahead", type=int, default=3)
+    ap.add_argument("--max-ahead-ms", type=float, default=0.0, help="drain budget (0: count only)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu-smoke", action="store_true", help="a small MLP on the CPU (checks the script)")
     args = ap.parse_args()
@@ -77,7 +79,8 @@ def main() -> int:
     block.slot(0)[W_QUOTA] = 1 << 40
     ctl, daemon = SlotReader(block.slot(0)), SlotWriter(block.slot(0))
     t = ElasticTrainer(wrapped, opt, lambda o, y: ce(o.float(), y), control=ctl, quota=1 << 40,
-                       probe_batch=16, max_ahead=3, device=dev)
+                       probe_batch=16, max_ahead=args.max_ahead, device=dev,
+                       max_ahead_ms=args.max_ahead_ms or None)
     x = torch.randn(args.batch, 3, 224, 224)
     y = torch.randint(0, 100, (args.batch,))
     if not args.cpu_smoke:
@@ -117,6 +120,15 @@ def main() -> int:
             stamps["detect"] = int(ctl.slot[W_T_DETECT])   # the safe point's stamp
         return orig_handle(cmd, dropped, where)
 
+    # the step time without aborts, for the cost of the bound on running ahead
+    import time
+    t.step(x, y)
+    t.wait_gpu()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        t.step(x, y)
+    t.wait_gpu()
+    step_ms = (time.perf_counter() - t0) / 5 * 1e3
     t._micro_batch, t._handle_command = micro, handle
     collections: list[tuple[int, int]] = []
     gc.callbacks.append(lambda phase, info: collections.append((now_ns(), info["generation"]))
@@ -144,7 +156,8 @@ def main() -> int:
                 "drain": a.drain_ms,
                 "gc_in_window": [g for ts, g in collections if detect <= ts <= stamps["handle"]]})
     out = {"allocator": "page allocator" if args.paged else "caching", "batch": args.batch,
-           "aborts": rows}
+           "max_ahead": args.max_ahead, "max_ahead_ms": args.max_ahead_ms, "step_ms": step_ms,
+           "drain_bound_ms": t.drain_bound_ms(), "aborts": rows}
     for part in ("propagate", "free", "sync", "release", "drain"):
         xs = sorted(r[part] for r in rows)
         if xs:

@@ -77,8 +77,13 @@ class GovernorClient:
         with self._lock:
             self._sock.sendall(encode({"op": "ack", "seq": seq}))
 
-    def report_usage(self, kinds: dict[str, int]) -> None:
-        self.request({"op": "usage", "kinds": {k: int(v) for k, v in kinds.items()}})
+    def report_usage(self, kinds: dict[str, int], drain_ms: float | None = None) -> None:
+        """Memory held by kind; a trainer adds `drain_ms`, how long its stop can take (its
+        bounded drain), which the daemon's reclaim estimate (and so the headroom) never goes under."""
+        msg = {"op": "usage", "kinds": {k: int(v) for k, v in kinds.items()}}
+        if drain_ms is not None:
+            msg["drain_ms"] = float(drain_ms)
+        self.request(msg)
 
     def stats(self) -> dict:
         return self.request({"op": "stats"})

@@ -217,3 +217,13 @@ def _free_device_cache() -> None:
         return
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def priority_stream(device=None):
+    """A CUDA stream of the highest priority (torch imported here, not at module level): run
+    inference on it so that its kernels are scheduled ahead of training's where the GPU
+    schedules both (bench/README.md measures what this buys on one H200)."""
+    import torch
+
+    # torch maps a priority beyond the device's range to the nearest valid one: the highest
+    return torch.cuda.Stream(device=device, priority=-100)
