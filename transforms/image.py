@@ -16,7 +16,8 @@ import numpy as np
 from av.video.reformatter import Interpolation
 
 from .errors import TransformError
-from .limits import Deadline, check_picture, image_header
+from .geometry import target_size
+from .limits import Deadline, check_complete, check_picture, image_header
 from .params import ImageParams, _Pixels
 
 log = logging.getLogger(__name__)
@@ -38,23 +39,6 @@ DECODER_OPTIONS = {"flags": "+bitexact", "err_detect": "+crccheck+bitstream+buff
 
 def sws_flags(params: _Pixels) -> int:
     return int(_INTERP[params.interpolation] | _EXACT)
-
-
-def target_size(width: int, height: int, params: _Pixels) -> tuple[int, int]:
-    """(width, height) after the resize: shorter side = ``params.size`` (aspect kept), then
-    scaled up if needed so that the crop fits. Never below 1 px."""
-    scale = 1.0
-    if params.size is not None:
-        scale = params.size / min(width, height)
-    w = max(1, round(width * scale))
-    h = max(1, round(height * scale))
-    if params.crop is not None:
-        ch, cw = params.crop
-        if h < ch or w < cw:
-            up = max(ch / height, cw / width)
-            w = max(cw, round(width * up))
-            h = max(ch, round(height * up))
-    return w, h
 
 
 def crop_offset(height: int, width: int, params: _Pixels, aug_seed: int) -> tuple[int, int]:
@@ -108,22 +92,6 @@ def finish(rgb: np.ndarray, params: _Pixels) -> np.ndarray:
     if params.out_layout == "CHW":
         out = np.moveaxis(out, -1, -3)
     return np.ascontiguousarray(out)
-
-
-def check_complete(raw: bytes) -> None:
-    """Cheap structural checks for truncation that FFmpeg decodes silently (a JPEG cut short
-    decodes to a grey bottom without an error)."""
-    if raw[:2] == b"\xff\xd8":  # JPEG: the last scan (SOS) must be followed by EOI
-        sos = raw.rfind(b"\xff\xda")
-        if sos < 0 or raw.find(b"\xff\xd9", sos) < 0:
-            raise TransformError("truncated JPEG (no end-of-image marker after the last scan)")
-    elif raw[:8] == b"\x89PNG\r\n\x1a\n":
-        if raw.rfind(b"IEND") < 0:
-            raise TransformError("truncated PNG (no IEND chunk)")
-    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
-        riff = int.from_bytes(raw[4:8], "little") + 8
-        if len(raw) < riff:
-            raise TransformError(f"truncated WebP ({len(raw)} of {riff} bytes)")
 
 
 def bytes_per_px(frame_or_format) -> int:

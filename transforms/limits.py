@@ -19,6 +19,7 @@ import time
 from typing import Optional
 
 from .errors import TransformError, TransformTimeout
+from .geometry import target_size
 
 # JPEG start-of-frame markers (C4 DHT, C8 JPG and CC DAC are not frames).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
@@ -96,7 +97,6 @@ def check_pixels(width: int, height: int, params, what: str = "picture") -> None
 def estimate_bytes(width: int, height: int, bytes_per_px: int, params, kept: int = 1) -> int:
     """Peak bytes of one sample: one decoded source picture, ``kept`` pictures converted to
     rgb24 at the target size, and the output array (cropped, in the output dtype)."""
-    from .image import target_size
     tw, th = target_size(width, height, params)
     oh, ow = params.crop if params.crop is not None else (th, tw)
     itemsize = 1 if params.out_dtype == "uint8" else 4
@@ -129,7 +129,6 @@ def precheck(kind: str, raw: bytes, params) -> None:
     truncated file is EIO in every mode without spending a decode on it."""
     check_source_size(len(raw), params)
     if kind == "image":
-        from .image import check_complete
         if not raw:
             raise TransformError("empty image")
         check_complete(raw)
@@ -152,3 +151,19 @@ class Deadline:
     def check(self, what: str = "transform") -> None:
         if time.monotonic() > self.at:
             raise TransformTimeout(f"{what} ran over time_limit_s={self.seconds:g}")
+
+
+def check_complete(raw: bytes) -> None:
+    """Cheap structural checks for truncation that FFmpeg decodes silently (a JPEG cut short
+    decodes to a grey bottom without an error)."""
+    if raw[:2] == b"\xff\xd8":  # JPEG: the last scan (SOS) must be followed by EOI
+        sos = raw.rfind(b"\xff\xda")
+        if sos < 0 or raw.find(b"\xff\xd9", sos) < 0:
+            raise TransformError("truncated JPEG (no end-of-image marker after the last scan)")
+    elif raw[:8] == b"\x89PNG\r\n\x1a\n":
+        if raw.rfind(b"IEND") < 0:
+            raise TransformError("truncated PNG (no IEND chunk)")
+    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        riff = int.from_bytes(raw[4:8], "little") + 8
+        if len(raw) < riff:
+            raise TransformError(f"truncated WebP ({len(raw)} of {riff} bytes)")
