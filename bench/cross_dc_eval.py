@@ -241,6 +241,7 @@ class Bench:
         acfg.write_text(s3_store_toml(rport) + textwrap.dedent(f"""
             [agent]
             location = "{self.agent_loc}"
+            auth = "none"
             data_dir = "{self.tmp / 'tier'}"
             link_bytes_s = {int(self.bw)}
             link_chunk_bytes = {a.chunk_kb << 10}

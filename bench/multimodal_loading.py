@@ -237,7 +237,7 @@ def write_config(path, store, data_dir, log, lookahead, fallback, location, work
     rules = "".join(f'[[transforms]]\nglob = "{g}"\nkind = "{k}"\nparams = {toml(p)}\n\n'
                     for g, k, p in (("*.jpg", "image", IMG_PARAMS), ("*.mp4", "video", VID_PARAMS)))
     with open(path, "w") as f:
-        f.write(f'[store]\nuri = "file://{store}"\n\n[agent]\ndata_dir = "{data_dir}"\nlocation = "{location}"\n\n'
+        f.write(f'[store]\nuri = "file://{store}"\n\n[agent]\ndata_dir = "{data_dir}"\nlocation = "{location}"\nauth = "none"\n\n'
                 f'[agents]\nlocations = ["{location}"]\n\n'
                 f'[logging]\nfile = "{log}"\n\n{rules}'
                 f'[transform_load]\nworkers = {workers}\ncache_bytes = {512 << 20}\n'

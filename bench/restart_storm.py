@@ -157,7 +157,7 @@ class Agents:
                 cfg = os.path.join(self.root, f"agent{i}.toml")
                 with open(cfg, "w") as f:
                     f.write(f'[store]\nuri = "file://{store_dir}"\n\n[logging]\nlevel = "WARNING"\n\n'
-                            f'[agent]\nlocation = "{loc}"\ndata_dir = "{self.root}/data{i}"\n'
+                            f'[agent]\nlocation = "{loc}"\nauth = "none"\ndata_dir = "{self.root}/data{i}"\n'
                             f'budget_bytes = {8 << 30}\nmax_concurrent_reads = {max_reads}\n'
                             f'bandwidth_bytes_s = {bandwidth}\nreclaim_interval_s = 5.0\n')
                 log = open(os.path.join(self.root, f"agent{i}.log"), "w")
