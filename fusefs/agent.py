@@ -346,6 +346,8 @@ class AgentServer(fl.FlightServerBase):
         for another record is replaced even if size and mtime match: that is a rewrite within
         the mtime's precision (one second on S3), which size + mtime alone cannot see.
         """
+        if source:
+            source = self._peer(source)   # before anything is evicted or reserved for the copy
         while True:
             with self.lock:
                 rep = self.replicas.get(path)
@@ -387,7 +389,7 @@ class AgentServer(fl.FlightServerBase):
         tmp = local + ".part"
         if source:
             from .agentclient import AgentClient
-            src = AgentClient(self._peer(source), token=self.token)
+            src = AgentClient(source, token=self.token)
             read = lambda off, n: src.read(path, off, n, replica_only=True)  # noqa: E731
         else:
             src = None
