@@ -8,8 +8,11 @@ torch's caching allocator, through the page allocator, and with the page handoff
 page-handoff micro-benchmark (CUDA VMM pages moved between two processes). Inference runs as one
 server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`,
 the ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
-Compute priority is the same in every co-located mode: training pauses at its safe points while
-an inference request runs (at most 50 ms per safe point), so the comparison isolates memory.
+Compute priority is the same in every co-located mode but one: inference runs on high-priority
+CUDA streams and training does not pause (`--yield-ms 0`; `governor_mid_backward_yield` pauses
+training at its safe points while a request runs, up to 50 ms, the older scheme). Training and
+inference alone on the trace give training's physical limit beside inference: training alone x
+(1 - the share of time NVML saw inference's kernels running).
 
     python bench/gpu_sharing.py            # full (< 10 min on one H200)
     python bench/gpu_sharing.py --quick    # short smoke run
@@ -36,7 +39,7 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 MODES = ["inference_alone", "training_alone", "static_50", "static_75", "governor_batch_end",
-         "governor_mid_backward", "governor_mid_backward_long_kv", "governor_paged_long_kv",
+         "governor_mid_backward", "governor_mid_backward_yield", "governor_mid_backward_long_kv", "governor_paged_long_kv",
          "governor_handoff_long_kv", "inference_alone_repeat"]
 # Stress modes: one decoder service reserves a KV cache for an 8x longer context (12 GiB,
 # --stress-kv-mult) every 0.3-0.45 s, after training grew back into the last one, so that
@@ -52,6 +55,10 @@ HANDOFF = ("governor_handoff_long_kv",)
 # services would be): a ResNet request never waits behind a decoder's 80 ms prefill.
 SERVERS = ["resnet50", "vit_b_16", "decoder"]
 ALONE = ("inference_alone", "inference_alone_repeat")
+# Compute priority. By default training never pauses for inference (--yield-ms 0) and inference
+# runs on high-priority CUDA streams; this mode keeps the older scheme for comparison: training
+# pauses at its safe points while a request runs (up to 50 ms, then runs at least 5 ms).
+MODE_YIELD_MS = {"governor_mid_backward_yield": 50.0}
 INFER_SHARE = {"static_50": 0.5, "static_75": 0.75}
 
 
@@ -795,7 +802,8 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
     procs = {}
     common = ["--socket", sock, "--shm-name", shm_name, "--t0", repr(t0),
               "--duration", str(args.duration), "--mode", mode,
-              "--max-ahead-ms", str(args.max_ahead_ms), "--yield-ms", str(args.yield_ms),
+              "--max-ahead-ms", str(args.max_ahead_ms),
+              "--yield-ms", str(MODE_YIELD_MS.get(mode, args.yield_ms)),
               "--infer-priority", args.infer_priority]
     train_env = dict(env)
     if has_train:
@@ -1089,8 +1097,9 @@ def main() -> int:
     ap.add_argument("--max-ahead", type=int, default=3)
     # the drain budget: GPU work queued behind a safe point, in ms (0: count only)
     ap.add_argument("--max-ahead-ms", type=float, default=2.0)
-    # training pauses at safe points while inference runs, at most this long each time
-    ap.add_argument("--yield-ms", type=float, default=50.0)
+    # training pauses at safe points while inference runs, at most this long each time (0: it
+    # never pauses; inference's kernels go first through stream priority only)
+    ap.add_argument("--yield-ms", type=float, default=0.0)
     ap.add_argument("--infer-priority", choices=["default", "high"], default="high")
     args = ap.parse_args()
     if args.role == "infer":

@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parent / "csrc" / "pagealloc.c"
 PAGE_BYTES = 32 << 20
 STAT_FIELDS = ("allocated", "peak_allocated", "mapped", "peak_mapped", "page_bytes", "allocs", "frees",
                "maps", "unmaps", "map_ns", "unmap_ns", "pages_lent", "ooms", "free_ranges", "va_bytes",
-               "empty_pages")
+               "empty_pages", "unmap_calls")
 
 _installed: "PageAllocator | None" = None
 
@@ -132,7 +132,7 @@ class PageAllocator:
         return list(buf[:n])
 
     def stats(self) -> dict:
-        out = (ctypes.c_uint64 * 16)()
+        out = (ctypes.c_uint64 * len(STAT_FIELDS))()
         self.lib.pa_stats(out)
         return dict(zip(STAT_FIELDS, (int(v) for v in out)))
 

@@ -83,6 +83,10 @@ typedef struct {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int backend = -1, device = 0;
 static int export_at_create = 0;   /* export each page's fd when it is created, not when lent */
+/* A release unmaps each run of adjacent pages with one cuMemUnmap (their handles released
+ * first), not one call per page; per page if the driver refuses the range, or if the
+ * environment sets HINTFS_PAGEALLOC_BATCH_UNMAP=0 (for comparison). */
+static int batch_unmap = 1;
 static void *cu_ctx;
 static u64 page_bytes, va_base, va_bytes;
 static int n_pages;
@@ -94,7 +98,7 @@ static char last_error[256];
 
 /* statistics, read by pa_stats */
 static u64 st_allocated, st_peak, st_mapped, st_peak_mapped, st_allocs, st_frees, st_maps, st_unmaps,
-    st_map_ns, st_unmap_ns, st_lent, st_oom, st_bytes_lent;
+    st_map_ns, st_unmap_ns, st_lent, st_oom, st_bytes_lent, st_unmap_calls;
 
 static u64 now_ns(void) {
     struct timespec t;
@@ -135,11 +139,20 @@ static int bk_map(u64 va, u64 h) {
     return 0;
 }
 
-static int bk_unmap(u64 va) {
-    if (backend == BACKEND_CUDA) return cu.unmap(va, page_bytes);
+static int bk_unmap(u64 va, u64 len) {
+    st_unmap_calls++;
+    if (backend == BACKEND_CUDA) return cu.unmap(va, len);
     /* give the range back to the reservation: inaccessible, nothing behind it */
-    void *p = mmap((void *)va, page_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    void *p = mmap((void *)va, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? -1 : 0;
+}
+
+/* Unmap [va, va + len), a run of whole pages whose handles may already be released (their
+ * memory goes once unmapped): one call, or one per page if the range is refused. */
+static void unmap_run(u64 va, u64 len) {
+    if (len == 0) return;
+    if (batch_unmap && len > page_bytes && bk_unmap(va, len) == 0) return;
+    for (u64 a = va; a < va + len; a += page_bytes) bk_unmap(a, page_bytes);
 }
 
 static int bk_release(u64 h) {
@@ -263,10 +276,10 @@ static int map_page(int p, int pool) {
     return 0;
 }
 
-/* Unmap an empty page; its physical memory goes back to the driver, or to `*lend_fd` (an fd
- * that keeps the memory alive for whoever imports it; our own handle is released). */
-static int unmap_page(int p, int *lend_fd) {
-    u64 t = now_ns();
+/* Take an empty page out of its pool and release its handle (or lend it as `*lend_fd`, an fd
+ * that keeps the memory alive for whoever imports it); the caller unmaps it, which is when
+ * its physical memory goes back to the driver. */
+static int detach_page(int p, int *lend_fd) {
     Page *pg = &pages[p];
     if (lend_fd) {   /* first, so that a failed export leaves the page as it was */
         if (pg->fd >= 0) { *lend_fd = pg->fd; pg->fd = -1; }   /* exported already: no driver call */
@@ -276,13 +289,20 @@ static int unmap_page(int p, int *lend_fd) {
         pg->fd = -1;
     }
     rs_cut(&pools[pg->pool], va_base + (u64)p * page_bytes, page_bytes);
-    bk_unmap(va_base + (u64)p * page_bytes);
     bk_release(pg->handle);
     pg->mapped = 0;
     pg->pool = POOL_NONE;
     pg->handle = 0;
     st_mapped -= page_bytes;
     st_unmaps++;
+    return 0;
+}
+
+/* Unmap one empty page; its physical memory goes back to the driver, or to `*lend_fd`. */
+static int unmap_page(int p, int *lend_fd) {
+    u64 t = now_ns();
+    if (detach_page(p, lend_fd)) return -1;
+    unmap_run(va_base + (u64)p * page_bytes, page_bytes);
     st_unmap_ns += now_ns() - t;
     return 0;
 }
@@ -319,13 +339,24 @@ static u64 release_locked(u64 keep, int *lend_fds, int max_lend, int *n_lent) {
     int lent = 0;
     bk_make_current();
     bk_sync();
+    u64 t = now_ns();
+    u64 run_lo = 0, run_hi = 0;   /* detached pages [run_lo, run_hi) not unmapped yet */
     for (int p = n_pages - 1; p >= 0 && st_mapped > keep; p--) {
         if (!pages[p].mapped || pages[p].live) continue;
         if (lend_fds && lent >= max_lend) break;
-        if (unmap_page(p, lend_fds ? &lend_fds[lent] : NULL)) break;
+        if (detach_page(p, lend_fds ? &lend_fds[lent] : NULL)) break;
+        u64 va = va_base + (u64)p * page_bytes;
+        if (run_hi && va + page_bytes == run_lo) run_lo = va;   /* extends the run downwards */
+        else {
+            unmap_run(run_lo, run_hi - run_lo);
+            run_lo = va;
+            run_hi = va + page_bytes;
+        }
         if (lend_fds) lent++;
         freed += page_bytes;
     }
+    unmap_run(run_lo, run_hi - run_lo);
+    st_unmap_ns += now_ns() - t;
     /* after a device sync nothing queued uses free memory: forget which stream freed it */
     for (int k = 0; k < 2; k++) {
         RangeSet *s = &pools[k];
@@ -368,6 +399,8 @@ int pa_init(int backend_kind, int dev, u64 page, u64 va) {
     if (page == 0 || page % (2u << 20)) { snprintf(last_error, sizeof last_error, "page size must be a multiple of 2 MiB"); goto out; }
     device = dev;
     page_bytes = page;
+    const char *bu = getenv("HINTFS_PAGEALLOC_BATCH_UNMAP");
+    batch_unmap = !(bu && bu[0] == '0');
     if (backend_kind == BACKEND_CUDA) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (!lib) { snprintf(last_error, sizeof last_error, "cannot load libcuda.so.1"); goto out; }
@@ -500,15 +533,16 @@ int pa_lend(u64 keep_bytes, int *fds, int max_fds) {
     return n;
 }
 
-/* out[0..15]: allocated, peak allocated, mapped, peak mapped, page bytes, allocs, frees, maps,
- * unmaps, map ns, unmap ns, pages lent, ooms, free ranges, va bytes, empty mapped pages. */
+/* out[0..16]: allocated, peak allocated, mapped, peak mapped, page bytes, allocs, frees, maps,
+ * unmaps, map ns, unmap ns, pages lent, ooms, free ranges, va bytes, empty mapped pages,
+ * unmap calls (fewer than unmaps when runs of pages were unmapped at once). */
 void pa_stats(u64 *out) {
     pthread_mutex_lock(&mu);
     u64 empty = 0;
     for (int p = 0; p < n_pages; p++) empty += pages[p].mapped && !pages[p].live;
-    u64 v[16] = {st_allocated, st_peak, st_mapped, st_peak_mapped, page_bytes, st_allocs, st_frees,
+    u64 v[17] = {st_allocated, st_peak, st_mapped, st_peak_mapped, page_bytes, st_allocs, st_frees,
                  st_maps, st_unmaps, st_map_ns, st_unmap_ns, st_lent,
-                 st_oom, (u64)(pools[0].n + pools[1].n), va_bytes, empty};
+                 st_oom, (u64)(pools[0].n + pools[1].n), va_bytes, empty, st_unmap_calls};
     memcpy(out, v, sizeof v);
     pthread_mutex_unlock(&mu);
 }

@@ -111,6 +111,19 @@ def main() -> None:
                drain_ms=shrink.drain_ms, release_ms=shrink.release_ms, released=shrink.released,
                rel_err=float(num / den), stats=alloc.stats())
 
+    # a release of adjacent pages (one cuMemUnmap for the run) really gives them to the driver
+    big = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    del big
+    free0 = torch.cuda.mem_get_info()[0]
+    s0 = alloc.stats()
+    t0 = time.perf_counter_ns()
+    got = alloc.release(s0["mapped"] - 2 * GiB)
+    out["run_release_ms"] = (time.perf_counter_ns() - t0) / 1e6
+    s1 = alloc.stats()
+    out.update(run_released=got, driver_free_gain=torch.cuda.mem_get_info()[0] - free0,
+               run_unmaps=s1["unmaps"] - s0["unmaps"], run_unmap_calls=s1["unmap_calls"] - s0["unmap_calls"])
+
     # lend 1 GiB of pages that held training data to another process
     big = torch.full((GiB,), 0xAB, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()

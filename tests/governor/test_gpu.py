@@ -81,6 +81,10 @@ def test_page_allocator_behind_torch_releases_mid_backward_and_lends_pages(tmp_p
     assert out["used_after"] <= out["target"]            # only empty pages went, down to the target
     assert out["rel_err"] <= 1e-5
     assert out["stats"]["ooms"] == 0 and out["stats"]["unmaps"] > 0
+    # 2 GiB of adjacent pages released with fewer driver calls than pages, and really freed
+    assert out["run_released"] == 2 << 30 and out["run_unmaps"] == 64
+    assert out["run_unmap_calls"] < out["run_unmaps"]
+    assert out["driver_free_gain"] >= out["run_released"] * 0.99
     assert out["lent_pages"] == (1 << 30) // (32 << 20)
     b = out["borrower"]
     assert "error" not in b, b

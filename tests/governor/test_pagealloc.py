@@ -207,3 +207,43 @@ def test_install_without_a_cuda_driver_fails_with_a_clear_error():
     with pytest.raises(PageAllocError, match="libcuda"):
         pagealloc.install(0)
     assert pagealloc.installed() is None
+
+
+def _pages_mapped_at(ptr, n):
+    """Which of the n pages from ptr are readable (mapped) here: /proc/self/maps knows."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            spans.append((lo, hi, line.split()[1]))
+    return [any(lo <= ptr + i * PAGE < hi and perms.startswith("r") for lo, hi, perms in spans)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("batch", ["1", "0"])
+def test_release_unmaps_a_run_of_pages_in_one_call(batch, monkeypatch):
+    monkeypatch.setenv("HINTFS_PAGEALLOC_BATCH_UNMAP", batch)
+    a = host()
+    ptrs = [a.malloc(PAGE) for _ in range(6)]    # six whole pages, adjacent
+    keep = ptrs[0]
+    for p in ptrs[1:]:
+        a.free(p, PAGE)
+    calls = a.stats()["unmap_calls"]
+    assert a.release(PAGE) == 5 * PAGE
+    s = a.stats()
+    assert s["unmaps"] == 5 and s["mapped"] == PAGE
+    assert s["unmap_calls"] - calls == (1 if batch == "1" else 5)
+    assert _pages_mapped_at(keep, 6) == [True] + [False] * 5   # really gone, the kept one not
+    fill(keep, PAGE, 7)
+    check(keep, PAGE, 7)
+    # lending unmaps in runs too, and the lent memory stays readable through its fd
+    more = [a.malloc(PAGE) for _ in range(3)]
+    for p in more:
+        fill(p, PAGE, 9)
+        a.free(p, PAGE)
+    fds = a.lend(PAGE, 3)
+    assert len(fds) == 3
+    for fd in fds:
+        with mmap.mmap(fd, PAGE) as m:
+            assert m[:4] == b"\x09" * 4
+        os.close(fd)
