@@ -7,7 +7,7 @@ from typing import Optional
 
 import pyarrow.flight as fl
 
-from .agentrpc import errno_of_flight_error
+from agent.rpc import errno_of_flight_error
 
 
 class AgentError(OSError):

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-from .journal import decode_name, decode_record
+from common.journal import decode_name, decode_record
 
 log = logging.getLogger("hintfs.follower")
 

@@ -8,8 +8,8 @@ within a byte budget, and reports its load. Protocol (all JSON in, JSON or bytes
   local replica when there is one), a transformed sample `{"op": "sample", ...}`, and the ready
   samples of a plan window `{"op": "samples_ready", ...}`.
 - actions: replicate, drop, signal, plan_window, tier_stat, has, status, ping.
-Every request is parsed by `agentrpc` (typed, bounded, paths by the one resolver) before it
-reaches a handler; every error leaves as `agentrpc.rpc_error` (errno + message).
+Every request is parsed by `agent.rpc` (typed, bounded, paths by the one resolver) before it
+reaches a handler; every error leaves as `agent.rpc.rpc_error` (errno + message).
 Who may call: see docs/security.md (a token, or the 0700 unix socket of a mount's own agent).
 
 Flight runs each call on its own thread; the agent's state is guarded by one lock, and reads
@@ -42,10 +42,10 @@ import pyarrow.flight as fl
 from common.errors import HintfsError
 from common.secrets import read_token_file
 
-from . import agentrpc as rpc
-from .agentrpc import rpc_error
-from .procs import pid_alive
-from .store import Stat, Store
+from agent import rpc
+from agent.rpc import rpc_error
+from common.procs import pid_alive
+from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
 _CHUNK = 8 << 20
@@ -160,11 +160,11 @@ class AgentServer(fl.FlightServerBase):
         self._reaper.start()
         self.link = None
         if acfg.link_bytes_s:
-            from .linkgate import LinkGate
+            from agent.linkgate import LinkGate
             self.link = LinkGate(acfg.link_bytes_s, acfg.link_chunk_bytes)
         self.follower = None
         if cfg.follow.prefixes:
-            from .follower import Follower
+            from agent.follower import Follower
             self.follower = Follower(self, cfg.follow).start()
 
     # -- reads ---------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class AgentServer(fl.FlightServerBase):
         """Storage-side transforms, started on first use (the process pool costs a fork)."""
         with self.lock:
             if self._samples is None:
-                from .samples import SampleService
+                from agent.samples import SampleService
                 self._samples = SampleService(self.store, self.cfg.transform_load)
             return self._samples
 
@@ -388,7 +388,7 @@ class AgentServer(fl.FlightServerBase):
         local = self._local_name(path)
         tmp = local + ".part"
         if source:
-            from .agentclient import AgentClient
+            from agent.client import AgentClient
             src = AgentClient(source, token=self.token)
             read = lambda off, n: src.read(path, off, n, replica_only=True)  # noqa: E731
         else:
@@ -761,7 +761,7 @@ def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:
 
 
 def run_agent(cfg) -> int:
-    from .mount import build_store, check_store
+    from fusefs.mount import build_store, check_store
     store = build_store(cfg)
     check_store(store, cfg)
     if not cfg.agent.token_file and cfg.agent.auth == "none":
@@ -772,7 +772,7 @@ def run_agent(cfg) -> int:
     import signal
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=server.shutdown).start())
-    from .mount import sd_notify
+    from fusefs.mount import sd_notify
     sd_notify("READY=1")
     server.serve()
     return 0

@@ -150,7 +150,7 @@ class Bench:
         mnt.mkdir(parents=True)
         cfg = base / "hintfs.toml"
         cfg.write_text(toml + f'\n[logging]\nfile = "{base / "mount.log"}"\nlevel = "WARNING"\n')
-        r = subprocess.run([PY, "-m", "fusefs.cli", "mount", str(cfg), str(mnt)], cwd=REPO,
+        r = subprocess.run([PY, "-m", "hintfs.cli", "mount", str(cfg), str(mnt)], cwd=REPO,
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise RuntimeError(f"mount {name}: {r.stderr[-1500:]}")
@@ -160,7 +160,7 @@ class Bench:
     def cleanup(self) -> None:
         for mnt in reversed(self.mounts):
             if os.path.ismount(mnt):
-                subprocess.run([PY, "-m", "fusefs.cli", "umount", str(mnt), "--timeout", "20"], cwd=REPO,
+                subprocess.run([PY, "-m", "hintfs.cli", "umount", str(mnt), "--timeout", "20"], cwd=REPO,
                                capture_output=True, timeout=40)
             if os.path.ismount(mnt):
                 subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
@@ -254,10 +254,10 @@ class Bench:
             level = "WARNING"
             file = "{self.tmp / 'agent.log'}"
         """))
-        self.spawn([PY, "-m", "fusefs.cli", "agent", str(acfg)], stdout=subprocess.DEVNULL,
+        self.spawn([PY, "-m", "hintfs.cli", "agent", str(acfg)], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
         wait_port(aport)
-        from fusefs.agentclient import AgentClient
+        from agent.client import AgentClient
         self.agent = AgentClient(self.agent_loc)
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'

@@ -184,7 +184,7 @@ def trainer_main(spec):
         if s < steps:
             items[(s * world + r) * B + sl] = (sa, int(se))
     if spec.get("register"):
-        from fusefs.plan import register_plan
+        from hintfs.plan import register_plan
         register_plan(spec["root"], spec["job"], spec["plan_rel"], step=0, lookahead=spec["lookahead"])
     suffix = "" if spec["raw"] else ".tensor"
     t0 = os.times()
@@ -480,7 +480,7 @@ def main():
         t_gen = time.time() - t_start
         costs = measure_costs(ctx["store"], names)
         import numpy as np
-        from fusefs.plan import build_plan
+        from hintfs.plan import build_plan
         os.makedirs(os.path.join(ctx["store"], "plans"))
         ctx["plans"] = {"plain": "plans/plain.parquet", "cost": "plans/cost.parquet"}
         build_plan(names, os.path.join(ctx["store"], ctx["plans"]["plain"]), seed=7, world_size=a.world,

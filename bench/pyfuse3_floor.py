@@ -130,7 +130,7 @@ def main() -> int:
                     subprocess.run(["bindfs", store, mnt], check=True)
                     proc = None
                 elif name == "hintfs":
-                    subprocess.run([sys.executable, "-m", "fusefs.cli", "mount", cfg, mnt], check=True,
+                    subprocess.run([sys.executable, "-m", "hintfs.cli", "mount", cfg, mnt], check=True,
                                    cwd=REPO, stdout=subprocess.DEVNULL)
                     proc = None
                 else:
@@ -140,7 +140,7 @@ def main() -> int:
                     results[name].append(read_tree(files))   # fresh mount: lookups + first reads
                 finally:
                     if name == "hintfs":
-                        subprocess.run([sys.executable, "-m", "fusefs.cli", "umount", mnt], cwd=REPO)
+                        subprocess.run([sys.executable, "-m", "hintfs.cli", "umount", mnt], cwd=REPO)
                     subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
                     if proc is not None:
                         proc.wait(timeout=20)

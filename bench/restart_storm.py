@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from fusefs.agentclient import AgentClient  # noqa: E402
+from agent.client import AgentClient  # noqa: E402
 from policy.replicas import choose_replica, fanout_rounds, plan_replicas  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
@@ -234,7 +234,7 @@ def setup_default(agents, pl, files, ttl, copies=3):
 
 def prescale_hints(agents, pl, ckpt, n, safe, default, ttl):
     """hints_from_dcp -> plan_replicas -> tree fan-out. Returns (seconds, targets)."""
-    from fusefs.hintsource import hints_from_dcp
+    from hintfs.hintsource import hints_from_dcp
 
     t0 = time.monotonic()
     hints = hints_from_dcp(ckpt, world_size=n)

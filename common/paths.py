@@ -19,7 +19,7 @@ import errno
 import os
 import posixpath
 
-from .errors import HintfsError
+from common.errors import HintfsError
 
 CONTROL_DIR = ".hintfs"
 STAGING_PREFIX = ".hintfs-tmp."      # staged writes: hidden files next to their target

@@ -8,7 +8,7 @@ import errno
 import os
 import stat
 
-from .errors import HintfsError
+from common.errors import HintfsError
 
 MAX_TOKEN_BYTES = 4096
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from common.paths import user_relpath
 from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
-from .control import ControlDir, ControlFile, ControlInputError, validation_reason
+from fusefs.control import ControlDir, ControlFile, ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.hints")
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import pyfuse3
 
-from .store import Staging
+from stores.base import Staging
 
 
 class Inode:

@@ -6,7 +6,7 @@ import logging
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, REGISTRY
 
-from .stats import Stats
+from fusefs.stats import Stats
 
 log = logging.getLogger("hintfs.metrics")
 

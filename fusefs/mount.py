@@ -20,10 +20,10 @@ import trio
 
 from common.secrets import read_token_file
 from mountconfig import MountConfig, effective_config_json
-from .control import ControlDir, ControlFile, loglevel_file
-from .operations import Operations
-from .stats import Stats
-from .store import Store
+from fusefs.control import ControlDir, ControlFile, loglevel_file
+from fusefs.operations import Operations
+from fusefs.stats import Stats
+from stores.base import Store
 
 log = logging.getLogger("hintfs.mount")
 
@@ -35,9 +35,9 @@ class MountError(Exception):
 def build_store(cfg: MountConfig) -> Store:
     scheme = urlparse(cfg.store.uri).scheme
     if scheme == "file":
-        from .localstore import LocalStore
+        from stores.local import LocalStore
         return LocalStore(urlparse(cfg.store.uri).path)
-    from .arrowstore import ArrowStore, filesystem_from_config
+    from stores.arrow import ArrowStore, filesystem_from_config
     try:
         fs, root = filesystem_from_config(cfg.store)
     except Exception as err:  # pyarrow raises ArrowInvalid/OSError for bad URIs or missing HDFS libs
@@ -123,20 +123,20 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     stats = Stats()
     control = build_control(cfg, stats)
     hints, replica_reads, agent_server = build_replication(cfg, store, stats, control)
-    from .tensorfile import TensorFiles
+    from fusefs.tensorfile import TensorFiles
     tensors = TensorFiles(cfg, store, hints.agents, hints.clients, stats)
     control.add_dir(tensors.control_dir())
-    from .signals import SignalForwarder
+    from fusefs.signals import SignalForwarder
     signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), hints.clients, stats)
     control.add_dir(signals.control_dir())
     view = store
     if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
-        from .routedstore import RoutedStore
+        from fusefs.routedstore import RoutedStore
         view = RoutedStore(store, cfg.routes, hints.clients, stats)
     ops = Operations(view, cfg, stats, control, replica_reads, tensors)
     replica_reads.store_read = ops.store_read
     if cfg.metrics.enabled:
-        from .metrics import start_metrics
+        from fusefs.metrics import start_metrics
         port = start_metrics(stats, cfg.metrics.bind, cfg.metrics.port)
         stats.counters["metrics_port"] = port
     try:
@@ -167,14 +167,14 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
 
 def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir):
     """Agents (configured, or one started in this process), the hints manager and replica reads."""
-    from .agentclient import AgentClient
-    from .hints import HintsManager
-    from .replicaread import ReplicaReads
+    from agent.client import AgentClient
+    from fusefs.hints import HintsManager
+    from fusefs.replicaread import ReplicaReads
 
     server = None
     locations = list(cfg.agents.locations)
     if not locations:
-        from .agent import start_in_process
+        from agent.server import start_in_process
         try:
             server, loc = start_in_process(cfg, store)
         except PermissionError as err:
@@ -233,7 +233,7 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
 
 
 async def _prune_journal(store: Store, cfg: MountConfig) -> None:
-    from .journal import prune, prune_interval_s
+    from common.journal import prune, prune_interval_s
     retention_ns = int(cfg.journal.retention_s * 1e9)
     while True:
         await trio.sleep(prune_interval_s(cfg.journal.retention_s))

@@ -21,13 +21,14 @@ import pyfuse3
 import trio
 
 from common import paths
-from .control import (MAX_CONTROL_WRITE, MAX_JOB_FILES, Caller, ControlDir, ControlFile, ControlInputError,
+from fusefs.control import (MAX_CONTROL_WRITE, MAX_JOB_FILES, Caller, ControlDir, ControlFile, ControlInputError,
                       ErrorView, apply_write, refuse)
-from .errors import StoreError, errno_of
-from .inodes import Inode, InodeTable
-from .routedstore import route_of
-from .stats import Stats
-from .store import Stat, Staging, Store
+from common.errors import HintfsError
+from stores.errors import errno_of
+from fusefs.inodes import Inode, InodeTable
+from fusefs.routedstore import route_of
+from fusefs.stats import Stats
+from stores.base import Stat, Staging, Store
 
 log = logging.getLogger("hintfs.ops")
 
@@ -320,7 +321,7 @@ class Operations(pyfuse3.Operations):
     def _chown(self, rel: str, uid: int, gid: int) -> None:
         chown = getattr(self.store, "chown", None)
         if chown is None:
-            raise StoreError(errno.EPERM, "this store has no owners to change")
+            raise HintfsError(errno.EPERM, "this store has no owners to change")
         chown(rel, uid, gid)
 
     async def _truncate(self, node: Inode, size: int) -> None:
@@ -685,14 +686,14 @@ class Operations(pyfuse3.Operations):
             staging.dirty = False  # written to a name that no longer exists: nothing to publish
             return
         if staging.failed:
-            raise StoreError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
+            raise HintfsError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
         size = staging.size()
         st = await self._io(self.store.commit, staging, node.path)
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()
         if self._journal_dir is not None:
-            from .journal import encode_record, record_name
+            from common.journal import encode_record, record_name
             try:
                 await self._io(self.store.put_small,
                                f"{self._journal_dir}/{record_name(node.path, st.size, st.mtime_ns)}",

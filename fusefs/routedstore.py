@@ -28,7 +28,7 @@ import stat as stat_mod
 import time
 from typing import Optional
 
-from .store import Stat
+from stores.base import Stat
 
 log = logging.getLogger("hintfs.routes")
 

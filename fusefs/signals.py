@@ -16,7 +16,7 @@ import trio
 from common.paths import user_relpath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .control import ControlDir, ControlFile, ControlInputError, validation_reason
+from fusefs.control import ControlDir, ControlFile, ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.signals")
 

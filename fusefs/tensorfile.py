@@ -24,7 +24,7 @@ from typing import Optional
 
 import trio
 
-from .control import ControlDir, ControlFile, ControlInputError
+from fusefs.control import ControlDir, ControlFile, ControlInputError
 
 log = logging.getLogger("hintfs.tensorfile")
 
@@ -240,7 +240,7 @@ class TensorFiles:
 
     # -- plan registration ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
-        from .plan import parse_plan_registration
+        from hintfs.plan import parse_plan_registration
         d = ControlDir("plans")
         d.make_file = lambda name: ControlFile(name, render=lambda: self._render(name),
                                                parse=parse_plan_registration,

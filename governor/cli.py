@@ -1,4 +1,4 @@
-"""Entry point of `hintfs governor CONFIG` (called lazily by fusefs.cli)."""
+"""Entry point of `hintfs governor CONFIG` (called lazily by hintfs.cli)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import trio
 
-from fusefs.procs import pid_alive
+from common.procs import pid_alive
 from governor.config import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 from governor.pagebroker import PageBroker, close_fds

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional
 
-from .agentclient import AgentClient
+from agent.client import AgentClient
 
 
 def measure(location: str, path: str, size: int, readers: int, seconds: float, block: int,

@@ -12,9 +12,9 @@ import time
 
 from common.secrets import read_token_file
 
-from .agentrpc import MAX_READ_BYTES
+from agent.rpc import MAX_READ_BYTES
 
-from .procs import daemon_python, pid_alive
+from common.procs import daemon_python, pid_alive
 
 log = logging.getLogger("hintfs")
 
@@ -47,7 +47,7 @@ def default_log_file(mountpoint: str) -> str:
 
 # -- mount ---------------------------------------------------------------------------------------
 def cmd_mount(args) -> int:
-    from .mount import MountError, check_fuse_device, check_mountpoint, run_mount
+    from fusefs.mount import MountError, check_fuse_device, check_mountpoint, run_mount
 
     cfg = _load(args.config)
     mountpoint = args.mountpoint
@@ -77,7 +77,7 @@ def cmd_mount(args) -> int:
     log_file = cfg.logging.file or default_log_file(mountpoint)
     os.makedirs(os.path.dirname(log_file), exist_ok=True)
     rfd, wfd = os.pipe()
-    cmd = [*daemon_python(), "-m", "fusefs.cli", "mount", os.path.abspath(args.config),
+    cmd = [*daemon_python(), "-m", "hintfs.cli", "mount", os.path.abspath(args.config),
            os.path.abspath(mountpoint), "--foreground", "--ready-fd", str(wfd)]
     with open(log_file, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
@@ -159,7 +159,7 @@ def cmd_status(args) -> int:
 
 # -- other verbs ---------------------------------------------------------------------------------
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from hintfs.demo import run_demo
     return run_demo(keep=args.keep)
 
 
@@ -172,8 +172,8 @@ def cmd_config_doc(args) -> int:
 def cmd_agent(args) -> int:
     cfg = _load(args.config)
     _setup_logging(cfg.logging.level, cfg.logging.file)
-    from .agent import run_agent
-    from .mount import MountError
+    from agent.server import run_agent
+    from fusefs.mount import MountError
     try:
         return run_agent(cfg)
     except MountError as err:
@@ -183,7 +183,7 @@ def cmd_agent(args) -> int:
 
 
 def cmd_hints(args) -> int:
-    from . import client
+    from hintfs import client
     mp = os.path.abspath(args.mountpoint)
     if args.action == "set":
         if args.from_dcp:
@@ -220,8 +220,8 @@ def cmd_hints(args) -> int:
 
 def cmd_calibrate(args) -> int:
     """Measure how many concurrent readers one replica serves (safe_readers_per_replica)."""
-    from .agentclient import AgentClient
-    from .calibrate import calibrate
+    from agent.client import AgentClient
+    from hintfs.calibrate import calibrate
     if not args.agent or not args.path:
         raise UserError("calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
     try:
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate_options(cal)
     cal.set_defaults(func=cmd_calibrate)
 
-    from .plan import add_plan_parser
+    from hintfs.plan import add_plan_parser
     add_plan_parser(sub)
 
     g = sub.add_parser("governor", help="run the GPU-memory governor")

@@ -1,7 +1,7 @@
 """One-call helpers for training jobs: everything goes through the mount's control files.
 
 The mount never imports torch; these helpers run in the job. `hints_from_dcp` and friends live
-in `fusefs.hintsource` and are re-exported here.
+in `hintfs.hintsource` and are re-exported here.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import time
 from typing import Mapping, Optional
 
-from .hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
+from hintfs.hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
 __all__ = ["signal_anomaly", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
            "hints_from_megatron", "hints_from_safetensors"]

@@ -20,12 +20,12 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .plan import read_plan_meta, read_steps, register_plan, update_step
+from hintfs.plan import read_plan_meta, read_steps, register_plan, update_step
 
 try:   # torch is optional for the package; this module needs it
     from torch.utils.data import DataLoader, Dataset, Sampler
 except ImportError as _err:   # pragma: no cover
-    raise ImportError("fusefs.dataset needs torch") from _err
+    raise ImportError("hintfs.dataset needs torch") from _err
 
 
 def _default_loader(path: str):

@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 
-from .cli import format_status
-from .procs import daemon_python
+from hintfs.cli import format_status
+from common.procs import daemon_python
 
 
 def _make_tree(root: str, files: int, seed: int = 0) -> dict[str, str]:
@@ -82,7 +82,7 @@ def run_demo(keep: bool = False, files: int = 400) -> int:
     _make_images(os.path.join(store, "images"), 8)
     print(f"workspace {work}: generating a checkpoint-like tree of {files} files")
     digests = _make_tree(store, files)
-    hintfs = [*daemon_python(), "-m", "fusefs.cli"]
+    hintfs = [*daemon_python(), "-m", "hintfs.cli"]
     subprocess.run(hintfs + ["mount", config, mnt], check=True)
     ok = False
     try:
@@ -114,7 +114,7 @@ def run_demo(keep: bool = False, files: int = 400) -> int:
         print(f"copied the checkpoint through the mount in {t_cp:.2f}s; the store holds an identical copy")
 
         # Restart storm, told ahead: hint the shards as hot, wait for replicas, read through them.
-        from . import client
+        from hintfs import client
         hot = {rel: 256 for rel in digests if "/shards/" in rel}
         t0 = time.perf_counter()
         client.set_replication_hints(mnt, "demo-restart", hot, ttl_s=60, deadline_s=60)

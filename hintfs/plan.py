@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from common.paths import user_relpath
 from policy.plan import CostModel, PlanSpec, build_chunks, features, fill_missing, listing_hash, summarize_ratios
-from .control import ControlInputError, validation_reason
+from fusefs.control import ControlInputError, validation_reason
 
 log = logging.getLogger("hintfs.plan")
 
@@ -325,7 +325,7 @@ def _plan_file(mount: str, job: str) -> str:
     return os.path.join(mount, ".hintfs", "plans", job)
 
 
-from .client import _write_control  # noqa: E402  (EINVAL -> the reason in <file>.error)
+from hintfs.client import _write_control  # noqa: E402  (EINVAL -> the reason in <file>.error)
 
 _registered: dict[tuple[str, str], PlanRegistration] = {}
 _registered_lock = threading.Lock()
@@ -374,7 +374,7 @@ def update_step(mount: str, job: str, step: int, plan: Optional[str] = None) -> 
 # -- CLI -----------------------------------------------------------------------------------------
 def _user_error(msg: str) -> Exception:
     try:
-        from .cli import UserError
+        from hintfs.cli import UserError
         return UserError(msg)
     except ImportError:   # pragma: no cover
         return SystemExit(f"hintfs plan: {msg}")

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from .errors import StoreError
-from .store import STAGING_PREFIX, Stat, Staging
+from common.errors import HintfsError
+from stores.base import STAGING_PREFIX, Stat, Staging
 
 _seq = itertools.count()
 _UPLOAD_CHUNK = 8 << 20
@@ -110,9 +110,9 @@ class ArrowStore:
     def check(self) -> None:
         info = self.fs.get_file_info(self.root)
         if info.type == pafs.FileType.NotFound:
-            raise StoreError(errno.ENOENT, f"store root {self.description} does not exist")
+            raise HintfsError(errno.ENOENT, f"store root {self.description} does not exist")
         if info.type != pafs.FileType.Directory:
-            raise StoreError(errno.ENOTDIR, f"store root {self.description} is not a directory")
+            raise HintfsError(errno.ENOTDIR, f"store root {self.description} is not a directory")
         os.makedirs(self.spool_dir, exist_ok=True)
 
     def stat(self, rel: str) -> Stat:
@@ -156,10 +156,10 @@ class ArrowStore:
         return ArrowReader(self.fs.open_input_file(self._p(rel)))
 
     def readlink(self, rel: str) -> str:
-        raise StoreError(errno.EINVAL, "this store has no symlinks")
+        raise HintfsError(errno.EINVAL, "this store has no symlinks")
 
     def symlink(self, rel: str, target: str) -> None:
-        raise StoreError(errno.EPERM, "this store has no symlinks")
+        raise HintfsError(errno.EPERM, "this store has no symlinks")
 
     def statfs(self):
         return None
@@ -213,7 +213,7 @@ class ArrowStore:
         self.fs.delete_dir(self._p(src))
 
     def chmod(self, rel: str, mode: int) -> None:
-        raise StoreError(errno.EPERM, "this store has no permissions to change")
+        raise HintfsError(errno.EPERM, "this store has no permissions to change")
 
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
         # Object stores set mtime at upload; accept and ignore (as s3fs-fuse does) so `cp -p`,
@@ -240,7 +240,7 @@ class ArrowStore:
         except BaseException:
             os.close(fd)
             raise
-        from .localstore import read_mode
+        from stores.local import read_mode
         staging = Staging(fd, path, rel)
         staging.inline_io = read_mode(os.fstat(fd).st_dev) == "memory"
         return staging

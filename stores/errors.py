@@ -1,11 +1,10 @@
-"""Map store failures to errno values, so every dependency failure becomes a clear errno."""
+"""Map store failures to errno values, so every dependency failure becomes a clear errno
+(hintfs's own errors are `common.errors.HintfsError`, which carry theirs)."""
 from __future__ import annotations
 
 import errno
 import logging
 import re
-
-from common.errors import HintfsError
 
 log = logging.getLogger("hintfs.errors")
 
@@ -38,7 +37,3 @@ def errno_of(exc: BaseException) -> int:
         if pattern.search(text):
             return code
     return errno.EIO
-
-
-# hintfs's own errors carry an errno and a reason; one type for every room (common.errors).
-StoreError = HintfsError

@@ -15,9 +15,9 @@ from typing import Iterator, Optional
 
 from common.paths import Beneath, open_beneath
 
-from .errors import StoreError
-from .procs import pid_alive
-from .store import STAGING_PREFIX, Stat, Staging
+from common.errors import HintfsError
+from common.procs import pid_alive
+from stores.base import STAGING_PREFIX, Stat, Staging
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _HOST = socket.gethostname().replace("/", "_")
@@ -136,7 +136,7 @@ class LocalStore:
 
     def check(self) -> None:
         if not os.path.isdir(self.root):
-            raise StoreError(errno.ENOTDIR, f"{self.root} is not a directory")
+            raise HintfsError(errno.ENOTDIR, f"{self.root} is not a directory")
         fd = open_beneath(self.root_fd, "", os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.listdir(fd)  # readable?
@@ -227,7 +227,7 @@ class LocalStore:
         fd = open_beneath(self.root_fd, rel, os.O_PATH | os.O_NOFOLLOW)
         try:
             if stat_mod.S_ISLNK(os.fstat(fd).st_mode):
-                raise StoreError(errno.EOPNOTSUPP, f"{rel}: symlinks have no mode")
+                raise HintfsError(errno.EOPNOTSUPP, f"{rel}: symlinks have no mode")
             os.chmod(f"/proc/self/fd/{fd}", mode)
         finally:
             os.close(fd)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HINTFS = [sys.executable, "-m", "fusefs.cli"]
+HINTFS = [sys.executable, "-m", "hintfs.cli"]
 
 
 def have_fuse() -> bool:

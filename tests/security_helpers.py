@@ -130,7 +130,7 @@ class AgentProc:
 
     def __init__(self, cfg: Path) -> None:
         self.cfg = cfg
-        self.p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(cfg)], cwd=REPO,
+        self.p = subprocess.Popen([sys.executable, "-m", "hintfs.cli", "agent", str(cfg)], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def exited(self, timeout: float) -> tuple[int | None, str]:
@@ -143,7 +143,7 @@ class AgentProc:
             return None, ""
 
     def wait_up(self, client, timeout: float = 30) -> None:
-        from fusefs.agentclient import AgentError
+        from agent.client import AgentError
 
         def up():
             if self.p.poll() is not None:

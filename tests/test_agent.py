@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from fusefs.agent import AgentServer, start_in_process
-from fusefs.agentclient import AgentClient
-from fusefs.localstore import LocalStore
+from agent.server import AgentServer, start_in_process
+from agent.client import AgentClient
+from stores.local import LocalStore
 from mountconfig import parse_config
 
 
@@ -104,7 +104,7 @@ def test_bandwidth_limit_binds(tmp_path, store):
 
 
 def test_calibration_finds_the_knee(tmp_path, store):
-    from fusefs.calibrate import calibrate
+    from hintfs.calibrate import calibrate
     # An agent that serves at most 2 reads at once: past 2 readers requests queue behind each other.
     s, loc = _agent(tmp_path, store, max_concurrent_reads=2, bandwidth_bytes_s=64 << 20)
     try:
@@ -137,7 +137,7 @@ def test_tls(tmp_path, store):
     (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                          serialization.PrivateFormat.PKCS8,
                                                          serialization.NoEncryption()))
-    from fusefs.agent import AgentServer
+    from agent.server import AgentServer
     import threading
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tls"), "tls_cert_file": str(tmp_path / "cert.pem"),

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from fusefs.agent import start_in_process
-from fusefs.agentclient import AgentClient
-from fusefs.follower import Follower
-from fusefs.journal import encode_record, record_name
-from fusefs.localstore import LocalStore
+from agent.server import start_in_process
+from agent.client import AgentClient
+from agent.follower import Follower
+from common.journal import encode_record, record_name
+from stores.local import LocalStore
 from mountconfig import parse_config
 from tests.conftest import needs_fuse, wait_for
 
@@ -160,7 +160,7 @@ def test_anomaly_signal_takes_the_link_first(tmp_path):
 
 @needs_fuse
 def test_signals_control_file(mount_factory, tmp_path):
-    from fusefs import client
+    from hintfs import client
     cfg = parse_config({"store": {"uri": f"file://{tmp_path}"}, "agent": {"data_dir": str(tmp_path / "tier"),
                                                                         "link_bytes_s": 1 << 30}})
     server, loc = start_in_process(cfg, LocalStore(str(tmp_path)))
@@ -178,7 +178,7 @@ def test_signals_control_file(mount_factory, tmp_path):
 
 
 def test_journal_records_in_names_and_content():
-    from fusefs.journal import decode_name
+    from common.journal import decode_name
     name = record_name("ckpt/run/step_1/__0_0.distcp", 123, 456)
     assert name.endswith(".rec") and len(name.encode()) <= 255
     assert decode_name(name) == {"path": "ckpt/run/step_1/__0_0.distcp", "size": 123, "mtime_ns": 456}
@@ -295,7 +295,7 @@ def test_eval_mount_takes_routed_metadata_from_the_tier(mount_factory, tmp_path)
 
 
 def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
-    from fusefs.journal import prune, record_time_ns
+    from common.journal import prune, record_time_ns
     store = tmp_path / "store"
     jdir = store / ".hintfs-journal"
     jdir.mkdir(parents=True)

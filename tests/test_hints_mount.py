@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from fusefs import client
-from fusefs.agentclient import AgentClient
+from hintfs import client
+from agent.client import AgentClient
 from tests.conftest import HINTFS, REPO, needs_fuse, wait_for
 
 pytestmark = needs_fuse

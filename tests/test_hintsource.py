@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from fusefs.hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
+from hintfs.hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
 from tests.conftest import REPO
 
 torch = pytest.importorskip("torch")

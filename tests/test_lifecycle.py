@@ -154,7 +154,7 @@ def test_kill_mid_write_leaves_no_partial_file_and_restart_serves_same_data(tmp_
 
 
 def test_stale_staging_of_a_dead_daemon_is_reaped(tmp_path):
-    from fusefs import localstore
+    from stores import local as localstore
     store, mnt, cfg = _dirs(tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -205,7 +205,7 @@ def test_no_dev_fuse(tmp_path):
         pytest.skip("unshare not installed")
     store, mnt, cfg = _dirs(tmp_path)
     # A private mount namespace where /dev is an empty tmpfs: as on a host without fuse.
-    script = f"mount -t tmpfs tmpfs /dev && exec {sys.executable} -m fusefs.cli mount {cfg} {mnt}"
+    script = f"mount -t tmpfs tmpfs /dev && exec {sys.executable} -m hintfs.cli mount {cfg} {mnt}"
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     line = _one_clean_line(r)

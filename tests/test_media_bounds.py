@@ -21,8 +21,8 @@ import pytest
 av = pytest.importorskip("av")
 
 import transforms  # noqa: E402
-from fusefs.localstore import LocalStore  # noqa: E402
-from fusefs.samples import SampleService, TransformPool, transform_to_container  # noqa: E402
+from stores.local import LocalStore  # noqa: E402
+from agent.samples import SampleService, TransformPool, transform_to_container  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
 from transforms import SampleEIO, TransformError, TransformTimeout  # noqa: E402
 from transforms.container import decode, load_sample  # noqa: E402
@@ -231,8 +231,8 @@ def test_pixel_bomb_through_the_sample_service(store, caplog):
 
 
 def test_pixel_bomb_through_a_real_agent(tmp_path, store):
-    from fusefs.agent import start_in_process
-    from fusefs.agentclient import AgentClient
+    from agent.server import start_in_process
+    from agent.client import AgentClient
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "agent")},
                         "transform_load": {"workers": 1, "fallback": False}})

@@ -6,13 +6,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from common import paths
-from fusefs.errors import StoreError, errno_of
+from common.errors import HintfsError
+from stores.errors import errno_of
 from fusefs.stats import OpStats, Stats
 
 
 @pytest.mark.parametrize("name", [b"", b".", b"..", b"a/b", b"a\0b"])
 def test_child_refuses_names_that_could_escape(name):
-    with pytest.raises(StoreError) as exc:
+    with pytest.raises(HintfsError) as exc:
         paths.child("dir", name)
     assert exc.value.errno == errno.EINVAL
 

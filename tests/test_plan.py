@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusefs import plan as fplan
-from fusefs.plan import (PlanRegistration, build_plan, estimate_costs, fit_cost_model, parse_plan_registration,
+from hintfs import plan as fplan
+from hintfs.plan import (PlanRegistration, build_plan, estimate_costs, fit_cost_model, parse_plan_registration,
                          read_listing, read_plan_meta, read_steps, register_plan, row_groups_for_steps,
                          update_step, walk_listing)
 from policy import plan as pplan
@@ -330,7 +330,7 @@ def test_cli_build_register_show(tmp_path, capsys):
     assert json.loads((tmp_path / ".hintfs/plans/j").read_text()) == {"plan": "p.parquet", "step": 4}
     args = parser.parse_args(["plan", "build", str(lst), str(tmp_path / "q.parquet"), "--seed", "1",
                               "--world-size", "4", "--batch-per-rank", "2", "--steps", "3", "--cost-aware"])
-    from fusefs.cli import UserError
+    from hintfs.cli import UserError
     with pytest.raises(UserError, match="--catalog"):
         args.func(args)
 
@@ -338,7 +338,7 @@ def test_cli_build_register_show(tmp_path, capsys):
 # -- the torch Dataset ---------------------------------------------------------------------------
 def test_dataloader_yields_plan_batches_in_order(tmp_path):
     torch = pytest.importorskip("torch")
-    from fusefs.dataset import PlanDataset
+    from hintfs.dataset import PlanDataset
     mount = tmp_path / "mnt"
     mount.mkdir()
     r = build_plan(SAMPLES, str(mount / "plan.parquet"), seed=11, world_size=2, batch_per_rank=4,

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from fusefs.procs import pid_alive
+from common.procs import pid_alive
 
 
 def test_running_exited_and_zombie_processes():

@@ -129,7 +129,7 @@ def test_cp_r_and_diff_r_through_s3(s3_mount, tmp_path):
 def test_open_reader_stat_matches_stat_in_one_request(s3_server, tmp_path):
     """An S3 open takes size and mtime from the open's own HEAD (one round trip, not two); the
     Stat must be the one `stat` gives, or close-to-open would see every file as changed."""
-    from fusefs.arrowstore import ArrowStore
+    from stores.arrow import ArrowStore
     _server, port = s3_server
     fs = _s3fs(port)
     fs.create_dir(BUCKET)

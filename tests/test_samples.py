@@ -4,8 +4,8 @@ import time
 import numpy as np
 import pytest
 
-from fusefs.localstore import LocalStore
-from fusefs.samples import LoadMonitor, SampleService
+from stores.local import LocalStore
+from agent.samples import LoadMonitor, SampleService
 from mountconfig import parse_config
 
 av = pytest.importorskip("av")

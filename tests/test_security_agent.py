@@ -4,7 +4,7 @@ another user (uid 65534 via setpriv) against real mounts and a real `hintfs agen
 Each test fails on the code before the fix (ef76c40): the in-process agent listened on loopback
 TCP without a token and joined any client path onto the store root; `hintfs agent` started
 without a token; token files were read whatever their mode; the mount daemon re-executed
-`python -m fusefs.cli` from the caller's cwd.
+`python -m hintfs.cli` from the caller's cwd.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fusefs.agentclient import AgentClient, AgentError
+from agent.client import AgentClient, AgentError
 from tests.conftest import REPO, force_unmount, needs_fuse, wait_for
 from tests.security_helpers import (NOBODY, AgentProc, WorldDir, agent_config, can_run_as_nobody,
                                     files_holding, free_port, nobody_connect_unix, nobody_flight_get,
@@ -256,7 +256,7 @@ def test_mount_refuses_an_agents_token_file_others_can_read_or_own(tmp_path, how
     cfg.write_text(f'[store]\nuri = "file://{store}"\n[agents]\nlocations = ["grpc://127.0.0.1:{free_port()}"]\n'
                    f'token_file = "{tok}"\n[logging]\nfile = "{tmp_path / "m.log"}"\n')
     try:
-        r = subprocess.run([sys.executable, "-m", "fusefs.cli", "mount", str(cfg), str(mnt)],
+        r = subprocess.run([sys.executable, "-m", "hintfs.cli", "mount", str(cfg), str(mnt)],
                            capture_output=True, text=True, timeout=60, cwd=REPO)
         mounted = os.path.ismount(mnt)
     finally:
@@ -276,7 +276,7 @@ def _console_script(tmp_path: Path) -> list[str]:
     d = tmp_path / "bin"
     d.mkdir()
     (d / "hintfs").write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                              "from fusefs.cli import main\nsys.exit(main())\n")
+                              "from hintfs.cli import main\nsys.exit(main())\n")
     return [sys.executable, str(d / "hintfs")]
 
 

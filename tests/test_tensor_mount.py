@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from fusefs.demo import write_jpeg
+from hintfs.demo import write_jpeg
 from tests.conftest import needs_fuse, wait_for
 
 pytestmark = needs_fuse

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from fusefs.agent import AgentServer, start_in_process
-from fusefs.agentclient import AgentClient, AgentError
-from fusefs.localstore import LocalStore
+from agent.server import AgentServer, start_in_process
+from agent.client import AgentClient, AgentError
+from stores.local import LocalStore
 from mountconfig import parse_config
 from policy.tier import TierEntry, pick_evictions
 from tests.conftest import REPO, wait_for
@@ -186,7 +186,7 @@ class AgentProcess:
         self.p = None
 
     def start(self) -> AgentClient:
-        self.p = subprocess.Popen([sys.executable, "-m", "fusefs.cli", "agent", str(self.cfg)], cwd=REPO,
+        self.p = subprocess.Popen([sys.executable, "-m", "hintfs.cli", "agent", str(self.cfg)], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         c = AgentClient(f"grpc://127.0.0.1:{self.port}", token="tier-secret")
 

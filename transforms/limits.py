@@ -10,7 +10,7 @@ The bounds are fields of the transform parameters (``max_pixels``, ``max_decoded
 in microseconds. Other formats, or headers this does not understand, are still bounded: FFmpeg
 gets a picture-size bound of its own (``image.ffmpeg_max_pixels``: it refuses a larger picture
 before it allocates it, also while probing), and the decoded picture is checked before it is
-converted. In the agent's workers the address space is capped as well (fusefs/samples.py).
+converted. In the agent's workers the address space is capped as well (agent/samples.py).
 """
 from __future__ import annotations
 
