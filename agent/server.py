@@ -41,6 +41,8 @@ import pyarrow.flight as fl
 
 from common.errors import HintfsError
 from common.secrets import read_token_file
+from common.systemd import sd_notify
+from stores import check_store, open_store
 
 from agent import rpc
 from agent.rpc import rpc_error
@@ -761,9 +763,8 @@ def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:
 
 
 def run_agent(cfg) -> int:
-    from fusefs.mount import build_store, check_store
-    store = build_store(cfg)
-    check_store(store, cfg)
+    store = open_store(cfg.store, cfg.cache.spool_dir)
+    check_store(store, cfg.store)
     if not cfg.agent.token_file and cfg.agent.auth == "none":
         log.warning("agent at %s runs WITHOUT authentication ([agent] auth = \"none\"): anyone who can "
                     "reach it can read every file of %s", cfg.agent.location, store.description)
@@ -772,7 +773,6 @@ def run_agent(cfg) -> int:
     import signal
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=server.shutdown).start())
-    from fusefs.mount import sd_notify
     sd_notify("READY=1")
     server.serve()
     return 0

@@ -27,6 +27,8 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from common.documents import DocumentError
+
 log = logging.getLogger("hintfs.control")
 
 MAX_CONTROL_WRITE = 16 << 20  # a control document larger than this is refused (EFBIG)
@@ -34,8 +36,8 @@ MAX_JSON_DEPTH = 64           # deeper nesting is refused before json.loads recu
 MAX_JOB_FILES = 1024          # job files in one control directory (hints/, plans/, signals/)
 
 
-class ControlInputError(ValueError):
-    """A control write that is not accepted; the message is what `<name>.error` shows."""
+# A refused control write: the message is what `<name>.error` shows (the documents' own error).
+ControlInputError = DocumentError
 
 
 @dataclass(frozen=True)
@@ -160,16 +162,6 @@ class ErrorView:
 
     def render(self) -> bytes:
         return (self.target.last_error + "\n").encode() if self.target.last_error else b""
-
-
-def validation_reason(err) -> str:
-    """One line for a document refused by pydantic: `key: reason` of the first error."""
-    e = err.errors()[0]
-    where = ".".join(str(p) for p in e["loc"]) or "(document)"
-    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    return f"{where}: {msg}".replace("\n", " ")
 
 
 def _depth_ok(text: str) -> bool:

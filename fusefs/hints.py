@@ -18,49 +18,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from common.paths import user_relpath
+from common.documents import HintDocument, parse_hint
 from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
-from fusefs.control import ControlDir, ControlFile, ControlInputError, validation_reason
+from fusefs.control import ControlDir, ControlFile, ControlInputError
 
 log = logging.getLogger("hintfs.hints")
-
-
-MAX_READERS = 1 << 24    # expected readers of one file: far above any cluster's rank count
-
-
-class HintDocument(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    files: dict[str, int] = Field(min_length=1)
-    safe_readers_per_replica: Optional[int] = Field(None, ge=1, le=MAX_READERS)
-    ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
-    deadline_s: float = Field(300.0, gt=0, le=86400)
-
-    @field_validator("files")
-    @classmethod
-    def _paths_inside(cls, files: dict[str, int]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for path, readers in files.items():
-            try:
-                rel = user_relpath(path, what="file")
-            except OSError as err:
-                raise ValueError(err.strerror) from None
-            if rel in out:
-                raise ValueError(f"{path!r} names the same file as another entry")
-            if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
-                raise ValueError(f"{path!r}: expected_readers must be an integer in 1..{MAX_READERS}")
-            out[rel] = readers
-        return out
-
-
-def parse_hint(doc: object, max_files: int) -> HintDocument:
-    if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and len(doc["files"]) > max_files:
-        raise ControlInputError(f"files: {len(doc['files'])} entries exceed replicas.max_hint_files={max_files}")
-    try:
-        return HintDocument.model_validate(doc)
-    except ValidationError as err:
-        raise ControlInputError(validation_reason(err)) from None
 
 
 @dataclass

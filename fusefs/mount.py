@@ -5,21 +5,20 @@ background launcher and of systemd). Pre-flight checks raise `MountError` with o
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import signal
-import socket
 import time
 from typing import Callable, Optional
-from urllib.parse import urlparse
 
 import pyfuse3
 import trio
 
 from common.secrets import read_token_file
+from common.systemd import sd_notify
 from mountconfig import MountConfig, effective_config_json
+from stores import check_store, open_store
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.operations import Operations
 from fusefs.stats import Stats
@@ -32,27 +31,15 @@ class MountError(Exception):
     """A problem the user can fix (mountpoint, /dev/fuse, store); one line, no traceback."""
 
 
-def build_store(cfg: MountConfig) -> Store:
-    scheme = urlparse(cfg.store.uri).scheme
-    if scheme == "file":
-        from stores.local import LocalStore
-        return LocalStore(urlparse(cfg.store.uri).path)
-    from stores.arrow import ArrowStore, filesystem_from_config
+def open_checked_store(cfg: MountConfig, store: Optional[Store] = None) -> Store:
+    """The config's store (or `store`, given by a test), checked per `[store] startup_check`."""
     try:
-        fs, root = filesystem_from_config(cfg.store)
-    except Exception as err:  # pyarrow raises ArrowInvalid/OSError for bad URIs or missing HDFS libs
-        raise MountError(f"store {cfg.store.uri}: {err}") from None
-    return ArrowStore(fs, root, cfg.cache.spool_dir, cfg.store.uri)
-
-
-def check_store(store: Store, cfg: MountConfig) -> None:
-    if not cfg.store.startup_check:
-        return
-    try:
-        store.check()
-    except Exception as err:
-        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
-        raise MountError(f"store {cfg.store.uri} is not reachable: {reason}") from None
+        if store is None:
+            store = open_store(cfg.store, cfg.cache.spool_dir)
+        check_store(store, cfg.store)
+        return store
+    except OSError as err:
+        raise MountError(err.strerror or str(err)) from None
 
 
 def check_mountpoint(mountpoint: str) -> str:
@@ -88,21 +75,6 @@ def build_control(cfg: MountConfig, stats: Stats) -> ControlDir:
     return root
 
 
-def sd_notify(message: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(message.encode())
-    except OSError as err:
-        log.warning("sd_notify failed: %s", err)
-
-
 def fuse_options(cfg: MountConfig) -> set[str]:
     options = set(pyfuse3.default_options)
     options.add(f"fsname={cfg.mount.fsname}")
@@ -117,9 +89,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     """Mount and serve until unmounted or signalled; return an exit status."""
     mp = check_mountpoint(mountpoint)
     check_fuse_device()
-    if store is None:
-        store = build_store(cfg)
-    check_store(store, cfg)
+    store = open_checked_store(cfg, store)
     stats = Stats()
     control = build_control(cfg, stats)
     hints, replica_reads, agent_server = build_replication(cfg, store, stats, control)
@@ -280,4 +250,4 @@ async def _announce_ready(mp: str, on_ready, cfg: MountConfig) -> None:
         on_ready()
 
 
-__all__ = ["MountError", "run_mount", "build_store", "errno"]
+__all__ = ["MountError", "run_mount"]

@@ -28,7 +28,7 @@ from stores.errors import errno_of
 from fusefs.inodes import Inode, InodeTable
 from fusefs.routedstore import route_of
 from fusefs.stats import Stats
-from stores.base import Stat, Staging, Store
+from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.ops")
 

@@ -9,38 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Literal
 
 import trio
 
-from common.paths import user_relpath
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from common.documents import Signal, parse_signal
 
-from fusefs.control import ControlDir, ControlFile, ControlInputError, validation_reason
+from fusefs.control import ControlDir, ControlFile, ControlInputError
 
 log = logging.getLogger("hintfs.signals")
-
-
-class Signal(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    path: str = Field(min_length=1)
-    kind: Literal["loss_spike", "grad_norm_spike", "clear"]
-    severity: float = Field(1.0, ge=0, le=1e6)
-
-    @field_validator("path")
-    @classmethod
-    def _inside(cls, v: str) -> str:
-        try:
-            return user_relpath(v, what="path")
-        except OSError as err:
-            raise ValueError(err.strerror) from None
-
-
-def parse_signal(doc: object) -> Signal:
-    try:
-        return Signal.model_validate(doc)
-    except ValidationError as err:
-        raise ControlInputError(validation_reason(err)) from None
 
 
 class SignalForwarder:

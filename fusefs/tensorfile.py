@@ -24,6 +24,7 @@ from typing import Optional
 
 import trio
 
+from common.documents import parse_plan_registration
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 
 log = logging.getLogger("hintfs.tensorfile")
@@ -240,7 +241,6 @@ class TensorFiles:
 
     # -- plan registration ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
-        from hintfs.plan import parse_plan_registration
         d = ControlDir("plans")
         d.make_file = lambda name: ControlFile(name, render=lambda: self._render(name),
                                                parse=parse_plan_registration,

@@ -20,7 +20,6 @@ lives in `policy.plan`.
 from __future__ import annotations
 
 import argparse
-import errno
 import fnmatch
 import json
 import logging
@@ -28,22 +27,19 @@ import os
 import posixpath
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common.paths import user_relpath
 from policy.plan import CostModel, PlanSpec, build_chunks, features, fill_missing, listing_hash, summarize_ratios
-from fusefs.control import ControlInputError, validation_reason
+from common.documents import MAX_LOOKAHEAD, PlanRegistration, parse_plan_registration  # noqa: F401
 
 log = logging.getLogger("hintfs.plan")
 
 META_KEY = b"hintfs.plan"
 FORMAT_VERSION = 1
 COLUMNS = ("step", "rank", "slot", "sample", "aug_seed", "est_cost_ms")
-MAX_LOOKAHEAD = 4096
-MAX_STEP = 1 << 48
 
 
 def _schema():
@@ -289,32 +285,6 @@ def read_steps(path: str, start: int = 0, stop: Optional[int] = None, rank: Opti
 
 
 # -- registration ---------------------------------------------------------------------------------
-class PlanRegistration(BaseModel):
-    """The document written to `.hintfs/plans/<job>`: a registration (with `plan`) or a step-only
-    update of a registered job; both are validated here, the same way."""
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    plan: Optional[str] = Field(None, description="the plan's relpath inside the mount (absent: a step "
-                                "update of the job's registered plan)")
-    step: int = Field(ge=0, le=MAX_STEP, description="the step the job is consuming now")
-    lookahead: Optional[int] = Field(None, ge=0, le=MAX_LOOKAHEAD,
-                                     description="steps to prepare ahead (the config's default if absent)")
-
-    @field_validator("plan")
-    @classmethod
-    def _plan_inside(cls, v: Optional[str]) -> Optional[str]:
-        return None if v is None else normalize_relpath(v, "plan")
-
-
-def parse_plan_registration(doc: object) -> PlanRegistration:
-    """Validate a parsed JSON document; ValueError (ControlInputError) with a one-line reason."""
-    if not isinstance(doc, dict):
-        raise ControlInputError("(document): expected a JSON object")
-    try:
-        return PlanRegistration.model_validate(doc)
-    except ValidationError as err:
-        raise ControlInputError(validation_reason(err)) from None
-
-
 def _check_job(job: str) -> None:
     if not job or "/" in job or "\0" in job or job in (".", "..") or job.endswith(".error"):
         raise ValueError(f"job name {job!r} must be one path component (and not end in .error)")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from common.errors import validation_message
+
 from .schema import MountConfig
 
 
@@ -14,22 +16,12 @@ class ConfigError(Exception):
     """A user mistake in the config: the message names the key and what is wrong."""
 
 
-def _describe(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{key}: {msg}")
-    return "; ".join(lines)
-
-
 def parse_config(data: dict, source: str = "config") -> MountConfig:
     try:
         return MountConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {_describe(err)}") from None
+        reason = validation_message(err, root="(top level)")
+        raise ConfigError(f"{source}: {reason}") from None
 
 
 def load_config(path: str | Path) -> MountConfig:

@@ -11,7 +11,7 @@ import os
 import socket
 import stat as stat_mod
 import time
-from typing import Iterator, Optional
+from typing import Iterator
 
 from common.paths import Beneath, open_beneath
 

@@ -31,7 +31,7 @@ import errno
 import json
 import os
 import struct
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
