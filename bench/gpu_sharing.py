@@ -768,7 +768,7 @@ def pct(xs, q):
 
 
 def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
-    from governor.config import GovernorConfig, GpuConfig
+    from mountconfig.governor import GovernorConfig, GpuConfig
 
     card = int(args.card_gib * GiB)
     reserve = GiB // 2

@@ -7,12 +7,12 @@ refusal is a `DocumentError` whose message is one line naming the key.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import validation_message
-from .paths import user_relpath
+from common.errors import validation_message
+from common.paths import user_relpath
 
 MAX_READERS = 1 << 24       # expected readers of one file: far above any cluster's rank count
 MAX_HINT_TTL_S = 7 * 86400
@@ -32,7 +32,10 @@ def _path(v: object, what: str) -> str:
         raise ValueError(err.strerror) from None
 
 
-def _validate(model: type[BaseModel], doc: object) -> BaseModel:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate(model: type[M], doc: object) -> M:
     if not isinstance(doc, dict):
         raise DocumentError("(document): expected a JSON object")
     try:

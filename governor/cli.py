@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from governor.config import GovernorConfigError, load_governor_config
+from mountconfig.governor import GovernorConfigError, load_governor_config
 
 
 def main(config_path: str) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 
 from common.procs import pid_alive
-from governor.config import GovernorConfig
+from mountconfig.governor import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 from governor.pagebroker import PageBroker, close_fds
 from governor.protocol import (

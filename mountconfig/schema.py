@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.paths import relpath
-from governor.config import GovernorConfig
+from mountconfig.governor import GovernorConfig
 from transforms.params import TransformRule
 
 

@@ -77,7 +77,7 @@ def test_every_field_has_a_description():
 
 
 def test_one_file_configures_mount_and_governor(tmp_path):
-    from governor.config import load_governor_config
+    from mountconfig.governor import load_governor_config
     p = tmp_path / "hintfs.toml"
     p.write_text('[store]\nuri = "file:///srv/data"\n\n[governor]\n')
     assert load_config(p).governor == load_governor_config(p)

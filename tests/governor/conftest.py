@@ -11,7 +11,7 @@ import uuid
 import pytest
 import trio
 
-from governor.config import GiB, GovernorConfig, GpuConfig
+from mountconfig.governor import GiB, GovernorConfig, GpuConfig
 from governor.daemon import GovernorDaemon
 
 

@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from governor.cli import main as cli_main
-from governor.config import GovernorConfig, GovernorConfigError, load_governor_config
+from mountconfig.governor import GovernorConfig, GovernorConfigError, load_governor_config
 
 
 def test_every_field_has_default_and_description():

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from governor.client import GovernorClient, GovernorError
-from governor.config import GiB
+from mountconfig.governor import GiB
 from governor_simdevice import SimulatedTrainer
 from conftest import wait_until
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from conftest import wait_until
-from governor.config import GpuConfig
+from mountconfig.governor import GpuConfig
 from governor.inference import InferenceClient
 from governor.pagealloc import PageAllocator
 from governor.training import ElasticTrainer, PagedMemoryProbe, governed_trainer

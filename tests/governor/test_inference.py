@@ -1,6 +1,6 @@
 import torch
 
-from governor.config import GiB
+from mountconfig.governor import GiB
 from governor.inference import InferenceClient, KVCache, ModelCache
 from governor_simdevice import SimulatedTrainer
 

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from common.errors import validation_message
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -169,14 +171,6 @@ class GovernorConfig(BaseModel):
         raise KeyError(index)
 
 
-def _one_line(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "governor"
-        parts.append(f"governor.{loc}: {e['msg']}")
-    return "; ".join(parts)
-
-
 def load_governor_config(path: str | Path) -> GovernorConfig:
     """Read the `[governor]` table of a TOML file; other tables belong to the mount and are ignored.
 
@@ -198,4 +192,4 @@ def load_governor_config(path: str | Path) -> GovernorConfig:
     try:
         return GovernorConfig.model_validate(table)
     except ValidationError as e:
-        raise GovernorConfigError(f"{p}: {_one_line(e)}") from None
+        raise GovernorConfigError(f"{p}: {validation_message(e, prefix='governor.', root='governor')}") from None
