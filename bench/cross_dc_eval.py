@@ -37,6 +37,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -416,9 +417,9 @@ class Bench:
 
 
 def plot(stats: dict, phases, path: Path, bw: float) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot_or_none()
+    if plt is None:
+        return
     dt = stats["sample_interval_s"]
     xs = [t for t, _ in stats["samples"]["down"]]
     ys = [b * 8 / dt / 1e6 for _, b in stats["samples"]["down"]]

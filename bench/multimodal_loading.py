@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -416,9 +417,9 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
 
 
 def plot(res, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot_or_none()
+    if plt is None:
+        return
     names = list(res)
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     x = range(len(names))

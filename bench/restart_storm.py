@@ -50,6 +50,7 @@ sys.path.insert(0, REPO)
 
 from agent.client import AgentClient  # noqa: E402
 from policy.replicas import choose_replica, fanout_rounds, plan_replicas  # noqa: E402
+from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 
 RESULTS = os.path.join(HERE, "results")
 WINDOW_S = 0.5
@@ -556,12 +557,8 @@ def main() -> int:
 
 
 def plot(out, ns, sweep_ns, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG (pip install matplotlib)")
+    plt = pyplot_or_none()
+    if plt is None:
         return
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for s in ("default", "reactive", "hints"):
