@@ -9,8 +9,9 @@ page-handoff micro-benchmark (CUDA VMM pages moved between two processes). Infer
 server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`,
 the ledger's total), so that memory, not the H200's 141 GB, is what the tenants compete for.
 Compute priority is the same in every co-located mode but one: inference runs on high-priority
-CUDA streams and training does not pause (`--yield-ms 0`; `governor_mid_backward_yield` pauses
-training at its safe points while a request runs, up to 50 ms, the older scheme). Training and
+CUDA streams, and training pauses at its safe points (up to 50 ms at a time) only while a request
+that starts cold runs (`--yield-to cold`); `governor_mid_backward_yield` pauses it for every
+request, the older scheme. Training and
 inference alone on the trace give training's physical limit beside inference: training alone x
 (1 - the share of time NVML saw inference's kernels running).
 
@@ -22,6 +23,7 @@ Roles `--role train|infer|handoff` are the child processes; not for direct use.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -55,10 +57,10 @@ HANDOFF = ("governor_handoff_long_kv",)
 # services would be): a ResNet request never waits behind a decoder's 80 ms prefill.
 SERVERS = ["resnet50", "vit_b_16", "decoder"]
 ALONE = ("inference_alone", "inference_alone_repeat")
-# Compute priority. By default training never pauses for inference (--yield-ms 0) and inference
-# runs on high-priority CUDA streams; this mode keeps the older scheme for comparison: training
-# pauses at its safe points while a request runs (up to 50 ms, then runs at least 5 ms).
-MODE_YIELD_MS = {"governor_mid_backward_yield": 50.0}
+# Compute priority. Inference runs on high-priority CUDA streams; training pauses at its safe
+# points (up to 50 ms, then runs at least 5 ms) only while a request that starts cold runs
+# (--yield-to cold). This mode keeps the older scheme for comparison: it pauses for every request.
+MODE_YIELD_TO = {"governor_mid_backward_yield": "all"}
 INFER_SHARE = {"static_50": 0.5, "static_75": 0.75}
 
 
@@ -384,8 +386,13 @@ def role_infer(args) -> None:
         start = time.monotonic() - args.t0
         cold_before = cache.cold_starts
         n_timings = len(client.timings)
+        # training pauses at its safe points while BUSY is set: for every request, or (the
+        # default) only for one that starts cold, whose weight copy and first kernels are what
+        # time-slicing with training's context delays (run 1: every SLO miss beside a training
+        # that never paused was a cold start, or a request queued behind one)
+        busy = args.yield_to == "all" or name not in cache.models
         try:
-            with client.busy():
+            with client.busy() if busy else contextlib.nullcontext():
                 serve(name)
             ok = True
         except Exception as e:  # a rejected reservation is a failed request, not a crash
@@ -452,6 +459,7 @@ def role_train(args) -> None:
         # about 160 per micro-batch, so that a stop drains in about a millisecond of GPU work
         trainer, client = governed_trainer(args.socket, wrapped, opt, loss_fn, layers=None,
                                            handoff=args.mode in HANDOFF,
+                                           defer_unmap=args.mode in HANDOFF,
                                            reclaim_at=reclaim_at, max_ahead=args.max_ahead,
                                            max_ahead_ms=args.max_ahead_ms or None,
                                            max_yield_s=args.yield_ms / 1e3,
@@ -803,7 +811,7 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
     common = ["--socket", sock, "--shm-name", shm_name, "--t0", repr(t0),
               "--duration", str(args.duration), "--mode", mode,
               "--max-ahead-ms", str(args.max_ahead_ms),
-              "--yield-ms", str(MODE_YIELD_MS.get(mode, args.yield_ms)),
+              "--yield-ms", str(args.yield_ms), "--yield-to", MODE_YIELD_TO.get(mode, args.yield_to),
               "--infer-priority", args.infer_priority]
     train_env = dict(env)
     if has_train:
@@ -1004,7 +1012,7 @@ def summarize(results: dict, handoff: dict, args) -> dict:
         "train_vs_alone": (gov.get("train_samples_per_s") / alone_train)
         if alone_train and gov.get("train_samples_per_s") else None,
         "settings": {"max_ahead": args.max_ahead, "max_ahead_ms": args.max_ahead_ms,
-                     "yield_ms": args.yield_ms, "infer_priority": args.infer_priority,
+                     "yield_ms": args.yield_ms, "yield_to": args.yield_to, "infer_priority": args.infer_priority,
                      "stress_kv_mult": args.stress_kv_mult,
                      "stress_gap_s": [args.stress_gap_lo, args.stress_gap_hi]},
         "train_throughput_vs_best_static": (gov.get("train_samples_per_s") / best_static)
@@ -1098,8 +1106,10 @@ def main() -> int:
     # the drain budget: GPU work queued behind a safe point, in ms (0: count only)
     ap.add_argument("--max-ahead-ms", type=float, default=2.0)
     # training pauses at safe points while inference runs, at most this long each time (0: it
-    # never pauses; inference's kernels go first through stream priority only)
-    ap.add_argument("--yield-ms", type=float, default=0.0)
+    # never pauses; inference's kernels go first through stream priority only) ...
+    ap.add_argument("--yield-ms", type=float, default=50.0)
+    # ... for every request, or only for those that start cold (weights not resident)
+    ap.add_argument("--yield-to", choices=["all", "cold"], default="cold")
     ap.add_argument("--infer-priority", choices=["default", "high"], default="high")
     args = ap.parse_args()
     if args.role == "infer":

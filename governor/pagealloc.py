@@ -88,6 +88,7 @@ class PageAllocator:
         L.pa_release.argtypes = [ctypes.c_uint64]
         L.pa_release.restype = ctypes.c_uint64
         L.pa_lend.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        L.pa_lend_deferred.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         L.pa_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         L.pa_mapped.restype = ctypes.c_uint64
         L.pa_peak_allocated.restype = ctypes.c_uint64
@@ -125,11 +126,18 @@ class PageAllocator:
         device first (a freed block's kernels may still be queued)."""
         return int(self.lib.pa_release(max(0, int(keep_bytes))))
 
-    def lend(self, keep_bytes: int, max_pages: int) -> list[int]:
-        """Release like `release`, but hand each page out as an fd (the caller owns the fds)."""
+    def lend(self, keep_bytes: int, max_pages: int, defer_unmap: bool = False) -> list[int]:
+        """Release like `release`, but hand each page out as an fd (the caller owns the fds).
+        `defer_unmap`: the pages leave this allocator at once, but stay mapped here until
+        `finish_lend()` (call it after the ack: unmapping is off the handover's path)."""
         buf = (ctypes.c_int * max(1, max_pages))()
-        n = self.lib.pa_lend(max(0, int(keep_bytes)), buf, max_pages)
+        fn = self.lib.pa_lend_deferred if defer_unmap else self.lib.pa_lend
+        n = fn(max(0, int(keep_bytes)), buf, max_pages)
         return list(buf[:n])
+
+    def finish_lend(self) -> int:
+        """Unmap the pages a deferred lend left mapped; how many."""
+        return int(self.lib.pa_finish_lend())
 
     def stats(self) -> dict:
         out = (ctypes.c_uint64 * len(STAT_FIELDS))()

@@ -101,11 +101,15 @@ class PagedMemoryProbe(MemoryProbe):
     def release(self, keep_bytes: int) -> None:
         self.alloc.release(keep_bytes)
 
-    def lend(self, keep_bytes: int) -> list[int]:
-        """Release down to `keep_bytes`, the pages becoming fds for another process."""
+    def lend(self, keep_bytes: int, defer_unmap: bool = False) -> list[int]:
+        """Release down to `keep_bytes`, the pages becoming fds for another process.
+        `defer_unmap`: our mappings go later, in finish_lend()."""
         page = self.alloc.page_bytes
         most = max(0, -(-(self.alloc.mapped() - keep_bytes) // page))
-        return self.alloc.lend(keep_bytes, most) if most else []
+        return self.alloc.lend(keep_bytes, most, defer_unmap) if most else []
+
+    def finish_lend(self) -> None:
+        self.alloc.finish_lend()
 
 
 def default_probe(device: torch.device) -> MemoryProbe:
@@ -189,7 +193,7 @@ class ElasticTrainer:
                  probe: MemoryProbe | None = None, process_group=None,
                  yield_to_inference: Callable[[], bool] | None = None,
                  max_yield_s: float = 0.05, min_run_s: float = 0.005,
-                 reclaim_at: str = "safe_point",
+                 reclaim_at: str = "safe_point", defer_unmap: bool = False,
                  lend_pages: Callable[[list[int], int, int], None] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -220,6 +224,11 @@ class ElasticTrainer:
         # lend_pages(fds, page_bytes, seq): hand a shrink's pages on (the governor's page
         # handoff) instead of returning them to the driver; needs a probe that can lend.
         self.lend_pages = lend_pages if hasattr(self.probe, "lend") else None
+        # with lend_pages: hand the pages over (fds sent) before the ack, unmap our own
+        # mappings of them after it. The memory is the receiver's once it has the fds, and
+        # nothing here touches it after the drain; pages no client takes stay physically held
+        # until that unmap, a few ms after the grant.
+        self.defer_unmap = defer_unmap
         self.group = process_group
         self.yield_to_inference = yield_to_inference
         self.max_yield_s = max_yield_s
@@ -279,6 +288,8 @@ class ElasticTrainer:
                 while not oldest.query():
                     self._check_command(where)
                 self._retire()
+            if self.max_ahead_ms is not None:
+                self._queued_estimate()   # what stays queued (the abort diagnostics read it)
         self._check_command(where)
         if (self.yield_to_inference is not None and self.yield_to_inference()
                 and time.monotonic() >= self._run_until):
@@ -371,6 +382,7 @@ class ElasticTrainer:
             t_detect = int(self.control.slot[W_T_DETECT])
         flags = ACK_ABORTED if dropped else 0
         freed = 0
+        deferred = False
         diag = {}
         if dropped and self._detect_usage is not None:
             t0, ru0, gcs0, queued = self._detect_usage
@@ -393,7 +405,8 @@ class ElasticTrainer:
                 self.probe.drain()
                 t_drained = now_ns()
                 if self.lend_pages is not None:
-                    fds = self.probe.lend(cmd.target)
+                    fds = self.probe.lend(cmd.target, self.defer_unmap)
+                    deferred = self.defer_unmap and bool(fds)
                     try:
                         if fds:   # before the ACK word: the daemon passes them with the grant
                             self.lend_pages(fds, self.probe.alloc.page_bytes, cmd.seq)
@@ -419,6 +432,8 @@ class ElasticTrainer:
         self.control.ack(cmd.seq, used, t_drained, t_released, flags, freed)
         if self.notify is not None and cmd.cmd == CMD_SHRINK:
             self.notify(cmd.seq)
+        if deferred:   # the handover is acked: now drop our own mappings of the lent pages
+            self.probe.finish_lend()
         self._adjustments.append(Adjustment(
             cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
             (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED),

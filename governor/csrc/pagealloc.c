@@ -76,6 +76,7 @@ typedef struct {
     u64 handle;      /* CUDA: generic allocation handle; host: memfd */
     int fd;          /* exported at creation (pa_export_at_create), or -1 */
     int mapped;
+    int unmap_pending;   /* lent with pa_lend_deferred: out of the books, still mapped here */
     int pool;
     u64 live;        /* bytes of allocated blocks on this page */
 } Page;
@@ -83,10 +84,11 @@ typedef struct {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int backend = -1, device = 0;
 static int export_at_create = 0;   /* export each page's fd when it is created, not when lent */
-/* A release unmaps each run of adjacent pages with one cuMemUnmap (their handles released
- * first), not one call per page; per page if the driver refuses the range, or if the
- * environment sets HINTFS_PAGEALLOC_BATCH_UNMAP=0 (for comparison). */
-static int batch_unmap = 1;
+/* With HINTFS_PAGEALLOC_BATCH_UNMAP=1 a release unmaps each run of adjacent pages with one
+ * cuMemUnmap (their handles released first) instead of one call per page (per page anyway if
+ * the driver refuses the range). Off by default: on the H200 it made no difference (the cost
+ * is per byte, about 1.4 ms/GiB to unmap), see bench/README.md. */
+static int batch_unmap = 0;
 static void *cu_ctx;
 static u64 page_bytes, va_base, va_bytes;
 static int n_pages;
@@ -313,7 +315,7 @@ static int grow(int pool, u64 need_bytes) {
     int need = (int)((need_bytes + page_bytes - 1) / page_bytes);
     int run = 0;
     for (int p = 0; p < n_pages; p++) {
-        run = pages[p].mapped ? 0 : run + 1;
+        run = (pages[p].mapped || pages[p].unmap_pending) ? 0 : run + 1;
         if (run == need) {
             int first = p - need + 1;
             for (int q = first; q <= p; q++) {
@@ -334,7 +336,16 @@ static int grow(int pool, u64 need_bytes) {
 
 /* Unmap every empty page until at most `keep` bytes stay mapped; returns bytes unmapped.
  * Syncs the device first: a freed block's last kernels may still run (stream-ordered free). */
+static u64 release_locked_d(u64 keep, int *lend_fds, int max_lend, int *n_lent, int defer);
 static u64 release_locked(u64 keep, int *lend_fds, int max_lend, int *n_lent) {
+    return release_locked_d(keep, lend_fds, max_lend, n_lent, 0);
+}
+
+/* `defer`: the pages leave the books and their fds are handed out, but this process's own
+ * mappings stay until pa_finish_lend (after the ack): nothing here uses them any more (the
+ * device was synchronised, their ranges are cut from the pools), and the physical memory
+ * belongs to whoever holds the fds, so unmapping is bookkeeping of ours, not the handover. */
+static u64 release_locked_d(u64 keep, int *lend_fds, int max_lend, int *n_lent, int defer) {
     u64 freed = 0;
     int lent = 0;
     bk_make_current();
@@ -345,6 +356,12 @@ static u64 release_locked(u64 keep, int *lend_fds, int max_lend, int *n_lent) {
         if (!pages[p].mapped || pages[p].live) continue;
         if (lend_fds && lent >= max_lend) break;
         if (detach_page(p, lend_fds ? &lend_fds[lent] : NULL)) break;
+        if (defer) {
+            pages[p].unmap_pending = 1;
+            if (lend_fds) lent++;
+            freed += page_bytes;
+            continue;
+        }
         u64 va = va_base + (u64)p * page_bytes;
         if (run_hi && va + page_bytes == run_lo) run_lo = va;   /* extends the run downwards */
         else {
@@ -400,7 +417,7 @@ int pa_init(int backend_kind, int dev, u64 page, u64 va) {
     device = dev;
     page_bytes = page;
     const char *bu = getenv("HINTFS_PAGEALLOC_BATCH_UNMAP");
-    batch_unmap = !(bu && bu[0] == '0');
+    batch_unmap = bu && bu[0] == '1';
     if (backend_kind == BACKEND_CUDA) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (!lib) { snprintf(last_error, sizeof last_error, "cannot load libcuda.so.1"); goto out; }
@@ -529,6 +546,37 @@ int pa_lend(u64 keep_bytes, int *fds, int max_fds) {
         st_lent += (u64)n;
         st_bytes_lent += (u64)n * page_bytes;
     }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* Lend like pa_lend, but leave the pages mapped here until pa_finish_lend (the caller acks
+ * in between, so the unmap is off the shrink's critical path). */
+int pa_lend_deferred(u64 keep_bytes, int *fds, int max_fds) {
+    int n = 0;
+    pthread_mutex_lock(&mu);
+    if (backend >= 0) {
+        release_locked_d(keep_bytes, fds, max_fds, &n, 1);
+        st_lent += (u64)n;
+        st_bytes_lent += (u64)n * page_bytes;
+    }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* Unmap the pages pa_lend_deferred left mapped; returns how many. */
+int pa_finish_lend(void) {
+    int n = 0;
+    pthread_mutex_lock(&mu);
+    u64 t = now_ns();
+    bk_make_current();
+    for (int p = n_pages - 1; p >= 0; p--) {
+        if (!pages[p].unmap_pending) continue;
+        unmap_run(va_base + (u64)p * page_bytes, page_bytes);
+        pages[p].unmap_pending = 0;
+        n++;
+    }
+    st_unmap_ns += now_ns() - t;
     pthread_mutex_unlock(&mu);
     return n;
 }

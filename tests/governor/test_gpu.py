@@ -1,6 +1,7 @@
 """Real-GPU checks (skipped without CUDA): mid-backward shrink on CUDA, VMM page handoff."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,10 @@ def test_vmm_pages_handed_over_zeroed(tmp_path):
 
 def test_page_allocator_behind_torch_releases_mid_backward_and_lends_pages(tmp_path):
     # a fresh process: the page allocator must be torch's allocator before CUDA starts
+    # with runs of pages unmapped in one call (off by default), to check that path on CUDA too
+    env = dict(os.environ, HINTFS_PAGEALLOC_BATCH_UNMAP="1")
     r = subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_paged_child.py")), str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["default_probe_is_paged"]

@@ -44,7 +44,7 @@ class Poller:
 
 
 @contextlib.contextmanager
-def _colocated(make_daemon, handoff: bool = True, accept_pages: bool = True):
+def _colocated(make_daemon, handoff: bool = True, accept_pages: bool = True, defer_unmap: bool = False):
     """A 40 MiB governed card: a trainer behind a host-memory page allocator holding 32 MiB of
     freed (empty, still mapped) pages filled with 0xCD, and an inference client.
     Yields (allocator, training client, inference client)."""
@@ -58,6 +58,7 @@ def _colocated(make_daemon, handoff: bool = True, accept_pages: bool = True):
     m = nn.Linear(4, 2)
     trainer, tclient = governed_trainer(d.cfg.socket_path, m, torch.optim.SGD(m.parameters(), lr=0.1),
                                         lambda o, y: o.sum(), handoff=handoff, device="cpu",
+                                        defer_unmap=defer_unmap,
                                         probe=PagedMemoryProbe(torch.device("cpu"), alloc))
     poller = Poller(trainer)
     inf = InferenceClient(d.cfg.socket_path, accept_pages=accept_pages)
@@ -136,3 +137,17 @@ def test_fds_with_a_bad_or_misplaced_pages_message_are_closed(make_daemon):
             os.close(fd)
         inf.close()
         train.close()
+
+
+def test_deferred_unmap_acks_the_handover_then_drops_the_trainers_mappings(make_daemon):
+    with _colocated(make_daemon, defer_unmap=True) as (alloc, _tclient, inf):
+        r = inf.reserve(24 * MiB, "kv_cache", timeout_s=5)
+        assert r["timing_ms"]["lent"] and r["timing_ms"]["freed"]
+        fds, _ = inf.pop_pages()
+        assert len(fds) == 8 and alloc.mapped() == 16 * MiB
+        # the trainer unmaps its own copies right after its ack
+        assert wait_until(lambda: alloc.stats()["unmaps"] == 8 and alloc.finish_lend() == 0, 5)
+        for fd in fds:
+            with mmap.mmap(fd, PAGE) as m:
+                assert m[:4] == b"\xcd" * 4
+            os.close(fd)

@@ -247,3 +247,27 @@ def test_release_unmaps_a_run_of_pages_in_one_call(batch, monkeypatch):
         with mmap.mmap(fd, PAGE) as m:
             assert m[:4] == b"\x09" * 4
         os.close(fd)
+
+
+def test_deferred_lend_hands_pages_over_first_and_unmaps_them_after():
+    a = host()
+    keep = a.malloc(PAGE)
+    lent = [a.malloc(PAGE) for _ in range(3)]
+    for p in lent:
+        fill(p, PAGE, 5)
+        a.free(p, PAGE)
+    fds = a.lend(PAGE, 3, defer_unmap=True)
+    assert len(fds) == 3 and a.stats()["mapped"] == PAGE     # out of the books at once
+    assert _pages_mapped_at(keep, 4) == [True] * 4            # our mappings are still there
+    # new allocations do not land on pages waiting to be unmapped
+    fresh = a.malloc(PAGE)
+    assert fresh not in lent
+    assert a.finish_lend() == 3
+    assert _pages_mapped_at(keep, 4) == [True, False, False, False]
+    for fd in fds:                                            # the receiver still has the data
+        with mmap.mmap(fd, PAGE) as m:
+            assert m[:4] == b"\x05" * 4
+        os.close(fd)
+    assert a.finish_lend() == 0
+    fill(fresh, PAGE, 1)
+    check(fresh, PAGE, 1)
