@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 
-from hintfs.cli import format_status
+from hintfs.status import format_status
 from common.procs import daemon_python
 
 

@@ -19,7 +19,6 @@ lives in `policy.plan`.
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import logging
@@ -230,6 +229,39 @@ def build_plan(samples: Sequence[str], out_path: str, *, seed: int, world_size: 
     return BuildResult(out_path, meta, before, after)
 
 
+
+def build_plan_from_listing(listing: str, out_path: str, *, seed: int, world_size: int, batch_per_rank: int,
+                            steps: int, globs: Optional[Sequence[str]] = None, cost_aware: bool = False,
+                            catalog: Optional[str] = None, timings: Optional[str] = None,
+                            cost_model: Optional[str] = None, drop_last: bool = False,
+                            steps_per_row_group: Optional[int] = None) -> BuildResult:
+    """`hintfs plan build`: the samples of `listing` (a file of relpaths, or a directory walked
+    with `globs`), their costs estimated from `catalog` (per-sample metadata) with a cost model
+    read from `cost_model` (JSON) or fitted to `timings` (default: the catalog's own measured_ms),
+    then `build_plan`. Raises ValueError, KeyError or OSError with the reason."""
+    if os.path.isdir(listing):
+        samples = walk_listing(listing, globs or ["*"])
+    else:
+        if globs:
+            raise ValueError("--glob applies to a directory listing, not a listing file")
+        samples = read_listing(listing)
+    if not samples:
+        raise ValueError(f"no samples in {listing}")
+    costs = model = None
+    if cost_aware or catalog:
+        if not catalog:
+            raise ValueError("--cost-aware needs --catalog (per-sample metadata)")
+        table = read_table(catalog)
+        if cost_model:
+            with open(cost_model) as f:
+                model = CostModel.from_dict(json.load(f))
+        else:
+            model = fit_cost_model(read_table(timings) if timings else table)
+        costs = estimate_costs(samples, table, model)
+    return build_plan(samples, out_path, seed=seed, world_size=world_size, batch_per_rank=batch_per_rank,
+                      steps=steps, costs=costs, cost_aware=cost_aware, drop_last=drop_last,
+                      steps_per_row_group=steps_per_row_group, cost_model=model)
+
 def read_plan_meta(path: str) -> dict:
     import pyarrow.parquet as pq
     md = pq.ParquetFile(path).metadata.metadata or {}
@@ -339,121 +371,3 @@ def update_step(mount: str, job: str, step: int, plan: Optional[str] = None) -> 
             raise ValueError(f"job {job!r} has no plan registered on {mount}; call register_plan first") from None
     return register_plan(mount, job, plan if plan is not None else prev.plan, step,
                          prev.lookahead if prev is not None else None)
-
-
-# -- CLI -----------------------------------------------------------------------------------------
-def _user_error(msg: str) -> Exception:
-    try:
-        from hintfs.cli import UserError
-        return UserError(msg)
-    except ImportError:   # pragma: no cover
-        return SystemExit(f"hintfs plan: {msg}")
-
-
-def cli_build(args) -> int:
-    """hintfs plan build LISTING OUT --seed S --world-size W --batch-per-rank B --steps N
-    [--glob G ...] [--cost-aware --catalog C --timings T | --cost-model M.json] [--drop-last]"""
-    try:
-        if os.path.isdir(args.listing):
-            samples = walk_listing(args.listing, args.glob or ["*"])
-        else:
-            if args.glob:
-                raise ValueError("--glob applies to a directory listing, not a listing file")
-            samples = read_listing(args.listing)
-        if not samples:
-            raise ValueError(f"no samples in {args.listing}")
-        costs = model = None
-        if args.cost_aware or args.catalog:
-            if not args.catalog:
-                raise ValueError("--cost-aware needs --catalog (per-sample metadata)")
-            catalog = read_table(args.catalog)
-            if args.cost_model:
-                with open(args.cost_model) as f:
-                    model = CostModel.from_dict(json.load(f))
-            else:
-                timings = read_table(args.timings) if args.timings else catalog
-                model = fit_cost_model(timings)
-            costs = estimate_costs(samples, catalog, model)
-        result = build_plan(samples, args.out, seed=args.seed, world_size=args.world_size,
-                            batch_per_rank=args.batch_per_rank, steps=args.steps, costs=costs,
-                            cost_aware=args.cost_aware, drop_last=args.drop_last,
-                            steps_per_row_group=args.steps_per_row_group, cost_model=model)
-    except (ValueError, KeyError) as err:
-        raise _user_error(str(err)) from None
-    except OSError as err:
-        raise _user_error(f"{getattr(err, 'filename', '') or ''}: {err.strerror or err}".lstrip(": ")) from None
-    m = result.meta
-    print(f"plan {args.out}: {m['steps']} steps x {m['world_size']} ranks x {m['batch_per_rank']} "
-          f"over {m['dataset_size']} samples, mode {m['mode']}")
-    if costs is not None:
-        b = m["balance"]
-        print(f"max/mean rank cost per step: before {b['before']['mean']:.3f} (p99 {b['before']['p99']:.3f}), "
-              f"after {b['after']['mean']:.3f} (p99 {b['after']['p99']:.3f})")
-    return 0
-
-
-def cli_register(args) -> int:
-    """hintfs plan register MOUNTPOINT JOB PLAN [--step N] [--lookahead W]"""
-    try:
-        reg = register_plan(args.mountpoint, args.job, args.plan, args.step, args.lookahead)
-    except ValueError as err:
-        raise _user_error(str(err)) from None
-    except OSError as err:
-        raise _user_error(f"{args.mountpoint}: {err.strerror or err}") from None
-    print(f"plan {args.job}: {reg.plan} at step {reg.step}")
-    return 0
-
-
-def cli_show(args) -> int:
-    """hintfs plan show PLAN [--step N] [--rank R]: the metadata, or the rows of one step."""
-    try:
-        meta = read_plan_meta(args.plan)
-        if args.step is None:
-            print(json.dumps(meta, indent=2, sort_keys=True))
-            return 0
-        table = read_steps(args.plan, args.step, args.step + 1, rank=args.rank)
-    except (ValueError, OSError) as err:
-        raise _user_error(str(err)) from None
-    for row in table.to_pylist():
-        print(f"{row['step']}\t{row['rank']}\t{row['slot']}\t{row['sample']}\t{row['aug_seed']}\t"
-              f"{row['est_cost_ms']:.2f}")
-    return 0
-
-
-def add_plan_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `plan build|register|show` to the CLI's subparsers; each sets `func`."""
-    p = subparsers.add_parser("plan", help="execution plans: build, register, show")
-    sub = p.add_subparsers(dest="plan_action", required=True)
-
-    b = sub.add_parser("build", help="write a Parquet plan from a dataset listing")
-    b.add_argument("listing", help="a text file of relpaths (one a line) or a directory to walk")
-    b.add_argument("out", help="the plan to write (.parquet)")
-    b.add_argument("--glob", action="append", help="directory walk: file globs (repeatable; default *)")
-    b.add_argument("--seed", type=int, required=True)
-    b.add_argument("--world-size", type=int, required=True)
-    b.add_argument("--batch-per-rank", type=int, required=True)
-    b.add_argument("--steps", type=int, required=True)
-    b.add_argument("--drop-last", action="store_true", help="each epoch is whole steps; its tail is skipped")
-    b.add_argument("--cost-aware", action="store_true", help="balance per-step transform cost across ranks")
-    b.add_argument("--catalog", help="per-sample metadata (Parquet/CSV: relpath, bytes, width, height, "
-                   "duration_s, codec, kind); fills est_cost_ms")
-    b.add_argument("--timings", help="timed samples (catalog columns + measured_ms) to fit the cost model; "
-                   "default: the catalog's own measured_ms column")
-    b.add_argument("--cost-model", help="a fitted cost model (JSON, as in the plan's metadata) instead of --timings")
-    b.add_argument("--steps-per-row-group", type=int, default=None)
-    b.set_defaults(func=cli_build)
-
-    r = sub.add_parser("register", help="register a plan and the current step with a mount")
-    r.add_argument("mountpoint")
-    r.add_argument("job")
-    r.add_argument("plan", help="the plan's path inside the mount (relative to it, or absolute under it)")
-    r.add_argument("--step", type=int, default=0)
-    r.add_argument("--lookahead", type=int, default=None)
-    r.set_defaults(func=cli_register)
-
-    s = sub.add_parser("show", help="print a plan's metadata, or the rows of one step")
-    s.add_argument("plan")
-    s.add_argument("--step", type=int, default=None)
-    s.add_argument("--rank", type=int, default=None)
-    s.set_defaults(func=cli_show)
-    return p

@@ -306,7 +306,8 @@ def test_cli_build_register_show(tmp_path, capsys):
     import argparse
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="verb")
-    fplan.add_plan_parser(sub)
+    from hintfs.cli import plan as plan_cli
+    plan_cli.add_parser(sub)
     lst = tmp_path / "list.txt"
     lst.write_text("\n".join(SAMPLES))
     rng = np.random.default_rng(5)
@@ -330,7 +331,7 @@ def test_cli_build_register_show(tmp_path, capsys):
     assert json.loads((tmp_path / ".hintfs/plans/j").read_text()) == {"plan": "p.parquet", "step": 4}
     args = parser.parse_args(["plan", "build", str(lst), str(tmp_path / "q.parquet"), "--seed", "1",
                               "--world-size", "4", "--batch-per-rank", "2", "--steps", "3", "--cost-aware"])
-    from hintfs.cli import UserError
+    from hintfs.cli.base import UserError
     with pytest.raises(UserError, match="--catalog"):
         args.func(args)
 

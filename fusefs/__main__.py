@@ -1,0 +1,55 @@
+"""The mount daemon: `python -I -m fusefs CONFIG MOUNTPOINT [--ready-fd N]`.
+
+`hintfs mount` starts it in the background (its own session, cwd /, output to the log file) and
+waits on the ready fd for one line: `ok` once the mount answers, or `error: <reason>`.
+`hintfs mount --foreground` (systemd) calls `serve` in its own process. A refusal is one line on
+stderr (and on the ready fd), exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+from common.logsetup import setup_logging
+from fusefs.mount import MountError, run_mount
+from mountconfig import ConfigError, MountConfig, load_config
+
+
+def serve(cfg: MountConfig, mountpoint: str, ready_fd: Optional[int] = None) -> int:
+    """Set up logging, mount and serve until unmounted. A MountError is reported on `ready_fd`
+    (`error: ...`), then raised."""
+    setup_logging(cfg.logging.level, cfg.logging.file)
+
+    def on_ready() -> None:
+        if ready_fd is not None:
+            os.write(ready_fd, b"ok\n")
+            os.close(ready_fd)
+
+    try:
+        return run_mount(cfg, mountpoint, on_ready=on_ready)
+    except MountError as err:
+        if ready_fd is not None:
+            os.write(ready_fd, f"error: {err}\n".encode())
+        raise
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fusefs", description="the hintfs mount daemon "
+                                "(started by `hintfs mount`)")
+    p.add_argument("config", help="mount config (TOML)")
+    p.add_argument("mountpoint")
+    p.add_argument("--ready-fd", type=int, default=None, help="write `ok` or `error: ...` here")
+    args = p.parse_args(argv)
+    try:
+        return serve(load_config(args.config), args.mountpoint, args.ready_fd)
+    except (ConfigError, MountError) as err:
+        print(f"hintfs mount: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`hintfs calibrate --agent LOCATION --path RELPATH`: measure how many concurrent readers one
+replica serves (sets replicas.safe_readers_per_replica)."""
+from __future__ import annotations
+
+from agent.client import AgentClient
+from agent.rpc import MAX_READ_BYTES
+from common.secrets import read_token_file
+from hintfs.calibrate import calibrate
+from hintfs.cli.base import UserError
+
+
+def add_options(parser) -> None:
+    """The options of `calibrate`; `hints` takes them too (`hintfs hints calibrate - - --agent ...`)."""
+    parser.add_argument("--agent", help="calibrate: the agent's Flight location")
+    parser.add_argument("--path", help="calibrate: a store file to read")
+    parser.add_argument("--size", type=int, default=None, help="calibrate: the file's size (read once if unset)")
+    parser.add_argument("--token-file", default=None)
+    parser.add_argument("--max-readers", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--block", type=int, default=1 << 20)
+
+
+def add_parser(subparsers) -> None:
+    cal = subparsers.add_parser("calibrate", help="measure the concurrent readers one replica serves "
+                                "(sets replicas.safe_readers_per_replica)")
+    add_options(cal)
+    cal.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    if not args.agent or not args.path:
+        raise UserError("calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
+    try:
+        token = read_token_file(args.token_file) if args.token_file else None
+    except OSError as err:
+        raise UserError(err.strerror or str(err)) from None
+    size = (len(AgentClient(args.agent, token=token).read(args.path, 0, MAX_READ_BYTES))
+            if args.size is None else args.size)
+    result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
+    for row in result["levels"]:
+        print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"
+              f"  p99 {row['p99_ms']:.2f} ms")
+    print(f"safe_readers_per_replica = {result['safe_readers_per_replica']}")
+    return 0

@@ -1,0 +1,75 @@
+"""`hintfs mount CONFIG MOUNTPOINT [--foreground]`.
+
+In the background (the default) the mount daemon, `python -I -m fusefs` (fusefs/__main__.py), is
+started in its own session; this waits until it says the mount answers, or relays its one-line
+error. `--foreground` (systemd) runs the same daemon in this process.
+
+The daemon rooms are imported when the verb runs: `hintfs plan`, `hints`, ... work on a host
+without libfuse3.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+from common.procs import daemon_python
+from hintfs.cli.base import UserError, load_config
+
+
+def add_parser(subparsers) -> None:
+    m = subparsers.add_parser("mount", help="mount a store (background unless --foreground)")
+    m.add_argument("config", help="mount config (TOML)")
+    m.add_argument("mountpoint")
+    m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (systemd)")
+    m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    m.set_defaults(func=cmd_mount)
+
+
+def default_log_file(mountpoint: str) -> str:
+    name = os.path.abspath(mountpoint).strip("/").replace("/", "-") or "root"
+    return f"/var/log/hintfs/mount-{name}.log"
+
+
+def cmd_mount(args) -> int:
+    from fusefs.mount import MountError
+
+    cfg = load_config(args.config)
+    if args.foreground:
+        from fusefs.__main__ import serve
+        try:
+            return serve(cfg, args.mountpoint, ready_fd=args.ready_fd)
+        except MountError as err:
+            raise UserError(str(err)) from None
+    return _start_in_background(args.config, args.mountpoint, cfg.logging.file)
+
+
+def _start_in_background(config: str, mountpoint: str, log_file: str | None) -> int:
+    from fusefs.mount import MountError, check_fuse_device, check_mountpoint
+
+    # Check what we can here (fast, clear errors), then start the daemon and wait until it says
+    # the mount answers, or relay its one-line error.
+    try:
+        check_mountpoint(mountpoint)
+        check_fuse_device()
+    except MountError as err:
+        raise UserError(str(err)) from None
+    log_file = log_file or default_log_file(mountpoint)
+    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    rfd, wfd = os.pipe()
+    cmd = [*daemon_python(), "-m", "fusefs", os.path.abspath(config), os.path.abspath(mountpoint),
+           "--ready-fd", str(wfd)]
+    with open(log_file, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                pass_fds=(wfd,), start_new_session=True, cwd="/",
+                                env={**os.environ, "HINTFS_LOG_FILE": log_file})
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        message = r.readline().decode().strip()
+    if message == "ok":
+        print(f"hintfs mounted at {os.path.abspath(mountpoint)} (pid {proc.pid}, log {log_file})")
+        return 0
+    proc.wait(timeout=30)
+    if message.startswith("error: "):
+        raise UserError(message[len("error: "):])
+    raise UserError(f"mount daemon exited with status {proc.returncode}; see {log_file}")

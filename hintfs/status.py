@@ -1,0 +1,39 @@
+"""A mount's live stats (`.hintfs/stats`): reading them and the text `hintfs status` and
+`hintfs demo` print."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+
+class StatsUnavailable(Exception):
+    """The path is not a hintfs mount, or its stats cannot be read (one line)."""
+
+
+def read_stats(mountpoint: str) -> dict:
+    path = os.path.join(mountpoint, ".hintfs", "stats")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise StatsUnavailable(f"{mountpoint} is not a hintfs mount") from None
+    except OSError as err:
+        raise StatsUnavailable(f"cannot read {path}: {err.strerror}") from None
+
+
+def format_status(snap: dict) -> str:
+    lines = [f"hintfs pid {snap['pid']}, up {snap['uptime_s']:.0f}s",
+             f"bytes read {snap['bytes']['read']:,}  written {snap['bytes']['written']:,}  "
+             f"uploaded {snap['bytes']['uploaded']:,}",
+             "cache: " + ", ".join(f"{k} {v:,}" for k, v in snap["cache"].items())]
+    if snap.get("errors"):
+        lines.append("errors by errno: " + ", ".join(
+            f"{errno.errorcode.get(int(k), k)} {v:,}" for k, v in snap["errors"].items()))
+        if str(errno.ENOENT) in snap["errors"]:
+            lines.append("  (ENOENT counts lookups of names that do not exist: normal for cp, shells, loaders)")
+    lines.append(f"{'op':<12}{'count':>10}{'errors':>8}{'p50 µs':>10}{'p99 µs':>10}{'max µs':>12}")
+    for name, o in snap["ops"].items():
+        lines.append(f"{name:<12}{o['count']:>10,}{o['errors']:>8}{o['p50_us']:>10.1f}{o['p99_us']:>10.1f}"
+                     f"{o['max_us']:>12.1f}")
+    return "\n".join(lines)
