@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -425,16 +424,20 @@ def plot(res, path):
     x = range(len(names))
     ax[0].bar([i - 0.2 for i in x], [res[n]["stall_p50_s"] * 1000 for n in names], 0.4, label="p50")
     ax[0].bar([i + 0.2 for i in x], [res[n]["stall_p99_s"] * 1000 for n in names], 0.4, label="p99")
-    ax[0].set_ylabel("stall per step (ms)"); ax[0].legend()
+    ax[0].set_ylabel("stall per step (ms)")
+    ax[0].legend()
     ax[1].bar([i - 0.2 for i in x], [res[n]["client_cpu_s_per_sample"] * 1000 for n in names], 0.4, label="trainer")
     ax[1].bar([i + 0.2 for i in x], [res[n]["daemon_cpu_s_per_sample"] * 1000 for n in names], 0.4,
               label="mount daemon")
-    ax[1].set_ylabel("CPU ms per sample"); ax[1].legend()
+    ax[1].set_ylabel("CPU ms per sample")
+    ax[1].legend()
     ax[2].bar(x, [res[n]["storage_core_util_max"] for n in names])
     ax[2].axhline(0.85, color="r", ls="--", label="limit")
-    ax[2].set_ylabel("storage core util, max 1 s window"); ax[2].legend()
+    ax[2].set_ylabel("storage core util, max 1 s window")
+    ax[2].legend()
     for a_ in ax:
-        a_.set_xticks(list(x)); a_.set_xticklabels(names)
+        a_.set_xticks(list(x))
+        a_.set_xticklabels(names)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

@@ -434,7 +434,7 @@ def main() -> int:
         plans, replicated, n_chunks = load_plan(ckpt)
         files = sorted(os.listdir(ckpt))
         sizes = {p: os.path.getsize(os.path.join(ckpt, p)) for p in files}
-        per_rank = [sum(l for _p, _o, l in pl) for pl in plans]
+        per_rank = [sum(n for _p, _o, n in pl) for pl in plans]
         print(f"checkpoint: {len(files)} files, {sum(sizes.values()) / 1e6:.2f} MB, "
               f"{len(replicated)} replicated + {len(n_chunks) - len(replicated)} sharded tensors, "
               f"{len(plans[0])} reads and {per_rank[0] / 1e6:.2f} MB per rank ({time.monotonic() - t:.1f} s)")
@@ -538,7 +538,7 @@ def main() -> int:
         plot(out, ns, sweep_ns, os.path.splitext(args.out)[0] + ".png")
 
         print()
-        print(f"| strategy | N | load s | p50 ms | p99 ms | straggler wait share | peak QPS hot file |")
+        print("| strategy | N | load s | p50 ms | p99 ms | straggler wait share | peak QPS hot file |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         hot = max(files, key=lambda p: results["default"][nmax]["peak_qps_0_5s"].get(p, 0) * (p != ".metadata"))
         for s, n, r in rows:

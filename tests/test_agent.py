@@ -110,7 +110,7 @@ def test_calibration_finds_the_knee(tmp_path, store):
     try:
         result = calibrate(loc, "ckpt/a.bin", 1 << 20, max_readers=16, seconds=0.6, block=256 << 10)
         levels = result["levels"]
-        assert levels[0]["readers"] == 1 and all(l["reads"] > 0 for l in levels)
+        assert levels[0]["readers"] == 1 and all(lv["reads"] > 0 for lv in levels)
         assert 1 <= result["safe_readers_per_replica"] <= 8
         last = levels[-1]
         assert last["p99_ms"] > 2 * last["p50_ms"] or last["readers"] == 16
@@ -119,7 +119,7 @@ def test_calibration_finds_the_knee(tmp_path, store):
 
 
 def test_tls(tmp_path, store):
-    crypto = pytest.importorskip("cryptography")
+    pytest.importorskip("cryptography")
     import datetime
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization

@@ -7,7 +7,6 @@ import pytest
 
 from agent.server import start_in_process
 from agent.client import AgentClient
-from agent.follower import Follower
 from common.journal import encode_record, record_name
 from stores.local import LocalStore
 from mountconfig import parse_config

@@ -5,9 +5,7 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
-import time
 
 import pytest
 
@@ -132,7 +130,7 @@ def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_pa
 
     # Eight readers on this host at once: the agents serve the shard about once (single-flight
     # in the mount plus the kernel page cache), not eight times.
-    before = sum(AgentClient(l, token="tok").status()["load"]["bytes_served"] for l in locs)
+    before = sum(AgentClient(loc, token="tok").status()["load"]["bytes_served"] for loc in locs)
     expected = (store / "ckpt" / "shard0.distcp").read_bytes()
     results = []
     threads = [threading.Thread(target=lambda: results.append((m.mnt / "ckpt" / "shard0.distcp").read_bytes()))
@@ -142,14 +140,14 @@ def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_pa
     for t in threads:
         t.join()
     assert all(r == expected for r in results)
-    served = sum(AgentClient(l, token="tok").status()["load"]["bytes_served"] for l in locs) - before
+    served = sum(AgentClient(loc, token="tok").status()["load"]["bytes_served"] for loc in locs) - before
     assert served <= 1.5 * len(expected)
 
     # Kill the agents holding replicas: reads continue from another replica or the store.
     for p in procs[:2]:
         p.send_signal(signal.SIGKILL)
         p.wait()
-    subprocess.run(["sh", "-c", f"echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
     fd = os.open(m.mnt / "ckpt" / "shard0.distcp", os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)

@@ -222,8 +222,8 @@ def test_systemd_units_verify(tmp_path, unit_name):
     (tmp_path / f"{unit_name}.service").write_text(unit.replace("/usr/local/bin/hintfs", hintfs))
     r = subprocess.run([analyze, "verify", str(tmp_path / f"{unit_name}srv-ckpt.service")],
                        capture_output=True, text=True)
-    problems = [l for l in (r.stdout + r.stderr).splitlines()
-                if unit_name in l and "Documentation" not in l]
+    problems = [line for line in (r.stdout + r.stderr).splitlines()
+                if unit_name in line and "Documentation" not in line]
     assert r.returncode == 0 and not problems, r.stdout + r.stderr
     assert "Type=notify" in unit and "Restart=on-failure" in unit
     if unit_name == "hintfs-mount@":

@@ -1,6 +1,4 @@
 """The mount config: typed, validated by pydantic, errors naming the key, docs generated."""
-import subprocess
-import sys
 
 import pytest
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import needs_fuse, run_hintfs, wait_for
+from tests.conftest import needs_fuse, wait_for
 
 pytestmark = needs_fuse
 

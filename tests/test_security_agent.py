@@ -186,7 +186,7 @@ def test_agent_refuses_oversized_numbers_and_callers_without_the_token(real_agen
 
 # -- 3. `hintfs agent` and token files ---------------------------------------------------------------
 def _one_line(stderr: str) -> str:
-    lines = [l for l in stderr.strip().splitlines() if l.strip()]
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr[-3000:]}"
     return lines[0]
 
@@ -391,7 +391,7 @@ def test_replicate_source_cannot_reach_a_mounts_private_agent(mount_factory, rea
     try:
         c.replicate("p.bin", 60, source=f"grpc+unix://{sock}")
         got = c.read("p.bin", 0, 1 << 20, replica_only=True)
-    except AgentError as err:
+    except AgentError:
         got = b""
     finally:
         try:

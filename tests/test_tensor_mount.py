@@ -2,13 +2,12 @@
 import errno
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
 
 from hintfs.demo import write_jpeg
-from tests.conftest import needs_fuse, wait_for
+from tests.conftest import needs_fuse
 
 pytestmark = needs_fuse
 av = pytest.importorskip("av")
