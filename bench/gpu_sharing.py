@@ -2,8 +2,9 @@
 
 One run compares, on one GPU and the same seeded bursty trace: inference alone, training alone,
 static 50% / 75% partitions (inference's share), the governor reclaiming at batch end, the
-governor reclaiming mid-backward, three stress modes with a 4x larger KV cache per decoder
-request and a larger training batch, whose reclaims must release memory physically (through
+governor reclaiming mid-backward (also pausing training for every request), three stress modes
+(one decoder service asked every 0.3-0.45 s with a 12 GiB KV cache, a larger training batch)
+whose reclaims must release memory physically, about 80 per 30 s (through
 torch's caching allocator, through the page allocator, and with the page handoff), and a
 page-handoff micro-benchmark (CUDA VMM pages moved between two processes). Inference runs as one
 server process per model kind. The governed card is an *emulated* smaller GPU (`--card-gib`,
@@ -11,13 +12,15 @@ the ledger's total), so that memory, not the H200's 141 GB, is what the tenants 
 Compute priority is the same in every co-located mode but one: inference runs on high-priority
 CUDA streams, and training pauses at its safe points (up to 50 ms at a time) only while a request
 that starts cold runs (`--yield-to cold`); `governor_mid_backward_yield` pauses it for every
-request, the older scheme. Training and
-inference alone on the trace give training's physical limit beside inference: training alone x
+request, the older scheme. Training and inference alone on the trace give training's physical limit beside inference: training alone x
 (1 - the share of time NVML saw inference's kernels running).
 
-    python bench/gpu_sharing.py            # full (< 10 min on one H200)
+    python bench/gpu_sharing.py            # all eleven modes (about 9 min on one H200)
+    python bench/gpu_sharing.py --modes inference_alone,training_alone,governor_mid_backward,\
+        governor_paged_long_kv,governor_handoff_long_kv     # the issue-16 goals (about 4 min)
+    python bench/gpu_sharing.py --role priority --out F.json   # GPU-priority probe (2 min)
     python bench/gpu_sharing.py --quick    # short smoke run
-Roles `--role train|infer|handoff` are the child processes; not for direct use.
+Roles `--role train|infer|handoff|prio_load|prio_probe` are child processes; not for direct use.
 """
 
 from __future__ import annotations
