@@ -196,7 +196,6 @@ class DaemonThread:
 # ============================================================== models
 
 def build_decoder(d=2048, layers=12, vocab=32000):
-    import torch
     from torch import nn
     import torch.nn.functional as F
 
@@ -700,7 +699,8 @@ def role_priority(args) -> None:
     """Does inference keep its latency while training runs beside it on the GPU (no pausing at
     safe points)? Probe alone; beside a training load; and under MPS with the load's active
     threads capped (`--mps-caps`). Each probe measures both stream priorities."""
-    work = Path(args.out).parent
+    import tempfile
+    work = Path(tempfile.mkdtemp(prefix="gpu-priority-"))   # the children's files, not beside --out
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = {}
 
@@ -721,7 +721,6 @@ def role_priority(args) -> None:
                 if time.monotonic() > end or pr.poll() is not None or (load is not None and load.poll() is not None):
                     return {"error": "probe or load did not start"}
                 time.sleep(0.1)
-            n0 = len(lf.read_text().split()) if load else 0
             t0 = time.monotonic()
             Path(str(pf) + ".go").write_text("1")
             pr.wait(timeout=240)
@@ -746,13 +745,15 @@ def role_priority(args) -> None:
         time.sleep(0.1)
     time.sleep(5)
     ts = [float(v) for v in lf.read_text().split()] if lf.exists() else []
-    load.kill(); load.wait()
+    load.kill()
+    load.wait()
     res["load_alone_steps_per_s"] = (sum(1 for t in ts if t >= ts[-1] - 5) / 5) if ts else None
     res["alone"] = probe("alone")
     res["beside_training"] = probe("beside", load_env={})
     if args.mps_caps:
         pipe, logd = work / "mps-pipe", work / "mps-log"
-        pipe.mkdir(exist_ok=True); logd.mkdir(exist_ok=True)
+        pipe.mkdir(exist_ok=True)
+        logd.mkdir(exist_ok=True)
         menv = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(logd))
         r = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=menv, capture_output=True, text=True)
         if r.returncode != 0:

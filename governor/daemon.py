@@ -9,7 +9,6 @@ quotas through the control words and wait for the acks, up to the reclaim deadli
 from __future__ import annotations
 
 import array
-import errno
 import logging
 import os
 import signal
@@ -27,8 +26,8 @@ from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Rol
 from governor.pagebroker import PageBroker, close_fds
 from governor.protocol import (
     ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, MAX_FDS_PER_MESSAGE, ROLE_INFERENCE,
-    ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_BUSY, W_OWNER, W_QUOTA, W_ROLE,
-    W_SEQ, W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_CMD_T, W_FREED, ControlBlock, LineBuffer,
+    ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_OWNER, W_QUOTA, W_ROLE,
+    W_T_DETECT, W_T_DRAINED, W_T_RELEASED, W_USED, W_FREED, ControlBlock, LineBuffer,
     ProtocolError, SlotWriter, decode, encode, now_ns, shm_path, validate_request, HEADER_WORDS,
     SLOT_WORDS,
 )
