@@ -3,7 +3,6 @@ training device that acknowledges shrinks like a real client, without CUDA."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid

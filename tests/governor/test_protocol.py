@@ -1,9 +1,8 @@
-import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from governor.protocol import (
-    CMD_SHRINK, W_ACK, W_QUOTA, W_USED, ControlBlock, LineBuffer, ProtocolError, SlotReader,
+    CMD_SHRINK, W_ACK, W_USED, ControlBlock, LineBuffer, ProtocolError, SlotReader,
     SlotWriter, decode, encode, validate_request,
 )
 
