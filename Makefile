@@ -23,7 +23,10 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/hintfs demo
 
+# The linter and the type checker first (seconds); the tests need root and /dev/fuse.
 test: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -ra tests
 
 bench: setup
