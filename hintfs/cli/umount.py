@@ -1,6 +1,6 @@
 """`hintfs umount MOUNTPOINT [--timeout S]`: stop the mount's daemon (it finishes pending uploads
 first); if the daemon is gone or does not stop in time, detach the mount lazily so the path works
-again."""
+again. Only hintfs mounts (type fuse.hintfs in /proc/self/mountinfo) are touched."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from common.mounts import mount_at
 from common.procs import pid_alive
 from hintfs.cli.base import UserError
 from hintfs.status import StatsUnavailable, read_stats
@@ -23,8 +24,12 @@ def add_parser(subparsers) -> None:
 
 def cmd_umount(args) -> int:
     mp = os.path.abspath(args.mountpoint)
-    if not os.path.ismount(mp):
+    entry = mount_at(mp)
+    if entry is None:
         raise UserError(f"{mp} is not mounted")
+    if not entry.is_hintfs:
+        raise UserError(f"{mp} is a {entry.fstype} mount, not a hintfs mount: not touching it "
+                        "(use umount for other filesystems)")
     try:
         pid = read_stats(mp)["pid"]
     except StatsUnavailable:
