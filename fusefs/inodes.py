@@ -9,8 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 
-import pyfuse3
-
+from fusefs.attrs import ROOT_INODE
 from stores.base import Staging
 
 
@@ -36,11 +35,11 @@ class Inode:
 
 class InodeTable:
     def __init__(self) -> None:
-        root = Inode(pyfuse3.ROOT_INODE, "")
+        root = Inode(ROOT_INODE, "")
         root.lookups = 1 << 62  # the root is never forgotten
         self.by_ino: dict[int, Inode] = {root.ino: root}
         self.by_path: dict[str, Inode] = {"": root}
-        self._next = itertools.count(pyfuse3.ROOT_INODE + 1)
+        self._next = itertools.count(ROOT_INODE + 1)
 
     def __getitem__(self, ino: int) -> Inode:
         return self.by_ino[ino]
@@ -68,18 +67,18 @@ class InodeTable:
 
     def forget(self, ino: int, n: int) -> None:
         inode = self.by_ino.get(ino)
-        if inode is None or inode.control is not None or ino == pyfuse3.ROOT_INODE:
+        if inode is None or inode.control is not None or ino == ROOT_INODE:
             return
         inode.lookups -= n
-        self._maybe_drop(inode)
+        self.maybe_drop(inode)
 
     def release_open(self, inode: Inode) -> None:
         inode.opens -= 1
         if inode.opens <= 0:
             inode.tensor_data = None   # the next open gets a fresh sample (it may differ: raw/tensor)
-        self._maybe_drop(inode)
+        self.maybe_drop(inode)
 
-    def _maybe_drop(self, inode: Inode) -> None:
+    def maybe_drop(self, inode: Inode) -> None:
         if inode.lookups <= 0 and inode.opens <= 0 and inode.writer is None:
             self.by_ino.pop(inode.ino, None)
             if self.by_path.get(inode.path) is inode:

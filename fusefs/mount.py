@@ -1,4 +1,4 @@
-"""Running a mount: build the store and the operations from a config, mount, serve, unmount.
+"""Running a mount: assemble the filesystem from a config, mount, serve, unmount.
 
 `run_mount` is what `hintfs mount --foreground` runs (directly, or as the child of the
 background launcher and of systemd). Pre-flight checks raise `MountError` with one line.
@@ -9,19 +9,29 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional
 
 import pyfuse3
 import trio
 
+from agent.client import AgentClient
 from common.secrets import read_token_file
 from common.systemd import sd_notify
+from fusefs.control import ControlDir, ControlFile, loglevel_file
+from fusefs.filesystem import Filesystem
+from fusefs.fuse import FuseOperations
+from fusefs.hints import HintsManager
+from fusefs.journal_writer import JournalWriter
+from fusefs.replicaread import ReplicaReads
+from fusefs.routes import RoutedStore, TierRouting
+from fusefs.signals import SignalForwarder
+from fusefs.stats import Stats
+from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
 from stores import check_store, open_store
-from fusefs.control import ControlDir, ControlFile, loglevel_file
-from fusefs.operations import Operations
-from fusefs.stats import Stats
 from stores.base import Store
 
 log = logging.getLogger("hintfs.mount")
@@ -84,44 +94,65 @@ def fuse_options(cfg: MountConfig) -> set[str]:
     return options
 
 
+@dataclass
+class Assembly:
+    """Everything a mount runs, built by `assemble`."""
+    fs: Filesystem
+    ops: FuseOperations
+    store: Store                 # the store itself (the filesystem may see it through routes)
+    stats: Stats
+    background: list[Callable[[], Awaitable[None]]]   # tasks that run beside pyfuse3.main
+    agent_server: Optional[object] = None              # an in-process agent, shut down at unmount
+
+
+def assemble(cfg: MountConfig, store: Store) -> Assembly:
+    """The one place the mount is put together: control files, agents and hints, tensors,
+    signals, routes, replica reads, journal, the filesystem and its FUSE adapter."""
+    stats = Stats()
+    control = build_control(cfg, stats)
+    io_limiter = trio.CapacityLimiter(cfg.mount.io_threads)   # store calls in worker threads
+    hints, clients, agent_server = build_agents(cfg, store, stats, control)
+    tensors = TensorFiles(cfg, store, hints.agents, clients, stats)
+    control.add_dir(tensors.control_dir())
+    signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), clients, stats)
+    control.add_dir(signals.control_dir())
+    view: Store = store
+    routing = None
+    if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
+        view = RoutedStore(store, cfg.routes, clients, stats)
+        routing = TierRouting(cfg.routes, clients, hints.router, stats, io_limiter)
+    replica_reads = ReplicaReads(hints.router, clients, cfg, stats, store=view, io_limiter=io_limiter)
+    journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
+    fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
+                    routing=routing, journal=journal, io_limiter=io_limiter)
+    return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run], agent_server)
+
+
 def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
               on_ready: Optional[Callable[[], None]] = None) -> int:
     """Mount and serve until unmounted or signalled; return an exit status."""
     mp = check_mountpoint(mountpoint)
     check_fuse_device()
     store = open_checked_store(cfg, store)
-    stats = Stats()
-    control = build_control(cfg, stats)
-    hints, replica_reads, agent_server = build_replication(cfg, store, stats, control)
-    from fusefs.tensorfile import TensorFiles
-    tensors = TensorFiles(cfg, store, hints.agents, hints.clients, stats)
-    control.add_dir(tensors.control_dir())
-    from fusefs.signals import SignalForwarder
-    signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), hints.clients, stats)
-    control.add_dir(signals.control_dir())
-    view = store
-    if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
-        from fusefs.routedstore import RoutedStore
-        view = RoutedStore(store, cfg.routes, hints.clients, stats)
-    ops = Operations(view, cfg, stats, control, replica_reads, tensors)
-    replica_reads.store_read = ops.store_read
+    mount = assemble(cfg, store)
+    stats = mount.stats
     if cfg.metrics.enabled:
         from fusefs.metrics import start_metrics
         port = start_metrics(stats, cfg.metrics.bind, cfg.metrics.port)
         stats.counters["metrics_port"] = port
     try:
-        pyfuse3.init(ops, mp, fuse_options(cfg))
+        pyfuse3.init(mount.ops, mp, fuse_options(cfg))
     except RuntimeError as err:
         raise MountError(f"cannot mount at {mp}: {err}") from None
     log.info("mounted %s at %s", store.description, mp)
     unmount = True
     try:
-        trio.run(_serve, ops, mp, on_ready, cfg, hints, tensors, signals)
+        trio.run(_serve, mount, mp, on_ready, cfg)
     except BaseException:
         log.exception("mount loop failed")
         raise
     finally:
-        dropped = ops.abandon_open_writes()
+        dropped = mount.fs.abandon_open_writes()
         if dropped:
             log.warning("%d open writes dropped at unmount", dropped)
         sd_notify("STOPPING=1")
@@ -129,27 +160,22 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
             pyfuse3.close(unmount=unmount)
         except Exception as err:  # already unmounted by fusermount3 -u
             log.debug("close: %s", err)
-        if agent_server is not None:
-            agent_server.shutdown()
+        if mount.agent_server is not None:
+            mount.agent_server.shutdown()
         log.info("unmounted %s", mp)
     return 0
 
 
-def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir):
-    """Agents (configured, or one started in this process), the hints manager and replica reads."""
-    from agent.client import AgentClient
-    from fusefs.hints import HintsManager
-    from fusefs.replicaread import ReplicaReads
-
+def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir):
+    """Agents (configured, or one started in this process), their clients and the hints manager."""
     server = None
     locations = list(cfg.agents.locations)
     if not locations:
-        from agent.server import start_in_process
+        from agent.server import start_in_process   # only without configured agents
         try:
             server, loc = start_in_process(cfg, store)
         except PermissionError as err:
             # Not allowed to use agent.data_dir (not root?): keep replicas in a private temp dir.
-            import tempfile
             fallback = tempfile.mkdtemp(prefix="hintfs-replicas-")
             log.warning("in-process agent cannot use %s (%s); replicas go to %s", cfg.agent.data_dir,
                         err.strerror, fallback)
@@ -173,23 +199,17 @@ def build_replication(cfg: MountConfig, store: Store, stats: Stats, control: Con
                for loc in dict.fromkeys(locations + route_agents)}
     hints = HintsManager(cfg, locations, clients, stats)
     control.add_dir(hints.control_dir())
-    reads = ReplicaReads(hints.router, clients, cfg, stats, store_read=None)
-    return hints, reads, server
+    return hints, clients, server
 
 
-async def _serve(ops: Operations, mp: str, on_ready, cfg: MountConfig, hints=None, tensors=None,
-                 signals=None) -> None:
+async def _serve(mount: Assembly, mp: str, on_ready, cfg: MountConfig) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
-        if hints is not None:
-            nursery.start_soon(hints.run)
-        if tensors is not None:
-            nursery.start_soon(tensors.run)
-        if signals is not None:
-            nursery.start_soon(signals.run)
+        for task in mount.background:
+            nursery.start_soon(task)
         nursery.start_soon(_announce_ready, mp, on_ready, cfg)
         if cfg.journal.enabled:
-            nursery.start_soon(_prune_journal, ops.store, cfg)
+            nursery.start_soon(_prune_journal, mount.store, cfg)
         await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
         nursery.cancel_scope.cancel()
 
@@ -250,4 +270,4 @@ async def _announce_ready(mp: str, on_ready, cfg: MountConfig) -> None:
         on_ready()
 
 
-__all__ = ["MountError", "run_mount"]
+__all__ = ["MountError", "run_mount", "assemble", "Assembly"]

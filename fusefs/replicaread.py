@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Awaitable, Callable, Optional
+from typing import Optional
 
 import trio
+
+from fusefs.hints import ReplicaRouter
+from fusefs.stats import Stats
+from mountconfig import MountConfig
+from stores.base import Store
 
 log = logging.getLogger("hintfs.replicaread")
 
@@ -22,18 +27,29 @@ _CACHE_BLOCKS = 16
 
 
 class ReplicaReads:
-    def __init__(self, router, clients, cfg, stats,
-                 store_read: Callable[[str, int, int], Awaitable[bytes]]):
+    def __init__(self, router: ReplicaRouter, clients: dict, cfg: MountConfig, stats: Stats, *,
+                 store: Store, io_limiter: trio.CapacityLimiter):
         self.router = router
         self.clients = clients
         self.block = cfg.replicas.block_bytes
         self.timeout = cfg.replicas.read_timeout_s
         self.hedge_s = cfg.replicas.hedge_after_ms / 1000.0
         self.stats = stats
-        self.store_read = store_read
+        self.store = store              # the last fallback (the mount's view of it: routes too)
+        self.io_limiter = io_limiter    # the filesystem's, for store reads
         self.limiter = trio.CapacityLimiter(64)
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._fetching: dict[tuple, trio.Event] = {}
+
+    async def store_read(self, path: str, off: int, length: int) -> bytes:
+        """One read of the store copy (the last fallback of replica reads)."""
+        def read():
+            reader, _st = self.store.open_reader(path)
+            try:
+                return reader.read(off, length)
+            finally:
+                reader.close()
+        return await trio.to_thread.run_sync(read, limiter=self.io_limiter)
 
     def has_replicas(self, path: str) -> bool:
         return bool(self.router.replicas.get(path))

@@ -1,0 +1,546 @@
+"""The filesystem's semantics over a `Store`, with no FUSE binding (tests drive it directly).
+
+Every method answers one FUSE request; `fusefs/fuse.py` converts arguments and results and turns
+exceptions into errnos for the kernel: `Refused(errno, reason)` is an expected answer (counted,
+not logged), any other `OSError` is counted and logged, anything else is EIO. Results are the
+plain types of `fusefs/attrs.py`. Request contexts (`ctx.uid/gid/pid/umask`) and setattr's
+`attr`/`fields` are duck-typed.
+
+Concurrency: the FUSE binding runs every handler as a trio task on one thread. A handler never blocks
+that thread: store calls that may block go to worker threads (`io`), bounded by a
+CapacityLimiter; only page-cache hits (`read_nowait`) and local metadata syscalls of a
+`file://` store run inline. docs/concurrency.md has the rules, docs/semantics.md the
+consistency model this implements.
+
+What a handle does is chosen at open (`fusefs/handles.py`); replicas, tensors, cross-DC routes
+and the journal are collaborators behind the interfaces of `fusefs/interfaces.py`, assembled by
+`fusefs/mount.py`.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import itertools
+import logging
+import os
+import stat as stat_mod
+import time
+from typing import Awaitable, Callable, Optional
+
+import trio
+
+from common import paths
+from common.errors import HintfsError
+from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
+                          Refused)
+from fusefs.control import MAX_JOB_FILES, Caller, ControlDir, ControlFile
+from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, ReplicaRead, Reply, StagingRead,
+                            StoreRead, TensorHandle, WriteHandle)
+from fusefs.inodes import Inode, InodeTable
+from fusefs.interfaces import OpenRouting, PublishJournal, ReplicaSource, TensorSource
+from fusefs.stats import Stats
+from mountconfig import MountConfig
+from stores.base import Stat, Store
+
+log = logging.getLogger("hintfs.ops")
+
+_CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
+
+
+class Filesystem:
+    def __init__(self, store: Store, cfg: MountConfig, stats: Optional[Stats] = None, *,
+                 control_root: Optional[ControlDir] = None,
+                 replica_reads: Optional[ReplicaSource] = None,
+                 tensors: Optional[TensorSource] = None,
+                 routing: Optional[OpenRouting] = None,
+                 journal: Optional[PublishJournal] = None,
+                 io_limiter: Optional[trio.CapacityLimiter] = None):
+        self.store = store
+        self.cfg = cfg
+        self.stats = stats or Stats()
+        self.replica_reads = replica_reads   # hinted files with ready replicas are read from agents
+        self.tensors = tensors               # `x.mp4.tensor` paths
+        self.routing = routing               # eval side: routed paths from the local tier
+        self.journal = journal               # a record per published file, for followers
+        self.io_limiter = io_limiter or trio.CapacityLimiter(cfg.mount.io_threads)
+        self.meta_inline = store.inline_metadata
+        self.hidden_root = {paths.CONTROL_DIR, cfg.journal.dir.split("/")[0]}
+        self.inodes = InodeTable()
+        self.handles: dict[int, Handle] = {}
+        self._fh = itertools.count(1)
+        self._attr_timeout = cfg.cache.attr_timeout_s
+        self._entry_timeout = cfg.cache.entry_timeout_s
+        self._immutable = list(cfg.cache.immutable_globs)
+        self._immutable_timeout = cfg.cache.immutable_timeout_s
+        self.readdir_page = cfg.mount.readdir_page
+        self.control_root = control_root or ControlDir(paths.CONTROL_DIR)
+        self._control_inodes: dict[int, Inode] = {}
+        self._control_ino_of: dict[int, int] = {}   # id(node) -> ino
+        self.control_inode(self.control_root)
+
+    # -- services (also used by handles) --------------------------------------------------------
+    async def io(self, fn: Callable, *args, inline: bool = False):
+        """Run a store call: inline if it cannot block for long, else in a worker thread."""
+        if inline:
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+
+    def _inode(self, ino: int) -> Inode:
+        inode = self.inodes.get(ino)
+        if inode is None:
+            raise Refused(errno.ESTALE, f"inode {ino} is not known")
+        return inode
+
+    def _add_handle(self, handle: Handle) -> int:
+        fh = next(self._fh)
+        self.handles[fh] = handle
+        return fh
+
+    def _timeouts(self, path: str) -> tuple[float, float]:
+        for pattern in self._immutable:
+            if fnmatch.fnmatchcase(path, pattern):
+                return self._immutable_timeout, self._immutable_timeout
+        return self._attr_timeout, self._entry_timeout
+
+    def attrs(self, inode: Inode, st: Stat) -> Attributes:
+        attr_timeout, entry_timeout = self._timeouts(inode.path)
+        # Positional, in field order (keywords cost twice as much on every lookup and getattr).
+        return Attributes(inode.ino, st.mode, st.nlink, st.size, st.uid, st.gid, BLOCK_SIZE, (st.size + 511) // 512,
+                          st.mtime_ns, st.ctime_ns, st.mtime_ns, attr_timeout, entry_timeout)
+
+    async def _stat_inode(self, inode: Inode) -> Stat:
+        """Attributes as a reader through the mount sees them (staged writes included)."""
+        if inode.writer is not None and inode.writer.fd >= 0:
+            st = os.fstat(inode.writer.fd)
+            return Stat.from_os(st)
+        return await self.io(self.store.stat, inode.path, inline=self.meta_inline)
+
+    # -- control files -------------------------------------------------------------------------
+    def control_inode(self, node) -> Inode:
+        key = id(node)
+        ino = self._control_ino_of.get(key)
+        if ino is not None:
+            return self.inodes[ino]
+        inode = self.inodes.add_control(f"{_CONTROL_KEY}/{node.name}/{key}", node)
+        self._control_ino_of[key] = inode.ino
+        self._control_inodes[inode.ino] = inode
+        return inode
+
+    def control_attrs(self, inode: Inode) -> Attributes:
+        node = inode.control
+        # Directories where jobs create files are sticky like /tmp; a job file belongs to the user
+        # who created it (and the mount's owner); everything else is read-only.
+        uid, gid = os.getuid(), os.getgid()
+        nlink = 1
+        if isinstance(node, ControlDir):
+            mode = stat_mod.S_IFDIR | (0o755 if node.make_file is None else 0o1777)
+            nlink = 2
+        elif isinstance(node, ControlFile) and node.writable:
+            mode = stat_mod.S_IFREG | 0o644
+            uid, gid = node.uid, node.gid
+        else:
+            mode = stat_mod.S_IFREG | 0o444
+        now = time.time_ns()
+        # st_size 0: content is generated; control files are opened with direct_io
+        return Attributes(st_ino=inode.ino, st_mode=mode, st_nlink=nlink, st_size=0, st_uid=uid, st_gid=gid,
+                          st_mtime_ns=now, st_ctime_ns=now, st_atime_ns=now, attr_timeout=0, entry_timeout=0)
+
+    def control_lookup(self, parent: Inode, name: str) -> Inode:
+        node = parent.control.child(name)
+        if node is None:
+            raise Refused(errno.ENOENT, f"no control file {name!r}")
+        return self.control_inode(node)
+
+    def _virtual_attrs(self, inode: Inode) -> Attributes:
+        now = time.time_ns()
+        return Attributes(st_ino=inode.ino, st_mode=stat_mod.S_IFREG | 0o444, st_nlink=1,
+                          st_size=len(inode.tensor_data) if inode.tensor_data is not None else 0,
+                          st_blksize=BLOCK_SIZE, st_mtime_ns=now, st_ctime_ns=now, st_atime_ns=now,
+                          attr_timeout=0,   # the size is known only while the file is open
+                          entry_timeout=self._entry_timeout)
+
+    # -- namespace -----------------------------------------------------------------------------
+    async def lookup(self, parent_inode: int, name: bytes, ctx=None) -> Attributes:
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            inode = self.control_lookup(parent, name.decode("utf-8", "surrogateescape"))
+            return self.control_attrs(inode)
+        if parent_inode == ROOT_INODE and name == paths.CONTROL_DIR.encode():
+            return self.control_attrs(self.control_inode(self.control_root))
+        path = paths.child(parent.path, name)
+        if paths.is_hidden_name(path.rsplit("/", 1)[-1]):
+            raise Refused(errno.ENOENT, "hidden name")
+        inode = self.inodes.by_path_get(path)
+        if inode is not None and inode.writer is not None:
+            st = await self._stat_inode(inode)
+        else:
+            try:
+                st = await self.io(self.store.stat, path, inline=self.meta_inline)
+            except FileNotFoundError:
+                virtual = self.tensors.match(path) if self.tensors is not None else None
+                if virtual is None:
+                    raise
+                await self.io(self.store.stat, virtual[0], inline=self.meta_inline)  # ENOENT if no source
+                inode = self.inodes.ensure(path)
+                inode.virtual = virtual
+                inode.lookups += 1
+                return self._virtual_attrs(inode)
+            inode = self.inodes.ensure(path)
+        inode.lookups += 1
+        return self.attrs(inode, st)
+
+    def forget(self, inode_list) -> None:
+        for ino, n in inode_list:
+            self.inodes.forget(ino, n)
+
+    async def getattr(self, inode: int, ctx=None) -> Attributes:
+        node = self._inode(inode)
+        if node.control is not None:
+            return self.control_attrs(node)
+        if node.virtual is not None:
+            return self._virtual_attrs(node)
+        return self.attrs(node, await self._stat_inode(node))
+
+    async def setattr(self, inode: int, attr, fields, fh: Optional[int], ctx) -> Attributes:
+        node = self._inode(inode)
+        if node.control is not None:
+            if fields.update_size:  # `echo x > .hintfs/loglevel` truncates first
+                h = self.handles.get(fh) if fh is not None else None
+                if isinstance(h, ControlHandle):
+                    h.truncate(attr.st_size)
+                return self.control_attrs(node)
+            raise Refused(errno.EPERM, "control files have fixed attributes")
+        inline = self.meta_inline
+        if fields.update_size:
+            await self._truncate(node, attr.st_size)
+        if fields.update_mode:
+            await self.io(self.store.chmod, node.path, stat_mod.S_IMODE(attr.st_mode), inline=inline)
+            if node.writer is not None:
+                os.fchmod(node.writer.fd, stat_mod.S_IMODE(attr.st_mode))
+        if fields.update_uid or fields.update_gid:
+            uid = attr.st_uid if fields.update_uid else -1
+            gid = attr.st_gid if fields.update_gid else -1
+            await self.io(self._chown, node.path, uid, gid, inline=inline)
+        if fields.update_atime or fields.update_mtime:
+            st = await self._stat_inode(node)
+            atime = attr.st_atime_ns if fields.update_atime else st.mtime_ns
+            mtime = attr.st_mtime_ns if fields.update_mtime else st.mtime_ns
+            if node.writer is not None:
+                os.utime(node.writer.fd, ns=(atime, mtime))
+            else:
+                await self.io(self.store.utimens, node.path, atime, mtime, inline=inline)
+        return self.attrs(node, await self._stat_inode(node))
+
+    def _chown(self, rel: str, uid: int, gid: int) -> None:
+        chown = getattr(self.store, "chown", None)   # no store implements owners today
+        if chown is None:
+            raise HintfsError(errno.EPERM, "this store has no owners to change")
+        chown(rel, uid, gid)
+
+    async def _truncate(self, node: Inode, size: int) -> None:
+        if node.writer is not None:
+            await self.ensure_private(node)
+            await self.io(os.ftruncate, node.writer.fd, size, inline=node.writer.inline_io)
+            node.writer.dirty = True
+            return
+        # A truncate without an open writer (`truncate -s`): stage, cut, commit at once.
+        staging = await self.io(self.store.new_staging, node.path, size > 0)
+        try:
+            await self.io(os.ftruncate, staging.fd, size)
+            await self.io(self.store.commit, staging, node.path)
+        finally:
+            self.store.discard(staging)
+        node.cached_identity = None
+
+    async def readlink(self, inode: int, ctx=None) -> bytes:
+        node = self._inode(inode)
+        target = await self.io(self.store.readlink, node.path, inline=self.meta_inline)
+        if not paths.symlink_target_ok(node.path, target):
+            log.warning("refusing symlink %s -> %s: it points outside the store", node.path, target)
+            raise Refused(errno.EACCES, "symlink points outside the store")
+        return os.fsencode(target)
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx=None) -> Attributes:
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            raise Refused(errno.EPERM, "no symlinks in control directories")
+        path = paths.child(parent.path, name)
+        target_s = os.fsdecode(target)
+        if not paths.symlink_target_ok(path, target_s):
+            log.warning("refusing to create symlink %s -> %s: it would point outside the store", path, target_s)
+            raise Refused(errno.EPERM, "symlink would point outside the store")
+        inline = self.meta_inline
+        await self.io(self.store.symlink, path, target_s, inline=inline)
+        st = await self.io(self.store.stat, path, inline=inline)
+        inode = self.inodes.ensure(path)
+        inode.lookups += 1
+        return self.attrs(inode, st)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx=None) -> Attributes:
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            raise Refused(errno.EPERM, "no folders in control directories")
+        path = paths.child(parent.path, name)
+        await self.io(self.store.mkdir, path, stat_mod.S_IMODE(mode))
+        st = await self.io(self.store.stat, path, inline=self.meta_inline)
+        inode = self.inodes.ensure(path)
+        inode.lookups += 1
+        return self.attrs(inode, st)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx=None) -> None:
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            raise Refused(errno.EPERM, "control directories are fixed")
+        path = paths.child(parent.path, name)
+        await self.io(self.store.rmdir, path)
+        self.inodes.detach(path)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx=None) -> None:
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            raise Refused(errno.EPERM, "control files are not removed by unlink")
+        path = paths.child(parent.path, name)
+        inode = self.inodes.by_path_get(path)
+        try:
+            # In a thread even for file://: freeing a large file's blocks can take 100s of ms.
+            await self.io(self.store.unlink, path)
+        except FileNotFoundError:
+            # A file created through the mount but not yet closed exists only as staging.
+            if inode is None or inode.writer is None:
+                raise
+        self.inodes.detach(path)
+
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                     flags: int, ctx=None) -> None:
+        old_parent = self._inode(parent_inode_old)
+        new_parent = self._inode(parent_inode_new)
+        if old_parent.control is not None or new_parent.control is not None:
+            raise Refused(errno.EPERM, "control files are not renamed")
+        if flags & RENAME_EXCHANGE:
+            raise Refused(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        old = paths.child(old_parent.path, name_old)
+        new = paths.child(new_parent.path, name_new)
+        inode = self.inodes.by_path_get(old)
+        if inode is not None and inode.writer is not None and inode.writer.dirty:
+            # Not in the store yet (or stale there): commit what was written so far first, so
+            # the rename moves the data the writer has produced (`mv` of a file still open).
+            await self.commit(inode)
+        await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
+        self.inodes.move(old, new)
+
+    async def statfs(self, ctx=None) -> FsStats:
+        sv = await self.io(self.store.statfs, inline=self.meta_inline)
+        if sv is None:  # object stores: report a large, mostly free filesystem
+            return FsStats(f_bsize=1 << 20, f_frsize=1 << 20, f_blocks=1 << 30, f_bfree=1 << 30, f_bavail=1 << 30,
+                           f_files=1 << 40, f_ffree=1 << 40, f_favail=1 << 40, f_namemax=1024)
+        return FsStats(f_bsize=sv.f_bsize, f_frsize=sv.f_frsize, f_blocks=sv.f_blocks, f_bfree=sv.f_bfree,
+                       f_bavail=sv.f_bavail, f_files=sv.f_files, f_ffree=sv.f_ffree, f_favail=sv.f_favail,
+                       f_namemax=sv.f_namemax)
+
+    # -- directories ---------------------------------------------------------------------------
+    async def opendir(self, inode: int, ctx=None) -> int:
+        node = self._inode(inode)
+        if node.control is not None:
+            handle: DirHandle = ControlDirHandle(node)
+        else:
+            st = await self._stat_inode(node)
+            if not st.is_dir:
+                raise Refused(errno.ENOTDIR, f"{node.path} is not a folder")
+            handle = DirHandle(node)
+        node.opens += 1
+        return self._add_handle(handle)
+
+    async def readdir(self, fh: int, start_id: int, reply: Reply) -> None:
+        """Offer the entries from `start_id` on to `reply` until it returns False (the kernel's
+        buffer is full) or the listing ends. Only entries it took count as lookups."""
+        await self.handles[fh].readdir(self, start_id, reply)
+
+    async def releasedir(self, fh: int) -> None:
+        await self.handles.pop(fh).release(self)
+
+    # -- files ---------------------------------------------------------------------------------
+    async def open(self, inode: int, flags: int, ctx=None) -> OpenFile:
+        node = self._inode(inode)
+        if node.control is not None:
+            return self._open_control(node, flags, Caller.of(ctx))
+        if node.virtual is not None:
+            return await self._open_tensor(node, flags)
+        accmode = flags & os.O_ACCMODE
+        if accmode == os.O_RDONLY and not flags & os.O_TRUNC:
+            if node.writer is not None:
+                handle: Handle = StagingRead(node)   # reads the staged data of the open writer
+                keep_cache = True
+            else:
+                reader, st = await self.io(self.store.open_reader, node.path, inline=self.meta_inline)
+                keep_cache = self._same_as_cached(node, st)
+                if self.routing is not None:
+                    await self.routing.on_open(node.path, st)
+                replicas = self.replica_reads
+                if replicas is not None and replicas.has_replicas(node.path):
+                    handle = ReplicaRead(node, reader, st.identity(), replicas)
+                else:
+                    handle = StoreRead(node, reader)
+        else:
+            await self._acquire_writer(node, truncate=bool(flags & os.O_TRUNC))
+            handle = WriteHandle(node)
+            keep_cache = True
+        node.opens += 1
+        return OpenFile(self._add_handle(handle), keep_cache=keep_cache)
+
+    def _same_as_cached(self, node: Inode, st: Stat) -> bool:
+        """Close-to-open: keep the kernel's cached pages only if the file did not change."""
+        ident = st.identity()
+        if node.cached_identity == ident:
+            self.stats.add("open_keep_cache")
+            return True
+        if node.cached_identity is not None:
+            self.stats.add("open_invalidate")
+        node.cached_identity = ident
+        return False
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx) -> tuple[OpenFile, Attributes]:
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            return await self._create_control(parent, name, flags, Caller.of(ctx))
+        path = paths.child(parent.path, name)
+        if paths.is_hidden_name(path.rsplit("/", 1)[-1]):
+            raise Refused(errno.EACCES, "hidden name")
+        inode = self.inodes.ensure(path)
+        if inode.writer is None:
+            inode.writer = await self.io(self.store.new_staging, path, False)
+        os.fchmod(inode.writer.fd, stat_mod.S_IMODE(mode) & ~ctx.umask)
+        if ctx.uid or ctx.gid:
+            try:
+                os.fchown(inode.writer.fd, ctx.uid, ctx.gid)
+            except OSError:
+                pass
+        inode.writer.dirty = True   # an empty new file is still a file to create on close
+        inode.writer_refs += 1
+        inode.lookups += 1
+        inode.opens += 1
+        inode.unlinked = False
+        fi = OpenFile(self._add_handle(WriteHandle(inode)), keep_cache=True)
+        inode.cached_identity = None
+        return fi, self.attrs(inode, await self._stat_inode(inode))
+
+    # The data path returns the handle's coroutine (no await of its own: one frame per read).
+    def read(self, fh: int, off: int, size: int) -> Awaitable[bytes]:
+        return self.handles[fh].read(self, off, size)
+
+    def write(self, fh: int, off: int, buf: bytes) -> Awaitable[int]:
+        return self.handles[fh].write(self, off, buf)
+
+    async def flush(self, fh: int) -> None:
+        h = self.handles.get(fh)
+        if h is not None:
+            await h.flush(self)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.handles.get(fh)
+        if h is not None:
+            await h.fsync(self)
+
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is not None:
+            await h.release(self)
+
+    # -- writes: staging and publish ----------------------------------------------------------
+    async def _acquire_writer(self, node: Inode, truncate: bool) -> None:
+        if node.writer is None:
+            staging = await self.io(self.store.new_staging, node.path, not truncate)
+            node.writer = staging
+            if truncate:
+                staging.dirty = True
+        elif truncate:
+            await self.ensure_private(node)
+            await self.io(os.ftruncate, node.writer.fd, 0, inline=node.writer.inline_io)
+            node.writer.dirty = True
+        node.writer_refs += 1
+
+    async def ensure_private(self, node: Inode) -> None:
+        """After a commit to a file:// store the staging fd *is* the live file: before writing
+        again, stage a fresh copy so readers of the store never see a half-written file."""
+        staging = node.writer
+        if staging.live:
+            fresh = await self.io(self.store.new_staging, node.path, True)
+            self.store.discard(staging)
+            node.writer = fresh
+
+    async def commit(self, node: Inode) -> None:
+        """Publish the inode's staged writes, if any (and journal them)."""
+        staging = node.writer
+        if staging is None or not staging.dirty:
+            return
+        if node.unlinked:
+            staging.dirty = False  # written to a name that no longer exists: nothing to publish
+            return
+        if staging.failed:
+            raise HintfsError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
+        size = staging.size()
+        st = await self.io(self.store.commit, staging, node.path)
+        self.stats.add("commits")
+        self.stats.add("bytes_uploaded", size)
+        node.cached_identity = st.identity()
+        if self.journal is not None:
+            await self.journal.published(node.path, st)
+
+    # -- tensors and control files --------------------------------------------------------------
+    async def _open_tensor(self, node: Inode, flags: int) -> OpenFile:
+        """Tensor or raw is fixed here, at the first open; handles open at once share it."""
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise Refused(errno.EACCES, "tensor files are read-only")
+        if node.tensor_data is None:
+            source, rule = node.virtual
+            data = await self.tensors.fetch(source, rule)
+            if node.tensor_data is None:
+                node.tensor_data = data
+        fh = self._add_handle(TensorHandle(node))
+        node.opens += 1
+        return OpenFile(fh, keep_cache=True, direct_io=True)
+
+    def _open_control(self, node: Inode, flags: int, caller: Caller) -> OpenFile:
+        target = node.control
+        if isinstance(target, ControlDir):
+            raise Refused(errno.EISDIR, "a control directory")
+        accmode = flags & os.O_ACCMODE
+        if accmode != os.O_RDONLY and not (isinstance(target, ControlFile) and target.may_open_for_write(caller)):
+            raise Refused(errno.EACCES, "not writable by this caller")
+        render = getattr(target, "render", None)
+        if accmode == os.O_RDONLY and render is None:
+            raise Refused(errno.EACCES, "write-only control file")
+        content = render() if accmode != os.O_WRONLY and render is not None else b""
+        fh = self._add_handle(ControlHandle(node, target, content, caller))
+        node.opens += 1
+        return OpenFile(fh, keep_cache=True, direct_io=True)
+
+    async def _create_control(self, parent: Inode, name: bytes, flags: int,
+                              caller: Caller) -> tuple[OpenFile, Attributes]:
+        ctl: ControlDir = parent.control
+        text = name.decode("utf-8", "surrogateescape")
+        node = ctl.child(text)
+        if node is None:
+            if ctl.make_file is None:
+                raise Refused(errno.EACCES, "no files are created in this control directory")
+            try:
+                paths.job_name(text)
+            except OSError as err:
+                log.warning("refused to create .hintfs/%s/%s: %s", ctl.name, text[:80], err.strerror)
+                raise Refused(errno.EINVAL, err.strerror) from None
+            if ctl.job_files() >= MAX_JOB_FILES:
+                log.warning("refused to create .hintfs/%s/%s: %d job files exist", ctl.name, text, MAX_JOB_FILES)
+                raise Refused(errno.ENOSPC, "too many job files")
+            node = ctl.make_file(text)
+            node.uid, node.gid = caller.uid, caller.gid
+            ctl.add(node)
+        inode = self.control_inode(node)
+        fi = self._open_control(inode, flags | os.O_WRONLY, caller)
+        return fi, self.control_attrs(inode)
+
+    # -- shutdown ------------------------------------------------------------------------------
+    def abandon_open_writes(self) -> int:
+        """At unmount: drop staged writes of files still open (never publish a torn file)."""
+        return sum(1 for h in list(self.handles.values()) if h.abandon(self.store))
+
+
+__all__ = ["Filesystem"]

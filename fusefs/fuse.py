@@ -1,0 +1,135 @@
+"""The pyfuse3 adapter: one line per operation over `fusefs.filesystem.Filesystem`.
+
+It converts arguments and results (hintfs's plain types <-> pyfuse3's) and, in one wrapper
+(`_op`), times each operation, counts errors in the stats and turns exceptions into the errno
+the kernel gets: `Refused` is an expected answer (counted, not logged), an `OSError` is logged
+(DEBUG for ENOENT/EEXIST/ENOTEMPTY, else WARNING), anything else is logged with its traceback
+and answered EIO. The semantics live in the filesystem, which a test drives without a mount.
+Like mountpoint-s3's fuse.rs: each operation is one line of `FuseOperations`.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import Awaitable, Callable, Optional
+
+import pyfuse3
+import trio
+
+from fusefs import attrs
+from fusefs.attrs import Attributes, FsStats, OpenFile, Refused
+from fusefs.filesystem import Filesystem
+from stores.errors import errno_of
+
+log = logging.getLogger("hintfs.ops")
+
+assert pyfuse3.ROOT_INODE == attrs.ROOT_INODE
+assert (pyfuse3.RENAME_EXCHANGE, pyfuse3.RENAME_NOREPLACE) == (attrs.RENAME_EXCHANGE, attrs.RENAME_NOREPLACE)
+
+
+def _op(name: str, method: Callable, result: Optional[Callable] = None):
+    """The handler pyfuse3 calls for operation `name`: `method(fs, *args)`, its result converted
+    by `result`. It times the call, counts errors and turns any exception into an errno for
+    the kernel (one coroutine frame: `method`'s; `read`/`write` return the handle's)."""
+
+    async def handler(self, *args):
+        t0 = time.perf_counter_ns()
+        try:
+            out = await method(self.fs, *args)
+            return out if result is None else result(out)
+        except Refused as err:
+            self.stats.error(name, err.errno)
+            raise pyfuse3.FUSEError(err.errno) from None
+        except OSError as err:
+            code = errno_of(err)
+            self.stats.error(name, code)
+            level = logging.DEBUG if code in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY) else logging.WARNING
+            log.log(level, "%s%r failed: %s (%s)", name, args[:2], err, errno.errorcode.get(code, code))
+            raise pyfuse3.FUSEError(code) from None
+        except trio.Cancelled:
+            raise
+        except Exception:
+            self.stats.error(name, errno.EIO)
+            log.exception("%s%r: unexpected error", name, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.stats.record(name, time.perf_counter_ns() - t0)
+
+    handler.__name__ = handler.__qualname__ = name
+    return handler
+
+
+def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
+    e = pyfuse3.EntryAttributes()
+    e.st_ino = a.st_ino
+    e.st_mode = a.st_mode
+    e.st_nlink = a.st_nlink
+    e.st_size = a.st_size
+    e.st_uid = a.st_uid
+    e.st_gid = a.st_gid
+    e.st_blksize = a.st_blksize
+    e.st_blocks = a.st_blocks
+    e.st_mtime_ns = a.st_mtime_ns
+    e.st_ctime_ns = a.st_ctime_ns
+    e.st_atime_ns = a.st_atime_ns
+    e.attr_timeout = a.attr_timeout
+    e.entry_timeout = a.entry_timeout
+    return e
+
+
+def _info(f: OpenFile) -> pyfuse3.FileInfo:
+    return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io)
+
+
+def _statvfs(s: FsStats) -> pyfuse3.StatvfsData:
+    out = pyfuse3.StatvfsData()
+    for field in FsStats.__slots__:
+        setattr(out, field, getattr(s, field))
+    return out
+
+
+def _created(r: tuple[OpenFile, Attributes]) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+    return _info(r[0]), _entry(r[1])
+
+
+def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
+    return fs.readdir(fh, start_id, lambda e: pyfuse3.readdir_reply(token, e.name, _entry(e.attrs), e.next_id))
+
+
+class FuseOperations(pyfuse3.Operations):
+    """What `pyfuse3.init` gets: each operation is `Filesystem`'s method of the same name (the
+    function, bound to `self.fs` at each call) with its arguments and result converted."""
+
+    def __init__(self, fs: Filesystem):
+        super().__init__()
+        self.fs = fs
+        self.stats = fs.stats
+        self.enable_writeback_cache = fs.cfg.mount.writeback_cache
+
+    async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
+        self.fs.forget(inode_list)
+
+    lookup = _op("lookup", Filesystem.lookup, _entry)
+    getattr = _op("getattr", Filesystem.getattr, _entry)
+    setattr = _op("setattr", Filesystem.setattr, _entry)
+    readlink = _op("readlink", Filesystem.readlink)
+    symlink = _op("symlink", Filesystem.symlink, _entry)
+    mkdir = _op("mkdir", Filesystem.mkdir, _entry)
+    rmdir = _op("rmdir", Filesystem.rmdir)
+    unlink = _op("unlink", Filesystem.unlink)
+    rename = _op("rename", Filesystem.rename)
+    statfs = _op("statfs", Filesystem.statfs, _statvfs)
+    opendir = _op("opendir", Filesystem.opendir)
+    readdir = _op("readdir", _readdir)
+    releasedir = _op("releasedir", Filesystem.releasedir)
+    open = _op("open", Filesystem.open, _info)
+    create = _op("create", Filesystem.create, _created)
+    read = _op("read", Filesystem.read)
+    write = _op("write", Filesystem.write)
+    flush = _op("flush", Filesystem.flush)
+    fsync = _op("fsync", Filesystem.fsync)
+    release = _op("release", Filesystem.release)
+
+
+__all__ = ["FuseOperations"]

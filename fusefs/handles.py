@@ -1,0 +1,386 @@
+"""Open file handles: what a handle does is decided once, at open, by its class.
+
+| class             | opened for                                   | read from                         |
+|-------------------|----------------------------------------------|-----------------------------------|
+| `StoreRead`       | reading a file with no writer open           | the store's reader (page cache)   |
+| `StagingRead`     | reading a file some writer has open          | the writer's staging, then store  |
+| `ReplicaRead`     | reading a hinted file with ready replicas    | the agents (`ReplicaReads`)       |
+| `WriteHandle`     | writing (shares the inode's `Staging`)       | the staging                       |
+| `ControlHandle`   | a `.hintfs/` control file                    | the document rendered at open     |
+| `TensorHandle`    | an `x.tensor` virtual file                   | the bytes fixed at the first open |
+| `DirHandle`, `ControlDirHandle` | a store / control directory    | (readdir)                         |
+
+Each method takes the filesystem's services (`Services`) it needs; the filesystem calls
+`handle.read(...)` etc. without asking which kind it holds. The hot path is `StoreRead.read`:
+a page-cache hit is answered inline (`read_nowait`), a miss goes to a worker thread.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+from typing import Awaitable, Callable, Optional, Protocol
+
+from fusefs.attrs import Attributes, DirEntry, Refused
+from fusefs.control import MAX_CONTROL_WRITE, Caller, ControlDir, ControlInputError, apply_write, refuse
+from fusefs.inodes import Inode, InodeTable
+from fusefs.interfaces import ReplicaSource
+from fusefs.stats import Stats
+from stores.base import Reader, Stat, Store
+from stores.errors import errno_of
+
+log = logging.getLogger("hintfs.ops")
+
+# readdir's callback: False when the kernel's buffer is full (the entry was not taken).
+Reply = Callable[[DirEntry], bool]
+
+
+class Services(Protocol):
+    """What handles use of the filesystem (`fusefs.filesystem.Filesystem` provides it)."""
+    store: Store
+    stats: Stats
+    inodes: InodeTable
+    replica_reads: Optional[ReplicaSource]
+    readdir_page: int
+    hidden_root: set[str]
+    meta_inline: bool
+
+    def io(self, fn: Callable, *args, inline: bool = False) -> Awaitable: ...
+    async def commit(self, node: Inode) -> None: ...
+    async def ensure_private(self, node: Inode) -> None: ...
+    def attrs(self, inode: Inode, st: Stat) -> Attributes: ...
+    def control_attrs(self, inode: Inode) -> Attributes: ...
+    def control_lookup(self, parent: Inode, name: str) -> Inode: ...
+
+
+class Handle:
+    """The default of every operation for a handle that does not support it."""
+    __slots__ = ("inode",)
+
+    def __init__(self, inode: Inode):
+        self.inode = inode
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        raise Refused(errno.EBADF, "not open for reading")
+
+    async def write(self, fs: Services, off: int, buf: bytes) -> int:
+        raise Refused(errno.EBADF, "not open for writing")
+
+    async def flush(self, fs: Services) -> None:
+        return None
+
+    async def fsync(self, fs: Services) -> None:
+        return None
+
+    async def release(self, fs: Services) -> None:
+        fs.inodes.release_open(self.inode)
+
+    def abandon(self, store: Store) -> bool:
+        """At unmount: drop unpublished writes; True if there were any."""
+        return False
+
+
+# -- reads of store files ---------------------------------------------------------------------
+class StoreRead(Handle):
+    """A file read through the store's reader; page-cache hits are served inline."""
+    __slots__ = ("reader",)
+
+    def __init__(self, inode: Inode, reader: Optional[Reader]):
+        self.inode = inode
+        self.reader = reader
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        reader = self.reader
+        data = reader.read_nowait(off, size)
+        if data is None:
+            fs.stats.add("read_thread")
+            data = await fs.io(reader.read, off, size)
+        else:
+            fs.stats.add("read_nowait_hit")
+        fs.stats.add("bytes_read", len(data))
+        return data
+
+    async def release(self, fs: Services) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        fs.inodes.release_open(self.inode)
+
+
+class StagingRead(StoreRead):
+    """Opened while a writer had the file open: reads its staged data; once the writer has
+    closed, opens the store copy and reads that from then on."""
+    __slots__ = ()
+
+    def __init__(self, inode: Inode):
+        self.inode = inode
+        self.reader = None
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        if self.reader is None:
+            staging = self.inode.writer
+            if staging is not None:
+                if staging.inline_io:
+                    data = os.pread(staging.fd, size, off)
+                else:
+                    data = await fs.io(os.pread, staging.fd, size, off)
+                fs.stats.add("bytes_read", len(data))
+                return data
+            # The writer closed meanwhile: fall back to the store copy.
+            self.reader, _st = await fs.io(fs.store.open_reader, self.inode.path, inline=fs.meta_inline)
+        return await StoreRead.read(self, fs, off, size)
+
+
+class ReplicaRead(StoreRead):
+    """A hinted file with ready replicas: blocks come from the agents (the store reader opened
+    at open is kept for the handle's life, as before)."""
+    __slots__ = ("identity", "replicas")
+
+    def __init__(self, inode: Inode, reader: Reader, identity: tuple[int, int], replicas: ReplicaSource):
+        self.inode = inode
+        self.reader = reader
+        self.identity = identity
+        self.replicas = replicas
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        data = await self.replicas.read(self.inode.path, self.identity, off, size)
+        fs.stats.add("bytes_read", len(data))
+        return data
+
+
+# -- writes -----------------------------------------------------------------------------------
+class WriteHandle(Handle):
+    """A file open for writing; all such handles of one inode share its Staging."""
+    __slots__ = ()
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        staging = self.inode.writer
+        if staging is None:
+            raise OSError(errno.EIO, f"the writes of {self.inode.path} were dropped at unmount")
+        if staging.inline_io:
+            data = os.pread(staging.fd, size, off)
+        else:
+            data = await fs.io(os.pread, staging.fd, size, off)
+        fs.stats.add("bytes_read", len(data))
+        return data
+
+    async def write(self, fs: Services, off: int, buf: bytes) -> int:
+        node = self.inode
+        await fs.ensure_private(node)
+        staging = node.writer
+        try:
+            if staging.inline_io:
+                n = os.pwrite(staging.fd, buf, off)
+            else:
+                n = await fs.io(os.pwrite, staging.fd, buf, off)
+        except OSError as err:
+            # A file with a hole where a write failed must not be published on close.
+            staging.failed = f"write at offset {off} failed: {err.strerror}"
+            raise
+        staging.dirty = True
+        fs.stats.add("bytes_written", n)
+        return n
+
+    async def flush(self, fs: Services) -> None:
+        node = self.inode
+        try:
+            await fs.commit(node)
+        except OSError as err:
+            code = errno_of(err)
+            log.error("close of %s failed, the store kept its previous content: %s", node.path, err)
+            # The application was told this close failed: never publish these bytes later.
+            if node.writer is not None and not node.writer.failed:
+                node.writer.failed = f"an earlier close failed: {err}"
+            code = code if code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES) else errno.EIO
+            raise Refused(code, f"close of {node.path} failed") from None
+
+    async def fsync(self, fs: Services) -> None:
+        staging = self.inode.writer
+        if staging is not None:
+            await fs.io(os.fsync, staging.fd)
+            await fs.commit(self.inode)
+
+    async def release(self, fs: Services) -> None:
+        node = self.inode
+        node.writer_refs -= 1
+        if node.writer_refs == 0:
+            staging = node.writer
+            try:
+                # Writes that arrive after the last flush (mmap writeback) still count.
+                await fs.commit(node)
+            except OSError as err:
+                log.error("upload of %s at release failed: %s", node.path, err)
+            finally:
+                node.writer = None
+                await fs.io(fs.store.discard, staging, inline=staging.inline_io)
+        fs.inodes.release_open(node)
+
+    def abandon(self, store: Store) -> bool:
+        node = self.inode
+        if node.writer is None:
+            return False
+        log.warning("unmounting with %s still open for writing: its unclosed writes are dropped", node.path)
+        store.discard(node.writer)
+        node.writer = None
+        return True
+
+
+# -- control files and virtual files ------------------------------------------------------------
+class ControlHandle(Handle):
+    """An open `.hintfs/` file: reads see the document rendered at open; writes collect a
+    document applied at flush (close) or, failing that, at release."""
+    __slots__ = ("node", "content", "written", "dirty", "caller", "failed")
+
+    def __init__(self, inode: Inode, node, content: bytes, caller: Caller):
+        self.inode = inode
+        self.node = node
+        self.content = content
+        self.written = bytearray()
+        self.dirty = False
+        self.caller = caller
+        self.failed = ""    # a write() of this open failed: the document is refused whole
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        return self.content[off:off + size]
+
+    async def write(self, fs: Services, off: int, buf: bytes) -> int:
+        end = off + len(buf)
+        if end > MAX_CONTROL_WRITE:
+            self.failed = f"document larger than {MAX_CONTROL_WRITE} bytes (EFBIG): nothing applied"
+            self.dirty = True
+            raise Refused(errno.EFBIG, self.failed)
+        if len(self.written) < end:
+            self.written.extend(b"\0" * (end - len(self.written)))
+        self.written[off:end] = buf
+        self.dirty = True
+        return len(buf)
+
+    def truncate(self, size: int) -> None:
+        """`echo x > .hintfs/loglevel` truncates first."""
+        del self.written[size:]
+
+    async def apply(self, fs: Services) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        if self.failed:
+            refuse(self.node, self.failed)
+            fs.stats.add("control_refused")
+            raise Refused(errno.EINVAL, self.failed)
+        data = bytes(self.written)
+        try:
+            await apply_write(self.node, data, self.caller, fs.store)
+        except ControlInputError as err:
+            fs.stats.add("control_refused")
+            raise Refused(errno.EINVAL, str(err)) from None
+        fs.stats.add("control_applied")
+
+    async def flush(self, fs: Services) -> None:
+        await self.apply(fs)
+
+    async def release(self, fs: Services) -> None:
+        # Control inodes are pinned: their open count is not kept.
+        if self.dirty:
+            try:
+                await self.apply(fs)
+            except Refused:
+                pass
+
+
+class TensorHandle(Handle):
+    """An `x.tensor` file: its bytes were fixed at the first open and are shared by all handles."""
+    __slots__ = ()
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        data = self.inode.tensor_data[off:off + size]
+        fs.stats.add("bytes_read", len(data))
+        return data
+
+
+# -- directories --------------------------------------------------------------------------------
+class DirHandle(Handle):
+    """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
+    __slots__ = ("entries", "source", "done")
+
+    def __init__(self, inode: Inode):
+        self.inode = inode
+        self.entries: list[tuple[str, Optional[Stat]]] = []
+        self.source = None
+        self.done = False
+
+    async def fill(self, fs: Services, upto: int) -> None:
+        """Fetch directory entries from the store until `upto` are known (paged listing)."""
+        if self.done:
+            return
+        if self.source is None:
+            if fs.meta_inline:
+                self.source = fs.store.iter_dir(self.inode.path)
+            else:
+                # Remote listings come in one response; fetch them in a thread once.
+                listing = await fs.io(lambda p: list(fs.store.iter_dir(p)), self.inode.path)
+                self.entries.extend(listing)
+                self.done = True
+                return
+        page_size = fs.readdir_page
+        while not self.done and len(self.entries) < upto:
+            page = await fs.io(_take, self.source, page_size, inline=True)
+            self.entries.extend(page)
+            if len(page) < page_size:
+                self.done = True
+
+    async def readdir(self, fs: Services, start_id: int, reply: Reply) -> None:
+        page_size = fs.readdir_page
+        await self.fill(fs, start_id + page_size)
+        i = start_id
+        while True:
+            if i >= len(self.entries):
+                if self.done:
+                    return
+                await self.fill(fs, i + page_size)
+                if i >= len(self.entries):
+                    return
+            name, st = self.entries[i]
+            i += 1
+            if not self.reply_one(fs, name, st, i, reply):
+                return
+
+    def reply_one(self, fs: Services, name: str, st: Optional[Stat], next_id: int, reply: Reply) -> bool:
+        """Offer one entry; False when the kernel took no more. An entry the kernel took counts
+        as a lookup of its inode (it may `forget` it later)."""
+        parent = self.inode.path
+        if not parent and name in fs.hidden_root:
+            return True   # a store folder named like the control dir stays hidden
+        child = fs.inodes.ensure(f"{parent}/{name}" if parent else name)
+        if not reply(DirEntry(os.fsencode(name), fs.attrs(child, st), next_id)):
+            fs.inodes.maybe_drop(child)
+            return False
+        child.lookups += 1
+        return True
+
+    async def release(self, fs: Services) -> None:
+        close = getattr(self.source, "close", None)   # a generator, or a listing with no close
+        if close is not None:
+            close()
+        fs.inodes.release_open(self.inode)
+
+
+class ControlDirHandle(DirHandle):
+    """A `.hintfs/` directory: its entries are listed at once; they are pinned, no lookups count."""
+    __slots__ = ()
+
+    async def fill(self, fs: Services, upto: int) -> None:
+        if not self.done:
+            ctl: ControlDir = self.inode.control
+            self.entries.extend((name, None) for name in ctl.entries())
+            self.done = True
+
+    def reply_one(self, fs: Services, name: str, st: Optional[Stat], next_id: int, reply: Reply) -> bool:
+        child = fs.control_lookup(self.inode, name)
+        return reply(DirEntry(name.encode(), fs.control_attrs(child), next_id))
+
+
+def _take(iterator, n: int) -> list:
+    return list(itertools.islice(iterator, n))
+
+__all__ = ["Handle", "StoreRead", "StagingRead", "ReplicaRead", "WriteHandle", "ControlHandle", "TensorHandle",
+           "DirHandle", "ControlDirHandle", "Services", "Reply"]

@@ -1,0 +1,41 @@
+"""The interfaces `Filesystem` calls its collaborators through (each one optional).
+
+| interface       | implemented by                    | called                                        |
+|-----------------|-----------------------------------|-----------------------------------------------|
+| `ReplicaSource` | `fusefs.replicaread.ReplicaReads` | open (has replicas?) and read of hinted files |
+| `TensorSource`  | `fusefs.tensorfile.TensorFiles`   | lookup and first open of `x.tensor` paths     |
+| `OpenRouting`   | `fusefs.routes.TierRouting`       | open of a store file (eval side, cross-DC)    |
+| `PublishJournal`| `fusefs.journal_writer.JournalWriter` | after a file is published by a commit     |
+
+`fusefs/mount.py` builds them and hands them to the `Filesystem` constructor.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+from stores.base import Stat
+
+
+class ReplicaSource(Protocol):
+    def has_replicas(self, path: str) -> bool: ...
+    async def read(self, path: str, identity: tuple[int, int], off: int, size: int) -> bytes: ...
+
+
+class TensorSource(Protocol):
+    def match(self, path: str) -> Optional[tuple]:
+        """(source path, transform rule) when `path` is a virtual `x.tensor` file, else None."""
+    async def fetch(self, source: str, rule) -> bytes: ...
+
+
+class OpenRouting(Protocol):
+    async def on_open(self, path: str, st: Stat) -> None:
+        """A store file is being opened for reading (after `open_reader`, before replicas are
+        looked up): route it to a local tier when one holds this version."""
+
+
+class PublishJournal(Protocol):
+    async def published(self, path: str, st: Stat) -> None:
+        """`path` was just published with attributes `st`; never raises for a failed record."""
+
+
+__all__ = ["ReplicaSource", "TensorSource", "OpenRouting", "PublishJournal"]

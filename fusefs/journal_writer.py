@@ -1,0 +1,39 @@
+"""The publish journal, writer side: one small record in the store per published file.
+
+Followers in other datacenters list the journal folder instead of walking the store
+(`common.journal` has the record format, `agent.follower` the reader, docs/cross_dc.md the
+design). The filesystem calls `published` after each commit (`PublishJournal`); a record
+that cannot be written is logged, never an error of the close: the file is published and
+followers fall back to listing.
+"""
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from common.journal import encode_record, record_name
+from fusefs.stats import Stats
+from stores.base import Stat, Store
+
+log = logging.getLogger("hintfs.ops")
+
+
+class JournalWriter:
+    def __init__(self, store: Store, journal_dir: str, stats: Stats, io_limiter: trio.CapacityLimiter):
+        self.store = store
+        self.dir = journal_dir
+        self.stats = stats
+        self.io_limiter = io_limiter   # the filesystem's: a record is one more store call
+
+    async def published(self, path: str, st: Stat) -> None:
+        try:
+            await trio.to_thread.run_sync(self.store.put_small,
+                                          f"{self.dir}/{record_name(path, st.size, st.mtime_ns)}",
+                                          encode_record(path, st.size, st.mtime_ns), limiter=self.io_limiter)
+            self.stats.add("journal_records")
+        except OSError as err:   # the file is published; followers fall back to listing
+            log.warning("journal record for %s failed: %s", path, err)
+
+
+__all__ = ["JournalWriter"]

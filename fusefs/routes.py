@@ -1,0 +1,233 @@
+"""Cross-DC routes, the eval side: routed prefixes are served from a local tier, not across the WAN.
+
+An eval mount's `[[routes]]` send paths under a prefix to a local tier agent. Two layers, both
+built by `fusefs/mount.py` only when there are routes:
+
+- `TierRouting` (the filesystem's `OpenRouting`): at each open of a routed file, ask the tier
+  whether it holds exactly this version; if so its reads go to the tier (through the replica
+  router), else they read through and the tier is asked to fetch the file (`fetch_on_read`).
+- `RoutedStore` (a `Store` over the store): answers `stat` and `open_reader` of routed paths
+  from the tier, so that a lookup, a getattr or an open of a checkpoint file the tier holds costs
+  one loopback call instead of remote round trips (100 ms each across datacenters; a DCP load
+  opens a few files but walks several folders). Everything else is passed to the store.
+
+- ready: the tier holds a verified version (size + mtime of the store's file when it was copied):
+  its attributes are served; data reads go to the tier (the lazily opened store reader is only the
+  fallback, and refuses a store file that is no longer that version).
+- copying: a copy is in flight; `stat` serves the version being copied and `open_reader` waits
+  for the copy (the copy crosses the link faster than per-read round trips would), falling back
+  to the store if it fails.
+- dir: the tier holds files below the path, which is a folder.
+- absent, or the tier does not answer: the store, as without routes.
+
+Consistency: routes are meant for write-once data (checkpoints). A routed file the tier holds is
+served at the tier's version until the tier learns of a newer one (the follower copies each new
+journaled version), so an overwrite in the remote store is seen with the journal's delay, not at
+the next open. Everything else (writes, listings, paths outside the routes) goes to the store.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import stat as stat_mod
+import time
+from typing import Iterator, Optional
+
+import trio
+
+from fusefs.hints import ReplicaRouter
+from fusefs.stats import Stats
+from stores.base import Stat, Staging, Store
+
+log = logging.getLogger("hintfs.routes")
+
+_DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
+
+
+class _StoreFallbackReader:
+    """Reads the store copy only if someone reads through it (replica reads failed over)."""
+
+    def __init__(self, store, path: str, identity: tuple[int, int]):
+        self.store, self.path, self.identity = store, path, identity
+        self.reader = None
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self.reader is None:
+            reader, st = self.store.open_reader(self.path)
+            if st.identity() != self.identity:
+                reader.close()
+                raise OSError(errno.ESTALE, f"{self.path} changed in the store since the local tier copied it")
+            self.reader = reader
+        return self.reader.read(offset, size)
+
+    def read_nowait(self, offset: int, size: int):
+        return None
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
+def route_of(routes, path: str):
+    """The first route whose prefix is `path` or a folder above it, or None."""
+    return next((r for r in routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
+
+
+class TierRouting:
+    """At open: serve a routed path from the local tier when it holds exactly this version
+    (size and mtime verified by the agent); otherwise read through and ask it to fetch."""
+
+    def __init__(self, routes, clients: dict, router: ReplicaRouter, stats: Stats,
+                 io_limiter: trio.CapacityLimiter):
+        self.routes = list(routes)
+        self.clients = clients          # location -> agent.client.AgentClient
+        self.router = router            # the replica router that replica reads follow
+        self.stats = stats
+        self.io_limiter = io_limiter    # the filesystem's: tier calls are store-like blocking I/O
+        self._checked: dict[tuple, bool] = {}
+        self._fetching: set[str] = set()
+
+    async def _io(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+
+    async def on_open(self, path: str, st: Stat) -> None:
+        route = route_of(self.routes, path)
+        if route is None:
+            return
+        key = (path, st.identity())
+        if self._checked.get(key):
+            return
+        client = self.clients[route.local_agent]
+        try:
+            local = await self._io(client.has, path, st.size, st.mtime_ns)
+        except OSError as err:
+            log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
+            local = False
+        if local:
+            self._checked[key] = True
+            self.router.replicas[path] = [route.local_agent]
+            self.stats.add("route_local")
+            return
+        self.router.replicas.pop(path, None)
+        self.stats.add("route_remote")
+        if route.fetch_on_read and path not in self._fetching:
+            self._fetching.add(path)
+            trio.lowlevel.spawn_system_task(self._fetch_to_local_tier, client, path)
+
+    async def _fetch_to_local_tier(self, client, path: str) -> None:
+        try:
+            # An eval is waiting for this file: eval class, twice the weight of predictive copies.
+            job = "/".join(path.split("/")[:-2])
+            await self._io(client.replicate, path, 86400.0, None, "eval", job, 2.0)
+            self.stats.add("route_fetches")
+        except OSError as err:
+            log.warning("local tier fetch of %s failed: %s", path, err)
+        finally:
+            self._fetching.discard(path)
+
+
+class RoutedStore:
+    """A `Store`: routed paths' `stat` and `open_reader` from the local tier, the rest the store's."""
+
+    def __init__(self, store: Store, routes, clients: dict, stats: Stats):
+        self._store = store
+        self.routes = list(routes)
+        self.clients = clients
+        self.stats = stats
+        # A stat may be a call to the tier agent: never inline in the trio loop.
+        self.inline_metadata = False
+        self.description = store.description
+        self._warned: dict[str, float] = {}
+
+    # -- not routed: the store's --------------------------------------------------------------
+    def check(self) -> None:
+        self._store.check()
+
+    def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
+        return self._store.iter_dir(rel)
+
+    def readlink(self, rel: str) -> str:
+        return self._store.readlink(rel)
+
+    def symlink(self, rel: str, target: str) -> None:
+        self._store.symlink(rel, target)
+
+    def mkdir(self, rel: str, mode: int) -> None:
+        self._store.mkdir(rel, mode)
+
+    def rmdir(self, rel: str) -> None:
+        self._store.rmdir(rel)
+
+    def unlink(self, rel: str) -> None:
+        self._store.unlink(rel)
+
+    def rename(self, src: str, dst: str, noreplace: bool) -> None:
+        self._store.rename(src, dst, noreplace)
+
+    def chmod(self, rel: str, mode: int) -> None:
+        self._store.chmod(rel, mode)
+
+    def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
+        self._store.utimens(rel, atime_ns, mtime_ns)
+
+    def statfs(self):
+        return self._store.statfs()
+
+    def new_staging(self, rel: str, copy_existing: bool) -> Staging:
+        return self._store.new_staging(rel, copy_existing)
+
+    def commit(self, staging: Staging, rel: str) -> Stat:
+        return self._store.commit(staging, rel)
+
+    def discard(self, staging: Staging) -> None:
+        self._store.discard(staging)
+
+    def put_small(self, rel: str, data: bytes) -> None:
+        self._store.put_small(rel, data)
+
+    # -- routed ---------------------------------------------------------------------------------
+
+    def _tier(self, path: str) -> tuple[Optional[object], dict]:
+        route = route_of(self.routes, path)
+        if route is None:
+            return None, {"state": "absent"}
+        client = self.clients[route.local_agent]
+        try:
+            return client, client.tier_stat(path)
+        except OSError as err:
+            now = time.monotonic()
+            if now - self._warned.get(route.local_agent, -1e9) > 30:   # not once per lookup
+                self._warned[route.local_agent] = now
+                log.warning("local tier %s unavailable (reading the store): %s", route.local_agent, err)
+            self.stats.add("route_tier_down")
+            return None, {"state": "absent"}
+
+    @staticmethod
+    def _file(doc: dict) -> Stat:
+        return Stat(stat_mod.S_IFREG | 0o644, int(doc["size"]), int(doc["mtime_ns"]), int(doc["mtime_ns"]))
+
+    def stat(self, rel: str) -> Stat:
+        _client, doc = self._tier(rel)
+        state = doc["state"]
+        if state in ("ready", "copying"):
+            self.stats.add("route_tier_stat")
+            return self._file(doc)
+        if state == "dir":
+            self.stats.add("route_tier_stat")
+            return _DIR
+        return self._store.stat(rel)
+
+    def open_reader(self, rel: str):
+        client, doc = self._tier(rel)
+        if doc["state"] == "copying":
+            self.stats.add("route_wait_copy")
+            try:
+                client.replicate(rel, 86400.0, None, "eval", None, 2.0,
+                                 expect=(int(doc["size"]), int(doc["mtime_ns"])))
+                doc = client.tier_stat(rel)
+            except OSError as err:
+                log.warning("local tier copy of %s failed, reading the store: %s", rel, err)
+        if doc["state"] == "ready":
+            st = self._file(doc)
+            return _StoreFallbackReader(self._store, rel, st.identity()), st
+        return self._store.open_reader(rel)
