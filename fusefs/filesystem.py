@@ -232,10 +232,7 @@ class Filesystem:
         return self.attrs(node, await self._stat_inode(node))
 
     def _chown(self, rel: str, uid: int, gid: int) -> None:
-        chown = getattr(self.store, "chown", None)   # no store implements owners today
-        if chown is None:
-            raise HintfsError(errno.EPERM, "this store has no owners to change")
-        chown(rel, uid, gid)
+        self.store.chown(rel, uid, gid)
 
     async def _truncate(self, node: Inode, size: int) -> None:
         if node.writer is not None:

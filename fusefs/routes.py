@@ -28,6 +28,7 @@ the next open. Everything else (writes, listings, paths outside the routes) goes
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import stat as stat_mod
 import time
@@ -40,6 +41,9 @@ from fusefs.stats import Stats
 from stores.base import Stat, Staging, Store
 
 log = logging.getLogger("hintfs.routes")
+
+ROUTED_TTL_S = 86400.0      # a copy fetched because an eval read it lives a day at the tier
+EVAL_IMPORTANCE = 2.0       # an eval is waiting: twice the weight of predictive copies on the link
 
 _DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
 
@@ -118,7 +122,8 @@ class TierRouting:
         try:
             # An eval is waiting for this file: eval class, twice the weight of predictive copies.
             job = "/".join(path.split("/")[:-2])
-            await self._io(client.replicate, path, 86400.0, None, "eval", job, 2.0)
+            await self._io(functools.partial(client.replicate, path, ttl_s=ROUTED_TTL_S, priority="eval",
+                                             job=job, importance=EVAL_IMPORTANCE))
             self.stats.add("route_fetches")
         except OSError as err:
             log.warning("local tier fetch of %s failed: %s", path, err)
@@ -166,6 +171,9 @@ class RoutedStore:
 
     def chmod(self, rel: str, mode: int) -> None:
         self._store.chmod(rel, mode)
+
+    def chown(self, rel: str, uid: int, gid: int) -> None:
+        self._store.chown(rel, uid, gid)
 
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
         self._store.utimens(rel, atime_ns, mtime_ns)
@@ -222,7 +230,7 @@ class RoutedStore:
         if doc["state"] == "copying":
             self.stats.add("route_wait_copy")
             try:
-                client.replicate(rel, 86400.0, None, "eval", None, 2.0,
+                client.replicate(rel, ttl_s=ROUTED_TTL_S, priority="eval", importance=EVAL_IMPORTANCE,
                                  expect=(int(doc["size"]), int(doc["mtime_ns"])))
                 doc = client.tier_stat(rel)
             except OSError as err:

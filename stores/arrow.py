@@ -215,6 +215,9 @@ class ArrowStore:
     def chmod(self, rel: str, mode: int) -> None:
         raise HintfsError(errno.EPERM, "this store has no permissions to change")
 
+    def chown(self, rel: str, uid: int, gid: int) -> None:
+        raise HintfsError(errno.EPERM, "this store has no owners to change")
+
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
         # Object stores set mtime at upload; accept and ignore (as s3fs-fuse does) so `cp -p`,
         # `touch` and `tar` keep working.

@@ -232,6 +232,13 @@ class LocalStore:
         finally:
             os.close(fd)
 
+    def chown(self, rel: str, uid: int, gid: int) -> None:
+        if not rel:
+            os.chown(self.root_fd, uid, gid)
+            return
+        with self._at(rel) as (d, name):
+            os.chown(name, uid, gid, dir_fd=d, follow_symlinks=False)
+
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
         if not rel:
             os.utime(self.root_fd, ns=(atime_ns, mtime_ns))
