@@ -3,7 +3,7 @@
 - `mount.py`        assembles everything (the one place) and runs pyfuse3's loop.
 - `fuse.py`         the pyfuse3 adapter: one line per operation over `Filesystem`.
 - `filesystem.py`   the semantics (namespace, opens, staging and publish, control files), no
-                    pyfuse3: `tests/test_filesystem_api.py` drives it with no kernel mount.
+                    pyfuse3: `tests/fs/test_filesystem_api.py` drives it with no kernel mount.
 - `attrs.py`        the plain types it answers with (attributes, open file, statfs) and `Refused`.
 - `handles.py`      one class per kind of open handle, chosen at open (store, staging, replica,
                     write, control, tensor, directory).

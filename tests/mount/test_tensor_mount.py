@@ -6,7 +6,6 @@ import os
 import numpy as np
 import pytest
 
-from hintfs.demo import write_jpeg
 from tests.conftest import needs_fuse
 
 pytestmark = needs_fuse
@@ -25,8 +24,7 @@ params = { frames = 4, size = 32 }
 '''
 
 
-def _jpeg(path, seed=0, w=160, h=120):
-    write_jpeg(path, np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
+from tests.helpers.media import jpeg_file as _jpeg  # noqa: E402,F401
 
 
 def _mp4(path, frames=24):

@@ -219,7 +219,7 @@ def test_cli_runs_for_a_bounded_time(tmp_path, server_factory):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = tmp_path / "stats.json"
-    script = Path(__file__).resolve().parent.parent / "bench" / "wan.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "wan.py"
     proc = subprocess.run([sys.executable, str(script), "--listen", f"127.0.0.1:{port}",
                            "--target", f"127.0.0.1:{echo[1]}", "--delay-ms", "10",
                            "--bandwidth-mbit", "100", "--duration-s", "0.5",

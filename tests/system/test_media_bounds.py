@@ -104,7 +104,7 @@ def tiff() -> bytes:
 
 @pytest.fixture(scope="module")
 def media():
-    from tests.test_transforms import make_image, make_video
+    from tests.helpers.media import make_image, make_video
     png = make_image("png", 64, 48, seed=3)
     # a byte of the IDAT's deflate data flipped: the file looks complete (IEND, sizes), only a
     # decoder (CRC check) finds the damage

@@ -25,7 +25,7 @@ SAVE = textwrap.dedent("""
     dist.barrier()
     dist.destroy_process_group()
     import os
-    os._exit(0)   # see tests/test_real_clients.py: gloo teardown has aborted a rank after the save
+    os._exit(0)   # see tests/mount/test_real_clients.py: gloo teardown has aborted a rank after the save
 """)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from agent.client import AgentClient, AgentError
 from tests.conftest import REPO, force_unmount, needs_fuse, wait_for
-from tests.security_helpers import (NOBODY, AgentProc, WorldDir, agent_config, can_run_as_nobody,
+from tests.helpers.security import (NOBODY, AgentProc, WorldDir, agent_config, can_run_as_nobody,
                                     files_holding, free_port, nobody_connect_unix, nobody_flight_get,
                                     nobody_read_files)
 

@@ -1,4 +1,4 @@
-"""Helpers of the attack tests (tests/test_security_agent.py): another user's processes, real
+"""Helpers of the attack tests (tests/system/test_security_agent.py): another user's processes, real
 `hintfs agent` processes, folders every user can reach. Everything is bounded in time and stopped
 by pid."""
 from __future__ import annotations

@@ -24,7 +24,7 @@ def test_hysteresis():
 
 @pytest.fixture(params=[False])
 def service(tmp_path, request):
-    from tests.test_tensor_mount import _jpeg
+    from tests.helpers.media import jpeg_file as _jpeg
     (tmp_path / "s").mkdir()
     for i in range(3):
         _jpeg(tmp_path / "s" / f"{i}.jpg", seed=i, w=64, h=48)

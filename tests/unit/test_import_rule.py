@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("common", "stores", "policy", "transforms", "mountconfig", "fusefs", "agent", "governor", "hintfs")
 BASE = {"common": set(), "stores": {"common"}, "policy": {"common"}, "transforms": {"common"},
         "mountconfig": {"common", "transforms"}}

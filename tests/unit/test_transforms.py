@@ -24,88 +24,10 @@ from transforms.params import (ImageParams, TransformRule, VideoParams, default_
                                match_rule, params_hash)
 from transforms.video import build_index, sample_frames  # noqa: E402
 
+from tests.helpers.media import VIDEO_CASES, has_decoder, has_encoder, make_image, make_video, pattern  # noqa: E402,F401
+
 
 # ---------------------------------------------------------------- media generation
-
-def _has_encoder(name: str) -> bool:
-    try:
-        av.codec.Codec(name, "w")
-        return True
-    except Exception:
-        return False
-
-
-def _has_decoder(name: str) -> bool:
-    try:
-        av.codec.Codec(name, "r")
-        return True
-    except Exception:
-        return False
-
-
-def _pattern(i: int, w: int, h: int, seed: int = 0) -> np.ndarray:
-    yy, xx = np.mgrid[0:h, 0:w]
-    a = np.stack([(xx * 4 + i * 7 + seed) % 256, (yy * 5 + i * 3) % 256,
-                  ((xx + yy) * 3 + i * 11) % 256], -1)
-    return a.astype(np.uint8)
-
-
-def make_image(fmt: str, w: int, h: int, seed: int = 0) -> bytes:
-    codec, pix, muxer = {"jpeg": ("mjpeg", "yuvj420p", "image2pipe"),
-                         "png": ("png", "rgb24", "image2pipe"),
-                         "webp": ("libwebp", "yuv420p", "webp")}[fmt]
-    if not _has_encoder(codec):
-        pytest.skip(f"PyAV has no {codec} encoder")
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=muxer) as c:
-        s = c.add_stream(codec)
-        s.width, s.height, s.pix_fmt = w, h, pix
-        rng = np.random.default_rng(seed)
-        a = (_pattern(seed, w, h, seed) // 2 + rng.integers(0, 128, (h, w, 3))).astype(np.uint8)
-        for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-            c.mux(p)
-        for p in s.encode(None):
-            c.mux(p)
-    return buf.getvalue()
-
-
-VIDEO_CASES = {
-    # name: (encoder, muxer, decoder)
-    "h264-mp4": ("libx264", "mp4", "h264"),
-    "h264-mkv": ("libx264", "matroska", "h264"),
-    "h265-mp4": ("libx265", "mp4", "hevc"),
-    "vp9-webm": ("libvpx-vp9", "webm", "vp9"),
-    "av1-mkv": ("libsvtav1", "matroska", "av1"),
-}
-
-
-def make_video(encoder: str, muxer: str, n: int = 40, w: int = 64, h: int = 48, rate: int = 20,
-               gop: int = 8) -> bytes:
-    if not _has_encoder(encoder):
-        pytest.skip(f"PyAV has no {encoder} encoder")
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=muxer) as c:
-        s = c.add_stream(encoder, rate=rate)
-        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        s.codec_context.gop_size = gop
-        s.codec_context.thread_count = 1
-        s.options = {
-            "libx264": {"x264-params": f"mbtree=0:keyint={gop}:min-keyint={gop}:scenecut=0:"
-                                       "bframes=2:threads=1", "preset": "veryfast"},
-            "libx265": {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:"
-                                       "log-level=error:frame-threads=1:pools=none",
-                        "preset": "ultrafast"},
-            "libvpx-vp9": {"deadline": "realtime", "cpu-used": "8", "threads": "1",
-                           "row-mt": "0", "lag-in-frames": "0"},
-            "libsvtav1": {"preset": "12", "svtav1-params": f"keyint={gop}:lp=1"},
-        }.get(encoder, {})
-        for i in range(n):
-            for p in s.encode(av.VideoFrame.from_ndarray(_pattern(i, w, h), format="rgb24")):
-                c.mux(p)
-        for p in s.encode(None):
-            c.mux(p)
-    return buf.getvalue()
-
 
 @pytest.fixture(scope="module")
 def images():
@@ -119,7 +41,7 @@ _videos: dict[str, bytes] = {}
 @pytest.fixture(params=sorted(VIDEO_CASES))
 def video(request):
     enc, mux, dec = VIDEO_CASES[request.param]
-    if not _has_decoder(dec):
+    if not has_decoder(dec):
         pytest.skip(f"PyAV cannot decode {dec}")
     if request.param not in _videos:
         _videos[request.param] = make_video(enc, mux)
@@ -295,7 +217,7 @@ def test_video_frames_are_the_right_ones():
     assert out.shape == (40, 48, 64, 3) and out.dtype == np.uint8
     # each decoded frame is closest to the source frame of its index (lossy codec)
     for i in (0, 7, 8, 21, 39):
-        err = [np.abs(out[i].astype(int) - _pattern(j, 64, 48)).mean() for j in range(40)]
+        err = [np.abs(out[i].astype(int) - pattern(j, 64, 48)).mean() for j in range(40)]
         assert int(np.argmin(err)) == i
     assert len(idx.frame_pts) == 40
 
@@ -414,14 +336,14 @@ def test_image_header_reads_the_size_every_supported_format_announces(images):
         assert image_header(raw) == (fmt, w, h, 4), name
     # lossless WebP (VP8L) and the extended header (VP8X, with alpha)
     for opts, pix in (({"lossless": "1"}, "bgra"), ({}, "yuva420p")):
-        if not _has_encoder("libwebp"):
+        if not has_encoder("libwebp"):
             pytest.skip("PyAV has no libwebp encoder")
         buf = io.BytesIO()
         with av.open(buf, "w", format="webp") as c:
             s = c.add_stream("libwebp")
             s.width, s.height, s.pix_fmt = 123, 45, pix
             s.options = opts
-            frame = av.VideoFrame.from_ndarray(_pattern(0, 123, 45), format="rgb24").reformat(format=pix)
+            frame = av.VideoFrame.from_ndarray(pattern(0, 123, 45), format="rgb24").reformat(format=pix)
             for p in s.encode(frame):
                 c.mux(p)
             for p in s.encode(None):
