@@ -539,5 +539,10 @@ class Filesystem:
         """At unmount: drop staged writes of files still open (never publish a torn file)."""
         return sum(1 for h in list(self.handles.values()) if h.abandon(self.store))
 
+    def open_write_paths(self) -> list[str]:
+        """Store paths of files open for writing whose writes are not published yet (sorted)."""
+        return sorted({h.inode.path for h in self.handles.values()
+                       if isinstance(h, WriteHandle) and h.inode.writer is not None})
+
 
 __all__ = ["Filesystem"]
