@@ -2,7 +2,9 @@
 loading the config into a UserError, and the logging of the short-lived verbs."""
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 from mountconfig import ConfigError, MountConfig
 from mountconfig import load_config as _load_config
@@ -22,3 +24,32 @@ def load_config(path: str) -> MountConfig:
 def basic_logging() -> None:
     """Warnings and errors to stderr, for the verbs that do not run a daemon in this process."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def hintfs_mount(path: str) -> str:
+    """`path` as an absolute path, if it is a hintfs mount (its `.hintfs/` answers); else a
+    UserError saying what to give instead."""
+    mp = os.path.abspath(path)
+    if not os.path.isdir(mp):
+        raise UserError(f"{mp}: no such directory (give the mountpoint of a running `hintfs mount`)")
+    try:
+        os.stat(os.path.join(mp, ".hintfs"))
+    except FileNotFoundError:
+        raise UserError(f"{mp} is not a hintfs mount (no .hintfs/ control directory): give the "
+                        "mountpoint of a running `hintfs mount`") from None
+    except OSError as err:
+        raise UserError(f"{mp}: {err.strerror} (is the mount's daemon running? `hintfs status {mp}`)") from None
+    return mp
+
+
+def read_json_file(path: str, what: str) -> object:
+    """A JSON file given on the command line (`what` names the option), or a UserError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as err:
+        raise UserError(f"{what} {path}: {err.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        reason = (f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError)
+                  else "not UTF-8")
+        raise UserError(f"{what} {path}: invalid JSON: {reason}") from None

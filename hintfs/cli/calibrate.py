@@ -2,11 +2,14 @@
 replica serves (sets replicas.safe_readers_per_replica)."""
 from __future__ import annotations
 
+import errno
+
 from agent.client import AgentClient
 from agent.rpc import MAX_READ_BYTES
 from common.secrets import read_token_file
 from hintfs.calibrate import calibrate
 from hintfs.cli.base import UserError
+from hintfs.cli.errors import squash
 
 
 def add_options(parser) -> None:
@@ -27,15 +30,33 @@ def add_parser(subparsers) -> None:
     cal.set_defaults(func=cmd_calibrate)
 
 
+def _probe_failure(args, err: OSError) -> str:
+    where = f"the agent at {args.agent}"
+    if err.errno in (errno.EHOSTUNREACH, errno.ECONNREFUSED, errno.ETIMEDOUT):
+        return f"cannot reach {where}: is `hintfs agent` running there, and is the host:port right?"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"{where} refused the request: give its token with --token-file (the agent's [agent] token_file)"
+    if err.errno == errno.ENOENT:
+        return f"{where} has no file {args.path} in its store: give --path relative to the store root"
+    return f"cannot read {args.path} from {where}: {squash(err.strerror or str(err))}"
+
+
 def cmd_calibrate(args) -> int:
     if not args.agent or not args.path:
         raise UserError("calibrate needs --agent LOCATION --path RELPATH (a file in the store)")
+    if "://" not in args.agent:
+        raise UserError(f"--agent {args.agent}: a location has a scheme, e.g. grpc://{args.agent}")
+    token = read_token_file(args.token_file) if args.token_file else None   # HintfsError: one line
+    # One read first: an unreachable agent, a refused token or a missing file is an error here,
+    # not a table of zero reads per second.
+    probe = AgentClient(args.agent, token=token, timeout_s=10.0)
     try:
-        token = read_token_file(args.token_file) if args.token_file else None
+        first = probe.read(args.path, 0, MAX_READ_BYTES if args.size is None else 1)
     except OSError as err:
-        raise UserError(err.strerror or str(err)) from None
-    size = (len(AgentClient(args.agent, token=token).read(args.path, 0, MAX_READ_BYTES))
-            if args.size is None else args.size)
+        raise UserError(_probe_failure(args, err)) from None
+    finally:
+        probe.close()
+    size = len(first) if args.size is None else args.size
     result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
     for row in result["levels"]:
         print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"

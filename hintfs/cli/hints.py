@@ -5,8 +5,8 @@ import json
 import os
 
 from hintfs import client
+from hintfs.cli.base import UserError, hintfs_mount, read_json_file
 from hintfs.cli.calibrate import add_options as add_calibrate_options, cmd_calibrate
-from hintfs.cli.base import UserError
 
 
 def add_parser(subparsers) -> None:
@@ -24,8 +24,23 @@ def add_parser(subparsers) -> None:
     h.set_defaults(func=cmd_hints)
 
 
+def _files_doc(args) -> dict:
+    files = read_json_file(args.file, "--file")
+    if not isinstance(files, dict):
+        raise UserError(f"--file {args.file}: expected a JSON object {{relpath: expected_readers}}, "
+                        f"not {type(files).__name__}")
+    return files
+
+
+def _unknown_job(mp: str, job: str) -> UserError:
+    return UserError(f"no hint job {job!r} on {mp}: set one first (`hintfs hints set {mp} {job} ...`)")
+
+
 def cmd_hints(args) -> int:
-    mp = os.path.abspath(args.mountpoint)
+    if args.action == "calibrate":   # the older spelling: hintfs hints calibrate - - --agent ...
+        return cmd_calibrate(args)
+    files = _files_doc(args) if args.action == "set" and args.file and not args.from_dcp else None
+    mp = hintfs_mount(args.mountpoint)
     if args.action == "set":
         if args.from_dcp:
             files = client.hints_from_dcp(args.from_dcp, args.world_size)
@@ -33,27 +48,33 @@ def cmd_hints(args) -> int:
             if prefix.startswith(".."):
                 raise UserError(f"{args.from_dcp} is not inside the mount {mp}")
             files = {os.path.normpath(os.path.join(prefix, p)): n for p, n in files.items()}
-        elif args.file:
-            with open(args.file) as f:
-                files = json.load(f)
-        else:
+        elif files is None:
             raise UserError("hints set needs --from-dcp DIR --world-size N or --file FILES.json")
         try:
             client.set_replication_hints(mp, args.job, files, ttl_s=args.ttl, deadline_s=args.deadline)
         except ValueError as err:
-            raise UserError(str(err)) from None
+            raise UserError(f"{err} (the hint was not applied)") from None
+        except OSError as err:
+            raise UserError(f"cannot write the hint {args.job!r}: {err.strerror}") from None
         print(f"hint {args.job}: {len(files)} files")
         return 0
-    if args.action == "calibrate":   # the older spelling: hintfs hints calibrate - - --agent ...
-        return cmd_calibrate(args)
     if args.action == "wait":
         try:
             status = client.wait_for_replicas(mp, args.job, timeout_s=args.timeout)
         except TimeoutError as err:
-            raise UserError(str(err)) from None
-        except KeyError as err:
-            raise UserError(str(err.args[0])) from None
+            files = getattr(err, "status", {}).get("files", {})
+            late = sum(1 for v in files.values() if v["ready"] < v["target"])
+            raise UserError(f"replicas of job {args.job!r} not ready for {late} of {len(files)} files in time: "
+                            f"`hintfs hints status {mp} {args.job}` shows which") from None
+        except (KeyError, FileNotFoundError):
+            raise _unknown_job(mp, args.job) from None
         print(f"hint {args.job}: all {len(status['files'])} files have their replicas")
         return 0
-    print(json.dumps(client.replica_status(mp, args.job), indent=2))
+    try:
+        status = client.replica_status(mp, args.job)
+    except FileNotFoundError:
+        raise _unknown_job(mp, args.job) from None
+    if not status:
+        raise _unknown_job(mp, args.job)
+    print(json.dumps(status, indent=2))
     return 0
