@@ -4,7 +4,21 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio bindfs rclone systemd
 
-.PHONY: setup demo test bench clean
+# `make install` (as root): the console script on the PATH, /etc/hintfs with an example config,
+# the systemd units. Staged installs and tests: `make install DESTDIR=/tmp/stage` or other dirs.
+DESTDIR ?=
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+DOCDIR ?= $(PREFIX)/share/doc/hintfs
+CONFDIR ?= /etc/hintfs
+UNITDIR ?= /etc/systemd/system
+UNITS := hintfs-mount@.service hintfs-agent@.service hintfs-governor@.service
+EXAMPLE_CONFIG := srv-ckpt.toml
+# The units name the installed paths; these edits make them name BINDIR, CONFDIR and DOCDIR.
+UNIT_PATHS := -e 's|/usr/local/bin/hintfs|$(BINDIR)/hintfs|g' -e 's|/etc/hintfs/|$(CONFDIR)/|g' \
+	-e 's|/usr/local/share/doc/hintfs/|$(DOCDIR)/|g'
+
+.PHONY: setup demo test bench clean install uninstall
 
 setup: $(STAMP)
 
@@ -34,6 +48,33 @@ bench: setup
 	$(PY) bench/fuse_throughput.py --quick
 	$(PY) bench/restart_storm.py --quick
 	$(PY) bench/multimodal_loading.py --quick
+
+# The console script stays in the .venv (it needs its packages): BINDIR gets a symlink to it, so
+# moving or deleting this checkout breaks the installed command (run `make install` again).
+install: setup
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
+	ln -sfn $(abspath $(VENV))/bin/hintfs $(DESTDIR)$(BINDIR)/hintfs
+	@# An existing config is the admin's: never overwritten.
+	@if [ -e $(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG) ]; then \
+	  echo "$(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG) exists: left as it is"; \
+	else install -m 0644 examples/$(EXAMPLE_CONFIG) $(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG) && \
+	  echo "installed $(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG)"; fi
+	for u in $(UNITS); do sed $(UNIT_PATHS) systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; done
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+	@# Only a running systemd (not a container without it, not a staged install) is told.
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "hintfs installed: $(DESTDIR)$(BINDIR)/hintfs -> $(abspath $(VENV))/bin/hintfs"
+
+# Leaves configs that were changed (and any other file in CONFDIR) in place.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/hintfs
+	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$u; done
+	rm -rf $(DESTDIR)$(DOCDIR)
+	@if cmp -s examples/$(EXAMPLE_CONFIG) $(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG); then \
+	  rm -f $(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG); fi
+	@rmdir $(DESTDIR)$(CONFDIR) 2>/dev/null || echo "$(DESTDIR)$(CONFDIR) kept (it holds configs)"
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info
