@@ -1,7 +1,13 @@
 """Running a mount: assemble the filesystem from a config, mount, serve, unmount.
 
 `run_mount` is what `hintfs mount --foreground` runs (directly, or as the child of the
-background launcher and of systemd). Pre-flight checks raise `MountError` with one line.
+background launcher and of systemd). Pre-flight checks raise `MountError` with one line; the
+launcher runs the same `check_mountpoint` before it starts the daemon.
+
+Unmounting (SIGTERM/SIGINT/SIGHUP, which `hintfs umount` sends): the mount keeps serving for up to
+`mount.unmount_timeout_s` while files are open for writing, so a `cp` into it can finish; what is
+still open then is abandoned (never published), named in the log, and the daemon exits with
+`EXIT_ABANDONED`. docs/operations.md has the whole story.
 """
 from __future__ import annotations
 
@@ -9,15 +15,19 @@ import json
 import logging
 import os
 import signal
+import sys
 import tempfile
+import stat as stat_mod
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
+from urllib.parse import urlparse
 
 import pyfuse3
 import trio
 
 from agent.client import AgentClient
+from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
@@ -36,6 +46,9 @@ from stores.base import Store
 
 log = logging.getLogger("hintfs.mount")
 
+EXIT_ABANDONED = 3      # the daemon's status when files still open for writing were abandoned
+ABANDONED_MARK = "unmount abandoned"   # the log line `hintfs umount` looks for (see _report_abandoned)
+
 
 class MountError(Exception):
     """A problem the user can fix (mountpoint, /dev/fuse, store); one line, no traceback."""
@@ -52,15 +65,95 @@ def open_checked_store(cfg: MountConfig, store: Optional[Store] = None) -> Store
         raise MountError(err.strerror or str(err)) from None
 
 
-def check_mountpoint(mountpoint: str) -> str:
+def check_mountpoint(mountpoint: str, cfg: Optional[MountConfig] = None,
+                     on_replace: Optional[Callable[[str], None]] = None) -> str:
+    """The absolute mountpoint, once it is fit to mount on; else MountError (one line).
+
+    A dead hintfs mount there (its daemon killed: stat fails with ENOTCONN) is detached lazily
+    first, with a log line (and `on_replace(line)`); a dead mount of another type is refused and
+    left alone. With `cfg`, the layout is checked too (`check_layout`)."""
     mp = os.path.abspath(mountpoint)
-    if not os.path.exists(mp):
-        raise MountError(f"mountpoint {mp} does not exist")
-    if not os.path.isdir(mp):
+    dead = dead_mount_at(mp)
+    if dead is not None:
+        if not dead.is_hintfs:
+            raise MountError(f"mountpoint {mp} is a dead {dead.fstype} mount (its daemon is gone), not a "
+                             f"hintfs mount: not touching it (detach it with fusermount3 -u -z {mp})")
+        try:
+            detach_lazily(mp)
+        except OSError as err:
+            raise MountError(f"mountpoint {mp} is a dead hintfs mount and cannot be detached: "
+                             f"{err.strerror}") from None
+        note = f"{mp} was a dead hintfs mount (its daemon is gone): detached it lazily"
+        log.warning(note)
+        if on_replace is not None:
+            on_replace(note)
+    try:
+        st = os.stat(mp)
+    except FileNotFoundError:
+        raise MountError(f"mountpoint {mp} does not exist") from None
+    except OSError as err:
+        raise MountError(f"mountpoint {mp} cannot be used: {err.strerror}") from None
+    if not stat_mod.S_ISDIR(st.st_mode):
         raise MountError(f"mountpoint {mp} is not a directory")
     if os.path.ismount(mp):
         raise MountError(f"mountpoint {mp} is busy: something is already mounted there")
+    if cfg is not None:
+        check_layout(mp, cfg)
     return mp
+
+
+def _identity(path: str) -> Optional[tuple[int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _lineage(path: str):
+    """`path` and each of its ancestors up to /, symlinks resolved, as (path, (st_dev, st_ino));
+    ancestors that cannot be stat'ed are skipped. Device and inode, not names: a bind mount of a
+    folder has the folder's own identity, so a mountpoint reached through one is still found."""
+    p = os.path.realpath(path)
+    while True:
+        ident = _identity(p)
+        if ident is not None:
+            yield p, ident
+        if p == "/":
+            return
+        p = os.path.dirname(p)
+
+
+def local_paths(cfg: MountConfig) -> list[tuple[str, str]]:
+    """(what, local path) the daemon works in while it serves: a file:// store's root; for
+    remote stores the spool where writes stage."""
+    if urlparse(cfg.store.uri).scheme == "file":
+        return [("the store root", urlparse(cfg.store.uri).path)]
+    return [("cache.spool_dir", cfg.cache.spool_dir)]
+
+
+def check_layout(mp: str, cfg: MountConfig) -> None:
+    """Refuse a mountpoint that is the store root or inside it, and a store root (or a remote
+    store's spool) inside the mountpoint: the first makes the daemon serve its own requests
+    (lookups and `ls` hang for good), the second hides what the daemon needs behind the mount.
+    Compared by device and inode, so symlinks and bind mounts do not slip past."""
+    mp_id = _identity(mp)
+    for what, path in local_paths(cfg):
+        root_id = _identity(path)
+        if mp_id is not None and root_id == mp_id:
+            raise MountError(f"mountpoint {mp} is {what} {path}: the mount would have to serve its own "
+                             "requests and hang; mount it outside the store")
+        if root_id is not None and what == "the store root":
+            for ancestor, ident in _lineage(mp):
+                if ident == root_id:
+                    via = "" if ancestor == os.path.realpath(path) else f" (through {ancestor})"
+                    raise MountError(f"mountpoint {mp} is inside {what} {path}{via}: the mount would have to "
+                                     "serve its own requests and hang; mount it outside the store")
+        if mp_id is not None:
+            for ancestor, ident in _lineage(path):
+                if ident == mp_id:
+                    raise MountError(f"{what} {path} is inside mountpoint {mp}: the mount would hide it "
+                                     "from the daemon that serves it; mount it elsewhere")
 
 
 def check_fuse_device() -> None:
@@ -83,6 +176,15 @@ def build_control(cfg: MountConfig, stats: Stats) -> ControlDir:
     root.add(ControlFile("config", render=lambda: config_bytes))
     root.add(loglevel_file())
     return root
+
+
+def unmount_document(cfg: MountConfig, fs: Filesystem) -> bytes:
+    """`.hintfs/unmount`: what `hintfs umount` needs to know before it signals the daemon: how
+    long it will wait for open writes, and the log where it names the files it abandoned. Only a
+    count of open writes: the names are for the log, not for every reader of the mount."""
+    return (json.dumps({"pid": os.getpid(), "timeout_s": cfg.mount.unmount_timeout_s,
+                        "log_file": cfg.logging.file or os.environ.get("HINTFS_LOG_FILE"),
+                        "open_writes": len(fs.open_write_paths())}) + "\n").encode()
 
 
 def fuse_options(cfg: MountConfig) -> set[str]:
@@ -125,13 +227,15 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
                     routing=routing, journal=journal, io_limiter=io_limiter)
+    control.add(ControlFile("unmount", render=lambda: unmount_document(cfg, fs)))
     return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run], agent_server)
 
 
 def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
               on_ready: Optional[Callable[[], None]] = None) -> int:
-    """Mount and serve until unmounted or signalled; return an exit status."""
-    mp = check_mountpoint(mountpoint)
+    """Mount and serve until unmounted or signalled; return an exit status: 0, or
+    EXIT_ABANDONED when files still open for writing were abandoned at unmount."""
+    mp = check_mountpoint(mountpoint, cfg)
     check_fuse_device()
     store = open_checked_store(cfg, store)
     mount = assemble(cfg, store)
@@ -146,15 +250,18 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
         raise MountError(f"cannot mount at {mp}: {err}") from None
     log.info("mounted %s at %s", store.description, mp)
     unmount = True
+    status = 0
     try:
         trio.run(_serve, mount, mp, on_ready, cfg)
     except BaseException:
         log.exception("mount loop failed")
         raise
     finally:
-        dropped = mount.fs.abandon_open_writes()
-        if dropped:
-            log.warning("%d open writes dropped at unmount", dropped)
+        abandoned = mount.fs.open_write_paths()
+        mount.fs.abandon_open_writes()
+        if abandoned:
+            _report_abandoned(mp, abandoned)
+            status = EXIT_ABANDONED
         sd_notify("STOPPING=1")
         try:
             pyfuse3.close(unmount=unmount)
@@ -163,7 +270,17 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
         if mount.agent_server is not None:
             mount.agent_server.shutdown()
         log.info("unmounted %s", mp)
-    return 0
+    return status
+
+
+def _report_abandoned(mp: str, paths: list[str]) -> None:
+    """One log line naming the abandoned files (a JSON list of store paths: `hintfs umount`
+    parses it), and the same on a terminal when the daemon runs in one."""
+    log.error("%s: %d files still open for writing (what was written since their last close or fsync "
+              "is not published): %s", ABANDONED_MARK, len(paths), json.dumps(paths))
+    if sys.stderr.isatty():
+        print(f"hintfs: {mp}: {len(paths)} files still open for writing were abandoned (writes since their "
+              "last close or fsync not published): " + ", ".join(paths), file=sys.stderr)
 
 
 def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir):
@@ -204,7 +321,7 @@ def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlD
 
 async def _serve(mount: Assembly, mp: str, on_ready, cfg: MountConfig) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        nursery.start_soon(_watch_signals, mount.fs, cfg.mount.unmount_timeout_s)
         for task in mount.background:
             nursery.start_soon(task)
         nursery.start_soon(_announce_ready, mp, on_ready, cfg)
@@ -214,12 +331,38 @@ async def _serve(mount: Assembly, mp: str, on_ready, cfg: MountConfig) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def _watch_signals(scope: trio.CancelScope) -> None:
+async def _watch_signals(fs: Filesystem, timeout_s: float) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s: unmounting", signal.Signals(signum).name)
+            await _drain_writes(fs, timeout_s, signals)
             pyfuse3.terminate()
             return
+
+
+async def _drain_writes(fs: Filesystem, timeout_s: float, signals) -> None:
+    """Keep serving until no file is open for writing, at most `timeout_s` (a second signal
+    ends the wait at once): a writer that closes in time has its file published."""
+    paths = fs.open_write_paths()
+    if not paths:
+        return
+    log.warning("waiting up to %gs for %d files still open for writing: %s", timeout_s, len(paths),
+                json.dumps(paths))
+    async with trio.open_nursery() as nursery:
+        async def second_signal() -> None:
+            async for signum in signals:
+                log.warning("received %s again: not waiting for open writes any longer",
+                            signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                return
+
+        nursery.start_soon(second_signal)
+        with trio.move_on_after(timeout_s):
+            while fs.open_write_paths():
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    if not fs.open_write_paths():
+        log.info("all files open for writing were closed; unmounting")
 
 
 async def _prune_journal(store: Store, cfg: MountConfig) -> None:

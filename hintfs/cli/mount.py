@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 
 from common.procs import daemon_python
 from hintfs.cli.base import UserError, load_config
@@ -41,16 +42,17 @@ def cmd_mount(args) -> int:
             return serve(cfg, args.mountpoint, ready_fd=args.ready_fd)
         except MountError as err:
             raise UserError(str(err)) from None
-    return _start_in_background(args.config, args.mountpoint, cfg.logging.file)
+    return _start_in_background(args.config, args.mountpoint, cfg)
 
 
-def _start_in_background(config: str, mountpoint: str, log_file: str | None) -> int:
+def _start_in_background(config: str, mountpoint: str, cfg) -> int:
     from fusefs.mount import MountError, check_fuse_device, check_mountpoint
 
-    # Check what we can here (fast, clear errors), then start the daemon and wait until it says
-    # the mount answers, or relay its one-line error.
+    # Check what we can here (fast, clear errors; the daemon runs the same checks), then start
+    # the daemon and wait until it says the mount answers, or relay its one-line error.
+    log_file = cfg.logging.file
     try:
-        check_mountpoint(mountpoint)
+        check_mountpoint(mountpoint, cfg, on_replace=lambda note: print(f"hintfs mount: {note}", file=sys.stderr))
         check_fuse_device()
     except MountError as err:
         raise UserError(str(err)) from None

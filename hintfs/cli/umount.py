@@ -1,25 +1,70 @@
-"""`hintfs umount MOUNTPOINT [--timeout S]`: stop the mount's daemon (it finishes pending uploads
-first); if the daemon is gone or does not stop in time, detach the mount lazily so the path works
-again. Only hintfs mounts (type fuse.hintfs in /proc/self/mountinfo) are touched."""
+"""`hintfs umount MOUNTPOINT [--timeout S]`: stop the mount's daemon and wait until it is gone.
+
+The daemon keeps serving for up to its `mount.unmount_timeout_s` while files are open for writing
+(a `cp` into the mount finishes and is published); what is still open then is abandoned, never
+published, and named in the daemon's log: this command then prints those paths and exits 1. If the
+daemon is gone (a dead mount: ENOTCONN) or does not stop in time, the mount is detached lazily so
+the path works again. Only hintfs mounts (type fuse.hintfs in /proc/self/mountinfo) are touched.
+"""
 from __future__ import annotations
 
+import json
 import os
 import signal
-import subprocess
 import sys
 import time
+from typing import Optional
 
-from common.mounts import mount_at
+from common.mounts import detach_lazily, mount_at
 from common.procs import pid_alive
 from hintfs.cli.base import UserError
 from hintfs.status import StatsUnavailable, read_stats
 
+GRACE_S = 15.0          # beyond the daemon's own wait: uploads in flight at close, the agent's shutdown
+ABANDONED_MARK = "unmount abandoned"    # fusefs.mount.ABANDONED_MARK (not imported: no libfuse3 here)
+
 
 def add_parser(subparsers) -> None:
-    u = subparsers.add_parser("umount", help="unmount cleanly (waits for pending uploads)")
+    u = subparsers.add_parser("umount", help="unmount cleanly (waits for open writes and pending uploads)")
     u.add_argument("mountpoint")
-    u.add_argument("--timeout", type=float, default=30.0)
+    u.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the daemon (default: its mount.unmount_timeout_s + 15)")
     u.set_defaults(func=cmd_umount)
+
+
+def _unmount_info(mp: str) -> dict:
+    """`.hintfs/unmount` of a live daemon ({} from a daemon that does not have it)."""
+    try:
+        with open(os.path.join(mp, ".hintfs", "unmount")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _log_size(path: Optional[str]) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def _abandoned_in_log(path: Optional[str], offset: int) -> Optional[list[str]]:
+    """The paths of the daemon's `unmount abandoned` line written after `offset`, or None."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        if ABANDONED_MARK in line:
+            try:
+                return list(json.loads(line[line.index("[", line.index(ABANDONED_MARK)):]))
+            except ValueError:
+                return ["(see the daemon's log)"]
+    return None
 
 
 def cmd_umount(args) -> int:
@@ -34,17 +79,34 @@ def cmd_umount(args) -> int:
         pid = read_stats(mp)["pid"]
     except StatsUnavailable:
         # The daemon is gone (ENOTCONN) or unresponsive: detach the mount so the path works again.
-        r = subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise UserError(f"cannot unmount {mp}: {r.stderr.strip()}") from None
+        try:
+            detach_lazily(mp)
+        except OSError as err:
+            raise UserError(f"cannot unmount {mp}: {err.strerror}") from None
         print(f"{mp}: daemon not answering; mount detached", file=sys.stderr)
         return 0
+    info = _unmount_info(mp)
+    log_file = info.get("log_file")
+    offset = _log_size(log_file)
+    timeout = args.timeout if args.timeout is not None else float(info.get("timeout_s", 30.0)) + GRACE_S
+    if info.get("open_writes"):
+        print(f"{mp}: {info['open_writes']} files open for writing; waiting up to "
+              f"{float(info.get('timeout_s', 0)):g}s for them to be closed", file=sys.stderr)
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not os.path.ismount(mp) and not pid_alive(pid):
-            return 0
+            break
         time.sleep(0.05)
-    # The daemon did not finish in time: detach the mount so the path is usable again.
-    subprocess.run(["fusermount3", "-u", "-z", mp], check=False)
-    raise UserError(f"daemon {pid} did not stop within {args.timeout:.0f}s; mount detached lazily")
+    else:
+        # The daemon did not finish in time: detach the mount so the path is usable again.
+        try:
+            detach_lazily(mp)
+        except OSError:
+            pass
+        raise UserError(f"daemon {pid} did not stop within {timeout:.0f}s; mount detached lazily")
+    abandoned = _abandoned_in_log(log_file, offset)
+    if abandoned:
+        raise UserError(f"{mp} unmounted, but {len(abandoned)} files still open for writing were abandoned "
+                        f"(writes since their last close or fsync not published): {', '.join(abandoned)}")
+    return 0
