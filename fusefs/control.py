@@ -93,6 +93,7 @@ class ControlFile:
     uid: int = field(default_factory=os.getuid)            # who created it (owns its job)
     gid: int = field(default_factory=os.getgid)
     last_error: str = ""
+    where: str = ".hintfs/"   # its folder, for log lines (set when it is added to a ControlDir)
     _error_view: Optional["ErrorView"] = field(default=None, repr=False)
 
     @property
@@ -123,6 +124,7 @@ class ControlDir:
 
     def add(self, f: ControlFile) -> ControlFile:
         self.files[f.name] = f
+        f.where = ".hintfs/" if self.name == ".hintfs" else f".hintfs/{self.name}/"
         return f
 
     def add_dir(self, d: "ControlDir") -> "ControlDir":
@@ -217,10 +219,16 @@ def check_readable(store, paths: list[str], caller: Caller) -> None:
             raise ControlInputError(f"{path}: permission denied for uid {caller.uid}")
 
 
-def refuse(f: ControlFile, reason: str) -> None:
-    """Record and log one refusal; the reason replaces whatever the previous write left."""
+def refuse(f: ControlFile, reason: str, caller: Optional[Caller] = None) -> None:
+    """Record and log one refusal; the reason replaces whatever the previous write left.
+
+    Every refusal of a written document goes through here, once: the writer learns of it only
+    from close() failing with EINVAL, which shells ignore (`echo x > .hintfs/loglevel` exits 0),
+    so the log line and `<name>.error` are what an operator sees."""
     f.last_error = reason
-    log.warning("refused write to .hintfs/%s: %s", f.name, reason)
+    who = f" by uid {caller.uid}" if caller is not None else ""
+    log.warning("refused write to %s%s%s (close fails with EINVAL; the reason is also in %s.error): %s",
+                f.where, f.name, who, f.name, reason)
 
 
 async def apply_write(f: ControlFile, data: bytes, caller: Caller, store=None) -> None:
@@ -240,7 +248,7 @@ async def apply_write(f: ControlFile, data: bytes, caller: Caller, store=None) -
             doc = await trio.to_thread.run_sync(f.prepare, doc)
         f.apply(doc)
     except ControlInputError as err:
-        refuse(f, str(err))
+        refuse(f, str(err), caller)
         raise
     f.last_error = ""
 
