@@ -124,7 +124,8 @@ def check_frames(nframes: int, params) -> None:
 
 def precheck(kind: str, raw: bytes, params) -> None:
     """The checks that need no decoder (pure Python, a header's worth of work): the file
-    size, truncation markers and, for JPEG/PNG/WebP, the picture size against the limits.
+    size, truncation markers, for JPEG/PNG/WebP the picture size against the limits, and for
+    videos the container's structure (`check_container`).
     The agent runs them before it hands out a raw container, so a bomb or a visibly
     truncated file is EIO in every mode without spending a decode on it."""
     check_source_size(len(raw), params)
@@ -136,8 +137,10 @@ def precheck(kind: str, raw: bytes, params) -> None:
         if head is not None:
             _fmt, w, h, bpp = head
             check_picture(w, h, bpp, params)
-    elif not raw:
-        raise TransformError("empty video")
+    else:
+        if not raw:
+            raise TransformError("empty video")
+        check_container(raw)
 
 
 class Deadline:
@@ -151,6 +154,81 @@ class Deadline:
     def check(self, what: str = "transform") -> None:
         if time.monotonic() > self.at:
             raise TransformTimeout(f"{what} ran over time_limit_s={self.seconds:g}")
+
+
+_MP4_TOP = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"uuid", b"moof", b"mfra", b"styp",
+            b"sidx", b"meta", b"pdin", b"prft", b"emsg", b"ssix", b"pnot", b"junk", b"PICT"}
+_MAX_MP4_BOXES = 1 << 16
+
+
+def check_container(raw: bytes) -> None:
+    """The structure of a video's container, in pure Python (no demuxer, no decoder): an MP4/MOV
+    (ISO BMFF) file's top-level boxes must tile the file exactly and include `moov`, so a file cut
+    short or overwritten at its start is refused; a Matroska/WebM file must start with the EBML
+    magic. Other containers, and damage inside the compressed data, are for the decoder to find."""
+    if raw[:4] == b"\x1a\x45\xdf\xa3":
+        _check_matroska(raw)
+        return
+    if raw[4:8] not in _MP4_TOP:
+        if raw[:4] == b"RIFF" or raw[:3] == b"FLV" or raw[:4] == b"OggS" or _mpegts(raw):
+            return                                        # AVI, FLV, Ogg, MPEG-TS: the decoder decides
+        raise TransformError("not a video container this transform knows (no MP4 box, no EBML header)")
+    off, n, seen = 0, len(raw), set()
+    for _ in range(_MAX_MP4_BOXES):
+        if off == n:
+            break
+        if n - off < 8:
+            raise TransformError(f"truncated MP4 ({n - off} stray bytes after the last box)")
+        size, kind = int.from_bytes(raw[off:off + 4], "big"), raw[off + 4:off + 8]
+        head = 8
+        if size == 1:
+            if n - off < 16:
+                raise TransformError("truncated MP4 (a box header is cut short)")
+            size, head = int.from_bytes(raw[off + 8:off + 16], "big"), 16
+        elif size == 0:
+            size = n - off                                # the last box runs to the end of the file
+        if size < head or not all(32 <= c < 127 for c in kind):
+            raise TransformError(f"damaged MP4 (a box of {size} bytes typed {kind!r} at offset {off})")
+        if off + size > n:
+            raise TransformError(f"truncated MP4 (box {kind.decode()} of {size} bytes at offset {off} ends "
+                                 f"{off + size - n} bytes past the end of the file)")
+        seen.add(kind)
+        off += size
+    else:
+        raise TransformError(f"MP4 of more than {_MAX_MP4_BOXES} top-level boxes")
+    if b"moov" not in seen:
+        raise TransformError("MP4 without a moov box (its index): not playable")
+
+
+def _ebml_vint(raw: bytes, off: int) -> tuple[int, int, bool]:
+    """(value without its length marker, bytes used, all value bits set = "unknown size")."""
+    if off >= len(raw) or raw[off] == 0:
+        raise TransformError(f"damaged Matroska/WebM (bad element header at offset {off})")
+    length = 8 - raw[off].bit_length() + 1
+    if off + length > len(raw):
+        raise TransformError("truncated Matroska/WebM (an element header is cut short)")
+    value = raw[off] & (0xFF >> length)
+    for b in raw[off + 1:off + length]:
+        value = value << 8 | b
+    return value, length, value == (1 << (7 * length)) - 1
+
+
+def _check_matroska(raw: bytes) -> None:
+    """The EBML header, then the Segment: a Segment of known size must end within the file."""
+    off = 4
+    size, used, _ = _ebml_vint(raw, off)
+    off += used + size                                    # past the EBML header
+    if raw[off:off + 4] != b"\x18\x53\x80\x67":
+        raise TransformError("damaged Matroska/WebM (no Segment after the EBML header)")
+    size, used, unknown = _ebml_vint(raw, off + 4)
+    end = off + 4 + used + size
+    if not unknown and end > len(raw):
+        raise TransformError(f"truncated Matroska/WebM (its Segment ends {end - len(raw)} bytes past the "
+                             "end of the file)")
+
+
+def _mpegts(raw: bytes) -> bool:
+    return raw[:1] == b"\x47" and (len(raw) <= 188 or raw[188:189] == b"\x47")
 
 
 def check_complete(raw: bytes) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 from .errors import TransformError
 from .image import (bytes_per_px, crop_offset, decoder_options, ffmpeg_max_pixels, finish,
                     target_size, to_rgb)
-from .limits import Deadline, check_frames, check_picture, check_pixels
+from .limits import Deadline, check_container, check_frames, check_picture, check_pixels
 from .params import VideoParams
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,10 @@ class DecodeStats:
 
 def _open(raw: bytes, params: VideoParams) -> "av.container.InputContainer":
     """Open ``raw`` with the picture-size bound given to FFmpeg (its probe decodes frames),
-    and check the header's frame size and frame count against the limits."""
+    and check the header's frame size and frame count against the limits. The container's
+    structure is checked first, as before a raw container is handed out: both modes refuse the
+    same files."""
+    check_container(raw)
     try:
         container = av.open(io.BytesIO(raw), mode="r",
                             options={"max_pixels": ffmpeg_max_pixels(params)})
