@@ -104,7 +104,8 @@ class MountOptions(Section):
         "to sequential readers: fewer requests through the daemon.",
     )
     unmount_timeout_s: float = Field(
-        30.0, gt=0, description="`hintfs umount`: how long to wait for pending uploads before giving up."
+        30.0, gt=0, description="At unmount (`hintfs umount`, SIGTERM/SIGINT): how long the daemon keeps "
+        "serving files still open for writing; what is open then is abandoned and named (docs/operations.md)."
     )
 
 
