@@ -28,18 +28,16 @@ def check_port_free(location: str) -> None:
         infos = socket.getaddrinfo(host, url.port, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
         raise UserError(f"[agent] location {location}: cannot resolve {host}: {err.strerror}") from None
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise UserError(f"[agent] location {location}: port {url.port} is in use (another agent?): "
-                                "stop that process or choose another port") from None
-            if err.errno == errno.EADDRNOTAVAIL:
-                raise UserError(f"[agent] location {location}: {host} is not an address of this host") from None
-            raise UserError(f"[agent] location {location}: cannot bind: {err.strerror}") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    raise UserError(f"[agent] location {location}: port {url.port} is in use (another agent?): "
+                                    "stop that process or choose another port") from None
+                # anything else (an address family this host lacks, ...): gRPC decides
 
 
 def cmd_agent(args) -> int:
