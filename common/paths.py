@@ -164,12 +164,40 @@ def _walk(root_fd: int, rel: str, flags: int, mode: int) -> int:
         os.close(cur)
 
 
+# A path the kernel gives us may be longer than PATH_MAX relative to the store root (a process
+# deep inside the mount uses paths relative to its cwd): such paths are opened a piece at a time,
+# each piece beneath the directory the previous one reached (still never leaving the root: a
+# symlink in a piece may not climb above that piece's directory, which is stricter).
+_CHUNK_BYTES = 3072
+
+
+def _open_long(root_fd: int, rel: str, flags: int, mode: int) -> int:
+    parts = rel.split("/")
+    cur = -1
+    try:
+        while len(os.fsencode("/".join(parts))) > _CHUNK_BYTES:
+            size, i = 0, 0
+            while i < len(parts) - 1 and (i == 0 or size + len(os.fsencode(parts[i])) + 1 <= _CHUNK_BYTES):
+                size += len(os.fsencode(parts[i])) + 1
+                i += 1
+            nxt = _openat2(root_fd if cur < 0 else cur, "/".join(parts[:i]), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0)
+            if cur >= 0:
+                os.close(cur)
+            cur, parts = nxt, parts[i:]
+        return _openat2(root_fd if cur < 0 else cur, "/".join(parts), flags | os.O_CLOEXEC, mode)
+    finally:
+        if cur >= 0:
+            os.close(cur)
+
+
 def open_beneath(root_fd: int, rel: str, flags: int, mode: int = 0o644) -> int:
     """Open `rel` (already checked by `relpath`; '' is the root) beneath `root_fd`. A path that
     would leave the root (a symlink out of it, a magic link) fails with EACCES; other failures
     are the kernel's (ENOENT, ENOTDIR, ELOOP for a final symlink under O_NOFOLLOW, ...)."""
     try:
         if have_openat2():
+            if len(rel) > _CHUNK_BYTES and len(os.fsencode(rel)) > _CHUNK_BYTES:
+                return _open_long(root_fd, rel, flags, mode)
             return _openat2(root_fd, rel or ".", flags | os.O_CLOEXEC, mode)
         return _walk(root_fd, rel, flags, mode)
     except OSError as err:

@@ -39,6 +39,7 @@ class Attributes:
     st_atime_ns: int = 0
     attr_timeout: float = 300.0
     entry_timeout: float = 300.0
+    st_rdev: int = 0
 
 
 @dataclass(slots=True)

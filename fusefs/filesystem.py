@@ -18,6 +18,7 @@ and the journal are collaborators behind the interfaces of `fusefs/interfaces.py
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import itertools
@@ -43,6 +44,29 @@ from mountconfig import MountConfig
 from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.ops")
+
+
+def _umask(ctx) -> int:
+    return getattr(ctx, "umask", 0) if ctx is not None else 0
+
+
+def _futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
+    os.utime(fd, ns=(atime_ns, mtime_ns))
+
+
+def fuse_device_of(mountpoint: str) -> int:
+    """The st_dev of the FUSE mount at `mountpoint`, from /proc/self/mountinfo (a stat of the
+    mountpoint would ask this very daemon); 0 if not found."""
+    want = os.path.abspath(mountpoint)   # no realpath: a stat of the mountpoint would ask this daemon
+    dev = 0
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")   # octal escapes of spaces etc.
+            if point == want:
+                major, minor = fields[2].split(":")
+                dev = os.makedev(int(major), int(minor))   # the last one mounted there wins
+    return dev
 
 _CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
 
@@ -77,6 +101,8 @@ class Filesystem:
         self._control_inodes: dict[int, Inode] = {}
         self._control_ino_of: dict[int, int] = {}   # id(node) -> ino
         self.control_inode(self.control_root)
+        self.own_dev = 0
+        self._root_daemon = os.geteuid() == 0
 
     # -- services (also used by handles) --------------------------------------------------------
     async def io(self, fn: Callable, *args, inline: bool = False):
@@ -106,14 +132,52 @@ class Filesystem:
         attr_timeout, entry_timeout = self._timeouts(inode.path)
         # Positional, in field order (keywords cost twice as much on every lookup and getattr).
         return Attributes(inode.ino, st.mode, st.nlink, st.size, st.uid, st.gid, BLOCK_SIZE, (st.size + 511) // 512,
-                          st.mtime_ns, st.ctime_ns, st.mtime_ns, attr_timeout, entry_timeout)
+                          st.mtime_ns, st.ctime_ns, st.atime_ns or st.mtime_ns, attr_timeout, entry_timeout, st.rdev)
 
     async def _stat_inode(self, inode: Inode) -> Stat:
-        """Attributes as a reader through the mount sees them (staged writes included)."""
+        """Attributes as a reader through the mount sees them (staged writes included; a file
+        unlinked while open is stat'ed through its open fd, with st_nlink 0)."""
         if inode.writer is not None and inode.writer.fd >= 0:
-            st = os.fstat(inode.writer.fd)
-            return Stat.from_os(st)
+            st = Stat.from_os(os.fstat(inode.writer.fd))
+            return dataclasses.replace(st, nlink=0) if inode.unlinked else st
+        if inode.unlinked:
+            fd = inode.open_fd()
+            if fd >= 0:
+                return Stat.from_os(os.fstat(fd))
         return await self.io(self.store.stat, inode.path, inline=self.meta_inline)
+
+    def inode_for(self, path: str, st: Stat) -> Inode:
+        """The inode of `path`, whose store attributes are `st`: a file with several names
+        (hard links, st_nlink > 1) is one inode for all of them."""
+        inode = self.inodes.by_path_get(path)
+        if st.nlink > 1 and st.ino and not st.is_dir:
+            key = (st.dev, st.ino)
+            if inode is None:
+                other = self.inodes.linked(key)
+                if other is not None and self.meta_inline and other.writer is None and self._same_file(other.path, key):
+                    self.inodes.alias(other, path)
+                    return other
+                inode = self.inodes.ensure(path)
+            if inode.writer is None:
+                self.inodes.set_backing(inode, key)
+            return inode
+        return inode if inode is not None else self.inodes.ensure(path)
+
+    def _same_file(self, path: str, key: tuple[int, int]) -> bool:
+        try:
+            st = self.store.stat(path)
+        except OSError:
+            return False
+        return (st.dev, st.ino) == key
+
+    def refuse_device(self, st_dev: int) -> None:
+        """The mount's own FUSE device, known once mounted: the store never serves entries of it
+        (a bind mount of the mountpoint inside the store would otherwise make a lookup wait on
+        this daemon itself). Stores without devices (object stores) ignore it."""
+        self.own_dev = st_dev
+        hook = getattr(self.store, "refuse_device", None)
+        if hook is not None:
+            hook(st_dev)
 
     # -- control files -------------------------------------------------------------------------
     def control_inode(self, node) -> Inode:
@@ -171,7 +235,7 @@ class Filesystem:
         if paths.is_hidden_name(path.rsplit("/", 1)[-1]):
             raise Refused(errno.ENOENT, "hidden name")
         inode = self.inodes.by_path_get(path)
-        if inode is not None and inode.writer is not None:
+        if inode is not None and inode.writer is not None and inode.path == path:
             st = await self._stat_inode(inode)
         else:
             try:
@@ -185,7 +249,9 @@ class Filesystem:
                 inode.virtual = virtual
                 inode.lookups += 1
                 return self._virtual_attrs(inode)
-            inode = self.inodes.ensure(path)
+            if self.own_dev and st.dev == self.own_dev:
+                raise Refused(errno.ELOOP, f"{path} is this mount itself")
+            inode = self.inode_for(path, st)
         inode.lookups += 1
         return self.attrs(inode, st)
 
@@ -210,26 +276,42 @@ class Filesystem:
                     h.truncate(attr.st_size)
                 return self.control_attrs(node)
             raise Refused(errno.EPERM, "control files have fixed attributes")
-        inline = self.meta_inline
         if fields.update_size:
+            if node.unlinked and node.writer is None:
+                raise Refused(errno.ENOENT, f"{node.path} was unlinked")
             await self._truncate(node, attr.st_size)
+        uid = attr.st_uid if fields.update_uid else -1
+        gid = attr.st_gid if fields.update_gid else -1
+        # Owners first: chown clears set-id bits, a mode given in the same request sets them again.
+        if uid != -1 or gid != -1:
+            await self._apply(node, self._chown, os.fchown, uid, gid)
         if fields.update_mode:
-            await self.io(self.store.chmod, node.path, stat_mod.S_IMODE(attr.st_mode), inline=inline)
-            if node.writer is not None:
-                os.fchmod(node.writer.fd, stat_mod.S_IMODE(attr.st_mode))
-        if fields.update_uid or fields.update_gid:
-            uid = attr.st_uid if fields.update_uid else -1
-            gid = attr.st_gid if fields.update_gid else -1
-            await self.io(self._chown, node.path, uid, gid, inline=inline)
+            await self._apply(node, self.store.chmod, os.fchmod, stat_mod.S_IMODE(attr.st_mode))
         if fields.update_atime or fields.update_mtime:
+            # Only what was asked changes (utimensat's UTIME_OMIT); UTIME_NOW comes as the time.
             st = await self._stat_inode(node)
-            atime = attr.st_atime_ns if fields.update_atime else st.mtime_ns
+            atime = attr.st_atime_ns if fields.update_atime else (st.atime_ns or st.mtime_ns)
             mtime = attr.st_mtime_ns if fields.update_mtime else st.mtime_ns
-            if node.writer is not None:
-                os.utime(node.writer.fd, ns=(atime, mtime))
-            else:
-                await self.io(self.store.utimens, node.path, atime, mtime, inline=inline)
+            await self._apply(node, self.store.utimens, _futimens, atime, mtime)
         return self.attrs(node, await self._stat_inode(node))
+
+    async def _apply(self, node: Inode, by_path: Callable, by_fd: Callable, *args) -> None:
+        """A metadata change: to the staged file of an open writer (so the publish keeps it) and
+        to the store file; only through the open fd once the file was unlinked while open."""
+        fd = node.open_fd()
+        if node.unlinked:
+            if fd < 0:
+                raise Refused(errno.ENOENT, f"{node.path} was unlinked")
+            by_fd(fd, *args)
+            return
+        if node.writer is not None and node.writer.fd >= 0:
+            by_fd(node.writer.fd, *args)
+            try:
+                await self.io(by_path, node.path, *args, inline=self.meta_inline)
+            except FileNotFoundError:
+                pass   # created through the mount, not published yet: the staged file has it
+            return
+        await self.io(by_path, node.path, *args, inline=self.meta_inline)
 
     def _chown(self, rel: str, uid: int, gid: int) -> None:
         self.store.chown(rel, uid, gid)
@@ -257,6 +339,25 @@ class Filesystem:
             raise Refused(errno.EACCES, "symlink points outside the store")
         return os.fsencode(target)
 
+    async def _own_new(self, parent: Inode, path: str, ctx, mode: Optional[int], is_dir: bool = False) -> None:
+        """A node just made by this daemon (root) belongs to the caller: uid from ctx, gid from
+        ctx unless the parent directory is set-group-ID (then the backing filesystem already gave
+        it the parent's group, and a new directory S_ISGID). Its mode is set exactly (the
+        daemon's own umask must not apply; the caller's umask is applied here, where the
+        kernel has not already done it)."""
+        if ctx is None:
+            return
+        inline = self.meta_inline
+        if self._root_daemon and (ctx.uid or ctx.gid):
+            parent_st = await self._stat_inode(parent)
+            gid = -1 if parent_st.mode & stat_mod.S_ISGID else ctx.gid
+            await self.io(self._chown, path, ctx.uid, gid, inline=inline)
+        if mode is not None:
+            st = await self.io(self.store.stat, path, inline=inline)
+            want = mode | (st.mode & stat_mod.S_ISGID if is_dir else 0)
+            if stat_mod.S_IMODE(st.mode) != want:
+                await self.io(self.store.chmod, path, want, inline=inline)
+
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx=None) -> Attributes:
         parent = self._inode(parent_inode)
         if parent.control is not None:
@@ -268,8 +369,9 @@ class Filesystem:
             raise Refused(errno.EPERM, "symlink would point outside the store")
         inline = self.meta_inline
         await self.io(self.store.symlink, path, target_s, inline=inline)
+        await self._own_new(parent, path, ctx, None)
         st = await self.io(self.store.stat, path, inline=inline)
-        inode = self.inodes.ensure(path)
+        inode = self.inode_for(path, st)
         inode.lookups += 1
         return self.attrs(inode, st)
 
@@ -278,11 +380,57 @@ class Filesystem:
         if parent.control is not None:
             raise Refused(errno.EPERM, "no folders in control directories")
         path = paths.child(parent.path, name)
-        await self.io(self.store.mkdir, path, stat_mod.S_IMODE(mode))
+        if paths.is_hidden_name(name.decode("utf-8", "surrogateescape")):
+            raise Refused(errno.EACCES, "hidden name")
+        # mkdir(2) keeps the permission bits and the sticky bit; S_ISGID comes from the parent
+        bits = mode & (0o777 | stat_mod.S_ISVTX) & ~_umask(ctx)
+        await self.io(self.store.mkdir, path, bits)
+        await self._own_new(parent, path, ctx, bits, is_dir=True)
         st = await self.io(self.store.stat, path, inline=self.meta_inline)
         inode = self.inodes.ensure(path)
         inode.lookups += 1
         return self.attrs(inode, st)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx=None) -> Attributes:
+        """FIFOs, sockets, device nodes (the kernel checks CAP_MKNOD for devices) and regular
+        files. The kernel itself serves opens of FIFOs and devices of the mount: they never
+        reach the daemon's data path."""
+        parent = self._inode(parent_inode)
+        if parent.control is not None:
+            raise Refused(errno.EPERM, "no nodes in control directories")
+        path = paths.child(parent.path, name)
+        if paths.is_hidden_name(name.decode("utf-8", "surrogateescape")):
+            raise Refused(errno.EACCES, "hidden name")
+        bits = stat_mod.S_IMODE(mode) & ~_umask(ctx)
+        await self.io(self.store.mknod, path, stat_mod.S_IFMT(mode) | bits, rdev, inline=self.meta_inline)
+        await self._own_new(parent, path, ctx, bits)
+        st = await self.io(self.store.stat, path, inline=self.meta_inline)
+        inode = self.inode_for(path, st)
+        inode.lookups += 1
+        return self.attrs(inode, st)
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx=None) -> Attributes:
+        """A hard link: the new name is one more name of the same inode (one st_ino, nlink
+        counted by the store). Publishing a write replaces only the name it was written through
+        (docs/semantics.md)."""
+        node = self._inode(inode)
+        parent = self._inode(new_parent_inode)
+        if parent.control is not None or node.control is not None or node.virtual is not None:
+            raise Refused(errno.EPERM, "control and virtual files have no hard links")
+        path = paths.child(parent.path, new_name)
+        if paths.is_hidden_name(new_name.decode("utf-8", "surrogateescape")):
+            raise Refused(errno.EACCES, "hidden name")
+        if node.unlinked:
+            raise Refused(errno.ENOENT, f"{node.path} was unlinked")
+        if node.writer is not None and node.writer.dirty:
+            await self.commit(node)   # link what was written so far (as rename does)
+        await self.io(self.store.link, node.path, path, inline=self.meta_inline)
+        st = await self.io(self.store.stat, path, inline=self.meta_inline)
+        self.inodes.alias(node, path)
+        if st.ino:
+            self.inodes.set_backing(node, (st.dev, st.ino))
+        node.lookups += 1
+        return self.attrs(node, st)
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx=None) -> None:
         parent = self._inode(parent_inode)
@@ -405,12 +553,11 @@ class Filesystem:
         inode = self.inodes.ensure(path)
         if inode.writer is None:
             inode.writer = await self.io(self.store.new_staging, path, False)
+        if self._root_daemon and (ctx.uid or ctx.gid):
+            # the staging file is beside the target: a set-group-ID parent already gave its group
+            parent_st = await self._stat_inode(parent)
+            os.fchown(inode.writer.fd, ctx.uid, -1 if parent_st.mode & stat_mod.S_ISGID else ctx.gid)
         os.fchmod(inode.writer.fd, stat_mod.S_IMODE(mode) & ~ctx.umask)
-        if ctx.uid or ctx.gid:
-            try:
-                os.fchown(inode.writer.fd, ctx.uid, ctx.gid)
-            except OSError:
-                pass
         inode.writer.dirty = True   # an empty new file is still a file to create on close
         inode.writer_refs += 1
         inode.lookups += 1
@@ -476,6 +623,8 @@ class Filesystem:
             raise HintfsError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
         size = staging.size()
         st = await self.io(self.store.commit, staging, node.path)
+        if node.aliases or node.backing is not None:
+            self.inodes.split_aliases(node)   # the other names keep the file as it was
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()

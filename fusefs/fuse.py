@@ -75,6 +75,7 @@ def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
     e.st_atime_ns = a.st_atime_ns
     e.attr_timeout = a.attr_timeout
     e.entry_timeout = a.entry_timeout
+    e.st_rdev = a.st_rdev
     return e
 
 
@@ -115,6 +116,8 @@ class FuseOperations(pyfuse3.Operations):
     setattr = _op("setattr", Filesystem.setattr, _entry)
     readlink = _op("readlink", Filesystem.readlink)
     symlink = _op("symlink", Filesystem.symlink, _entry)
+    mknod = _op("mknod", Filesystem.mknod, _entry)
+    link = _op("link", Filesystem.link, _entry)
     mkdir = _op("mkdir", Filesystem.mkdir, _entry)
     rmdir = _op("rmdir", Filesystem.rmdir)
     unlink = _op("unlink", Filesystem.unlink)

@@ -50,6 +50,7 @@ class Services(Protocol):
     async def commit(self, node: Inode) -> None: ...
     async def ensure_private(self, node: Inode) -> None: ...
     def attrs(self, inode: Inode, st: Stat) -> Attributes: ...
+    def inode_for(self, path: str, st: Stat) -> Inode: ...
     def control_attrs(self, inode: Inode) -> Attributes: ...
     def control_lookup(self, parent: Inode, name: str) -> Inode: ...
 
@@ -89,6 +90,8 @@ class StoreRead(Handle):
     def __init__(self, inode: Inode, reader: Optional[Reader]):
         self.inode = inode
         self.reader = reader
+        if reader is not None:
+            inode.readers.append(reader)
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
         reader = self.reader
@@ -103,6 +106,8 @@ class StoreRead(Handle):
 
     async def release(self, fs: Services) -> None:
         if self.reader is not None:
+            if self.reader in self.inode.readers:
+                self.inode.readers.remove(self.reader)
             self.reader.close()
         fs.inodes.release_open(self.inode)
 
@@ -128,6 +133,7 @@ class StagingRead(StoreRead):
                 return data
             # The writer closed meanwhile: fall back to the store copy.
             self.reader, _st = await fs.io(fs.store.open_reader, self.inode.path, inline=fs.meta_inline)
+            self.inode.readers.append(self.reader)
         return await StoreRead.read(self, fs, off, size)
 
 
@@ -137,8 +143,7 @@ class ReplicaRead(StoreRead):
     __slots__ = ("identity", "replicas")
 
     def __init__(self, inode: Inode, reader: Reader, identity: tuple[int, int], replicas: ReplicaSource):
-        self.inode = inode
-        self.reader = reader
+        StoreRead.__init__(self, inode, reader)
         self.identity = identity
         self.replicas = replicas
 
@@ -350,7 +355,8 @@ class DirHandle(Handle):
         parent = self.inode.path
         if not parent and name in fs.hidden_root:
             return True   # a store folder named like the control dir stays hidden
-        child = fs.inodes.ensure(f"{parent}/{name}" if parent else name)
+        path = f"{parent}/{name}" if parent else name
+        child = fs.inodes.ensure(path) if st is None else fs.inode_for(path, st)
         if not reply(DirEntry(os.fsencode(name), fs.attrs(child, st), next_id)):
             fs.inodes.maybe_drop(child)
             return False

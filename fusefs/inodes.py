@@ -1,8 +1,10 @@
 """The inode table: kernel inode numbers <-> store paths, with the kernel's lookup counts.
 
-Paths are the identity (the store has no inode numbers of its own that survive a remount).
-An inode lives while the kernel holds lookups on it or a handle is open on it; `forget`
-drops it. Rename moves a whole subtree of known paths.
+Paths are the identity (the store has no inode numbers of its own that survive a remount), with
+one exception: hard links. A file:// file with several names (st_nlink > 1) is one inode with
+one primary `path` and other `aliases`, found by its backing (st_dev, st_ino) in `by_backing`;
+unlinking or renaming one name keeps the others. An inode lives while the kernel holds lookups on
+it or a handle is open on it; `forget` drops it. Rename moves a whole subtree of known paths.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from stores.base import Staging
 
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
-                 "cached_identity", "control", "virtual", "tensor_data")
+                 "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -31,6 +33,20 @@ class Inode:
         self.control = control                  # a control node for `.hintfs/...`, else None
         self.virtual = None                     # (source, rule) of an `x.tensor` path, else None
         self.tensor_data: Optional[bytes] = None  # its bytes while any handle has it open
+        self.aliases: list[str] = []             # other names of a hard-linked file
+        self.backing: Optional[tuple[int, int]] = None   # (st_dev, st_ino) while it has several names
+        self.readers: list = []                 # store readers open on it (their fds outlive an unlink)
+
+    def open_fd(self) -> int:
+        """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr
+        and setattr use once the file has no name (unlinked while open)."""
+        if self.writer is not None and self.writer.fd >= 0:
+            return self.writer.fd
+        for reader in self.readers:
+            fd = getattr(reader, "fd", -1)
+            if fd >= 0:
+                return fd
+        return -1
 
 
 class InodeTable:
@@ -39,6 +55,7 @@ class InodeTable:
         root.lookups = 1 << 62  # the root is never forgotten
         self.by_ino: dict[int, Inode] = {root.ino: root}
         self.by_path: dict[str, Inode] = {"": root}
+        self.by_backing: dict[tuple[int, int], Inode] = {}
         self._next = itertools.count(ROOT_INODE + 1)
 
     def __getitem__(self, ino: int) -> Inode:
@@ -81,27 +98,78 @@ class InodeTable:
     def maybe_drop(self, inode: Inode) -> None:
         if inode.lookups <= 0 and inode.opens <= 0 and inode.writer is None:
             self.by_ino.pop(inode.ino, None)
-            if self.by_path.get(inode.path) is inode:
-                del self.by_path[inode.path]
+            for path in [inode.path, *inode.aliases]:
+                if self.by_path.get(path) is inode:
+                    del self.by_path[path]
+            self.unlink_backing(inode)
 
+    # -- hard links ----------------------------------------------------------------------------
+    def linked(self, key: tuple[int, int]) -> Optional[Inode]:
+        """The known inode of the backing file `key`, if it has several names."""
+        inode = self.by_backing.get(key)
+        return inode if inode is not None and inode.ino in self.by_ino else None
+
+    def set_backing(self, inode: Inode, key: tuple[int, int]) -> None:
+        if inode.backing != key:
+            self.unlink_backing(inode)
+            inode.backing = key
+            self.by_backing[key] = inode
+
+    def unlink_backing(self, inode: Inode) -> None:
+        if inode.backing is not None:
+            if self.by_backing.get(inode.backing) is inode:
+                del self.by_backing[inode.backing]
+            inode.backing = None
+
+    def alias(self, inode: Inode, path: str) -> None:
+        """`path` is another name of `inode` (a hard link)."""
+        old = self.by_path.get(path)
+        if old is inode:
+            return
+        if old is not None:
+            self.detach(path)
+        self.by_path[path] = inode
+        inode.aliases.append(path)
+
+    def split_aliases(self, inode: Inode) -> None:
+        """The inode's primary name now is another file (a commit replaced it): its other names
+        are forgotten here and found again by the next lookup."""
+        for path in inode.aliases:
+            if self.by_path.get(path) is inode:
+                del self.by_path[path]
+        inode.aliases = []
+        self.unlink_backing(inode)
+
+    # -- namespace changes ---------------------------------------------------------------------
     def detach(self, path: str) -> Optional[Inode]:
         """The path is gone from the namespace (unlink/rmdir/replaced by rename)."""
         inode = self.by_path.pop(path, None)
         if inode is not None:
-            inode.unlinked = True
+            if inode.path == path:
+                if inode.aliases:
+                    inode.path = inode.aliases.pop()
+                else:
+                    inode.unlinked = True
+            elif path in inode.aliases:
+                inode.aliases.remove(path)
         return inode
 
     def move(self, old: str, new: str) -> None:
         """Rename: the inode at `old` and every known path below it now live under `new`."""
-        replaced = self.detach(new)
-        del replaced
-        inode = self.by_path.pop(old, None)
-        if inode is not None:
-            inode.path = new
-            self.by_path[new] = inode
+        if self.by_path.get(old) is not None and self.by_path.get(old) is self.by_path.get(new):
+            return   # two names of one file: rename(2) does nothing
+        self.detach(new)
+        self._rename_one(old, new)
         prefix = old + "/"
-        moved = [p for p in self.by_path if p.startswith(prefix)]
-        for p in moved:
-            child = self.by_path.pop(p)
-            child.path = new + p[len(old):]
-            self.by_path[child.path] = child
+        for p in [p for p in self.by_path if p.startswith(prefix)]:
+            self._rename_one(p, new + p[len(old):])
+
+    def _rename_one(self, old: str, new: str) -> None:
+        inode = self.by_path.pop(old, None)
+        if inode is None:
+            return
+        if inode.path == old:
+            inode.path = new
+        else:
+            inode.aliases = [new if a == old else a for a in inode.aliases]
+        self.by_path[new] = inode

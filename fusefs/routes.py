@@ -157,6 +157,12 @@ class RoutedStore:
     def symlink(self, rel: str, target: str) -> None:
         self._store.symlink(rel, target)
 
+    def mknod(self, rel: str, mode: int, rdev: int) -> None:
+        self._store.mknod(rel, mode, rdev)
+
+    def link(self, src: str, dst: str) -> None:
+        self._store.link(src, dst)
+
     def mkdir(self, rel: str, mode: int) -> None:
         self._store.mkdir(rel, mode)
 

@@ -161,6 +161,12 @@ class ArrowStore:
     def symlink(self, rel: str, target: str) -> None:
         raise HintfsError(errno.EPERM, "this store has no symlinks")
 
+    def mknod(self, rel: str, mode: int, rdev: int) -> None:
+        raise HintfsError(errno.EPERM, "this store has no FIFOs, sockets or device nodes")
+
+    def link(self, src: str, dst: str) -> None:
+        raise HintfsError(errno.EPERM, "this store has no hard links")
+
     def statfs(self):
         return None
 

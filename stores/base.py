@@ -25,6 +25,10 @@ class Stat:
     nlink: int = 1
     uid: int = 0
     gid: int = 0
+    atime_ns: int = 0    # 0: the store keeps no access time (object stores): mtime is shown
+    dev: int = 0         # the backing file's (st_dev, st_ino) where the store has them (file://),
+    ino: int = 0         # so hard links share one inode number; 0 elsewhere
+    rdev: int = 0        # device nodes
 
     @property
     def is_dir(self) -> bool:
@@ -44,7 +48,8 @@ class Stat:
 
     @classmethod
     def from_os(cls, st: os.stat_result) -> "Stat":
-        return cls(st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_uid, st.st_gid)
+        return cls(st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_uid, st.st_gid,
+                   st.st_atime_ns, st.st_dev, st.st_ino, st.st_rdev)
 
 
 class Reader(Protocol):
@@ -93,6 +98,11 @@ class Store(Protocol):
     def open_reader(self, rel: str) -> tuple[Reader, Stat]: ...
     def readlink(self, rel: str) -> str: ...
     def symlink(self, rel: str, target: str) -> None: ...
+    def mknod(self, rel: str, mode: int, rdev: int) -> None:
+        """A FIFO, socket, device node or empty regular file (`mode` has the type bits);
+        EPERM where the store has no such nodes."""
+    def link(self, src: str, dst: str) -> None:
+        """A second name for the file `src`; EPERM where the store has no hard links."""
     def mkdir(self, rel: str, mode: int) -> None: ...
     def rmdir(self, rel: str) -> None: ...
     def unlink(self, rel: str) -> None: ...

@@ -5,11 +5,14 @@ misses go to a worker thread. Metadata syscalls are cheap on a local disk and ru
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import os
 import socket
 import stat as stat_mod
+import struct
+import threading
 import time
 from typing import Iterator
 
@@ -65,6 +68,47 @@ def read_mode(st_dev: int) -> str:
 
 def _demote(st_dev: int) -> None:
     _read_modes[st_dev] = "thread"
+
+
+# statx(2) with AT_STATX_DONT_SYNC: attributes the kernel already has. A FUSE filesystem answers
+# it without a request to its server (so a stat of this mount itself never waits on this daemon).
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_BASIC_STATS = 0x7FF
+_libc = ctypes.CDLL(None, use_errno=True)
+_statx = getattr(_libc, "statx", None)
+# Where DONT_SYNC gives exactly what a stat gives (local filesystems keep no remote attributes).
+_EXACT_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "f2fs", "zfs", "overlay", "bcachefs",
+             "jfs", "vfat", "exfat"}
+_exact: dict[int, bool] = {}
+
+
+def exact_without_sync(st_dev: int) -> bool:
+    ok = _exact.get(st_dev)
+    if ok is None:
+        ok = _exact[st_dev] = _fs_type_of_dev(st_dev) in _EXACT_FS
+    return ok
+
+
+_STATX = struct.Struct("<16xIIIH2xQQ16xqI4x16xqI4xqI4xIIII")   # nlink uid gid mode ino size atime ctime mtime devs
+_tls = threading.local()
+if _statx is not None:
+    _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+
+
+def statx_nosync(dir_fd: int, name: str) -> Stat:
+    buf = getattr(_tls, "buf", None)
+    if buf is None:
+        buf = _tls.buf = ctypes.create_string_buffer(256)
+    if _statx is None:
+        raise HintfsError(errno.ENOSYS, "no statx in this C library")
+    if _statx(dir_fd, os.fsencode(name), _AT_SYMLINK_NOFOLLOW | _AT_STATX_DONT_SYNC, _STATX_BASIC_STATS, buf) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), name)
+    (nlink, uid, gid, mode, ino, size, a_s, a_n, c_s, c_n, m_s, m_n,
+     rmaj, rmin, dmaj, dmin) = _STATX.unpack_from(buf)
+    return Stat(mode, size, m_s * 1_000_000_000 + m_n, c_s * 1_000_000_000 + c_n, nlink, uid, gid,
+                a_s * 1_000_000_000 + a_n, os.makedev(dmaj, dmin), ino, os.makedev(rmaj, rmin))
 
 
 class LocalReader:
@@ -123,6 +167,7 @@ class LocalStore:
         self.root = os.path.abspath(root)
         self.description = f"file://{self.root}"
         self._root_fd = -1
+        self.own_dev = 0      # the mount's own FUSE device, once known (`refuse_device`)
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -144,11 +189,28 @@ class LocalStore:
             os.close(fd)
 
     # -- metadata ------------------------------------------------------------------------------
+    def refuse_device(self, st_dev: int) -> None:
+        """Never serve files of this device (the mount's own FUSE device, should the store contain
+        the mountpoint through a bind mount): such entries are ELOOP to stat and left out of
+        listings. From then on every stat first asks the kernel for attributes it has
+        (statx AT_STATX_DONT_SYNC), which never sends a request to a FUSE server, so a stat of our
+        own mount cannot wait on this daemon."""
+        self.own_dev = st_dev
+
+    def _stat_at(self, d: int, name: str) -> Stat:
+        if self.own_dev:
+            st = statx_nosync(d, name)
+            if st.dev == self.own_dev:
+                raise HintfsError(errno.ELOOP, f"{name!r} is this mount itself (through a bind mount)")
+            if exact_without_sync(st.dev):
+                return st
+        return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
+
     def stat(self, rel: str) -> Stat:
         if not rel:
             return Stat.from_os(os.stat(self.root_fd))
         with self._at(rel) as (d, name):
-            return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
+            return self._stat_at(d, name)
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         now = time.time()
@@ -161,10 +223,14 @@ class LocalStore:
                         self._reap_stale_staging(fd, name, now)
                         continue
                     try:
-                        st = entry.stat(follow_symlinks=False)
+                        st = self._stat_at(fd, name) if self.own_dev else Stat.from_os(entry.stat(follow_symlinks=False))
                     except FileNotFoundError:
                         continue  # removed while listing
-                    yield name, Stat.from_os(st)
+                    except HintfsError as err:
+                        if err.errno == errno.ELOOP:
+                            continue  # the mount itself: never listed
+                        raise
+                    yield name, st
         finally:
             os.close(fd)
 
@@ -190,6 +256,14 @@ class LocalStore:
     def symlink(self, rel: str, target: str) -> None:
         with self._at(rel) as (d, name):
             os.symlink(target, name, dir_fd=d)
+
+    def mknod(self, rel: str, mode: int, rdev: int) -> None:
+        with self._at(rel) as (d, name):
+            os.mknod(name, mode, rdev, dir_fd=d)
+
+    def link(self, src: str, dst: str) -> None:
+        with self._at(src) as (sd, sname), self._at(dst) as (dd, dname):
+            os.link(sname, dname, src_dir_fd=sd, dst_dir_fd=dd, follow_symlinks=False)
 
     def mkdir(self, rel: str, mode: int) -> None:
         with self._at(rel) as (d, name):
@@ -248,9 +322,13 @@ class LocalStore:
 
     # -- data ----------------------------------------------------------------------------------
     def open_reader(self, rel: str) -> tuple[LocalReader, Stat]:
-        fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO must never block this open (the kernel serves FIFOs and devices of the
+        # mount itself; one reached here is refused).
+        fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
             raw = os.fstat(fd)
+            if not stat_mod.S_ISREG(raw.st_mode):
+                raise HintfsError(errno.EINVAL, f"{rel} is not a regular file")
         except BaseException:
             os.close(fd)
             raise
@@ -267,18 +345,24 @@ class LocalStore:
         path = self._staging_name(rel)
         fd = open_beneath(self.root_fd, path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
-            if copy_existing:
+            # The published file keeps the target's owner and mode (chown first: it may clear
+            # set-id bits), and its data when the file is opened without O_TRUNC.
+            try:
+                src = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except (FileNotFoundError, NotADirectoryError):
+                src = -1
+            if src >= 0:
                 try:
-                    src = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW)
-                except FileNotFoundError:
-                    src = -1
-                if src >= 0:
-                    try:
-                        st = os.fstat(src)
-                        os.fchmod(fd, st.st_mode & 0o7777)
+                    st = os.fstat(src)
+                    if not stat_mod.S_ISREG(st.st_mode):
+                        raise HintfsError(errno.EINVAL, f"{rel} is not a regular file")
+                    if os.geteuid() == 0:
+                        os.fchown(fd, st.st_uid, st.st_gid)
+                    os.fchmod(fd, st.st_mode & 0o7777)
+                    if copy_existing:
                         _copy_fd(src, fd, st.st_size)
-                    finally:
-                        os.close(src)
+                finally:
+                    os.close(src)
         except BaseException:
             os.close(fd)
             self._unlink_quiet(path)

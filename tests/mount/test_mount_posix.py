@@ -273,7 +273,7 @@ def test_shared_mmap_writes_are_published(mounted):
 def test_unsupported_operations_fail_cleanly(mounted):
     (mounted.mnt / "a").write_bytes(b"a")
     with pytest.raises(OSError) as exc:
-        os.link(mounted.mnt / "a", mounted.mnt / "b")
+        os.setxattr(mounted.mnt / "a", "user.x", b"1")   # hard links work now (test_posix_conformance.py)
     assert exc.value.errno in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP)
     assert (mounted.mnt / "a").read_bytes() == b"a"   # and the daemon keeps serving
 
