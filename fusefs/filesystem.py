@@ -24,6 +24,7 @@ import fnmatch
 import itertools
 import logging
 import os
+import re
 import stat as stat_mod
 import time
 from typing import Awaitable, Callable, Optional
@@ -57,16 +58,17 @@ def _futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
 def fuse_device_of(mountpoint: str) -> int:
     """The st_dev of the FUSE mount at `mountpoint`, from /proc/self/mountinfo (a stat of the
     mountpoint would ask this very daemon); 0 if not found."""
-    want = os.path.abspath(mountpoint)   # no realpath: a stat of the mountpoint would ask this daemon
+    want = os.fsencode(os.path.abspath(mountpoint))   # no realpath: it would stat the mountpoint
     dev = 0
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")   # octal escapes of spaces etc.
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
             if point == want:
-                major, minor = fields[2].split(":")
+                major, minor = fields[2].split(b":")
                 dev = os.makedev(int(major), int(minor))   # the last one mounted there wins
     return dev
+
 
 _CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
 
@@ -102,6 +104,9 @@ class Filesystem:
         self._control_ino_of: dict[int, int] = {}   # id(node) -> ino
         self.control_inode(self.control_root)
         self.own_dev = 0
+        # Set by the FUSE binding: tell the kernel to forget a cached name (parent ino, name);
+        # it must not block (pyfuse3.invalidate_entry_async).
+        self.invalidate_entry: Optional[Callable[[int, bytes], None]] = None
         self._root_daemon = os.geteuid() == 0
 
     # -- services (also used by handles) --------------------------------------------------------
@@ -624,7 +629,12 @@ class Filesystem:
         size = staging.size()
         st = await self.io(self.store.commit, staging, node.path)
         if node.aliases or node.backing is not None:
-            self.inodes.split_aliases(node)   # the other names keep the file as it was
+            # The other names keep the file as it was: the kernel must look them up again.
+            for path in self.inodes.split_aliases(node):
+                head, _, name = path.rpartition("/")
+                parent = self.inodes.by_path_get(head)
+                if parent is not None and self.invalidate_entry is not None:
+                    self.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()

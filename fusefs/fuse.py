@@ -107,6 +107,7 @@ class FuseOperations(pyfuse3.Operations):
         self.fs = fs
         self.stats = fs.stats
         self.enable_writeback_cache = fs.cfg.mount.writeback_cache
+        fs.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)

@@ -131,14 +131,16 @@ class InodeTable:
         self.by_path[path] = inode
         inode.aliases.append(path)
 
-    def split_aliases(self, inode: Inode) -> None:
+    def split_aliases(self, inode: Inode) -> list[str]:
         """The inode's primary name now is another file (a commit replaced it): its other names
-        are forgotten here and found again by the next lookup."""
-        for path in inode.aliases:
-            if self.by_path.get(path) is inode:
-                del self.by_path[path]
+        are forgotten here (and returned, for the kernel to forget) and found again by the next
+        lookup."""
+        gone = [path for path in inode.aliases if self.by_path.get(path) is inode]
+        for path in gone:
+            del self.by_path[path]
         inode.aliases = []
         self.unlink_backing(inode)
+        return gone
 
     # -- namespace changes ---------------------------------------------------------------------
     def detach(self, path: str) -> Optional[Inode]:

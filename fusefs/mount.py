@@ -31,7 +31,7 @@ from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
-from fusefs.filesystem import Filesystem
+from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.fuse import FuseOperations
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
@@ -249,6 +249,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     except RuntimeError as err:
         raise MountError(f"cannot mount at {mp}: {err}") from None
     log.info("mounted %s at %s", store.description, mp)
+    mount.fs.refuse_device(fuse_device_of(mp))   # never serve this mount through itself
     unmount = True
     status = 0
     try:

@@ -361,6 +361,8 @@ class LocalStore:
                     os.fchmod(fd, st.st_mode & 0o7777)
                     if copy_existing:
                         _copy_fd(src, fd, st.st_size)
+                        # and its times: a publish with no write (utimens, fsync) changes none
+                        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
                 finally:
                     os.close(src)
         except BaseException:
