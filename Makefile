@@ -18,9 +18,15 @@ EXAMPLE_CONFIG := srv-ckpt.toml
 UNIT_PATHS := -e 's|/usr/local/bin/hintfs|$(BINDIR)/hintfs|g' -e 's|/etc/hintfs/|$(CONFDIR)/|g' \
 	-e 's|/usr/local/share/doc/hintfs/|$(DOCDIR)/|g'
 
-.PHONY: setup demo test bench clean install uninstall
+.PHONY: setup demo test bench clean install uninstall passthrough-libs
 
-setup: $(STAMP)
+setup: $(STAMP) passthrough-libs
+
+# FUSE passthrough (the kernel serves a file's bytes from a backing file): libfuse 3.17 from
+# Debian's trixie source package and pyfuse3 with patches/pyfuse3-passthrough.patch, in the .venv.
+# Idempotent; if any step fails it prints one line and leaves the stock pyfuse3 (no passthrough).
+passthrough-libs: $(STAMP)
+	@bash patches/build-passthrough.sh $(VENV)
 
 $(STAMP): pyproject.toml Makefile
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
