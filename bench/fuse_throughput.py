@@ -787,6 +787,8 @@ def main() -> int:
                     help="tmpfs (default, always cached) or disk: a folder under TMPDIR (page cache may be "
                          "reclaimed by this VM; shows the RWF_NOWAIT path of file:// stores)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy record the hintfs daemon into DIR")
+    ap.add_argument("--note", action="append", default=[],
+                    help="a line for the JSON's notes (e.g. which hintfs build ran); repeatable")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("fuse_throughput: run as root (it mounts a tmpfs and FUSE filesystems)", file=sys.stderr)
@@ -826,6 +828,7 @@ def main() -> int:
             tmpfs_mounted = True
         os.makedirs(store)
         env = Env(base, store, scratch, args.profile)
+        env.notes.extend(args.note)
         env.warm_tree = args.store_on != "tmpfs"
         for name, ok in (("bindfs", env.have_bindfs), ("rclone", env.have_rclone), ("hintfs", env.have_hintfs)):
             if not ok:
