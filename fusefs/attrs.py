@@ -48,6 +48,7 @@ class OpenFile:
     fh: int
     keep_cache: bool = True
     direct_io: bool = False
+    backing_id: int = 0      # > 0: the kernel serves this open from a backing file (passthrough)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ import os
 import re
 import stat as stat_mod
 import time
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, Protocol
 
 import trio
 
@@ -36,8 +36,8 @@ from common.errors import HintfsError
 from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
                           Refused)
 from fusefs.control import MAX_JOB_FILES, Caller, ControlDir, ControlFile
-from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, ReplicaRead, Reply, StagingRead,
-                            StoreRead, TensorHandle, WriteHandle)
+from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, PassthroughRead, PassthroughWrite,
+                            ReplicaRead, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle)
 from fusefs.inodes import Inode, InodeTable
 from fusefs.interfaces import OpenRouting, PublishJournal, ReplicaSource, TensorSource
 from fusefs.stats import Stats
@@ -69,6 +69,15 @@ def fuse_device_of(mountpoint: str) -> int:
                 dev = os.makedev(int(major), int(minor))   # the last one mounted there wins
     return dev
 
+
+class Backing(Protocol):
+    """Registers backing files with the kernel for FUSE passthrough (`fusefs/fuse.py`)."""
+    def open(self, fd: int) -> int: ...
+    def close(self, backing_id: int) -> None: ...
+
+
+# Errors of the first registration that mean "never on this mount" (no privilege, no support).
+_PT_UNAVAILABLE = {errno.EPERM, errno.EACCES, errno.ENOTTY, errno.ENOSYS, errno.EOPNOTSUPP}
 
 _CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
 
@@ -108,6 +117,61 @@ class Filesystem:
         # it must not block (pyfuse3.invalidate_entry_async).
         self.invalidate_entry: Optional[Callable[[int, bytes], None]] = None
         self._root_daemon = os.geteuid() == 0
+        # FUSE passthrough: set by the binding at FUSE init when the kernel granted it.
+        self.passthrough: Optional[Backing] = None
+        self._pt_backend: Optional[Backing] = None   # kept to release ids after a late disable
+        self.stats.passthrough = "off (not mounted)"
+
+    # -- passthrough ------------------------------------------------------------------------------
+    def passthrough_capable(self) -> bool:
+        """Whether this store's files can be backing files (a file:// store seen without routes)."""
+        return bool(getattr(self.store, "passthrough_capable", False))
+
+    def set_passthrough(self, result: tuple[Optional[Backing], str]) -> None:
+        """Turn passthrough on (a backend) or off (None), with the reason shown in the stats."""
+        backend, state = result
+        self.passthrough = backend
+        if backend is not None:
+            self._pt_backend = backend
+        self.stats.passthrough = state
+        level = logging.WARNING if state.startswith("unavailable") else logging.INFO
+        log.log(level, "FUSE passthrough: %s", state)
+
+    def _pt_attach(self, node: Inode, fd: int, staging) -> int:
+        """A backing id for one more open of `node` served by the kernel from `fd` (the store file,
+        or `staging`'s file), registered once per inode; 0: serve this open on today's path."""
+        if node.pt_refs:
+            node.pt_refs += 1      # all opens of an inode share one backing file (the kernel's rule)
+            self.stats.add("passthrough_opens")
+            return node.pt_id
+        if self.passthrough is None or node.opens:
+            return 0               # handles open on today's path: the kernel refuses to mix the two
+        try:
+            backing_id = self.passthrough.open(fd)
+        except OSError as err:
+            self.stats.add("passthrough_failed")
+            if err.errno in _PT_UNAVAILABLE:
+                self.set_passthrough((None, f"unavailable (registering a backing file failed: {err.strerror})"))
+            else:
+                log.debug("passthrough for %s refused (%s): today's path", node.path, err.strerror)
+            return 0
+        node.pt_id, node.pt_refs, node.pt_staging = backing_id, 1, staging
+        self.stats.add("passthrough_backing_open")
+        self.stats.add("passthrough_opens")
+        return backing_id
+
+    def passthrough_detach(self, node: Inode) -> None:
+        """One passthrough handle of `node` released; the last one releases the backing id."""
+        node.pt_refs -= 1
+        if node.pt_refs > 0 or not node.pt_id:
+            return
+        backing_id, node.pt_id, node.pt_staging = node.pt_id, 0, None
+        try:
+            if self._pt_backend is not None:
+                self._pt_backend.close(backing_id)
+            self.stats.add("passthrough_backing_close")
+        except OSError as err:
+            log.warning("releasing passthrough backing id %d of %s failed: %s", backing_id, node.path, err.strerror)
 
     # -- services (also used by handles) --------------------------------------------------------
     async def io(self, fn: Callable, *args, inline: bool = False):
@@ -516,9 +580,15 @@ class Filesystem:
         if node.virtual is not None:
             return await self._open_tensor(node, flags)
         accmode = flags & os.O_ACCMODE
+        backing_id = 0
         if accmode == os.O_RDONLY and not flags & os.O_TRUNC:
-            if node.writer is not None:
-                handle: Handle = StagingRead(node)   # reads the staged data of the open writer
+            if node.pt_refs:
+                # Passthrough opens are active: this one must share their backing file.
+                backing_id = self._pt_attach(node, -1, node.pt_staging)
+                handle: Handle = PassthroughRead(node)
+                keep_cache = True
+            elif node.writer is not None:
+                handle = StagingRead(node)   # reads the staged data of the open writer
                 keep_cache = True
             else:
                 reader, st = await self.io(self.store.open_reader, node.path, inline=self.meta_inline)
@@ -529,13 +599,32 @@ class Filesystem:
                 if replicas is not None and replicas.has_replicas(node.path):
                     handle = ReplicaRead(node, reader, st.identity(), replicas)
                 else:
-                    handle = StoreRead(node, reader)
+                    if self.passthrough is not None and hasattr(reader, "fd"):
+                        backing_id = self._pt_attach(node, reader.fd, None)
+                    if backing_id:
+                        reader.close()   # the kernel holds its own reference to the file
+                        handle = PassthroughRead(node)
+                    else:
+                        handle = StoreRead(node, reader)
         else:
+            if node.pt_refs and (node.pt_staging is None or node.pt_staging is not node.writer):
+                # Open for reading through passthrough from the store file: a writer would need
+                # another backing file (its staging), which the kernel refuses for one inode.
+                self.stats.add("passthrough_conflicts")
+                raise Refused(errno.ETXTBSY, f"{node.path} is open for reading (passthrough): not opened for writing")
             await self._acquire_writer(node, truncate=bool(flags & os.O_TRUNC))
-            handle = WriteHandle(node)
+            staging = node.writer
+            if (node.pt_refs or self.passthrough is not None) and staging.fd >= 0:
+                backing_id = self._pt_attach(node, staging.fd, staging)
+            if backing_id:
+                staging.dirty = True   # the daemon sees no write(): publish on close whatever happens
+                handle = PassthroughWrite(node)
+            else:
+                handle = WriteHandle(node)
             keep_cache = True
         node.opens += 1
-        return OpenFile(self._add_handle(handle), keep_cache=keep_cache)
+        # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
+        return OpenFile(self._add_handle(handle), keep_cache=keep_cache and not backing_id, backing_id=backing_id)
 
     def _same_as_cached(self, node: Inode, st: Stat) -> bool:
         """Close-to-open: keep the kernel's cached pages only if the file did not change."""
@@ -564,11 +653,15 @@ class Filesystem:
             os.fchown(inode.writer.fd, ctx.uid, -1 if parent_st.mode & stat_mod.S_ISGID else ctx.gid)
         os.fchmod(inode.writer.fd, stat_mod.S_IMODE(mode) & ~ctx.umask)
         inode.writer.dirty = True   # an empty new file is still a file to create on close
+        backing_id = 0
+        if (inode.pt_staging is inode.writer and inode.pt_refs) or (self.passthrough is not None and not inode.pt_refs):
+            backing_id = self._pt_attach(inode, inode.writer.fd, inode.writer)
         inode.writer_refs += 1
         inode.lookups += 1
         inode.opens += 1
         inode.unlinked = False
-        fi = OpenFile(self._add_handle(WriteHandle(inode)), keep_cache=True)
+        handle = PassthroughWrite(inode) if backing_id else WriteHandle(inode)
+        fi = OpenFile(self._add_handle(handle), keep_cache=not backing_id, backing_id=backing_id)
         inode.cached_identity = None
         return fi, self.attrs(inode, await self._stat_inode(inode))
 
@@ -611,7 +704,8 @@ class Filesystem:
         """After a commit to a file:// store the staging fd *is* the live file: before writing
         again, stage a fresh copy so readers of the store never see a half-written file."""
         staging = node.writer
-        if staging.live:
+        if staging.live and not (node.pt_refs and node.pt_staging is staging):
+            # (with passthrough the kernel writes into this very file: it cannot be swapped)
             fresh = await self.io(self.store.new_staging, node.path, True)
             self.store.discard(staging)
             node.writer = fresh
@@ -626,6 +720,11 @@ class Filesystem:
             return
         if staging.failed:
             raise HintfsError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
+        if staging.live:
+            # Passthrough writes after an earlier publish went into the published file itself.
+            staging.dirty = False
+            node.cached_identity = None
+            return
         size = staging.size()
         st = await self.io(self.store.commit, staging, node.path)
         if node.aliases or node.backing is not None:

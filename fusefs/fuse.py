@@ -80,6 +80,8 @@ def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
 
 
 def _info(f: OpenFile) -> pyfuse3.FileInfo:
+    if f.backing_id:
+        return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io, backing_id=f.backing_id)
     return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io)
 
 
@@ -98,6 +100,29 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     return fs.readdir(fh, start_id, lambda e: pyfuse3.readdir_reply(token, e.name, _entry(e.attrs), e.next_id))
 
 
+class _Backing:
+    """Registers backing files with the kernel (the patched pyfuse3's ioctls on the session fd)."""
+
+    def open(self, fd: int) -> int:
+        return pyfuse3.passthrough_open(fd)   # type: ignore[attr-defined]
+
+    def close(self, backing_id: int) -> None:
+        pyfuse3.passthrough_close(backing_id)   # type: ignore[attr-defined]
+
+
+def passthrough_backend(setting: str, store_capable: bool) -> tuple[Optional[_Backing], str]:
+    """(the backend, or None) and why: what `hintfs status` shows."""
+    if setting == "off":
+        return None, "off (mount.passthrough = \"off\")"
+    if not store_capable:
+        return None, "off (the store is not file://)"
+    if not getattr(pyfuse3, "passthrough_supported", lambda: False)():
+        return None, "unavailable (pyfuse3 without passthrough: run make passthrough-libs)"
+    if not pyfuse3.passthrough_enabled():   # type: ignore[attr-defined]
+        return None, "unavailable (the kernel did not grant FUSE passthrough: Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)"
+    return _Backing(), "on"
+
+
 class FuseOperations(pyfuse3.Operations):
     """What `pyfuse3.init` gets: each operation is `Filesystem`'s method of the same name (the
     function, bound to `self.fs` at each call) with its arguments and result converted."""
@@ -107,7 +132,13 @@ class FuseOperations(pyfuse3.Operations):
         self.fs = fs
         self.stats = fs.stats
         self.enable_writeback_cache = fs.cfg.mount.writeback_cache
+        # Asked for at FUSE init (a pyfuse3 without the patch ignores the attribute).
+        self.enable_passthrough = fs.cfg.mount.passthrough != "off" and fs.passthrough_capable()
         fs.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+
+    def init(self) -> None:
+        """FUSE init (before any request): passthrough is on if the kernel granted it."""
+        self.fs.set_passthrough(passthrough_backend(self.fs.cfg.mount.passthrough, self.fs.passthrough_capable()))
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)

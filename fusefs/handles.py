@@ -6,6 +6,8 @@
 | `StagingRead`     | reading a file some writer has open          | the writer's staging, then store  |
 | `ReplicaRead`     | reading a hinted file with ready replicas    | the agents (`ReplicaReads`)       |
 | `WriteHandle`     | writing (shares the inode's `Staging`)       | the staging                       |
+| `PassthroughRead` | reading, served by the kernel (passthrough)  | the backing file (never the daemon) |
+| `PassthroughWrite`| writing, served by the kernel (passthrough)  | the staging, as backing file      |
 | `ControlHandle`   | a `.hintfs/` control file                    | the document rendered at open     |
 | `TensorHandle`    | an `x.tensor` virtual file                   | the bytes fixed at the first open |
 | `DirHandle`, `ControlDirHandle` | a store / control directory    | (readdir)                         |
@@ -53,6 +55,7 @@ class Services(Protocol):
     def inode_for(self, path: str, st: Stat) -> Inode: ...
     def control_attrs(self, inode: Inode) -> Attributes: ...
     def control_lookup(self, parent: Inode, name: str) -> Inode: ...
+    def passthrough_detach(self, node: Inode) -> None: ...
 
 
 class Handle:
@@ -230,6 +233,27 @@ class WriteHandle(Handle):
         return True
 
 
+# -- FUSE passthrough ---------------------------------------------------------------------------
+class PassthroughRead(Handle):
+    """Opened with a backing id: the kernel reads (and maps) the backing file itself; the daemon
+    sees the open and the release only."""
+    __slots__ = ()
+
+    async def release(self, fs: Services) -> None:
+        fs.passthrough_detach(self.inode)
+        fs.inodes.release_open(self.inode)
+
+
+class PassthroughWrite(WriteHandle):
+    """Opened for writing with the staging file as backing file: writes and reads go to it
+    without the daemon; flush and release publish it as for `WriteHandle`."""
+    __slots__ = ()
+
+    async def release(self, fs: Services) -> None:
+        fs.passthrough_detach(self.inode)
+        await WriteHandle.release(self, fs)
+
+
 # -- control files and virtual files ------------------------------------------------------------
 class ControlHandle(Handle):
     """An open `.hintfs/` file: reads see the document rendered at open; writes collect a
@@ -388,5 +412,5 @@ class ControlDirHandle(DirHandle):
 def _take(iterator, n: int) -> list:
     return list(itertools.islice(iterator, n))
 
-__all__ = ["Handle", "StoreRead", "StagingRead", "ReplicaRead", "WriteHandle", "ControlHandle", "TensorHandle",
+__all__ = ["Handle", "StoreRead", "StagingRead", "ReplicaRead", "WriteHandle", "PassthroughRead", "PassthroughWrite", "ControlHandle", "TensorHandle",
            "DirHandle", "ControlDirHandle", "Services", "Reply"]

@@ -17,7 +17,8 @@ from stores.base import Staging
 
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
-                 "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers")
+                 "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
+                 "pt_id", "pt_refs", "pt_staging")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -36,6 +37,11 @@ class Inode:
         self.aliases: list[str] = []             # other names of a hard-linked file
         self.backing: Optional[tuple[int, int]] = None   # (st_dev, st_ino) while it has several names
         self.readers: list = []                 # store readers open on it (their fds outlive an unlink)
+        # FUSE passthrough: the backing id the kernel serves this inode's open files from (0: none),
+        # how many handles use it, and the staging it names (None: the store file).
+        self.pt_id = 0
+        self.pt_refs = 0
+        self.pt_staging: Optional[Staging] = None
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr

@@ -62,6 +62,7 @@ class Stats:
         self.started = time.time()
         self.ops: dict[str, OpStats] = defaultdict(OpStats)
         self.counters: dict[str, int] = defaultdict(int)
+        self.passthrough = "off"   # FUSE passthrough: "on", or why not (set by the filesystem)
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -98,6 +99,9 @@ class Stats:
                 "opens_keep_cache": c.get("open_keep_cache", 0),
                 "opens_invalidated": c.get("open_invalidate", 0),
             },
+            "passthrough": {"state": self.passthrough,
+                            **{k[len("passthrough_"):]: v for k, v in sorted(c.items())
+                               if k.startswith("passthrough_")}},
             "errors": {k.split(".", 1)[1]: v for k, v in sorted(c.items()) if k.startswith("errno.")},
             "counters": {k: v for k, v in sorted(c.items()) if not k.startswith("errno.")},
         }

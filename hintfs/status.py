@@ -27,6 +27,9 @@ def format_status(snap: dict) -> str:
              f"bytes read {snap['bytes']['read']:,}  written {snap['bytes']['written']:,}  "
              f"uploaded {snap['bytes']['uploaded']:,}",
              "cache: " + ", ".join(f"{k} {v:,}" for k, v in snap["cache"].items())]
+    if "passthrough" in snap:   # the kernel serves these files' bytes: not in the byte counts above
+        pt = dict(snap["passthrough"])
+        lines.append(f"passthrough: {pt.pop('state')}" + "".join(f", {k} {v:,}" for k, v in pt.items()))
     if snap.get("errors"):
         lines.append("errors by errno: " + ", ".join(
             f"{errno.errorcode.get(int(k), k)} {v:,}" for k, v in snap["errors"].items()))

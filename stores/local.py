@@ -162,6 +162,7 @@ class LocalStore:
     leads a call out of it, and paths are never joined onto the root as strings (so a path up to
     PATH_MAX relative to the root works however deep the root itself is)."""
     inline_metadata = True
+    passthrough_capable = True   # its files (and staging files) can back FUSE passthrough opens
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)

@@ -1,0 +1,160 @@
+"""FUSE passthrough on real mounts (file:// store): the kernel serves the bytes of open files from
+the store file or the staging file; the daemon sees opens and closes (docs/semantics.md).
+
+Skipped with the reason where this host cannot do passthrough (kernel, libfuse/pyfuse3, root);
+the fallback path is tested without a skip in test_passthrough_fallback.py and below."""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+
+import pytest
+
+from tests.conftest import needs_fuse, wait_for
+
+pytestmark = needs_fuse
+
+
+@pytest.fixture
+def pt(mount_factory):
+    m = mount_factory('\n[mount]\npassthrough = "auto"\n')
+    state = m.stats()["passthrough"]["state"]
+    if state != "on":
+        m.umount()
+        pytest.skip(f"FUSE passthrough not available here: {state}")
+    return m
+
+
+def counters(m) -> dict:
+    s = m.stats()
+    return {**s["passthrough"], "bytes_read": s["bytes"]["read"], "bytes_written": s["bytes"]["written"]}
+
+
+def released(m) -> bool:
+    c = counters(m)
+    return c.get("backing_open", 0) == c.get("backing_close", 0)
+
+
+def test_reads_writes_and_mmap_pass_through_with_the_same_bytes(pt):
+    data = os.urandom(3 << 20)
+    (pt.store / "r.bin").write_bytes(data)
+    assert (pt.mnt / "r.bin").read_bytes() == data
+    with open(pt.mnt / "r.bin", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        assert mm[:4096] == data[:4096] and mm[-10:] == data[-10:]
+    # a new file, written through the kernel into the staging file, published on close
+    new = os.urandom(5 << 20)
+    (pt.mnt / "w.bin").write_bytes(new)
+    assert (pt.store / "w.bin").read_bytes() == new
+    # partial overwrite, append, truncate, read-your-writes while open
+    with open(pt.mnt / "w.bin", "r+b") as f:
+        f.seek(10)
+        f.write(b"XYZ")
+        f.flush()
+        assert (pt.mnt / "w.bin").read_bytes()[8:15] == new[8:10] + b"XYZ" + new[13:15]
+        assert (pt.store / "w.bin").read_bytes() == new        # not published before close
+    with open(pt.mnt / "w.bin", "ab") as f:
+        f.write(b"tail")
+    expect = new[:10] + b"XYZ" + new[13:] + b"tail"
+    assert (pt.store / "w.bin").read_bytes() == expect
+    os.truncate(pt.mnt / "w.bin", 100)
+    assert (pt.store / "w.bin").read_bytes() == expect[:100]
+    # a shared writable mapping is published at close
+    (pt.mnt / "m.bin").write_bytes(b"\0" * 8192)
+    with open(pt.mnt / "m.bin", "r+b") as f, mmap.mmap(f.fileno(), 8192) as mm:
+        mm[100:105] = b"hello"
+        mm.flush()
+    assert wait_for(lambda: (pt.store / "m.bin").read_bytes()[100:105] == b"hello", 5)
+    c = counters(pt)
+    # the daemon saw none of these bytes: the kernel moved them
+    assert c["bytes_read"] < len(data) and c["bytes_written"] < len(new)
+    assert c["opens"] >= 6
+    assert wait_for(lambda: released(pt), 5)
+
+
+def test_publish_on_close_stays_atomic_for_store_readers(pt):
+    old, new = b"o" * (8 << 20), b"n" * (8 << 20)
+    (pt.store / "a.bin").write_bytes(old)
+    seen = set()
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            d = (pt.store / "a.bin").read_bytes()
+            seen.add((len(d), d[:1], d[-1:]))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for _ in range(3):
+            with open(pt.mnt / "a.bin", "wb") as f:
+                for i in range(0, len(new), 1 << 20):
+                    f.write(new[i:i + (1 << 20)])
+            with open(pt.mnt / "a.bin", "wb") as f:
+                f.write(old)
+    finally:
+        stop.set()
+        t.join()
+    assert seen <= {(len(old), b"o", b"o"), (len(new), b"n", b"n")}, seen
+
+
+def test_backing_ids_are_released_after_many_opens(pt):
+    (pt.store / "s.bin").write_bytes(b"s" * 4096)
+    for i in range(200):
+        with open(pt.mnt / "s.bin", "rb") as f:
+            assert f.read() == b"s" * 4096
+        if i % 20 == 0:
+            (pt.mnt / f"n{i}").write_bytes(b"x" * i)
+    # two opens at once share one backing id
+    with open(pt.mnt / "s.bin", "rb") as a, open(pt.mnt / "s.bin", "rb") as b:
+        assert a.read(1) == b.read(1) == b"s"
+    assert wait_for(lambda: released(pt), 5), counters(pt)
+    c = counters(pt)
+    assert c["backing_open"] <= c["opens"] - 1       # the shared open registered nothing
+    assert c["backing_open"] >= 200
+
+
+def test_unlinked_while_writing_is_not_published_and_writer_conflicts_are_etxtbsy(pt):
+    with open(pt.mnt / "gone.bin", "wb") as f:
+        f.write(b"data")
+        os.unlink(pt.mnt / "gone.bin")
+        f.write(b"more")
+        f.flush()
+        assert os.fstat(f.fileno()).st_size == 8
+    assert wait_for(lambda: released(pt), 5)
+    assert not (pt.store / "gone.bin").exists()
+    assert not [n for n in os.listdir(pt.store) if n.startswith(".hintfs-tmp.")]
+    # open for reading through passthrough: a writer of the same file is refused (docs/semantics.md)
+    (pt.store / "busy.bin").write_bytes(b"old")
+    with open(pt.mnt / "busy.bin", "rb") as r:
+        with pytest.raises(OSError) as err:
+            open(pt.mnt / "busy.bin", "r+b")
+        assert err.value.errno == errno.ETXTBSY
+        assert r.read() == b"old"
+    (pt.mnt / "busy.bin").write_bytes(b"new")    # closed: writable again
+    assert (pt.store / "busy.bin").read_bytes() == b"new"
+    # a reader opened while the writer is open sees its writes (same backing: the staging)
+    with open(pt.mnt / "busy.bin", "r+b") as w:
+        w.write(b"NEW!")
+        w.flush()
+        assert (pt.mnt / "busy.bin").read_bytes() == b"NEW!"
+
+
+def test_close_to_open_sees_a_file_replaced_in_the_store(pt):
+    (pt.store / "c.bin").write_bytes(b"one")
+    assert (pt.mnt / "c.bin").read_bytes() == b"one"
+    tmp = pt.store / "c.tmp"
+    tmp.write_bytes(b"two!")
+    os.rename(tmp, pt.store / "c.bin")
+    assert wait_for(lambda: (pt.mnt / "c.bin").read_bytes() == b"two!", 5)
+
+
+def test_passthrough_off_is_todays_path(mount_factory):
+    m = mount_factory('\n[mount]\npassthrough = "off"\n', name="off")
+    (m.store / "f").write_bytes(b"z" * 10000)
+    assert (m.mnt / "f").read_bytes() == b"z" * 10000
+    s = m.stats()
+    assert s["passthrough"]["state"].startswith("off")
+    assert s["bytes"]["read"] >= 10000
+    assert "opens" not in s["passthrough"]
