@@ -20,13 +20,15 @@ UNIT_PATHS := -e 's|/usr/local/bin/hintfs|$(BINDIR)/hintfs|g' -e 's|/etc/hintfs/
 
 .PHONY: setup demo test bench clean install uninstall passthrough-libs
 
-setup: $(STAMP) passthrough-libs
+setup: $(STAMP)
 
 # FUSE passthrough (the kernel serves a file's bytes from a backing file): libfuse 3.17 from
 # Debian's trixie source package and pyfuse3 with patches/pyfuse3-passthrough.patch, in the .venv.
 # Idempotent; if any step fails it prints one line and leaves the stock pyfuse3 (no passthrough).
+# Opt-in, not part of setup: passthrough is off by default, and setup must stay quick and certain.
+# DESTDIR is for `make install` only: never let meson stage libfuse under it.
 passthrough-libs: $(STAMP)
-	@bash patches/build-passthrough.sh $(VENV)
+	@env -u DESTDIR bash patches/build-passthrough.sh $(VENV)
 
 $(STAMP): pyproject.toml Makefile
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
