@@ -808,6 +808,7 @@ def main() -> int:
         args.profile = os.path.abspath(args.profile)
 
     t_start = time.monotonic()
+    load_start = os.getloadavg()   # a shared machine: how busy it was around the run
     base = tempfile.mkdtemp(prefix="hintfs-bench-")
     # One private tmpfs holds the store and, beside it, JuiceFS's metadata and bucket.
     scratch = os.path.join(base, "fs")
@@ -917,6 +918,8 @@ def main() -> int:
                         "hintfs-immutable": "hintfs, plus [cache] immutable_globs = [\"tree/*\"] (tree cases only)"},
             "machine": machine(),
             "elapsed_s": round(elapsed, 1),
+            "load_avg_1_5_15": {"start": [round(x, 2) for x in load_start],
+                                "end": [round(x, 2) for x in os.getloadavg()]},
             "cases": summary,
             "raw": {c: {s: [round(x, 4) for x in v] for s, v in per.items()} for c, per in raw.items()},
             "goals": goals,
