@@ -2,7 +2,10 @@
 
 Closed-loop readers (each sends its next read when the previous one returns) read random
 blocks of one file from one agent. The reader count doubles from 1; the safe load is the
-largest count whose p99 latency stays within 2x its p50 — past that knee the replica queues.
+largest count whose p99 latency stays within 2x its p50 and whose p50 stays within 2x the single
+reader's p50 — past that knee the replica queues. Both tests are needed: a replica that queues
+its requests fairly slows every request alike (p50 grows, p99/p50 does not), one that queues
+unfairly shows it in the tail.
 The result is what `replicas.safe_readers_per_replica` should be set to.
 """
 from __future__ import annotations
@@ -51,12 +54,15 @@ def calibrate(location: str, path: str, size: int, max_readers: int = 256, secon
     rows = []
     safe = 1
     n = 1
+    alone_p50 = None
     while n <= max_readers:
         lat = measure(location, path, size, n, seconds, block, token)
         p50, p99 = _pct(lat, 0.50), _pct(lat, 0.99)
         rows.append({"readers": n, "reads": len(lat), "p50_ms": round(p50 * 1e3, 3), "p99_ms": round(p99 * 1e3, 3),
                      "reads_per_s": round(len(lat) / seconds, 1)})
-        if p99 > 2 * p50:
+        if alone_p50 is None:
+            alone_p50 = p50
+        if p99 > 2 * p50 or p50 > 2 * alone_p50:
             break
         safe = n
         n *= 2

@@ -174,7 +174,8 @@ class ReplicasConfig(Section):
     default_replicas: int = Field(1, ge=1, description="Fewest replicas of a hinted file.")
     max_replicas: int = Field(16, ge=1, description="Most replicas of one file.")
     safe_readers_per_replica: int = Field(32, ge=1, description="Concurrent readers one replica serves "
-                                          "without its p99 passing 2x its p50 (`hintfs calibrate`).")
+                                          "before reads queue: p99 within 2x p50, p50 within 2x one reader's "
+                                          "(`hintfs calibrate`).")
     max_hint_files: int = Field(100_000, ge=1, description="Most files in one hint document.")
     read_timeout_s: float = Field(5.0, gt=0, description="A replica read slower than this fails over.")
     hedge_after_ms: float = Field(200.0, ge=0, description="Send a second read to another source after "
