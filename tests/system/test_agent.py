@@ -113,7 +113,7 @@ def test_calibration_finds_the_knee(tmp_path, store):
         assert levels[0]["readers"] == 1 and all(lv["reads"] > 0 for lv in levels)
         assert 1 <= result["safe_readers_per_replica"] <= 8
         last = levels[-1]   # the level that stopped the search: its tail or its median doubled
-        assert (last["p99_ms"] > 2 * last["p50_ms"] or last["p50_ms"] > 2 * levels[0]["p50_ms"]
+        assert (last["p99_ms"] > 1.99 * last["p50_ms"] or last["p50_ms"] > 1.99 * levels[0]["p50_ms"]   # rounded to µs
                 or last["readers"] == 16)
     finally:
         s.shutdown()
