@@ -17,7 +17,7 @@ from av.video.reformatter import Interpolation
 
 from .errors import TransformError
 from .geometry import target_size
-from .limits import Deadline, check_complete, check_picture, image_header
+from .limits import Deadline, check_image_bytes, check_picture
 from .params import ImageParams, _Pixels
 
 log = logging.getLogger(__name__)
@@ -124,13 +124,7 @@ def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame"
     ``max_pixels`` for the probe and for the decoder, for formats whose header is not read
     here."""
     params = params if params is not None else ImageParams()
-    if not raw:
-        raise TransformError("empty image")
-    check_complete(raw)
-    head = image_header(raw)
-    if head is not None:
-        _fmt, w, h, bpp = head
-        check_picture(w, h, bpp, params)
+    head = check_image_bytes(raw, params)
     opts = {"max_pixels": ffmpeg_max_pixels(params)}
     try:
         with av.open(io.BytesIO(raw), mode="r", options=opts) as container:

@@ -122,6 +122,20 @@ def check_frames(nframes: int, params) -> None:
                              f"max_frames={params.max_frames}")
 
 
+def check_image_bytes(raw: bytes, params) -> Optional[tuple[str, int, int, int]]:
+    """An image's checks before any decoder: not empty, not visibly truncated, and, where the
+    header (JPEG/PNG/WebP) gives the picture size, that size within the limits. Returns that
+    header (None for formats whose header is not read here)."""
+    if not raw:
+        raise TransformError("empty image")
+    check_complete(raw)
+    head = image_header(raw)
+    if head is not None:
+        _fmt, w, h, bpp = head
+        check_picture(w, h, bpp, params)
+    return head
+
+
 def precheck(kind: str, raw: bytes, params) -> None:
     """The checks that need no decoder (pure Python, a header's worth of work): the file
     size, truncation markers, for JPEG/PNG/WebP the picture size against the limits, and for
@@ -130,13 +144,7 @@ def precheck(kind: str, raw: bytes, params) -> None:
     truncated file is EIO in every mode without spending a decode on it."""
     check_source_size(len(raw), params)
     if kind == "image":
-        if not raw:
-            raise TransformError("empty image")
-        check_complete(raw)
-        head = image_header(raw)
-        if head is not None:
-            _fmt, w, h, bpp = head
-            check_picture(w, h, bpp, params)
+        check_image_bytes(raw, params)
     else:
         if not raw:
             raise TransformError("empty video")
