@@ -125,7 +125,7 @@ class Filesystem:
     # -- passthrough ------------------------------------------------------------------------------
     def passthrough_capable(self) -> bool:
         """Whether this store's files can be backing files (a file:// store seen without routes)."""
-        return bool(getattr(self.store, "passthrough_capable", False))
+        return self.store.passthrough_capable
 
     def set_passthrough(self, result: tuple[Optional[Backing], str]) -> None:
         """Turn passthrough on (a backend) or off (None), with the reason shown in the stats."""
@@ -244,9 +244,7 @@ class Filesystem:
         (a bind mount of the mountpoint inside the store would otherwise make a lookup wait on
         this daemon itself). Stores without devices (object stores) ignore it."""
         self.own_dev = st_dev
-        hook = getattr(self.store, "refuse_device", None)
-        if hook is not None:
-            hook(st_dev)
+        self.store.refuse_device(st_dev)
 
     # -- control files -------------------------------------------------------------------------
     def control_inode(self, node) -> Inode:

@@ -141,12 +141,17 @@ class RoutedStore:
         self.stats = stats
         # A stat may be a call to the tier agent: never inline in the trio loop.
         self.inline_metadata = False
+        # Routed opens may be served by the tier agent: they stay on the daemon's path.
+        self.passthrough_capable = False
         self.description = store.description
         self._warned: dict[str, float] = {}
 
     # -- not routed: the store's --------------------------------------------------------------
     def check(self) -> None:
         self._store.check()
+
+    def refuse_device(self, st_dev: int) -> None:
+        self._store.refuse_device(st_dev)
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         return self._store.iter_dir(rel)

@@ -96,6 +96,7 @@ def filesystem_from_config(store_cfg) -> tuple[pafs.FileSystem, str]:
 
 class ArrowStore:
     inline_metadata = False
+    passthrough_capable = False   # objects are not local files
 
     def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str):
         self.fs = fs
@@ -106,6 +107,9 @@ class ArrowStore:
 
     def _p(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
+
+    def refuse_device(self, st_dev: int) -> None:
+        """Objects live on no device: nothing of the mount can appear in the store."""
 
     def check(self) -> None:
         info = self.fs.get_file_info(self.root)

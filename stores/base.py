@@ -92,6 +92,11 @@ class Staging:
 class Store(Protocol):
     inline_metadata: bool
     description: str
+    passthrough_capable: bool   # its files (and staging files) can back FUSE passthrough opens
+
+    def refuse_device(self, st_dev: int) -> None:
+        """Never serve entries of this device (the mount's own, should the store contain its
+        mountpoint through a bind mount); a no-op where the store has no devices."""
 
     def stat(self, rel: str) -> Stat: ...
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]: ...
