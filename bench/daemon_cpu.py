@@ -20,18 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from fuse_throughput import MiB, make_big_file, make_tree, run, seq_read, seq_write  # bench/ is the script dir
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def run(cmd: list[str], timeout: float = 60, cwd: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=cwd)
 
 
 def daemon_pid(mountpoint: str) -> int:
@@ -57,20 +54,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def make_store(store: str, files: int, seq_mib: int) -> list[str]:
-    rnd = random.Random(7)
-    names = []
-    for i in range(files):
-        d = os.path.join(store, "tree", f"d{i // 250:03d}")
-        os.makedirs(d, exist_ok=True)
-        name = os.path.join("tree", f"d{i // 250:03d}", f"f{i:05d}")
-        with open(os.path.join(store, name), "wb") as f:
-            f.write(os.urandom(rnd.randint(4, 64) * 1024))
-        names.append(name)
-    with open(os.path.join(store, "seq.bin"), "wb") as f:
-        block = os.urandom(1 << 20)
-        for _ in range(seq_mib):
-            f.write(block)
-    return names
+    """fuse_throughput's small-file tree and a sequential file of `seq_mib` MiB."""
+    make_big_file(os.path.join(store, "seq.bin"), seq_mib * MiB)
+    return [rel for rel, _size in make_tree(store, files)]
 
 
 def read_tree(mnt: str, names: list[str]) -> None:
@@ -80,26 +66,13 @@ def read_tree(mnt: str, names: list[str]) -> None:
                 pass
 
 
-def read_seq(path: str) -> None:
-    with open(path, "rb", buffering=0) as f:
-        while f.read(1 << 20):
-            pass
-
-
-def write_seq(path: str, mib: int) -> None:
-    block = os.urandom(1 << 20)
-    with open(path, "wb", buffering=0) as f:
-        for _ in range(mib):
-            f.write(block)
-
-
 def one_round(hintfs: str, base: str, store: str, names: list[str], seq_mib: int, write_mib: int) -> dict:
     mnt = tempfile.mkdtemp(dir=base, prefix="mnt-")
     cfg = os.path.join(base, f"{os.path.basename(mnt)}.toml")
     with open(cfg, "w") as f:
         f.write(f'[store]\nuri = "file://{store}"\n[logging]\nfile = "{cfg}.log"\n')
     # From a neutral folder: builds before the -I fix import the daemon from the working directory.
-    r = run([hintfs, "mount", cfg, mnt], cwd=base)
+    r = run([hintfs, "mount", cfg, mnt], cwd=base, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"{hintfs} mount failed: {r.stdout.strip()}")
     out: dict = {}
@@ -107,8 +80,8 @@ def one_round(hintfs: str, base: str, store: str, names: list[str], seq_mib: int
         pid = daemon_pid(mnt)
         phases = [("tree-pass1", lambda: read_tree(mnt, names), len(names), "files"),
                   ("tree-pass2", lambda: read_tree(mnt, names), len(names), "files"),
-                  ("seq-read", lambda: read_seq(os.path.join(mnt, "seq.bin")), seq_mib / 1024, "GiB"),
-                  ("seq-write", lambda: write_seq(os.path.join(mnt, "out.bin"), write_mib), write_mib / 1024, "GiB")]
+                  ("seq-read", lambda: seq_read(os.path.join(mnt, "seq.bin")), seq_mib / 1024, "GiB"),
+                  ("seq-write", lambda: seq_write(os.path.join(mnt, "out.bin"), write_mib * MiB), write_mib / 1024, "GiB")]
         for phase, work, amount, unit in phases:
             c0, t0 = cpu_seconds(pid), time.perf_counter()
             work()
@@ -135,7 +108,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--output", default="", help="JSON results file")
     args = ap.parse_args()
-    builds = [b.split("=", 1) for b in args.build]
+    # Absolute: mounts run from a neutral folder (see one_round).
+    builds = [(name, os.path.abspath(path)) for name, path in (b.split("=", 1) for b in args.build)]
     base = tempfile.mkdtemp(prefix="hintfs-cpu-")
     store = os.path.join(base, "store")
     os.mkdir(store)
