@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,7 +123,8 @@ def main() -> int:
                 samples[name].append(one_round(hintfs, base, store, names, args.seq_mib, args.write_mib))
                 print(f"round {rnd + 1} {name}: done", file=sys.stderr)
     finally:
-        subprocess.run(["umount", store])
+        if subprocess.run(["umount", store]).returncode == 0:
+            shutil.rmtree(base, ignore_errors=True)   # mountpoints, configs and logs of the rounds
     table = {}
     print(f"\nmedian over n={args.rounds} rounds; daemon CPU per unit of work (lower is better), wall in s")
     print("| phase | " + " | ".join(f"{n} CPU/unit | {n} wall" for n, _ in builds) + " |")
