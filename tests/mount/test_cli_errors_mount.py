@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.helpers.cli import hintfs as run_hintfs
+from tests.helpers.cli import one_clean_line
 from tests.conftest import needs_fuse, wait_for
 
 pytestmark = needs_fuse
 
-HINTFS = Path(sys.executable).parent / "hintfs"
 
-
-def hintfs(*args, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(HINTFS), *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-def one_clean_line(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode != 0, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
+def hintfs(*args):
+    return run_hintfs(*args, timeout=60)   # commands that wait on a mount get more time
 
 
 def refusals(log: Path, name: str) -> list[str]:

@@ -8,30 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
-import sys
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
 from hintfs.cli import build_parser
 from hintfs.cli.errors import one_line
+from tests.helpers.cli import hintfs, one_clean_line
 
-HINTFS = Path(sys.executable).parent / "hintfs"
-
-
-def hintfs(*args, timeout=30, **kw) -> subprocess.CompletedProcess:
-    assert HINTFS.exists(), f"the console script {HINTFS} is not installed (pip install -e .)"
-    return subprocess.run([str(HINTFS), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def one_clean_line(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode != 0, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 def closed_port() -> int:
