@@ -29,7 +29,7 @@ from fusefs.control import MAX_CONTROL_WRITE, Caller, ControlDir, ControlInputEr
 from fusefs.inodes import Inode, InodeTable
 from fusefs.interfaces import ReplicaSource
 from fusefs.stats import Stats
-from stores.base import Reader, Stat, Store
+from stores.base import Reader, Staging, Stat, Store
 from stores.errors import errno_of
 
 log = logging.getLogger("hintfs.ops")
@@ -128,12 +128,7 @@ class StagingRead(StoreRead):
         if self.reader is None:
             staging = self.inode.writer
             if staging is not None:
-                if staging.inline_io:
-                    data = os.pread(staging.fd, size, off)
-                else:
-                    data = await fs.io(os.pread, staging.fd, size, off)
-                fs.stats.add("bytes_read", len(data))
-                return data
+                return await read_staging(fs, staging, off, size)
             # The writer closed meanwhile: fall back to the store copy.
             self.reader, _st = await fs.io(fs.store.open_reader, self.inode.path, inline=fs.meta_inline)
             self.inode.readers.append(self.reader)
@@ -156,6 +151,16 @@ class ReplicaRead(StoreRead):
         return data
 
 
+async def read_staging(fs: Services, staging: Staging, off: int, size: int) -> bytes:
+    """Read staged writes: inline when the staging file is in memory, else in a worker thread."""
+    if staging.inline_io:
+        data = os.pread(staging.fd, size, off)
+    else:
+        data = await fs.io(os.pread, staging.fd, size, off)
+    fs.stats.add("bytes_read", len(data))
+    return data
+
+
 # -- writes -----------------------------------------------------------------------------------
 class WriteHandle(Handle):
     """A file open for writing; all such handles of one inode share its Staging."""
@@ -165,12 +170,7 @@ class WriteHandle(Handle):
         staging = self.inode.writer
         if staging is None:
             raise OSError(errno.EIO, f"the writes of {self.inode.path} were dropped at unmount")
-        if staging.inline_io:
-            data = os.pread(staging.fd, size, off)
-        else:
-            data = await fs.io(os.pread, staging.fd, size, off)
-        fs.stats.add("bytes_read", len(data))
-        return data
+        return await read_staging(fs, staging, off, size)
 
     async def write(self, fs: Services, off: int, buf: bytes) -> int:
         node = self.inode
