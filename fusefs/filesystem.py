@@ -113,9 +113,13 @@ class Filesystem:
         self._control_ino_of: dict[int, int] = {}   # id(node) -> ino
         self.control_inode(self.control_root)
         self.own_dev = 0
-        # Set by the FUSE binding: tell the kernel to forget a cached name (parent ino, name);
-        # it must not block (pyfuse3.invalidate_entry_async).
+        # Set by the FUSE binding: tell the kernel to forget a cached name (parent ino, name).
+        # `invalidate_entry` queues the notice and returns (pyfuse3.invalidate_entry_async);
+        # `invalidate_entry_now` returns once the kernel has applied it (pyfuse3.invalidate_entry,
+        # blocking: run in a worker thread, and only from a request during which the kernel holds
+        # no directory lock, or it waits for itself).
         self.invalidate_entry: Optional[Callable[[int, bytes], None]] = None
+        self.invalidate_entry_now: Optional[Callable[[int, bytes], None]] = None
         self._root_daemon = os.geteuid() == 0
         # FUSE passthrough: set by the binding at FUSE init when the kernel granted it.
         self.passthrough: Optional[Backing] = None
@@ -708,8 +712,10 @@ class Filesystem:
             self.store.discard(staging)
             node.writer = fresh
 
-    async def commit(self, node: Inode) -> None:
-        """Publish the inode's staged writes, if any (and journal them)."""
+    async def commit(self, node: Inode, *, no_dir_locks: bool = False) -> None:
+        """Publish the inode's staged writes, if any (and journal them). `no_dir_locks`: the
+        request being answered holds no directory lock in the kernel (a close's flush), so the
+        other names of a split hard link are forgotten before it returns, not some time after."""
         staging = node.writer
         if staging is None or not staging.dirty:
             return
@@ -730,8 +736,13 @@ class Filesystem:
             for path in self.inodes.split_aliases(node):
                 head, _, name = path.rpartition("/")
                 parent = self.inodes.by_path_get(head)
-                if parent is not None and self.invalidate_entry is not None:
-                    self.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+                if parent is None:
+                    continue
+                raw = name.encode("utf-8", "surrogateescape")
+                if no_dir_locks and self.invalidate_entry_now is not None:
+                    await trio.to_thread.run_sync(self.invalidate_entry_now, parent.ino, raw)
+                elif self.invalidate_entry is not None:
+                    self.invalidate_entry(parent.ino, raw)
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()

@@ -100,6 +100,15 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     return fs.readdir(fh, start_id, lambda e: pyfuse3.readdir_reply(token, e.name, _entry(e.attrs), e.next_id))
 
 
+
+def invalidate_entry_now(parent: int, name: bytes) -> None:
+    """pyfuse3.invalidate_entry, blocking until the kernel applied it; a name it no longer
+    caches is fine (the async form's ignore_enoent)."""
+    try:
+        pyfuse3.invalidate_entry(parent, name)
+    except FileNotFoundError:
+        pass
+
 class _Backing:
     """Registers backing files with the kernel (the patched pyfuse3's ioctls on the session fd)."""
 
@@ -135,6 +144,7 @@ class FuseOperations(pyfuse3.Operations):
         # Asked for at FUSE init (a pyfuse3 without the patch ignores the attribute).
         self.enable_passthrough = fs.cfg.mount.passthrough != "off" and fs.passthrough_capable()
         fs.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+        fs.invalidate_entry_now = invalidate_entry_now
 
     def init(self) -> None:
         """FUSE init (before any request): passthrough is on if the kernel granted it."""
