@@ -23,7 +23,7 @@ import trio
 from common.procs import pid_alive
 from mountconfig.governor import GovernorConfig
 from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
-from governor.pagebroker import PageBroker, close_fds
+from governor.pagebroker import PageBroker, close_fds, reserve_fd_table
 from governor.protocol import (
     ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, MAX_FDS_PER_MESSAGE, ROLE_INFERENCE,
     ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_OWNER, W_QUOTA, W_ROLE,
@@ -110,6 +110,7 @@ class GovernorDaemon:
             raise DaemonStartError(f"cannot listen on {path}: {e.strerror or e}") from None
         sock.setblocking(False)
         self._listener_sock = sock
+        reserve_fd_table(4096)   # lent pages arrive as fds: no table growth on a reclaim's path
         for g in self.cfg.gpus:
             ledger = GpuLedger(g.index, g.total_bytes, g.reserve_bytes)
             block = ControlBlock(shm_path(self.cfg.shm_name, g.index), create=True,

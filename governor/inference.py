@@ -31,6 +31,9 @@ class InferenceClient:
                  accept_pages: bool = False) -> None:
         self.client = GovernorClient(socket_path, "inference", gpu=gpu, name=name,
                                      accept_pages=accept_pages)
+        if accept_pages:   # lent pages come as fds with a grant: grow the fd table now
+            from governor.pagebroker import reserve_fd_table
+            reserve_fd_table(4096)
         self.held: dict[str, int] = {}
         self.timings: list[dict] = []
         self._pages: list[int] = []
