@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parent / "csrc" / "pagealloc.c"
 PAGE_BYTES = 32 << 20
 STAT_FIELDS = ("allocated", "peak_allocated", "mapped", "peak_mapped", "page_bytes", "allocs", "frees",
                "maps", "unmaps", "map_ns", "unmap_ns", "pages_lent", "ooms", "free_ranges", "va_bytes",
-               "empty_pages", "unmap_calls")
+               "empty_pages", "unmap_calls", "idle_released", "handle_release_ns")
 
 _installed: "PageAllocator | None" = None
 
@@ -90,6 +90,11 @@ class PageAllocator:
         L.pa_lend.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         L.pa_lend_deferred.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         L.pa_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        L.pa_mark.restype = ctypes.c_uint64
+        L.pa_set_mark_stream.argtypes = [ctypes.c_void_p]
+        L.pa_release_idle.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+        L.pa_release_idle.restype = ctypes.c_uint64
+        L.pa_set_unmap_threads.argtypes = [ctypes.c_int]
         L.pa_mapped.restype = ctypes.c_uint64
         L.pa_peak_allocated.restype = ctypes.c_uint64
         if L.pa_init(backend, device, page_bytes, va_bytes) != 0:
@@ -125,6 +130,26 @@ class PageAllocator:
         """Unmap empty pages until at most `keep_bytes` stay mapped; the bytes released. Syncs the
         device first (a freed block's kernels may still be queued)."""
         return int(self.lib.pa_release(max(0, int(keep_bytes))))
+
+    def mark(self) -> int:
+        """Close an epoch of frees; record an event on the mark stream right after. Once that
+        event has completed, `release_idle(keep, mark)` may release pages freed before it."""
+        return int(self.lib.pa_mark())
+
+    def set_mark_stream(self, stream: int) -> None:
+        """The stream mark events are recorded on (frees on any other stream are never idle)."""
+        self.lib.pa_set_mark_stream(stream or None)
+
+    def release_idle(self, keep_bytes: int, done_mark: int) -> int:
+        """Release, without a device sync, the empty pages whose last free came before the
+        completed mark `done_mark`, until at most `keep_bytes` stay mapped. They leave the books
+        at once and worker threads unmap them meanwhile; `release` waits for those unmaps, so
+        call it before acknowledging. The bytes taken out."""
+        return int(self.lib.pa_release_idle(max(0, int(keep_bytes)), max(0, int(done_mark))))
+
+    def set_unmap_threads(self, n: int) -> None:
+        """Threads that unmap pages (with more than one, a release unmaps in parallel)."""
+        self.lib.pa_set_unmap_threads(int(n))
 
     def lend(self, keep_bytes: int, max_pages: int, defer_unmap: bool = False) -> list[int]:
         """Release like `release`, but hand each page out as an fd (the caller owns the fds).
@@ -166,6 +191,10 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         except (ValueError, OSError):
             pass   # keep the soft limit; lending falls back to exporting at lend time
+    # the fd table for a device's worth of pages, now (growing it later, while torch's threads
+    # run, waits for an RCU grace period inside a page's creation)
+    from governor.pagebroker import reserve_fd_table
+    reserve_fd_table(8192)
 
 
 def install(device: int = 0, page_bytes: int = PAGE_BYTES, va_bytes: int = 0,

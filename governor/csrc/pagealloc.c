@@ -77,7 +77,9 @@ typedef struct {
     int fd;          /* exported at creation (pa_export_at_create), or -1 */
     int mapped;
     int unmap_pending;   /* lent with pa_lend_deferred: out of the books, still mapped here */
+    int async_unmap;     /* released early: out of the books, being unmapped by a worker */
     int pool;
+    u64 free_ep;     /* epoch of the last free of a block on this page (EP_DIRTY: unknown) */
     u64 live;        /* bytes of allocated blocks on this page */
 } Page;
 
@@ -89,6 +91,17 @@ static int export_at_create = 0;   /* export each page's fd when it is created, 
  * the driver refuses the range). Off by default: on the H200 it made no difference (the cost
  * is per byte, about 1.4 ms/GiB to unmap), see bench/README.md. */
 static int batch_unmap = 0;
+/* Epochs, for releasing empty pages without synchronising the device (pa_release_idle): a free
+ * stamps its pages with the current epoch; pa_mark() closes an epoch and the caller records a
+ * CUDA event right after it, on `mark_stream`. Once that event has completed, every kernel
+ * enqueued before a free of epoch <= the mark has finished (a block's kernels are enqueued
+ * before its free, on the stream that frees it), so an empty page whose last free is that old
+ * holds nothing any queued kernel still uses. A free on another stream makes its page
+ * EP_DIRTY until the next full release (which synchronises). */
+#define EP_DIRTY (~0ull)
+static u64 cur_epoch = 1;
+static void *mark_stream;
+static int mark_stream_set = 0;
 static void *cu_ctx;
 static u64 page_bytes, va_base, va_bytes;
 static int n_pages;
@@ -100,7 +113,8 @@ static char last_error[256];
 
 /* statistics, read by pa_stats */
 static u64 st_allocated, st_peak, st_mapped, st_peak_mapped, st_allocs, st_frees, st_maps, st_unmaps,
-    st_map_ns, st_unmap_ns, st_lent, st_oom, st_bytes_lent, st_unmap_calls;
+    st_map_ns, st_unmap_ns, st_lent, st_oom, st_bytes_lent, st_unmap_calls, st_idle_bytes,
+    st_handle_release_ns;
 
 static u64 now_ns(void) {
     struct timespec t;
@@ -142,7 +156,7 @@ static int bk_map(u64 va, u64 h) {
 }
 
 static int bk_unmap(u64 va, u64 len) {
-    st_unmap_calls++;
+    __atomic_fetch_add(&st_unmap_calls, 1, __ATOMIC_RELAXED);   /* workers unmap too */
     if (backend == BACKEND_CUDA) return cu.unmap(va, len);
     /* give the range back to the reservation: inaccessible, nothing behind it */
     void *p = mmap((void *)va, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -175,6 +189,77 @@ static void bk_sync(void) {
 static void bk_make_current(void) {
     void *c = NULL;
     if (backend == BACKEND_CUDA && cu.ctx_get(&c) == 0 && c == NULL) cu.ctx_set(cu_ctx);
+}
+
+/* ------------------------------------------------------------------ unmap workers */
+/* Pages released early (pa_release_idle) are taken out of the books under `mu`, then closed,
+ * released and unmapped by worker threads that never take `mu`: torch's frees and mallocs go on
+ * meanwhile (grow() skips pages with async_unmap set). pa_release waits for them before it
+ * returns, so an ack never precedes the memory's return. With unmap_threads > 1 a full release
+ * unmaps through the workers too, in parallel. */
+static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_work = PTHREAD_COND_INITIALIZER, q_done = PTHREAD_COND_INITIALIZER;
+static int *q_pages;
+static int q_len, q_outstanding, n_workers, unmap_threads = 1;
+#define MAX_WORKERS 16
+
+static void *unmap_worker(void *arg) {
+    (void)arg;
+    bk_make_current();
+    pthread_mutex_lock(&qmu);
+    for (;;) {
+        while (q_len == 0) pthread_cond_wait(&q_work, &qmu);
+        int p = q_pages[--q_len];
+        pthread_mutex_unlock(&qmu);
+        Page *pg = &pages[p];
+        u64 t = now_ns();
+        if (pg->fd >= 0) close(pg->fd);
+        bk_release(pg->handle);
+        u64 t1 = now_ns();
+        unmap_run(va_base + (u64)p * page_bytes, page_bytes);
+        __atomic_fetch_add(&st_handle_release_ns, t1 - t, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&st_unmap_ns, now_ns() - t1, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&qmu);
+        if (--q_outstanding == 0) pthread_cond_broadcast(&q_done);
+    }
+    return NULL;
+}
+
+/* Hand page p (already out of the pools and the books) to the workers. */
+static void enqueue_unmap(int p) {
+    pthread_mutex_lock(&qmu);
+    int want = unmap_threads < 1 ? 1 : unmap_threads > MAX_WORKERS ? MAX_WORKERS : unmap_threads;
+    while (n_workers < want) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, unmap_worker, NULL) != 0) break;
+        pthread_detach(th);
+        n_workers++;
+    }
+    if (n_workers == 0) {   /* no thread could start: unmap here */
+        pthread_mutex_unlock(&qmu);
+        Page *pg = &pages[p];
+        if (pg->fd >= 0) close(pg->fd);
+        bk_release(pg->handle);
+        unmap_run(va_base + (u64)p * page_bytes, page_bytes);
+        return;
+    }
+    q_pages[q_len++] = p;
+    q_outstanding++;
+    pthread_cond_signal(&q_work);
+    pthread_mutex_unlock(&qmu);
+}
+
+/* Wait until the workers have unmapped every page handed to them; the caller holds `mu`. */
+static void wait_unmaps_locked(void) {
+    pthread_mutex_lock(&qmu);
+    while (q_outstanding > 0) pthread_cond_wait(&q_done, &qmu);
+    pthread_mutex_unlock(&qmu);
+    for (int p = 0; p < n_pages; p++) {
+        if (!pages[p].async_unmap) continue;
+        pages[p].async_unmap = 0;
+        pages[p].fd = -1;
+        pages[p].handle = 0;
+    }
 }
 
 /* ------------------------------------------------------------------ range sets */
@@ -269,6 +354,7 @@ static int map_page(int p, int pool) {
     pages[p].mapped = 1;
     pages[p].pool = pool;
     pages[p].live = 0;
+    pages[p].free_ep = 0;
     pages[p].fd = -1;
     if (export_at_create && bk_export(pages[p].handle, &pages[p].fd)) pages[p].fd = -1;
     st_mapped += page_bytes;
@@ -305,8 +391,21 @@ static int unmap_page(int p, int *lend_fd) {
     u64 t = now_ns();
     if (detach_page(p, lend_fd)) return -1;
     unmap_run(va_base + (u64)p * page_bytes, page_bytes);
-    st_unmap_ns += now_ns() - t;
+    __atomic_fetch_add(&st_unmap_ns, now_ns() - t, __ATOMIC_RELAXED);
     return 0;
+}
+
+/* Take empty page p out of its pool and the books; a worker closes its fd, releases its handle
+ * and unmaps it (wait_unmaps_locked waits for that). */
+static void detach_async(int p) {
+    Page *pg = &pages[p];
+    rs_cut(&pools[pg->pool], va_base + (u64)p * page_bytes, page_bytes);
+    pg->mapped = 0;
+    pg->pool = POOL_NONE;
+    pg->async_unmap = 1;
+    st_mapped -= page_bytes;
+    st_unmaps++;
+    enqueue_unmap(p);
 }
 
 /* Map `need` fresh pages contiguously for `pool`, as one free range (first fit over unmapped
@@ -315,7 +414,7 @@ static int grow(int pool, u64 need_bytes) {
     int need = (int)((need_bytes + page_bytes - 1) / page_bytes);
     int run = 0;
     for (int p = 0; p < n_pages; p++) {
-        run = (pages[p].mapped || pages[p].unmap_pending) ? 0 : run + 1;
+        run = (pages[p].mapped || pages[p].unmap_pending || pages[p].async_unmap) ? 0 : run + 1;
         if (run == need) {
             int first = p - need + 1;
             for (int q = first; q <= p; q++) {
@@ -349,12 +448,19 @@ static u64 release_locked_d(u64 keep, int *lend_fds, int max_lend, int *n_lent, 
     u64 freed = 0;
     int lent = 0;
     bk_make_current();
+    u64 ep = cur_epoch++;   /* frees up to `ep` came before the sync below: it covers them */
     bk_sync();
     u64 t = now_ns();
+    int async = !lend_fds && !defer && unmap_threads > 1;   /* unmap through the workers */
     u64 run_lo = 0, run_hi = 0;   /* detached pages [run_lo, run_hi) not unmapped yet */
     for (int p = n_pages - 1; p >= 0 && st_mapped > keep; p--) {
         if (!pages[p].mapped || pages[p].live) continue;
         if (lend_fds && lent >= max_lend) break;
+        if (async) {
+            detach_async(p);
+            freed += page_bytes;
+            continue;
+        }
         if (detach_page(p, lend_fds ? &lend_fds[lent] : NULL)) break;
         if (defer) {
             pages[p].unmap_pending = 1;
@@ -373,7 +479,8 @@ static u64 release_locked_d(u64 keep, int *lend_fds, int max_lend, int *n_lent, 
         freed += page_bytes;
     }
     unmap_run(run_lo, run_hi - run_lo);
-    st_unmap_ns += now_ns() - t;
+    if (!async) __atomic_fetch_add(&st_unmap_ns, now_ns() - t, __ATOMIC_RELAXED);
+    wait_unmaps_locked();   /* early releases (pa_release_idle) and this one's, if async */
     /* after a device sync nothing queued uses free memory: forget which stream freed it */
     for (int k = 0; k < 2; k++) {
         RangeSet *s = &pools[k];
@@ -385,7 +492,24 @@ static u64 release_locked_d(u64 keep, int *lend_fds, int max_lend, int *n_lent, 
             } else i++;
         }
     }
+    for (int p = 0; p < n_pages; p++)   /* and every empty page is idle now */
+        if (pages[p].free_ep <= ep || pages[p].free_ep == EP_DIRTY) pages[p].free_ep = 0;
     if (n_lent) *n_lent = lent;
+    return freed;
+}
+
+/* Empty pages whose last free is covered by a completed event of mark `done` go, highest first,
+ * until at most `keep` bytes stay mapped: out of the books now, unmapped by the workers while
+ * the caller goes on (no device sync). Returns the bytes taken out. */
+static u64 release_idle_locked(u64 keep, u64 done) {
+    u64 freed = 0;
+    for (int p = n_pages - 1; p >= 0 && st_mapped > keep; p--) {
+        Page *pg = &pages[p];
+        if (!pg->mapped || pg->live || pg->free_ep > done || pg->free_ep == EP_DIRTY) continue;
+        detach_async(p);
+        freed += page_bytes;
+    }
+    st_idle_bytes += freed;
     return freed;
 }
 
@@ -418,6 +542,8 @@ int pa_init(int backend_kind, int dev, u64 page, u64 va) {
     page_bytes = page;
     const char *bu = getenv("HINTFS_PAGEALLOC_BATCH_UNMAP");
     batch_unmap = bu && bu[0] == '1';
+    const char *ut = getenv("HINTFS_PAGEALLOC_UNMAP_THREADS");
+    if (ut && atoi(ut) > 0) unmap_threads = atoi(ut);
     if (backend_kind == BACKEND_CUDA) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (!lib) { snprintf(last_error, sizeof last_error, "cannot load libcuda.so.1"); goto out; }
@@ -461,6 +587,7 @@ int pa_init(int backend_kind, int dev, u64 page, u64 va) {
     va_bytes = va / page * page;
     n_pages = (int)(va_bytes / page);
     pages = calloc((size_t)n_pages, sizeof(Page));
+    q_pages = calloc((size_t)n_pages, sizeof(int));
     for (int p = 0; p < n_pages; p++) { pages[p].pool = POOL_NONE; pages[p].fd = -1; }
     rc = 0;
 out:
@@ -521,6 +648,9 @@ void pa_free(void *ptr, ssize_t size, int dev, void *stream) {
     int pool = n <= SMALL_MAX ? POOL_SMALL : POOL_LARGE;
     pthread_mutex_lock(&mu);
     live_add((u64)ptr, n, -1);
+    u64 ep = mark_stream_set && stream != mark_stream ? EP_DIRTY : cur_epoch;
+    for (u64 a = (u64)ptr; a < (u64)ptr + n; a = (a - va_base) / page_bytes * page_bytes + va_base + page_bytes)
+        pages[(a - va_base) / page_bytes].free_ep = ep;
     rs_add(&pools[pool], (u64)ptr, n, stream);
     st_allocated -= n;
     st_frees++;
@@ -533,6 +663,42 @@ u64 pa_release(u64 keep_bytes) {
     u64 freed = backend < 0 ? 0 : release_locked(keep_bytes, NULL, 0, NULL);
     pthread_mutex_unlock(&mu);
     return freed;
+}
+
+/* Close an epoch (see cur_epoch): record an event on the mark stream right after this call,
+ * and once it has completed pass the returned mark to pa_release_idle. */
+u64 pa_mark(void) {
+    pthread_mutex_lock(&mu);
+    u64 m = cur_epoch++;
+    pthread_mutex_unlock(&mu);
+    return m;
+}
+
+/* The stream the caller records its mark events on; frees on other streams are never idle. */
+void pa_set_mark_stream(void *stream) {
+    pthread_mutex_lock(&mu);
+    mark_stream = stream;
+    mark_stream_set = 1;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Release empty pages that no queued kernel can use (their last free is covered by a
+ * completed event of mark `done`) down to `keep_bytes`, without synchronising the device: the
+ * pages leave the books now and are unmapped by worker threads while the caller goes on.
+ * pa_release (which the ack must follow) waits for them. Returns the bytes taken out. */
+u64 pa_release_idle(u64 keep_bytes, u64 done) {
+    pthread_mutex_lock(&mu);
+    u64 freed = backend < 0 ? 0 : release_idle_locked(keep_bytes, done);
+    pthread_mutex_unlock(&mu);
+    return freed;
+}
+
+/* Worker threads for unmapping (early releases always use them; with n > 1 full releases unmap
+ * in parallel through them). Also HINTFS_PAGEALLOC_UNMAP_THREADS. */
+void pa_set_unmap_threads(int n) {
+    pthread_mutex_lock(&mu);
+    if (n > 0) unmap_threads = n;
+    pthread_mutex_unlock(&mu);
 }
 
 /* Like pa_release, but each released page becomes an fd in `fds` (at most `max_fds`) that
@@ -576,21 +742,23 @@ int pa_finish_lend(void) {
         pages[p].unmap_pending = 0;
         n++;
     }
-    st_unmap_ns += now_ns() - t;
+    __atomic_fetch_add(&st_unmap_ns, now_ns() - t, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&mu);
     return n;
 }
 
-/* out[0..16]: allocated, peak allocated, mapped, peak mapped, page bytes, allocs, frees, maps,
+/* out[0..18]: allocated, peak allocated, mapped, peak mapped, page bytes, allocs, frees, maps,
  * unmaps, map ns, unmap ns, pages lent, ooms, free ranges, va bytes, empty mapped pages,
- * unmap calls (fewer than unmaps when runs of pages were unmapped at once). */
+ * unmap calls (fewer than unmaps when runs of pages were unmapped at once), bytes released
+ * early (pa_release_idle), ns in handle releases on the workers. */
 void pa_stats(u64 *out) {
     pthread_mutex_lock(&mu);
     u64 empty = 0;
     for (int p = 0; p < n_pages; p++) empty += pages[p].mapped && !pages[p].live;
-    u64 v[17] = {st_allocated, st_peak, st_mapped, st_peak_mapped, page_bytes, st_allocs, st_frees,
+    u64 v[19] = {st_allocated, st_peak, st_mapped, st_peak_mapped, page_bytes, st_allocs, st_frees,
                  st_maps, st_unmaps, st_map_ns, st_unmap_ns, st_lent,
-                 st_oom, (u64)(pools[0].n + pools[1].n), va_bytes, empty, st_unmap_calls};
+                 st_oom, (u64)(pools[0].n + pools[1].n), va_bytes, empty, st_unmap_calls,
+                 st_idle_bytes, st_handle_release_ns};
     memcpy(out, v, sizeof v);
     pthread_mutex_unlock(&mu);
 }

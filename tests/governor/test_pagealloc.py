@@ -271,3 +271,62 @@ def test_deferred_lend_hands_pages_over_first_and_unmaps_them_after():
     assert a.finish_lend() == 0
     fill(fresh, PAGE, 1)
     check(fresh, PAGE, 1)
+
+
+def test_release_idle_takes_only_pages_freed_before_a_completed_mark():
+    """Early release (issue 16): without a device sync, only pages whose last free came before
+    the mark of an event known to be complete may go; they leave the books at once, worker
+    threads unmap them, and release() waits for those unmaps."""
+    a = host()
+    keep = a.malloc(PAGE)
+    old = [a.malloc(PAGE) for _ in range(3)]
+    new = [a.malloc(PAGE) for _ in range(3)]
+    for p in old:
+        a.free(p, PAGE)
+    m = a.mark()                       # an event recorded here has completed (say)
+    for p in new:
+        a.free(p, PAGE)                # freed after it: queued kernels may still use these
+    assert a.release_idle(0, m) == 3 * PAGE
+    assert a.stats()["mapped"] == 4 * PAGE and a.stats()["idle_released"] == 3 * PAGE
+    assert a.release_idle(0, m) == 0   # the later frees are not covered by m
+    m2 = a.mark()
+    assert a.release_idle(3 * PAGE, m2) == PAGE   # down to the target only, highest first
+    assert a.release(3 * PAGE) == 0    # waits for the workers; nothing more asked for
+    assert _pages_mapped_at(keep, 7) == [True, False, False, False, True, True, False]
+    assert a.release(0) == 2 * PAGE    # a full release: the device is synchronised
+    assert _pages_mapped_at(keep, 7) == [True] + [False] * 6
+    fill(keep, PAGE, 3)
+    check(keep, PAGE, 3)
+    # released addresses are reused once unmapped
+    again = a.malloc(2 * PAGE)
+    fill(again, 2 * PAGE, 4)
+    check(again, 2 * PAGE, 4)
+
+
+def test_a_page_freed_on_another_stream_is_not_idle_until_a_full_release():
+    a = host()
+    a.set_mark_stream(0)
+    p = a.malloc(PAGE, stream=0)
+    q = a.malloc(PAGE, stream=5)
+    a.free(p, PAGE, stream=0)
+    a.free(q, PAGE, stream=5)          # a stream the marks do not cover
+    m = a.mark()
+    assert a.release_idle(0, m) == PAGE
+    assert a.release(0) == PAGE        # a full release syncs: that one goes too
+    assert a.stats()["mapped"] == 0
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_release_through_worker_threads_unmaps_every_page_it_counts(threads):
+    a = host()
+    a.set_unmap_threads(threads)
+    keep = a.malloc(PAGE)
+    blocks = [a.malloc(PAGE) for _ in range(20)]
+    for p in blocks:
+        a.free(p, PAGE)
+    assert a.release(5 * PAGE) == 16 * PAGE
+    s = a.stats()
+    assert s["mapped"] == 5 * PAGE and s["unmaps"] == 16
+    assert _pages_mapped_at(keep, 21) == [True] * 5 + [False] * 16
+    fill(keep, PAGE, 8)
+    check(keep, PAGE, 8)
