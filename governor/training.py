@@ -79,6 +79,14 @@ class MemoryProbe:
         ev.record()
         return ev
 
+    def mark(self) -> int | None:
+        """Close an epoch of frees before an event is recorded (page allocator only)."""
+        return None
+
+    def release_idle(self, keep_bytes: int, done_mark: int) -> int:
+        """Release, without draining, memory no queued kernel can use (page allocator only)."""
+        return 0
+
 
 class PagedMemoryProbe(MemoryProbe):
     """Device memory through the page allocator (governor.pagealloc, installed as torch's
@@ -88,6 +96,25 @@ class PagedMemoryProbe(MemoryProbe):
     def __init__(self, device: torch.device, allocator) -> None:
         super().__init__(device)
         self.alloc = allocator
+        self.stream = None   # the stream mark events are recorded on (set on first use)
+
+    def record_event(self):
+        if not self.cuda:   # the host backend (tests): no events
+            return None
+        ev = torch.cuda.Event(enable_timing=self.timing)
+        ev.record(self.stream)
+        return ev
+
+    def mark(self) -> int | None:
+        if not self.cuda:
+            return None
+        if self.stream is None:   # the training stream: events and marks pair on it
+            self.stream = torch.cuda.current_stream(self.device)
+            self.alloc.set_mark_stream(self.stream.cuda_stream)
+        return self.alloc.mark()
+
+    def release_idle(self, keep_bytes: int, done_mark: int) -> int:
+        return self.alloc.release_idle(keep_bytes, done_mark)
 
     def reserved(self) -> int:
         return self.alloc.mapped()
@@ -151,6 +178,7 @@ class Adjustment:
     unwind_gcs: int = 0
     freed_bytes: int = 0      # held bytes before the drain minus after the release
     queued_ms: float = 0.0    # GPU work the drain budget estimated queued at the safe point
+    early_bytes: int = 0      # of freed_bytes: released at detection, before the drain
 
 
 @dataclass
@@ -181,6 +209,11 @@ class ElasticTrainer:
     count only. `process_group`: data-parallel group or None.
     `yield_to_inference()`: True while inference runs; training pauses at safe points then, for
     at most `max_yield_s` at a time, followed by at least `min_run_s` of running.
+    `copy_chunks`: a micro-batch's inputs that are not on the device yet are copied in this many
+    pieces, each followed by a safe point (one large host-to-device copy would otherwise be one
+    interval of several ms that a stop must wait for). `early_release`: with the page allocator,
+    a shrink releases at once, while queued kernels finish, the empty pages that no queued
+    kernel can use (freed before a completed safe-point event); the rest after the drain.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -194,7 +227,8 @@ class ElasticTrainer:
                  yield_to_inference: Callable[[], bool] | None = None,
                  max_yield_s: float = 0.05, min_run_s: float = 0.005,
                  reclaim_at: str = "safe_point", defer_unmap: bool = False,
-                 lend_pages: Callable[[list[int], int, int], None] | None = None) -> None:
+                 lend_pages: Callable[[list[int], int, int], None] | None = None,
+                 copy_chunks: int = 8, early_release: bool = True) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -211,12 +245,24 @@ class ElasticTrainer:
         self.probe = probe or default_probe(self.device)
         if max_ahead_ms is not None:
             self.probe.timing = True
+        # marks pair frees with events (page allocator); probes without them (tests) give none
+        self._mark: Callable[[], int | None] = getattr(self.probe, "mark", lambda: None)
         # drain budget: GPU ms per sample of the work between safe point i-1 and i (EWMA)
         self._cost: dict[int, float] = {}
         self._sp_idx = 0          # safe points seen in this micro-batch
         self._last_done = None    # the last retired event of this micro-batch
         self._paused = False      # paused for inference since the last event (its gap is idle)
         self._queued_ms = 0.0
+        self._done_mark = 0       # the page allocator's mark of the last completed event
+        self._held_at_detect: int | None = None   # held bytes when a shrink was detected
+        self._early_bytes = 0     # released early for the shrink being handled
+        self.copy_chunks = max(1, int(copy_chunks))
+        self.early_release = early_release
+        # diagnostics: what each safe point index is (module or parameter name, pass)
+        self._label = ""
+        self._sp_labels: list[str] = []
+        self._names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
+        self._names.update({id(p): n for n, p in model.named_parameters()})
         self._detect_usage = None  # (ns, rusage, gc count) when a safe point raised
         self._caught_ns = 0
         if _count_gc not in gc.callbacks:
@@ -263,9 +309,11 @@ class ElasticTrainer:
 
     # --- safe points ---------------------------------------------------------------------
     def _forward_safe_point(self, module, args):
+        self._label = self._names.get(id(module), "")
         self._safe_point("forward")
 
     def _backward_safe_point(self, param):
+        self._label = self._names.get(id(param), "")
         self._safe_point("backward")
 
     def _safe_point(self, where: str = "forward") -> None:
@@ -273,9 +321,14 @@ class ElasticTrainer:
             return
         # Keep the CPU at most `max_ahead` safe points ahead of the GPU. While waiting, keep
         # reading the control words: a command is seen within microseconds, not one layer later.
+        mark = self._mark()   # before the event: frees up to here precede it
         ev = self.probe.record_event()
         if ev is not None:
-            self._events.append((ev, self._sp_idx, self._paused))
+            self._events.append((ev, self._sp_idx, self._paused, mark))
+            if self._sp_idx < len(self._sp_labels):
+                self._sp_labels[self._sp_idx] = f"{where}:{self._label}"
+            elif self._sp_idx == len(self._sp_labels):
+                self._sp_labels.append(f"{where}:{self._label}")
             self._sp_idx += 1
             self._paused = False
             if self.max_ahead_ms is not None:   # learn from what already finished (cheap)
@@ -309,13 +362,15 @@ class ElasticTrainer:
     def _queued_estimate(self) -> float:
         """GPU ms of the intervals still pending (unknown ones count 0)."""
         n = self._micro_n
-        q = sum(self._cost.get(i, 0.0) for _, i, _ in self._events) * n
+        q = sum(self._cost.get(i, 0.0) for _, i, _, _ in self._events) * n
         self._queued_ms = q
         return q
 
     def _retire(self) -> None:
         """The oldest pending event has completed: learn its interval's GPU time."""
-        ev, i, paused = self._events.pop(0)
+        ev, i, paused, mark = self._events.pop(0)
+        if mark is not None:
+            self._done_mark = max(self._done_mark, mark)
         if self.max_ahead_ms is not None:
             last = self._last_done
             if last is not None and not paused and self._micro_n > 0:
@@ -330,6 +385,26 @@ class ElasticTrainer:
         if self.max_ahead_ms is None or not self._cost:
             return 0.0
         return self.max_ahead_ms + max(self._cost.values()) * max(self._micro_n, 1)
+
+    def interval_costs(self) -> list[dict]:
+        """Diagnostics: each safe-point interval's learned GPU time per sample (ms) and what the
+        safe point ending it is ('forward:<module>' / 'backward:<parameter>' / 'copy:')."""
+        return [{"i": i, "at": self._sp_labels[i] if i < len(self._sp_labels) else "",
+                 "ms_per_sample": c} for i, c in sorted(self._cost.items())]
+
+    def _release_early(self, target: int) -> None:
+        """A shrink was detected and must release: hand the page allocator the empty pages that
+        no queued kernel can use now (freed before the last completed event), so that they are
+        unmapped while the queued kernels finish and the micro-batch unwinds."""
+        self._held_at_detect = self.probe.reserved()
+        self._early_bytes = 0
+        if not self.early_release or self.lend_pages is not None:
+            return
+        while self._events and self._events[0][0].query():   # completed in order (one stream)
+            self._retire()
+        release_idle = getattr(self.probe, "release_idle", None)
+        if self._done_mark and release_idle is not None:
+            self._early_bytes = release_idle(target, self._done_mark)
 
     def bound(self) -> int:
         """Most bytes this process can hold before the current micro-batch ends: what the
@@ -350,6 +425,7 @@ class ElasticTrainer:
             return
         if cmd.cmd == CMD_SHRINK and self.bound() > cmd.target:
             self.control.stamp_detect()
+            self._release_early(cmd.target)
             self._abort_pass = where
             self._detect_usage = (now_ns(), resource.getrusage(resource.RUSAGE_SELF), _GCS[0],
                                   self._queued_ms)
@@ -367,12 +443,15 @@ class ElasticTrainer:
     def wait_gpu(self) -> None:
         """Wait until the GPU finished the queued work, handling commands meanwhile (a plain
         synchronize would leave a command unseen for the whole wait)."""
+        mark = self._mark()
         ev = self.probe.record_event()
         if ev is None:
             return
         while not ev.query():
             self.poll()
             time.sleep(20e-6)
+        if mark is not None:
+            self._done_mark = max(self._done_mark, mark)
 
     def _handle_command(self, cmd, dropped: int, where: str = "poll") -> None:
         t_handle = now_ns()
@@ -394,14 +473,18 @@ class ElasticTrainer:
                 queued_ms=queued)
         self._detect_usage = None
         if cmd.cmd == CMD_SHRINK:
-            if self.bound() <= cmd.target:
+            if self.bound() <= cmd.target and not self._early_bytes:
                 # Already under the target (the quota had slack): nothing is physically held
                 # beyond it, so there is nothing to drain or release. Ack at once.
                 t_drained = t_released = t_detect
             else:
                 # Drain before release: no queued kernel may still write memory that changes
-                # hands. Release before ack: the daemon grants once it sees the ack.
-                held = self.probe.reserved()
+                # hands. Release before ack: the daemon grants once it sees the ack. Pages no
+                # queued kernel can use went at detection already (their unmaps run meanwhile;
+                # the release below waits for them).
+                if self._held_at_detect is None:
+                    self._release_early(cmd.target)
+                held = self._held_at_detect if self._held_at_detect is not None else self.probe.reserved()
                 self.probe.drain()
                 t_drained = now_ns()
                 if self.lend_pages is not None:
@@ -428,6 +511,8 @@ class ElasticTrainer:
                 self.quota = cmd.target
             elif cmd.cmd == CMD_STOP:
                 self._stopped = True
+        self._held_at_detect = None
+        early, self._early_bytes = self._early_bytes, 0
         used = self.probe.reserved()
         self.control.ack(cmd.seq, used, t_drained, t_released, flags, freed)
         if self.notify is not None and cmd.cmd == CMD_SHRINK:
@@ -439,7 +524,7 @@ class ElasticTrainer:
             (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED),
             f"abort_{self._abort_pass}" if dropped else where,
             max(0, t_handle - t_detect) / 1e6 if flags & ACK_RELEASED else 0.0,
-            freed_bytes=freed, **diag))
+            freed_bytes=freed, early_bytes=early, **diag))
 
     # --- micro-batch sizing -------------------------------------------------------------
     def next_micro_batch(self, remaining: int) -> int:
@@ -463,8 +548,8 @@ class ElasticTrainer:
         self.poll()
         while done < local:
             n = self.next_micro_batch(local - done)
-            x = inputs[done:done + n].to(self.device, non_blocking=True)
-            y = targets[done:done + n].to(self.device, non_blocking=True)
+            x = inputs[done:done + n]   # copied to the device inside the micro-batch
+            y = targets[done:done + n]
             self.probe.begin_micro(n)
             try:
                 loss_value = self._micro_batch(x, y)
@@ -482,6 +567,11 @@ class ElasticTrainer:
                 cmd = self.control.pending()
                 if cmd is not None:
                     self._handle_command(cmd, dropped=n)
+                elif self._held_at_detect is not None:   # the command went away meanwhile
+                    self._held_at_detect = None
+                    if self._early_bytes:   # wait for the early unmaps all the same
+                        self.probe.release(self.probe.reserved())
+                        self._early_bytes = 0
                 res.aborted += 1
                 continue
             self.memory_model.observe(n, max(self.probe.peak(), 1))
@@ -502,15 +592,36 @@ class ElasticTrainer:
         self._micro_n = int(x.shape[0])
         self._in_micro = True
         try:
+            y = y.to(self.device, non_blocking=True)
+            x = self._to_device(x)
             out = self.model(x)
             loss = self.loss_fn(out, y)
             loss.backward()
-            return float(loss.detach())
+            mark = self._mark()
+            value = float(loss.detach())   # waits for the stream: everything before is done
+            if mark is not None:
+                self._done_mark = max(self._done_mark, mark)
+            return value
         finally:
             self._in_micro = False
             self._events.clear()
             self._sp_idx = 0
             self._last_done = None
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's inputs on the device: a host tensor is copied in `copy_chunks`
+        pieces with a safe point after each, so that the copy is not one long interval."""
+        if t.device.type != "cpu" or self.device.type != "cuda" or self.copy_chunks <= 1:
+            return t.to(self.device, non_blocking=True)
+        out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+        rows, k = int(t.shape[0]), self.copy_chunks
+        for i in range(k):   # always k safe points: the same indices whatever the size
+            lo, hi = rows * i // k, rows * (i + 1) // k
+            if hi > lo:
+                out[lo:hi].copy_(t[lo:hi], non_blocking=True)
+            self._label = "input"
+            self._safe_point("copy")
+        return out
 
     def _commit(self) -> None:
         """Move this micro-batch's gradients into the accumulator (the committed part)."""
