@@ -417,10 +417,12 @@ def role_infer(args) -> None:
 # ============================================================== role: training
 
 def role_train(args) -> None:
+    from governor import pagealloc
     if args.mode in PAGED:   # before CUDA starts: torch cannot swap an allocator in use
-        from governor import pagealloc
         # handoff: pages exported once, at creation, so lending costs no export on the shrink
-        pagealloc.install(0, export_fds=args.mode in HANDOFF)
+        alloc = pagealloc.install(0, export_fds=args.mode in HANDOFF)
+        if args.unmap_threads > 1:
+            alloc.set_unmap_threads(args.unmap_threads)
     import torch
     from torch import nn
 
@@ -465,12 +467,14 @@ def role_train(args) -> None:
                                            reclaim_at=reclaim_at, max_ahead=args.max_ahead,
                                            max_ahead_ms=args.max_ahead_ms or None,
                                            max_yield_s=args.yield_ms / 1e3,
+                                           copy_chunks=args.copy_chunks,
+                                           early_release=bool(args.early_release),
                                            name=f"bench-{args.mode}", probe_batch=16, device=dev)
     else:
         trainer = ElasticTrainer(wrapped, opt, loss_fn, device=dev, quota=args.quota,
                                  layers=None, max_ahead=args.max_ahead, probe_batch=16,
                                  max_ahead_ms=args.max_ahead_ms or None,
-                                 max_yield_s=args.yield_ms / 1e3,
+                                 max_yield_s=args.yield_ms / 1e3, copy_chunks=args.copy_chunks,
                                  yield_to_inference=block.inference_busy if args.colocated else None)
     gb = args.global_batch
     x = torch.randn(gb, 3, 224, 224).pin_memory()
@@ -506,6 +510,9 @@ def role_train(args) -> None:
         "arch": arch, "steps": done, "adjustments": adjustments, "memory": mem,
         "samples_per_s": sum(s["samples"] for s in done) / args.duration,
         "drain_bound_ms": trainer.drain_bound_ms(),
+        # what each safe-point interval costs on the GPU (ms per sample; x micro-batch = ms)
+        "interval_costs": trainer.interval_costs(),
+        "pagealloc": pagealloc.installed().stats() if args.mode in PAGED else None,
         "quota_final": trainer.quota}))
     if client is not None:
         client.close()
@@ -614,6 +621,177 @@ def role_handoff(args) -> None:
         out["error"] = repr(e)
     os.waitpid(pid, 0)
     Path(args.out).write_text(json.dumps(out))
+
+
+# ============================================================== role: unmap cost probe
+
+def role_unmap(args) -> None:
+    """What giving 4 GiB of 32 MiB VMM pages back to the driver costs, and what changes it: the
+    order of handle release and unmap, exportable or not, one call per page or per run, one
+    4 GiB allocation, several threads, the GPU busy (a kernel of this context on another
+    stream, or another process's load). Each variant 3 times; ms per call sequence."""
+    import ctypes as C
+
+    import torch
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    cu = C.CDLL("libcuda.so.1")
+    ctx = C.c_void_p()
+    cu.cuCtxGetCurrent(C.byref(ctx))
+
+    class Loc(C.Structure):
+        _fields_ = [("type", C.c_int), ("id", C.c_int)]
+
+    class Prop(C.Structure):
+        _fields_ = [("type", C.c_int), ("handle_types", C.c_int), ("location", Loc),
+                    ("win32", C.c_void_p), ("flags", C.c_ubyte * 8)]
+
+    class Access(C.Structure):
+        _fields_ = [("location", Loc), ("flags", C.c_int)]
+
+    def ok(rc, what):
+        if rc:
+            raise RuntimeError(f"{what}: CUDA error {rc}")
+
+    page, n = 32 * MiB, 128
+    va = C.c_uint64()
+    ok(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(64 * GiB), C.c_size_t(page), C.c_uint64(0),
+                              C.c_uint64(0)), "reserve")
+    acc = Access(Loc(1, 0), 3)
+
+    def setup(ht=1, size=page, count=n):
+        pr = Prop()
+        pr.type, pr.handle_types, pr.location = 1, ht, Loc(1, 0)
+        hs = []
+        for i in range(count):
+            h = C.c_uint64()
+            ok(cu.cuMemCreate(C.byref(h), C.c_size_t(size), C.byref(pr), C.c_uint64(0)), "create")
+            a = va.value + i * size
+            ok(cu.cuMemMap(C.c_uint64(a), C.c_size_t(size), C.c_size_t(0), h, C.c_uint64(0)), "map")
+            ok(cu.cuMemSetAccess(C.c_uint64(a), C.c_size_t(size), C.byref(acc), C.c_size_t(1)), "access")
+            hs.append(h.value)
+        ok(cu.cuMemsetD8_v2(C.c_uint64(va.value), C.c_ubyte(1), C.c_size_t(size * count)), "memset")
+        ok(cu.cuCtxSynchronize(), "sync")
+        return hs
+
+    def rel_unmap(hs, size=page, idx=None):
+        for i in (idx if idx is not None else range(len(hs))):
+            cu.cuMemRelease(C.c_uint64(hs[i]))
+            cu.cuMemUnmap(C.c_uint64(va.value + i * size), C.c_size_t(size))
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    def variant(name, reps=3):
+        def deco(body):
+            xs = []
+            for _ in range(reps):
+                try:
+                    xs.append(body())
+                except Exception as e:   # one variant failing must not lose the others
+                    out[name] = {"error": repr(e)}
+                    return body
+            out[name] = {"ms": xs, "mean": sum(xs) / len(xs), "gib": n * page / GiB}
+            print(name, [round(x, 2) for x in xs], flush=True)
+            return body
+        return deco
+
+    out: dict = {}
+
+    @variant("release_then_unmap_per_page")
+    def _v1():
+        hs = setup()
+        return timed(lambda: rel_unmap(hs))
+
+    @variant("unmap_then_release_per_page")
+    def _v2():
+        hs = setup()
+
+        def go():
+            for i, h in enumerate(hs):
+                cu.cuMemUnmap(C.c_uint64(va.value + i * page), C.c_size_t(page))
+                cu.cuMemRelease(C.c_uint64(h))
+        return timed(go)
+
+    @variant("unmap_only_handles_kept")
+    def _v3():
+        hs = setup()
+        t = timed(lambda: [cu.cuMemUnmap(C.c_uint64(va.value + i * page), C.c_size_t(page))
+                           for i in range(len(hs))])
+        out.setdefault("release_after_unmap_ms", []).append(
+            timed(lambda: [cu.cuMemRelease(C.c_uint64(h)) for h in hs]))
+        return t
+
+    @variant("not_exportable")
+    def _v4():
+        hs = setup(ht=0)
+        return timed(lambda: rel_unmap(hs))
+
+    @variant("one_call_for_the_run")
+    def _v5():
+        hs = setup()
+
+        def go():
+            for h in hs:
+                cu.cuMemRelease(C.c_uint64(h))
+            cu.cuMemUnmap(C.c_uint64(va.value), C.c_size_t(n * page))
+        return timed(go)
+
+    @variant("one_4gib_allocation")
+    def _v6():
+        hs = setup(size=n * page, count=1)
+        return timed(lambda: rel_unmap(hs, size=n * page))
+
+    def threaded(k):
+        hs = setup()
+        parts = [list(range(j, n, k)) for j in range(k)]
+
+        def work(idx):
+            cu.cuCtxSetCurrent(ctx)
+            rel_unmap(hs, idx=idx)
+        ths = [threading.Thread(target=work, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        return (time.perf_counter() - t0) * 1e3
+
+    for k in (2, 4, 8):
+        variant(f"threads_{k}")(lambda k=k: threaded(k))
+
+    side = torch.cuda.Stream()
+
+    @variant("kernel_running_on_another_stream")
+    def _v7():
+        hs = setup()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(2e8))   # ~100 ms of spinning on the GPU
+        ev = torch.cuda.Event()
+        ev.record(side)
+        t = timed(lambda: rel_unmap(hs))
+        out.setdefault("kernel_still_running_after", []).append(not ev.query())
+        torch.cuda.synchronize()
+        return t
+
+    # another process keeps the GPU busy (time-sliced contexts, like inference beside training)
+    load = subprocess.Popen([sys.executable, "-c", (
+        "import torch,time\n"
+        "a=torch.randn(8192,8192,device='cuda',dtype=torch.bfloat16)\n"
+        "end=time.monotonic()+60\n"
+        "while time.monotonic()<end:\n"
+        "    a@a; torch.cuda.synchronize()\n")])
+    time.sleep(8)
+    try:
+        variant("busy_other_process_release_then_unmap")(_v1)
+        variant("busy_other_process_threads_4")(lambda: threaded(4))
+    finally:
+        load.kill()
+        load.wait()
+    Path(args.out).write_text(json.dumps(out, indent=1))
 
 
 # ============================================================== role: GPU priority probe
@@ -816,7 +994,8 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
               "--duration", str(args.duration), "--mode", mode,
               "--max-ahead-ms", str(args.max_ahead_ms),
               "--yield-ms", str(args.yield_ms), "--yield-to", MODE_YIELD_TO.get(mode, args.yield_to),
-              "--infer-priority", args.infer_priority]
+              "--infer-priority", args.infer_priority, "--copy-chunks", str(args.copy_chunks),
+              "--early-release", str(args.early_release), "--unmap-threads", str(args.unmap_threads)]
     train_env = dict(env)
     if has_train:
         procs["train"] = subprocess.Popen(
@@ -967,9 +1146,16 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                  "unwind_gcs": a.get("unwind_gcs", 0), "queued_est": a.get("queued_ms", 0.0),
                  "sync": a["drain_ms"] - a.get("unwind_ms", 0.0), "release": a["release_ms"],
                  "freed_mib": a.get("freed_bytes", 0) / MiB,
+                 "early_mib": a.get("early_bytes", 0) / MiB,
                  "micro_batch": a.get("dropped_samples")}
                 for a in shr if a.get("released")]
             row["drain_bound_ms"] = tr.get("drain_bound_ms")
+            # the safe-point intervals that bound the drain: GPU ms at the mean micro-batch
+            mbm = row["micro_batch_mean"] or 0
+            row["costliest_intervals"] = [
+                {"i": c["i"], "at": c["at"], "ms": c["ms_per_sample"] * mbm}
+                for c in sorted(tr.get("interval_costs") or [], key=lambda c: -c["ms_per_sample"])[:10]]
+            row["pagealloc_stats"] = tr.get("pagealloc")
             row["train_quota_final"] = tr.get("quota_final")
         row["gpu_busy"] = r.get("gpu_busy")
         row["exit"] = r.get("exit")
@@ -1016,6 +1202,8 @@ def summarize(results: dict, handoff: dict, args) -> dict:
         "train_vs_alone": (gov.get("train_samples_per_s") / alone_train)
         if alone_train and gov.get("train_samples_per_s") else None,
         "settings": {"max_ahead": args.max_ahead, "max_ahead_ms": args.max_ahead_ms,
+                     "copy_chunks": args.copy_chunks, "early_release": args.early_release,
+                     "unmap_threads": args.unmap_threads,
                      "yield_ms": args.yield_ms, "yield_to": args.yield_to, "infer_priority": args.infer_priority,
                      "stress_kv_mult": args.stress_kv_mult,
                      "stress_gap_s": [args.stress_gap_lo, args.stress_gap_hi]},
@@ -1079,7 +1267,7 @@ def plot(results: dict, path: Path) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", default="bench", choices=["bench", "train", "infer", "handoff", "priority",
-                                                        "prio_load", "prio_probe"])
+                                                        "prio_load", "prio_probe", "unmap"])
     ap.add_argument("--prio-iters", type=int, default=150)
     ap.add_argument("--mps-caps", default="50", help="priority role: MPS active-thread caps to try ('' : none)")
     ap.add_argument("--quick", action="store_true")
@@ -1115,6 +1303,12 @@ def main() -> int:
     # ... for every request, or only for those that start cold (weights not resident)
     ap.add_argument("--yield-to", choices=["all", "cold"], default="cold")
     ap.add_argument("--infer-priority", choices=["default", "high"], default="high")
+    # training copies each micro-batch's inputs in this many pieces, a safe point after each
+    # (one 190 MB copy was a 6-10 ms interval that a stop had to wait for)
+    ap.add_argument("--copy-chunks", type=int, default=8)
+    # page allocator: release the pages no queued kernel uses at detection, before the drain
+    ap.add_argument("--early-release", type=int, default=1)
+    ap.add_argument("--unmap-threads", type=int, default=1)
     args = ap.parse_args()
     if args.role == "infer":
         role_infer(args); return 0
@@ -1128,6 +1322,8 @@ def main() -> int:
         role_prio_load(args); return 0
     if args.role == "prio_probe":
         role_prio_probe(args); return 0
+    if args.role == "unmap":
+        role_unmap(args); return 0
     if args.quick:
         args.duration = min(args.duration, 15.0)
     import torch
