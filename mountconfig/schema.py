@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.paths import relpath
 from mountconfig.governor import GovernorConfig
@@ -78,6 +78,53 @@ class CacheConfig(Section):
         description="Remote stores only: local directory where written files are staged until close "
         "uploads them. file:// stores stage next to the target instead, so the rename is atomic.",
     )
+    # The host cache of remote stores (stores/hostcache.py, docs/hostcache.md).
+    dir: str = Field(
+        "", description="Remote stores (s3://, hdfs://) only: a local directory where whole files read "
+        "through the mount are kept, so a second open is served from local disk (by the kernel, with FUSE "
+        "passthrough). Each file is verified against the store's version (size, mtime, ETag) at every "
+        "open: a file changed in the store is never served from here. Created 0700, owned by the daemon's "
+        "user; it must not be inside the mountpoint. Empty (the default): no host cache. Ignored for "
+        "file:// stores (their files are local already).",
+    )
+    budget_bytes: int = Field(
+        16 << 30, ge=1 << 20, le=1 << 50,
+        description="Most bytes the host cache keeps; a fetch beyond it evicts the least recently opened "
+        "files first (a file still open keeps its bytes until it is closed).",
+    )
+    fetch_threads: int = Field(
+        8, ge=1, le=256, description="Host cache: ranged reads from the store in flight at once, over all "
+        "files being fetched (each read is `fetch_block_bytes`).",
+    )
+    fetch_block_bytes: int = Field(
+        8 << 20, ge=64 << 10, le=256 << 20,
+        description="Host cache: size of each ranged read of a whole-file fetch.",
+    )
+    min_file_bytes: int = Field(
+        1, ge=0, description="Host cache: smaller files are never cached (read from the store each time).",
+    )
+    max_file_bytes: int = Field(
+        0, ge=0, description="Host cache: larger files are never cached; 0: up to `budget_bytes`.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _cache_dir(cls, v: str) -> str:
+        if v and not v.startswith("/"):
+            raise ValueError("must be an absolute path (or empty: no host cache)")
+        if "\0" in v:
+            raise ValueError("contains a NUL byte")
+        return v
+
+    @model_validator(mode="after")
+    def _file_bounds(self) -> "CacheConfig":
+        if self.max_file_bytes and self.max_file_bytes > self.budget_bytes:
+            raise ValueError(f"max_file_bytes ({self.max_file_bytes}) is larger than budget_bytes "
+                             f"({self.budget_bytes}): such a file could never be cached")
+        if self.max_file_bytes and self.min_file_bytes > self.max_file_bytes:
+            raise ValueError(f"min_file_bytes ({self.min_file_bytes}) is larger than max_file_bytes "
+                             f"({self.max_file_bytes}): no file could be cached")
+        return self
 
 
 class MountOptions(Section):
@@ -256,7 +303,7 @@ class RouteConfig(Section):
 
 class MountConfig(Section):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The store hintfs is a view of.")
-    cache: CacheConfig = Field(default_factory=CacheConfig, description="Kernel caching and write staging.")
+    cache: CacheConfig = Field(default_factory=CacheConfig, description="Kernel caching, write staging and the host cache of remote stores.")
     mount: MountOptions = Field(default_factory=MountOptions, description="FUSE mount options.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus endpoint.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logging.")

@@ -1,6 +1,6 @@
 """The stores hintfs is a view of: one interface (`stores.base.Store`), two implementations
 (`local.LocalStore` for file://, `arrow.ArrowStore` for pyarrow.fs: S3, HDFS), chosen by the
-URI's scheme in `open_store`."""
+URI's scheme in `open_store`; remote ones optionally behind the host cache (`hostcache`)."""
 from __future__ import annotations
 
 import errno
@@ -10,9 +10,11 @@ from common.errors import HintfsError
 from stores.base import Store
 
 
-def open_store(store_cfg, spool_dir: str) -> Store:
+def open_store(store_cfg, spool_dir: str, cache_cfg=None) -> Store:
     """The store of a `[store]` config table (`mountconfig.StoreConfig`); HintfsError(EINVAL)
-    with one line when its URI cannot be used."""
+    with one line when its URI cannot be used. With `cache_cfg` (the `[cache]` table) whose `dir`
+    is set, a remote store is wrapped in the host cache (`stores.hostcache.HostCachedStore`: call
+    its `close()` at unmount); file:// stores never are (their files are local already)."""
     uri = store_cfg.uri
     if urlparse(uri).scheme == "file":
         from stores.local import LocalStore
@@ -22,7 +24,17 @@ def open_store(store_cfg, spool_dir: str) -> Store:
         fs, root = filesystem_from_config(store_cfg)
     except Exception as err:  # pyarrow raises ArrowInvalid/OSError for bad URIs or missing HDFS libs
         raise HintfsError(errno.EINVAL, f"store {uri}: {err}") from None
-    return ArrowStore(fs, root, spool_dir, uri)
+    store: Store = ArrowStore(fs, root, spool_dir, uri)
+    if cache_cfg is not None and cache_cfg.dir:
+        from stores.hostcache import HostCachedStore
+        try:
+            # the endpoint too: one bucket name on two S3 servers is two stores
+            store = HostCachedStore(store, cache_cfg, store_id=f"{uri} {store_cfg.endpoint_override or ''}")
+        except HintfsError:
+            raise
+        except OSError as err:
+            raise HintfsError(err.errno or errno.EIO, f"cache.dir {cache_cfg.dir}: {err.strerror or err}") from None
+    return store
 
 
 def check_store(store: Store, store_cfg) -> None:

@@ -1,0 +1,505 @@
+"""The host cache of remote stores (stores/hostcache.py) over an in-memory remote store: served
+only at the store's exact version, fetched once, never served partial, bounded by its budget,
+and never a path outside its directory."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat as stat_mod
+import threading
+import time
+
+import pytest
+
+from common.errors import HintfsError
+from mountconfig.load import ConfigError, parse_config
+from mountconfig.schema import CacheConfig
+from stores.base import Stat, Staging
+from stores.hostcache import XATTR, CachedReader, HostCachedStore, cache_name
+
+MiB = 1 << 20
+
+
+class MemReader:
+    def __init__(self, store: "MemStore", rel: str, data: bytes, etag: str):
+        self.store, self.rel, self.data, self.etag = store, rel, data, etag
+
+    def read(self, offset: int, size: int) -> bytes:
+        self.store.reads += 1
+        hook = self.store.on_read
+        if hook is not None:
+            hook(self.rel, offset, size)
+        return self.data[offset:offset + size]
+
+    def read_nowait(self, offset, size):
+        return None
+
+    def close(self) -> None:
+        self.store.closed += 1
+
+
+class MemStore:
+    """A remote store in memory: (data, mtime_ns, etag) per path; counts opens and reads."""
+    inline_metadata = False
+    passthrough_capable = False
+    description = "mem://bucket"
+
+    def __init__(self):
+        self.files: dict[str, tuple[bytes, int, str]] = {}
+        self.opens = 0
+        self.reads = 0
+        self.closed = 0
+        self.on_read = None
+        self.lock = threading.Lock()
+        self.committed: list[str] = []
+
+    def put(self, rel: str, data: bytes, mtime_ns: int = 1_000_000_000, etag: str = "") -> None:
+        self.files[rel] = (data, mtime_ns, etag or hashlib.md5(data).hexdigest())
+
+    def _stat(self, rel: str) -> Stat:
+        data, mtime, _ = self.files[rel]
+        return Stat(stat_mod.S_IFREG | 0o644, len(data), mtime, mtime)
+
+    def stat(self, rel):
+        if rel not in self.files:
+            raise FileNotFoundError(errno.ENOENT, "not found", rel)
+        return self._stat(rel)
+
+    def open_reader(self, rel):
+        with self.lock:
+            self.opens += 1
+        if rel not in self.files:
+            raise FileNotFoundError(errno.ENOENT, "not found", rel)
+        data, _mtime, etag = self.files[rel]
+        return MemReader(self, rel, data, etag), self._stat(rel)
+
+    def unlink(self, rel):
+        del self.files[rel]
+
+    def rename(self, src, dst, noreplace):
+        for k in [k for k in self.files if k == src or k.startswith(src + "/")]:
+            self.files[dst + k[len(src):]] = self.files.pop(k)
+
+    def commit(self, staging, rel, keep=False):
+        self.committed.append(rel)
+        self.put(rel, b"committed", 5_000_000_000)
+        return self._stat(rel)
+
+    def put_small(self, rel, data):
+        self.put(rel, data)
+
+    def iter_dir(self, rel):
+        return iter(())
+
+    def refuse_device(self, st_dev):
+        pass
+
+    def check(self):
+        pass
+
+
+def cfg(tmp_path, **kw) -> CacheConfig:
+    base = dict(dir=str(tmp_path / "hc"), budget_bytes=64 * MiB, fetch_threads=4, fetch_block_bytes=64 << 10)
+    base.update(kw)
+    return CacheConfig(**base)
+
+
+@pytest.fixture
+def remote():
+    return MemStore()
+
+
+@pytest.fixture
+def make(tmp_path, remote):
+    made = []
+
+    def _make(**kw) -> HostCachedStore:
+        hc = HostCachedStore(remote, cfg(tmp_path, **kw), store_id="mem://bucket")
+        made.append(hc)
+        return hc
+
+    yield _make
+    for hc in made:
+        hc.close()
+
+
+def read_all(hc: HostCachedStore, rel: str) -> tuple[bytes, object]:
+    reader, st = hc.open_reader(rel)
+    try:
+        return bytes(reader.read(0, st.size + 10)), reader
+    finally:
+        reader.close()
+
+
+def files_in(hc: HostCachedStore) -> list[str]:
+    return sorted(os.listdir(hc.root))
+
+
+def test_first_read_fetches_the_whole_file_and_the_next_open_is_local(make, remote):
+    data = os.urandom(MiB + 12345)
+    remote.put("ckpt/shard-0.bin", data)
+    hc = make()
+    got, reader = read_all(hc, "ckpt/shard-0.bin")
+    assert got == data and isinstance(reader, CachedReader) and not hasattr(reader, "fd")
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetches"] == 1
+    assert hc.counters["hostcache_fetched_bytes"] == len(data)
+    # ranged reads: one per 64 KiB block (plus the one read of the open itself)
+    assert remote.reads == 1 + (len(data) + (64 << 10) - 1) // (64 << 10)
+    reads_before = remote.reads
+    reader, st = hc.open_reader("ckpt/shard-0.bin")
+    try:
+        assert hasattr(reader, "fd"), "a complete copy is served with an fd (passthrough)"
+        assert st.size == len(data)
+        assert os.pread(reader.fd, len(data) + 1, 0) == data
+        assert bytes(reader.read(100, 50)) == data[100:150]
+    finally:
+        reader.close()
+    assert remote.reads == reads_before, "no byte of a hit comes from the store"
+    assert hc.counters["hostcache_hits"] == 1 and hc.counters["hostcache_misses"] == 1
+    assert files_in(hc) == sorted([".lock", cache_name("ckpt/shard-0.bin")])
+    assert hc.counters["hostcache_bytes"] == len(data) and hc.counters["hostcache_files"] == 1
+
+
+def test_an_open_reader_switches_to_the_local_copy_once_it_is_complete(make, remote):
+    data = os.urandom(512 << 10)
+    remote.put("a.bin", data)
+    hc = make()
+    reader, st = hc.open_reader("a.bin")
+    try:
+        assert bytes(reader.read(0, 4096)) == data[:4096]     # asks for the fetch
+        assert hc.wait_idle(10)
+        reads = remote.reads
+        assert bytes(reader.read(4096, 8192)) == data[4096:12288]
+        assert remote.reads == reads and hc.counters["hostcache_switched"] == 1
+        assert reader.read_nowait(0, 10) is not None or True   # local now: may be served inline
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("change", ["size", "mtime", "etag"])
+def test_a_file_changed_in_the_store_is_never_served_from_the_cache(make, remote, change):
+    old = os.urandom(256 << 10)
+    remote.put("f.bin", old, mtime_ns=7_000_000_000, etag="e1")
+    hc = make()
+    read_all(hc, "f.bin")
+    assert hc.wait_idle(10)
+    new = {"size": old + b"x", "mtime": os.urandom(len(old)), "etag": os.urandom(len(old))}[change]
+    # same second and same size for "etag": only the ETag tells the versions apart (S3 mtimes are seconds)
+    remote.put("f.bin", new, mtime_ns=8_000_000_000 if change == "mtime" else 7_000_000_000,
+               etag="e1" if change != "etag" else "e2")
+    got, reader = read_all(hc, "f.bin")
+    assert got == new and isinstance(reader, CachedReader)
+    assert hc.counters["hostcache_stale"] == 1 and hc.counters["hostcache_hits"] == 0
+    assert hc.wait_idle(10)
+    reader, _ = hc.open_reader("f.bin")     # the new version, fetched in its turn
+    try:
+        assert hasattr(reader, "fd") and os.pread(reader.fd, len(new) + 1, 0) == new
+    finally:
+        reader.close()
+
+
+def test_budget_evicts_the_least_recently_opened(make, remote):
+    for i in range(4):
+        remote.put(f"f{i}", bytes([i]) * MiB)
+    hc = make(budget_bytes=3 * MiB)
+    for i in range(3):
+        read_all(hc, f"f{i}")
+        assert hc.wait_idle(10)
+    read_all(hc, "f0")                      # a hit: f0 is now the most recently used
+    read_all(hc, "f3")
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_evictions"] == 1 and hc.counters["hostcache_evicted_bytes"] == MiB
+    assert cache_name("f1") not in files_in(hc)
+    assert {cache_name(f"f{i}") for i in (0, 2, 3)} <= set(files_in(hc))
+    assert hc.counters["hostcache_bytes"] == 3 * MiB
+    # a file larger than the budget is never fetched
+    remote.put("huge", b"h" * (4 * MiB))
+    read_all(hc, "huge")
+    assert hc.wait_idle(10) and hc.counters["hostcache_fetch_skipped"] == 1
+
+
+def test_an_evicted_file_still_open_keeps_its_bytes(make, remote):
+    remote.put("a", b"a" * MiB)
+    remote.put("b", b"b" * MiB)
+    hc = make(budget_bytes=MiB)
+    read_all(hc, "a")
+    assert hc.wait_idle(10)
+    reader, _ = hc.open_reader("a")
+    try:
+        read_all(hc, "b")
+        assert hc.wait_idle(10) and hc.counters["hostcache_evictions"] == 1
+        assert os.pread(reader.fd, MiB, 0) == b"a" * MiB
+    finally:
+        reader.close()
+
+
+def test_concurrent_opens_fetch_once(make, remote):
+    data = os.urandom(2 * MiB)
+    remote.put("hot.bin", data)
+    hc = make()
+    gate = threading.Event()
+    remote.on_read = lambda rel, off, size: gate.wait(5)   # every store read waits for all openers
+    results = []
+
+    def opener():
+        reader, st = hc.open_reader("hot.bin")
+        try:
+            results.append(bytes(reader.read(0, st.size)) == data)
+        finally:
+            reader.close()
+
+    threads = [threading.Thread(target=opener) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 8
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetches"] == 1
+    # 8 opens, then exactly one open for the fetch and one for its final version check
+    assert remote.opens == 8 + 2
+
+
+def test_a_failed_fetch_is_never_served_and_not_retried_at_once(make, remote):
+    data = os.urandom(MiB)
+    remote.put("bad.bin", data)
+    hc = make()
+
+    def fail(rel, off, size):
+        if off == 512 << 10 and size == 64 << 10:
+            raise OSError(errno.EIO, "connection reset")
+    remote.on_read = fail
+    got, _ = read_all(hc, "bad.bin")
+    assert got == data
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetch_failed"] == 1 and hc.counters["hostcache_fetches"] == 0
+    assert files_in(hc) == [".lock"], "the partial file is removed"
+    remote.on_read = None
+    got, reader = read_all(hc, "bad.bin")
+    assert got == data and isinstance(reader, CachedReader)
+    assert hc.wait_idle(10) and hc.counters["hostcache_fetches"] == 0, "not tried again within RETRY_AFTER_S"
+
+
+def test_a_short_read_is_a_failed_fetch(make, remote):
+    data = os.urandom(MiB)
+    remote.put("short.bin", data)
+    hc = make()
+    reader, st = hc.open_reader("short.bin")
+    reader.read(0, 10)
+    remote.files["short.bin"] = (data[:MiB - 100],) + remote.files["short.bin"][1:]   # truncated under us
+    reader.close()
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetches"] == 0 and files_in(hc) == [".lock"]
+
+
+def test_a_file_replaced_during_the_fetch_is_dropped(make, remote):
+    data = os.urandom(MiB)
+    remote.put("moving.bin", data, etag="v1")
+    hc = make()
+    replaced = threading.Event()
+
+    def replace(rel, off, size):
+        if off == 256 << 10 and not replaced.is_set():
+            replaced.set()
+            remote.put("moving.bin", os.urandom(MiB), etag="v2")
+    remote.on_read = replace
+    read_all(hc, "moving.bin")
+    assert hc.wait_idle(10)
+    assert replaced.is_set()
+    assert hc.counters["hostcache_fetch_dropped"] == 1 and hc.counters["hostcache_fetches"] == 0
+    assert files_in(hc) == [".lock"]
+
+
+def test_changes_through_the_mount_drop_copies_and_cancel_fetches(make, remote):
+    for rel in ("d/a", "d/b", "c", "e"):
+        remote.put(rel, os.urandom(128 << 10))
+    hc = make()
+    for rel in ("d/a", "d/b", "c", "e"):
+        read_all(hc, rel)
+        assert hc.wait_idle(10)
+    assert hc.counters["hostcache_files"] == 4
+    hc.unlink("c")
+    assert cache_name("c") not in files_in(hc)
+    hc.rename("d", "d2", False)
+    assert hc.counters["hostcache_files"] == 1
+    hc.commit(Staging(-1, "", "e"), "e")
+    assert files_in(hc) == [".lock"] and hc.counters["hostcache_invalidations"] == 4
+    # a fetch in flight when its file is written through the mount is never completed
+    remote.put("w", os.urandom(MiB))
+    gate = threading.Event()
+    remote.on_read = lambda rel, off, size: gate.wait(5) if off else None
+    read_all(hc, "w")
+    hc.put_small("w", b"new")
+    gate.set()
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetch_dropped"] == 1 and cache_name("w") not in files_in(hc)
+
+
+def test_cache_files_are_named_by_hash_never_by_the_remote_name(make, remote, tmp_path):
+    evil = ["../../../etc/passwd", "a/../../b", "..", "x/" + "y" * 200, "\udcff\n.lock"]
+    for rel in evil:
+        remote.put(rel, b"z" * 5000)
+    hc = make()
+    for rel in evil:
+        read_all(hc, rel)
+        assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetches"] == len(evil)
+    names = files_in(hc)
+    assert names == sorted([".lock"] + [cache_name(r) for r in evil])
+    assert all(len(n) == 64 and set(n) <= set("0123456789abcdef") for n in names if n != ".lock")
+    # nothing was written outside the store's own subdirectory of the cache dir
+    assert sorted(os.listdir(tmp_path / "hc")) == [os.path.basename(hc.root)]
+    assert not (tmp_path / "etc").exists()
+
+
+def test_the_cache_dir_is_private(tmp_path, remote):
+    d = tmp_path / "hc"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    hc = HostCachedStore(remote, cfg(tmp_path), store_id="mem://bucket")
+    try:
+        assert stat_mod.S_IMODE(os.stat(d).st_mode) == 0o700
+        assert stat_mod.S_IMODE(os.stat(hc.root).st_mode) == 0o700
+        assert os.stat(hc.root).st_uid == os.geteuid()
+        with pytest.raises(HintfsError) as busy:   # one daemon per store and cache dir
+            HostCachedStore(remote, cfg(tmp_path), store_id="mem://bucket")
+        assert busy.value.errno == errno.EBUSY
+    finally:
+        hc.close()
+    # a symlink in place of the directory is refused
+    os.symlink(d, tmp_path / "link")
+    with pytest.raises(HintfsError):
+        HostCachedStore(remote, cfg(tmp_path, dir=str(tmp_path / "link")), store_id="mem://bucket")
+    if os.geteuid() == 0:
+        other = tmp_path / "other"
+        other.mkdir(mode=0o700)
+        os.chown(other, 12345, 12345)
+        with pytest.raises(HintfsError) as owned:
+            HostCachedStore(remote, cfg(tmp_path, dir=str(other)), store_id="mem://bucket")
+        assert owned.value.errno == errno.EACCES and "uid 12345" in owned.value.strerror
+
+
+def test_a_restarted_daemon_finds_its_files_and_drops_what_it_cannot_trust(tmp_path, remote):
+    data = os.urandom(300 << 10)
+    remote.put("keep.bin", data)
+    remote.put("other.bin", b"o" * 1000)
+    hc = HostCachedStore(remote, cfg(tmp_path), store_id="mem://bucket")
+    for rel in ("keep.bin", "other.bin"):
+        read_all(hc, rel)
+        assert hc.wait_idle(10)
+    root = hc.root
+    hc.close()
+    try:
+        os.getxattr(os.path.join(root, cache_name("keep.bin")), XATTR)
+    except OSError as err:
+        pytest.skip(f"no user xattrs on this filesystem: {err.strerror}")
+    # a file whose recorded path does not hash to its name, a leftover temporary file, a stranger
+    os.setxattr(os.path.join(root, cache_name("other.bin")), XATTR, b'{"path": "keep.bin", "version": [1000, 1, ""]}')
+    open(os.path.join(root, cache_name("x") + ".1.2.tmp"), "wb").close()
+    open(os.path.join(root, "stranger"), "wb").close()
+    hc = HostCachedStore(remote, cfg(tmp_path), store_id="mem://bucket")
+    try:
+        assert hc.counters["hostcache_restored"] == 1
+        assert files_in(hc) == sorted([".lock", cache_name("keep.bin")])
+        opens = remote.reads
+        reader, _ = hc.open_reader("keep.bin")
+        try:
+            assert hasattr(reader, "fd") and os.pread(reader.fd, len(data), 0) == data
+        finally:
+            reader.close()
+        assert remote.reads == opens
+    finally:
+        hc.close()
+
+
+def test_close_stops_fetches_in_flight(make, remote):
+    remote.put("slow.bin", os.urandom(4 * MiB))
+    hc = make(fetch_threads=2)
+    release = threading.Event()
+    remote.on_read = lambda rel, off, size: release.wait(0.2) if off else None
+    read_all(hc, "slow.bin")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    hc.close()
+    assert time.monotonic() - t0 < 3
+    assert hc.counters["hostcache_fetches"] == 0
+    assert [n for n in os.listdir(os.path.dirname(hc.root) + "/" + os.path.basename(hc.root))
+            if n.endswith(".tmp")] == []
+    assert hc.want("slow.bin", None) is False   # nothing starts after close
+
+
+def test_prefetch_warms_the_cache_before_any_open(make, remote):
+    data = os.urandom(700 << 10)
+    remote.put("hinted.bin", data)
+    hc = make()
+    assert hc.prefetch("hinted.bin") is True
+    assert hc.wait_idle(10) and hc.counters["hostcache_fetches"] == 1
+    reader, _ = hc.open_reader("hinted.bin")
+    try:
+        assert hasattr(reader, "fd")
+    finally:
+        reader.close()
+    assert hc.prefetch("hinted.bin") is True and hc.wait_idle(10)
+    assert hc.counters["hostcache_fetches"] == 1, "a cached version is not fetched again"
+
+
+def test_small_files_below_min_are_not_cached(make, remote):
+    remote.put("tiny", b"t" * 100)
+    remote.put("empty", b"")
+    hc = make(min_file_bytes=4096)
+    read_all(hc, "tiny")
+    read_all(hc, "empty")
+    assert hc.wait_idle(10)
+    assert hc.counters["hostcache_fetches"] == 0 and hc.counters["hostcache_fetch_skipped"] == 2
+
+
+def test_stats_attach_moves_the_counters():
+    from fusefs.stats import Stats
+    remote = MemStore()
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        hc = HostCachedStore(remote, CacheConfig(dir=d), store_id="x")
+        try:
+            hc.count("hostcache_misses", 3)
+            stats = Stats()
+            hc.attach_stats(stats)
+            hc.attach_stats(stats)
+            hc.count("hostcache_misses")
+            snap = stats.snapshot()["counters"]
+            assert snap["hostcache_misses"] == 4 and "hostcache_hits" in snap
+        finally:
+            hc.close()
+
+
+@pytest.mark.parametrize("table, error", [
+    ({"dir": "relative/dir"}, "cache.dir: must be an absolute path"),
+    ({"dir": "/x", "budget_bytes": 1000}, "cache.budget_bytes"),
+    ({"dir": "/x", "fetch_threads": 0}, "cache.fetch_threads"),
+    ({"dir": "/x", "fetch_block_bytes": 1}, "cache.fetch_block_bytes"),
+    ({"dir": "/x", "budget_bytes": 1 << 30, "max_file_bytes": 2 << 30}, "larger than budget_bytes"),
+    ({"dir": "/x", "min_file_bytes": 10, "max_file_bytes": 5}, "min_file_bytes (10) is larger"),
+])
+def test_config_errors_name_the_key(table, error):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"cache": table})
+    assert error in str(exc.value)
+
+
+def test_open_store_wraps_remote_stores_only(tmp_path):
+    from mountconfig.schema import StoreConfig
+    from stores import open_store
+    local = open_store(StoreConfig(uri=f"file://{tmp_path}"), str(tmp_path / "spool"), cfg(tmp_path))
+    assert not isinstance(local, HostCachedStore)
+    s3 = StoreConfig(uri="s3://bucket/prefix", endpoint_override="127.0.0.1:9", scheme="http", region="us-east-1",
+                     access_key="a", secret_key="b")
+    assert not isinstance(open_store(s3, str(tmp_path / "spool")), HostCachedStore)   # no [cache] dir: off
+    store = open_store(s3, str(tmp_path / "spool"), cfg(tmp_path))
+    try:
+        assert isinstance(store, HostCachedStore) and store.passthrough_capable
+        assert store.spool_dir == str(tmp_path / "spool")    # the wrapped store's extras pass through
+    finally:
+        store.close()
