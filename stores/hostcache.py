@@ -631,7 +631,9 @@ class HostCachedStore:
         return self._store.new_staging(rel, copy_existing)
 
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
-        return self._changing((rel,), False, self._store.commit, staging, rel, keep)
+        if keep:
+            return self._changing((rel,), False, self._store.commit, staging, rel, keep)
+        return self._changing((rel,), False, self._store.commit, staging, rel)
 
     def discard(self, staging: Staging) -> None:
         self._store.discard(staging)

@@ -3,41 +3,22 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import subprocess
 
 import pytest
 
 from tests.conftest import needs_fuse, wait_for
+from tests.helpers.s3 import moto_server, store_extra
+from tests.helpers.s3 import s3fs as _s3fs
 
 pytestmark = needs_fuse
 
 BUCKET = "ckpts"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def s3_server(monkeypatch):
-    from moto.server import ThreadedMotoServer
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield server, port
-    try:
-        server.stop()
-    except Exception:
-        pass
-
-
-def _s3fs(port):
-    import pyarrow.fs as pafs
-    return pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
-                             secret_key="test", region="us-east-1", allow_bucket_creation=True)
+def s3_server():
+    yield from moto_server()
 
 
 @pytest.fixture
@@ -47,10 +28,8 @@ def s3_mount(s3_server, mount_factory, tmp_path):
     fs.create_dir(BUCKET)
     with fs.open_output_stream(f"{BUCKET}/existing/a.txt") as f:
         f.write(b"from s3")
-    store_extra = (f'endpoint_override = "127.0.0.1:{port}"\nscheme = "http"\nregion = "us-east-1"\n'
-                   f'access_key = "test"\nsecret_key = "test"\nconnect_timeout_s = 1\nrequest_timeout_s = 3\n')
     m = mount_factory(extra=f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\n', store_uri=f"s3://{BUCKET}",
-                      store_extra=store_extra)
+                      store_extra=store_extra(port))
     return m, fs, server, port
 
 
