@@ -12,6 +12,7 @@ gradient of a loss that is a *sum* over samples.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from governor.protocol import (
     ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
@@ -41,6 +43,31 @@ def _count_gc(phase, info) -> None:
 
 class ShrinkRequested(Exception):
     """Raised from a safe-point hook to unwind the current micro-batch."""
+
+
+class _LargeOpSafePoints(TorchFunctionMode):
+    """Safe points inside layers: after each op in forward whose output (not a view) is at
+    least `min_bytes_per_sample` x the micro-batch, and in backward when that output's
+    gradient is computed (a tensor hook). A layer such as a Swin stage-1 attention block is one
+    interval of 5-7 ms at batch 320 between module safe points; a stop waited for all of it.
+    The threshold is per sample, so the same ops get safe points at every micro-batch size
+    (the drain budget learns costs per safe-point index)."""
+
+    def __init__(self, trainer: "ElasticTrainer", min_bytes_per_sample: int) -> None:
+        super().__init__()
+        self.trainer = trainer
+        self.min_bytes_per_sample = min_bytes_per_sample
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        t = self.trainer
+        if (t._in_micro and isinstance(out, torch.Tensor) and out.is_cuda and not out._is_view()
+                and out.numel() * out.element_size() >= self.min_bytes_per_sample * max(t._micro_n, 1)):
+            name = getattr(func, "__name__", "op")
+            if out.requires_grad:
+                out.register_hook(lambda grad, name=name: t._op_safe_point("backward", name))
+            t._op_safe_point("forward", name)
+        return out
 
 
 class MemoryProbe:
@@ -214,6 +241,9 @@ class ElasticTrainer:
     interval of several ms that a stop must wait for). `early_release`: with the page allocator,
     a shrink releases at once, while queued kernels finish, the empty pages that no queued
     kernel can use (freed before a completed safe-point event); the rest after the drain.
+    `split_ops_bytes_per_sample`: on CUDA, also a safe point after every op whose output is at
+    least this many bytes per sample, and at its gradient in backward (None: module
+    boundaries only).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -228,7 +258,8 @@ class ElasticTrainer:
                  max_yield_s: float = 0.05, min_run_s: float = 0.005,
                  reclaim_at: str = "safe_point", defer_unmap: bool = False,
                  lend_pages: Callable[[list[int], int, int], None] | None = None,
-                 copy_chunks: int = 8, early_release: bool = True) -> None:
+                 copy_chunks: int = 8, early_release: bool = True,
+                 split_ops_bytes_per_sample: int | None = 256 << 10) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -258,6 +289,8 @@ class ElasticTrainer:
         self._early_bytes = 0     # released early for the shrink being handled
         self.copy_chunks = max(1, int(copy_chunks))
         self.early_release = early_release
+        self._op_mode = (_LargeOpSafePoints(self, split_ops_bytes_per_sample)
+                         if split_ops_bytes_per_sample and self.device.type == "cuda" else None)
         # diagnostics: what each safe point index is (module or parameter name, pass)
         self._label = ""
         self._sp_labels: list[str] = []
@@ -315,6 +348,10 @@ class ElasticTrainer:
     def _backward_safe_point(self, param):
         self._label = self._names.get(id(param), "")
         self._safe_point("backward")
+
+    def _op_safe_point(self, where: str, name: str) -> None:
+        self._label = f"op.{name}"
+        self._safe_point(where)
 
     def _safe_point(self, where: str = "forward") -> None:
         if not self._in_micro:
@@ -594,14 +631,16 @@ class ElasticTrainer:
         try:
             y = y.to(self.device, non_blocking=True)
             x = self._to_device(x)
-            out = self.model(x)
+            with self._op_mode if self._op_mode is not None else contextlib.nullcontext():
+                out = self.model(x)
             loss = self.loss_fn(out, y)
             loss.backward()
-            mark = self._mark()
-            value = float(loss.detach())   # waits for the stream: everything before is done
-            if mark is not None:
-                self._done_mark = max(self._done_mark, mark)
-            return value
+            # Backward is queued: memory no longer grows. Wait for the GPU handling commands
+            # (a plain read of the loss would leave one unseen until backward ends); one that
+            # comes now is handled without dropping the micro-batch.
+            self._in_micro = False
+            self.wait_gpu()
+            return float(loss.detach())
         finally:
             self._in_micro = False
             self._events.clear()
