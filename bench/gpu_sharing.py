@@ -407,6 +407,10 @@ def role_infer(args) -> None:
                         "reclaims": len(client.timings) - n_timings})
         mem.append((done, torch.cuda.memory_reserved()))
         cache.evict_expired()
+    # stay until the trace is over for everyone: a server that exits early tears its CUDA
+    # context down while others still reclaim (one 27 ms release at a trace's end, run p256)
+    while time.monotonic() < args.t0 + args.duration + 1.0:
+        time.sleep(0.05)
     Path(args.out).write_text(json.dumps({"records": records, "timings": client.timings,
                                           "load_ms": load_ms, "map_ms": map_ms,
                                           "zero_ms": zero_ms, "memory": mem,
@@ -420,7 +424,7 @@ def role_train(args) -> None:
     from governor import pagealloc
     if args.mode in PAGED:   # before CUDA starts: torch cannot swap an allocator in use
         # handoff: pages exported once, at creation, so lending costs no export on the shrink
-        alloc = pagealloc.install(0, export_fds=args.mode in HANDOFF)
+        alloc = pagealloc.install(0, page_bytes=args.page_mib * MiB, export_fds=args.mode in HANDOFF)
         if args.unmap_threads > 1:
             alloc.set_unmap_threads(args.unmap_threads)
     import torch
@@ -469,12 +473,14 @@ def role_train(args) -> None:
                                            max_yield_s=args.yield_ms / 1e3,
                                            copy_chunks=args.copy_chunks,
                                            early_release=bool(args.early_release),
+                                           split_ops_bytes_per_sample=args.split_ops_kib * 1024 or None,
                                            name=f"bench-{args.mode}", probe_batch=16, device=dev)
     else:
         trainer = ElasticTrainer(wrapped, opt, loss_fn, device=dev, quota=args.quota,
                                  layers=None, max_ahead=args.max_ahead, probe_batch=16,
                                  max_ahead_ms=args.max_ahead_ms or None,
                                  max_yield_s=args.yield_ms / 1e3, copy_chunks=args.copy_chunks,
+                                 split_ops_bytes_per_sample=args.split_ops_kib * 1024 or None,
                                  yield_to_inference=block.inference_busy if args.colocated else None)
     gb = args.global_batch
     x = torch.randn(gb, 3, 224, 224).pin_memory()
@@ -745,6 +751,19 @@ def role_unmap(args) -> None:
         hs = setup(size=n * page, count=1)
         return timed(lambda: rel_unmap(hs, size=n * page))
 
+    for mib in (64, 128, 256, 512):   # the same 4 GiB in fewer, larger pages
+        k = n * page // (mib * MiB)
+        variant(f"pages_of_{mib}_mib")(
+            lambda mib=mib, k=k: (lambda hs: timed(lambda: rel_unmap(hs, size=mib * MiB)))(
+                setup(size=mib * MiB, count=k)))
+        try:   # and what creating, mapping and filling them costs
+            t0 = time.perf_counter()
+            hs = setup(size=mib * MiB, count=k)
+            out[f"pages_of_{mib}_mib"]["create_map_ms"] = (time.perf_counter() - t0) * 1e3
+            rel_unmap(hs, size=mib * MiB)
+        except Exception as e:
+            out[f"pages_of_{mib}_mib_create"] = {"error": repr(e)}
+
     def threaded(k):
         hs = setup()
         parts = [list(range(j, n, k)) for j in range(k)]
@@ -995,7 +1014,8 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
               "--max-ahead-ms", str(args.max_ahead_ms),
               "--yield-ms", str(args.yield_ms), "--yield-to", MODE_YIELD_TO.get(mode, args.yield_to),
               "--infer-priority", args.infer_priority, "--copy-chunks", str(args.copy_chunks),
-              "--early-release", str(args.early_release), "--unmap-threads", str(args.unmap_threads)]
+              "--early-release", str(args.early_release), "--unmap-threads", str(args.unmap_threads),
+              "--page-mib", str(args.page_mib), "--split-ops-kib", str(args.split_ops_kib)]
     train_env = dict(env)
     if has_train:
         procs["train"] = subprocess.Popen(
@@ -1203,7 +1223,8 @@ def summarize(results: dict, handoff: dict, args) -> dict:
         if alone_train and gov.get("train_samples_per_s") else None,
         "settings": {"max_ahead": args.max_ahead, "max_ahead_ms": args.max_ahead_ms,
                      "copy_chunks": args.copy_chunks, "early_release": args.early_release,
-                     "unmap_threads": args.unmap_threads,
+                     "unmap_threads": args.unmap_threads, "page_mib": args.page_mib,
+                     "split_ops_kib": args.split_ops_kib,
                      "yield_ms": args.yield_ms, "yield_to": args.yield_to, "infer_priority": args.infer_priority,
                      "stress_kv_mult": args.stress_kv_mult,
                      "stress_gap_s": [args.stress_gap_lo, args.stress_gap_hi]},
@@ -1309,6 +1330,13 @@ def main() -> int:
     # page allocator: release the pages no queued kernel uses at detection, before the drain
     ap.add_argument("--early-release", type=int, default=1)
     ap.add_argument("--unmap-threads", type=int, default=1)
+    # the page allocator's page for the paged modes. Returning 4 GiB to the driver took 5.2-8.3
+    # ms in 32 MiB pages, 1.8 ms in 256 MiB ones (--role unmap: the driver's cost is mostly per
+    # allocation freed; unmapping is ~0.6 ms/GiB)
+    ap.add_argument("--page-mib", type=int, default=256)
+    # training: a safe point after each op whose output is at least this many KiB per sample,
+    # and at its gradient (0: module boundaries only); splits Swin's 5-7 ms attention intervals
+    ap.add_argument("--split-ops-kib", type=int, default=256)
     args = ap.parse_args()
     if args.role == "infer":
         role_infer(args); return 0
