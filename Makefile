@@ -24,11 +24,12 @@ setup: $(STAMP)
 
 # FUSE passthrough (the kernel serves a file's bytes from a backing file): libfuse 3.17 from
 # Debian's trixie source package and pyfuse3 with patches/pyfuse3-passthrough.patch, in the .venv.
-# Idempotent; if any step fails it prints one line and leaves the stock pyfuse3 (no passthrough).
-# Opt-in, not part of setup: passthrough is off by default, and setup must stay quick and certain.
+# Part of setup (about a minute, once); idempotent; if any step fails it prints one line and leaves
+# the stock pyfuse3: mounts then run without passthrough and say so. This target retries it.
 # DESTDIR is for `make install` only: never let meson stage libfuse under it.
+PASSTHROUGH_BUILD := env -u DESTDIR bash patches/build-passthrough.sh $(VENV)
 passthrough-libs: $(STAMP)
-	@env -u DESTDIR bash patches/build-passthrough.sh $(VENV)
+	@$(PASSTHROUGH_BUILD)
 
 $(STAMP): pyproject.toml Makefile
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -40,6 +41,7 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned: the CPU build on local disk; a looser spec would download a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	@$(PASSTHROUGH_BUILD)
 	touch $(STAMP)
 
 demo: setup

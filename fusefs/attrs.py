@@ -49,6 +49,7 @@ class OpenFile:
     keep_cache: bool = True
     direct_io: bool = False
     backing_id: int = 0      # > 0: the kernel serves this open from a backing file (passthrough)
+    noflush: bool = False    # close(2) sends no FLUSH (the handle has nothing to do at close)
 
 
 @dataclass(slots=True)

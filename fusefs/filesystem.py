@@ -170,6 +170,10 @@ class Filesystem:
         if node.pt_refs > 0 or not node.pt_id:
             return
         backing_id, node.pt_id, node.pt_staging = node.pt_id, 0, None
+        if node.pt_reader is not None:
+            node.readers.remove(node.pt_reader)
+            node.pt_reader.close()
+            node.pt_reader = None
         try:
             if self._pt_backend is not None:
                 self._pt_backend.close(backing_id)
@@ -586,6 +590,8 @@ class Filesystem:
         if accmode == os.O_RDONLY and not flags & os.O_TRUNC:
             if node.pt_refs:
                 # Passthrough opens are active: this one must share their backing file.
+                if node.pt_staging is None:
+                    await self._check_backing_current(node)
                 backing_id = self._pt_attach(node, -1, node.pt_staging)
                 handle: Handle = PassthroughRead(node)
                 keep_cache = True
@@ -604,7 +610,10 @@ class Filesystem:
                     if self.passthrough is not None and hasattr(reader, "fd"):
                         backing_id = self._pt_attach(node, reader.fd, None)
                     if backing_id:
-                        reader.close()   # the kernel holds its own reference to the file
+                        # The kernel holds its own reference to the file; the reader stays open
+                        # until the last passthrough close, for getattr once the name is unlinked.
+                        node.pt_file, node.pt_reader = (st.dev, st.ino), reader
+                        node.readers.append(reader)
                         handle = PassthroughRead(node)
                     else:
                         handle = StoreRead(node, reader)
@@ -626,7 +635,26 @@ class Filesystem:
             keep_cache = True
         node.opens += 1
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
-        return OpenFile(self._add_handle(handle), keep_cache=keep_cache and not backing_id, backing_id=backing_id)
+        # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.
+        return OpenFile(self._add_handle(handle), keep_cache=keep_cache and not backing_id, backing_id=backing_id,
+                        noflush=not isinstance(handle, WriteHandle))
+
+    async def _check_backing_current(self, node: Inode) -> None:
+        """Close-to-open under passthrough: the open files of `node` read the store file they
+        were opened on, and the kernel gives one inode one backing file. If the store now has
+        another file at that name (replaced, e.g. by a rename from another host), this name
+        becomes a new inode: the old one stays with its open files, and ESTALE makes the kernel
+        look the name up again and retry the open on the new inode (once, in open(2) itself)."""
+        st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
+        if (st.dev, st.ino) == node.pt_file:
+            return
+        self.stats.add("passthrough_replaced")
+        self.inodes.detach(node.path)
+        head, _, name = node.path.rpartition("/")
+        parent = self.inodes.by_path_get(head)
+        if parent is not None and self.invalidate_entry is not None:
+            self.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        raise Refused(errno.ESTALE, f"{node.path} was replaced in the store: open it again")
 
     def _same_as_cached(self, node: Inode, st: Stat) -> bool:
         """Close-to-open: keep the kernel's cached pages only if the file did not change."""
@@ -712,10 +740,11 @@ class Filesystem:
             self.store.discard(staging)
             node.writer = fresh
 
-    async def commit(self, node: Inode, *, no_dir_locks: bool = False) -> None:
+    async def commit(self, node: Inode, *, no_dir_locks: bool = False, closing: bool = False) -> None:
         """Publish the inode's staged writes, if any (and journal them). `no_dir_locks`: the
         request being answered holds no directory lock in the kernel (a close's flush), so the
-        other names of a split hard link are forgotten before it returns, not some time after."""
+        other names of a split hard link are forgotten before it returns, not some time after.
+        `closing`: a write handle's close (flush) asks, so that handle writes no more."""
         staging = node.writer
         if staging is None or not staging.dirty:
             return
@@ -730,7 +759,14 @@ class Filesystem:
             node.cached_identity = None
             return
         size = staging.size()
-        st = await self.io(self.store.commit, staging, node.path)
+        # With passthrough the kernel writes into the staging file itself: while another write
+        # handle (or, for fsync/rename/link, this one) can still write, publish a copy, so the
+        # published file never changes under its readers (docs/semantics.md).
+        writers_left = node.writer_refs - (1 if closing else 0)
+        keep = node.pt_refs > 0 and node.pt_staging is staging and writers_left > 0
+        if keep:
+            self.stats.add("passthrough_copy_publishes")
+        st = await self.io(self.store.commit, staging, node.path, keep)
         if node.aliases or node.backing is not None:
             # The other names keep the file as it was: the kernel must look them up again.
             for path in self.inodes.split_aliases(node):
@@ -761,7 +797,7 @@ class Filesystem:
                 node.tensor_data = data
         fh = self._add_handle(TensorHandle(node))
         node.opens += 1
-        return OpenFile(fh, keep_cache=True, direct_io=True)
+        return OpenFile(fh, keep_cache=True, direct_io=True, noflush=True)
 
     def _open_control(self, node: Inode, flags: int, caller: Caller) -> OpenFile:
         target = node.control
@@ -776,7 +812,7 @@ class Filesystem:
         content = render() if accmode != os.O_WRONLY and render is not None else b""
         fh = self._add_handle(ControlHandle(node, target, content, caller))
         node.opens += 1
-        return OpenFile(fh, keep_cache=True, direct_io=True)
+        return OpenFile(fh, keep_cache=True, direct_io=True, noflush=accmode == os.O_RDONLY)
 
     async def _create_control(self, parent: Inode, name: bytes, flags: int,
                               caller: Caller) -> tuple[OpenFile, Attributes]:

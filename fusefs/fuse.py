@@ -79,9 +79,14 @@ def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
     return e
 
 
+# pyfuse3 with patches/pyfuse3-passthrough.patch has `backing_id` and `noflush`; stock has neither.
+_PATCHED = hasattr(pyfuse3, "passthrough_supported")
+
+
 def _info(f: OpenFile) -> pyfuse3.FileInfo:
-    if f.backing_id:
-        return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io, backing_id=f.backing_id)
+    if _PATCHED:
+        return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io,  # type: ignore[call-arg]
+                                backing_id=f.backing_id, noflush=f.noflush)
     return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io)
 
 

@@ -18,7 +18,7 @@ from stores.base import Staging
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
-                 "pt_id", "pt_refs", "pt_staging")
+                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -42,6 +42,8 @@ class Inode:
         self.pt_id = 0
         self.pt_refs = 0
         self.pt_staging: Optional[Staging] = None
+        self.pt_file: tuple[int, int] = (0, 0)   # (st_dev, st_ino) of a store file backing it
+        self.pt_reader = None     # that store file's reader (in `readers`: fstat after an unlink)
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr

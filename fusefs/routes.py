@@ -195,8 +195,8 @@ class RoutedStore:
     def new_staging(self, rel: str, copy_existing: bool) -> Staging:
         return self._store.new_staging(rel, copy_existing)
 
-    def commit(self, staging: Staging, rel: str) -> Stat:
-        return self._store.commit(staging, rel)
+    def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
+        return self._store.commit(staging, rel, keep)
 
     def discard(self, staging: Staging) -> None:
         self._store.discard(staging)

@@ -258,7 +258,8 @@ class ArrowStore:
         staging.inline_io = read_mode(os.fstat(fd).st_dev) == "memory"
         return staging
 
-    def commit(self, staging: Staging, rel: str) -> Stat:
+    def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
+        # (an upload never changes the staging file: `keep` needs nothing more)
         target = self._p(rel)
         dest = target if self._is_s3 else f"{os.path.dirname(target)}/{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
         size = os.fstat(staging.fd).st_size

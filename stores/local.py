@@ -380,11 +380,33 @@ class LocalStore:
         except FileNotFoundError:
             pass
 
-    def commit(self, staging: Staging, rel: str) -> Stat:
+    def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
+        if keep:
+            return self._commit_copy(staging, rel)
         self.rename(staging.path, rel, noreplace=False)
         staging.live = True
         staging.dirty = False
         return Stat.from_os(os.fstat(staging.fd))
+
+    def _commit_copy(self, staging: Staging, rel: str) -> Stat:
+        """Publish a copy of the staging file (copy_file_range: a reflink or an in-kernel copy),
+        with its owner, mode and times; the staging file stays private and dirty."""
+        tmp = self._staging_name(rel)
+        fd = open_beneath(self.root_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            st = os.fstat(staging.fd)
+            _copy_fd(staging.fd, fd, st.st_size)
+            if os.geteuid() == 0:
+                os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchmod(fd, st.st_mode & 0o7777)
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+            self.rename(tmp, rel, noreplace=False)
+            return Stat.from_os(os.fstat(fd))
+        except BaseException:
+            self._unlink_quiet(tmp)
+            raise
+        finally:
+            os.close(fd)
 
     def put_small(self, rel: str, data: bytes) -> None:
         """Write a small file whole (journal records): temp name, then rename."""

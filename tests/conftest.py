@@ -58,6 +58,11 @@ class Mounted:
         assert r.returncode == 0, r.stderr + self.log.read_text()
 
 
+# For tests of what the daemon itself does with each read and write (counters, its page-cache
+# choices, a slow store): FUSE passthrough (the default where available) hands those to the kernel.
+DAEMON_DATA_PATH = '\n[mount]\npassthrough = "off"\n'
+
+
 def write_config(path: Path, store_uri: str, extra: str = "", log: Path | None = None,
                  store_extra: str = "") -> Path:
     text = f'[store]\nuri = "{store_uri}"\n{store_extra}'

@@ -2,7 +2,7 @@
 import json
 import urllib.request
 
-from tests.conftest import needs_fuse
+from tests.conftest import DAEMON_DATA_PATH, needs_fuse
 
 pytestmark = needs_fuse
 
@@ -10,7 +10,7 @@ pytestmark = needs_fuse
 def test_metrics_endpoint_opt_in(mount_factory):
     off = mount_factory(name="off")
     assert "metrics_port" not in off.stats()["counters"]
-    on = mount_factory(name="on", extra='\n[metrics]\nenabled = true\nport = 0\n')
+    on = mount_factory(name="on", extra=DAEMON_DATA_PATH + '\n[metrics]\nenabled = true\nport = 0\n')
     (on.mnt / "f").write_bytes(b"x" * 100)
     (on.mnt / "f").read_bytes()
     port = on.stats()["counters"]["metrics_port"]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import needs_fuse, run_hintfs, wait_for
+from tests.conftest import DAEMON_DATA_PATH, needs_fuse, run_hintfs, wait_for
 
 pytestmark = needs_fuse
 
@@ -121,7 +121,8 @@ def test_close_to_open_sees_changes_made_in_the_store(mounted):
     assert mounted.stats()["cache"]["opens_invalidated"] >= 1
 
 
-def test_reread_keeps_kernel_cache(mounted):
+def test_reread_keeps_kernel_cache(mount_factory):
+    mounted = mount_factory(DAEMON_DATA_PATH)
     (mounted.store / "big.bin").write_bytes(os.urandom(8 << 20))
     p = mounted.mnt / "big.bin"
     p.read_bytes()
@@ -279,7 +280,8 @@ def test_unsupported_operations_fail_cleanly(mounted):
 
 
 def test_store_errors_map_to_errno_and_daemon_keeps_serving(mount_factory, tmp_path):
-    m = mount_factory()
+    # (the daemon sees each write: with passthrough, see test_passthrough.py's ENOSPC test)
+    m = mount_factory(DAEMON_DATA_PATH)
     # ENOSPC: put a tiny tmpfs inside the store and overfill it through the mount.
     small = m.store / "small"
     small.mkdir()
@@ -303,7 +305,8 @@ def test_store_errors_map_to_errno_and_daemon_keeps_serving(mount_factory, tmp_p
     assert "ENOSPC" in m.log.read_text() or "No space" in m.log.read_text()
 
 
-def test_status_cli(mounted):
+def test_status_cli(mount_factory):
+    mounted = mount_factory(DAEMON_DATA_PATH)   # its op table lists the daemon's writes
     (mounted.mnt / "x").write_bytes(b"1")
     r = run_hintfs("status", mounted.mnt)
     assert r.returncode == 0, r.stderr

@@ -5,7 +5,7 @@ import sys
 import threading
 import time
 
-from tests.conftest import REPO, force_unmount, needs_fuse, wait_for, write_config
+from tests.conftest import DAEMON_DATA_PATH, REPO, force_unmount, needs_fuse, wait_for, write_config
 
 pytestmark = needs_fuse
 
@@ -16,7 +16,7 @@ def test_slow_read_of_one_file_does_not_delay_another(tmp_path):
     mnt.mkdir()
     (store / "slow.bin").write_bytes(b"s" * 4096)
     (store / "fast.bin").write_bytes(b"f" * 4096)
-    cfg = write_config(tmp_path / "c.toml", f"file://{store}", log=tmp_path / "log")
+    cfg = write_config(tmp_path / "c.toml", f"file://{store}", DAEMON_DATA_PATH, log=tmp_path / "log")
     slow_s = 3.0
     p = subprocess.Popen([sys.executable, "tests/helpers/slow_store_mount.py", str(cfg), str(mnt), str(slow_s)],
                          cwd=REPO)

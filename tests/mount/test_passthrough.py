@@ -141,13 +141,84 @@ def test_unlinked_while_writing_is_not_published_and_writer_conflicts_are_etxtbs
         assert (pt.mnt / "busy.bin").read_bytes() == b"NEW!"
 
 
+def _replace_in_store(m, name: str, data: bytes) -> None:
+    tmp = m.store / (name + ".tmp")
+    tmp.write_bytes(data)
+    os.rename(tmp, m.store / name)
+
+
 def test_close_to_open_sees_a_file_replaced_in_the_store(pt):
     (pt.store / "c.bin").write_bytes(b"one")
     assert (pt.mnt / "c.bin").read_bytes() == b"one"
-    tmp = pt.store / "c.tmp"
-    tmp.write_bytes(b"two!")
-    os.rename(tmp, pt.store / "c.bin")
-    assert wait_for(lambda: (pt.mnt / "c.bin").read_bytes() == b"two!", 5)
+    _replace_in_store(pt, "c.bin", b"two!")
+    # at once, even if the kernel's release of the first open has not reached the daemon yet
+    assert (pt.mnt / "c.bin").read_bytes() == b"two!"
+    # replaced while a reader holds the old file open: a new open reads the new file (ESTALE
+    # inside open(2) makes the kernel look the name up again), the old open keeps the old one
+    with open(pt.mnt / "c.bin", "rb") as old:
+        _replace_in_store(pt, "c.bin", b"three")
+        with open(pt.mnt / "c.bin", "rb") as new:
+            assert new.read() == b"three"
+        assert old.read() == b"two!"
+        assert os.stat(pt.mnt / "c.bin").st_size == 5
+    assert pt.stats()["passthrough"].get("replaced", 0) >= 1
+    assert wait_for(lambda: released(pt), 5), counters(pt)
+
+
+def test_fsync_and_a_second_writer_keep_the_published_file_whole(pt):
+    # fsync publishes a copy: the kernel goes on writing into the private staging file
+    with open(pt.mnt / "s.bin", "wb") as f:
+        f.write(b"part1")
+        f.flush()
+        os.fsync(f.fileno())
+        assert (pt.store / "s.bin").read_bytes() == b"part1"
+        f.write(b"part2")
+        f.flush()
+        assert (pt.store / "s.bin").read_bytes() == b"part1"
+    assert (pt.store / "s.bin").read_bytes() == b"part1part2"
+    # two writers: the first close publishes what both wrote so far, the second the rest
+    a = open(pt.mnt / "two.bin", "wb")
+    b = open(pt.mnt / "two.bin", "r+b")
+    a.write(b"AAAA")
+    a.close()
+    assert (pt.store / "two.bin").read_bytes() == b"AAAA"
+    b.seek(4)
+    b.write(b"BBBB")
+    b.flush()
+    assert (pt.store / "two.bin").read_bytes() == b"AAAA"
+    b.close()
+    assert (pt.store / "two.bin").read_bytes() == b"AAAABBBB"
+    assert pt.stats()["passthrough"].get("copy_publishes", 0) >= 2
+    assert not [n for n in os.listdir(pt.store) if n.startswith(".hintfs-tmp.")]
+
+
+def test_write_error_is_reported_by_write_and_nothing_torn_is_published(pt):
+    import subprocess
+    small = pt.store / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
+    try:
+        fd = os.open(pt.mnt / "small" / "big", os.O_WRONLY | os.O_CREAT, 0o644)
+        written = 0
+        with pytest.raises(OSError) as exc:
+            for _ in range(16):
+                written += os.write(fd, b"z" * (64 << 10))
+        assert exc.value.errno == errno.ENOSPC
+        # The kernel wrote into the staging file: the daemon never saw the failed write, so
+        # close() publishes what write() accepted, as a local disk keeps it (docs/semantics.md).
+        os.close(fd)
+        data = (small / "big").read_bytes()
+        assert len(data) >= written and data == b"z" * len(data)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_read_only_close_sends_no_flush(pt):
+    (pt.store / "r.bin").write_bytes(b"r" * 100)
+    before = pt.stats()["ops"].get("flush", {}).get("count", 0)
+    for _ in range(20):
+        assert (pt.mnt / "r.bin").read_bytes() == b"r" * 100
+    assert pt.stats()["ops"].get("flush", {}).get("count", 0) == before
 
 
 def test_passthrough_off_is_todays_path(mount_factory):
