@@ -128,6 +128,7 @@ def main(argv=None) -> int:
     mounts: list[tuple[str, Path]] = []
     results: dict[str, dict[str, dict]] = {}
     t0 = time.monotonic()
+    passthrough = "n/a"
     try:
         for side in sides:
             src = backing / side
@@ -141,6 +142,9 @@ def main(argv=None) -> int:
             else:
                 subprocess.run(["bindfs", str(src), str(mnt)], check=True)
             mounts.append((side, mnt))
+            if side == "hintfs":   # FUSE passthrough on or off (and why) changes what is tested
+                passthrough = json.loads((mnt / ".hintfs" / "stats").read_text())["passthrough"]["state"]
+                print(f"hintfs passthrough: {passthrough}", file=sys.stderr, flush=True)
             work = mnt / "work"
             work.mkdir()
             print(f"running {len(tests)} test files on {side} ...", file=sys.stderr, flush=True)
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
     doc = {
         "command": "bench/conformance.py PJDFSTEST_DIR" + (f" --groups {args.groups}" if args.groups else ""),
         "backing": "tmpfs", "jobs": args.jobs, "seconds": round(time.monotonic() - t0),
-        "kernel": os.uname().release,
+        "kernel": os.uname().release, "hintfs_passthrough": passthrough,
         "groups": rows,
         "files": {side: {rel: {k: v for k, v in r.items() if k != "file"} for rel, r in sorted(per.items()) if r["failed"]}
                   for side, per in results.items()},
