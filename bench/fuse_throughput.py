@@ -776,19 +776,7 @@ def _s3_mount(env: Env, s3: str, cache_dir: str):
         if r.returncode != 0:
             raise RuntimeError(f"hintfs mount failed: {r.stdout.strip()}")
         if "hostcache_hits" not in stats()["counters"]:
-            # This `hintfs mount` does not wire [cache] dir into the daemon yet: the tests' helper
-            # mounts the same config with the host cache wired as the daemon will.
-            run([env.hintfs, "umount", mnt], timeout=90)
-            env.notes.append(f"{S3_CASE}: mounted by tests/helpers/hostcache_mount.py ([cache] dir not wired "
-                             "into `hintfs mount` yet)")
-            proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "helpers", "hostcache_mount.py"),
-                                     cfg, mnt], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, cwd=REPO)
-            deadline = time.monotonic() + 30
-            while not (os.path.ismount(mnt) and os.path.exists(os.path.join(mnt, ".hintfs", "stats"))):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the host cache mount helper did not mount")
-                time.sleep(0.05)
+            raise RuntimeError("the mount has no host cache ([cache] dir)")
         yield mnt, stats
     finally:
         env._unmount("hintfs", mnt, proc)
@@ -1101,7 +1089,8 @@ def main() -> int:
             "raw": {c: {s: [round(x, 4) for x in v] for s, v in per.items()} for c, per in raw.items()},
             "goals": goals,
             "notes": env.notes,
-            "hintfs_stats": {k: {"ops": v.get("ops"), "cache": v.get("cache"), "counters": v.get("counters")}
+            "hintfs_stats": {k: {"ops": v.get("ops"), "cache": v.get("cache"), "counters": v.get("counters"),
+                                 "passthrough": v.get("passthrough")}
                              for k, v in env.hintfs_stats.items() if k.endswith("-0")},
             "detail": detail,
             "hintfs_requests_per_file": requests,
@@ -1111,7 +1100,39 @@ def main() -> int:
             json.dump(doc, f, indent=2)
             f.write("\n")
         log(f"wrote {os.path.relpath(args.output, REPO) if args.output.startswith(REPO) else args.output}")
+        png = os.path.splitext(args.output)[0] + ".png"
+        if plot_ratios(summary, png, f"{mode}, median of {repeats}"):
+            log(f"wrote {os.path.relpath(png, REPO) if png.startswith(REPO) else png}")
     return 0
+
+
+def plot_ratios(summary: dict, path: str, title: str) -> bool:
+    """Each system's median against direct access, per case (1.0 = the limit), as grouped bars."""
+    from plotting import pyplot_or_none
+    plt = pyplot_or_none()
+    if plt is None:
+        return False
+    cases = [c for c in CASE_ORDER if summary.get(c, {}).get("median", {}).get("direct")]
+    systems = ["bindfs", "rclone", "juicefs", "hintfs"]
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        vals = []
+        for c in cases:
+            med = summary[c]["median"]
+            vals.append((med.get(system) or 0) / med["direct"])
+        ax.bar([x + i * width for x in range(len(cases))], vals, width, label=system)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))])
+    ax.set_xticklabels(cases, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("× direct access (median)")
+    ax.set_yscale("log")
+    ax.set_title(f"bench/fuse_throughput.py ({title}): each system against direct access")
+    ax.legend(fontsize=8, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

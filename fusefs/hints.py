@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import trio
 
@@ -70,6 +70,8 @@ class HintsManager:
         self.router = ReplicaRouter()
         self.limiter = trio.CapacityLimiter(max(4, 2 * len(agents)))
         self._send, self._recv = trio.open_memory_channel(1000)
+        # A host cache's `prefetch` (remote stores with `[cache] dir`): hinted files fetched ahead.
+        self.prefetch: Optional[Callable[[str], object]] = None
 
     # -- control files ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
@@ -113,6 +115,9 @@ class HintsManager:
                   now + doc.ttl_s, now + doc.deadline_s)
         self.jobs[name] = job
         self.stats.add("hint_jobs")
+        if self.prefetch is not None:
+            for path in doc.files:
+                self.prefetch(path)   # non-blocking: the host cache's own threads fetch
         try:
             self._send.send_nowait((job, targets))
         except trio.WouldBlock:

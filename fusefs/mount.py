@@ -43,6 +43,7 @@ from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
 from stores import check_store, open_store
 from stores.base import Store
+from stores.hostcache import HostCachedStore
 
 log = logging.getLogger("hintfs.mount")
 
@@ -58,7 +59,7 @@ def open_checked_store(cfg: MountConfig, store: Optional[Store] = None) -> Store
     """The config's store (or `store`, given by a test), checked per `[store] startup_check`."""
     try:
         if store is None:
-            store = open_store(cfg.store, cfg.cache.spool_dir)
+            store = open_store(cfg.store, cfg.cache.spool_dir, cfg.cache)
         check_store(store, cfg.store)
         return store
     except OSError as err:
@@ -129,7 +130,7 @@ def local_paths(cfg: MountConfig) -> list[tuple[str, str]]:
     remote stores the spool where writes stage."""
     if urlparse(cfg.store.uri).scheme == "file":
         return [("the store root", urlparse(cfg.store.uri).path)]
-    return [("cache.spool_dir", cfg.cache.spool_dir)]
+    return [("cache.spool_dir", cfg.cache.spool_dir)] + ([("cache.dir", cfg.cache.dir)] if cfg.cache.dir else [])
 
 
 def check_layout(mp: str, cfg: MountConfig) -> None:
@@ -211,9 +212,14 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     """The one place the mount is put together: control files, agents and hints, tensors,
     signals, routes, replica reads, journal, the filesystem and its FUSE adapter."""
     stats = Stats()
+    host_cache = store if isinstance(store, HostCachedStore) else None
+    if host_cache is not None:
+        host_cache.attach_stats(stats)
     control = build_control(cfg, stats)
     io_limiter = trio.CapacityLimiter(cfg.mount.io_threads)   # store calls in worker threads
     hints, clients, agent_server = build_agents(cfg, store, stats, control)
+    if host_cache is not None:
+        hints.prefetch = host_cache.prefetch   # hinted files are fetched into the host cache ahead
     tensors = TensorFiles(cfg, store, hints.agents, clients, stats)
     control.add_dir(tensors.control_dir())
     signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), clients, stats)
@@ -270,6 +276,8 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
             log.debug("close: %s", err)
         if mount.agent_server is not None:
             mount.agent_server.shutdown()
+        if isinstance(mount.store, HostCachedStore):
+            mount.store.close()   # fetches in flight are dropped; complete files stay for the next mount
         log.info("unmounted %s", mp)
     return status
 

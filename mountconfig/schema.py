@@ -140,9 +140,9 @@ class MountOptions(Section):
         1000, ge=16, le=100000, description="Directory entries fetched from the store per listing page."
     )
     passthrough: Literal["auto", "off"] = Field(
-        "auto", description="FUSE passthrough for `file://` stores: the kernel serves reads and writes of "
-        "an open file straight from the store file (or, when writing, from its staging file), at disk "
-        "speed; the daemon still sees opens and closes (publish on close stays atomic). \"auto\" (the "
+        "auto", description="FUSE passthrough for files on this host: the kernel serves reads and writes of "
+        "an open file straight from the store file of a `file://` store or the host cache's copy of a "
+        "remote file (`[cache] dir`), or, when writing, from its staging file, at disk speed; the daemon still sees opens and closes (publish on close stays atomic). \"auto\" (the "
         "default): where the kernel (Linux >= 6.9), libfuse/pyfuse3 (`make setup` builds them) and "
         "privileges (root) allow it, else today's path, said once in the log and in `hintfs status`. "
         "\"off\": never (every byte through the daemon, counted in its stats). What it changes for "

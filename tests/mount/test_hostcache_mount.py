@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
 import pytest
 
 from stores.hostcache import cache_name
-from tests.conftest import REPO, Mounted, force_unmount, needs_fuse, wait_for
+from tests.conftest import Mounted, needs_fuse, wait_for
 from tests.helpers.s3 import moto_server, s3fs, store_extra
 
 pytestmark = needs_fuse
@@ -65,26 +63,8 @@ def hc(s3_server, mount_factory, tmp_path):
     extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{cache_dir}"\nfetch_block_bytes = {MiB}\n'
              '\n[mount]\npassthrough = "auto"\n')
     m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(port))
-    if "hostcache_hits" in m.stats()["counters"]:
-        yield HostCacheMount(m, fs, str(cache_dir))     # `hintfs mount` wires the host cache
-        return
-    # This `hintfs mount` does not wire the host cache into the daemon yet (fusefs/mount.py): the
-    # helper mounts the same config with the store and counters wired as the daemon will.
-    m.umount()
-    proc = subprocess.Popen([sys.executable, "tests/helpers/hostcache_mount.py", str(m.config), str(m.mnt)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert wait_for(lambda: os.path.ismount(m.mnt) and (m.mnt / ".hintfs" / "stats").exists(), timeout=30), \
-            m.log.read_text()
-        yield HostCacheMount(m, fs, str(cache_dir))
-    finally:
-        m.umount()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            proc.wait(timeout=10)
-        force_unmount(m.mnt)
+    assert "hostcache_hits" in m.stats()["counters"]   # `hintfs mount` wired the host cache
+    return HostCacheMount(m, fs, str(cache_dir))
 
 
 def test_second_open_is_served_from_the_host_cache(hc):
@@ -161,3 +141,14 @@ def test_writes_through_the_mount_drop_the_cached_copy(hc):
     (sub,) = os.listdir(hc.cache_dir)
     assert cache_name("w.bin") not in os.listdir(os.path.join(hc.cache_dir, sub))
     assert not path.exists()
+
+
+def test_a_hint_fetches_its_files_into_the_host_cache_before_any_read(hc):
+    import json
+    data = os.urandom(2 * MiB)
+    hc.put("ckpt/hinted.bin", data)
+    (hc.m.mnt / ".hintfs" / "hints" / "restart").write_text(json.dumps({"files": {"ckpt/hinted.bin": 8}}))
+    assert hc.fetched(1), hc.counters()        # nothing read it yet
+    assert (hc.m.mnt / "ckpt" / "hinted.bin").read_bytes() == data
+    c = hc.counters()
+    assert c["hostcache_hits"] == 1 and c["hostcache_fetches"] == 1
