@@ -19,6 +19,7 @@ request, the older scheme. Training and inference alone on the trace give traini
     python bench/gpu_sharing.py --modes inference_alone,training_alone,governor_mid_backward,\
         governor_paged_long_kv,governor_handoff_long_kv     # the issue-16 goals (about 4 min)
     python bench/gpu_sharing.py --role priority --out F.json   # GPU-priority probe (2 min)
+    python bench/gpu_sharing.py --role unmap --out F.json      # 4 GiB of VMM pages back to the driver, by variant (1 min)
     python bench/gpu_sharing.py --quick    # short smoke run
 Roles `--role train|infer|handoff|prio_load|prio_probe` are child processes; not for direct use.
 """
@@ -1017,7 +1018,8 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
               "--early-release", str(args.early_release), "--unmap-threads", str(args.unmap_threads),
               "--page-mib", str(args.page_mib),
               # safe points inside layers only where reclaims drain (the stress modes): with
-              # them in every mode, training alone ran 1860 samples/s instead of 1997 (run p1)
+              # them in every mode, training alone ran 1860 samples/s against 1894-1946 without
+              # (bench/results/gpu_sharing_split_everywhere.json and the three runs)
               "--split-ops-kib", str(args.split_ops_kib if mode in LONG_KV else 0)]
     train_env = dict(env)
     if has_train:
@@ -1328,7 +1330,7 @@ def main() -> int:
     ap.add_argument("--yield-to", choices=["all", "cold"], default="cold")
     ap.add_argument("--infer-priority", choices=["default", "high"], default="high")
     # training copies each micro-batch's inputs in this many pieces, a safe point after each
-    # (one 190 MB copy was a 6-10 ms interval that a stop had to wait for)
+    # (the whole 190 MB copy of a micro-batch of 320 was one interval)
     ap.add_argument("--copy-chunks", type=int, default=8)
     # page allocator: release the pages no queued kernel uses at detection, before the drain
     ap.add_argument("--early-release", type=int, default=1)
