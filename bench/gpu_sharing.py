@@ -409,7 +409,8 @@ def role_infer(args) -> None:
         mem.append((done, torch.cuda.memory_reserved()))
         cache.evict_expired()
     # stay until the trace is over for everyone: a server that exits early tears its CUDA
-    # context down while others still reclaim (one 27 ms release at a trace's end, run p256)
+    # context down while others still reclaim (the suspected cause of one 27 ms release, the
+    # last reclaim of bench/results/gpu_sharing_pages256_nosplit.json; none over 6.4 ms since)
     while time.monotonic() < args.t0 + args.duration + 1.0:
         time.sleep(0.05)
     Path(args.out).write_text(json.dumps({"records": records, "timings": client.timings,
