@@ -40,6 +40,17 @@ class ArrowReader:
     def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
         return None
 
+    @property
+    def etag(self) -> str:
+        """The object's ETag from the open's own HEAD (no request); "" where the filesystem has
+        none (HDFS, a closed reader)."""
+        f = self._file
+        try:
+            raw = f.metadata().get("ETag") if f is not None else None
+        except Exception:   # pyarrow raises for filesystems without metadata
+            raw = None
+        return (raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw) or ""
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:

@@ -76,17 +76,7 @@ def version_of(reader: Any, st: Stat) -> Version:
     """The store's version of an open file: size, mtime and, where the store has one, the ETag
     (S3's Last-Modified has whole seconds: a rewrite of the same size within a second differs only
     in its ETag). The ETag comes from the open's own HEAD, no extra request."""
-    etag = getattr(reader, "etag", None)
-    if etag is None:
-        # stores.arrow.ArrowReader keeps the pyarrow file; its metadata() is the HEAD's headers.
-        f = getattr(reader, "_file", None)
-        meta = getattr(f, "metadata", None)
-        if callable(meta):
-            try:
-                raw = meta().get("ETag")
-            except Exception:   # a filesystem without metadata (HDFS): size and mtime only
-                raw = None
-            etag = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    etag = getattr(reader, "etag", "")   # stores.arrow.ArrowReader.etag; local readers have none
     return (st.size, st.mtime_ns, str(etag or ""))
 
 
