@@ -1,0 +1,38 @@
+"""Requests the daemon answers per small file (`.hintfs/stats` ops): a listing pre-fills the
+kernel's lookups (pyfuse3 answers readdir with readdirplus), read-only opens send no FLUSH
+(noflush), and with passthrough the reads never reach the daemon."""
+from __future__ import annotations
+
+import os
+
+from tests.conftest import needs_fuse
+
+pytestmark = needs_fuse
+
+N = 50
+
+
+def _ops(m) -> dict:
+    return {k: v["count"] for k, v in m.stats()["ops"].items()}
+
+
+def test_a_listed_folder_is_read_with_an_open_and_a_release_per_file(mount_factory):
+    m = mount_factory('\n[cache]\nimmutable_globs = ["d/*"]\n')
+    (m.store / "d").mkdir()
+    for i in range(N):
+        (m.store / "d" / f"f{i:03d}").write_bytes(bytes([i]) * (4096 + i))
+    names = sorted(os.listdir(m.mnt / "d"))          # readdirplus: entries and attributes
+    assert len(names) == N
+    before = _ops(m)
+    for i, name in enumerate(names):
+        assert (m.mnt / "d" / name).read_bytes() == bytes([i]) * (4096 + i)
+    after = _ops(m)
+    per_op = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    # (reading the stats file between the two snapshots costs a few requests of its own)
+    assert per_op.get("lookup", 0) <= 3, per_op      # the listing's entries served every lookup
+    assert per_op.get("flush", 0) == 0, per_op       # noflush on read-only opens
+    assert N <= per_op["open"] <= N + 1 and per_op.get("release", 0) >= N - 1
+    if m.stats()["passthrough"]["state"] == "on":
+        assert per_op.get("read", 0) == 0, per_op    # the kernel read the store files itself
+    total = sum(v for k, v in per_op.items() if k != "forget")
+    assert total <= 2 * N + 8, per_op
