@@ -33,6 +33,6 @@ def test_a_listed_folder_is_read_with_an_open_and_a_release_per_file(mount_facto
     assert per_op.get("flush", 0) == 0, per_op       # noflush on read-only opens
     assert N <= per_op["open"] <= N + 1 and per_op.get("release", 0) >= N - 1
     if m.stats()["passthrough"]["state"] == "on":
-        assert per_op.get("read", 0) == 0, per_op    # the kernel read the store files itself
+        assert per_op.get("read", 0) <= 2, per_op    # the stats file's own: the kernel read the store files
     total = sum(v for k, v in per_op.items() if k != "forget")
-    assert total <= 2 * N + 8, per_op
+    assert total <= 2 * N + 12, per_op   # (plus the stats reads: about 10 requests)
