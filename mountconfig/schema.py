@@ -34,7 +34,7 @@ class StoreConfig(Section):
         "s3://bucket/prefix, hdfs://namenode:port/path (production).",
     )
     endpoint_override: Optional[str] = Field(
-        None, description="S3 only: host:port of an S3-compatible server (MinIO, Ceph RGW, moto)."
+        None, description="S3 only: host:port of an S3-compatible server (MinIO, Ceph RGW, JuiceFS's gateway)."
     )
     scheme: Literal["https", "http"] = Field("https", description="S3 only: protocol to the endpoint.")
     region: Optional[str] = Field(None, description="S3 only: region; pyarrow's default resolution when unset.")
@@ -42,6 +42,15 @@ class StoreConfig(Section):
         None, description="S3 only: access key; unset means the AWS default chain (env, profile, instance role)."
     )
     secret_key: Optional[str] = Field(None, description="S3 only: secret key, together with access_key.")
+    request_checksum: Optional[Literal["when_required", "when_supported"]] = Field(
+        None, description="S3 only: when the AWS SDK adds a checksum to a request (its "
+        "AWS_REQUEST_CHECKSUM_CALCULATION, set for the daemon's S3 client only). \"when_supported\" (the "
+        "SDK's own default) sends multipart parts with a CRC trailer in aws-chunked encoding, which "
+        "many S3-compatible servers refuse (`MissingContentLength` from MinIO-based gateways such as "
+        "JuiceFS's: every upload of a file larger than one part fails); \"when_required\" sends checksums "
+        "only where the API demands one. Unset: \"when_required\" when `endpoint_override` is set (unless "
+        "the environment sets AWS_REQUEST_CHECKSUM_CALCULATION), else the SDK's default.",
+    )
     connect_timeout_s: float = Field(5.0, gt=0, description="Remote stores: connection timeout in seconds.")
     request_timeout_s: float = Field(30.0, gt=0, description="Remote stores: per-request timeout in seconds.")
     startup_check: bool = Field(

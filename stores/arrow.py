@@ -81,6 +81,45 @@ def _stat_of(info: pafs.FileInfo) -> Stat:
     raise FileNotFoundError(errno.ENOENT, "not found", info.path)
 
 
+CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
+_checksum_lock = threading.Lock()
+
+
+def request_checksum_of(store_cfg) -> Optional[str]:
+    """The request checksum policy an S3 store runs with: `[store] request_checksum` when given,
+    else "when_required" for a store with `endpoint_override` (S3-compatible servers: MinIO-based
+    gateways, many on-site servers refuse the SDK's default, which sends multipart parts with a
+    CRC trailer in aws-chunked encoding: `MissingContentLength`), else None (the AWS SDK's own
+    default, or whatever the environment already says)."""
+    explicit = getattr(store_cfg, "request_checksum", None)
+    if explicit:
+        return explicit
+    if store_cfg.endpoint_override and not os.environ.get(CHECKSUM_ENV):
+        return "when_required"
+    return None
+
+
+def s3_filesystem(policy: Optional[str], **kwargs) -> pafs.S3FileSystem:
+    """An S3FileSystem whose AWS client reads `policy` as AWS_REQUEST_CHECKSUM_CALCULATION.
+
+    The AWS SDK has no pyarrow option for it: it reads the environment variable when a client's
+    configuration is built, i.e. in the S3FileSystem constructor. The variable is set for the
+    construction and put back afterwards (under a lock, so two stores built at once in one
+    process cannot mix their settings); the daemons build their store once, at start."""
+    if policy is None:
+        return pafs.S3FileSystem(**kwargs)
+    with _checksum_lock:
+        before = os.environ.get(CHECKSUM_ENV)
+        os.environ[CHECKSUM_ENV] = policy
+        try:
+            return pafs.S3FileSystem(**kwargs)
+        finally:
+            if before is None:
+                os.environ.pop(CHECKSUM_ENV, None)
+            else:
+                os.environ[CHECKSUM_ENV] = before
+
+
 def filesystem_from_config(store_cfg) -> tuple[pafs.FileSystem, str]:
     """Build the pyarrow filesystem and the root path inside it from the [store] section."""
     uri = store_cfg.uri
@@ -98,7 +137,7 @@ def filesystem_from_config(store_cfg) -> tuple[pafs.FileSystem, str]:
         if store_cfg.access_key:
             kwargs["access_key"] = store_cfg.access_key
             kwargs["secret_key"] = store_cfg.secret_key or ""
-        fs = pafs.S3FileSystem(**kwargs)
+        fs = s3_filesystem(request_checksum_of(store_cfg), **kwargs)
         root = (parsed.netloc + parsed.path).rstrip("/")
         return fs, root
     fs, root = pafs.FileSystem.from_uri(uri)
@@ -231,6 +270,15 @@ class ArrowStore:
                 self.fs.create_dir(self._p(f"{dst}/{tail}"), recursive=True)
             else:
                 self.fs.copy_file(info.path, self._p(f"{dst}/{tail}"))
+        # One DeleteObject per object, deepest first, each folder when it is empty: pyarrow's
+        # delete_dir of a folder with objects sends DeleteObjects, which MinIO-based servers (JuiceFS's
+        # gateway among them) refuse from current AWS SDKs (`MissingContentMD5`: the SDK sends a CRC32
+        # checksum, no Content-MD5, whatever request_checksum says).
+        for info in sorted(infos, key=lambda i: i.path.count("/"), reverse=True):
+            if info.type == pafs.FileType.Directory:
+                self.fs.delete_dir(info.path)
+            else:
+                self.fs.delete_file(info.path)
         self.fs.delete_dir(self._p(src))
 
     def chmod(self, rel: str, mode: int) -> None:

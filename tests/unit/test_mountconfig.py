@@ -87,3 +87,38 @@ def test_governor_cli_bad_config_is_one_line(tmp_path):
     r = run_hintfs("governor", p)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "not_a_key" in r.stderr
+
+
+def test_request_checksum_defaults_to_when_required_for_endpoint_override_stores(monkeypatch):
+    """`[store] request_checksum`: explicit wins; unset, S3-compatible servers (endpoint_override)
+    get "when_required" unless the environment already says; AWS itself keeps the SDK default."""
+    from mountconfig.schema import StoreConfig
+    from stores.arrow import CHECKSUM_ENV, request_checksum_of
+    monkeypatch.delenv(CHECKSUM_ENV, raising=False)
+    assert StoreConfig().request_checksum is None
+    other = StoreConfig(uri="s3://b", endpoint_override="127.0.0.1:9")
+    aws = StoreConfig(uri="s3://b")
+    assert request_checksum_of(other) == "when_required"
+    assert request_checksum_of(aws) is None
+    assert request_checksum_of(StoreConfig(uri="s3://b", request_checksum="when_supported")) == "when_supported"
+    assert request_checksum_of(StoreConfig(uri="s3://b", endpoint_override="h:1",
+                                           request_checksum="when_supported")) == "when_supported"
+    monkeypatch.setenv(CHECKSUM_ENV, "when_supported")   # the operator's environment is kept
+    assert request_checksum_of(other) is None
+    with pytest.raises(ConfigError, match="store.request_checksum"):
+        parse_config({"store": {"uri": "s3://b", "request_checksum": "always"}})
+
+
+def test_request_checksum_is_set_for_the_s3_client_only_while_it_is_built(monkeypatch):
+    from mountconfig.schema import StoreConfig
+    from stores.arrow import CHECKSUM_ENV, filesystem_from_config
+    import os
+    monkeypatch.delenv(CHECKSUM_ENV, raising=False)
+    fs, root = filesystem_from_config(StoreConfig(uri="s3://bucket/pre", endpoint_override="127.0.0.1:9",
+                                                  scheme="http", access_key="a", secret_key="b",
+                                                  region="us-east-1"))
+    assert root == "bucket/pre" and CHECKSUM_ENV not in os.environ
+    monkeypatch.setenv(CHECKSUM_ENV, "when_supported")
+    filesystem_from_config(StoreConfig(uri="s3://bucket", endpoint_override="127.0.0.1:9", scheme="http",
+                                       request_checksum="when_required", region="us-east-1"))
+    assert os.environ[CHECKSUM_ENV] == "when_supported"
