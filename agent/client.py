@@ -43,9 +43,13 @@ class AgentClient:
         except fl.FlightError as err:
             raise AgentError(_errno_of(err), f"agent {self.location}: {what} failed: {err}") from None
 
-    def read(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
-        table = self._get({"path": path, "offset": offset, "length": length, "replica_only": replica_only},
-                          f"read {path}")
+    def read(self, path: str, offset: int, length: int, replica_only: bool = False,
+             expect: Optional[tuple[int, int]] = None) -> bytes:
+        """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another version."""
+        req = {"path": path, "offset": offset, "length": length, "replica_only": replica_only}
+        if expect is not None:
+            req["expect"] = list(expect)
+        table = self._get(req, f"read {path}")
         col = table.column(0)
         return col[0].as_py() if len(col) else b""
 

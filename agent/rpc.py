@@ -42,6 +42,8 @@ class ReadRequest(Request):
     offset: NonNeg
     length: int = Field(ge=0, le=MAX_READ_BYTES)
     replica_only: bool = False
+    # (size, mtime_ns) the reader opened: a replica of another version is never read (ESTALE)
+    expect: Optional[tuple[NonNeg, NonNeg]] = None
 
 
 class SampleRequest(Request):

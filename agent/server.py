@@ -170,12 +170,18 @@ class AgentServer(fl.FlightServerBase):
             self.follower = Follower(self, cfg.follow).start()
 
     # -- reads ---------------------------------------------------------------------------------
-    def read_range(self, path: str, offset: int, length: int, replica_only: bool = False) -> bytes:
+    def read_range(self, path: str, offset: int, length: int, replica_only: bool = False,
+                   expect: Optional[tuple[int, int]] = None) -> bytes:
         with self.read_slots:
             with self.lock:
                 self.in_flight += 1
                 rep = self.replicas.get(path)
             try:
+                if rep is not None and expect is not None and (rep.size, rep.source_mtime_ns) != tuple(expect):
+                    # A replica of another version than the reader's (the store file was replaced).
+                    if replica_only:
+                        raise rpc_error(errno.ESTALE, f"the replica of {path} is of another version")
+                    rep = None
                 if rep is not None:
                     rep.last_used = time.monotonic()
                     data = os.pread(rep.fd, length, offset)
@@ -235,7 +241,7 @@ class AgentServer(fl.FlightServerBase):
             elif isinstance(req, rpc.SamplesReadyRequest):
                 return fl.RecordBatchStream(self.samples_ready(req))
             else:
-                data = self.read_range(req.path, req.offset, req.length, req.replica_only)
+                data = self.read_range(req.path, req.offset, req.length, req.replica_only, req.expect)
             return fl.RecordBatchStream(pa.table({"data": pa.array([data], type=pa.large_binary())}))
 
     def _store_reader(self, path: str):
@@ -507,6 +513,18 @@ class AgentServer(fl.FlightServerBase):
             if any(p.startswith(prefix) for p in self.replicas) or any(p.startswith(prefix) for p in self._copying):
                 return {"state": "dir"}
         return {"state": "absent"}
+
+    def local_replica_fd(self, path: str, size: int, mtime_ns: int) -> int:
+        """A new fd of a complete, unexpired replica of exactly this version of `path`, or -1: for
+        the mount in this process, whose kernel then reads the replica file itself (passthrough).
+        The fd keeps the file's data should the replica be evicted meanwhile."""
+        with self.lock:
+            rep = self.replicas.get(path)
+            if (rep is None or rep.fd < 0 or rep.size != size or rep.source_mtime_ns != mtime_ns
+                    or rep.expires_at <= time.time()):
+                return -1
+            rep.last_used = time.monotonic()
+            return os.dup(rep.fd)
 
     def has(self, path: str, size: int, mtime_ns: int) -> bool:
         """A complete replica of exactly this version of `path` is here."""

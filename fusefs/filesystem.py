@@ -82,6 +82,19 @@ _PT_UNAVAILABLE = {errno.EPERM, errno.EACCES, errno.ENOTTY, errno.ENOSYS, errno.
 _CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
 
 
+class _HeldFd:
+    """An fd the filesystem holds beside a passthrough backing (a replica's): fstat after unlink."""
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class Filesystem:
     def __init__(self, store: Store, cfg: MountConfig, stats: Optional[Stats] = None, *,
                  control_root: Optional[ControlDir] = None,
@@ -605,7 +618,21 @@ class Filesystem:
                     await self.routing.on_open(node.path, st)
                 replicas = self.replica_reads
                 if replicas is not None and replicas.has_replicas(node.path):
-                    handle = ReplicaRead(node, reader, st.identity(), replicas)
+                    local = replicas.local_fd(node.path, st.identity()) if self.passthrough is not None else -1
+                    if local >= 0:
+                        backing_id = self._pt_attach(node, local, None)
+                    if backing_id:
+                        # A replica on this host (the mount's own agent): the kernel reads it.
+                        reader.close()
+                        held = _HeldFd(local)
+                        node.pt_file, node.pt_reader = ("replica", *st.identity()), held
+                        node.readers.append(held)
+                        self.stats.add("passthrough_replica_opens")
+                        handle = PassthroughRead(node)
+                    else:
+                        if local >= 0:
+                            os.close(local)
+                        handle = ReplicaRead(node, reader, st.identity(), replicas)
                 else:
                     if self.passthrough is not None and hasattr(reader, "fd"):
                         backing_id = self._pt_attach(node, reader.fd, None)
@@ -646,7 +673,9 @@ class Filesystem:
         becomes a new inode: the old one stays with its open files, and ESTALE makes the kernel
         look the name up again and retry the open on the new inode (once, in open(2) itself)."""
         st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
-        if (st.dev, st.ino) == node.pt_file:
+        # (a replica backs this version of the store file only; the store file itself, any)
+        now = ("replica", *st.identity()) if node.pt_file[0] == "replica" else (st.dev, st.ino)
+        if now == node.pt_file:
             return
         self.stats.add("passthrough_replaced")
         self.inodes.detach(node.path)

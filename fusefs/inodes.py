@@ -42,7 +42,8 @@ class Inode:
         self.pt_id = 0
         self.pt_refs = 0
         self.pt_staging: Optional[Staging] = None
-        self.pt_file: tuple[int, int] = (0, 0)   # (st_dev, st_ino) of a store file backing it
+        # what backs it: (st_dev, st_ino) of the store file, or ("replica", size, mtime_ns) of a replica
+        self.pt_file: tuple = (0, 0)
         self.pt_reader = None     # that store file's reader (in `readers`: fstat after an unlink)
 
     def open_fd(self) -> int:

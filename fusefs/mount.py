@@ -230,6 +230,8 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
         view = RoutedStore(store, cfg.routes, clients, stats)
         routing = TierRouting(cfg.routes, clients, hints.router, stats, io_limiter)
     replica_reads = ReplicaReads(hints.router, clients, cfg, stats, store=view, io_limiter=io_limiter)
+    if agent_server is not None:   # the in-process agent's replicas are files on this host
+        replica_reads.local_copy = agent_server.local_replica_fd
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
                     routing=routing, journal=journal, io_limiter=io_limiter)

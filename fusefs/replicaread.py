@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Optional
 
 import trio
 
@@ -40,6 +40,9 @@ class ReplicaReads:
         self.limiter = trio.CapacityLimiter(64)
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._fetching: dict[tuple, trio.Event] = {}
+        # The mount's in-process agent (same host, same process): its complete replicas can back
+        # passthrough opens (`AgentServer.local_replica_fd`); set by `fusefs.mount.assemble`.
+        self.local_copy: Optional[Callable[[str, int, int], int]] = None
 
     async def store_read(self, path: str, off: int, length: int) -> bytes:
         """One read of the store copy (the last fallback of replica reads)."""
@@ -53,6 +56,9 @@ class ReplicaReads:
 
     def has_replicas(self, path: str) -> bool:
         return bool(self.router.replicas.get(path))
+
+    def local_fd(self, path: str, identity: tuple[int, int]) -> int:
+        return self.local_copy(path, *identity) if self.local_copy is not None else -1
 
     async def read(self, path: str, identity, off: int, size: int) -> bytes:
         out = []
@@ -88,7 +94,7 @@ class ReplicaReads:
         done = trio.Event()
         self._fetching[key] = done
         try:
-            data = await self._fetch(path, b * self.block, self.block)
+            data = await self._fetch(path, identity, b * self.block, self.block)
             self._blocks[key] = data
             while len(self._blocks) > _CACHE_BLOCKS:
                 self._blocks.popitem(last=False)
@@ -97,16 +103,17 @@ class ReplicaReads:
             del self._fetching[key]
             done.set()
 
-    async def _from_agent(self, loc: str, path: str, off: int, length: int) -> bytes:
+    async def _from_agent(self, loc: str, path: str, identity, off: int, length: int) -> bytes:
         self.router.in_flight[loc] = self.router.in_flight.get(loc, 0) + 1
         try:
             with trio.fail_after(self.timeout):
+                # `identity`: the agent refuses (ESTALE) a replica of another version than the one opened
                 return await trio.to_thread.run_sync(self.clients[loc].read, path, off, length, True,
-                                                     limiter=self.limiter, abandon_on_cancel=True)
+                                                     tuple(identity), limiter=self.limiter, abandon_on_cancel=True)
         finally:
             self.router.in_flight[loc] -= 1
 
-    async def _fetch(self, path: str, off: int, length: int) -> bytes:
+    async def _fetch(self, path: str, identity, off: int, length: int) -> bytes:
         tried: list[str] = []
         while True:
             loc = self.router.pick(path, exclude=tuple(tried))
@@ -114,7 +121,7 @@ class ReplicaReads:
                 break
             tried.append(loc)
             try:
-                data = await self._hedged(path, off, length, loc, tried)
+                data = await self._hedged(path, identity, off, length, loc, tried)
                 self.stats.add("replica_reads")
                 return data
             except (OSError, trio.TooSlowError) as err:
@@ -123,9 +130,9 @@ class ReplicaReads:
         self.stats.add("replica_store_fallbacks")
         return await self.store_read(path, off, length)
 
-    async def _hedged(self, path: str, off: int, length: int, loc: str, tried: list[str]) -> bytes:
+    async def _hedged(self, path: str, identity, off: int, length: int, loc: str, tried: list[str]) -> bytes:
         if self.hedge_s <= 0:
-            return await self._from_agent(loc, path, off, length)
+            return await self._from_agent(loc, path, identity, off, length)
         result: dict = {}
         failures: list[BaseException] = []
 
@@ -139,7 +146,7 @@ class ReplicaReads:
                 if source is None:
                     data = await self.store_read(path, off, length)
                 else:
-                    data = await self._from_agent(source, path, off, length)
+                    data = await self._from_agent(source, path, identity, off, length)
             except (OSError, trio.TooSlowError) as err:
                 failures.append(err)
                 return

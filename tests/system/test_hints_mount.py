@@ -11,7 +11,7 @@ import pytest
 
 from hintfs import client
 from agent.client import AgentClient
-from tests.conftest import HINTFS, REPO, needs_fuse, wait_for
+from tests.conftest import DAEMON_DATA_PATH, HINTFS, REPO, needs_fuse, wait_for
 
 pytestmark = needs_fuse
 
@@ -25,7 +25,8 @@ def _ckpt(store, mib=8):
 
 
 def test_hint_replicates_and_reads_come_from_replicas(mount_factory, tmp_path):
-    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
+    # (the daemon's replica reads: with passthrough the kernel reads a local replica, below)
+    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n' + DAEMON_DATA_PATH)
     _ckpt(m.store)
     client.set_replication_hints(str(m.mnt), "restart", {"ckpt/.metadata": 256, "ckpt/shard0.distcp": 64},
                                  ttl_s=3, deadline_s=30)
@@ -42,6 +43,42 @@ def test_hint_replicates_and_reads_come_from_replicas(mount_factory, tmp_path):
     assert wait_for(lambda: client.replica_status(str(m.mnt), "restart") == {}, timeout=10)
     assert hashlib.sha256((m.mnt / "ckpt" / ".metadata").read_bytes()).digest() == \
         hashlib.sha256((m.store / "ckpt" / ".metadata").read_bytes()).digest()
+
+
+def test_a_replica_on_this_host_is_read_by_the_kernel_and_never_stale(mount_factory, tmp_path):
+    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
+    if m.stats()["passthrough"]["state"] != "on":
+        pytest.skip(f"FUSE passthrough not available here: {m.stats()['passthrough']['state']}")
+    _ckpt(m.store)
+    client.set_replication_hints(str(m.mnt), "restart", {"ckpt/shard0.distcp": 64}, ttl_s=60, deadline_s=30)
+    assert client.wait_for_replicas(str(m.mnt), "restart", timeout_s=30)["ready"]
+    shard = m.mnt / "ckpt" / "shard0.distcp"
+    old = (m.store / "ckpt" / "shard0.distcp").read_bytes()
+    assert shard.read_bytes() == old
+    s = m.stats()
+    assert s["counters"].get("passthrough_replica_opens", 0) >= 1 and s["counters"].get("replica_reads", 0) == 0
+    # The store file replaced while the replica-backed file is open: a new open reads the new
+    # bytes (the replica is of the old version), the open one keeps reading the old ones.
+    with open(shard, "rb") as before:
+        tmp = m.store / "ckpt" / "new.tmp"
+        tmp.write_bytes(b"new version" * 1000)
+        os.rename(tmp, m.store / "ckpt" / "shard0.distcp")
+        assert shard.read_bytes() == b"new version" * 1000
+        assert before.read() == old
+    assert shard.read_bytes() == b"new version" * 1000
+
+
+def test_a_replica_of_an_older_version_is_never_read(mount_factory, tmp_path):
+    # The daemon's replica reads (passthrough off): the agent is asked for the version the file
+    # was opened at, and refuses a replica of another one (the reads then go to the store).
+    m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n' + DAEMON_DATA_PATH)
+    _ckpt(m.store)
+    client.set_replication_hints(str(m.mnt), "restart", {"ckpt/shard0.distcp": 64}, ttl_s=60, deadline_s=30)
+    assert client.wait_for_replicas(str(m.mnt), "restart", timeout_s=30)["ready"]
+    tmp = m.store / "ckpt" / "new.tmp"
+    tmp.write_bytes(b"second version" * 5000)
+    os.rename(tmp, m.store / "ckpt" / "shard0.distcp")
+    assert (m.mnt / "ckpt" / "shard0.distcp").read_bytes() == b"second version" * 5000
 
 
 @pytest.mark.parametrize("doc, reason", [
