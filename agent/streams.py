@@ -1,0 +1,229 @@
+"""The eval tier's side of write-time streaming (docs/cross_dc.md, "Write-time streaming"):
+the streams a training mount sends while it writes, held apart from replicas until published.
+
+A building block, not wired into `AgentServer` yet (no Flight action reaches it): the agent will
+call it from `stream_open`, `stream_range` (`do_put`), `stream_publish` and `stream_abort`.
+
+- Each stream is `<id>.part` (bytes at their offsets) and, when `persistent`, a
+  `<id>.part.progress` JSON (generation, path, job, the chunks held with their CRCs), written
+  after an `fdatasync` of the part, at most every `progress_every_s` and at publish: a restarted
+  agent adopts both and the sender re-sends only what is not listed.
+- A stream's bytes are never readable through the tier before `publish` says "ready": the tier
+  serves replicas only, and a stream becomes one only by `publish` handing its finished part to
+  the caller (who renames it into the replica catalog).
+- A new generation (the writer truncated, or the file was rewritten) forgets the older one's
+  chunks. Streams with no call for `idle_s` are dropped (`expire`): that is how the stream of a
+  training mount that died before publishing goes away.
+
+Thread-safe: one lock for the catalog; writes of different chunks run concurrently.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from policy.stream import RangeMap, Verdict, chunk_crc, verdict
+
+log = logging.getLogger("hintfs.streams")
+
+_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class StreamError(ValueError):
+    pass
+
+
+@dataclass
+class Stream:
+    sid: str
+    gen: int
+    path: str
+    job: Optional[str]
+    ranges: RangeMap
+    fd: int
+    last_call: float
+    saved_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class StreamTier:
+    def __init__(self, folder: str, clock: Callable[[], float], persistent: bool = False,
+                 idle_s: float = 120.0, progress_every_s: float = 0.5):
+        self.folder = folder
+        self.clock = clock
+        self.persistent = persistent
+        self.idle_s = idle_s
+        self.progress_every_s = progress_every_s
+        self.streams: dict[str, Stream] = {}
+        self.lock = threading.Lock()
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+
+    # -- files ----------------------------------------------------------------------------------
+    def _part(self, sid: str) -> str:
+        return os.path.join(self.folder, f"stream-{sid}.part")
+
+    def _save(self, s: Stream, force: bool = False) -> None:
+        if not self.persistent:
+            return
+        now = self.clock()
+        if not force and now - s.saved_at < self.progress_every_s:
+            return
+        s.saved_at = now
+        os.fdatasync(s.fd)
+        doc = {"stream": s.sid, "gen": s.gen, "path": s.path, "job": s.job, **s.ranges.to_doc()}
+        tmp = self._part(s.sid) + ".progress.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.rename(tmp, self._part(s.sid) + ".progress")
+
+    def _remove(self, s: Stream) -> None:
+        os.close(s.fd)
+        for name in (self._part(s.sid) + ".progress", self._part(s.sid)):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+
+    # -- calls ----------------------------------------------------------------------------------
+    def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]:
+        """Start or resume stream `sid` at generation `gen`; the chunks already held (index -> CRC),
+        so the sender re-sends only the others. An older generation's chunks are forgotten."""
+        if not _ID.match(sid):
+            raise StreamError(f"bad stream id {sid!r}")
+        if chunk <= 0:
+            raise StreamError("chunk must be positive")
+        with self.lock:
+            s = self.streams.get(sid)
+            if s is not None and (s.gen > gen):
+                raise StreamError(f"stream {sid}: generation {gen} is older than {s.gen}")
+            if s is not None and (s.gen < gen or s.ranges.chunk != chunk):
+                self._remove(s)
+                del self.streams[sid]
+                s = None
+            if s is None:
+                fd = os.open(self._part(sid), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                s = Stream(sid, gen, path, job, RangeMap(chunk), fd, self.clock())
+                self.streams[sid] = s
+            s.path, s.job, s.last_call = path, job, self.clock()
+            return {i: crc for i, (_n, crc) in s.ranges.held.items()}
+
+    def _get(self, sid: str, gen: int) -> Stream:
+        with self.lock:
+            s = self.streams.get(sid)
+            if s is None:
+                raise StreamError(f"no stream {sid} (never opened, aborted or expired)")
+            if s.gen != gen:
+                raise StreamError(f"stream {sid} is at generation {s.gen}, not {gen}")
+            s.last_call = self.clock()
+            return s
+
+    def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int) -> None:
+        """One aligned chunk; refused (nothing written) when its CRC is not the bytes'."""
+        s = self._get(sid, gen)
+        if chunk_crc(data) != crc & 0xFFFFFFFF:
+            raise StreamError(f"stream {sid}: chunk at {offset} arrived damaged (CRC)")
+        if offset % s.ranges.chunk or not 0 < len(data) <= s.ranges.chunk:
+            raise StreamError(f"stream {sid}: {offset}+{len(data)} is not one aligned chunk")
+        os.pwrite(s.fd, data, offset)
+        with s.lock:
+            s.ranges.add(offset, len(data), crc)
+            self._save(s)
+
+    def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
+                replica_version: Optional[tuple[int, int]] = None) -> tuple[Verdict, Optional[str]]:
+        """The sender published `path` as (size, mtime_ns) with these final chunk CRCs. Returns
+        the verdict and, when "ready", the finished part file (the caller renames it into its
+        catalog and owns it). On "fill" the stream stays, its bad chunks forgotten, to be filled
+        by `put` (from the sender) or by the caller's copy (`part_of`); on "stale" it is gone."""
+        s = self._get(sid, gen)
+        with s.lock:
+            v = verdict(s.ranges, size, crcs, (size, mtime_ns), replica_version)
+            if v.state == "stale":
+                self.abort(sid)
+                return v, None
+            s.path = path
+            for i in v.fetch:
+                s.ranges.held.pop(i, None)
+            if v.state == "fill":
+                self._save(s, force=True)
+                return v, None
+            os.ftruncate(s.fd, size)
+            os.fdatasync(s.fd)
+        with self.lock:
+            self.streams.pop(sid, None)
+        os.close(s.fd)
+        try:
+            os.unlink(self._part(sid) + ".progress")
+        except FileNotFoundError:
+            pass
+        return v, self._part(sid)
+
+    def abort(self, sid: str) -> bool:
+        with self.lock:
+            s = self.streams.pop(sid, None)
+        if s is None:
+            return False
+        self._remove(s)
+        return True
+
+    def expire(self) -> list[str]:
+        """Drop streams with no call for `idle_s`; their ids."""
+        now = self.clock()
+        with self.lock:
+            gone = [sid for sid, s in self.streams.items() if now - s.last_call > self.idle_s]
+        for sid in gone:
+            self.abort(sid)
+            log.info("stream %s dropped: no call for %.0f s (its sender died or gave up)", sid, self.idle_s)
+        return gone
+
+    def streaming(self, path: str) -> bool:
+        """An unpublished stream is headed for `path` (eval reads of it wait or go to the store,
+        never to these bytes)."""
+        with self.lock:
+            return any(s.path == path for s in self.streams.values())
+
+    def adopt(self, folder: str) -> int:
+        """Take over the streams of a stopped agent's folder (part + progress); others are left
+        for the caller to remove with the folder. Returns how many."""
+        n = 0
+        for name in sorted(os.listdir(folder)):
+            if not (name.startswith("stream-") and name.endswith(".part.progress")):
+                continue
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    doc = json.load(f)
+                sid = str(doc["stream"])
+                if not _ID.match(sid) or sid in self.streams:
+                    continue
+                ranges = RangeMap.from_doc(doc)
+                src = os.path.join(folder, name[: -len(".progress")])
+                os.rename(src, self._part(sid))
+                fd = os.open(self._part(sid), os.O_RDWR | os.O_CLOEXEC)
+                s = Stream(sid, int(doc["gen"]), str(doc["path"]), doc.get("job"), ranges, fd, self.clock())
+                with self.lock:
+                    self.streams[sid] = s
+                with s.lock:
+                    self._save(s, force=True)
+                n += 1
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("not adopting stream %s from %s: %s", name, folder, err)
+        return n
+
+    def close(self) -> None:
+        with self.lock:
+            streams, self.streams = list(self.streams.values()), {}
+        for s in streams:
+            if self.persistent:
+                with s.lock:
+                    self._save(s, force=True)
+                os.close(s.fd)
+            else:
+                self._remove(s)
+
+
+__all__ = ["StreamTier", "StreamError"]

@@ -1,0 +1,153 @@
+"""Write-time streaming, the training mount's side (docs/cross_dc.md, "Write-time streaming"):
+send a file's bytes to the eval tier while the job writes it, reading behind the writer.
+
+A building block, not wired into the mount yet: nothing in `fusefs/filesystem.py` calls it, and
+there is no `[stream]` table. It is driven by `step` calls (the mount will run them in a worker
+thread per stream; the tests call them directly), against a `Transport`: the tier's calls
+(`agent.streams.StreamTier` in the tests; Flight calls to the eval agent when wired).
+
+- While the file is written, a step sends the whole chunks below the staging file's current size
+  that were not sent (`policy.stream.ranges_to_send`), read with `pread` from its own dup of the
+  staging fd: the writer never waits for the streamer.
+- After publish (the store committed the file as (size, mtime_ns)), a step computes the CRC of
+  every chunk of the final file, re-sends the chunks that changed since they were sent (in-place
+  rewrites), sends the tail, and publishes; a tier that answers "fill" gets the chunks it names.
+- A failed call (link down, tier restarted) leaves the stream as it is; the next step re-opens it
+  (`open` answers what the tier holds) and goes on from there. Nothing is lost but time.
+- `restart` (the file was truncated or staged anew) starts a new generation: the tier forgets the
+  older one's chunks. `drop` (unlinked or abandoned before publish) aborts it at the tier.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from policy.stream import chunk_count, chunk_crc, chunk_span, ranges_to_send
+
+log = logging.getLogger("hintfs.streamer")
+
+_ids = itertools.count()
+_HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or "host"
+
+
+class Transport(Protocol):
+    def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]: ...
+    def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int) -> None: ...
+    def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int,
+                crcs: list[int]) -> tuple[str, tuple[int, ...]]: ...
+    def abort(self, sid: str) -> None: ...
+
+
+@dataclass
+class FileStream:
+    sid: str
+    path: str
+    fd: int                      # the streamer's own dup of the staging fd
+    chunk: int
+    job: Optional[str] = None
+    gen: int = 0
+    opened: bool = False         # the tier knows this generation (an `open` answered)
+    sent: dict[int, int] = field(default_factory=dict)   # chunk -> CRC the tier holds
+    version: Optional[tuple[int, int]] = None             # (size, mtime_ns) once published
+    final: Optional[list[int]] = None                     # the final file's chunk CRCs
+    state: str = "writing"       # writing | published | done | dropped
+    errors: int = 0
+    bytes_sent: int = 0
+
+
+class Streamer:
+    def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 16):
+        if chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be positive")
+        self.transport = transport
+        self.chunk = chunk_bytes
+        self.max_chunks = max_chunks_per_step
+
+    # -- the mount's hooks (each a cheap call: the work happens in `step`) ----------------------
+    def start(self, path: str, fd: int, job: Optional[str] = None) -> FileStream:
+        return FileStream(f"{_HOST}-{os.getpid()}-{next(_ids)}", path, os.dup(fd), self.chunk, job)
+
+    def restart(self, fs: FileStream, fd: Optional[int] = None) -> None:
+        """The file was truncated or staged anew: a new generation (the tier forgets the old)."""
+        if fd is not None:
+            os.close(fs.fd)
+            fs.fd = os.dup(fd)
+        fs.gen += 1
+        fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"
+
+    def published(self, fs: FileStream, size: int, mtime_ns: int) -> None:
+        """The store committed the file with these attributes (no writer can change it now)."""
+        fs.version = (size, mtime_ns)
+        fs.state = "published"
+
+    def drop(self, fs: FileStream) -> None:
+        """Unlinked or abandoned before publish: the tier must drop what it holds."""
+        fs.state = "dropped"
+
+    def close(self, fs: FileStream) -> None:
+        if fs.fd >= 0:
+            os.close(fs.fd)
+            fs.fd = -1
+
+    # -- work -----------------------------------------------------------------------------------
+    def step(self, fs: FileStream) -> bool:
+        """One round of work; True when the stream is finished (done or dropped at the tier).
+        A failed tier call is counted and left for the next step."""
+        try:
+            if fs.state == "dropped":
+                self.transport.abort(fs.sid)
+                self.close(fs)
+                return True
+            if fs.state == "done":
+                return True
+            if not fs.opened:
+                held = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
+                fs.sent, fs.opened = dict(held), True
+            if fs.state == "writing":
+                size = os.fstat(fs.fd).st_size
+                self._send(fs, ranges_to_send(size, fs.chunk, fs.sent, limit=self.max_chunks), size)
+                return False
+            assert fs.version is not None
+            size = fs.version[0]
+            if fs.final is None:
+                fs.final = self._final_crcs(fs, size)
+            todo = ranges_to_send(size, fs.chunk, fs.sent, fs.final)
+            self._send(fs, todo, size)
+            state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final)
+            if state == "fill":
+                for i in fetch:                 # the tier does not have these: send them again
+                    fs.sent.pop(i, None)
+                return False
+            fs.state = "done"
+            self.close(fs)
+            return True
+        except OSError as err:
+            fs.errors += 1
+            fs.opened = False                   # re-open next time: learn what the tier holds
+            log.debug("stream %s of %s: %s (will retry)", fs.sid, fs.path, err)
+            return False
+
+    def _send(self, fs: FileStream, chunks: list[int], size: int) -> None:
+        for i in chunks:
+            off, n = chunk_span(i, size, fs.chunk)
+            data = os.pread(fs.fd, n, off)
+            if len(data) != n:
+                return                          # truncated under us: `restart` will follow
+            crc = chunk_crc(data)
+            self.transport.put(fs.sid, fs.gen, off, data, crc)
+            fs.sent[i] = crc
+            fs.bytes_sent += n
+
+    def _final_crcs(self, fs: FileStream, size: int) -> list[int]:
+        out = []
+        for i in range(chunk_count(size, fs.chunk)):
+            off, n = chunk_span(i, size, fs.chunk)
+            out.append(chunk_crc(os.pread(fs.fd, n, off)))
+        return out
+
+
+__all__ = ["Streamer", "FileStream", "Transport"]

@@ -1,0 +1,140 @@
+"""Write-time streaming to the eval tier (docs/cross_dc.md, "Write-time streaming"): the pure
+decisions of both ends, no I/O and no clock.
+
+- `ranges_to_send`: what a sender sends next, reading behind a writer: whole chunks below the
+  staging file's current size, and at publish the tail and every chunk whose bytes changed since
+  they were sent (in-place rewrites, which the daemon does not see with FUSE passthrough).
+- `RangeMap`: what a tier holds of one stream, chunk by chunk with each chunk's CRC, and its
+  JSON form for the progress file of a persistent agent.
+- `verdict`: at publish, whether the tier's bytes *are* the published file (every chunk present
+  with the sender's final CRC), and if not, which chunks must come from elsewhere. The tier never
+  serves a stream that was not published, nor one whose verdict is not `ready`.
+- `chunk_crc`: the checksum both sides compute (zlib's CRC-32 of the chunk's bytes).
+
+Chunks are aligned: chunk i covers [i * chunk, min((i + 1) * chunk, size)). Only the last chunk
+of a file may be short, and a short chunk is sent only at publish (the writer may still extend it).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+
+def chunk_crc(data: bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def chunk_count(size: int, chunk: int) -> int:
+    return (size + chunk - 1) // chunk if size > 0 else 0
+
+
+def chunk_span(index: int, size: int, chunk: int) -> tuple[int, int]:
+    """(offset, length) of chunk `index` of a file of `size` bytes."""
+    off = index * chunk
+    return off, max(0, min(chunk, size - off))
+
+
+def ranges_to_send(size: int, chunk: int, sent: dict[int, int], final_crcs: Optional[list[int]] = None,
+                   limit: Optional[int] = None) -> list[int]:
+    """Chunk indices to send next, in order.
+
+    While writing (`final_crcs` None): the whole chunks below `size` not in `sent` (index -> CRC
+    sent). At publish (`final_crcs`: the CRC of every chunk of the final file): first the chunks
+    whose final CRC differs from what was sent (rewritten in place), then those never sent, the
+    tail included. `limit` caps how many are returned."""
+    if chunk <= 0:
+        raise ValueError("chunk must be positive")
+    if final_crcs is None:
+        out = [i for i in range(size // chunk) if i not in sent]
+    else:
+        if len(final_crcs) != chunk_count(size, chunk):
+            raise ValueError(f"{len(final_crcs)} final CRCs for {chunk_count(size, chunk)} chunks")
+        changed = [i for i, c in enumerate(final_crcs) if i in sent and sent[i] != c]
+        unsent = [i for i in range(len(final_crcs)) if i not in sent]
+        out = changed + unsent
+    return out if limit is None else out[:limit]
+
+
+@dataclass
+class RangeMap:
+    """The chunks of one stream a tier holds: index -> (length, CRC of the bytes received)."""
+    chunk: int
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, offset: int, length: int, crc: int) -> None:
+        """Record a received chunk (the caller checked `crc` against the bytes). Chunks are
+        aligned; a chunk received again replaces the earlier one (a re-send after a rewrite)."""
+        if offset % self.chunk or length <= 0 or length > self.chunk:
+            raise ValueError(f"range {offset}+{length} is not one aligned chunk of {self.chunk}")
+        self.held[offset // self.chunk] = (length, crc & 0xFFFFFFFF)
+
+    def drop_from(self, size: int) -> None:
+        """Forget chunks at or past `size` and a partial chunk that `size` cuts (a truncate)."""
+        for i in list(self.held):
+            off, length = i * self.chunk, self.held[i][0]
+            if off + length > size:
+                del self.held[i]
+
+    def bytes_held(self) -> int:
+        return sum(length for length, _crc in self.held.values())
+
+    def missing(self, size: int) -> list[int]:
+        return [i for i in range(chunk_count(size, self.chunk))
+                if self.held.get(i, (None,))[0] != chunk_span(i, size, self.chunk)[1]]
+
+    def to_doc(self) -> dict:
+        return {"chunk": self.chunk, "held": {str(i): [n, c] for i, (n, c) in sorted(self.held.items())}}
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> "RangeMap":
+        chunk = int(doc["chunk"])
+        if chunk <= 0:
+            raise ValueError("chunk must be positive")
+        m = cls(chunk)
+        for k, (n, c) in doc["held"].items():
+            m.add(int(k) * chunk, int(n), int(c))
+        return m
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str                 # "ready" | "fill" | "stale"
+    fetch: tuple[int, ...]     # chunk indices to take from elsewhere (state "fill")
+    keep: tuple[int, ...]      # chunk indices whose bytes are the published file's
+
+
+def verdict(held: RangeMap, size: int, final_crcs: list[int],
+            version: tuple[int, int], replica_version: Optional[tuple[int, int]] = None) -> Verdict:
+    """What a tier does with a stream at its publish as `version` = (size, mtime_ns).
+
+    - "stale": the tier already holds a replica of a newer version (mtime later): the stream's
+      bytes are dropped, the replica stays.
+    - "ready": every chunk is held with the final CRC: the stream *is* the published file.
+    - "fill": the chunks in `fetch` (missing, short, or with another CRC) must come from the
+      store at `version` (or the sender); the ones in `keep` are verified and stay."""
+    if version[0] != size:
+        raise ValueError("the version's size is the file's size")
+    n = chunk_count(size, held.chunk)
+    if len(final_crcs) != n:
+        raise ValueError(f"{len(final_crcs)} final CRCs for {n} chunks")
+    if replica_version is not None and replica_version[1] > version[1]:
+        return Verdict("stale", (), ())
+    keep, fetch = [], []
+    for i in range(n):
+        got = held.held.get(i)
+        want_len = chunk_span(i, size, held.chunk)[1]
+        if got is not None and got[0] == want_len and got[1] == (final_crcs[i] & 0xFFFFFFFF):
+            keep.append(i)
+        else:
+            fetch.append(i)
+    return Verdict("fill" if fetch else "ready", tuple(fetch), tuple(keep))
+
+
+def crcs_of(chunks: Iterable[bytes]) -> list[int]:
+    """The final CRC list of a file given its chunks in order (tests, and small files)."""
+    return [chunk_crc(c) for c in chunks]
+
+
+__all__ = ["chunk_crc", "chunk_count", "chunk_span", "ranges_to_send", "RangeMap", "Verdict", "verdict",
+           "crcs_of"]

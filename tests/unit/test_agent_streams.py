@@ -1,0 +1,111 @@
+"""agent/streams.py, the tier's side of write-time streaming (a building block, not wired into the
+agent yet): chunks kept apart until a verified publish, damaged chunks refused, generations,
+idle expiry, and adoption of a stopped agent's streams with their progress."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.streams import StreamError, StreamTier
+from policy.stream import chunk_crc, crcs_of
+
+CHUNK = 8
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def put_all(tier, sid, gen, data, skip=()):
+    for off in range(0, len(data), CHUNK):
+        if off // CHUNK not in skip:
+            piece = data[off:off + CHUNK]
+            tier.put(sid, gen, off, piece, chunk_crc(piece))
+
+
+def crcs(data: bytes) -> list[int]:
+    return crcs_of([data[i:i + CHUNK] for i in range(0, len(data), CHUNK)])
+
+
+def test_a_verified_publish_hands_over_the_exact_bytes(tmp_path):
+    tier = StreamTier(str(tmp_path / "t"), Clock())
+    data = os.urandom(30)
+    assert tier.open("s1", 0, "ckpt/a", CHUNK) == {}
+    put_all(tier, "s1", 0, data)
+    assert tier.streaming("ckpt/a") and not tier.streaming("ckpt/b")
+    v, part = tier.publish("s1", 0, "ckpt/a", len(data), 5, crcs(data))
+    assert v.state == "ready" and part is not None
+    with open(part, "rb") as f:
+        assert f.read() == data
+    assert not tier.streaming("ckpt/a") and not os.path.exists(part + ".progress")
+
+
+def test_damaged_and_unaligned_chunks_are_refused(tmp_path):
+    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier.open("s", 0, "p", CHUNK)
+    with pytest.raises(StreamError, match="damaged"):
+        tier.put("s", 0, 0, b"12345678", chunk_crc(b"12345679"))
+    with pytest.raises(StreamError, match="aligned"):
+        tier.put("s", 0, 3, b"1", chunk_crc(b"1"))
+    with pytest.raises(StreamError, match="generation"):
+        tier.put("s", 1, 0, b"1", chunk_crc(b"1"))
+    with pytest.raises(StreamError):
+        tier.open("../x", 0, "p", CHUNK)
+
+
+def test_a_rewrite_in_place_is_not_trusted_and_a_new_generation_starts_over(tmp_path):
+    tier = StreamTier(str(tmp_path / "t"), Clock())
+    old = b"a" * 24
+    tier.open("s", 0, "p", CHUNK)
+    put_all(tier, "s", 0, old)
+    new = b"a" * 8 + b"B" * 8 + b"a" * 8          # chunk 1 rewritten after it was sent
+    v, part = tier.publish("s", 0, "p", 24, 7, crcs(new))
+    assert v.state == "fill" and v.fetch == (1,) and part is None
+    assert tier.open("s", 0, "p", CHUNK).keys() == {0, 2}      # resumption: chunk 1 is wanted
+    tier.put("s", 0, 8, new[8:16], chunk_crc(new[8:16]))
+    v, part = tier.publish("s", 0, "p", 24, 7, crcs(new))
+    with open(part, "rb") as f:
+        assert v.state == "ready" and f.read() == new
+    tier.open("t", 0, "q", CHUNK)
+    put_all(tier, "t", 0, old)
+    assert tier.open("t", 1, "q", CHUNK) == {}                 # truncated and rewritten: all again
+    with pytest.raises(StreamError, match="older"):
+        tier.open("t", 0, "q", CHUNK)
+
+
+def test_a_newer_replica_wins_and_idle_streams_expire(tmp_path):
+    clock = Clock()
+    tier = StreamTier(str(tmp_path / "t"), clock, idle_s=60)
+    tier.open("s", 0, "p", CHUNK)
+    put_all(tier, "s", 0, b"x" * 8)
+    v, part = tier.publish("s", 0, "p", 8, 5, crcs(b"x" * 8), replica_version=(9, 6))
+    assert v.state == "stale" and part is None and not tier.streaming("p")
+    tier.open("dead", 0, "p2", CHUNK)
+    put_all(tier, "dead", 0, b"y" * 16)
+    clock.t += 61
+    assert tier.expire() == ["dead"]
+    assert os.listdir(tmp_path / "t") == []                     # nothing of it is left
+    with pytest.raises(StreamError, match="no stream"):
+        tier.put("dead", 0, 0, b"y", chunk_crc(b"y"))
+
+
+def test_a_restarted_agent_adopts_the_streams_and_their_progress(tmp_path):
+    clock = Clock()
+    old = StreamTier(str(tmp_path / "old"), clock, persistent=True, progress_every_s=0)
+    data = os.urandom(40)
+    old.open("s", 3, "ckpt/x", CHUNK, job="ckpt")
+    put_all(old, "s", 3, data, skip={2})
+    # (the agent dies here: nothing is closed; the progress on disk lists what was synced)
+    new = StreamTier(str(tmp_path / "new"), clock, persistent=True)
+    assert new.adopt(str(tmp_path / "old")) == 1
+    held = new.open("s", 3, "ckpt/x", CHUNK)
+    assert sorted(held) == [0, 1, 3, 4]
+    new.put("s", 3, 16, data[16:24], chunk_crc(data[16:24]))
+    v, part = new.publish("s", 3, "ckpt/x", 40, 9, crcs(data))
+    with open(part, "rb") as f:
+        assert v.state == "ready" and f.read() == data

@@ -1,0 +1,187 @@
+"""fusefs/streamer.py against agent/streams.py (the two ends of write-time streaming, building
+blocks not wired into the mount or the agent yet), joined by an in-memory transport that can be
+cut: bytes sent behind a writer, each once on the happy path; in-place rewrites caught at
+publish; a cut link and a restarted tier resume from what the tier holds; a truncate starts a new
+generation; an unlinked file leaves nothing at the tier; nothing is ready before publish."""
+from __future__ import annotations
+
+import errno
+import os
+
+from agent.streams import StreamError, StreamTier
+from fusefs.streamer import Streamer
+
+CHUNK = 64 << 10
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Link:
+    """The tier's calls across a link that a test can cut; tier errors arrive as OSError, as
+    the agent's errors do through its client."""
+
+    def __init__(self, tier: StreamTier):
+        self.tier = tier
+        self.down = False
+        self.ready: dict[str, bytes] = {}
+        self.bytes = 0
+
+    def _call(self, fn, *args):
+        if self.down:
+            raise ConnectionError(errno.ECONNREFUSED, "link down")
+        try:
+            return fn(*args)
+        except StreamError as err:
+            raise OSError(errno.EIO, str(err)) from None
+
+    def open(self, sid, gen, path, chunk, job=None):
+        return self._call(self.tier.open, sid, gen, path, chunk, job)
+
+    def put(self, sid, gen, offset, data, crc):
+        self._call(self.tier.put, sid, gen, offset, data, crc)
+        self.bytes += len(data)
+
+    def publish(self, sid, gen, path, size, mtime_ns, crcs):
+        v, part = self._call(self.tier.publish, sid, gen, path, size, mtime_ns, crcs)
+        if part is not None:
+            with open(part, "rb") as f:
+                self.ready[path] = f.read()
+            os.unlink(part)
+        return v.state, v.fetch
+
+    def abort(self, sid):
+        self._call(self.tier.abort, sid)
+
+
+def setup(tmp_path, persistent=False):
+    tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=persistent, progress_every_s=0)
+    link = Link(tier)
+    staging = open(tmp_path / "staging", "w+b")
+    return tier, link, Streamer(link, CHUNK), staging
+
+
+def finish(streamer, fs, limit=50):
+    for _ in range(limit):
+        if streamer.step(fs):
+            return True
+    return False
+
+
+def test_bytes_leave_behind_the_writer_once_each_and_are_ready_only_at_publish(tmp_path):
+    tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
+    data = os.urandom(10 * CHUNK + 123)
+    for off in range(0, len(data), CHUNK // 2):      # the job writes; the streamer trails it
+        f.write(data[off:off + CHUNK // 2])
+        f.flush()
+        streamer.step(fs)
+    assert link.bytes == 10 * CHUNK                   # every whole chunk is across before the close
+    assert tier.streaming("ckpt/s1/__0_0.distcp") and "ckpt/s1/__0_0.distcp" not in link.ready
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready["ckpt/s1/__0_0.distcp"] == data
+    assert link.bytes == len(data)                    # no byte sent twice
+    assert fs.fd == -1 and not tier.streaming("ckpt/s1/__0_0.distcp")
+
+
+def test_a_chunk_rewritten_in_place_after_it_was_sent_is_sent_again(tmp_path):
+    _tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("p", f.fileno())
+    data = bytearray(os.urandom(4 * CHUNK))
+    f.write(data)
+    f.flush()
+    streamer.step(fs)
+    f.seek(CHUNK + 10)
+    f.write(b"REWRITTEN")                             # (with passthrough the daemon never sees it)
+    f.flush()
+    data[CHUNK + 10:CHUNK + 19] = b"REWRITTEN"
+    streamer.published(fs, len(data), 5)
+    assert finish(streamer, fs)
+    assert link.ready["p"] == bytes(data)
+    assert link.bytes == 5 * CHUNK
+
+
+def test_a_cut_link_resumes_where_the_tier_stands(tmp_path):
+    _tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("p", f.fileno())
+    data = os.urandom(8 * CHUNK)
+    f.write(data[:3 * CHUNK])
+    f.flush()
+    streamer.step(fs)
+    link.down = True                                  # the link is cut while the job writes on
+    f.write(data[3 * CHUNK:])
+    f.flush()
+    for _ in range(5):
+        assert not streamer.step(fs)
+    assert fs.errors == 5 and link.bytes == 3 * CHUNK
+    link.down = False
+    streamer.published(fs, len(data), 7)
+    assert finish(streamer, fs)
+    assert link.ready["p"] == data and link.bytes == len(data)
+
+
+def test_a_restarted_tier_adopts_the_stream_and_the_sender_sends_only_the_rest(tmp_path):
+    tier, link, streamer, f = setup(tmp_path, persistent=True)
+    fs = streamer.start("p", f.fileno())
+    data = os.urandom(6 * CHUNK)
+    f.write(data[:4 * CHUNK])
+    f.flush()
+    streamer.step(fs)
+    # the tier agent is killed (nothing closed) and a new one adopts its folder
+    new = StreamTier(str(tmp_path / "tier2"), Clock(), persistent=True)
+    assert new.adopt(str(tmp_path / "tier")) == 1
+    link.tier = new
+    f.write(data[4 * CHUNK:])
+    f.flush()
+    streamer.published(fs, len(data), 9)
+    assert finish(streamer, fs)
+    assert link.ready["p"] == data
+    assert link.bytes == len(data)                    # the 4 chunks the tier kept were not resent
+
+
+def test_a_tier_that_lost_the_stream_gets_it_all_again(tmp_path):
+    tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("p", f.fileno())
+    data = os.urandom(3 * CHUNK)
+    f.write(data)
+    f.flush()
+    streamer.step(fs)
+    tier.abort(fs.sid)                                # e.g. expired, or a tier without its disk
+    streamer.published(fs, len(data), 3)
+    assert finish(streamer, fs)
+    assert link.ready["p"] == data
+
+
+def test_a_truncate_starts_a_new_generation(tmp_path):
+    tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("p", f.fileno())
+    f.write(os.urandom(3 * CHUNK))
+    f.flush()
+    streamer.step(fs)
+    f.truncate(0)                                     # open(O_TRUNC) again: the mount says restart
+    f.seek(0)
+    streamer.restart(fs)
+    data = os.urandom(2 * CHUNK + 5)
+    f.write(data)
+    f.flush()
+    streamer.published(fs, len(data), 4)
+    assert finish(streamer, fs)
+    assert link.ready["p"] == data
+
+
+def test_a_file_unlinked_before_close_leaves_nothing_at_the_tier(tmp_path):
+    tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("p", f.fileno())
+    f.write(os.urandom(3 * CHUNK))
+    f.flush()
+    streamer.step(fs)
+    assert tier.streaming("p")
+    streamer.drop(fs)
+    assert streamer.step(fs)
+    assert not tier.streaming("p") and link.ready == {}
+    assert os.listdir(tmp_path / "tier") == []
