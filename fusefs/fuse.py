@@ -124,12 +124,15 @@ class _Backing:
         pyfuse3.passthrough_close(backing_id)   # type: ignore[attr-defined]
 
 
-def passthrough_backend(setting: str, store_capable: bool) -> tuple[Optional[_Backing], str]:
+def passthrough_backend(setting: str, store_capable: bool,
+                        writeback_cache: bool = False) -> tuple[Optional[_Backing], str]:
     """(the backend, or None) and why: what `hintfs status` shows."""
     if setting == "off":
         return None, "off (mount.passthrough = \"off\")"
     if not store_capable:
-        return None, "off (the store is not file://)"
+        return None, "off (the store's files are not on this host: file://, or [cache] dir for a remote store)"
+    if writeback_cache:   # the kernel grants one or the other
+        return None, "off (mount.writeback_cache = true: the kernel does not combine it with passthrough)"
     if not getattr(pyfuse3, "passthrough_supported", lambda: False)():
         return None, "unavailable (pyfuse3 without passthrough: run make passthrough-libs)"
     if not pyfuse3.passthrough_enabled():   # type: ignore[attr-defined]
@@ -147,13 +150,16 @@ class FuseOperations(pyfuse3.Operations):
         self.stats = fs.stats
         self.enable_writeback_cache = fs.cfg.mount.writeback_cache
         # Asked for at FUSE init (a pyfuse3 without the patch ignores the attribute).
-        self.enable_passthrough = fs.cfg.mount.passthrough != "off" and fs.passthrough_capable()
+        self.enable_passthrough = (fs.cfg.mount.passthrough != "off" and fs.passthrough_capable()
+                                   and not fs.cfg.mount.writeback_cache)
         fs.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
         fs.invalidate_entry_now = invalidate_entry_now
 
     def init(self) -> None:
         """FUSE init (before any request): passthrough is on if the kernel granted it."""
-        self.fs.set_passthrough(passthrough_backend(self.fs.cfg.mount.passthrough, self.fs.passthrough_capable()))
+        mount = self.fs.cfg.mount
+        self.fs.set_passthrough(passthrough_backend(mount.passthrough, self.fs.passthrough_capable(),
+                                                    mount.writeback_cache))
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)

@@ -106,7 +106,8 @@ def test_backing_registered_once_per_inode_and_released_on_last_close(tmp_path):
 
 def test_backend_reports_why_passthrough_is_unavailable(monkeypatch):
     assert fuse_mod.passthrough_backend("off", True)[1].startswith("off")
-    assert "not file://" in fuse_mod.passthrough_backend("auto", False)[1]
+    assert "not on this host" in fuse_mod.passthrough_backend("auto", False)[1]
+    assert "writeback_cache" in fuse_mod.passthrough_backend("auto", True, writeback_cache=True)[1]
     stock = types.SimpleNamespace()                  # a pyfuse3 without the patch
     monkeypatch.setattr(fuse_mod, "pyfuse3", stock)
     backend, state = fuse_mod.passthrough_backend("auto", True)
@@ -116,3 +117,12 @@ def test_backend_reports_why_passthrough_is_unavailable(monkeypatch):
             passthrough_supported=lambda: True, passthrough_enabled=lambda: False))
         backend, state = fuse_mod.passthrough_backend("auto", True)
         assert backend is None and "kernel did not grant" in state
+
+
+def test_writeback_cache_mounts_without_passthrough_and_says_why(mount_factory):
+    # The kernel grants FUSE passthrough or the writeback cache, not both.
+    m = mount_factory('\n[mount]\nwriteback_cache = true\n')
+    assert "writeback_cache" in m.stats()["passthrough"]["state"]
+    (m.mnt / "w.bin").write_bytes(b"x" * 100_000)
+    assert (m.store / "w.bin").read_bytes() == b"x" * 100_000
+    assert (m.mnt / "w.bin").read_bytes() == b"x" * 100_000
