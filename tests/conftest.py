@@ -32,6 +32,19 @@ def force_unmount(mnt: Path) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
+def unmount_tmpfs(path: Path, timeout: float = 10.0) -> None:
+    """Unmount a tmpfs a test mounted (inside a store): the daemon may still hold a file there
+    for a moment after close() (FUSE's release is asynchronous), so retry, then detach it lazily."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+        if not os.path.ismount(path):
+            return
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+            return
+        time.sleep(0.1)
+
+
 @dataclass
 class Mounted:
     store: Path

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import DAEMON_DATA_PATH, needs_fuse, run_hintfs, wait_for
+from tests.conftest import DAEMON_DATA_PATH, needs_fuse, run_hintfs, unmount_tmpfs, wait_for
 
 pytestmark = needs_fuse
 
@@ -298,7 +298,7 @@ def test_store_errors_map_to_errno_and_daemon_keeps_serving(mount_factory, tmp_p
         assert exc.value.errno == errno.EIO
         assert not (small / "big").exists()
     finally:
-        subprocess.run(["umount", str(small)], check=True)
+        unmount_tmpfs(small)
     (m.store / "ok").write_bytes(b"still here")
     assert (m.mnt / "ok").read_bytes() == b"still here"
     assert m.stats()["errors"].get(str(errno.ENOSPC), 0) >= 1

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.conftest import needs_fuse, wait_for
+from tests.conftest import needs_fuse, unmount_tmpfs, wait_for
 
 pytestmark = needs_fuse
 
@@ -210,7 +210,7 @@ def test_write_error_is_reported_by_write_and_nothing_torn_is_published(pt):
         data = (small / "big").read_bytes()
         assert len(data) >= written and data == b"z" * len(data)
     finally:
-        subprocess.run(["umount", str(small)], check=True)
+        unmount_tmpfs(small)
 
 
 def test_read_only_close_sends_no_flush(pt):
