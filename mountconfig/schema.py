@@ -160,7 +160,8 @@ class MountOptions(Section):
     writeback_cache: bool = Field(
         False, description="Let the kernel batch small writes into larger ones. The kernel then trusts "
         "its own idea of file sizes, so changes made to the store by anyone else are not seen until "
-        "remount: only for stores written through this one mount.",
+        "remount: only for stores written through this one mount. The kernel does not combine it with "
+        "FUSE passthrough: with it, every byte goes through the daemon.",
     )
     read_ahead_kb: int = Field(
         4096, ge=0, le=1 << 20,
