@@ -1,6 +1,7 @@
 """Shared fixtures: real FUSE mounts under a temp dir, always unmounted afterwards."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -30,6 +32,32 @@ def run_hintfs(*args, timeout=60, check=False, **kw) -> subprocess.CompletedProc
 def force_unmount(mnt: Path) -> None:
     if os.path.ismount(mnt):
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str = "256k") -> Iterator[Path]:
+    """A small tmpfs at `path` (a new folder, e.g. inside a store, to fill it: ENOSPC), unmounted
+    at the end."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        unmount_tmpfs(path)
+
+
+def check_fsync_publishes_a_whole_file(m: "Mounted", name: str = "s.bin") -> None:
+    """fsync publishes what was written; writes after it are staged again (the published file
+    stays whole) until close publishes them too."""
+    with open(m.mnt / name, "wb") as f:
+        f.write(b"part1")
+        f.flush()
+        os.fsync(f.fileno())
+        assert (m.store / name).read_bytes() == b"part1"
+        f.write(b"part2")
+        f.flush()
+        assert (m.store / name).read_bytes() == b"part1"
+    assert (m.store / name).read_bytes() == b"part1part2"
 
 
 def unmount_tmpfs(path: Path, timeout: float = 10.0) -> None:

@@ -5,13 +5,13 @@ import errno
 import json
 import mmap
 import os
-import subprocess
 import threading
 import time
 
 import pytest
 
-from tests.conftest import DAEMON_DATA_PATH, needs_fuse, run_hintfs, unmount_tmpfs, wait_for
+from tests.conftest import (DAEMON_DATA_PATH, check_fsync_publishes_a_whole_file, needs_fuse, run_hintfs,
+                            tiny_tmpfs, wait_for)
 
 pytestmark = needs_fuse
 
@@ -96,16 +96,7 @@ def test_overwrite_is_atomic_for_store_readers(mounted):
 
 
 def test_fsync_publishes_what_was_written(mounted):
-    with open(mounted.mnt / "s.bin", "wb") as f:
-        f.write(b"part1")
-        f.flush()
-        os.fsync(f.fileno())
-        assert (mounted.store / "s.bin").read_bytes() == b"part1"
-        f.write(b"part2")
-        f.flush()
-        # Writes after the fsync are staged again, the published file stays whole.
-        assert (mounted.store / "s.bin").read_bytes() == b"part1"
-    assert (mounted.store / "s.bin").read_bytes() == b"part1part2"
+    check_fsync_publishes_a_whole_file(mounted)
 
 
 def test_close_to_open_sees_changes_made_in_the_store(mounted):
@@ -283,10 +274,7 @@ def test_store_errors_map_to_errno_and_daemon_keeps_serving(mount_factory, tmp_p
     # (the daemon sees each write: with passthrough, see test_passthrough.py's ENOSPC test)
     m = mount_factory(DAEMON_DATA_PATH)
     # ENOSPC: put a tiny tmpfs inside the store and overfill it through the mount.
-    small = m.store / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
-    try:
+    with tiny_tmpfs(m.store / "small") as small:
         fd = os.open(m.mnt / "small" / "big", os.O_WRONLY | os.O_CREAT, 0o644)
         with pytest.raises(OSError) as exc:
             for _ in range(16):
@@ -297,8 +285,6 @@ def test_store_errors_map_to_errno_and_daemon_keeps_serving(mount_factory, tmp_p
             os.close(fd)
         assert exc.value.errno == errno.EIO
         assert not (small / "big").exists()
-    finally:
-        unmount_tmpfs(small)
     (m.store / "ok").write_bytes(b"still here")
     assert (m.mnt / "ok").read_bytes() == b"still here"
     assert m.stats()["errors"].get(str(errno.ENOSPC), 0) >= 1

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.conftest import needs_fuse, unmount_tmpfs, wait_for
+from tests.conftest import check_fsync_publishes_a_whole_file, needs_fuse, tiny_tmpfs, wait_for
 
 pytestmark = needs_fuse
 
@@ -167,15 +167,7 @@ def test_close_to_open_sees_a_file_replaced_in_the_store(pt):
 
 def test_fsync_and_a_second_writer_keep_the_published_file_whole(pt):
     # fsync publishes a copy: the kernel goes on writing into the private staging file
-    with open(pt.mnt / "s.bin", "wb") as f:
-        f.write(b"part1")
-        f.flush()
-        os.fsync(f.fileno())
-        assert (pt.store / "s.bin").read_bytes() == b"part1"
-        f.write(b"part2")
-        f.flush()
-        assert (pt.store / "s.bin").read_bytes() == b"part1"
-    assert (pt.store / "s.bin").read_bytes() == b"part1part2"
+    check_fsync_publishes_a_whole_file(pt)
     # two writers: the first close publishes what both wrote so far, the second the rest
     a = open(pt.mnt / "two.bin", "wb")
     b = open(pt.mnt / "two.bin", "r+b")
@@ -193,11 +185,7 @@ def test_fsync_and_a_second_writer_keep_the_published_file_whole(pt):
 
 
 def test_write_error_is_reported_by_write_and_nothing_torn_is_published(pt):
-    import subprocess
-    small = pt.store / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
-    try:
+    with tiny_tmpfs(pt.store / "small") as small:
         fd = os.open(pt.mnt / "small" / "big", os.O_WRONLY | os.O_CREAT, 0o644)
         written = 0
         with pytest.raises(OSError) as exc:
@@ -209,8 +197,6 @@ def test_write_error_is_reported_by_write_and_nothing_torn_is_published(pt):
         os.close(fd)
         data = (small / "big").read_bytes()
         assert len(data) >= written and data == b"z" * len(data)
-    finally:
-        unmount_tmpfs(small)
 
 
 def test_read_only_close_sends_no_flush(pt):
