@@ -95,6 +95,13 @@ class _HeldFd:
             self.fd = -1
 
 
+def _backing_key(st: Stat, replica: bool) -> tuple:
+    """What a passthrough backing of a store file stands for: a replica holds one version of it
+    ("replica", size, mtime_ns); the store file itself (st_dev, st_ino) is current whatever changes
+    in place. An open that finds another key than the backing's must not share it."""
+    return ("replica", *st.identity()) if replica else (st.dev, st.ino)
+
+
 class Filesystem:
     def __init__(self, store: Store, cfg: MountConfig, stats: Optional[Stats] = None, *,
                  control_root: Optional[ControlDir] = None,
@@ -176,6 +183,14 @@ class Filesystem:
         self.stats.add("passthrough_backing_open")
         self.stats.add("passthrough_opens")
         return backing_id
+
+    def _pt_read_handle(self, node: Inode, key: tuple, holder) -> PassthroughRead:
+        """A read open served by the kernel from the backing just registered for `node`. The
+        kernel holds its own reference to that file; `holder` (a reader or `_HeldFd` of it) stays
+        open until the last passthrough close, for getattr once the name is unlinked."""
+        node.pt_file, node.pt_reader = key, holder
+        node.readers.append(holder)
+        return PassthroughRead(node)
 
     def passthrough_detach(self, node: Inode) -> None:
         """One passthrough handle of `node` released; the last one releases the backing id."""
@@ -624,11 +639,8 @@ class Filesystem:
                     if backing_id:
                         # A replica on this host (the mount's own agent): the kernel reads it.
                         reader.close()
-                        held = _HeldFd(local)
-                        node.pt_file, node.pt_reader = ("replica", *st.identity()), held
-                        node.readers.append(held)
                         self.stats.add("passthrough_replica_opens")
-                        handle = PassthroughRead(node)
+                        handle = self._pt_read_handle(node, _backing_key(st, replica=True), _HeldFd(local))
                     else:
                         if local >= 0:
                             os.close(local)
@@ -637,11 +649,7 @@ class Filesystem:
                     if self.passthrough is not None and hasattr(reader, "fd"):
                         backing_id = self._pt_attach(node, reader.fd, None)
                     if backing_id:
-                        # The kernel holds its own reference to the file; the reader stays open
-                        # until the last passthrough close, for getattr once the name is unlinked.
-                        node.pt_file, node.pt_reader = (st.dev, st.ino), reader
-                        node.readers.append(reader)
-                        handle = PassthroughRead(node)
+                        handle = self._pt_read_handle(node, _backing_key(st, replica=False), reader)
                     else:
                         handle = StoreRead(node, reader)
         else:
@@ -673,9 +681,7 @@ class Filesystem:
         becomes a new inode: the old one stays with its open files, and ESTALE makes the kernel
         look the name up again and retry the open on the new inode (once, in open(2) itself)."""
         st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
-        # (a replica backs this version of the store file only; the store file itself, any)
-        now = ("replica", *st.identity()) if node.pt_file[0] == "replica" else (st.dev, st.ino)
-        if now == node.pt_file:
+        if _backing_key(st, replica=node.pt_file[0] == "replica") == node.pt_file:
             return
         self.stats.add("passthrough_replaced")
         self.inodes.detach(node.path)
