@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from agent.rpc import errno_of_flight_error
@@ -77,9 +78,51 @@ class AgentClient:
                                         "job": job, "importance": importance,
                                         "expect": list(expect) if expect is not None else None})
 
-    def tier_stat(self, path: str) -> dict:
-        """{"state": "ready"|"copying", "size", "mtime_ns"} | {"state": "dir"} | {"state": "absent"}"""
-        return self._call("tier_stat", {"path": path})
+    def tier_stat(self, path: str, wait_s: float = 0.0) -> dict:
+        """{"state": "ready"|"copying", "size", "mtime_ns"} | {"state": "streaming"|"dir"|"absent"};
+        `wait_s`: the agent waits that long for an unpublished stream of `path` to be published."""
+        return self._call("tier_stat", {"path": path, "wait_s": wait_s} if wait_s else {"path": path})
+
+    # -- write-time streams (the training mount's side) ------------------------------------------
+    _CHUNKS = pa.schema([("offset", pa.int64()), ("crc", pa.int64()), ("data", pa.large_binary())])
+
+    def stream_open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]:
+        """Start or resume a stream; the chunks the tier holds (index -> CRC)."""
+        doc = self._call("stream_open", {"stream": sid, "gen": gen, "path": path, "chunk": chunk, "job": job})
+        return {int(i): int(c) for i, c in doc.get("held", [])}
+
+    def stream_put(self, sid: str, gen: int, chunks, opening: Optional[dict] = None,
+                   publish: Optional[dict] = None) -> dict:
+        """One `do_put`: the stream's open (if given), its chunks [(offset, data, crc)], its
+        publish (if given); the agent's answer."""
+        desc = {"op": "stream", "stream": sid, "gen": gen}
+        if opening is not None:
+            desc["open"] = {"stream": sid, "gen": gen, **opening}
+        if publish is not None:
+            desc["publish"] = {"stream": sid, "gen": gen, **publish}
+        try:
+            writer, reader = self._client.do_put(fl.FlightDescriptor.for_command(json.dumps(desc).encode()),
+                                                 self._CHUNKS, self._opts)
+            try:
+                if chunks:
+                    writer.write_batch(pa.record_batch(
+                        [pa.array([c[0] for c in chunks], pa.int64()), pa.array([c[2] for c in chunks], pa.int64()),
+                         pa.array([c[1] for c in chunks], pa.large_binary())], schema=self._CHUNKS))
+                writer.done_writing()
+                buf = reader.read()
+            finally:
+                writer.close()
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: stream {sid} failed: {err}") from None
+        return json.loads(buf.to_pybytes()) if buf is not None else {}
+
+    def stream_publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
+                       record: Optional[str] = None) -> dict:
+        return self._call("stream_publish", {"stream": sid, "gen": gen, "path": path, "size": size,
+                                             "mtime_ns": mtime_ns, "crcs": crcs, "record": record})
+
+    def stream_abort(self, sid: str) -> bool:
+        return bool(self._call("stream_abort", {"stream": sid}).get("dropped"))
 
     def signal(self, job: str, severity: float = 1.0, clear: bool = False) -> dict:
         return self._call("signal", {"job": job, "severity": severity, "clear": clear})

@@ -96,12 +96,59 @@ class EmptyRequest(Request):
     pass
 
 
+StreamId = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
+MAX_CHUNKS = 1 << 20                 # chunks of one streamed file (4 TiB at 4 MiB)
+
+
+class StreamOpenRequest(Request):
+    stream: StreamId
+    gen: NonNeg
+    path: StorePath
+    chunk: int = Field(ge=4096, le=MAX_READ_BYTES)
+    job: Optional[str] = Field(None, max_length=MAX_NAME)
+
+
+class StreamPublishRequest(Request):
+    stream: StreamId
+    gen: NonNeg
+    path: StorePath
+    size: NonNeg
+    mtime_ns: Int64
+    crcs: list[Annotated[int, Field(ge=0, le=0xFFFFFFFF)]] = Field(max_length=MAX_CHUNKS)
+    record: Optional[str] = Field(None, max_length=MAX_NAME)
+    ttl_s: float = Field(86400.0, gt=0, le=MAX_TTL_S)
+
+
+class StreamPutRequest(Request):
+    """The descriptor of one `do_put` of stream chunks (rows: offset, crc, data): `open` first
+    when the stream is new here, `publish` after the chunks are written; one round trip for a
+    small file."""
+    op: Literal["stream"]
+    stream: StreamId
+    gen: NonNeg
+    open: Optional[StreamOpenRequest] = None
+    publish: Optional[StreamPublishRequest] = None
+
+
+class StreamAbortRequest(Request):
+    stream: StreamId
+
+
+class TierStatRequest(Request):
+    path: StorePath
+    # wait this long while an unpublished stream is headed for `path` (0: answer at once)
+    wait_s: float = Field(0.0, ge=0, le=600)
+
+
 ACTIONS: dict[str, tuple[type[Request], str]] = {
     "replicate": (ReplicateRequest, "copy a file here and keep it ttl_s (blocks until complete)"),
     "drop": (PathRequest, "remove a replica"),
     "signal": (SignalRequest, "move a job's copies on the link into the anomaly class (or clear)"),
     "plan_window": (PlanWindowRequest, "free transformed samples not in keep, start making want"),
-    "tier_stat": (PathRequest, "what this agent holds at a path: ready, copying, dir or absent"),
+    "tier_stat": (TierStatRequest, "what this agent holds at a path: ready, copying, streaming, dir or absent"),
+    "stream_open": (StreamOpenRequest, "start or resume a write-time stream; answers the chunks held"),
+    "stream_publish": (StreamPublishRequest, "a streamed file was published as (size, mtime_ns): verify it"),
+    "stream_abort": (StreamAbortRequest, "drop a stream (its file was unlinked or abandoned)"),
     "has": (HasRequest, "whether a complete replica of exactly this version is here"),
     "status": (EmptyRequest, "replicas, load, budget, samples, follow, link"),
     "ping": (EmptyRequest, "liveness"),
@@ -144,6 +191,11 @@ def parse_action(kind: str, body: bytes) -> Request:
     if entry is None:
         raise rpc_error(errno.EINVAL, f"unknown action {kind!r}")
     return _validate(entry[0], _load(body))
+
+
+def parse_put(command: bytes) -> StreamPutRequest:
+    """The descriptor of a `do_put`: only stream chunks are accepted."""
+    return _validate(StreamPutRequest, _load(command))
 
 
 def parse_ticket(body: bytes) -> Request:

@@ -7,7 +7,9 @@ within a byte budget, and reports its load. Protocol (all JSON in, JSON or bytes
 - `do_get` tickets: a byte range `{"path", "offset", "length", "replica_only"?}` (served from a
   local replica when there is one), a transformed sample `{"op": "sample", ...}`, and the ready
   samples of a plan window `{"op": "samples_ready", ...}`.
-- actions: replicate, drop, signal, plan_window, tier_stat, has, status, ping.
+- actions: replicate, drop, signal, plan_window, tier_stat, has, status, ping, and the write-time
+  streams of training mounts: stream_open, stream_publish, stream_abort.
+- `do_put`: chunks of a stream (`agent.streams`, docs/cross_dc.md "Write-time streaming").
 Every request is parsed by `agent.rpc` (typed, bounded, paths by the one resolver) before it
 reaches a handler; every error leaves as `agent.rpc.rpc_error` (errno + message).
 Who may call: see docs/security.md (a token, or the 0700 unix socket of a mount's own agent).
@@ -46,11 +48,13 @@ from stores import check_store, open_store
 
 from agent import rpc
 from agent.rpc import rpc_error
+from agent.streams import StreamError, StreamTier
 from common.procs import pid_alive
 from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
 _CHUNK = 8 << 20
+_STREAM_PUBLISH_WAIT_S = 5.0   # a replicate waits this long for an unpublished stream's publish
 _instances = itertools.count()
 
 
@@ -136,6 +140,7 @@ class AgentServer(fl.FlightServerBase):
         self.replicas: dict[str, Replica] = {}
         self._partial: dict[str, dict] = {}   # interrupted copies: version, .part file, ranges done
         self.evictions = 0
+        self.copies = 0                # copies made (from the store or a peer), for status
         self.resumed_ranges = 0
         self.lock = threading.Lock()
         self.read_slots = threading.BoundedSemaphore(acfg.max_concurrent_reads)
@@ -155,6 +160,12 @@ class AgentServer(fl.FlightServerBase):
         self._retired: list = []       # readers and fds replaced while reads may still use them;
         self._retired_fds: list = []   # closed by the reclaim loop a round later
         self._stop = threading.Event()
+        # Write-time streams of training mounts: held apart until published (agent/streams.py);
+        # `stream_cond` wakes callers waiting for a stream's publish (tier_stat, replicate).
+        self.streams = StreamTier(os.path.join(self.data_dir, "streams"), time.monotonic, persistent,
+                                  idle_s=acfg.stream_idle_s)
+        self.stream_cond = threading.Condition()
+        self.streams_published = 0
         _reap_dead_instances(acfg.data_dir, "mount")
         if persistent:
             self._adopt_stopped_instances(acfg.data_dir)
@@ -292,6 +303,10 @@ class AgentServer(fl.FlightServerBase):
                 except (OSError, ValueError, KeyError) as err:
                     log.warning("not adopting %s from %s: %s", name, folder, err)
             self._adopt_partial_copies(folder)
+            if os.path.isdir(os.path.join(folder, "streams")):
+                n = self.streams.adopt(os.path.join(folder, "streams"))
+                if n:
+                    log.info("adopted %d write-time streams from %s", n, folder)
             shutil.rmtree(folder, ignore_errors=True)
         if adopted:
             log.info("catalog rebuilt from disk: %d replicas (%d bytes)", adopted, self.used_bytes())
@@ -356,6 +371,9 @@ class AgentServer(fl.FlightServerBase):
         """
         if source:
             source = self._peer(source)   # before anything is evicted or reserved for the copy
+        # A training mount is streaming this file here: its publish makes the replica, without a
+        # second copy across the link (docs/cross_dc.md, "The commit marker").
+        self._wait_for_stream(path, expect)
         while True:
             with self.lock:
                 rep = self.replicas.get(path)
@@ -483,6 +501,7 @@ class AgentServer(fl.FlightServerBase):
         with self.lock:
             self.replicas[path] = rep
             self.resumed_ranges += resumed
+            self.copies += 1
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
 
@@ -498,12 +517,29 @@ class AgentServer(fl.FlightServerBase):
             raise HintfsError(errno.EACCES, f"source {source!r} is not one of [agents] locations")
         return source
 
-    def tier_stat(self, path: str) -> dict:
-        """What this agent holds at `path`: a ready replica (its version), a copy in flight (the
-        version being copied), a folder of replicas, or nothing. Eval mounts answer lookups of
-        routed paths with it instead of a round trip to the remote store."""
+    def tier_stat(self, path: str, wait_s: float = 0.0) -> dict:
+        """What this agent holds at `path`: a ready replica (its version), a copy in flight or a
+        published stream still filling (the version), an unpublished stream ("streaming": its
+        bytes are never served; with `wait_s` the answer waits that long for its publish), a
+        folder of replicas, or nothing. Eval mounts answer lookups of routed paths with it instead
+        of a round trip to the remote store."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            doc = self._tier_state(path)
+            if doc["state"] != "streaming" or time.monotonic() >= deadline:
+                return doc
+            with self.stream_cond:
+                self.stream_cond.wait(min(0.05, max(deadline - time.monotonic(), 0.001)))
+
+    def _tier_state(self, path: str) -> dict:
+        stream = self.streams.state_of(path)
         with self.lock:
             rep = self.replicas.get(path)
+            if stream is not None and stream[1] is not None and (
+                    rep is None or (rep.size, rep.source_mtime_ns) != stream[1]):
+                return {"state": "copying", "size": stream[1][0], "mtime_ns": stream[1][1]}
+            if stream is not None and rep is None and path not in self._copying_version:
+                return {"state": "streaming"}
             if rep is not None:
                 return {"state": "ready", "size": rep.size, "mtime_ns": rep.source_mtime_ns}
             ver = self._copying_version.get(path)
@@ -512,7 +548,128 @@ class AgentServer(fl.FlightServerBase):
             prefix = path.rstrip("/") + "/"
             if any(p.startswith(prefix) for p in self.replicas) or any(p.startswith(prefix) for p in self._copying):
                 return {"state": "dir"}
+        if self.streams.below(path.rstrip("/") + "/"):
+            return {"state": "dir"}
         return {"state": "absent"}
+
+    # -- write-time streams (a training mount sends each file while it is written) -------------
+    def _wait_for_stream(self, path: str, expect: Optional[tuple[int, int]]) -> None:
+        """Wait while a stream headed for `path` may bring this version: an unpublished one for a
+        few seconds (its publish is in flight, or it is a newer write: then copy), a published
+        one still filling (of version `expect`, or any when None) up to `stream_idle_s`."""
+        start = time.monotonic()
+        while True:
+            st = self.streams.state_of(path)
+            if st is None or self._stop.is_set():
+                return
+            state, version = st
+            waited = time.monotonic() - start
+            if state == "streaming" and waited > _STREAM_PUBLISH_WAIT_S:
+                return
+            if state == "filling" and ((expect is not None and tuple(expect) != version)
+                                       or waited > self.cfg.agent.stream_idle_s):
+                return
+            with self.stream_cond:
+                self.stream_cond.wait(0.05)
+
+    def _streams_changed(self) -> None:
+        with self.stream_cond:
+            self.stream_cond.notify_all()
+
+    def stream_open(self, req: "rpc.StreamOpenRequest") -> dict:
+        try:
+            held = self.streams.open(req.stream, req.gen, req.path, req.chunk, req.job)
+        except StreamError as err:
+            raise rpc_error(errno.ESTALE, str(err)) from None
+        return {"held": sorted(held.items())}
+
+    def stream_put(self, req: "rpc.StreamPutRequest", reader) -> dict:
+        """One `do_put`: open the stream if asked, write its chunks, publish if asked."""
+        result: dict = {}
+        if req.open is not None:
+            if (req.open.stream, req.open.gen) != (req.stream, req.gen):
+                raise rpc_error(errno.EINVAL, "open names another stream or generation")
+            result = self.stream_open(req.open)
+        try:
+            for batch in reader:
+                data = batch.data
+                offsets = data.column("offset").to_pylist()
+                crcs = data.column("crc").to_pylist()
+                chunks = data.column("data")
+                for i, (off, crc) in enumerate(zip(offsets, crcs)):
+                    self.streams.put(req.stream, req.gen, int(off), chunks[i].as_py(), int(crc))
+        except StreamError as err:
+            raise rpc_error(errno.ESTALE, str(err)) from None
+        except (KeyError, TypeError, ValueError) as err:
+            raise rpc_error(errno.EINVAL, f"stream chunks: {err}") from None
+        if req.publish is not None:
+            if (req.publish.stream, req.publish.gen) != (req.stream, req.gen):
+                raise rpc_error(errno.EINVAL, "publish names another stream or generation")
+            result.update(self.stream_publish(req.publish))
+        return result
+
+    def stream_publish(self, req: "rpc.StreamPublishRequest") -> dict:
+        """The training mount published the streamed file as (size, mtime_ns): a stream holding
+        exactly those bytes (CRC of every chunk) becomes the replica of that version; otherwise
+        the sender is told which chunks to send again."""
+        with self.lock:
+            rep = self.replicas.get(req.path)
+            replica_version = (rep.size, rep.source_mtime_ns) if rep is not None else None
+        try:
+            v, part = self.streams.publish(req.stream, req.gen, req.path, req.size, req.mtime_ns,
+                                           list(req.crcs), replica_version)
+        except StreamError as err:
+            raise rpc_error(errno.ESTALE, str(err)) from None
+        except ValueError as err:
+            raise rpc_error(errno.EINVAL, str(err)) from None
+        try:
+            if part is not None:
+                self._adopt_stream(req.path, part, req.size, req.mtime_ns, req.record, req.ttl_s)
+        finally:
+            self._streams_changed()
+        return {"state": v.state, "fetch": list(v.fetch)}
+
+    def _adopt_stream(self, path: str, part: str, size: int, mtime_ns: int, record: Optional[str],
+                      ttl_s: float) -> None:
+        """A verified stream becomes the replica of (size, mtime_ns), as a finished copy would."""
+        while True:
+            with self.lock:
+                busy = self._copying.get(path)
+                if busy is None:
+                    self._copying[path] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            try:
+                self._make_room(path, size)
+            except BaseException:
+                os.unlink(part)
+                raise
+            self.drop(path)
+            local = self._local_name(path)
+            os.rename(part, local)
+            rep = Replica(path, local, size, time.time() + ttl_s, os.open(local, os.O_RDONLY | os.O_CLOEXEC),
+                          mtime_ns, time.monotonic(), record)
+            if self.persistent:
+                _write_sidecar(local, rep)
+            with self.lock:
+                self.replicas[path] = rep
+                self.streams_published += 1
+            log.info("replica of %s ready from its write-time stream (%d bytes)", path, size)
+        finally:
+            with self.lock:
+                self._copying.pop(path).set()
+
+    def stream_abort(self, sid: str) -> dict:
+        gone = self.streams.abort(sid)
+        self._streams_changed()
+        return {"dropped": gone}
+
+    def do_put(self, context, descriptor, reader, writer):
+        with _errors_as_rpc():
+            req = rpc.parse_put(descriptor.command)
+            result = self.stream_put(req, reader)
+            writer.write(pa.py_buffer(json.dumps(result).encode()))
 
     def local_replica_fd(self, path: str, size: int, mtime_ns: int) -> int:
         """A new fd of a complete, unexpired replica of exactly this version of `path`, or -1: for
@@ -562,6 +719,8 @@ class AgentServer(fl.FlightServerBase):
             for p in gone:
                 self.drop(p)
                 log.info("replica of %s reclaimed at TTL", p)
+            if self.streams.expire():
+                self._streams_changed()
 
     def status(self) -> dict:
         with self.lock:
@@ -573,7 +732,8 @@ class AgentServer(fl.FlightServerBase):
                          "bytes_served": self.bytes_served,
                          "bytes_per_s": round(self.bytes_served / elapsed, 1)},
                 "budget": {"bytes": self.budget, "used": self.used_bytes(), "evictions": self.evictions},
-                "resumed_ranges": self.resumed_ranges,
+                "resumed_ranges": self.resumed_ranges, "copies": self.copies,
+                "streams": {"open": len(self.streams.streams), "published": self.streams_published},
             }
 
     def do_action(self, context, action):
@@ -610,7 +770,13 @@ class AgentServer(fl.FlightServerBase):
             self.samples.forget({(p, s) for p, s in req.keep})
             return {"started": self.samples.prefetch([tuple(x) for x in req.want]) if req.want else 0}
         if kind == "tier_stat":
-            return self.tier_stat(req.path)
+            return self.tier_stat(req.path, req.wait_s)
+        if kind == "stream_open":
+            return self.stream_open(req)
+        if kind == "stream_publish":
+            return self.stream_publish(req)
+        if kind == "stream_abort":
+            return self.stream_abort(req.stream)
         if kind == "has":
             return {"has": self.has(req.path, req.size, req.mtime_ns)}
         return {"ok": True}   # ping
@@ -627,6 +793,7 @@ class AgentServer(fl.FlightServerBase):
         if self._samples is not None:
             self._samples.close()
         super().shutdown()
+        self.streams.close()   # a persistent agent keeps each stream's part + progress to adopt
         if self.persistent:   # replicas stay for the next agent on this data_dir to adopt
             with self.lock:
                 for r in self.replicas.values():

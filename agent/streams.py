@@ -1,8 +1,9 @@
 """The eval tier's side of write-time streaming (docs/cross_dc.md, "Write-time streaming"):
 the streams a training mount sends while it writes, held apart from replicas until published.
 
-A building block, not wired into `AgentServer` yet (no Flight action reaches it): the agent will
-call it from `stream_open`, `stream_range` (`do_put`), `stream_publish` and `stream_abort`.
+`AgentServer` calls it from the `stream_open` and `stream_publish` actions, from `do_put` (chunks,
+with an optional open before and publish after: one round trip for a small file) and from
+`stream_abort`; it moves a verified part into its replica catalog.
 
 - Each stream is `<id>.part` (bytes at their offsets) and, when `persistent`, a
   `<id>.part.progress` JSON (generation, path, job, the chunks held with their CRCs), written
@@ -48,6 +49,7 @@ class Stream:
     fd: int
     last_call: float
     saved_at: float = 0.0
+    version: Optional[tuple[int, int]] = None   # published as (size, mtime_ns), chunks still missing
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -149,6 +151,7 @@ class StreamTier:
             s.path = path
             for i in v.fetch:
                 s.ranges.held.pop(i, None)
+            s.version = (size, mtime_ns)
             if v.state == "fill":
                 self._save(s, force=True)
                 return v, None
@@ -186,6 +189,23 @@ class StreamTier:
         never to these bytes)."""
         with self.lock:
             return any(s.path == path for s in self.streams.values())
+
+    def state_of(self, path: str) -> Optional[tuple[str, Optional[tuple[int, int]]]]:
+        """The newest stream headed for `path`: ("streaming", None) before its publish,
+        ("filling", (size, mtime_ns)) when published with chunks still to come; None: no stream."""
+        with self.lock:
+            best = None
+            for s in self.streams.values():
+                if s.path == path and (best is None or s.last_call >= best.last_call):
+                    best = s
+            if best is None:
+                return None
+            return ("streaming", None) if best.version is None else ("filling", best.version)
+
+    def below(self, prefix: str) -> bool:
+        """A stream is headed for a path below folder `prefix`."""
+        with self.lock:
+            return any(s.path.startswith(prefix) for s in self.streams.values())
 
     def adopt(self, folder: str) -> int:
         """Take over the streams of a stopped agent's folder (part + progress); others are left

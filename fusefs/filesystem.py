@@ -39,7 +39,7 @@ from fusefs.control import MAX_JOB_FILES, Caller, ControlDir, ControlFile
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, PassthroughRead, PassthroughWrite,
                             ReplicaRead, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle)
 from fusefs.inodes import Inode, InodeTable
-from fusefs.interfaces import OpenRouting, PublishJournal, ReplicaSource, TensorSource
+from fusefs.interfaces import OpenRouting, PublishJournal, ReplicaSource, StreamHooks, TensorSource
 from fusefs.stats import Stats
 from mountconfig import MountConfig
 from stores.base import Stat, Store
@@ -109,6 +109,7 @@ class Filesystem:
                  tensors: Optional[TensorSource] = None,
                  routing: Optional[OpenRouting] = None,
                  journal: Optional[PublishJournal] = None,
+                 streams: Optional[StreamHooks] = None,
                  io_limiter: Optional[trio.CapacityLimiter] = None):
         self.store = store
         self.cfg = cfg
@@ -117,6 +118,7 @@ class Filesystem:
         self.tensors = tensors               # `x.mp4.tensor` paths
         self.routing = routing               # eval side: routed paths from the local tier
         self.journal = journal               # a record per published file, for followers
+        self.streams = streams               # training side: files sent to eval tiers as written
         self.io_limiter = io_limiter or trio.CapacityLimiter(cfg.mount.io_threads)
         self.meta_inline = store.inline_metadata
         self.hidden_root = {paths.CONTROL_DIR, cfg.journal.dir.split("/")[0]}
@@ -556,6 +558,8 @@ class Filesystem:
             # A file created through the mount but not yet closed exists only as staging.
             if inode is None or inode.writer is None:
                 raise
+        if inode is not None and inode.writer is not None and self.streams is not None:
+            self.streams.dropped(inode.ino)   # never published: the tier drops what it was sent
         self.inodes.detach(path)
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
@@ -712,6 +716,7 @@ class Filesystem:
         inode = self.inodes.ensure(path)
         if inode.writer is None:
             inode.writer = await self.io(self.store.new_staging, path, False)
+            self._stream_started(inode)
         if self._root_daemon and (ctx.uid or ctx.gid):
             # the staging file is beside the target: a set-group-ID parent already gave its group
             parent_st = await self._stat_inode(parent)
@@ -759,10 +764,12 @@ class Filesystem:
             node.writer = staging
             if truncate:
                 staging.dirty = True
+            self._stream_started(node)
         elif truncate:
             await self.ensure_private(node)
             await self.io(os.ftruncate, node.writer.fd, 0, inline=node.writer.inline_io)
             node.writer.dirty = True
+            self._stream_started(node)   # a new generation: the tier forgets what it was sent
         node.writer_refs += 1
 
     async def ensure_private(self, node: Inode) -> None:
@@ -774,6 +781,7 @@ class Filesystem:
             fresh = await self.io(self.store.new_staging, node.path, True)
             self.store.discard(staging)
             node.writer = fresh
+            self._stream_started(node)
 
     async def commit(self, node: Inode, *, no_dir_locks: bool = False, closing: bool = False) -> None:
         """Publish the inode's staged writes, if any (and journal them). `no_dir_locks`: the
@@ -817,8 +825,21 @@ class Filesystem:
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()
+        record = None
         if self.journal is not None:
-            await self.journal.published(node.path, st)
+            record = await self.journal.published(node.path, st)
+        if self.streams is not None:
+            # Final only when no write handle is left: then these are the bytes for good.
+            self.streams.published(node.ino, node.path, st, record, final=writers_left == 0 and not keep)
+
+    def _stream_started(self, node: Inode) -> None:
+        if self.streams is not None and node.writer is not None and node.writer.fd >= 0:
+            self.streams.started(node.ino, node.path, node.writer.fd)
+
+    def writer_released(self, node: Inode) -> None:
+        """The last write handle of `node` is gone (after its commit)."""
+        if self.streams is not None:
+            self.streams.released(node.ino)
 
     # -- tensors and control files --------------------------------------------------------------
     async def _open_tensor(self, node: Inode, flags: int) -> OpenFile:
@@ -875,7 +896,11 @@ class Filesystem:
     # -- shutdown ------------------------------------------------------------------------------
     def abandon_open_writes(self) -> int:
         """At unmount: drop staged writes of files still open (never publish a torn file)."""
-        return sum(1 for h in list(self.handles.values()) if h.abandon(self.store))
+        dropped = [h.inode for h in list(self.handles.values()) if h.abandon(self.store)]
+        if self.streams is not None:
+            for node in dropped:
+                self.streams.dropped(node.ino)
+        return len(dropped)
 
     def open_write_paths(self) -> list[str]:
         """Store paths of files open for writing whose writes are not published yet (sorted)."""

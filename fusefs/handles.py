@@ -56,6 +56,7 @@ class Services(Protocol):
     def control_attrs(self, inode: Inode) -> Attributes: ...
     def control_lookup(self, parent: Inode, name: str) -> Inode: ...
     def passthrough_detach(self, node: Inode) -> None: ...
+    def writer_released(self, node: Inode) -> None: ...
 
 
 class Handle:
@@ -221,6 +222,7 @@ class WriteHandle(Handle):
             finally:
                 node.writer = None
                 await fs.io(fs.store.discard, staging, inline=staging.inline_io)
+                fs.writer_released(node)
         fs.inodes.release_open(node)
 
     def abandon(self, store: Store) -> bool:

@@ -6,6 +6,7 @@
 | `TensorSource`  | `fusefs.tensorfile.TensorFiles`   | lookup and first open of `x.tensor` paths     |
 | `OpenRouting`   | `fusefs.routes.TierRouting`       | open of a store file (eval side, cross-DC)    |
 | `PublishJournal`| `fusefs.journal_writer.JournalWriter` | after a file is published by a commit     |
+| `StreamHooks`   | `fusefs.streamtap.StreamTap`      | staging created, published, released, dropped |
 
 `fusefs/mount.py` builds them and hands them to the `Filesystem` constructor.
 """
@@ -37,8 +38,17 @@ class OpenRouting(Protocol):
 
 
 class PublishJournal(Protocol):
-    async def published(self, path: str, st: Stat) -> None:
-        """`path` was just published with attributes `st`; never raises for a failed record."""
+    async def published(self, path: str, st: Stat) -> Optional[str]:
+        """`path` was just published with attributes `st`: the record's name, None when it could
+        not be written (never raises for a failed record)."""
 
 
-__all__ = ["ReplicaSource", "TensorSource", "OpenRouting", "PublishJournal"]
+class StreamHooks(Protocol):
+    """Write-time streaming (training side): each call only records an event, from the trio loop."""
+    def started(self, key: int, path: str, fd: int) -> None: ...
+    def published(self, key: int, path: str, st: Stat, record: Optional[str], final: bool) -> None: ...
+    def released(self, key: int) -> None: ...
+    def dropped(self, key: int) -> None: ...
+
+
+__all__ = ["ReplicaSource", "TensorSource", "OpenRouting", "PublishJournal", "StreamHooks"]

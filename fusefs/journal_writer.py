@@ -9,6 +9,7 @@ followers fall back to listing.
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import trio
 
@@ -26,14 +27,16 @@ class JournalWriter:
         self.stats = stats
         self.io_limiter = io_limiter   # the filesystem's: a record is one more store call
 
-    async def published(self, path: str, st: Stat) -> None:
+    async def published(self, path: str, st: Stat) -> Optional[str]:
+        name = record_name(path, st.size, st.mtime_ns)
         try:
-            await trio.to_thread.run_sync(self.store.put_small,
-                                          f"{self.dir}/{record_name(path, st.size, st.mtime_ns)}",
+            await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{name}",
                                           encode_record(path, st.size, st.mtime_ns), limiter=self.io_limiter)
             self.stats.add("journal_records")
+            return name
         except OSError as err:   # the file is published; followers fall back to listing
             log.warning("journal record for %s failed: %s", path, err)
+            return None
 
 
 __all__ = ["JournalWriter"]

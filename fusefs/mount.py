@@ -27,6 +27,7 @@ import pyfuse3
 import trio
 
 from agent.client import AgentClient
+from agent.linkgate import LinkGate
 from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
@@ -39,6 +40,8 @@ from fusefs.replicaread import ReplicaReads
 from fusefs.routes import RoutedStore, TierRouting
 from fusefs.signals import SignalForwarder
 from fusefs.stats import Stats
+from fusefs.streamer import Streamer
+from fusefs.streamtap import FlightTransport, StreamTap
 from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
 from stores import check_store, open_store
@@ -206,6 +209,7 @@ class Assembly:
     stats: Stats
     background: list[Callable[[], Awaitable[None]]]   # tasks that run beside pyfuse3.main
     agent_server: Optional[object] = None              # an in-process agent, shut down at unmount
+    streams: Optional[StreamTap] = None                # [stream]: sends to eval tiers, closed at unmount
 
 
 def assemble(cfg: MountConfig, store: Store) -> Assembly:
@@ -233,10 +237,35 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     if agent_server is not None:   # the in-process agent's replicas are files on this host
         replica_reads.local_copy = agent_server.local_replica_fd
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
+    streams = build_streams(cfg, stats)
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
-                    routing=routing, journal=journal, io_limiter=io_limiter)
+                    routing=routing, journal=journal, streams=streams, io_limiter=io_limiter)
     control.add(ControlFile("unmount", render=lambda: unmount_document(cfg, fs)))
-    return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run], agent_server)
+    return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run], agent_server,
+                    streams)
+
+
+def build_streams(cfg: MountConfig, stats: Stats) -> Optional[StreamTap]:
+    """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount."""
+    sc = cfg.stream
+    if not sc.prefixes:
+        return None
+    token_file = sc.token_file or cfg.agents.token_file
+    token = None
+    if token_file:
+        try:
+            token = read_token_file(token_file)
+        except OSError as err:
+            raise MountError(f"[stream] {err.strerror}") from None
+    tls_root = None
+    if cfg.agents.tls_root_file:
+        with open(cfg.agents.tls_root_file, "rb") as f:
+            tls_root = f.read()
+    link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
+    streamers = [Streamer(FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s)),
+                          sc.chunk_bytes, parallel=sc.parallel, link=link) for loc in sc.agents]
+    log.info("streaming %s to %s as they are written", ", ".join(sc.prefixes), ", ".join(sc.agents))
+    return StreamTap(sc, streamers, stats)
 
 
 def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
@@ -268,6 +297,8 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     finally:
         abandoned = mount.fs.open_write_paths()
         mount.fs.abandon_open_writes()
+        if mount.streams is not None:
+            mount.streams.close()   # published files still on their way get a few seconds
         if abandoned:
             _report_abandoned(mp, abandoned)
             status = EXIT_ABANDONED

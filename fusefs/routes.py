@@ -14,9 +14,12 @@ built by `fusefs/mount.py` only when there are routes:
 - ready: the tier holds a verified version (size + mtime of the store's file when it was copied):
   its attributes are served; data reads go to the tier (the lazily opened store reader is only the
   fallback, and refuses a store file that is no longer that version).
-- copying: a copy is in flight; `stat` serves the version being copied and `open_reader` waits
-  for the copy (the copy crosses the link faster than per-read round trips would), falling back
-  to the store if it fails.
+- copying: a copy is in flight (or a write-time stream was published and its last chunks are on
+  the way); `stat` serves the version being copied and `open_reader` waits for the copy (the copy
+  crosses the link faster than per-read round trips would), falling back to the store if it fails.
+- streaming: a training mount is sending the file and has not published it: the tier is asked to
+  answer when it is published (at most `stream_wait_s`), then as above; its bytes are never served
+  before, and after the wait the store answers (the older version, or no file).
 - dir: the tier holds files below the path, which is a folder.
 - absent, or the tier does not answer: the store, as without routes.
 
@@ -212,7 +215,10 @@ class RoutedStore:
             return None, {"state": "absent"}
         client = self.clients[route.local_agent]
         try:
-            return client, client.tier_stat(path)
+            doc = client.tier_stat(path, route.stream_wait_s)
+            if doc["state"] == "streaming":
+                self.stats.add("route_stream_unpublished")
+            return client, doc
         except OSError as err:
             now = time.monotonic()
             if now - self._warned.get(route.local_agent, -1e9) > 30:   # not once per lookup

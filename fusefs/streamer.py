@@ -1,17 +1,21 @@
 """Write-time streaming, the training mount's side (docs/cross_dc.md, "Write-time streaming"):
 send a file's bytes to the eval tier while the job writes it, reading behind the writer.
 
-A building block, not wired into the mount yet: nothing in `fusefs/filesystem.py` calls it, and
-there is no `[stream]` table. It is driven by `step` calls (the mount will run them in a worker
-thread per stream; the tests call them directly), against a `Transport`: the tier's calls
-(`agent.streams.StreamTier` in the tests; Flight calls to the eval agent when wired).
+Driven by `step` calls (`fusefs.streamtap.StreamTap` runs them in worker threads for a mount with
+`[stream]`; the unit tests call them directly), against a `Transport`: the tier's calls (Flight
+calls to the eval agent, `fusefs.streamtap.FlightTransport`; `agent.streams.StreamTier` in the
+unit tests).
 
 - While the file is written, a step sends the whole chunks below the staging file's current size
   that were not sent (`policy.stream.ranges_to_send`), read with `pread` from its own dup of the
   staging fd: the writer never waits for the streamer.
 - After publish (the store committed the file as (size, mtime_ns)), a step computes the CRC of
   every chunk of the final file, re-sends the chunks that changed since they were sent (in-place
-  rewrites), sends the tail, and publishes; a tier that answers "fill" gets the chunks it names.
+  rewrites), and publishes with the last of them (and the stream's open, when the tier has not
+  heard of it yet) in the same call: a small file costs one round trip. A tier that answers
+  "fill" gets the chunks it names.
+- Chunks go `parallel` at a time (a long link needs several in flight), each after the optional
+  link gate grants it (`agent.linkgate.LinkGate`: the mount's share of the link, by class).
 - A failed call (link down, tier restarted) leaves the stream as it is; the next step re-opens it
   (`open` answers what the tier holds) and goes on from there. Nothing is lost but time.
 - `restart` (the file was truncated or staged anew) starts a new generation: the tier forgets the
@@ -23,8 +27,9 @@ import itertools
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 from policy.stream import chunk_count, chunk_crc, chunk_span, ranges_to_send
 
@@ -37,8 +42,11 @@ _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or
 class Transport(Protocol):
     def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]: ...
     def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int) -> None: ...
-    def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int,
-                crcs: list[int]) -> tuple[str, tuple[int, ...]]: ...
+    def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
+                record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
+                opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
+        """Write `chunks` (offset, data, crc), then publish; `opening` = (path, chunk, job): open
+        the stream first (it is new to the tier). One call."""
     def abort(self, sid: str) -> None: ...
 
 
@@ -53,6 +61,7 @@ class FileStream:
     opened: bool = False         # the tier knows this generation (an `open` answered)
     sent: dict[int, int] = field(default_factory=dict)   # chunk -> CRC the tier holds
     version: Optional[tuple[int, int]] = None             # (size, mtime_ns) once published
+    record: Optional[str] = None                          # the journal record of that publish
     final: Optional[list[int]] = None                     # the final file's chunk CRCs
     state: str = "writing"       # writing | published | done | dropped
     errors: int = 0
@@ -60,12 +69,15 @@ class FileStream:
 
 
 class Streamer:
-    def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 16):
+    def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 16,
+                 parallel: int = 1, link=None):
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         self.transport = transport
         self.chunk = chunk_bytes
         self.max_chunks = max_chunks_per_step
+        self.link = link            # LinkGate-like: open / acquire / close, or None
+        self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send") if parallel > 1 else None
 
     # -- the mount's hooks (each a cheap call: the work happens in `step`) ----------------------
     def start(self, path: str, fd: int, job: Optional[str] = None) -> FileStream:
@@ -79,9 +91,10 @@ class Streamer:
         fs.gen += 1
         fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"
 
-    def published(self, fs: FileStream, size: int, mtime_ns: int) -> None:
+    def published(self, fs: FileStream, size: int, mtime_ns: int, record: Optional[str] = None) -> None:
         """The store committed the file with these attributes (no writer can change it now)."""
         fs.version = (size, mtime_ns)
+        fs.record = record
         fs.state = "published"
 
     def drop(self, fs: FileStream) -> None:
@@ -104,20 +117,35 @@ class Streamer:
                 return True
             if fs.state == "done":
                 return True
-            if not fs.opened:
-                held = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
-                fs.sent, fs.opened = dict(held), True
             if fs.state == "writing":
                 size = os.fstat(fs.fd).st_size
-                self._send(fs, ranges_to_send(size, fs.chunk, fs.sent, limit=self.max_chunks), size)
+                todo = ranges_to_send(size, fs.chunk, fs.sent, limit=self.max_chunks)
+                if todo and not fs.opened:     # (nothing to send: no call, a small file opens at publish)
+                    self._open(fs)
+                self._send(fs, todo, size)
                 return False
             assert fs.version is not None
             size = fs.version[0]
             if fs.final is None:
                 fs.final = self._final_crcs(fs, size)
+            # A stream the tier has never heard of (nothing sent, no failure) opens inside the
+            # publish call; one that failed before learns first what the tier kept.
+            opening = None
+            if not fs.opened:
+                if fs.sent or fs.errors:
+                    self._open(fs)
+                else:
+                    opening = (fs.path, fs.chunk, fs.job)
             todo = ranges_to_send(size, fs.chunk, fs.sent, fs.final)
-            self._send(fs, todo, size)
-            state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final)
+            last = todo[-1:]
+            self._send(fs, todo[:-1], size)
+            inline = self._read_chunks(fs, last, size)
+            state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
+                                                  fs.record, inline, opening)
+            fs.opened = True
+            for off, data, crc in inline:
+                fs.sent[off // fs.chunk] = crc
+                fs.bytes_sent += len(data)
             if state == "fill":
                 for i in fetch:                 # the tier does not have these: send them again
                     fs.sent.pop(i, None)
@@ -131,16 +159,67 @@ class Streamer:
             log.debug("stream %s of %s: %s (will retry)", fs.sid, fs.path, err)
             return False
 
-    def _send(self, fs: FileStream, chunks: list[int], size: int) -> None:
+    def _open(self, fs: FileStream) -> None:
+        held = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
+        fs.sent, fs.opened = dict(held), True
+
+    def _read_chunks(self, fs: FileStream, chunks: list[int], size: int) -> list[tuple[int, bytes, int]]:
+        out = []
         for i in chunks:
             off, n = chunk_span(i, size, fs.chunk)
             data = os.pread(fs.fd, n, off)
             if len(data) != n:
-                return                          # truncated under us: `restart` will follow
-            crc = chunk_crc(data)
-            self.transport.put(fs.sid, fs.gen, off, data, crc)
-            fs.sent[i] = crc
-            fs.bytes_sent += n
+                raise OSError(5, f"{fs.path}: staging file shorter than its published size")
+            out.append((off, data, chunk_crc(data)))
+        return out
+
+    def _send_one(self, fs: FileStream, i: int, size: int, tid) -> Optional[tuple[int, int, int]]:
+        off, n = chunk_span(i, size, fs.chunk)
+        if tid is not None:
+            self.link.acquire(tid)
+        data = os.pread(fs.fd, n, off)
+        if len(data) != n:
+            return None                         # truncated under us: the final CRCs will tell
+        crc = chunk_crc(data)
+        self.transport.put(fs.sid, fs.gen, off, data, crc)
+        return i, crc, n
+
+    def _send(self, fs: FileStream, chunks: list[int], size: int) -> None:
+        if not chunks:
+            return
+        tid = None
+        if self.link is not None:
+            from policy.link import transfer_weight
+            tid = self.link.open(fs.path, "eval", transfer_weight(size),
+                                 [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
+        try:
+            if self.pool is None or len(chunks) == 1:
+                results, error = [], None
+                for i in chunks:
+                    try:
+                        results.append(self._send_one(fs, i, size, tid))
+                    except OSError as err:
+                        error = err
+                        break
+            else:
+                futures = [self.pool.submit(self._send_one, fs, i, size, tid) for i in chunks]
+                wait(futures)
+                results = [f.result() for f in futures if f.exception() is None]
+                error = next((f.exception() for f in futures if f.exception() is not None), None)
+            for r in results:                   # what the tier acknowledged counts, even on a failure
+                if r is not None:
+                    i, crc, n = r
+                    fs.sent[i] = crc
+                    fs.bytes_sent += n
+            if error is not None:
+                raise error
+        finally:
+            if tid is not None:
+                self.link.close(tid)
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def _final_crcs(self, fs: FileStream, size: int) -> list[int]:
         out = []

@@ -215,6 +215,9 @@ class AgentConfig(Section):
                               "(anomaly > eval > background) and weight. 0: no scheduling.")
     link_chunk_bytes: int = Field(4 << 20, ge=4096, description="Unit of scheduling on the link: a higher "
                                   "class takes the link at the next chunk boundary.")
+    stream_idle_s: float = Field(120.0, gt=0, le=86400, description="Eval tier: a stream from a training "
+                                 "mount (write-time streaming) with no call for this long and not published "
+                                 "is dropped: its sender died or gave up, the follower copies the file.")
 
 
 class AgentsConfig(Section):
@@ -298,12 +301,61 @@ class FollowConfig(Section):
     def _journal(cls, v: str) -> str:
         return _store_path(v)
 
+class StreamConfig(Section):
+    """Training side: send each file under `prefixes` to the eval DC's tier agents while it is
+    written (write-time streaming, docs/cross_dc.md). The writer never waits for the link."""
+    prefixes: list[str] = Field(default_factory=list, description="Store prefixes whose files are "
+                                "streamed (empty: off).")
+    agents: list[str] = Field(default_factory=list, description="Flight locations of the eval tiers' "
+                              "agents (grpc:// or grpc+tls://); every file goes to each of them.")
+    token_file: Optional[str] = Field(None, description="Token sent to the tier agents (a 0600 file owned "
+                                      "by the mount's user); unset: `[agents] token_file`.")
+    link_bytes_s: int = Field(0, ge=0, description="Budget of this mount's sends on the link (bytes/s; "
+                              "0: none). The eval agent's pulls have their own `[agent] link_bytes_s`: "
+                              "split the link between them.")
+    chunk_bytes: int = Field(4 << 20, ge=64 << 10, le=64 << 20, description="Unit of a stream: whole "
+                             "chunks leave behind the writer, the partial tail at close; one CRC-32 each.")
+    parallel: int = Field(8, ge=1, le=64, description="Chunks in flight at once (fill the link's "
+                          "bandwidth-delay product).")
+    poll_interval_s: float = Field(0.02, gt=0, le=10, description="How often open staging files are "
+                                   "checked for new whole chunks.")
+    max_held_bytes: int = Field(8 << 30, ge=0, description="Most bytes of closed files kept open for "
+                                "streams the tier has not acknowledged; beyond it the oldest is given up "
+                                "(the tier then copies that file after close, from the journal).")
+    idle_s: float = Field(120.0, gt=0, le=86400, description="A stream whose sends fail for this long is "
+                          "given up (the tier drops streams idle this long; the follower copies the file).")
+    timeout_s: float = Field(10.0, gt=0, le=600, description="One call to a tier agent.")
+
+    @field_validator("prefixes")
+    @classmethod
+    def _paths(cls, v: list[str]) -> list[str]:
+        return [_store_path(p) for p in v]
+
+    @field_validator("agents")
+    @classmethod
+    def _agents(cls, v: list[str]) -> list[str]:
+        for loc in v:
+            if not loc.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+                raise ValueError(f"{loc!r}: a tier agent is grpc://host:port or grpc+tls://host:port")
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.prefixes and not self.agents:
+            raise ValueError("[stream] prefixes need [stream] agents (the eval tiers to send to)")
+        return self
+
+
 class RouteConfig(Section):
     """Eval side, in the mount: paths under `prefix` are read from the local tier when it has them."""
     prefix: str = Field(description="Relpath prefix in the mount.")
     local_agent: str = Field(description="Flight location of the local tier's agent.")
     fetch_on_read: bool = Field(True, description="A read of a file the local tier lacks asks it to fetch "
                                 "that file first (the read itself goes to the store meanwhile).")
+    stream_wait_s: float = Field(5.0, ge=0, le=600, description="A lookup or open of a file a training "
+                                 "mount is streaming to the tier and has not published yet waits this long "
+                                 "for the publish, then goes to the store (which has the older version or "
+                                 "none). Unpublished bytes are never served.")
 
 
     @field_validator("prefix")
@@ -322,6 +374,7 @@ class MountConfig(Section):
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig, description="Hints and replica reads.")
     journal: JournalConfig = Field(default_factory=JournalConfig, description="Closed-file journal (training side).")
     follow: FollowConfig = Field(default_factory=FollowConfig, description="Predictive replication (eval-side agent).")
+    stream: StreamConfig = Field(default_factory=StreamConfig, description="Write-time streaming to eval tiers (training side).")
     routes: list[RouteConfig] = Field(default_factory=list, description="`[[routes]]`: local-tier routing (eval side).")
     transforms: list[TransformRule] = Field(default_factory=list, description="`[[transforms]]` rules: "
                                             "glob, kind (image|video), params; the first match wins.")

@@ -24,7 +24,8 @@ ALLOWED = {
     "hintfs": DAEMON_BELOW | {"agent"},
     "hintfs.cli": set(PACKAGES),
 }
-MOUNT_MAY_USE = {"agent.client", "agent.server", "agent.rpc"}
+# (and the link gate: a training mount's streams share the link by class, as the agent's copies do)
+MOUNT_MAY_USE = {"agent.client", "agent.server", "agent.rpc", "agent.linkgate"}
 
 
 def modules() -> dict[str, Path]:

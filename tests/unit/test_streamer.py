@@ -1,6 +1,5 @@
 """fusefs/streamer.py against agent/streams.py (the two ends of write-time streaming, building
-blocks not wired into the mount or the agent yet), joined by an in-memory transport that can be
-cut: bytes sent behind a writer, each once on the happy path; in-place rewrites caught at
+without a mount or an agent), joined by an in-memory transport that can be cut: bytes sent behind a writer, each once on the happy path; in-place rewrites caught at
 publish; a cut link and a restarted tier resume from what the tier holds; a truncate starts a new
 generation; an unlinked file leaves nothing at the tier; nothing is ready before publish."""
 from __future__ import annotations
@@ -46,7 +45,11 @@ class Link:
         self._call(self.tier.put, sid, gen, offset, data, crc)
         self.bytes += len(data)
 
-    def publish(self, sid, gen, path, size, mtime_ns, crcs):
+    def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
+        if opening is not None:
+            self.open(sid, gen, *opening)
+        for off, data, crc in chunks:
+            self.put(sid, gen, off, data, crc)
         v, part = self._call(self.tier.publish, sid, gen, path, size, mtime_ns, crcs)
         if part is not None:
             with open(part, "rb") as f:

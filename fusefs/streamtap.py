@@ -1,0 +1,264 @@
+"""Write-time streaming in the mount (`[stream]`, docs/cross_dc.md "Write-time streaming"): the
+filesystem's hooks, and the threads that send each streamed file to the eval tiers.
+
+The filesystem calls four hooks from the trio loop (`StreamHooks` in `fusefs/interfaces.py`); each
+only records an event and wakes the pump, never waits on the link:
+
+- `started(key, path, fd)`: a staging file was created or replaced for inode `key` (create, an
+  open with O_TRUNC, a fresh copy after a publish): a new stream, or a new generation of it.
+- `published(key, path, st, record, final)`: the store committed the file. `final` when no other
+  write handle is left (the close of the last writer): the stream is published with that version.
+  Otherwise (fsync, a rename of an open file) the version is only remembered: more writes may come.
+- `released(key)`: the last writer is gone. A remembered version with no write since (an fsync,
+  then a close with nothing new) is published now; a stream never published is dropped.
+- `dropped(key)`: unlinked while open, or abandoned at unmount: the tier drops what it holds.
+
+The pump thread applies the events to a stream only between its steps (a stream is stepped by one
+worker at a time), so `fusefs.streamer.Streamer` never sees its state change under it. A stream
+whose calls keep failing for `idle_s` is given up (the follower copies the file after close);
+published streams keep their staging fd until the tier acknowledges, at most `max_held_bytes`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fusefs.stats import Stats
+from fusefs.streamer import FileStream, Streamer
+from stores.base import Stat
+
+log = logging.getLogger("hintfs.stream")
+
+
+class FlightTransport:
+    """`fusefs.streamer.Transport` over an eval tier agent's Flight calls (`agent.client`)."""
+
+    def __init__(self, client, ttl_s: float = 86400.0):
+        self.client = client
+        self.ttl_s = ttl_s
+
+    def open(self, sid, gen, path, chunk, job=None):
+        return self.client.stream_open(sid, gen, path, chunk, job)
+
+    def put(self, sid, gen, offset, data, crc):
+        self.client.stream_put(sid, gen, [(offset, data, crc)])
+
+    def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
+        doc = self.client.stream_put(
+            sid, gen, list(chunks),
+            opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
+            publish={"path": path, "size": size, "mtime_ns": mtime_ns, "crcs": list(crcs), "record": record,
+                     "ttl_s": self.ttl_s})
+        return doc.get("state", "fill"), tuple(int(i) for i in doc.get("fetch", ()))
+
+    def abort(self, sid):
+        self.client.stream_abort(sid)
+
+
+@dataclass
+class _Entry:
+    """One streamed file: one FileStream per tier agent, and the events not applied yet."""
+    path: str
+    streams: list[FileStream]
+    events: list = field(default_factory=list)
+    busy: bool = False
+    pending: Optional[tuple] = None      # (size, mtime_ns, record) of a non-final publish
+    final: bool = False                  # published for good: only sending is left
+    failing_since: Optional[float] = None
+    next_try: float = 0.0
+    held_since: float = 0.0
+
+
+def job_of(path: str) -> Optional[str]:
+    """The job a checkpoint file belongs to: its path without the step folder and the name
+    (`ckpt/run-7/step_100/__0_0.distcp` -> `ckpt/run-7`), as the eval side names it."""
+    parts = path.split("/")
+    return "/".join(parts[:-2]) or None
+
+
+class StreamTap:
+    def __init__(self, cfg, streamers: list[Streamer], stats: Stats):
+        self.cfg = cfg
+        self.prefixes = [p.rstrip("/") for p in cfg.prefixes]
+        self.streamers = streamers
+        self.stats = stats
+        self.entries: dict[int, _Entry] = {}
+        self.cond = threading.Condition()
+        # steps of different files run at once (each step's chunks have the streamer's own pool)
+        self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream")
+        self._stop = False
+        self.thread = threading.Thread(target=self._pump, name="hintfs-stream-pump", daemon=True)
+        self.thread.start()
+
+    # -- hooks (trio loop: record and wake, nothing more) -----------------------------------------
+    def wants(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self.prefixes)
+
+    def started(self, key: int, path: str, fd: int) -> None:
+        if not self.wants(path):
+            return
+        with self.cond:
+            entry = self.entries.get(key)
+            if entry is None:
+                job = job_of(path)
+                self.entries[key] = _Entry(path, [s.start(path, fd, job) for s in self.streamers])
+                self.stats.add("streams_started")
+            else:
+                entry.events.append(("restart", os.dup(fd)))
+                entry.final, entry.pending = False, None
+            self.cond.notify_all()
+
+    def published(self, key: int, path: str, st: Stat, record: Optional[str], final: bool) -> None:
+        with self.cond:
+            entry = self.entries.get(key)
+            if entry is None:
+                return
+            entry.path = path
+            if final:
+                entry.events.append(("published", path, st.size, st.mtime_ns, record))
+                entry.final, entry.pending = True, None
+                entry.held_since = time.monotonic()
+            else:
+                entry.pending = (st.size, st.mtime_ns, record)
+            self.cond.notify_all()
+
+    def released(self, key: int) -> None:
+        with self.cond:
+            entry = self.entries.get(key)
+            if entry is None or entry.final:
+                return
+            if entry.pending is not None:
+                size, mtime_ns, record = entry.pending
+                entry.events.append(("published", entry.path, size, mtime_ns, record))
+                entry.final, entry.pending = True, None
+                entry.held_since = time.monotonic()
+            else:
+                entry.events.append(("drop",))
+            self.cond.notify_all()
+
+    def dropped(self, key: int) -> None:
+        with self.cond:
+            entry = self.entries.get(key)
+            if entry is None:
+                return
+            entry.events.append(("drop",))
+            entry.final = True
+            self.cond.notify_all()
+
+    # -- the pump -----------------------------------------------------------------------------------
+    def _apply(self, entry: _Entry) -> None:
+        """Events recorded by the hooks, applied while no worker steps this entry."""
+        events, entry.events = entry.events, []
+        for ev in events:
+            for streamer, fs in zip(self.streamers, entry.streams):
+                if ev[0] == "restart":
+                    streamer.restart(fs, ev[1])
+                elif ev[0] == "published":
+                    fs.path = ev[1]
+                    streamer.published(fs, ev[2], ev[3], ev[4])
+                elif ev[0] == "drop":
+                    streamer.drop(fs)
+            if ev[0] == "restart":
+                os.close(ev[1])
+
+    def _pump(self) -> None:
+        poll = self.cfg.poll_interval_s
+        while True:
+            with self.cond:
+                if self._stop:
+                    return
+                now = time.monotonic()
+                self._give_up_over_budget(now)
+                for key, entry in list(self.entries.items()):
+                    if entry.busy or now < entry.next_try:
+                        continue
+                    self._apply(entry)
+                    entry.busy = True
+                    self.workers.submit(self._work, key, entry)
+                self.cond.wait(poll)
+
+    def _work(self, key: int, entry: _Entry) -> None:
+        finished = True
+        errors = 0
+        try:
+            for streamer, fs in zip(self.streamers, entry.streams):
+                before = fs.errors
+                finished = streamer.step(fs) and finished
+                errors += fs.errors - before
+        except Exception:   # a bug must not stop the pump: give the stream up
+            log.exception("stream of %s failed; the follower will copy it after close", entry.path)
+            for streamer, fs in zip(self.streamers, entry.streams):
+                streamer.close(fs)
+            finished = True
+        now = time.monotonic()
+        with self.cond:
+            entry.busy = False
+            if finished:
+                self.entries.pop(key, None)
+                if all(fs.state == "done" for fs in entry.streams):
+                    self.stats.add("streams_published")
+                self.stats.add("stream_bytes_sent", sum(fs.bytes_sent for fs in entry.streams))
+            elif errors:
+                entry.failing_since = entry.failing_since or now
+                if now - entry.failing_since > self.cfg.idle_s:
+                    log.warning("stream of %s given up after %.0f s of failed calls; the eval side copies "
+                                "it after close", entry.path, now - entry.failing_since)
+                    self._give_up(key, entry)
+                else:
+                    entry.next_try = now + min(0.05 * 2 ** min(max(fs.errors for fs in entry.streams), 6), 2.0)
+            else:
+                entry.failing_since = None
+                if entry.final or entry.events:
+                    self.cond.notify_all()   # published: go on at once, not at the next poll
+
+    def _give_up(self, key: int, entry: _Entry) -> None:
+        for streamer, fs in zip(self.streamers, entry.streams):
+            streamer.close(fs)
+        self.entries.pop(key, None)
+        self.stats.add("streams_given_up")
+
+    def _give_up_over_budget(self, now: float) -> None:
+        """Published streams keep their staging file open until the tier has it: at most
+        `max_held_bytes` of them, the oldest given up first."""
+        held = sorted((e.held_since, k, e) for k, e in self.entries.items()
+                      if e.final and not e.busy and e.streams and e.streams[0].version is not None)
+        total = sum(e.streams[0].version[0] for _t, _k, e in held)
+        for _t, key, entry in held:
+            if total <= self.cfg.max_held_bytes:
+                break
+            total -= entry.streams[0].version[0]
+            log.warning("stream of %s given up: more than %d bytes held for the tier", entry.path,
+                        self.cfg.max_held_bytes)
+            self._give_up(key, entry)
+
+    # -- status and shutdown --------------------------------------------------------------------------
+    def status(self) -> dict:
+        with self.cond:
+            return {"open": len(self.entries),
+                    "paths": sorted({e.path for e in self.entries.values()})[:100]}
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """At unmount: give published streams up to `timeout_s` to finish, then stop."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while any(e.final for e in self.entries.values()) and time.monotonic() < deadline:
+                self.cond.wait(0.05)
+            self._stop = True
+            self.cond.notify_all()
+        self.thread.join(5)
+        self.workers.shutdown(wait=True)
+        with self.cond:
+            for entry in self.entries.values():
+                for streamer, fs in zip(self.streamers, entry.streams):
+                    streamer.close(fs)
+            self.entries.clear()
+        for s in self.streamers:
+            s.shutdown()
+
+
+__all__ = ["StreamTap", "FlightTransport", "job_of"]

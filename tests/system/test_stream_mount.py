@@ -1,0 +1,86 @@
+"""Write-time streaming through real mounts and a real tier agent (issue 15, docs/cross_dc.md):
+a training mount with `[stream]` sends each checkpoint file to the eval tier while it is written;
+the tier makes it a replica at publish (no copy after close); eval reads through `[[routes]]`
+return the published bytes, and unpublished bytes are never served."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from agent.client import AgentClient
+from agent.server import AgentServer
+from mountconfig import parse_config
+from stores.local import LocalStore
+from tests.conftest import needs_fuse, wait_for
+
+pytestmark = needs_fuse
+
+CHUNK = 64 << 10
+
+
+class Tier:
+    """An eval tier agent on a loopback TCP port (streams need a network agent), following `ckpt`."""
+
+    def __init__(self, tmp_path, store, follow: bool = True, **agent):
+        cfg = {"store": {"uri": f"file://{store}"},
+               "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", **agent}}
+        if follow:
+            cfg["follow"] = {"prefixes": ["ckpt"], "poll_interval_s": 0.05}
+        self.server = AgentServer(parse_config(cfg), LocalStore(str(store)), location="grpc://127.0.0.1:0")
+        self.loc = f"grpc://127.0.0.1:{self.server.port}"
+        threading.Thread(target=self.server.serve, daemon=True).start()
+        self.client = AgentClient(self.loc)
+
+    def close(self):
+        self.server.shutdown()
+
+
+def stream_toml(loc: str, journal: bool = True, **extra) -> str:
+    lines = [f'prefixes = ["ckpt"]', f'agents = ["{loc}"]', f"chunk_bytes = {CHUNK}", "poll_interval_s = 0.01"]
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    return ("\n[journal]\nenabled = true\n" if journal else "") + "\n[stream]\n" + "\n".join(lines) + "\n"
+
+
+def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(mount_factory, tmp_path):
+    store = tmp_path / "train" / "store"
+    store.mkdir(parents=True)
+    tier = Tier(tmp_path, store)
+    try:
+        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+        ck = train.mnt / "ckpt" / "run" / "step_1"
+        ck.mkdir(parents=True)
+        data = os.urandom(10 * CHUNK + 777)
+        with open(ck / "__0_0.distcp", "wb") as f:
+            f.write(data[: 6 * CHUNK])
+            f.flush()
+            # whole chunks leave while the file is open, and are not a replica yet
+            assert wait_for(lambda: tier.server.streams.state_of("ckpt/run/step_1/__0_0.distcp") is not None
+                            and tier.server.streams.streams and any(
+                                s.ranges.bytes_held() >= 6 * CHUNK for s in tier.server.streams.streams.values()),
+                            timeout=10)
+            assert tier.client.tier_stat("ckpt/run/step_1/__0_0.distcp")["state"] == "streaming"
+            with pytest.raises(OSError):
+                tier.client.read("ckpt/run/step_1/__0_0.distcp", 0, 10, replica_only=True)
+            f.write(data[6 * CHUNK:])
+        (ck / ".metadata").write_bytes(b"marker")
+        st = os.stat(store / "ckpt/run/step_1/__0_0.distcp")
+        assert wait_for(lambda: tier.client.has("ckpt/run/step_1/__0_0.distcp", st.st_size, st.st_mtime_ns), 10)
+        assert tier.client.read("ckpt/run/step_1/__0_0.distcp", 0, len(data) + 10, replica_only=True) == data
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_1"], 10)
+        status = tier.client.status()
+        assert status["streams"]["published"] == 2
+        assert status["copies"] == 0        # the follower found both files there: no copy after close
+        counters = train.stats()["counters"]
+        assert counters["streams_published"] == 2
+        # every byte crossed once: the streams sent the file and the marker, the follower nothing
+        assert counters["stream_bytes_sent"] == len(data) + len(b"marker")
+
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n')
+        assert (ev.mnt / "ckpt/run/step_1/__0_0.distcp").read_bytes() == data
+        assert ev.stats()["counters"].get("route_local", 0) >= 1
+    finally:
+        tier.close()
