@@ -7,12 +7,16 @@ One run, side by side, over the same S3 store behind `bench/wan.py`'s relay:
           eval-side `hintfs agent` with [follow] copies each file through the relay as soon as
           it is closed; the eval mount routes `ckpt` to that agent (attributes and data of what
           the tier holds, a wait for copies in flight, the store for the rest).
+  hintfs_stream  write-time streaming (issue 15): a second training mount with [stream] sends each
+          file to the same eval agent while it is written, across the same link (the relay's second
+          listener shares its bandwidth); the agent's follower finds the files there at their
+          journal records, the eval mount is the same as for `hintfs`.
   local   the floor: the same checkpoint written to a local folder and merged from it.
-  hintfs_stream (write-time streaming, issue 15) is designed in docs/cross_dc.md, not built: it is
-          reported as null with its reason.
 In every mode the merge starts at the commit. Per mode: merge latency (mean, p95), the time the
 training side took to write the checkpoint (`write_s_mean`), and `wan_bytes_over_checkpoint`
-(bytes towards the eval side across the relay during a rep, over the checkpoint's bytes).
+(bytes towards the eval side across the relay during a rep, over the checkpoint's bytes: the
+store's reads plus, for hintfs_stream, the streams). `write_stream_over_copy`: the training side's
+write throughput with streaming over without it (hintfs_stream vs hintfs, same run).
 Merge latency = commit (`.metadata` closed on the training mount) -> `dcp.load` of the subset done.
 
 Second run: 16 eval jobs' checkpoints cross the link at once through the agent's link scheduler
@@ -215,7 +219,9 @@ class Bench:
         self.s3.filesystem().create_dir(BUCKET)
         from bench.wan import Relay
         self.bw = a.bandwidth_mbit * 1e6 / 8
-        self.relay = Relay(("127.0.0.1", s3_port), a.delay_ms / 1000, self.bw)
+        aport = free_port()
+        # the second listener: training hosts stream to the eval agent over the same link
+        self.relay = Relay(("127.0.0.1", s3_port), a.delay_ms / 1000, self.bw, reverse_target=("127.0.0.1", aport))
         rport = self.relay.start()
         self.t_relay0 = time.time()
         self.rport = rport
@@ -223,7 +229,6 @@ class Bench:
         self.train = self.mount("train", s3_store_toml(s3_port, self.tmp / "spool-train")
                                 + '\n[journal]\nenabled = true\n')
         # eval-side agent: S3 through the relay, follows ckpt/
-        aport = free_port()
         self.agent_loc = f"grpc://127.0.0.1:{aport}"
         acfg = self.tmp / "agent.toml"
         acfg.write_text(s3_store_toml(rport) + textwrap.dedent(f"""
@@ -247,6 +252,15 @@ class Bench:
         wait_port(aport)
         from agent.client import AgentClient
         self.agent = AgentClient(self.agent_loc)
+        # training side with write-time streaming: its sends cross the link's second listener
+        self.train_stream = self.mount("train-stream", s3_store_toml(s3_port, self.tmp / "spool-ts")
+                                       + '\n[journal]\nenabled = true\n' + textwrap.dedent(f"""
+            [stream]
+            prefixes = ["ckpt/hintfs_stream"]
+            agents = ["grpc://127.0.0.1:{self.relay.reverse_port}"]
+            chunk_bytes = {a.stream_chunk_kb << 10}
+            parallel = {a.stream_parallel}
+        """))
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
         self.ev_remote = self.mount("eval-remote", s3_store_toml(rport) + imm.replace(
@@ -285,6 +299,8 @@ class Bench:
     def write_checkpoint(self, rel: str, root: Path | None = None) -> float:
         """The training side writes a checkpoint through its mount (or into `root`, the local-disk
         floor): data files, then .metadata."""
+        if root is None and rel.startswith("ckpt/hintfs_stream/"):
+            root = self.train_stream
         dst = (root or self.train) / rel
         dst.mkdir(parents=True)
         names = sorted(p.name for p in self.src.iterdir() if p.name != ".metadata")
@@ -308,10 +324,11 @@ class Bench:
             return {}
 
     def wan_down(self) -> int:
-        return self.relay.stats()["bytes"]["down"]
+        """Bytes that crossed the link towards the eval side: store reads and streams."""
+        return self.relay.stats()["bytes"]["down"] + self.relay.reverse_stats()["bytes"]["up"]
 
     def rep(self, mode: str, i: int, eval_mnt: Path) -> dict:
-        rel = f"{'ckpt' if mode == 'hintfs' else 'base'}/{mode}/step_{i}"
+        rel = f"{'ckpt' if mode.startswith('hintfs') else 'base'}/{mode}/step_{i}"
         t_start = time.time()
         b0 = self.wan_down()
         n0 = self.relay.stats()["accepted"]
@@ -323,7 +340,7 @@ class Bench:
         res = self.merge(eval_mnt / rel)
         c1 = self.counters(eval_mnt)
         t_ready = None
-        if mode == "hintfs":   # for the record: when the tier had the whole checkpoint
+        if mode.startswith("hintfs"):   # for the record: when the tier had the whole checkpoint
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 st = self.agent.status().get("follow", {})
@@ -347,7 +364,10 @@ class Bench:
         return r
 
     def run_mode(self, mode: str, mnt: Path, reps: int) -> dict:
-        out = [self.rep(mode, i, mnt) for i in range(reps)]
+        print(f"mode {mode}", flush=True)
+        return self.summarize([self.rep(mode, i, mnt) for i in range(reps)])
+
+    def summarize(self, out: list[dict]) -> dict:
         lat = sorted(r["latency_s"] for r in out)
         p95 = lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))]
         return {"reps": out, "mean_s": round(sum(lat) / len(lat), 3), "p95_s": p95,
@@ -444,6 +464,10 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=50.0, help="one way")
     ap.add_argument("--bandwidth-mbit", type=float, default=400.0)
     ap.add_argument("--chunk-kb", type=int, default=1024, help="agent link_chunk_bytes")
+    ap.add_argument("--stream-chunk-kb", type=int, default=1024, help="[stream] chunk_bytes")
+    ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
+    ap.add_argument("--modes", default="local,remote,rclone,hintfs,hintfs_stream",
+                    help="comma-separated modes to run (the rest are null with a reason)")
     ap.add_argument("--jobs", type=int, default=16, help="second run: jobs sharing the link (0: skip)")
     ap.add_argument("--skip-rclone", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "cross_dc_eval.json"))
@@ -467,25 +491,37 @@ def main() -> int:
         result["s3_server"] = result["config"]["s3_server"] = b.s3.name if b.s3 else None
         result["checkpoint"] = b.facts
         modes = {}
-        print("mode local (the floor: local disk)", flush=True)
-        local = b.tmp / "local"
-        local.mkdir()
-        modes["local"] = b.run_mode("local", local, a.reps)
-        print("mode remote", flush=True)
-        modes["remote"] = b.run_mode("remote", b.ev_remote, remote_reps)
-        if a.skip_rclone:
+        wanted = set(a.modes.split(","))
+        for m in ("local", "remote", "rclone", "hintfs", "hintfs_stream"):
+            if m not in wanted:
+                result["reasons"][m] = "not run (--modes)"
+        if "local" in wanted:
+            local = b.tmp / "local"
+            local.mkdir()
+            modes["local"] = b.run_mode("local", local, a.reps)
+        if "remote" in wanted:
+            modes["remote"] = b.run_mode("remote", b.ev_remote, remote_reps)
+        if "rclone" not in wanted:
+            pass
+        elif a.skip_rclone:
             result["reasons"]["rclone"] = "skipped (--skip-rclone)"
         else:
             rmnt = b.start_rclone()
             if rmnt is None:
                 result["reasons"]["rclone"] = "rclone mount did not come up"
             else:
-                print("mode rclone", flush=True)
-                modes["rclone"] = b.run_mode("rclone", rmnt, a.reps)
-        print("mode hintfs", flush=True)
-        modes["hintfs"] = b.run_mode("hintfs", b.ev_hint, a.reps)
-        result["reasons"]["hintfs_stream"] = ("not built: write-time streaming (issue 15) is not wired "
-                                              "into the mount and the agent (docs/cross_dc.md)")
+                    modes["rclone"] = b.run_mode("rclone", rmnt, a.reps)
+        # the two hintfs modes alternate rep by rep: their write times are compared (same run)
+        for m in ("hintfs", "hintfs_stream"):
+            if m in wanted:
+                modes[m] = {"reps": []}
+        for i in range(a.reps):
+            for m in ("hintfs", "hintfs_stream"):
+                if m in wanted:
+                    modes[m]["reps"].append(b.rep(m, i, b.ev_hint))
+        for m in ("hintfs", "hintfs_stream"):
+            if m in wanted:
+                modes[m] = b.summarize(modes[m]["reps"])
         result["modes"] = modes
         for m, v in modes.items():
             result["merge_latency_s"][m] = v["mean_s"]
@@ -501,6 +537,9 @@ def main() -> int:
             result["others_slowdown"] = sl["others_slowdown"]
         else:
             result["reasons"]["shared_link"] = "skipped (--jobs 0)"
+        hs = result["merge_latency_s"]["hintfs_stream"]
+        w0, w1 = result["write_s_mean"].get("hintfs"), result["write_s_mean"].get("hintfs_stream")
+        result["write_stream_over_copy"] = round(w0 / w1, 3) if w0 and w1 else None
         r, h = result["merge_latency_s"]["remote"], result["merge_latency_s"]["hintfs"]
         rc = result["merge_latency_s"]["rclone"]
         lo = result["merge_latency_s"]["local"]
@@ -510,6 +549,13 @@ def main() -> int:
             "hintfs_over_local": round(h / lo, 2) if lo and h else None,
             "ge_90pct_below_remote": bool(r and h and h <= 0.1 * r),
             "below_rclone": bool(rc and h and h < rc) if rc else None,
+            "stream_over_remote": round(hs / r, 3) if r and hs else None,
+            "stream_over_local": round(hs / lo, 2) if lo and hs else None,
+            "stream_le_0_3s": bool(hs is not None and hs <= 0.3),
+            "stream_wan_le_1_05x": (result["wan_bytes_over_checkpoint"].get("hintfs_stream", 9) <= 1.05)
+            if hs else None,
+            "stream_write_ge_0_95x": (result["write_stream_over_copy"] >= 0.95)
+            if result["write_stream_over_copy"] else None,
             "anomaly_le_1_5x": (result["anomaly_slowdown"] <= 1.5) if result["anomaly_slowdown"] else None,
             "others_lt_20pct": (result["others_slowdown"] < 0.2) if result["others_slowdown"] is not None else None,
         }
@@ -530,7 +576,7 @@ def main() -> int:
                 result["reasons"]["plot"] = repr(e)
         b.cleanup()
     result["wall_s"] = round(time.monotonic() - t_begin, 1)
-    for k in ("rclone", "hintfs", "remote", "local"):
+    for k in ("rclone", "hintfs", "hintfs_stream", "remote", "local"):
         if result["merge_latency_s"][k] is None and k not in result["reasons"]:
             result["reasons"][k] = "not measured (see error)"
     if result["anomaly_slowdown"] is None and "shared_link" not in result["reasons"]:
@@ -539,6 +585,7 @@ def main() -> int:
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result.get(k) for k in ("s3_server", "merge_latency_s", "merge_latency_p95_s",
                                                   "wan_over_needed", "wan_bytes_over_checkpoint",
+                                                  "write_s_mean", "write_stream_over_copy",
                                                   "anomaly_slowdown", "others_slowdown", "goals", "reasons",
                                                   "wall_s")}, indent=1))
     return 0 if "error" not in result["reasons"] else 1

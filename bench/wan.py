@@ -202,13 +202,15 @@ async def run_relay(listen_port: int, target_host: str, target_port: int, delay_
                     bandwidth_bytes_s: float, *, listen_host: str = "127.0.0.1",
                     stats: RelayStats | None = None, max_connections: int = 1024,
                     max_inflight_bytes: int | None = None, burst_bytes: int | None = None,
-                    connect_timeout_s: float = 10.0,
+                    connect_timeout_s: float = 10.0, buckets: dict[str, TokenBucket] | None = None,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled. ``task_status.started(port)`` reports the bound port (0 picks one).
 
     ``max_inflight_bytes`` per connection and direction defaults to twice the bandwidth-delay
     product (at least 1 MiB, at most 64 MiB); ``burst_bytes`` defaults to 5 ms of bandwidth (at
-    least one read of 64 KiB).
+    least one read of 64 KiB). ``buckets``: another relay's buckets (same trio run), so that two
+    relays are one link: pass ``{"up": its["down"], "down": its["up"]}`` for a relay whose
+    clients sit on the other side.
     """
     _validate(listen_host, target_host, delay_s, bandwidth_bytes_s)
     if max_connections < 1:
@@ -217,7 +219,8 @@ async def run_relay(listen_port: int, target_host: str, target_port: int, delay_
         max_inflight_bytes = int(min(64 << 20, max(1 << 20, 2 * bandwidth_bytes_s * delay_s)))
     if burst_bytes is None:
         burst_bytes = int(max(READ_SIZE, bandwidth_bytes_s * 0.005))
-    buckets = {d: TokenBucket(bandwidth_bytes_s, burst_bytes) for d in DIRECTIONS}
+    if buckets is None:
+        buckets = {d: TokenBucket(bandwidth_bytes_s, burst_bytes) for d in DIRECTIONS}
     stats = stats if stats is not None else RelayStats()
     listeners = await trio.open_tcp_listeners(listen_port, host=listen_host)
     port = listeners[0].socket.getsockname()[1]
@@ -259,11 +262,18 @@ class Relay:
     ``start()`` returns the bound port, ``stats()`` returns ``RelayStats.snapshot()``,
     ``stop()`` cancels the relay (open connections are closed) and joins the thread.
     Also a context manager.
+
+    ``reverse_target``: a second listener (``reverse_port``, ``reverse_stats()``) towards a
+    target on the *client* side of the link, e.g. an eval-DC agent that training hosts send to
+    while eval hosts read the store through the first listener. Both share the link's two
+    token buckets, crossed: the second's "up" is the first's "down" (the same direction of the
+    link), so the link's bandwidth holds for both together.
     """
 
     def __init__(self, target: str | tuple[str, int], delay_s: float, bandwidth_bytes_s: float, *,
                  listen_host: str = "127.0.0.1", listen_port: int = 0,
-                 sample_interval_s: float = 0.1, **kwargs: Any):
+                 sample_interval_s: float = 0.1, reverse_target: str | tuple[str, int] | None = None,
+                 **kwargs: Any):
         self.target = _parse_target(target)
         _validate(listen_host, self.target[0], delay_s, bandwidth_bytes_s)
         self.delay_s = delay_s
@@ -272,6 +282,9 @@ class Relay:
         self.listen_port = listen_port
         self.kwargs = kwargs
         self._stats = RelayStats(sample_interval_s=sample_interval_s)
+        self.reverse_target = _parse_target(reverse_target) if reverse_target is not None else None
+        self._rstats = RelayStats(sample_interval_s=sample_interval_s)
+        self.reverse_port: int | None = None
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._cancel: trio.CancelScope | None = None
@@ -284,10 +297,19 @@ class Relay:
         with trio.CancelScope() as scope:
             self._cancel = scope
             async with trio.open_nursery() as nursery:
+                burst = self.kwargs.pop("burst_bytes", None)
+                if burst is None:
+                    burst = int(max(READ_SIZE, self.bandwidth_bytes_s * 0.005))
+                buckets = {d: TokenBucket(self.bandwidth_bytes_s, burst) for d in DIRECTIONS}
                 self.port = await nursery.start(functools.partial(
                     run_relay, self.listen_port, self.target[0], self.target[1], self.delay_s,
                     self.bandwidth_bytes_s, listen_host=self.listen_host, stats=self._stats,
-                    **self.kwargs))
+                    buckets=buckets, **self.kwargs))
+                if self.reverse_target is not None:
+                    self.reverse_port = await nursery.start(functools.partial(
+                        run_relay, 0, self.reverse_target[0], self.reverse_target[1], self.delay_s,
+                        self.bandwidth_bytes_s, listen_host=self.listen_host, stats=self._rstats,
+                        buckets={"up": buckets["down"], "down": buckets["up"]}, **self.kwargs))
                 self._ready.set()
 
     def _run(self) -> None:
@@ -320,6 +342,16 @@ class Relay:
             except trio.RunFinishedError:
                 pass
         return self._stats.snapshot()
+
+    def reverse_stats(self) -> dict[str, Any]:
+        """The second listener's ``RelayStats.snapshot()`` (its "up" crosses the link like the
+        first's "down")."""
+        if self._token is not None and self._thread is not None and self._thread.is_alive():
+            try:
+                return trio.from_thread.run_sync(self._rstats.snapshot, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        return self._rstats.snapshot()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._thread is None:

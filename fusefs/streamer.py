@@ -16,6 +16,10 @@ unit tests).
   "fill" gets the chunks it names.
 - Chunks go `parallel` at a time (a long link needs several in flight), each after the optional
   link gate grants it (`agent.linkgate.LinkGate`: the mount's share of the link, by class).
+  While the file is written they leave without a barrier: a step hands the new whole chunks to
+  the send pool and returns, so the link stays full between steps. Only the publish waits for
+  the chunks in flight (`idle` says when none are; the caller changes a stream's generation or
+  closes it only then, and `close` of a stream with chunks in flight waits for them to land).
 - A failed call (link down, tier restarted) leaves the stream as it is; the next step re-opens it
   (`open` answers what the tier holds) and goes on from there. Nothing is lost but time.
 - `restart` (the file was truncated or staged anew) starts a new generation: the tier forgets the
@@ -23,11 +27,13 @@ unit tests).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import socket
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
@@ -41,7 +47,9 @@ _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or
 
 class Transport(Protocol):
     def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]: ...
-    def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int) -> None: ...
+    def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int,
+            opening: Optional[tuple[str, int, Optional[str]]] = None) -> None:
+        """One chunk; `opening` = (path, chunk, job): open the stream first if the tier lacks it."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
                 opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
@@ -66,10 +74,13 @@ class FileStream:
     state: str = "writing"       # writing | published | done | dropped
     errors: int = 0
     bytes_sent: int = 0
+    inflight: dict[int, Future] = field(default_factory=dict)   # chunks handed to the send pool
+    closing: bool = False        # close the fd when the last chunk in flight lands
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Streamer:
-    def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 16,
+    def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 256,
                  parallel: int = 1, link=None):
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
@@ -101,10 +112,19 @@ class Streamer:
         """Unlinked or abandoned before publish: the tier must drop what it holds."""
         fs.state = "dropped"
 
+    def idle(self, fs: FileStream) -> bool:
+        """No chunk of this stream is in flight (its state may be changed)."""
+        with fs.lock:
+            return not fs.inflight
+
     def close(self, fs: FileStream) -> None:
-        if fs.fd >= 0:
-            os.close(fs.fd)
-            fs.fd = -1
+        with fs.lock:
+            if fs.inflight:
+                fs.closing = True               # the last chunk to land closes it
+                return
+            fd, fs.fd = fs.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     # -- work -----------------------------------------------------------------------------------
     def step(self, fs: FileStream) -> bool:
@@ -119,11 +139,20 @@ class Streamer:
                 return True
             if fs.state == "writing":
                 size = os.fstat(fs.fd).st_size
-                todo = ranges_to_send(size, fs.chunk, fs.sent, limit=self.max_chunks)
-                if todo and not fs.opened:     # (nothing to send: no call, a small file opens at publish)
-                    self._open(fs)
-                self._send(fs, todo, size)
+                with fs.lock:
+                    busy = dict.fromkeys(fs.inflight, -1)
+                    known = {**fs.sent, **busy}
+                todo = ranges_to_send(size, fs.chunk, known, limit=self.max_chunks)
+                if todo and not fs.opened and (fs.sent or fs.errors):
+                    if busy:
+                        return False            # let the chunks in flight land first
+                    self._open(fs)             # after a failure: learn first what the tier kept
+                if self.pool is None:          # (a new stream opens with its chunks: no extra call)
+                    self._send(fs, todo, size)
+                else:
+                    self._send_behind(fs, todo, size)
                 return False
+            self._drain(fs)
             assert fs.version is not None
             size = fs.version[0]
             if fs.final is None:
@@ -173,15 +202,19 @@ class Streamer:
             out.append((off, data, chunk_crc(data)))
         return out
 
-    def _send_one(self, fs: FileStream, i: int, size: int, tid) -> Optional[tuple[int, int, int]]:
+    def _send_one(self, fs: FileStream, i: int, size: int, tid,
+                  gen: Optional[int] = None) -> Optional[tuple[int, int, int]]:
         off, n = chunk_span(i, size, fs.chunk)
         if tid is not None:
             self.link.acquire(tid)
+        if gen is not None and (gen != fs.gen or fs.fd < 0):
+            return None                         # a newer generation, or given up
         data = os.pread(fs.fd, n, off)
         if len(data) != n:
             return None                         # truncated under us: the final CRCs will tell
         crc = chunk_crc(data)
-        self.transport.put(fs.sid, fs.gen, off, data, crc)
+        self.transport.put(fs.sid, fs.gen, off, data, crc,
+                           None if fs.opened else (fs.path, fs.chunk, fs.job))
         return i, crc, n
 
     def _send(self, fs: FileStream, chunks: list[int], size: int) -> None:
@@ -206,6 +239,8 @@ class Streamer:
                 wait(futures)
                 results = [f.result() for f in futures if f.exception() is None]
                 error = next((f.exception() for f in futures if f.exception() is not None), None)
+            if any(r is not None for r in results):
+                fs.opened = True
             for r in results:                   # what the tier acknowledged counts, even on a failure
                 if r is not None:
                     i, crc, n = r
@@ -216,6 +251,54 @@ class Streamer:
         finally:
             if tid is not None:
                 self.link.close(tid)
+
+    def _send_behind(self, fs: FileStream, chunks: list[int], size: int) -> None:
+        """Hand `chunks` to the send pool and return: each records itself when it lands."""
+        if not chunks:
+            return
+        tid = None
+        if self.link is not None:
+            from policy.link import transfer_weight
+            tid = self.link.open(fs.path, "eval", transfer_weight(size),
+                                 [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
+        left = [len(chunks)]
+        gen = fs.gen
+        for i in chunks:
+            with fs.lock:
+                fut = self.pool.submit(self._send_one, fs, i, size, tid, gen)
+                fs.inflight[i] = fut
+            fut.add_done_callback(functools.partial(self._landed, fs, i, gen, tid, left))
+
+    def _landed(self, fs: FileStream, i: int, gen: int, tid, left: list, fut: Future) -> None:
+        err = fut.exception()
+        with fs.lock:
+            fs.inflight.pop(i, None)
+            left[0] -= 1
+            last = left[0] == 0
+            if fs.gen == gen:
+                if err is None:
+                    r = fut.result()
+                    if r is not None:
+                        fs.sent[i] = r[1]
+                        fs.bytes_sent += r[2]
+                        fs.opened = True
+                else:
+                    fs.errors += 1
+                    fs.opened = False           # re-open next time: learn what the tier holds
+                    log.debug("stream %s of %s: chunk %d: %s (will retry)", fs.sid, fs.path, i, err)
+            close_now = fs.closing and not fs.inflight
+            if close_now:
+                fd, fs.fd = fs.fd, -1
+        if last and tid is not None:
+            self.link.close(tid)
+        if close_now and fd >= 0:
+            os.close(fd)
+
+    def _drain(self, fs: FileStream) -> None:
+        with fs.lock:
+            futures = list(fs.inflight.values())
+        if futures:
+            wait(futures)
 
     def shutdown(self) -> None:
         if self.pool is not None:

@@ -45,8 +45,10 @@ class FlightTransport:
     def open(self, sid, gen, path, chunk, job=None):
         return self.client.stream_open(sid, gen, path, chunk, job)
 
-    def put(self, sid, gen, offset, data, crc):
-        self.client.stream_put(sid, gen, [(offset, data, crc)])
+    def put(self, sid, gen, offset, data, crc, opening=None):
+        self.client.stream_put(sid, gen, [(offset, data, crc)],
+                               opening=None if opening is None else {"path": opening[0], "chunk": opening[1],
+                                                                     "job": opening[2]})
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         doc = self.client.stream_put(
@@ -70,6 +72,7 @@ class _Entry:
     pending: Optional[tuple] = None      # (size, mtime_ns, record) of a non-final publish
     final: bool = False                  # published for good: only sending is left
     failing_since: Optional[float] = None
+    errors_seen: int = 0
     next_try: float = 0.0
     held_since: float = 0.0
 
@@ -94,6 +97,17 @@ class StreamTap:
         self._stop = False
         self.thread = threading.Thread(target=self._pump, name="hintfs-stream-pump", daemon=True)
         self.thread.start()
+        # Connect to each tier now: a first call on a new channel costs several round trips
+        # (TCP, HTTP/2 settings), which the first checkpoint's stream would otherwise pay.
+        for s in streamers:
+            self.workers.submit(self._warm_up, s)
+
+    @staticmethod
+    def _warm_up(streamer: Streamer) -> None:
+        try:
+            streamer.transport.client.ping()
+        except OSError as err:
+            log.warning("tier agent %s does not answer yet: %s", streamer.transport.client.location, err)
 
     # -- hooks (trio loop: record and wake, nothing more) -----------------------------------------
     def wants(self, path: str) -> bool:
@@ -177,6 +191,8 @@ class StreamTap:
                 for key, entry in list(self.entries.items()):
                     if entry.busy or now < entry.next_try:
                         continue
+                    if entry.events and not all(s.idle(fs) for s, fs in zip(self.streamers, entry.streams)):
+                        continue   # a restart or a drop waits for the chunks in flight to land
                     self._apply(entry)
                     entry.busy = True
                     self.workers.submit(self._work, key, entry)
@@ -184,18 +200,17 @@ class StreamTap:
 
     def _work(self, key: int, entry: _Entry) -> None:
         finished = True
-        errors = 0
         try:
             for streamer, fs in zip(self.streamers, entry.streams):
-                before = fs.errors
                 finished = streamer.step(fs) and finished
-                errors += fs.errors - before
         except Exception:   # a bug must not stop the pump: give the stream up
             log.exception("stream of %s failed; the follower will copy it after close", entry.path)
             for streamer, fs in zip(self.streamers, entry.streams):
                 streamer.close(fs)
             finished = True
         now = time.monotonic()
+        total = sum(fs.errors for fs in entry.streams)   # (chunks in flight fail between steps too)
+        errors, entry.errors_seen = total - entry.errors_seen, total
         with self.cond:
             entry.busy = False
             if finished:

@@ -41,7 +41,9 @@ class Link:
     def open(self, sid, gen, path, chunk, job=None):
         return self._call(self.tier.open, sid, gen, path, chunk, job)
 
-    def put(self, sid, gen, offset, data, crc):
+    def put(self, sid, gen, offset, data, crc, opening=None):
+        if opening is not None:
+            self.open(sid, gen, *opening)
         self._call(self.tier.put, sid, gen, offset, data, crc)
         self.bytes += len(data)
 
