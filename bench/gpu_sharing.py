@@ -21,6 +21,9 @@ request, the older scheme. Training and inference alone on the trace give traini
     python bench/gpu_sharing.py --role priority --out F.json   # GPU-priority probe (2 min)
     python bench/gpu_sharing.py --role unmap --out F.json      # 4 GiB of VMM pages back to the driver, by variant (1 min)
     python bench/gpu_sharing.py --quick    # short smoke run
+    python bench/gpu_sharing.py --modes governor_paged_long_kv --diag 1 --skip-handoff-probe
+        # where the trainer's threads are while a command waits unseen (bench/stackwatch.c):
+        # safe-point timelines and thread samples per late command, in the JSON and stacks-*.jsonl
 Roles `--role train|infer|handoff|prio_load|prio_probe` are child processes; not for direct use.
 """
 
@@ -273,6 +276,20 @@ def role_infer(args) -> None:
         return sum(t.numel() * t.element_size() for t in host_params[kind].values())
 
     client = InferenceClient(args.socket, name=f"bench-{args.kinds}", accept_pages=args.mode in HANDOFF)
+    events: list = []   # --diag: (what, start, end) in s from t0: reserves, cache frees, KV allocs, loads
+
+    def timed_event(what, fn):
+        def wrapped(*a, **k):
+            t0 = time.monotonic()
+            try:
+                return fn(*a, **k)
+            finally:
+                events.append((what, t0 - args.t0, time.monotonic() - args.t0))
+        return wrapped
+    if args.diag:
+        import governor.inference as ginf
+        client.reserve = timed_event("reserve", client.reserve)
+        ginf._free_device_cache = timed_event("empty_cache", ginf._free_device_cache)
     if args.mode in HANDOFF:   # load cuda-python and bind its context now, not inside a timed map
         from governor import vmm_pool
         vmm_pool.ensure_context(0)
@@ -285,14 +302,23 @@ def role_infer(args) -> None:
 
     def loader(kind):
         def load():
+            tm = time.monotonic()
             t0 = time.perf_counter()
             p = {k: v.to(dev, non_blocking=True) for k, v in host_params[kind].items()}
             torch.cuda.synchronize()
             load_ms.append((time.perf_counter() - t0) * 1e3)
+            events.append(("load", tm - args.t0, time.monotonic() - args.t0))
             return p
         return load
 
     def alloc_kv(nbytes):
+        t_ev = time.monotonic()
+        try:
+            return _alloc_kv(nbytes)
+        finally:
+            events.append(("alloc_kv", t_ev - args.t0, time.monotonic() - args.t0))
+
+    def _alloc_kv(nbytes):
         t0 = time.perf_counter()
         fds, page = client.pop_pages()
         if fds:   # training's pages, lent with the grant: map them, then zero (owner changed)
@@ -347,8 +373,10 @@ def role_infer(args) -> None:
                     del kvs, flat, logits
                     torch.cuda.synchronize()
                     kv.shrink_to(0)
+                    t_rel = time.monotonic()
                     while lent_maps:   # the chunk's tensor is gone: unmap, free the pages
                         lent_maps.pop().release()
+                    events.append(("release_lent", t_rel - args.t0, time.monotonic() - args.t0))
             torch.cuda.synchronize()
 
     if args.infer_priority == "high":   # warm-up on the stream the trace runs on
@@ -369,7 +397,7 @@ def role_infer(args) -> None:
     for n in list(cache.models):
         cache.evict(n)
     client.timings.clear()
-    for xs in (load_ms, map_ms, zero_ms, lent_pages):
+    for xs in (load_ms, map_ms, zero_ms, lent_pages, events):
         xs.clear()
     gc.collect()
     gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-trace
@@ -416,8 +444,181 @@ def role_infer(args) -> None:
     Path(args.out).write_text(json.dumps({"records": records, "timings": client.timings,
                                           "load_ms": load_ms, "map_ms": map_ms,
                                           "zero_ms": zero_ms, "memory": mem,
-                                          "lent_pages": lent_pages}))
+                                          "lent_pages": lent_pages, "events": events}))
     client.close()
+
+
+# ============================================================== diagnostics (--diag)
+
+class _Diag:
+    """--diag: where a command waits unseen, or an abort waits to be handled. The trainer's
+    class is swapped for a subclass that stamps every safe point (time, thread, pass, label) and
+    the phases between micro-batches into a ring; a late command's window of that ring is kept
+    with its adjustment. bench/stackwatch.c samples every thread's kernel and user stack meanwhile."""
+
+    def __init__(self, trainer, client, args) -> None:
+        import threading
+        from collections import deque
+
+        sys.path.insert(0, str(ROOT / "bench"))
+        from stackwatch import StackWatch
+
+        from governor.protocol import W_CMD_T, W_T_DETECT, now_ns
+        from governor.training import ShrinkRequested
+
+        self.args = args
+        self.thresh_ms = args.diag_thresh_ms
+        self.watch = StackWatch(client.block.slot(client.slot_index), W_CMD_T, W_T_DETECT,
+                                thresh_ms=args.diag_thresh_ms, period_ms=1.0, max_rounds=40)
+        ring = self.ring = deque(maxlen=40000)
+        watch = self.watch
+        tid = threading.get_native_id
+        watch.thread(0, tid())   # the main thread (forward); backward's is set at its first hook
+        base = type(trainer)
+        self.late: list[dict] = []
+
+        def mark(name, fn):
+            def wrapped(self, *a, **k):
+                ring.append((now_ns(), tid(), name, "enter", -1))
+                try:
+                    return fn(self, *a, **k)
+                finally:
+                    ring.append((now_ns(), tid(), name, "exit", -1))
+            return wrapped
+
+        class DiagTrainer(base):
+            def _safe_point(self, where="forward"):
+                t = tid()
+                if where == "backward" and watch.words[3] != t:
+                    watch.thread(1, t)
+                ring.append((now_ns(), t, where, self._label, self._sp_idx))
+                return base._safe_point(self, where)
+
+            def _check_command(self, where="forward"):
+                try:
+                    base._check_command(self, where)
+                except ShrinkRequested:
+                    watch.raised(now_ns())
+                    raise
+
+            def _handle_command(self, cmd, dropped, where="poll"):
+                watch.handled(now_ns())
+                ring.append((now_ns(), tid(), "handle", where, cmd.seq))
+                base._handle_command(self, cmd, dropped, where)
+                self._adjustments[-1].issued_ns = cmd.issued_ns
+
+            wait_gpu = mark("wait_gpu", base.wait_gpu)
+            _commit = mark("commit", base._commit)
+            _finish = mark("finish", base._finish)
+            step = mark("step", base.step)
+
+        trainer.__class__ = DiagTrainer
+
+    def after_step(self, adjustments) -> None:
+        for a in adjustments:
+            issued = getattr(a, "issued_ns", 0)
+            if not issued or (a.detect_ms < self.thresh_ms and a.unwind_ms < self.thresh_ms):
+                continue
+            lo = issued - 30_000_000
+            hi = issued + int((a.detect_ms + a.drain_ms + a.release_ms + 5) * 1e6)
+            win = [(round((t - issued) / 1e6, 3), th, w, lab, i) for t, th, w, lab, i in self.ring
+                   if lo <= t <= hi]
+            before = [e for e in win if e[0] < 0][-40:]
+            after = [e for e in win if e[0] >= 0][:200]
+            self.late.append({"issued_t": issued / 1e9 - self.args.t0, "issued_ns": issued,
+                              "where": a.where, "detect_ms": a.detect_ms, "unwind_ms": a.unwind_ms,
+                              "propagate_ms": a.propagate_ms, "drain_ms": a.drain_ms,
+                              "release_ms": a.release_ms, "released": a.released,
+                              "timeline": before + after})
+
+    def finish(self, stacks_path: str) -> dict:
+        self.watch.stop()
+        n = self.watch.dump(stacks_path)
+        return {"late": self.late, "stack_samples": n, "thresh_ms": self.thresh_ms}
+
+
+def _diag_trainer(trainer, client, args) -> _Diag:
+    return _Diag(trainer, client, args)
+
+
+def _prefetch_mapped_libraries() -> int:
+    """Ask the kernel to read every shared library this process maps into the page cache
+    (asynchronous readahead). --diag caught the backward thread in file-backed page faults
+    (waiting for disk) while cuBLAS loaded the kernels of a GEMM shape it had not run before,
+    and the C++ unwinder likewise on the first abort. Returns the bytes advised."""
+    seen, total = set(), 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            path = parts[5] if len(parts) >= 6 else ""
+            if not path.startswith("/") or ".so" not in path or path in seen:
+                continue
+            seen.add(path)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                total += os.fstat(fd).st_size
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return total
+
+
+def _warm_up(trainer, x, y, governed: bool, args) -> dict:
+    """Before the clock: run the micro-batch sizes a step of this batch splits into (the whole
+    batch, halves, thirds, quarters) and, for a governed trainer, one abort in forward and one in
+    backward. --diag found every late safe point over 7 ms in the first seconds of a stress
+    mode, inside the first backward at a new micro-batch size: cuBLAS choosing and loading the
+    kernels of GEMM shapes it had not seen (7-45 ms on the backward thread, no safe point), and
+    the first abort's unwinding paging in code from disk."""
+    from governor.training import ShrinkRequested
+
+    import threading
+
+    t_start = time.monotonic()
+    advised = []   # in a thread: reading a few GB may take seconds, the sizes below need not wait
+    pf = threading.Thread(target=lambda: advised.append(_prefetch_mapped_libraries()), daemon=True)
+    pf.start()
+    gb = int(x.shape[0])
+    sizes = sorted({-(-gb // k) for k in range(1, args.warm_sizes + 1)}, reverse=True)
+    ran, aborts = [], 0
+    keep = trainer.max_micro_batch
+    try:
+        for n in sizes:
+            if time.monotonic() > args.t0 - 1.0:
+                break
+            trainer.max_micro_batch = n
+            r = trainer.step(x[:n], y[:n])
+            ran.append(r.micro_batches)
+        for where in (("forward", "backward") if governed else ()):
+            if time.monotonic() > args.t0 - 1.0:
+                break
+            seen = [0]
+            real = trainer._check_command
+
+            def once(w="forward", where=where, seen=seen, real=real):
+                if w == where and trainer._in_micro:
+                    seen[0] += 1
+                    if seen[0] == 40:   # well inside the pass
+                        raise ShrinkRequested()
+                return real(w)
+            trainer._check_command = once
+            try:
+                r = trainer.step(x[:sizes[0]], y[:sizes[0]])
+                aborts += r.aborted
+            finally:
+                del trainer._check_command
+    finally:
+        trainer.max_micro_batch = keep
+    trainer.wait_gpu()
+    pf.join(max(0.0, args.t0 - 1.0 - time.monotonic()))
+    return {"sizes": sizes, "micro_batches": ran, "aborts": aborts,
+            "prefetched_bytes": advised[0] if advised else None,
+            "seconds": time.monotonic() - t_start, "left_before_t0_s": args.t0 - time.monotonic()}
 
 
 # ============================================================== role: training
@@ -437,6 +638,8 @@ def role_train(args) -> None:
 
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = False
+    if args.switch_ms:
+        sys.setswitchinterval(args.switch_ms / 1e3)
     try:
         from torchvision.models import swin_t
         with torch.device("cuda"):
@@ -444,7 +647,9 @@ def role_train(args) -> None:
         arch = "swin_t"
     except ImportError:  # pragma: no cover
         raise SystemExit("torchvision is needed for the training role")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # fused: the optimizer step is a stretch without safe points, and the foreach AdamW spent
+    # 4-10 ms of host time in it (--diag: commands that came then waited that long)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=bool(args.fused_adamw))
     ce = nn.CrossEntropyLoss(reduction="sum")
 
     def loss_fn(out, y):
@@ -484,12 +689,14 @@ def role_train(args) -> None:
                                  max_yield_s=args.yield_ms / 1e3, copy_chunks=args.copy_chunks,
                                  split_ops_bytes_per_sample=args.split_ops_kib * 1024 or None,
                                  yield_to_inference=block.inference_busy if args.colocated else None)
+    diag = _diag_trainer(trainer, client, args) if args.diag and client is not None else None
     gb = args.global_batch
     x = torch.randn(gb, 3, 224, 224).pin_memory()
     y = torch.randint(0, 100, (gb,)).pin_memory()
     # fit the memory model with two probe sizes before the clock starts
     trainer.probe_batch = 16
     trainer.step(x[:48], y[:48])
+    warm = _warm_up(trainer, x, y, governed, args) if args.warm_sizes else None
     gc.collect()
     gc.freeze()  # as in the servers: a full collection would stall a safe point for ms
     steps, adjustments, mem = [], [], []
@@ -506,6 +713,8 @@ def role_train(args) -> None:
                       "micro": r.micro_batches, "aborted": r.aborted, "loss": r.loss,
                       "excess_releases": r.excess_releases})
         adjustments += [a.__dict__ for a in r.adjustments]
+        if diag is not None:
+            diag.after_step(r.adjustments)
         fixed = sum(p.numel() * p.element_size() * 4 for p in model.parameters())  # w, g, m, v
         reserved = trainer.probe.reserved()
         mem.append((t1 - args.t0, reserved, fixed))
@@ -521,6 +730,8 @@ def role_train(args) -> None:
         # what each safe-point interval costs on the GPU (ms per sample; x micro-batch = ms)
         "interval_costs": trainer.interval_costs(),
         "pagealloc": pagealloc.installed().stats() if args.mode in PAGED else None,
+        "diag": diag.finish(args.out + ".stacks.jsonl") if diag is not None else None,
+        "warm_up": warm,
         "quota_final": trainer.quota}))
     if client is not None:
         client.close()
@@ -1021,8 +1232,13 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
               # safe points inside layers only where reclaims drain (the stress modes): with
               # them in every mode, training alone ran 1860 samples/s against 1894-1946 without
               # (bench/results/gpu_sharing_split_everywhere.json and the three runs)
-              "--split-ops-kib", str(args.split_ops_kib if mode in LONG_KV else 0)]
+              "--split-ops-kib", str(args.split_ops_kib if mode in LONG_KV else 0),
+              "--diag", str(args.diag), "--diag-thresh-ms", str(args.diag_thresh_ms),
+              "--switch-ms", str(args.switch_ms), "--warm-sizes", str(args.warm_sizes),
+              "--fused-adamw", str(args.fused_adamw)]
     train_env = dict(env)
+    if args.train_thread_pct:
+        train_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(args.train_thread_pct)
     if has_train:
         procs["train"] = subprocess.Popen(
             [sys.executable, __file__, "--role", "train", "--out", str(workdir / f"{mode}-train.json"),
@@ -1065,6 +1281,7 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
         res["infer"] = {k: [x for p in parts for x in p.get(k, [])]
                         for k in ("records", "timings", "load_ms", "map_ms", "zero_ms", "memory",
                                   "lent_pages")}
+        res["infer"]["events"] = {kind: p.get("events") for kind, p in zip(SERVERS, parts)}
         res["infer"]["records"].sort(key=lambda r: r["t"])
         res["infer"]["servers_done"] = len(parts)
     return res
@@ -1183,6 +1400,9 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                 for c in sorted(tr.get("interval_costs") or [], key=lambda c: -c["ms_per_sample"])[:10]]
             row["pagealloc_stats"] = tr.get("pagealloc")
             row["train_quota_final"] = tr.get("quota_final")
+            if tr.get("diag"):
+                row["diag"] = tr["diag"]
+                row["diag"]["infer_events"] = (r.get("infer") or {}).get("events")
         row["gpu_busy"] = r.get("gpu_busy")
         row["exit"] = r.get("exit")
         table[mode] = row
@@ -1233,7 +1453,10 @@ def summarize(results: dict, handoff: dict, args) -> dict:
                      "split_ops_kib": args.split_ops_kib,
                      "yield_ms": args.yield_ms, "yield_to": args.yield_to, "infer_priority": args.infer_priority,
                      "stress_kv_mult": args.stress_kv_mult,
-                     "stress_gap_s": [args.stress_gap_lo, args.stress_gap_hi]},
+                     "stress_gap_s": [args.stress_gap_lo, args.stress_gap_hi],
+                     "diag": args.diag, "train_thread_pct": args.train_thread_pct,
+                     "switch_ms": args.switch_ms, "warm_sizes": args.warm_sizes,
+                     "fused_adamw": args.fused_adamw},
         "train_throughput_vs_best_static": (gov.get("train_samples_per_s") / best_static)
         if best_static and gov.get("train_samples_per_s") else None,
         "page_handoff": handoff,
@@ -1344,6 +1567,19 @@ def main() -> int:
     # many KiB per sample, and at its gradient (0: module boundaries only); splits Swin's
     # 5-7 ms attention intervals. The other modes keep module boundaries (it costs throughput)
     ap.add_argument("--split-ops-kib", type=int, default=256)
+    # diagnostics: stamp the trainer's safe points and sample its threads' stacks while a command
+    # waits unseen longer than --diag-thresh-ms (bench/stackwatch.c); servers log their phases
+    ap.add_argument("--diag", type=int, default=0)
+    ap.add_argument("--diag-thresh-ms", type=float, default=2.5)
+    ap.add_argument("--skip-handoff-probe", action="store_true")
+    # MPS (the caller starts nvidia-cuda-mps-control): the trainer's active-thread percentage
+    ap.add_argument("--train-thread-pct", type=int, default=0)
+    # the trainer's sys.setswitchinterval in ms (0: Python's default, 5 ms)
+    ap.add_argument("--switch-ms", type=float, default=0.0)
+    # the trainer's warm-up before the clock: micro-batch sizes gb/1..gb/N and one abort per
+    # pass (0: only the probe step), and AdamW fused (1) or foreach (0)
+    ap.add_argument("--warm-sizes", type=int, default=4)
+    ap.add_argument("--fused-adamw", type=int, default=1)
     args = ap.parse_args()
     if args.role == "infer":
         role_infer(args); return 0
@@ -1392,10 +1628,15 @@ def main() -> int:
             results[mode] = {"mode": mode, "error": repr(e)}
         (out_dir / "gpu_sharing_partial.json").write_text(json.dumps(
             summarize(results, {}, args), indent=1))
-    print(f"== page handoff ({time.monotonic() - t_start:.0f} s)", flush=True)
-    hp = work / "handoff.json"
-    subprocess.run([sys.executable, __file__, "--role", "handoff", "--out", str(hp)], timeout=120)
-    handoff = json.loads(hp.read_text()) if hp.exists() else {"error": "handoff role failed"}
+        stacks = work / f"{mode}-train.json.stacks.jsonl"
+        if stacks.exists():   # --diag: the trainer's thread samples
+            os.replace(stacks, out_dir / f"stacks-{mode}.jsonl")
+    handoff = {"skipped": True}
+    if not args.skip_handoff_probe:
+        print(f"== page handoff ({time.monotonic() - t_start:.0f} s)", flush=True)
+        hp = work / "handoff.json"
+        subprocess.run([sys.executable, __file__, "--role", "handoff", "--out", str(hp)], timeout=120)
+        handoff = json.loads(hp.read_text()) if hp.exists() else {"error": "handoff role failed"}
     summary = summarize(results, handoff, args)
     (out_dir / "gpu_sharing.json").write_text(json.dumps(summary, indent=1))
     (out_dir / "gpu_sharing_series.json").write_text(json.dumps(
