@@ -3,6 +3,7 @@ from other agents (tree fan-out) and from the benchmarks."""
 from __future__ import annotations
 
 import json
+import struct
 from typing import Optional
 
 import pyarrow as pa
@@ -17,6 +18,14 @@ class AgentError(OSError):
 
 def _errno_of(err: Exception) -> int:
     return errno_of_flight_error(err)
+
+
+def _binary_array(items: list[bytes]) -> pa.Array:
+    """A large_binary array over the bytes without copying them when there is one (a chunk)."""
+    if len(items) != 1:
+        return pa.array(items, pa.large_binary())
+    offsets = pa.py_buffer(struct.pack("<qq", 0, len(items[0])))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(items[0])])
 
 
 class AgentClient:
@@ -107,7 +116,7 @@ class AgentClient:
                 if chunks:
                     writer.write_batch(pa.record_batch(
                         [pa.array([c[0] for c in chunks], pa.int64()), pa.array([c[2] for c in chunks], pa.int64()),
-                         pa.array([c[1] for c in chunks], pa.large_binary())], schema=self._CHUNKS))
+                         _binary_array([c[1] for c in chunks])], schema=self._CHUNKS))
                 writer.done_writing()
                 buf = reader.read()
             finally:

@@ -175,6 +175,10 @@ class AgentServer(fl.FlightServerBase):
         if acfg.link_bytes_s:
             from agent.linkgate import LinkGate
             self.link = LinkGate(acfg.link_bytes_s, acfg.link_chunk_bytes)
+        self.fd_server = None
+        if acfg.local_socket:   # replica fds for mounts on this host (FUSE passthrough)
+            from agent.fdserver import ReplicaFdServer
+            self.fd_server = ReplicaFdServer(acfg.local_socket, self.local_replica_fd)
         self.follower = None
         if cfg.follow.prefixes:
             from agent.follower import Follower
@@ -792,6 +796,8 @@ class AgentServer(fl.FlightServerBase):
             self.link.stop()
         if self._samples is not None:
             self._samples.close()
+        if self.fd_server is not None:
+            self.fd_server.close()
         super().shutdown()
         self.streams.close()   # a persistent agent keeps each stream's part + progress to adopt
         if self.persistent:   # replicas stay for the next agent on this data_dir to adopt

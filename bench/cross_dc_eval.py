@@ -238,6 +238,7 @@ class Bench:
             data_dir = "{self.tmp / 'tier'}"
             link_bytes_s = {int(self.bw)}
             link_chunk_bytes = {a.chunk_kb << 10}
+            local_socket = "{self.tmp / 'tier.sock'}"
             [follow]
             prefixes = ["ckpt"]
             poll_interval_s = 0.05
@@ -267,7 +268,8 @@ class Bench:
             "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-er"}"'))
         self.ev_hint = self.mount("eval-hintfs", s3_store_toml(rport) + imm.replace(
             "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-eh"}"')
-                                  + f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{self.agent_loc}"\n')
+                                  + f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{self.agent_loc}"\n'
+                                  + f'local_socket = "{self.tmp / "tier.sock"}"\n')
         self.merger = self.spawn([PY, "-c", MERGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  stderr=open(self.tmp / "merge.log", "w"))
         assert self.merger.stdout.readline().strip() == "ready"
@@ -464,7 +466,7 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=50.0, help="one way")
     ap.add_argument("--bandwidth-mbit", type=float, default=400.0)
     ap.add_argument("--chunk-kb", type=int, default=1024, help="agent link_chunk_bytes")
-    ap.add_argument("--stream-chunk-kb", type=int, default=1024, help="[stream] chunk_bytes")
+    ap.add_argument("--stream-chunk-kb", type=int, default=4096, help="[stream] chunk_bytes")
     ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
     ap.add_argument("--modes", default="local,remote,rclone,hintfs,hintfs_stream",
                     help="comma-separated modes to run (the rest are null with a reason)")

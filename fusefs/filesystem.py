@@ -637,7 +637,7 @@ class Filesystem:
                     await self.routing.on_open(node.path, st)
                 replicas = self.replica_reads
                 if replicas is not None and replicas.has_replicas(node.path):
-                    local = replicas.local_fd(node.path, st.identity()) if self.passthrough is not None else -1
+                    local = await replicas.local_fd(node.path, st.identity()) if self.passthrough is not None else -1
                     if local >= 0:
                         backing_id = self._pt_attach(node, local, None)
                     if backing_id:

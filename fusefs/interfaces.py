@@ -19,9 +19,9 @@ from stores.base import Stat
 
 class ReplicaSource(Protocol):
     def has_replicas(self, path: str) -> bool: ...
-    def local_fd(self, path: str, identity: tuple[int, int]) -> int:
+    async def local_fd(self, path: str, identity: tuple[int, int]) -> int:
         """A new fd of a complete replica of exactly this version held on this host (the mount's
-        own agent), for FUSE passthrough; -1 when there is none."""
+        own agent, or a tier agent's `local_socket`), for FUSE passthrough; -1 when there is none."""
     async def read(self, path: str, identity: tuple[int, int], off: int, size: int) -> bytes: ...
 
 

@@ -27,6 +27,7 @@ import pyfuse3
 import trio
 
 from agent.client import AgentClient
+from agent.fdserver import receive_replica_fd
 from agent.linkgate import LinkGate
 from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
@@ -236,6 +237,9 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     replica_reads = ReplicaReads(hints.router, clients, cfg, stats, store=view, io_limiter=io_limiter)
     if agent_server is not None:   # the in-process agent's replicas are files on this host
         replica_reads.local_copy = agent_server.local_replica_fd
+    if any(r.local_socket for r in cfg.routes):   # so are those of a tier agent on this host
+        replica_reads.local_socket_of = view.local_socket_of
+        replica_reads.fetch_fd = receive_replica_fd
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
     streams = build_streams(cfg, stats)
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,

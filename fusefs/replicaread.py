@@ -43,6 +43,10 @@ class ReplicaReads:
         # The mount's in-process agent (same host, same process): its complete replicas can back
         # passthrough opens (`AgentServer.local_replica_fd`); set by `fusefs.mount.assemble`.
         self.local_copy: Optional[Callable[[str, int, int], int]] = None
+        # Agents on this host in other processes (a route's tier agent with a `local_socket`):
+        # (path -> socket or None, blocking fetch of an fd), asked in a worker thread.
+        self.local_socket_of: Optional[Callable[[str], Optional[str]]] = None
+        self.fetch_fd: Optional[Callable[[str, str, int, int], int]] = None
 
     async def store_read(self, path: str, off: int, length: int) -> bytes:
         """One read of the store copy (the last fallback of replica reads)."""
@@ -57,8 +61,15 @@ class ReplicaReads:
     def has_replicas(self, path: str) -> bool:
         return bool(self.router.replicas.get(path))
 
-    def local_fd(self, path: str, identity: tuple[int, int]) -> int:
-        return self.local_copy(path, *identity) if self.local_copy is not None else -1
+    async def local_fd(self, path: str, identity: tuple[int, int]) -> int:
+        fd = self.local_copy(path, *identity) if self.local_copy is not None else -1
+        if fd < 0 and self.local_socket_of is not None:
+            sock = self.local_socket_of(path)
+            if sock is not None:
+                fd = await trio.to_thread.run_sync(self.fetch_fd, sock, path, *identity)
+                if fd >= 0:
+                    self.stats.add("tier_fd_opens")
+        return fd
 
     async def read(self, path: str, identity, off: int, size: int) -> bytes:
         out = []

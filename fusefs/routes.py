@@ -144,14 +144,19 @@ class RoutedStore:
         self.stats = stats
         # A stat may be a call to the tier agent: never inline in the trio loop.
         self.inline_metadata = False
-        # Routed opens may be served by the tier agent: they stay on the daemon's path.
-        self.passthrough_capable = False
+        # A routed file is read from the tier's replica: by passthrough when the tier agent is on
+        # this host and hands its fds out (`local_socket`); other files as the store allows.
+        self.passthrough_capable = store.passthrough_capable or any(r.local_socket for r in self.routes)
         self.description = store.description
         self._warned: dict[str, float] = {}
 
     # -- not routed: the store's --------------------------------------------------------------
     def check(self) -> None:
         self._store.check()
+
+    def local_socket_of(self, path: str) -> Optional[str]:
+        route = route_of(self.routes, path)
+        return route.local_socket if route is not None else None
 
     def refuse_device(self, st_dev: int) -> None:
         self._store.refuse_device(st_dev)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fusefs.stats import Stats
-from fusefs.streamer import FileStream, Streamer
+from fusefs.streamer import FileStream, Streamer, background_thread
 from stores.base import Stat
 
 log = logging.getLogger("hintfs.stream")
@@ -93,7 +93,7 @@ class StreamTap:
         self.entries: dict[int, _Entry] = {}
         self.cond = threading.Condition()
         # steps of different files run at once (each step's chunks have the streamer's own pool)
-        self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream")
+        self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream", initializer=background_thread)
         self._stop = False
         self.thread = threading.Thread(target=self._pump, name="hintfs-stream-pump", daemon=True)
         self.thread.start()

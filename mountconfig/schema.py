@@ -215,6 +215,10 @@ class AgentConfig(Section):
                               "(anomaly > eval > background) and weight. 0: no scheduling.")
     link_chunk_bytes: int = Field(4 << 20, ge=4096, description="Unit of scheduling on the link: a higher "
                                   "class takes the link at the next chunk boundary.")
+    local_socket: Optional[str] = Field(None, description="A unix socket (created 0600) where mounts on "
+                                        "this host, run by the agent's user or root, receive a read-only fd "
+                                        "of a complete replica, so an eval mount with `[[routes]] local_socket` "
+                                        "serves it by FUSE passthrough (kernel reads). Unset: none.")
     stream_idle_s: float = Field(120.0, gt=0, le=86400, description="Eval tier: a stream from a training "
                                  "mount (write-time streaming) with no call for this long and not published "
                                  "is dropped: its sender died or gave up, the follower copies the file.")
@@ -352,6 +356,8 @@ class RouteConfig(Section):
     local_agent: str = Field(description="Flight location of the local tier's agent.")
     fetch_on_read: bool = Field(True, description="A read of a file the local tier lacks asks it to fetch "
                                 "that file first (the read itself goes to the store meanwhile).")
+    local_socket: Optional[str] = Field(None, description="The tier agent's `[agent] local_socket` when it "
+                                        "runs on this host: its replicas are then opened by FUSE passthrough.")
     stream_wait_s: float = Field(5.0, ge=0, le=600, description="A lookup or open of a file a training "
                                  "mount is streaming to the tier and has not published yet waits this long "
                                  "for the publish, then goes to the store (which has the older version or "

@@ -9,20 +9,23 @@ decisions of both ends, no I/O and no clock.
 - `verdict`: at publish, whether the tier's bytes *are* the published file (every chunk present
   with the sender's final CRC), and if not, which chunks must come from elsewhere. The tier never
   serves a stream that was not published, nor one whose verdict is not `ready`.
-- `chunk_crc`: the checksum both sides compute (zlib's CRC-32 of the chunk's bytes).
+- `chunk_crc`: the checksum both sides compute (CRC-32C of the chunk's bytes, `crc32c`).
 
 Chunks are aligned: chunk i covers [i * chunk, min((i + 1) * chunk, size)). Only the last chunk
 of a file may be short, and a short chunk is sent only at publish (the writer may still extend it).
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+import crc32c
+
 
 def chunk_crc(data: bytes) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+    """CRC-32C (Castagnoli) of a chunk, in hardware where the CPU has it (SSE4.2: ~2x zlib's
+    CRC-32 here); the sender computes it twice per byte and the tier once, beside the writer."""
+    return crc32c.crc32c(data) & 0xFFFFFFFF
 
 
 def chunk_count(size: int, chunk: int) -> int:

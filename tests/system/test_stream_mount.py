@@ -84,3 +84,61 @@ def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(moun
         assert ev.stats()["counters"].get("route_local", 0) >= 1
     finally:
         tier.close()
+
+
+def test_an_eval_mount_serves_tier_replicas_by_passthrough_through_the_agents_fd_socket(mount_factory, tmp_path):
+    store = tmp_path / "store"
+    (store / "ckpt/run/step_1").mkdir(parents=True)
+    data = os.urandom(3 * CHUNK + 5)
+    (store / "ckpt/run/step_1/w.distcp").write_bytes(data)
+    sock = tmp_path / "run" / "tier.sock"
+    tier = Tier(tmp_path, store, follow=False, local_socket=str(sock))
+    try:
+        tier.client.replicate("ckpt/run/step_1/w.distcp", 600)
+        assert (os.stat(sock).st_mode & 0o777) == 0o600
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[mount]\npassthrough = "auto"\n[[routes]]\nprefix = "ckpt"\n'
+                                 f'local_agent = "{tier.loc}"\nlocal_socket = "{sock}"\n')
+        if ev.stats()["passthrough"]["state"] != "on":
+            pytest.skip(f"FUSE passthrough not available here: {ev.stats()['passthrough']['state']}")
+        assert (ev.mnt / "ckpt/run/step_1/w.distcp").read_bytes() == data
+        c = ev.stats()["counters"]
+        assert c.get("tier_fd_opens") == 1 and c.get("passthrough_replica_opens") == 1
+        assert c.get("replica_reads", 0) == 0        # the kernel read the tier's file itself
+    finally:
+        tier.close()
+
+
+def test_the_fd_socket_refuses_other_users_and_other_versions(tmp_path):
+    import subprocess
+    import sys
+    from agent.fdserver import receive_replica_fd
+    store = tmp_path / "store"
+    (store / "ckpt").mkdir(parents=True)
+    (store / "ckpt/w.bin").write_bytes(b"w" * 1000)
+    sock = tmp_path / "tier.sock"
+    tier = Tier(tmp_path, store, follow=False, local_socket=str(sock))
+    try:
+        tier.client.replicate("ckpt/w.bin", 600)
+        st = os.stat(store / "ckpt/w.bin")
+        fd = receive_replica_fd(str(sock), "ckpt/w.bin", st.st_size, st.st_mtime_ns)
+        assert fd >= 0
+        try:
+            assert os.pread(fd, 4, 0) == b"wwww"
+            with pytest.raises(OSError):
+                os.pwrite(fd, b"x", 0)                 # read-only: the replica cannot be changed
+        finally:
+            os.close(fd)
+        assert receive_replica_fd(str(sock), "ckpt/w.bin", st.st_size, st.st_mtime_ns + 1) == -1
+        assert receive_replica_fd(str(sock), "../etc/passwd", 1, 1) == -1
+        # another user: the 0600 socket refuses the connection (and SO_PEERCRED would too)
+        os.chmod(tmp_path, 0o755)
+        probe = ("import sys; from agent.fdserver import receive_replica_fd; "
+                 f"print(receive_replica_fd({str(sock)!r}, 'ckpt/w.bin', {st.st_size}, {st.st_mtime_ns}))")
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe],
+                           capture_output=True, text=True, timeout=60, cwd=os.getcwd(),
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "-1"
+    finally:
+        tier.close()

@@ -25,7 +25,8 @@ ALLOWED = {
     "hintfs.cli": set(PACKAGES),
 }
 # (and the link gate: a training mount's streams share the link by class, as the agent's copies do)
-MOUNT_MAY_USE = {"agent.client", "agent.server", "agent.rpc", "agent.linkgate"}
+# (and the fd client of a tier agent on the same host, for passthrough of its replicas)
+MOUNT_MAY_USE = {"agent.client", "agent.server", "agent.rpc", "agent.linkgate", "agent.fdserver"}
 
 
 def modules() -> dict[str, Path]:
