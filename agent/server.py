@@ -725,6 +725,7 @@ class AgentServer(fl.FlightServerBase):
                 log.info("replica of %s reclaimed at TTL", p)
             if self.streams.expire():
                 self._streams_changed()
+            self.streams.save_due()
 
     def status(self) -> dict:
         with self.lock:
@@ -737,7 +738,8 @@ class AgentServer(fl.FlightServerBase):
                          "bytes_per_s": round(self.bytes_served / elapsed, 1)},
                 "budget": {"bytes": self.budget, "used": self.used_bytes(), "evictions": self.evictions},
                 "resumed_ranges": self.resumed_ranges, "copies": self.copies,
-                "streams": {"open": len(self.streams.streams), "published": self.streams_published},
+                "streams": {"open": len(self.streams.streams), "published": self.streams_published,
+                            "bytes_held": self.streams.bytes_held()},
             }
 
     def do_action(self, context, action):

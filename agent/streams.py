@@ -50,7 +50,8 @@ class Stream:
     last_call: float
     saved_at: float = 0.0
     version: Optional[tuple[int, int]] = None   # published as (size, mtime_ns), chunks still missing
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    unsaved: bool = False                       # chunks arrived since the last progress file
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
 
 class StreamTier:
@@ -76,6 +77,7 @@ class StreamTier:
         if not force and now - s.saved_at < self.progress_every_s:
             return
         s.saved_at = now
+        s.unsaved = False
         os.fdatasync(s.fd)
         doc = {"stream": s.sid, "gen": s.gen, "path": s.path, "job": s.job, **s.ranges.to_doc()}
         tmp = self._part(s.sid) + ".progress.tmp"
@@ -84,7 +86,10 @@ class StreamTier:
         os.rename(tmp, self._part(s.sid) + ".progress")
 
     def _remove(self, s: Stream) -> None:
-        os.close(s.fd)
+        with s.lock:                    # (a progress save may be running on another thread)
+            fd, s.fd = s.fd, -1
+        if fd >= 0:
+            os.close(fd)
         for name in (self._part(s.sid) + ".progress", self._part(s.sid)):
             try:
                 os.unlink(name)
@@ -134,6 +139,7 @@ class StreamTier:
         os.pwrite(s.fd, data, offset)
         with s.lock:
             s.ranges.add(offset, len(data), crc)
+            s.unsaved = True
             self._save(s)
 
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
@@ -174,6 +180,21 @@ class StreamTier:
         self._remove(s)
         return True
 
+    def save_due(self) -> None:
+        """Progress files of streams whose last chunks arrived after their last save (a burst of
+        chunks is listed within `progress_every_s` plus the caller's period, not at the next put)."""
+        if not self.persistent:
+            return
+        with self.lock:
+            streams = [s for s in self.streams.values() if s.unsaved]
+        for s in streams:
+            with s.lock:
+                if s.unsaved and s.fd >= 0:
+                    try:
+                        self._save(s)
+                    except OSError as err:
+                        log.warning("cannot save the progress of stream %s: %s", s.sid, err)
+
     def expire(self) -> list[str]:
         """Drop streams with no call for `idle_s`; their ids."""
         now = self.clock()
@@ -201,6 +222,11 @@ class StreamTier:
             if best is None:
                 return None
             return ("streaming", None) if best.version is None else ("filling", best.version)
+
+    def bytes_held(self) -> int:
+        with self.lock:
+            streams = list(self.streams.values())
+        return sum(s.ranges.bytes_held() for s in streams)
 
     def below(self, prefix: str) -> bool:
         """A stream is headed for a path below folder `prefix`."""

@@ -1,10 +1,6 @@
 """Cross-DC faults (issue 5): a cut link resumes, a changing file is copied again, a full tier
 evicts by policy, and a restarted agent rebuilds its catalog from disk."""
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -15,7 +11,8 @@ from agent.client import AgentClient, AgentError
 from stores.local import LocalStore
 from mountconfig import parse_config
 from policy.tier import TierEntry, pick_evictions
-from tests.conftest import REPO, wait_for
+from tests.conftest import wait_for
+from tests.helpers.agent_process import AgentProcess
 
 CHUNK = 64 << 10
 
@@ -162,53 +159,6 @@ def test_persistent_agent_rebuilds_its_catalog_after_a_stop(tmp_path):
         assert second.has("a", 1000, st.st_mtime_ns)
     finally:
         second.shutdown()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class AgentProcess:
-    """A real `hintfs agent` on a free port over `store`; `start()` again after a kill."""
-
-    def __init__(self, tmp_path, store, agent_extra: str = "") -> None:
-        self.port = _free_port()
-        self.log = tmp_path / "agent.log"
-        self.cfg = tmp_path / "agent.toml"
-        token = tmp_path / "agent.token"
-        token.write_text("tier-secret\n")
-        token.chmod(0o600)
-        self.cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{self.port}"\n'
-                            f'data_dir = "{tmp_path / "tier"}"\ntoken_file = "{token}"\n{agent_extra}'
-                            f'[logging]\nfile = "{self.log}"\n')
-        self.p = None
-
-    def start(self) -> AgentClient:
-        self.p = subprocess.Popen([sys.executable, "-m", "hintfs.cli", "agent", str(self.cfg)], cwd=REPO,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        c = AgentClient(f"grpc://127.0.0.1:{self.port}", token="tier-secret")
-
-        def up():
-            try:
-                return c.status() is not None
-            except AgentError:
-                return False
-        assert wait_for(up, timeout=30), self.log.read_text()
-        return c
-
-    def kill(self) -> None:
-        os.kill(self.p.pid, signal.SIGKILL)
-        self.p.wait(10)
-
-    def stop(self) -> None:
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            self.p.wait(15)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
 
 
 def test_agent_killed_with_sigkill_restarts_with_its_replicas(tmp_path):
