@@ -81,6 +81,8 @@ def _stat_of(info: pafs.FileInfo) -> Stat:
     raise FileNotFoundError(errno.ENOENT, "not found", info.path)
 
 
+_ROOT_STAT = Stat(_DIR_MODE, 0, 0, 0, 2)
+
 CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 _checksum_lock = threading.Lock()
 
@@ -170,6 +172,11 @@ class ArrowStore:
         os.makedirs(self.spool_dir, exist_ok=True)
 
     def stat(self, rel: str) -> Stat:
+        if rel == "" and self._is_s3:
+            # A bucket (or prefix) has no attributes of its own (no mtime): the root checked at
+            # mount time is a directory. No request: the kernel asks for the root's attributes
+            # whenever they expire, and each request is a round trip on a long link.
+            return _ROOT_STAT
         info = self.fs.get_file_info(self._p(rel))
         return _stat_of(info)
 

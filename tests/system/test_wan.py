@@ -152,6 +152,38 @@ def test_many_concurrent_connections_share_the_bucket(server_factory):
     assert stats["active"] == 0
 
 
+def test_the_reverse_listener_is_the_same_link(server_factory):
+    """Bytes the reverse listener carries towards its target (its "up") share the bucket of the
+    first listener's "down": two transfers in the same direction of the link, one through each,
+    take as long as both through one."""
+    sink = server_factory(_Sink)
+    size, bw = 1 << 20, 8e6
+
+    def send(port, out):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(os.urandom(size))
+            s.shutdown(socket.SHUT_WR)
+            out.append(json.loads(_recv_all(s)))
+
+    class _Source(socketserver.BaseRequestHandler):   # serves `size` bytes: the first listener's "down"
+        def handle(self):
+            self.request.sendall(os.urandom(size))
+
+    source = server_factory(_Source)
+    with Relay(source, 0.0, bw, reverse_target=sink) as relay:
+        got, t0 = [], time.monotonic()
+        reader = threading.Thread(target=lambda: got.append(len(_recv_all(socket.create_connection(
+            ("127.0.0.1", relay.port))))))
+        reader.start()
+        send(relay.reverse_port, got)
+        reader.join(15)
+        elapsed = time.monotonic() - t0
+        down, rev = relay.stats()["bytes"]["down"], relay.reverse_stats()["bytes"]["up"]
+    assert size in got and any(isinstance(g, dict) and g["bytes"] == size for g in got)
+    assert down == size and rev == size
+    assert elapsed >= 2 * size / bw * 0.9        # one link: the two directions' bytes add up
+
+
 def test_stop_closes_open_connections_and_frees_the_port(server_factory):
     echo = server_factory(_Echo)
     relay = Relay(echo, DELAY_S, 10e6)
