@@ -233,7 +233,7 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     routing = None
     if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
         view = RoutedStore(store, cfg.routes, clients, stats)
-        routing = TierRouting(cfg.routes, clients, hints.router, stats, io_limiter)
+        routing = TierRouting(cfg.routes, clients, hints.router, stats, io_limiter, view=view)
     replica_reads = ReplicaReads(hints.router, clients, cfg, stats, store=view, io_limiter=io_limiter)
     if agent_server is not None:   # the in-process agent's replicas are files on this host
         replica_reads.local_copy = agent_server.local_replica_fd

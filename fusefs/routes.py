@@ -46,6 +46,7 @@ from stores.base import Stat, Staging, Store
 log = logging.getLogger("hintfs.routes")
 
 ROUTED_TTL_S = 86400.0      # a copy fetched because an eval read it lives a day at the tier
+READY_MEMORY_S = 1.0        # a "ready" answer serves the lookup, open and routing of one file open
 EVAL_IMPORTANCE = 2.0       # an eval is waiting: twice the weight of predictive copies on the link
 
 _DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
@@ -85,8 +86,9 @@ class TierRouting:
     (size and mtime verified by the agent); otherwise read through and ask it to fetch."""
 
     def __init__(self, routes, clients: dict, router: ReplicaRouter, stats: Stats,
-                 io_limiter: trio.CapacityLimiter):
+                 io_limiter: trio.CapacityLimiter, view: Optional["RoutedStore"] = None):
         self.routes = list(routes)
+        self.view = view                # its recent "ready" answers spare a `has` call per open
         self.clients = clients          # location -> agent.client.AgentClient
         self.router = router            # the replica router that replica reads follow
         self.stats = stats
@@ -105,11 +107,14 @@ class TierRouting:
         if self._checked.get(key):
             return
         client = self.clients[route.local_agent]
-        try:
-            local = await self._io(client.has, path, st.size, st.mtime_ns)
-        except OSError as err:
-            log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
-            local = False
+        if self.view is not None and self.view.recently_ready(path, st.identity()):
+            local = True
+        else:
+            try:
+                local = await self._io(client.has, path, st.size, st.mtime_ns)
+            except OSError as err:
+                log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
+                local = False
         if local:
             self._checked[key] = True
             self.router.replicas[path] = [route.local_agent]
@@ -149,6 +154,9 @@ class RoutedStore:
         self.passthrough_capable = store.passthrough_capable or any(r.local_socket for r in self.routes)
         self.description = store.description
         self._warned: dict[str, float] = {}
+        # path -> (tier_stat "ready" answer, when): one file open is a lookup, an open and the
+        # routing check within milliseconds; each would be a call to the tier otherwise.
+        self._ready: dict[str, tuple[dict, float]] = {}
 
     # -- not routed: the store's --------------------------------------------------------------
     def check(self) -> None:
@@ -214,15 +222,30 @@ class RoutedStore:
 
     # -- routed ---------------------------------------------------------------------------------
 
+    def recently_ready(self, path: str, identity: tuple[int, int]) -> bool:
+        """The tier said "ready" for exactly this version of `path` within READY_MEMORY_S."""
+        hit = self._ready.get(path)
+        return (hit is not None and time.monotonic() - hit[1] < READY_MEMORY_S
+                and (int(hit[0]["size"]), int(hit[0]["mtime_ns"])) == identity)
+
     def _tier(self, path: str) -> tuple[Optional[object], dict]:
         route = route_of(self.routes, path)
         if route is None:
             return None, {"state": "absent"}
         client = self.clients[route.local_agent]
+        hit = self._ready.get(path)
+        if hit is not None and time.monotonic() - hit[1] < READY_MEMORY_S:
+            return client, hit[0]
         try:
             doc = client.tier_stat(path, route.stream_wait_s)
             if doc["state"] == "streaming":
                 self.stats.add("route_stream_unpublished")
+            if doc["state"] == "ready":
+                if len(self._ready) > 4096:
+                    self._ready.clear()
+                self._ready[path] = (doc, time.monotonic())
+            else:
+                self._ready.pop(path, None)
             return client, doc
         except OSError as err:
             now = time.monotonic()
