@@ -541,86 +541,6 @@ def _diag_trainer(trainer, client, args) -> _Diag:
     return _Diag(trainer, client, args)
 
 
-def _prefetch_mapped_libraries() -> int:
-    """Ask the kernel to read every shared library this process maps into the page cache
-    (asynchronous readahead). --diag caught the backward thread in file-backed page faults
-    (waiting for disk) while cuBLAS loaded the kernels of a GEMM shape it had not run before,
-    and the C++ unwinder likewise on the first abort. Returns the bytes advised."""
-    seen, total = set(), 0
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            path = parts[5] if len(parts) >= 6 else ""
-            if not path.startswith("/") or ".so" not in path or path in seen:
-                continue
-            seen.add(path)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                total += os.fstat(fd).st_size
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    return total
-
-
-def _warm_up(trainer, x, y, governed: bool, args) -> dict:
-    """Before the clock: run the micro-batch sizes a step of this batch splits into (the whole
-    batch, halves, thirds, quarters) and, for a governed trainer, one abort in forward and one in
-    backward. --diag found every late safe point over 7 ms in the first seconds of a stress
-    mode, inside the first backward at a new micro-batch size: cuBLAS choosing and loading the
-    kernels of GEMM shapes it had not seen (7-45 ms on the backward thread, no safe point), and
-    the first abort's unwinding paging in code from disk."""
-    from governor.training import ShrinkRequested
-
-    import threading
-
-    t_start = time.monotonic()
-    advised = []   # in a thread: reading a few GB may take seconds, the sizes below need not wait
-    pf = threading.Thread(target=lambda: advised.append(_prefetch_mapped_libraries()), daemon=True)
-    pf.start()
-    gb = int(x.shape[0])
-    sizes = sorted({-(-gb // k) for k in range(1, args.warm_sizes + 1)}, reverse=True)
-    ran, aborts = [], 0
-    keep = trainer.max_micro_batch
-    try:
-        for n in sizes:
-            if time.monotonic() > args.t0 - 1.0:
-                break
-            trainer.max_micro_batch = n
-            r = trainer.step(x[:n], y[:n])
-            ran.append(r.micro_batches)
-        for where in (("forward", "backward") if governed else ()):
-            if time.monotonic() > args.t0 - 1.0:
-                break
-            seen = [0]
-            real = trainer._check_command
-
-            def once(w="forward", where=where, seen=seen, real=real):
-                if w == where and trainer._in_micro:
-                    seen[0] += 1
-                    if seen[0] == 40:   # well inside the pass
-                        raise ShrinkRequested()
-                return real(w)
-            trainer._check_command = once
-            try:
-                r = trainer.step(x[:sizes[0]], y[:sizes[0]])
-                aborts += r.aborted
-            finally:
-                del trainer._check_command
-    finally:
-        trainer.max_micro_batch = keep
-    trainer.wait_gpu()
-    pf.join(max(0.0, args.t0 - 1.0 - time.monotonic()))
-    return {"sizes": sizes, "micro_batches": ran, "aborts": aborts,
-            "prefetched_bytes": advised[0] if advised else None,
-            "seconds": time.monotonic() - t_start, "left_before_t0_s": args.t0 - time.monotonic()}
-
-
 # ============================================================== role: training
 
 def role_train(args) -> None:
@@ -696,7 +616,14 @@ def role_train(args) -> None:
     # fit the memory model with two probe sizes before the clock starts
     trainer.probe_batch = 16
     trainer.step(x[:48], y[:48])
-    warm = _warm_up(trainer, x, y, governed, args) if args.warm_sizes else None
+    warm = None
+    if args.warm_sizes:
+        # the library's warm-up (governor/training.py, ElasticTrainer.warm_up): each micro-batch
+        # size a step splits into, one abort per pass when governed, the libraries prefetched.
+        # --diag found every late safe point over 7 ms inside cuBLAS's first GEMM of a new shape
+        w = trainer.warm_up(x, y, splits=args.warm_sizes, aborts=governed, prefetch=True,
+                            deadline=args.t0 - 1.0)
+        warm = {**w.as_dict(), "left_before_t0_s": args.t0 - time.monotonic()}
     gc.collect()
     gc.freeze()  # as in the servers: a full collection would stall a safe point for ms
     steps, adjustments, mem = [], [], []
@@ -1576,8 +1503,9 @@ def main() -> int:
     ap.add_argument("--train-thread-pct", type=int, default=0)
     # the trainer's sys.setswitchinterval in ms (0: Python's default, 5 ms)
     ap.add_argument("--switch-ms", type=float, default=0.0)
-    # the trainer's warm-up before the clock: micro-batch sizes gb/1..gb/N and one abort per
-    # pass (0: only the probe step), and AdamW fused (1) or foreach (0)
+    # the trainer's warm-up before the clock (ElasticTrainer.warm_up, splits=N): the micro-batch
+    # sizes of the N coarsest equal splits (ceil and floor of gb/1..gb/N) and one abort per pass
+    # (0: only the probe step), and AdamW fused (1) or foreach (0)
     ap.add_argument("--warm-sizes", type=int, default=4)
     ap.add_argument("--fused-adamw", type=int, default=1)
     args = ap.parse_args()

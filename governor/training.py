@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -223,6 +224,79 @@ class StepResult:
         return self.loss_sum / max(self.global_samples, 1)
 
 
+@dataclass
+class WarmUpResult:
+    """What `ElasticTrainer.warm_up` ran (all before the job's clock)."""
+
+    sizes: list[int]                      # the micro-batch sizes asked for, largest first
+    micro_batches: list[list[int]] = field(default_factory=list)   # per size run: its split
+    fit: list[int] | None = None          # the memory model's fitting step, if one was needed
+    aborts: int = 0                       # micro-batches aborted on purpose
+    abort_passes: list[str] = field(default_factory=list)   # 'forward' / 'backward'
+    skipped: list[str] = field(default_factory=list)   # what the deadline cut ('size 80', ...)
+    prefetched_bytes: int | None = None   # library bytes advised (None: not asked or not done)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def micro_batch_sizes(batch: int, splits: int = 4, max_micro_batch: int | None = None) -> list[int]:
+    """The micro-batch sizes a step of `batch` samples runs when it is split into k equal
+    micro-batches (`ElasticTrainer.next_micro_batch`: sizes ceil(batch/k) and floor(batch/k)),
+    for the `splits` coarsest splits the trainer can make: k = k0 .. k0 + splits - 1, k0 being
+    the fewest micro-batches of at most `max_micro_batch` samples. Largest first, no repeats.
+    E.g. 320 and 4 splits: 320, 160, 107, 106, 80."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, not {batch!r}")
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"splits must be a positive int, not {splits!r}")
+    if max_micro_batch is not None and (not isinstance(max_micro_batch, int) or max_micro_batch < 1):
+        raise ValueError(f"max_micro_batch must be a positive int or None, not {max_micro_batch!r}")
+    k0 = -(-batch // max_micro_batch) if max_micro_batch else 1
+    out: set[int] = set()
+    for k in range(k0, min(k0 + splits, batch + 1)):
+        out.add(-(-batch // k))
+        if batch // k:
+            out.add(batch // k)
+    return sorted(out, reverse=True)
+
+
+def prefetch_mapped_libraries() -> int:
+    """Ask the kernel to read every shared library this process maps into the page cache
+    (`posix_fadvise(WILLNEED)`: asynchronous readahead). On the H200 (issue 16) the backward
+    thread waited in file-backed page faults while cuBLAS loaded the kernels of a GEMM shape it
+    had not run before, and the C++ unwinder likewise on the first abort. Returns the bytes
+    advised (0 where /proc/self/maps or posix_fadvise is missing)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return 0
+    seen, total = set(), 0
+    try:
+        f = open("/proc/self/maps")
+    except OSError:
+        return 0
+    with f:
+        for line in f:
+            parts = line.split()
+            path = parts[5] if len(parts) >= 6 else ""
+            if not path.startswith("/") or ".so" not in path or path in seen:
+                continue
+            seen.add(path)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                total += os.fstat(fd).st_size
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return total
+
+
 class ElasticTrainer:
     """
     model, optimizer: as usual. `loss_fn(output, target)` must return the SUM over samples.
@@ -244,6 +318,9 @@ class ElasticTrainer:
     `split_ops_bytes_per_sample`: on CUDA, also a safe point after every op whose output is at
     least this many bytes per sample, and at its gradient in backward (None: module
     boundaries only).
+    Before the job's clock, call `warm_up(inputs, targets)`: it runs each micro-batch size a step
+    may be split into and one abort per pass, so that first uses (cuBLAS loading the kernels of a
+    new GEMM shape, the unwinder paged in) do not stall a safe point later.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -327,6 +404,7 @@ class ElasticTrainer:
         self._abort_pass = ""
         self._adjustments: list[Adjustment] = []
         self._stopped = False
+        self._warming: bool | None = None   # inside warm_up: its `update`
         self._hooks = []
         layers = list(layers) if layers is not None else [
             m for m in model.modules()
@@ -601,7 +679,7 @@ class ElasticTrainer:
                 for p in self.params:
                     p.grad = None  # drop the unfinished micro-batch's partial gradients
                 self._events.clear()
-                cmd = self.control.pending()
+                cmd = self.control.pending() if self.control is not None else None
                 if cmd is not None:
                     self._handle_command(cmd, dropped=n)
                 elif self._held_at_detect is not None:   # the command went away meanwhile
@@ -681,8 +759,7 @@ class ElasticTrainer:
         flat = torch.cat([g.reshape(-1) for g in grads] + [
             torch.tensor([res.loss_sum, float(res.samples)], dtype=grads[0].dtype,
                          device=grads[0].device)])
-        if self.group is not None or (torch.distributed.is_available()
-                                      and torch.distributed.is_initialized()):
+        if self._warming is None and self._data_parallel():   # warm-up steps stay local
             torch.distributed.all_reduce(flat, group=self.group)
         self.wait_gpu()  # reading the count below synchronises: keep handling commands
         total = int(round(float(flat[-1])))
@@ -694,10 +771,152 @@ class ElasticTrainer:
                 k = p.numel()
                 p.grad = flat[off:off + k].view_as(p)
                 off += k
-            self.optimizer.step()
+            if self._warming is not False:   # warm_up(update=False): no optimizer step
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._acc = [None] * len(self.params)
         return total
+
+    def _data_parallel(self) -> bool:
+        return self.group is not None or (torch.distributed.is_available()
+                                          and torch.distributed.is_initialized())
+
+    # --- warm-up ------------------------------------------------------------------------
+    def warm_up(self, inputs: torch.Tensor, targets: torch.Tensor, *, splits: int = 4,
+                sizes: Iterable[int] | None = None, aborts: bool | None = None,
+                prefetch: bool = True, update: bool | None = None,
+                deadline: float | None = None) -> WarmUpResult:
+        """Run, before the job's clock, the first uses that would otherwise stall a safe point.
+
+        On the H200 (issue 16) every safe point reached over 7 ms late came in the first
+        seconds, inside the first backward at a micro-batch size not run before: cuBLAS choosing
+        and loading the kernels of the new GEMM shapes (7-45 ms inside one op, where no safe
+        point can run), and the first abort's unwinding paging in code from disk. This runs:
+
+        - a step of `inputs[:n]` as one micro-batch for each size n the trainer splits a step of
+          `len(inputs)` samples into (`micro_batch_sizes(len(inputs), splits,
+          self.max_micro_batch)`: 320 and 4 splits → 320, 160, 107, 106, 80), or for `sizes`;
+          first a step fitting the memory model (`3 * probe_batch` samples) if it has no fit;
+        - with `aborts` (default: when governed and reclaiming at safe points) a micro-batch of
+          the smallest size aborted once at the middle safe point of forward and once of
+          backward (exactly as a shrink unwinds it, without a command), then redone;
+        - with `prefetch`, `prefetch_mapped_libraries()` in a thread meanwhile (joined at the
+          end, or at the deadline).
+
+        `update`: the warm-up steps are optimizer steps on these samples (default: yes, unless
+        data parallel). In data parallel (a `process_group`, or torch.distributed initialised)
+        warm-up steps are local, without the all-reduce, so workers may warm up different sizes
+        or stop at different times; they must not update then (`update=True` raises).
+        `deadline`: a `time.monotonic()` value after which no further warm-up step starts.
+        A command from the governor meanwhile is handled as in any step. Afterwards the
+        trainer's settings are as before (the memory model keeps what it learned). Sizes outside
+        these splits (after an abort mid-step the rest may split differently) stay cold.
+        """
+        t_start = time.monotonic()
+        for name, t in (("inputs", inputs), ("targets", targets)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, not {type(t).__name__}")
+            if t.dim() == 0:
+                raise ValueError(f"{name} must have a batch dimension")
+        batch = int(inputs.shape[0])
+        if batch < 1:
+            raise ValueError("warm_up needs at least one sample")
+        if int(targets.shape[0]) != batch:
+            raise ValueError(f"inputs has {batch} samples but targets {int(targets.shape[0])}")
+        if self._in_micro or self._warming is not None:
+            raise RuntimeError("warm_up cannot run inside a step or another warm-up")
+        if deadline is not None and not isinstance(deadline, (int, float)):
+            raise TypeError(f"deadline must be a time.monotonic() value, not {deadline!r}")
+        if sizes is None:
+            sizes = micro_batch_sizes(batch, splits, self.max_micro_batch)
+        else:
+            given = list(sizes)
+            bad = [n for n in given if isinstance(n, bool) or not isinstance(n, int)
+                   or not 1 <= n <= min(batch, self.max_micro_batch)]
+            if not given or bad:
+                raise ValueError(f"sizes must be ints in 1..{min(batch, self.max_micro_batch)} "
+                                 f"(the batch and max_micro_batch), got {given!r}")
+            sizes = sorted(set(given), reverse=True)
+        dp = self._data_parallel()
+        if update is None:
+            update = not dp
+        elif update and dp:
+            raise ValueError("data parallel: warm-up steps are local (no all-reduce), so they "
+                             "cannot update the weights; pass update=False")
+        if aborts is None:
+            aborts = self.control is not None and self.reclaim_at == "safe_point"
+        res = WarmUpResult(sizes=list(sizes))
+        advised: list[int] = []
+        pf = None
+        if prefetch:   # reading a few GB may take seconds: the steps need not wait for it
+            pf = threading.Thread(target=lambda: advised.append(prefetch_mapped_libraries()),
+                                  name="warm-up-prefetch", daemon=True)
+            pf.start()
+
+        def late() -> bool:
+            return deadline is not None and time.monotonic() > deadline
+
+        keep_max = self.max_micro_batch
+        had_own = "_safe_point" in self.__dict__
+        own = self.__dict__.get("_safe_point")
+        real = self._safe_point
+        counts: dict[str, int] = {}
+        micros = [0]
+        self._warming = bool(update)
+        try:
+            if not self.memory_model.fitted and not late():
+                res.fit = self.step(inputs[:min(batch, 3 * self.probe_batch)],
+                                    targets[:min(batch, 3 * self.probe_batch)]).micro_batches
+
+            def counting(where: str = "forward") -> None:   # safe points per pass
+                if self._in_micro:
+                    counts[where] = counts.get(where, 0) + 1
+                real(where)
+            self._safe_point = counting
+            for n in sizes:
+                if late():
+                    res.skipped.append(f"size {n}")
+                    continue
+                self.max_micro_batch = n
+                r = self.step(inputs[:n], targets[:n])
+                res.micro_batches.append(r.micro_batches)
+                micros[0] += len(r.micro_batches) + r.aborted
+            n = sizes[-1]
+            for pass_ in (("forward", "backward") if aborts else ()):
+                if late():
+                    res.skipped.append(f"abort {pass_}")
+                    continue
+                per = counts.get(pass_, 0) / max(micros[0], 1)
+                # the middle safe point of that pass (unknown: the first)
+                at = max(1, int(per / 2 + 0.5)) if per else 1
+                seen = [0]
+
+                def aborting(where: str = "forward", pass_=pass_, at=at, seen=seen) -> None:
+                    real(where)
+                    if where == pass_ and self._in_micro:
+                        seen[0] += 1
+                        if seen[0] == at:
+                            self._abort_pass = where
+                            raise ShrinkRequested()
+                self._safe_point = aborting
+                self.max_micro_batch = n
+                r = self.step(inputs[:n], targets[:n])
+                if seen[0] >= at:   # that pass reached its safe point, and raised there
+                    res.aborts += 1
+                    res.abort_passes.append(pass_)
+        finally:
+            self._warming = None
+            self.max_micro_batch = keep_max
+            if had_own:
+                self._safe_point = own
+            else:
+                self.__dict__.pop("_safe_point", None)
+        self.wait_gpu()
+        if pf is not None:
+            pf.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            res.prefetched_bytes = advised[0] if advised else None
+        res.seconds = time.monotonic() - t_start
+        return res
 
     def close(self) -> None:
         for h in self._hooks:
