@@ -76,6 +76,7 @@ class FileStream:
     bytes_sent: int = 0
     inflight: dict[int, Future] = field(default_factory=dict)   # chunks handed to the send pool
     closing: bool = False        # close the fd when the last chunk in flight lands
+    announced: bool = False      # the tier knows the published version (it waits for the rest)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -111,6 +112,7 @@ class Streamer:
             fs.fd = os.dup(fd)
         fs.gen += 1
         fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"
+        fs.announced = False
 
     def published(self, fs: FileStream, size: int, mtime_ns: int, record: Optional[str] = None) -> None:
         """The store committed the file with these attributes (no writer can change it now)."""
@@ -162,11 +164,28 @@ class Streamer:
                 else:
                     self._send_behind(fs, todo, size)
                 return False
-            self._drain(fs)
             assert fs.version is not None
             size = fs.version[0]
             if fs.final is None:
                 fs.final = self._final_crcs(fs, size)
+            with fs.lock:
+                behind = len(fs.inflight) + len(ranges_to_send(size, fs.chunk, fs.sent, fs.final))
+            if not fs.announced and fs.opened and behind > 1:
+                # Far behind the writer: tell the tier the published version now (it answers
+                # "fill"), so its copier waits for this stream instead of copying the file again.
+                state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
+                                                      fs.record)
+                fs.announced = True
+                if state != "fill":
+                    fs.state = "done"
+                    self._drain(fs)
+                    self.close(fs)
+                    return True
+                with fs.lock:
+                    for i in fetch:
+                        if i not in fs.inflight:
+                            fs.sent.pop(i, None)
+            self._drain(fs)
             # A stream the tier has never heard of (nothing sent, no failure) opens inside the
             # publish call; one that failed before learns first what the tier kept.
             opening = None

@@ -29,8 +29,15 @@ def run_hintfs(*args, timeout=60, check=False, **kw) -> subprocess.CompletedProc
                           timeout=timeout, check=check, cwd=REPO, **kw)
 
 
+def _in_mount_table(mnt: Path) -> bool:
+    """`mnt` is a mount point (also a dead FUSE mount, whose stat fails: os.path.ismount says no)."""
+    target = os.path.abspath(mnt).replace(" ", "\\040")
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f if len(line.split()) > 1)
+
+
 def force_unmount(mnt: Path) -> None:
-    if os.path.ismount(mnt):
+    if os.path.ismount(mnt) or _in_mount_table(mnt):
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
