@@ -14,7 +14,9 @@ only records an event and wakes the pump, never waits on the link:
 - `dropped(key)`: unlinked while open, or abandoned at unmount: the tier drops what it holds.
 
 The pump thread applies the events to a stream only between its steps (a stream is stepped by one
-worker at a time), so `fusefs.streamer.Streamer` never sees its state change under it. A stream
+worker at a time), so `fusefs.streamer.Streamer` never sees its state change under it; a restart
+or a drop also waits for the stream's chunks in flight to land (a publish does not: the tier must
+learn of it at once, see `Streamer.step`). A stream
 whose calls keep failing for `idle_s` is given up (the follower copies the file after close);
 published streams keep their staging fd until the tier acknowledges, at most `max_held_bytes`.
 """
@@ -191,7 +193,8 @@ class StreamTap:
                 for key, entry in list(self.entries.items()):
                     if entry.busy or now < entry.next_try:
                         continue
-                    if entry.events and not all(s.idle(fs) for s, fs in zip(self.streamers, entry.streams)):
+                    if (any(ev[0] != "published" for ev in entry.events)
+                            and not all(s.idle(fs) for s, fs in zip(self.streamers, entry.streams))):
                         continue   # a restart or a drop waits for the chunks in flight to land
                     self._apply(entry)
                     entry.busy = True
