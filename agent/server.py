@@ -48,6 +48,7 @@ from stores import check_store, open_store
 
 from agent import rpc
 from agent.rpc import rpc_error
+from agent.fdserver import ReplicaFdServer
 from agent.streams import StreamError, StreamTier
 from common.procs import pid_alive
 from stores.base import Stat, Store
@@ -177,7 +178,6 @@ class AgentServer(fl.FlightServerBase):
             self.link = LinkGate(acfg.link_bytes_s, acfg.link_chunk_bytes)
         self.fd_server = None
         if acfg.local_socket:   # replica fds for mounts on this host (FUSE passthrough)
-            from agent.fdserver import ReplicaFdServer
             self.fd_server = ReplicaFdServer(acfg.local_socket, self.local_replica_fd)
         self.follower = None
         if cfg.follow.prefixes:
@@ -580,7 +580,18 @@ class AgentServer(fl.FlightServerBase):
         with self.stream_cond:
             self.stream_cond.notify_all()
 
+    def _check_stream_path(self, path: str) -> None:
+        """A stream makes the replica eval mounts read: only under the prefixes this tier takes
+        streams for (`[agent] stream_prefixes`, else `[follow] prefixes`)."""
+        prefixes = self.cfg.agent.stream_prefixes
+        if prefixes is None:
+            prefixes = self.cfg.follow.prefixes
+        if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes):
+            raise rpc_error(errno.EACCES, f"{path}: this tier takes no streams there "
+                                          "([agent] stream_prefixes, else [follow] prefixes)")
+
     def stream_open(self, req: "rpc.StreamOpenRequest") -> dict:
+        self._check_stream_path(req.path)
         try:
             held = self.streams.open(req.stream, req.gen, req.path, req.chunk, req.job)
         except StreamError as err:
@@ -616,6 +627,7 @@ class AgentServer(fl.FlightServerBase):
         """The training mount published the streamed file as (size, mtime_ns): a stream holding
         exactly those bytes (CRC of every chunk) becomes the replica of that version; otherwise
         the sender is told which chunks to send again."""
+        self._check_stream_path(req.path)
         with self.lock:
             rep = self.replicas.get(req.path)
             replica_version = (rep.size, rep.source_mtime_ns) if rep is not None else None

@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
+from policy.link import transfer_weight
 from policy.stream import chunk_count, chunk_crc, chunk_span, ranges_to_send
 
 log = logging.getLogger("hintfs.streamer")
@@ -251,7 +252,6 @@ class Streamer:
             return
         tid = None
         if self.link is not None:
-            from policy.link import transfer_weight
             tid = self.link.open(fs.path, "eval", transfer_weight(size),
                                  [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
         try:
@@ -287,7 +287,6 @@ class Streamer:
             return
         tid = None
         if self.link is not None:
-            from policy.link import transfer_weight
             tid = self.link.open(fs.path, "eval", transfer_weight(size),
                                  [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
         left = [len(chunks)]

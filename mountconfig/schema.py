@@ -219,9 +219,20 @@ class AgentConfig(Section):
                                         "this host, run by the agent's user or root, receive a read-only fd "
                                         "of a complete replica, so an eval mount with `[[routes]] local_socket` "
                                         "serves it by FUSE passthrough (kernel reads). Unset: none.")
+    stream_prefixes: Optional[list[str]] = Field(None, description="Eval tier: store prefixes a training "
+                                                 "mount may stream files into (write-time streaming). A "
+                                                 "stream's bytes become the replica the eval side reads, so "
+                                                 "its sender (any holder of the token) is trusted for them; "
+                                                 "unset: the `[follow] prefixes`; empty: no streams.")
     stream_idle_s: float = Field(120.0, gt=0, le=86400, description="Eval tier: a stream from a training "
                                  "mount (write-time streaming) with no call for this long and not published "
                                  "is dropped: its sender died or gave up, the follower copies the file.")
+
+
+    @field_validator("stream_prefixes")
+    @classmethod
+    def _stream_prefixes(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        return None if v is None else [_store_path(p) for p in v]
 
 
 class AgentsConfig(Section):

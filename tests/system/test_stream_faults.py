@@ -66,7 +66,7 @@ def test_a_training_mount_killed_mid_stream_leaves_nothing_servable(mount_factor
 def test_a_tier_agent_killed_mid_stream_is_adopted_and_only_the_rest_is_sent(mount_factory, tmp_path):
     store = tmp_path / "train" / "store"
     store.mkdir(parents=True)
-    agent = AgentProcess(tmp_path, store, agent_extra="reclaim_interval_s = 0.2\n")
+    agent = AgentProcess(tmp_path, store, agent_extra='reclaim_interval_s = 0.2\nstream_prefixes = ["ckpt"]\n')
     client = agent.start()
     try:
         train = mount_factory(name="train", extra=stream_toml(agent.location) + f'token_file = "{agent.token_file}"\n')

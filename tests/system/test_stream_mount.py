@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
@@ -26,7 +25,7 @@ class Tier:
 
     def __init__(self, tmp_path, store, follow: bool = True, **agent):
         cfg = {"store": {"uri": f"file://{store}"},
-               "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", **agent}}
+               "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", "stream_prefixes": ["ckpt"], **agent}}
         if follow:
             cfg["follow"] = {"prefixes": ["ckpt"], "poll_interval_s": 0.05}
         self.server = AgentServer(parse_config(cfg), LocalStore(str(store)), location="grpc://127.0.0.1:0")
@@ -39,7 +38,7 @@ class Tier:
 
 
 def stream_toml(loc: str, journal: bool = True, **extra) -> str:
-    lines = [f'prefixes = ["ckpt"]', f'agents = ["{loc}"]', f"chunk_bytes = {CHUNK}", "poll_interval_s = 0.01"]
+    lines = ['prefixes = ["ckpt"]', f'agents = ["{loc}"]', f"chunk_bytes = {CHUNK}", "poll_interval_s = 0.01"]
     lines += [f"{k} = {v}" for k, v in extra.items()]
     return ("\n[journal]\nenabled = true\n" if journal else "") + "\n[stream]\n" + "\n".join(lines) + "\n"
 
@@ -82,6 +81,27 @@ def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(moun
                            extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n')
         assert (ev.mnt / "ckpt/run/step_1/__0_0.distcp").read_bytes() == data
         assert ev.stats()["counters"].get("route_local", 0) >= 1
+    finally:
+        tier.close()
+
+
+def test_a_tier_takes_streams_only_under_its_stream_prefixes(tmp_path):
+    import errno
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        with pytest.raises(OSError) as err:
+            tier.client.stream_open("s1", 0, "other/f.bin", CHUNK)
+        assert err.value.errno == errno.EACCES
+        tier.client.stream_open("s2", 0, "ckpt/f.bin", CHUNK)
+        with pytest.raises(OSError) as err:      # nor published under another name
+            tier.client.stream_publish("s2", 0, "etc/f.bin", 0, 1, [])
+        assert err.value.errno == errno.EACCES
+        with pytest.raises(OSError) as err:      # nor inside the do_put that opens it
+            tier.client.stream_put("s3", 0, [], opening={"path": "x/y", "chunk": CHUNK})
+        assert err.value.errno == errno.EACCES
+        assert tier.client.status()["replicas"] == {}
     finally:
         tier.close()
 
