@@ -579,6 +579,22 @@ class Filesystem:
             await self.commit(inode)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
         self.inodes.move(old, new)
+        if self.journal is not None or self.streams is not None:
+            await self._renamed(new, inode)
+
+    async def _renamed(self, new: str, inode: Optional[Inode]) -> None:
+        """A file renamed into place is a new file to followers (DCP writes `.metadata.tmp`, then
+        renames it: the commit marker appears by a rename): journal it, and stream it again when
+        no write handle is streaming it (a small file: one round trip)."""
+        try:
+            st = await self.io(self.store.stat, new)
+        except OSError:
+            return
+        if not stat_mod.S_ISREG(st.mode):
+            return
+        record = await self.journal.published(new, st) if self.journal is not None else None
+        if self.streams is not None:
+            self.streams.renamed(inode.ino if inode is not None else None, new, st, record)
 
     async def statfs(self, ctx=None) -> FsStats:
         sv = await self.io(self.store.statfs, inline=self.meta_inline)

@@ -241,7 +241,7 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
         replica_reads.local_socket_of = view.local_socket_of
         replica_reads.fetch_fd = receive_replica_fd
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
-    streams = build_streams(cfg, stats)
+    streams = build_streams(cfg, stats, store)
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
                     routing=routing, journal=journal, streams=streams, io_limiter=io_limiter)
     control.add(ControlFile("unmount", render=lambda: unmount_document(cfg, fs)))
@@ -249,7 +249,7 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
                     streams)
 
 
-def build_streams(cfg: MountConfig, stats: Stats) -> Optional[StreamTap]:
+def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[StreamTap]:
     """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount."""
     sc = cfg.stream
     if not sc.prefixes:
@@ -269,7 +269,15 @@ def build_streams(cfg: MountConfig, stats: Stats) -> Optional[StreamTap]:
     streamers = [Streamer(FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s)),
                           sc.chunk_bytes, parallel=sc.parallel, link=link) for loc in sc.agents]
     log.info("streaming %s to %s as they are written", ", ".join(sc.prefixes), ", ".join(sc.agents))
-    return StreamTap(sc, streamers, stats)
+    return StreamTap(sc, streamers, stats, read_store=lambda path: _read_whole(store, path))
+
+
+def _read_whole(store: Store, path: str):
+    reader, st = store.open_reader(path)
+    try:
+        return reader.read(0, st.size), st
+    finally:
+        reader.close()
 
 
 def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,

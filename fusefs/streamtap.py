@@ -12,6 +12,10 @@ only records an event and wakes the pump, never waits on the link:
 - `released(key)`: the last writer is gone. A remembered version with no write since (an fsync,
   then a close with nothing new) is published now; a stream never published is dropped.
 - `dropped(key)`: unlinked while open, or abandoned at unmount: the tier drops what it holds.
+- `renamed(key, path, st, record)`: a published file got a new name (DCP renames `.metadata.tmp`
+  to `.metadata`, the commit marker). A stream still being written follows the inode and
+  publishes under the new name; otherwise a file of at most one chunk is read back from the store and streamed
+  under its new name (one round trip), a larger one is left to the follower's copy.
 
 The pump thread applies the events to a stream only between its steps (a stream is stepped by one
 worker at a time), so `fusefs.streamer.Streamer` never sees its state change under it; a restart
@@ -28,7 +32,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from fusefs.stats import Stats
 from fusefs.streamer import FileStream, Streamer, background_thread
@@ -87,12 +91,14 @@ def job_of(path: str) -> Optional[str]:
 
 
 class StreamTap:
-    def __init__(self, cfg, streamers: list[Streamer], stats: Stats):
+    def __init__(self, cfg, streamers: list[Streamer], stats: Stats,
+                 read_store: Optional[Callable[[str], tuple[bytes, Stat]]] = None):
         self.cfg = cfg
         self.prefixes = [p.rstrip("/") for p in cfg.prefixes]
         self.streamers = streamers
         self.stats = stats
-        self.entries: dict[int, _Entry] = {}
+        self.read_store = read_store     # (path) -> (bytes, stat), for renamed small files
+        self.entries: dict = {}          # inode number (or a rename's own key) -> _Entry
         self.cond = threading.Condition()
         # steps of different files run at once (each step's chunks have the streamer's own pool)
         self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream", initializer=background_thread)
@@ -165,6 +171,40 @@ class StreamTap:
             entry.events.append(("drop",))
             entry.final = True
             self.cond.notify_all()
+
+    def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None:
+        if not self.wants(path):
+            return
+        with self.cond:
+            entry = self.entries.get(key) if key is not None else None
+            if entry is not None and not entry.final:
+                entry.path = path          # still written: its publish will name the new path
+                return
+        if self.read_store is not None and st.size <= self.cfg.chunk_bytes:
+            self.workers.submit(self._restream, path, st, record)
+
+    def _restream(self, path: str, st: Stat, record: Optional[str]) -> None:
+        """Stream a small published file from the store under its new name."""
+        try:
+            data, now = self.read_store(path)
+        except OSError as err:
+            log.info("not streaming renamed %s: %s", path, err)
+            return
+        if now.identity() != st.identity() or len(data) != st.size:
+            return                         # changed again meanwhile: its own publish will tell
+        fd = os.memfd_create("hintfs-renamed", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, data)
+            with self.cond:
+                key = ("renamed", path, st.mtime_ns)
+                entry = _Entry(path, [s.start(path, fd, job_of(path)) for s in self.streamers])
+                entry.events.append(("published", path, st.size, st.mtime_ns, record))
+                entry.final, entry.held_since = True, time.monotonic()
+                self.entries[key] = entry
+                self.stats.add("streams_renamed")
+                self.cond.notify_all()
+        finally:
+            os.close(fd)                   # each stream keeps its own dup
 
     # -- the pump -----------------------------------------------------------------------------------
     def _apply(self, entry: _Entry) -> None:

@@ -162,3 +162,31 @@ def test_the_fd_socket_refuses_other_users_and_other_versions(tmp_path):
         assert r.stdout.strip() == "-1"
     finally:
         tier.close()
+
+
+def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_completes(mount_factory, tmp_path):
+    """DCP writes `.metadata.tmp` and renames it to `.metadata`: the rename is journaled (the
+    follower learns of the marker) and the small file is streamed under its new name."""
+    store = tmp_path / "train" / "store"
+    store.mkdir(parents=True)
+    tier = Tier(tmp_path, store)
+    try:
+        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+        ck = train.mnt / "ckpt" / "run" / "step_2"
+        ck.mkdir(parents=True)
+        data = os.urandom(5 * CHUNK + 1)
+        with open(ck / "__0_0.distcp", "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())                 # as DCP does (sync_files): published at fsync
+        (ck / ".metadata.tmp").write_bytes(b"the plan")
+        os.rename(ck / ".metadata.tmp", ck / ".metadata")
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_2"], 15)
+        st = os.stat(store / "ckpt/run/step_2/.metadata")
+        assert tier.client.has("ckpt/run/step_2/.metadata", st.st_size, st.st_mtime_ns)
+        assert tier.client.read("ckpt/run/step_2/.metadata", 0, 100, replica_only=True) == b"the plan"
+        assert tier.client.read("ckpt/run/step_2/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
+        assert tier.client.status()["copies"] == 0     # every file came by stream
+        assert train.stats()["counters"]["streams_renamed"] == 1
+    finally:
+        tier.close()
