@@ -109,7 +109,8 @@ class Streamer:
     def restart(self, fs: FileStream, fd: Optional[int] = None) -> None:
         """The file was truncated or staged anew: a new generation (the tier forgets the old)."""
         if fd is not None:
-            os.close(fs.fd)
+            if fs.fd >= 0:                      # (a finished stream has closed its fd)
+                os.close(fs.fd)
             fs.fd = os.dup(fd)
         fs.gen += 1
         fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"

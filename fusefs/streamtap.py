@@ -236,7 +236,12 @@ class StreamTap:
                     if (any(ev[0] != "published" for ev in entry.events)
                             and not all(s.idle(fs) for s, fs in zip(self.streamers, entry.streams))):
                         continue   # a restart or a drop waits for the chunks in flight to land
-                    self._apply(entry)
+                    try:
+                        self._apply(entry)
+                    except OSError as err:   # never stop the pump: give this stream up
+                        log.warning("stream of %s given up: %s", entry.path, err)
+                        self._give_up(key, entry)
+                        continue
                     entry.busy = True
                     self.workers.submit(self._work, key, entry)
                 self.cond.wait(poll)
@@ -256,6 +261,10 @@ class StreamTap:
         errors, entry.errors_seen = total - entry.errors_seen, total
         with self.cond:
             entry.busy = False
+            if finished and any(ev[0] == "restart" for ev in entry.events):
+                finished = False            # written again as it finished: a new generation
+                for fs in entry.streams:
+                    fs.state = "writing"
             if finished:
                 self.entries.pop(key, None)
                 if all(fs.state == "done" for fs in entry.streams):

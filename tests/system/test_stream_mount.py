@@ -186,7 +186,11 @@ def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_compl
         assert tier.client.has("ckpt/run/step_2/.metadata", st.st_size, st.st_mtime_ns)
         assert tier.client.read("ckpt/run/step_2/.metadata", 0, 100, replica_only=True) == b"the plan"
         assert tier.client.read("ckpt/run/step_2/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
-        assert tier.client.status()["copies"] == 0     # every file came by stream
         assert train.stats()["counters"]["streams_renamed"] == 1
+        # the data file, .metadata.tmp and .metadata were published by stream; the marker's
+        # journal record (written at the rename, before its stream is sent) may race the stream,
+        # and then the follower copies those few bytes too: at most one copy
+        assert wait_for(lambda: tier.client.status()["streams"]["published"] == 3, 10)
+        assert tier.client.status()["copies"] <= 1
     finally:
         tier.close()
