@@ -97,6 +97,11 @@ class _Job:
     version: Optional[Version]     # None: a prefetch (the version is whatever the store has)
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    # While the fetch runs (under the cache's lock): its file and the blocks already in it, so
+    # reads of those ranges are local before the whole file is (`read_partial`).
+    fd: int = -1
+    size: int = 0
+    blocks: set = field(default_factory=set)
 
 
 class _Index(LRUCache):
@@ -211,6 +216,10 @@ class CachedReader:
                             self._cache.count("hostcache_switched")
         if local is not None:
             return local.read(offset, size)
+        if self._asked:
+            data = self._cache.read_partial(self._rel, self._version, offset, size)
+            if data is not None:
+                return data
         return self._reader.read(offset, size)
 
     def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
@@ -433,6 +442,8 @@ class HostCachedStore:
             except OSError as err:
                 if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
+            with self._lock:
+                job.fd, job.size, job.version = fd, size, version
             futures = [self._blocks.submit(self._fetch_block, job, reader, fd, off, min(self.block, size - off))
                        for off in range(0, size, self.block)]
             done, pending = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
@@ -485,6 +496,8 @@ class HostCachedStore:
             if not self._closed:
                 log.warning("host cache: fetch of %s failed (read from the store meanwhile): %s", rel, err)
         finally:
+            with self._lock:
+                job.fd = -1                    # no new partial read takes it (they dup it)
             if fd >= 0:
                 os.close(fd)
             if tmp:
@@ -506,9 +519,32 @@ class HostCachedStore:
         data = memoryview(reader.read(off, n))
         if len(data) != n:
             raise OSError(errno.EIO, f"short read from the store: {len(data)} of {n} bytes at {off}")
+        start = off
         while data:
             w = os.pwrite(fd, data, off)
             data, off = data[w:], off + w
+        with self._lock:
+            job.blocks.add(start // self.block)
+
+    def read_partial(self, rel: str, version: Version, offset: int, size: int) -> Optional[bytes]:
+        """Bytes of `rel` at `version` from a fetch still running, when every block they lie in
+        is already in its file (read from the same version as the store reader would); None
+        otherwise. A file replaced in the store meanwhile is the store reader's case too."""
+        with self._lock:
+            job = self._fetching.get(rel)
+            if job is None or job.fd < 0 or job.version != version or job.cancelled:
+                return None
+            end = min(offset + size, job.size)
+            if end <= offset:
+                return None
+            if any(b not in job.blocks for b in range(offset // self.block, (end - 1) // self.block + 1)):
+                return None
+            fd = os.dup(job.fd)
+            self.counters["hostcache_partial_reads"] += 1
+        try:
+            return os.pread(fd, end - offset, offset)
+        finally:
+            os.close(fd)
 
     def _make_room(self, size: int) -> bool:   # under self._lock
         """Evict least recently used files until `size` more bytes fit beside the complete files

@@ -17,6 +17,7 @@ from mountconfig.load import ConfigError, parse_config
 from mountconfig.schema import CacheConfig
 from stores.base import Stat, Staging
 from stores.hostcache import XATTR, CachedReader, HostCachedStore, cache_name
+from tests.conftest import wait_for
 
 MiB = 1 << 20
 
@@ -503,3 +504,30 @@ def test_open_store_wraps_remote_stores_only(tmp_path):
         assert store.spool_dir == str(tmp_path / "spool")    # the wrapped store's extras pass through
     finally:
         store.close()
+
+
+def test_blocks_already_fetched_are_read_locally_while_the_rest_is_still_coming(make, remote):
+    data = os.urandom(MiB)
+    remote.put("big.bin", data)
+    hc = make(fetch_threads=1)                       # blocks of 64 KiB fetched one after another
+    gate = threading.Event()
+
+    def hold(rel, off, size):
+        if off >= 512 << 10 and threading.current_thread().name.startswith("hostcache-read"):
+            gate.wait(10)                            # the fetch stops halfway
+    remote.on_read = hold
+    reader, st = hc.open_reader("big.bin")
+    try:
+        assert reader.read(0, 10) == data[:10]       # asks for the fetch; read from the store
+        assert wait_for(lambda: hc.read_partial("big.bin", reader._version, 0, 1) is not None, 10)
+        reads = remote.reads
+        assert reader.read(100 << 10, 300 << 10) == data[100 << 10:400 << 10]   # blocks 1-6: local
+        assert remote.reads == reads and hc.counters["hostcache_partial_reads"] >= 2
+        # a range over a block not fetched yet goes to the store (never zeros of the hole)
+        assert reader.read(500 << 10, 100 << 10) == data[500 << 10:600 << 10]
+        assert hc.read_partial("big.bin", (1, 2, "other"), 0, 10) is None          # another version
+    finally:
+        gate.set()
+        reader.close()
+    assert hc.wait_idle(10)
+    assert read_all(hc, "big.bin")[0] == data
