@@ -497,17 +497,25 @@ class AgentServer(fl.FlightServerBase):
         if copied != st.size or after.identity() != st.identity():
             os.unlink(tmp)
             raise rpc_error(errno.EAGAIN, f"{path} changed or was short during the copy")
-        os.rename(tmp, local)
-        fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
-        rep = Replica(path, local, st.size, time.time() + ttl_s, fd, st.mtime_ns, time.monotonic(), record)
-        if self.persistent:
-            _write_sidecar(local, rep)
+        rep = self._replica_from(tmp, path, st.size, st.mtime_ns, ttl_s, record)
         with self.lock:
             self.replicas[path] = rep
             self.resumed_ranges += resumed
             self.copies += 1
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
+
+    def _replica_from(self, part: str, path: str, size: int, mtime_ns: int, ttl_s: float,
+                      record: Optional[str]) -> "Replica":
+        """A complete, verified part file (a copy's or a stream's) renamed to the replica of
+        (size, mtime_ns) of `path`, with its sidecar in a persistent agent; the caller catalogs it."""
+        local = self._local_name(path)
+        os.rename(part, local)
+        rep = Replica(path, local, size, time.time() + ttl_s, os.open(local, os.O_RDONLY | os.O_CLOEXEC),
+                      mtime_ns, time.monotonic(), record)
+        if self.persistent:
+            _write_sidecar(local, rep)
+        return rep
 
     def _peer(self, source: str) -> str:
         """A copy's `source` must be another agent on the network, and one of `[agents] locations`
@@ -662,12 +670,7 @@ class AgentServer(fl.FlightServerBase):
                 os.unlink(part)
                 raise
             self.drop(path)
-            local = self._local_name(path)
-            os.rename(part, local)
-            rep = Replica(path, local, size, time.time() + ttl_s, os.open(local, os.O_RDONLY | os.O_CLOEXEC),
-                          mtime_ns, time.monotonic(), record)
-            if self.persistent:
-                _write_sidecar(local, rep)
+            rep = self._replica_from(part, path, size, mtime_ns, ttl_s, record)
             with self.lock:
                 self.replicas[path] = rep
                 self.streams_published += 1

@@ -254,22 +254,28 @@ def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[Stre
     sc = cfg.stream
     if not sc.prefixes:
         return None
-    token_file = sc.token_file or cfg.agents.token_file
-    token = None
-    if token_file:
-        try:
-            token = read_token_file(token_file)
-        except OSError as err:
-            raise MountError(f"[stream] {err.strerror}") from None
-    tls_root = None
-    if cfg.agents.tls_root_file:
-        with open(cfg.agents.tls_root_file, "rb") as f:
-            tls_root = f.read()
+    token, tls_root = _agent_credentials(cfg, sc.token_file or cfg.agents.token_file, "[stream]")
     link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
     streamers = [Streamer(FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s)),
                           sc.chunk_bytes, parallel=sc.parallel, link=link) for loc in sc.agents]
     log.info("streaming %s to %s as they are written", ", ".join(sc.prefixes), ", ".join(sc.agents))
     return StreamTap(sc, streamers, stats, read_store=lambda path: _read_whole(store, path))
+
+
+def _agent_credentials(cfg: MountConfig, token_file: Optional[str], table: str) -> tuple[Optional[str], Optional[bytes]]:
+    """The token (from `token_file`, checked by `read_token_file`) and the TLS roots
+    (`[agents] tls_root_file`) the mount sends to agents; a bad token file names `table`."""
+    token = None
+    if token_file:
+        try:
+            token = read_token_file(token_file)
+        except OSError as err:
+            raise MountError(f"{table} {err.strerror}") from None
+    tls_root = None
+    if cfg.agents.tls_root_file:
+        with open(cfg.agents.tls_root_file, "rb") as f:
+            tls_root = f.read()
+    return token, tls_root
 
 
 def _read_whole(store: Store, path: str):
@@ -355,16 +361,7 @@ def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlD
         except OSError as err:
             raise MountError(f"cannot start the in-process agent in {cfg.agent.data_dir}: {err}") from None
         locations = [loc]
-    token = None
-    if cfg.agents.token_file:
-        try:
-            token = read_token_file(cfg.agents.token_file)
-        except OSError as err:
-            raise MountError(f"[agents] {err.strerror}") from None
-    tls_root = None
-    if cfg.agents.tls_root_file:
-        with open(cfg.agents.tls_root_file, "rb") as f:
-            tls_root = f.read()
+    token, tls_root = _agent_credentials(cfg, cfg.agents.token_file, "[agents]")
     route_agents = [r.local_agent for r in cfg.routes]
     clients = {loc: AgentClient(loc, token=token, tls_root=tls_root, timeout_s=cfg.replicas.read_timeout_s * 10)
                for loc in dict.fromkeys(locations + route_agents)}

@@ -248,13 +248,24 @@ class Streamer:
                            None if fs.opened else (fs.path, fs.chunk, fs.job))
         return i, crc, n
 
+    def _link_transfer(self, fs: FileStream, chunks: list[int], size: int):
+        """These chunks as one transfer on the link gate (class eval), or None without a gate."""
+        if self.link is None:
+            return None
+        return self.link.open(fs.path, "eval", transfer_weight(size),
+                              [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
+
+    @staticmethod
+    def _acknowledged(fs: FileStream, i: int, crc: int, n: int) -> None:
+        """The tier holds chunk `i` with this CRC (under fs.lock where chunks land concurrently)."""
+        fs.sent[i] = crc
+        fs.bytes_sent += n
+        fs.opened = True
+
     def _send(self, fs: FileStream, chunks: list[int], size: int) -> None:
         if not chunks:
             return
-        tid = None
-        if self.link is not None:
-            tid = self.link.open(fs.path, "eval", transfer_weight(size),
-                                 [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
+        tid = self._link_transfer(fs, chunks, size)
         try:
             if self.pool is None or len(chunks) == 1:
                 results, error = [], None
@@ -269,13 +280,9 @@ class Streamer:
                 wait(futures)
                 results = [f.result() for f in futures if f.exception() is None]
                 error = next((f.exception() for f in futures if f.exception() is not None), None)
-            if any(r is not None for r in results):
-                fs.opened = True
             for r in results:                   # what the tier acknowledged counts, even on a failure
                 if r is not None:
-                    i, crc, n = r
-                    fs.sent[i] = crc
-                    fs.bytes_sent += n
+                    self._acknowledged(fs, *r)
             if error is not None:
                 raise error
         finally:
@@ -286,10 +293,7 @@ class Streamer:
         """Hand `chunks` to the send pool and return: each records itself when it lands."""
         if not chunks:
             return
-        tid = None
-        if self.link is not None:
-            tid = self.link.open(fs.path, "eval", transfer_weight(size),
-                                 [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
+        tid = self._link_transfer(fs, chunks, size)
         left = [len(chunks)]
         gen = fs.gen
         for i in chunks:
@@ -308,9 +312,7 @@ class Streamer:
                 if err is None:
                     r = fut.result()
                     if r is not None:
-                        fs.sent[i] = r[1]
-                        fs.bytes_sent += r[2]
-                        fs.opened = True
+                        self._acknowledged(fs, *r)
                 else:
                     fs.errors += 1
                     fs.opened = False           # re-open next time: learn what the tier holds

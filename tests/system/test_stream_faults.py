@@ -15,7 +15,7 @@ import pytest
 from agent.client import AgentClient
 from tests.conftest import needs_fuse, wait_for
 from tests.helpers.agent_process import AgentProcess
-from tests.system.test_stream_mount import CHUNK, Tier, stream_toml
+from tests.system.test_stream_mount import CHUNK, Tier, stream_toml, streaming_to_tier
 
 pytestmark = needs_fuse
 
@@ -34,11 +34,7 @@ def _eval_mount(mount_factory, store, loc: str, name: str = "eval", token_file=N
 
 
 def test_a_training_mount_killed_mid_stream_leaves_nothing_servable(mount_factory, tmp_path):
-    store = tmp_path / "train" / "store"
-    store.mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False, stream_idle_s=1.5, reclaim_interval_s=0.2)
-    try:
-        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+    with streaming_to_tier(mount_factory, tmp_path, follow=False, stream_idle_s=1.5, reclaim_interval_s=0.2) as (store, tier, train):
         (train.mnt / "ckpt/run/step_1").mkdir(parents=True)
         f = open(train.mnt / PATH, "wb")
         f.write(os.urandom(8 * CHUNK))
@@ -59,8 +55,6 @@ def test_a_training_mount_killed_mid_stream_leaves_nothing_servable(mount_factor
         ev = _eval_mount(mount_factory, store, tier.loc)
         with pytest.raises(FileNotFoundError):     # the store never got the file
             (ev.mnt / PATH).read_bytes()
-    finally:
-        tier.close()
 
 
 def test_a_tier_agent_killed_mid_stream_is_adopted_and_only_the_rest_is_sent(mount_factory, tmp_path):
@@ -132,11 +126,7 @@ def test_a_link_cut_for_two_seconds_mid_file_resumes_and_the_writer_never_waits(
 
 
 def test_a_file_rewritten_while_streaming_is_served_whole_old_or_new(mount_factory, tmp_path):
-    store = tmp_path / "train" / "store"
-    store.mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False)
-    try:
-        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+    with streaming_to_tier(mount_factory, tmp_path, follow=False) as (store, tier, train):
         (train.mnt / "ckpt/run/step_1").mkdir(parents=True)
         # (a) a chunk already sent is rewritten in place before close: the final CRCs catch it
         v1 = bytearray(os.urandom(10 * CHUNK))
@@ -166,16 +156,10 @@ def test_a_file_rewritten_while_streaming_is_served_whole_old_or_new(mount_facto
         assert tier.client.read(PATH, 0, len(v2) + 1, replica_only=True) == v2
         assert (ev.mnt / PATH).read_bytes() == v2
         assert tier.client.status()["streams"]["open"] == 0
-    finally:
-        tier.close()
 
 
 def test_a_file_unlinked_before_close_is_dropped_at_the_tier(mount_factory, tmp_path):
-    store = tmp_path / "train" / "store"
-    store.mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False)
-    try:
-        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+    with streaming_to_tier(mount_factory, tmp_path, follow=False) as (store, tier, train):
         (train.mnt / "ckpt/run/step_1").mkdir(parents=True)
         with open(train.mnt / PATH, "wb") as f:
             f.write(os.urandom(6 * CHUNK))
@@ -191,5 +175,3 @@ def test_a_file_unlinked_before_close_is_dropped_at_the_tier(mount_factory, tmp_
             tier.client.read(PATH, 0, 10, replica_only=True)
         assert err.value.errno in (errno.ENOENT, errno.EIO, errno.ESTALE)
         assert train.stats()["counters"].get("streams_published", 0) == 0
-    finally:
-        tier.close()

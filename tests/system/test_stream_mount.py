@@ -4,8 +4,10 @@ the tier makes it a replica at publish (no copy after close); eval reads through
 return the published bytes, and unpublished bytes are never served."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from typing import Iterator
 
 import pytest
 
@@ -37,6 +39,19 @@ class Tier:
         self.server.shutdown()
 
 
+@contextlib.contextmanager
+def streaming_to_tier(mount_factory, tmp_path, **tier_options) -> Iterator[tuple]:
+    """(store, tier, training mount): a tier agent over the training store (`Tier` options), and
+    a training mount streaming `ckpt` to it; the tier is shut down at the end."""
+    store = tmp_path / "train" / "store"
+    store.mkdir(parents=True)
+    tier = Tier(tmp_path, store, **tier_options)
+    try:
+        yield store, tier, mount_factory(name="train", extra=stream_toml(tier.loc))
+    finally:
+        tier.close()
+
+
 def stream_toml(loc: str, journal: bool = True, **extra) -> str:
     lines = ['prefixes = ["ckpt"]', f'agents = ["{loc}"]', f"chunk_bytes = {CHUNK}", "poll_interval_s = 0.01"]
     lines += [f"{k} = {v}" for k, v in extra.items()]
@@ -44,11 +59,7 @@ def stream_toml(loc: str, journal: bool = True, **extra) -> str:
 
 
 def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(mount_factory, tmp_path):
-    store = tmp_path / "train" / "store"
-    store.mkdir(parents=True)
-    tier = Tier(tmp_path, store)
-    try:
-        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
         ck = train.mnt / "ckpt" / "run" / "step_1"
         ck.mkdir(parents=True)
         data = os.urandom(10 * CHUNK + 777)
@@ -81,8 +92,6 @@ def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(moun
                            extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n')
         assert (ev.mnt / "ckpt/run/step_1/__0_0.distcp").read_bytes() == data
         assert ev.stats()["counters"].get("route_local", 0) >= 1
-    finally:
-        tier.close()
 
 
 def test_a_tier_takes_streams_only_under_its_stream_prefixes(tmp_path):
@@ -167,11 +176,7 @@ def test_the_fd_socket_refuses_other_users_and_other_versions(tmp_path):
 def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_completes(mount_factory, tmp_path):
     """DCP writes `.metadata.tmp` and renames it to `.metadata`: the rename is journaled (the
     follower learns of the marker) and the small file is streamed under its new name."""
-    store = tmp_path / "train" / "store"
-    store.mkdir(parents=True)
-    tier = Tier(tmp_path, store)
-    try:
-        train = mount_factory(name="train", extra=stream_toml(tier.loc))
+    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
         ck = train.mnt / "ckpt" / "run" / "step_2"
         ck.mkdir(parents=True)
         data = os.urandom(5 * CHUNK + 1)
@@ -192,5 +197,3 @@ def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_compl
         # and then the follower copies those few bytes too: at most one copy
         assert wait_for(lambda: tier.client.status()["streams"]["published"] == 3, 10)
         assert tier.client.status()["copies"] <= 1
-    finally:
-        tier.close()
