@@ -30,11 +30,16 @@ def _binary_array(items: list[bytes]) -> pa.Array:
 
 class AgentClient:
     def __init__(self, location: str, token: Optional[str] = None, tls_root: Optional[bytes] = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, own_connection: bool = False):
+        """`own_connection`: a TCP connection of its own, not shared with other clients of the
+        same agent in this process (gRPC shares them otherwise): small control calls then do not
+        queue behind another client's bulk transfers on a long link."""
         self.location = location
-        kwargs = {}
+        kwargs: dict = {}
         if tls_root:
             kwargs["tls_root_certs"] = tls_root
+        if own_connection:
+            kwargs["generic_options"] = [("grpc.use_local_subchannel_pool", 1)]
         self._client = fl.FlightClient(location, **kwargs)
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
@@ -54,11 +59,14 @@ class AgentClient:
             raise AgentError(_errno_of(err), f"agent {self.location}: {what} failed: {err}") from None
 
     def read(self, path: str, offset: int, length: int, replica_only: bool = False,
-             expect: Optional[tuple[int, int]] = None) -> bytes:
-        """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another version."""
+             expect: Optional[tuple[int, int]] = None, demand: bool = False) -> bytes:
+        """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another
+        version; with `demand` too, also while that version is still arriving (agent/demand.py)."""
         req = {"path": path, "offset": offset, "length": length, "replica_only": replica_only}
         if expect is not None:
             req["expect"] = list(expect)
+        if demand:
+            req["demand"] = True
         table = self._get(req, f"read {path}")
         col = table.column(0)
         return col[0].as_py() if len(col) else b""
@@ -135,6 +143,12 @@ class AgentClient:
 
     def signal(self, job: str, severity: float = 1.0, clear: bool = False) -> dict:
         return self._call("signal", {"job": job, "severity": severity, "clear": clear})
+
+    def prefetch(self, path: str, version: tuple[int, int], ranges: list[tuple[int, int]]) -> int:
+        """Ask the tier to fetch these (offset, length) ranges of a file still arriving, at once;
+        how many pieces it started (agent/demand.py)."""
+        doc = self._call("prefetch", {"path": path, "expect": list(version), "ranges": [list(r) for r in ranges]})
+        return int(doc.get("fetching", 0))
 
     def has(self, path: str, size: int, mtime_ns: int) -> bool:
         return bool(self._call("has", {"path": path, "size": size, "mtime_ns": mtime_ns}).get("has"))

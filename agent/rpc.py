@@ -44,6 +44,8 @@ class ReadRequest(Request):
     replica_only: bool = False
     # (size, mtime_ns) the reader opened: a replica of another version is never read (ESTALE)
     expect: Optional[tuple[NonNeg, NonNeg]] = None
+    # also while that version is still arriving (a stream or a copy): held bytes, else fetched
+    demand: bool = False
 
 
 class SampleRequest(Request):
@@ -140,6 +142,16 @@ class TierStatRequest(Request):
     wait_s: float = Field(0.0, ge=0, le=600)
 
 
+MAX_PREFETCH_RANGES = 65536          # ranges of one file in one prefetch
+
+
+class PrefetchRequest(Request):
+    path: StorePath
+    expect: tuple[NonNeg, NonNeg]    # (size, mtime_ns): the version the eval mount opened
+    ranges: list[tuple[NonNeg, Annotated[int, Field(ge=1, le=MAX_READ_BYTES)]]] = Field(
+        min_length=1, max_length=MAX_PREFETCH_RANGES)
+
+
 ACTIONS: dict[str, tuple[type[Request], str]] = {
     "replicate": (ReplicateRequest, "copy a file here and keep it ttl_s (blocks until complete)"),
     "drop": (PathRequest, "remove a replica"),
@@ -149,6 +161,7 @@ ACTIONS: dict[str, tuple[type[Request], str]] = {
     "stream_open": (StreamOpenRequest, "start or resume a write-time stream; answers the chunks held"),
     "stream_publish": (StreamPublishRequest, "a streamed file was published as (size, mtime_ns): verify it"),
     "stream_abort": (StreamAbortRequest, "drop a stream (its file was unlinked or abandoned)"),
+    "prefetch": (PrefetchRequest, "fetch at once the ranges of a file still arriving that an eval will read"),
     "has": (HasRequest, "whether a complete replica of exactly this version is here"),
     "status": (EmptyRequest, "replicas, load, budget, samples, follow, link"),
     "ping": (EmptyRequest, "liveness"),

@@ -48,14 +48,18 @@ from stores import check_store, open_store
 
 from agent import rpc
 from agent.rpc import rpc_error
+from agent.demand import DemandReads
 from agent.fdserver import ReplicaFdServer
 from agent.streams import StreamError, StreamTier
 from common.procs import pid_alive
+from policy.stream import chunks_under
 from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
 _CHUNK = 8 << 20
-_STREAM_PUBLISH_WAIT_S = 5.0   # a replicate waits this long for an unpublished stream's publish
+_STREAM_PUBLISH_WAIT_S = 5.0   # a replicate waits this long for an unpublished stream's publish,
+_STREAM_ALIVE_WAIT_S = 30.0    # ... up to this long while the stream is alive:
+_STREAM_QUIET_S = 5.0          # a stream (or a folder's streams) with a call within this long
 _instances = itertools.count()
 
 
@@ -167,6 +171,11 @@ class AgentServer(fl.FlightServerBase):
                                   idle_s=acfg.stream_idle_s)
         self.stream_cond = threading.Condition()
         self.streams_published = 0
+        # path -> (size, mtime_ns) journaled, whose copy waits for a stream (`_wait_for_stream`)
+        self._awaiting: dict[str, tuple[int, int]] = {}
+        # Copies in flight whose finished ranges demand reads may serve: path -> _CopyInFlight.
+        self._copy_reads: dict[str, "_CopyInFlight"] = {}
+        self.demand = DemandReads(store, self.stream_cond, self._held_bytes, self._arriving)
         _reap_dead_instances(acfg.data_dir, "mount")
         if persistent:
             self._adopt_stopped_instances(acfg.data_dir)
@@ -186,7 +195,18 @@ class AgentServer(fl.FlightServerBase):
 
     # -- reads ---------------------------------------------------------------------------------
     def read_range(self, path: str, offset: int, length: int, replica_only: bool = False,
-                   expect: Optional[tuple[int, int]] = None) -> bytes:
+                   expect: Optional[tuple[int, int]] = None, demand: bool = False) -> bytes:
+        """Bytes of `path`: from its replica (of version `expect` when given); with `demand`
+        (and `expect`), also while the replica is still arriving (agent/demand.py)."""
+        if demand:
+            if expect is None:
+                raise rpc_error(errno.EINVAL, "a demand read names the version it opened (expect)")
+            with self.read_slots:
+                data = self.demand.read(path, tuple(expect), offset, length)
+                with self.lock:
+                    self.bytes_served += len(data)
+                    self.reads_served += 1
+                return data
         with self.read_slots:
             with self.lock:
                 self.in_flight += 1
@@ -256,7 +276,8 @@ class AgentServer(fl.FlightServerBase):
             elif isinstance(req, rpc.SamplesReadyRequest):
                 return fl.RecordBatchStream(self.samples_ready(req))
             else:
-                data = self.read_range(req.path, req.offset, req.length, req.replica_only, req.expect)
+                data = self.read_range(req.path, req.offset, req.length, req.replica_only, req.expect,
+                                       req.demand)
             return fl.RecordBatchStream(pa.table({"data": pa.array([data], type=pa.large_binary())}))
 
     def _store_reader(self, path: str):
@@ -391,6 +412,10 @@ class AgentServer(fl.FlightServerBase):
                     if self.persistent:
                         _write_sidecar(rep.local, rep)
                     return {"path": path, "size": rep.size, "already": True}
+                if rep is not None and expect is not None and rep.source_mtime_ns > int(expect[1]):
+                    # A newer version is here already (its stream or copy came first): an older
+                    # journal record never replaces it.
+                    return {"path": path, "size": rep.size, "already": True, "newer": True}
                 busy = self._copying.get(path)
                 if busy is None:
                     self._copying[path] = threading.Event()
@@ -440,11 +465,13 @@ class AgentServer(fl.FlightServerBase):
         if (partial is not None and partial["version"] == st.identity() and partial["chunk"] == chunk
                 and not single and os.path.exists(tmp)):
             done = partial["done"]
-            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+            fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
             log.info("resuming the copy of %s: %d of %d ranges already here", path, len(done), len(ranges))
         else:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         resumed = len(done)
+        with self.lock:   # demand reads may read its finished ranges (`_held_bytes`)
+            self._copy_reads[path] = _CopyInFlight(st.identity(), fd, done, st.size + 1 if single else chunk)
         ranges = [r for r in ranges if r[0] not in done]
         # A persistent agent also keeps the progress on disk (`.part.progress`, after an
         # fdatasync of the ranges it lists), so a copy cut by a crash resumes after a restart.
@@ -465,6 +492,7 @@ class AgentServer(fl.FlightServerBase):
                     snapshot = dict(done) if progress is not None and progress.due() else None
                 if snapshot is not None:
                     progress.save(snapshot)
+                self._streams_changed()   # a demand read may be waiting for this range
                 return len(data)
 
             try:
@@ -484,7 +512,10 @@ class AgentServer(fl.FlightServerBase):
                 raise
             copied = sum(done.values())
         finally:
-            os.close(fd)
+            with self.lock:
+                if self._copy_reads.get(path) is not None and self._copy_reads[path].fd == fd:
+                    del self._copy_reads[path]
+                os.close(fd)
             if tid is not None:
                 self.link.close(tid)
             if src is not None:
@@ -550,6 +581,10 @@ class AgentServer(fl.FlightServerBase):
             if stream is not None and stream[1] is not None and (
                     rep is None or (rep.size, rep.source_mtime_ns) != stream[1]):
                 return {"state": "copying", "size": stream[1][0], "mtime_ns": stream[1][1]}
+            awaiting = self._awaiting.get(path)
+            if awaiting is not None and (rep is None or (rep.size, rep.source_mtime_ns) != awaiting):
+                # journaled (the store has this version), its stream not published here yet
+                return {"state": "copying", "size": awaiting[0], "mtime_ns": awaiting[1]}
             if stream is not None and rep is None and path not in self._copying_version:
                 return {"state": "streaming"}
             if rep is not None:
@@ -564,25 +599,79 @@ class AgentServer(fl.FlightServerBase):
             return {"state": "dir"}
         return {"state": "absent"}
 
+    # -- demand reads (agent/demand.py): the bytes of a version still arriving -----------------
+    def _held_bytes(self, path: str, version: tuple[int, int], offset: int, length: int) -> Optional[bytes]:
+        """[offset, offset + length) of exactly `version` of `path`, if this agent holds it: its
+        replica, a published stream's verified chunks, or a copy's finished ranges; else None."""
+        n = max(0, min(length, version[0] - offset))
+        with self.lock:
+            rep = self.replicas.get(path)
+            if rep is not None and (rep.size, rep.source_mtime_ns) == version and rep.fd >= 0:
+                rep.last_used = time.monotonic()
+                return os.pread(rep.fd, n, offset)
+            copy = self._copy_reads.get(path)
+            if copy is not None and copy.version == version and copy.covers(offset, length, version[0]):
+                return os.pread(copy.fd, n, offset)   # under the lock: the copy closes its fd under it
+        return self.streams.read_verified(path, version, offset, length)
+
+    def _arriving(self, path: str, version: tuple[int, int]) -> bool:
+        """A published stream or a copy of exactly `version` of `path` is on its way here."""
+        if self.streams.state_of(path) == ("filling", version):
+            return True
+        with self.lock:
+            return self._copying_version.get(path) == version or self._awaiting.get(path) == version
+
     # -- write-time streams (a training mount sends each file while it is written) -------------
     def _wait_for_stream(self, path: str, expect: Optional[tuple[int, int]]) -> None:
-        """Wait while a stream headed for `path` may bring this version: an unpublished one for a
-        few seconds (its publish is in flight, or it is a newer write: then copy), a published
-        one still filling (of version `expect`, or any when None) up to `stream_idle_s`."""
+        """Wait while a stream may bring this version of `path` instead of a copy:
+
+        - a published stream still filling, of version `expect`, a newer one (it supersedes the
+          record: a file published at fsync and again at close), or any when None;
+        - an unpublished one for `_STREAM_PUBLISH_WAIT_S` (its publish may be in flight), longer
+          while it is alive (a call within `_STREAM_QUIET_S`), at most `_STREAM_ALIVE_WAIT_S`
+          (it may be a newer write);
+        - none yet, when `expect` is known and other files of its folder are being streamed: a
+          stream that runs a file behind the writer opens the next file's stream only after the
+          journal record of that file is out, and a small file (the commit marker) opens its
+          stream in the call that publishes it. Waited for while the folder's streams are alive.
+
+        All bounded by `stream_idle_s`. While it waits with `expect`, the tier answers `copying`
+        at that version (the journal says the store has it), so eval reads are served on demand."""
         start = time.monotonic()
-        while True:
-            st = self.streams.state_of(path)
-            if st is None or self._stop.is_set():
-                return
-            state, version = st
-            waited = time.monotonic() - start
-            if state == "streaming" and waited > _STREAM_PUBLISH_WAIT_S:
-                return
-            if state == "filling" and ((expect is not None and tuple(expect) != version)
-                                       or waited > self.cfg.agent.stream_idle_s):
-                return
-            with self.stream_cond:
-                self.stream_cond.wait(0.05)
+        prepared = False
+        announce = expect is not None   # the caller knows the store's version (journal record)
+        if expect is None:   # (an eval's fetch on read) the version a follower's copy waits for
+            with self.lock:
+                expect = self._awaiting.get(path)
+        if announce:
+            with self.lock:
+                self._awaiting[path] = (int(expect[0]), int(expect[1]))
+        try:
+            while not self._stop.is_set():
+                waited = time.monotonic() - start
+                if waited > self.cfg.agent.stream_idle_s:
+                    return
+                st = self.streams.state_of(path)
+                if st is None:
+                    if (expect is None or self.has(path, *expect)
+                            or self.streams.folder_quiet_s(path) > _STREAM_QUIET_S):
+                        return
+                elif st[0] == "streaming":
+                    if waited > _STREAM_ALIVE_WAIT_S or (waited > _STREAM_PUBLISH_WAIT_S
+                                                         and self.streams.quiet_s(path) > _STREAM_QUIET_S):
+                        return
+                elif expect is not None and st[1] is not None and st[1][1] < int(expect[1]):
+                    return   # an older version is filling: copy the one journaled
+                if expect is not None and not prepared:
+                    self.demand.prepare(path, tuple(expect))   # eval reads may come meanwhile
+                    prepared = True
+                with self.stream_cond:
+                    self.stream_cond.wait(0.02)
+        finally:
+            if announce:
+                with self.lock:
+                    if self._awaiting.get(path) == (int(expect[0]), int(expect[1])):
+                        del self._awaiting[path]
 
     def _streams_changed(self) -> None:
         with self.stream_cond:
@@ -621,6 +710,7 @@ class AgentServer(fl.FlightServerBase):
                 chunks = data.column("data")
                 for i, (off, crc) in enumerate(zip(offsets, crcs)):
                     self.streams.put(req.stream, req.gen, int(off), chunks[i].as_py(), int(crc))
+                self._streams_changed()   # demand reads may be waiting for these chunks
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except (KeyError, TypeError, ValueError) as err:
@@ -646,6 +736,8 @@ class AgentServer(fl.FlightServerBase):
             raise rpc_error(errno.ESTALE, str(err)) from None
         except ValueError as err:
             raise rpc_error(errno.EINVAL, str(err)) from None
+        if v.state == "fill":   # eval reads may come before the last chunks: open the store file now
+            self.demand.prepare(req.path, (req.size, req.mtime_ns))
         try:
             if part is not None:
                 self._adopt_stream(req.path, part, req.size, req.mtime_ns, req.record, req.ttl_s)
@@ -755,6 +847,7 @@ class AgentServer(fl.FlightServerBase):
                 "resumed_ranges": self.resumed_ranges, "copies": self.copies,
                 "streams": {"open": len(self.streams.streams), "published": self.streams_published,
                             "bytes_held": self.streams.bytes_held()},
+                "demand": self.demand.status(),
             }
 
     def do_action(self, context, action):
@@ -765,6 +858,8 @@ class AgentServer(fl.FlightServerBase):
         yield fl.Result(json.dumps(result).encode())
 
     def _act(self, kind: str, req) -> dict:
+        if kind == "prefetch":
+            return {"fetching": self.demand.prefetch(req.path, req.expect, [tuple(r) for r in req.ranges])}
         if kind == "replicate":
             return self.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,
                                   importance=req.importance, expect=req.expect, record=req.record)
@@ -816,6 +911,7 @@ class AgentServer(fl.FlightServerBase):
         if self.fd_server is not None:
             self.fd_server.close()
         super().shutdown()
+        self.demand.close()
         self.streams.close()   # a persistent agent keeps each stream's part + progress to adopt
         if self.persistent:   # replicas stay for the next agent on this data_dir to adopt
             with self.lock:
@@ -829,6 +925,20 @@ class AgentServer(fl.FlightServerBase):
             self._lock_fd = None
         if self.socket_dir is not None:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+@dataclass
+class _CopyInFlight:
+    """A copy being made: its `.part` fd and the ranges written (offset -> length, filled under
+    the agent's lock after each range's pwrite), for demand reads of this version."""
+    version: tuple[int, int]
+    fd: int
+    done: dict
+    chunk: int
+
+    def covers(self, offset: int, length: int, size: int) -> bool:
+        return all(self.done.get(i * self.chunk) == min(self.chunk, size - i * self.chunk)
+                   for i in chunks_under(offset, length, size, self.chunk))
 
 
 class _Progress:

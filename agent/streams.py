@@ -50,6 +50,7 @@ class Stream:
     last_call: float
     saved_at: float = 0.0
     version: Optional[tuple[int, int]] = None   # published as (size, mtime_ns), chunks still missing
+    final: Optional[list[int]] = None           # the published file's chunk CRCs (with `version`)
     unsaved: bool = False                       # chunks arrived since the last progress file
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -63,6 +64,7 @@ class StreamTier:
         self.idle_s = idle_s
         self.progress_every_s = progress_every_s
         self.streams: dict[str, Stream] = {}
+        self.folder_calls: dict[str, float] = {}   # folder -> last stream call for a file in it
         self.lock = threading.Lock()
         os.makedirs(folder, mode=0o700, exist_ok=True)
 
@@ -117,6 +119,7 @@ class StreamTier:
                 s = Stream(sid, gen, path, job, RangeMap(chunk), fd, self.clock())
                 self.streams[sid] = s
             s.path, s.job, s.last_call = path, job, self.clock()
+            self._touch(path)
             return {i: crc for i, (_n, crc) in s.ranges.held.items()}
 
     def _get(self, sid: str, gen: int) -> Stream:
@@ -127,7 +130,27 @@ class StreamTier:
             if s.gen != gen:
                 raise StreamError(f"stream {sid} is at generation {s.gen}, not {gen}")
             s.last_call = self.clock()
+            self._touch(s.path)
             return s
+
+    def _touch(self, path: str) -> None:
+        """(under `lock`) A call for a stream of `path`: its folder's streams are alive."""
+        self.folder_calls[_folder(path)] = self.clock()
+        if len(self.folder_calls) > 4096:
+            cutoff = self.clock() - self.idle_s
+            self.folder_calls = {k: t for k, t in self.folder_calls.items() if t > cutoff}
+
+    def quiet_s(self, path: str) -> float:
+        """Seconds since the last call of the newest stream headed for `path` (inf: none)."""
+        with self.lock:
+            calls = [s.last_call for s in self.streams.values() if s.path == path]
+        return self.clock() - max(calls) if calls else float("inf")
+
+    def folder_quiet_s(self, path: str) -> float:
+        """Seconds since the last stream call for any file in `path`'s folder (inf: never)."""
+        with self.lock:
+            last = self.folder_calls.get(_folder(path))
+        return self.clock() - last if last is not None else float("inf")
 
     def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int) -> None:
         """One aligned chunk; refused (nothing written) when its CRC is not the bytes'."""
@@ -136,6 +159,15 @@ class StreamTier:
             raise StreamError(f"stream {sid}: chunk at {offset} arrived damaged (CRC)")
         if offset % s.ranges.chunk or not 0 < len(data) <= s.ranges.chunk:
             raise StreamError(f"stream {sid}: {offset}+{len(data)} is not one aligned chunk")
+        final = s.final
+        if final is not None:
+            i = offset // s.ranges.chunk
+            if i >= len(final) or final[i] & 0xFFFFFFFF != crc & 0xFFFFFFFF:
+                # Published already: a chunk that is not the published file's (sent before a
+                # rewrite, landing late) is not kept, so that no verified chunk is overwritten
+                # while demand reads may read it. The sender re-sends from the final CRC list.
+                log.debug("stream %s: late chunk %d is not the published file's; dropped", sid, i)
+                return
         os.pwrite(s.fd, data, offset)
         with s.lock:
             s.ranges.add(offset, len(data), crc)
@@ -158,6 +190,7 @@ class StreamTier:
             for i in v.fetch:
                 s.ranges.held.pop(i, None)
             s.version = (size, mtime_ns)
+            s.final = list(crcs)
             if v.state == "fill":
                 self._save(s, force=True)
                 return v, None
@@ -165,7 +198,9 @@ class StreamTier:
             os.fdatasync(s.fd)
         with self.lock:
             self.streams.pop(sid, None)
-        os.close(s.fd)
+        with s.lock:                    # a demand read (`read_verified`) may hold the stream
+            fd, s.fd = s.fd, -1
+        os.close(fd)
         try:
             os.unlink(self._part(sid) + ".progress")
         except FileNotFoundError:
@@ -223,6 +258,18 @@ class StreamTier:
                 return None
             return ("streaming", None) if best.version is None else ("filling", best.version)
 
+    def read_verified(self, path: str, version: tuple[int, int], offset: int, length: int) -> Optional[bytes]:
+        """[offset, offset + length) of `path` as published at `version` = (size, mtime_ns), from
+        a stream still filling, when every chunk under the range arrived with the publish's CRC;
+        None otherwise (not published, another version, or a chunk still missing)."""
+        with self.lock:
+            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)]
+        for s in streams:
+            with s.lock:
+                if s.fd >= 0 and s.final is not None and s.ranges.verified(offset, length, version[0], s.final):
+                    return os.pread(s.fd, max(0, min(length, version[0] - offset)), offset)
+        return None
+
     def bytes_held(self) -> int:
         with self.lock:
             streams = list(self.streams.values())
@@ -267,9 +314,14 @@ class StreamTier:
             if self.persistent:
                 with s.lock:
                     self._save(s, force=True)
-                os.close(s.fd)
+                    fd, s.fd = s.fd, -1
+                os.close(fd)
             else:
                 self._remove(s)
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
 __all__ = ["StreamTier", "StreamError"]

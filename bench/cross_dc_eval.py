@@ -87,6 +87,9 @@ MERGE = textwrap.dedent("""
             for k, m in md.state_dict_metadata.items():
                 if re.match(req["pattern"], k):
                     sd[k] = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+            if req.get("mount"):   # an eval mount with routes: say which ranges come next
+                from hintfs.client import hint_dcp_reads
+                hint_dcp_reads(req["mount"], "merge", req["path"], list(sd))
             dcp.load(sd, checkpoint_id=req["path"], no_dist=True)
             need = sum(t.numel() * t.element_size() for t in sd.values())
             print(json.dumps({"ok": True, "t0": t0, "done": time.time(), "tensors": len(sd),
@@ -132,6 +135,7 @@ class Bench:
         self.s3: JuiceFSGateway | None = None
         self.phases: list[tuple[str, float, float]] = []
         self.t_relay0 = None
+        self.log_level = "INFO" if args.keep_logs else "WARNING"
 
     # -- processes -----------------------------------------------------------------------------
     def spawn(self, cmd, **kw) -> subprocess.Popen:
@@ -144,7 +148,7 @@ class Bench:
         mnt = base / "mnt"
         mnt.mkdir(parents=True)
         cfg = base / "hintfs.toml"
-        cfg.write_text(toml + f'\n[logging]\nfile = "{base / "mount.log"}"\nlevel = "WARNING"\n')
+        cfg.write_text(toml + f'\n[logging]\nfile = "{base / "mount.log"}"\nlevel = "{self.log_level}"\n')
         r = subprocess.run([PY, "-m", "hintfs.cli", "mount", str(cfg), str(mnt)], cwd=REPO,
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
@@ -177,7 +181,13 @@ class Bench:
                 pass
         if self.s3 is not None:
             self.s3.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.args.keep_logs:
+            for f in self.tmp.rglob("*"):
+                if f.is_file() and f.suffix not in (".log", ".toml"):
+                    f.unlink(missing_ok=True)
+            print(f"logs kept in {self.tmp}", flush=True)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- setup ---------------------------------------------------------------------------------
     def make_checkpoint(self) -> Path:
@@ -246,7 +256,7 @@ class Bench:
             keep_last = 2
             parallel = 16
             [logging]
-            level = "WARNING"
+            level = "{self.log_level}"
             file = "{self.tmp / 'agent.log'}"
         """))
         # The eval DC's agent and the link are other machines; --eval-nice can run them niced.
@@ -313,8 +323,11 @@ class Bench:
             shutil.copyfile(self.src / n, dst / n)
         return time.time()
 
-    def merge(self, path: Path) -> dict:
-        self.merger.stdin.write(json.dumps({"path": str(path), "pattern": self.args.pattern}) + "\n")
+    def merge(self, path: Path, mount: Path | None = None) -> dict:
+        req = {"path": str(path), "pattern": self.args.pattern}
+        if mount is not None and not self.args.no_read_hints:
+            req["mount"] = str(mount)
+        self.merger.stdin.write(json.dumps(req) + "\n")
         self.merger.stdin.flush()
         res = json.loads(self.merger.stdout.readline())
         if not res.get("ok"):
@@ -342,8 +355,10 @@ class Bench:
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
         # tier holds already, waits for files whose copy is in flight, and reads the rest remotely.
         c0 = self.counters(eval_mnt)
-        res = self.merge(eval_mnt / rel)
+        d0 = self.agent.status().get("demand", {}) if mode.startswith("hintfs") else {}
+        res = self.merge(eval_mnt / rel, eval_mnt if mode.startswith("hintfs") else None)
         c1 = self.counters(eval_mnt)
+        d1 = self.agent.status().get("demand", {}) if mode.startswith("hintfs") else {}
         t_ready = None
         if mode.startswith("hintfs"):   # for the record: when the tier had the whole checkpoint
             deadline = time.monotonic() + 120
@@ -362,6 +377,8 @@ class Bench:
              "write_s": round(t_commit - t_start, 3),
              "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan, "needed_bytes": res["bytes"],
              "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
+        if d1:   # the tier's demand reads during the merge (agent/demand.py)
+            r["tier_demand"] = {k: v - d0.get(k, 0) for k, v in d1.items()}
         if c1:
             r["mount_counters"] = {k: v - c0.get(k, 0) for k, v in c1.items()
                                    if isinstance(v, (int, float)) and v != c0.get(k, 0)}
@@ -479,6 +496,9 @@ def main() -> int:
                     help="comma-separated modes to run (the rest are null with a reason)")
     ap.add_argument("--jobs", type=int, default=16, help="second run: jobs sharing the link (0: skip)")
     ap.add_argument("--skip-rclone", action="store_true")
+    ap.add_argument("--no-read-hints", action="store_true",
+                    help="the merge does not tell the eval mount which ranges it reads (hintfs modes)")
+    ap.add_argument("--keep-logs", action="store_true", help="INFO logs of the mounts and the agent, kept")
     ap.add_argument("--out", default=str(RESULTS / "cross_dc_eval.json"))
     a = ap.parse_args()
     if a.quick:

@@ -89,6 +89,46 @@ def parse_signal(doc: object) -> Signal:
     return _validate(Signal, doc)
 
 
+MAX_READ_HINT_RANGES = 65536      # ranges in one read hint
+MAX_READ_HINT_FILES = 4096        # files in one read hint
+MAX_READ_HINT_LENGTH = 256 << 20  # bytes of one range
+
+
+class ReadHint(BaseModel):
+    """`.hintfs/reads/<job>`: byte ranges the job is about to read, `[[path, offset, length], ...]`
+    (e.g. the tensors a DCP load takes): fetched first when the file is still arriving at the
+    eval tier."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ranges: list[list] = Field(min_length=1, max_length=MAX_READ_HINT_RANGES)
+
+    @field_validator("ranges")
+    @classmethod
+    def _ranges(cls, ranges: list[list]) -> list[list]:
+        out = []
+        for r in ranges:
+            if not (isinstance(r, list) and len(r) == 3):
+                raise ValueError("each range is [path, offset, length]")
+            path, off, n = r
+            rel = _path(path, "path")
+            for what, v, lo, hi in (("offset", off, 0, (1 << 62)), ("length", n, 1, MAX_READ_HINT_LENGTH)):
+                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                    raise ValueError(f"{path!r}: {what} must be an integer in {lo}..{hi}")
+            out.append([rel, off, n])
+        if len({r[0] for r in out}) > MAX_READ_HINT_FILES:
+            raise ValueError(f"more than {MAX_READ_HINT_FILES} files in one hint")
+        return out
+
+    def by_file(self) -> dict[str, list[tuple[int, int]]]:
+        files: dict[str, list[tuple[int, int]]] = {}
+        for path, off, n in self.ranges:
+            files.setdefault(path, []).append((off, n))
+        return files
+
+
+def parse_read_hint(doc: object) -> ReadHint:
+    return _validate(ReadHint, doc)
+
+
 class PlanRegistration(BaseModel):
     """`.hintfs/plans/<job>`: a registration (with `plan`) or a step-only update of a registered
     job; both are validated here, the same way."""

@@ -39,6 +39,7 @@ from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
 from fusefs.replicaread import ReplicaReads
 from fusefs.routes import RoutedStore, TierRouting
+from fusefs.readhints import ReadHints
 from fusefs.signals import SignalForwarder
 from fusefs.stats import Stats
 from fusefs.streamer import Streamer
@@ -234,6 +235,8 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
         view = RoutedStore(store, cfg.routes, clients, stats)
         routing = TierRouting(cfg.routes, clients, hints.router, stats, io_limiter, view=view)
+    read_hints = ReadHints(view if isinstance(view, RoutedStore) else None, stats)
+    control.add_dir(read_hints.control_dir())
     replica_reads = ReplicaReads(hints.router, clients, cfg, stats, store=view, io_limiter=io_limiter)
     if agent_server is not None:   # the in-process agent's replicas are files on this host
         replica_reads.local_copy = agent_server.local_replica_fd
@@ -245,7 +248,8 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
                     routing=routing, journal=journal, streams=streams, io_limiter=io_limiter)
     control.add(ControlFile("unmount", render=lambda: unmount_document(cfg, fs)))
-    return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run], agent_server,
+    return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run, read_hints.run],
+                    agent_server,
                     streams)
 
 
@@ -256,8 +260,11 @@ def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[Stre
         return None
     token, tls_root = _agent_credentials(cfg, sc.token_file or cfg.agents.token_file, "[stream]")
     link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
-    streamers = [Streamer(FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s)),
-                          sc.chunk_bytes, parallel=sc.parallel, link=link) for loc in sc.agents]
+    def transport(loc: str) -> FlightTransport:
+        return FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s),
+                               control=AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s,
+                                                   own_connection=True))
+    streamers = [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link) for loc in sc.agents]
     log.info("streaming %s to %s as they are written", ", ".join(sc.prefixes), ", ".join(sc.agents))
     return StreamTap(sc, streamers, stats, read_store=lambda path: _read_whole(store, path))
 

@@ -15,8 +15,11 @@ built by `fusefs/mount.py` only when there are routes:
   its attributes are served; data reads go to the tier (the lazily opened store reader is only the
   fallback, and refuses a store file that is no longer that version).
 - copying: a copy is in flight (or a write-time stream was published and its last chunks are on
-  the way); `stat` serves the version being copied and `open_reader` waits for the copy (the copy
-  crosses the link faster than per-read round trips would), falling back to the store if it fails.
+  the way); `stat` serves the version being copied and the open does not wait for the copy: each
+  read asks the tier (`_TierDemandReader`), which answers from what it holds of that version or
+  fetches just those bytes from the store at once (agent/demand.py, "demand-first"); the copy goes
+  on, and the next open after it finished reads the tier's replica. If the tier cannot answer, the
+  reads go to the store (of that version only).
 - streaming: a training mount is sending the file and has not published it: the tier is asked to
   answer when it is published (at most `stream_wait_s`), then as above; its bytes are never served
   before, and after the wait the store answers (the older version, or no file).
@@ -74,6 +77,34 @@ class _StoreFallbackReader:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+
+
+class _TierDemandReader:
+    """Reads of a routed file the tier is still receiving: each read is one call to the tier
+    (demand read of the version opened); if the tier cannot answer, the store copy of that version."""
+
+    def __init__(self, client, store, path: str, identity: tuple[int, int], stats: Stats):
+        self.client, self.path, self.identity, self.stats = client, path, identity, stats
+        self.fallback = _StoreFallbackReader(store, path, identity)
+        self.tier_failed = False
+
+    def read(self, offset: int, size: int) -> bytes:
+        if not self.tier_failed:
+            try:
+                data = self.client.read(self.path, offset, size, True, self.identity, demand=True)
+                self.stats.add("route_demand_reads")
+                return data
+            except OSError as err:
+                self.tier_failed = True    # the copy failed, the tier went away: not asked again
+                log.warning("local tier cannot serve %s while it arrives (reading the store): %s", self.path, err)
+        self.stats.add("route_demand_store_reads")
+        return self.fallback.read(offset, size)
+
+    def read_nowait(self, offset: int, size: int):
+        return None
+
+    def close(self) -> None:
+        self.fallback.close()
 
 
 def route_of(routes, path: str):
@@ -270,16 +301,30 @@ class RoutedStore:
             return _DIR
         return self._store.stat(rel)
 
+    def prefetch(self, files: dict[str, list[tuple[int, int]]]) -> int:
+        """Read hints: for each routed file the tier is still receiving, ask it to fetch these
+        ranges at once (blocking: a worker thread). How many pieces the tiers started."""
+        n = 0
+        for path, ranges in files.items():
+            route = route_of(self.routes, path)
+            if route is None:
+                continue
+            client = self.clients[route.local_agent]
+            try:
+                doc = client.tier_stat(path)   # no wait: an unpublished stream has no version yet
+                if doc["state"] == "copying":
+                    n += client.prefetch(path, (int(doc["size"]), int(doc["mtime_ns"])), ranges)
+            except OSError as err:
+                log.info("read hint for %s not forwarded to the tier: %s", path, err)
+        return n
+
     def open_reader(self, rel: str):
         client, doc = self._tier(rel)
         if doc["state"] == "copying":
-            self.stats.add("route_wait_copy")
-            try:
-                client.replicate(rel, ttl_s=ROUTED_TTL_S, priority="eval", importance=EVAL_IMPORTANCE,
-                                 expect=(int(doc["size"]), int(doc["mtime_ns"])))
-                doc = client.tier_stat(rel)
-            except OSError as err:
-                log.warning("local tier copy of %s failed, reading the store: %s", rel, err)
+            # Demand-first: reads do not wait for the whole file (agent/demand.py).
+            self.stats.add("route_demand_opens")
+            st = self._file(doc)
+            return _TierDemandReader(client, self._store, rel, st.identity(), self.stats), st
         if doc["state"] == "ready":
             st = self._file(doc)
             return _StoreFallbackReader(self._store, rel, st.identity()), st

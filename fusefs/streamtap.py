@@ -44,12 +44,18 @@ log = logging.getLogger("hintfs.stream")
 class FlightTransport:
     """`fusefs.streamer.Transport` over an eval tier agent's Flight calls (`agent.client`)."""
 
-    def __init__(self, client, ttl_s: float = 86400.0):
+    SMALL = 256 << 10    # a publish carrying at most this many bytes goes by the control connection
+
+    def __init__(self, client, ttl_s: float = 86400.0, control=None):
         self.client = client
+        # Opens, publishes and aborts on a connection of their own: on a long link, a publish
+        # sent behind the chunks in flight on the bulk connection waits for all of them (the
+        # eval side then waits for the file's version, or copies it a second time).
+        self.control = control if control is not None else client
         self.ttl_s = ttl_s
 
     def open(self, sid, gen, path, chunk, job=None):
-        return self.client.stream_open(sid, gen, path, chunk, job)
+        return self.control.stream_open(sid, gen, path, chunk, job)
 
     def put(self, sid, gen, offset, data, crc, opening=None):
         self.client.stream_put(sid, gen, [(offset, data, crc)],
@@ -57,7 +63,8 @@ class FlightTransport:
                                                                      "job": opening[2]})
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
-        doc = self.client.stream_put(
+        small = sum(len(c[1]) for c in chunks) <= self.SMALL
+        doc = (self.control if small else self.client).stream_put(
             sid, gen, list(chunks),
             opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
             publish={"path": path, "size": size, "mtime_ns": mtime_ns, "crcs": list(crcs), "record": record,
@@ -65,7 +72,7 @@ class FlightTransport:
         return doc.get("state", "fill"), tuple(int(i) for i in doc.get("fetch", ()))
 
     def abort(self, sid):
-        self.client.stream_abort(sid)
+        self.control.stream_abort(sid)
 
 
 @dataclass

@@ -11,9 +11,9 @@ import os
 import time
 from typing import Mapping, Optional
 
-from hintfs.hintsource import hints_from_dcp, hints_from_megatron, hints_from_safetensors
+from hintfs.hintsource import dcp_read_ranges, hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
-__all__ = ["signal_anomaly", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
+__all__ = ["signal_anomaly", "hint_reads", "hint_dcp_reads", "dcp_read_ranges", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
            "hints_from_megatron", "hints_from_safetensors"]
 
 
@@ -76,3 +76,22 @@ def signal_anomaly(mount: str, job: str, path: str, kind: str = "loss_spike", se
     """Tell the mount that `job`'s eval of the checkpoints under `path` is anomaly-triggered:
     their copies across the cross-DC link go first. `kind="clear"` ends it."""
     _write_control(_control(mount, "signals", job), {"path": path, "kind": kind, "severity": severity})
+
+
+def hint_reads(mount: str, job: str, ranges) -> None:
+    """Tell an eval mount the byte ranges `[(path, offset, length)]` (paths relative to the mount)
+    the job is about to read: files its local tier is still receiving get them fetched first,
+    in parallel (docs/cross_dc.md, "Demand-first reads"). Raises ValueError if refused."""
+    _write_control(_control(mount, "reads", job), {"ranges": [[p, int(o), int(n)] for p, o, n in ranges]})
+
+
+def hint_dcp_reads(mount: str, job: str, ckpt_dir: str, keys) -> int:
+    """`hint_reads` for a DCP load of the tensors `keys` from `ckpt_dir` (a folder under `mount`);
+    how many ranges. Call it after the commit marker is there, just before `dcp.load`."""
+    rel = os.path.relpath(os.path.realpath(ckpt_dir), os.path.realpath(mount))
+    if rel.startswith(".."):
+        raise ValueError(f"{ckpt_dir} is not under {mount}")
+    ranges = [(f"{rel}/{name}", off, n) for name, off, n in dcp_read_ranges(ckpt_dir, keys)]
+    if ranges:
+        hint_reads(mount, job, ranges)
+    return len(ranges)

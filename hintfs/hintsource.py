@@ -48,6 +48,18 @@ def hints_from_dcp(ckpt_dir: str, world_size: int, replicated_readers: Optional[
     return hints
 
 
+def dcp_read_ranges(ckpt_dir: str, keys) -> list[tuple[str, int, int]]:
+    """The byte ranges (file name, offset, length) a DCP load of the tensors named in `keys` will
+    read, from the checkpoint's `.metadata` (for `hintfs.client.hint_reads`). Paths are relative
+    to `ckpt_dir`."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(ckpt_dir).read_metadata()
+    wanted = set(keys)
+    return [(info.relative_path, int(info.offset), int(info.length))
+            for index, info in meta.storage_data.items() if index.fqn in wanted and info.length > 0]
+
+
 def hints_from_safetensors(model_dir: str, world_size: int, readers_per_shard: Optional[int] = None) -> dict[str, int]:
     """Hints for safetensors shards: the index is read by all ranks, each shard by
     `readers_per_shard` ranks (default: all, as when every rank loads the whole model).

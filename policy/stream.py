@@ -38,6 +38,15 @@ def chunk_span(index: int, size: int, chunk: int) -> tuple[int, int]:
     return off, max(0, min(chunk, size - off))
 
 
+def chunks_under(offset: int, length: int, size: int, chunk: int) -> range:
+    """Indices of the chunks that hold [offset, offset + length) of a file of `size` bytes
+    (the range is cut at the end of the file; nothing past it)."""
+    end = min(offset + length, size)
+    if end <= offset:
+        return range(0)
+    return range(offset // chunk, (end - 1) // chunk + 1)
+
+
 def ranges_to_send(size: int, chunk: int, sent: dict[int, int], final_crcs: Optional[list[int]] = None,
                    limit: Optional[int] = None) -> list[int]:
     """Chunk indices to send next, in order.
@@ -81,6 +90,16 @@ class RangeMap:
 
     def bytes_held(self) -> int:
         return sum(length for length, _crc in self.held.values())
+
+    def verified(self, offset: int, length: int, size: int, final_crcs: list[int]) -> bool:
+        """Every chunk under [offset, offset + length) of the published file of `size` bytes is
+        held whole with its final CRC: those bytes are the published file's (demand reads)."""
+        for i in chunks_under(offset, length, size, self.chunk):
+            got = self.held.get(i)
+            if (got is None or i >= len(final_crcs) or got[0] != chunk_span(i, size, self.chunk)[1]
+                    or got[1] != final_crcs[i] & 0xFFFFFFFF):
+                return False
+        return True
 
     def missing(self, size: int) -> list[int]:
         return [i for i in range(chunk_count(size, self.chunk))
@@ -139,5 +158,5 @@ def crcs_of(chunks: Iterable[bytes]) -> list[int]:
     return [chunk_crc(c) for c in chunks]
 
 
-__all__ = ["chunk_crc", "chunk_count", "chunk_span", "ranges_to_send", "RangeMap", "Verdict", "verdict",
+__all__ = ["chunk_crc", "chunk_count", "chunk_span", "chunks_under", "ranges_to_send", "RangeMap", "Verdict", "verdict",
            "crcs_of"]

@@ -65,7 +65,7 @@ def shared_mount():
 def test_control_modes_owner_and_creator(shared_mount):
     _store, mnt, _base = shared_mount
     ctl = mnt / ".hintfs"
-    for d in ("hints", "plans", "signals"):
+    for d in ("hints", "plans", "signals", "reads"):
         st = os.stat(ctl / d)
         assert stat.S_IMODE(st.st_mode) == 0o1777 and st.st_uid == os.getuid()
     assert stat.S_IMODE(os.stat(ctl / "loglevel").st_mode) == 0o644
@@ -104,6 +104,11 @@ def test_unprivileged_writer_may_only_name_files_it_can_read(shared_mount):
     assert r.returncode != 0 and "permission denied" in (ctl / "plans" / "p.error").read_text()
     r = write_as_nobody(ctl / "signals" / "s", '{"path": "dirlink/x", "kind": "loss_spike"}')
     assert r.returncode != 0 and "leads out of the store root" in (ctl / "signals" / "s.error").read_text()
+    # Read hints too: another user may not learn, or make a tier fetch, ranges of files it cannot read.
+    r = write_as_nobody(ctl / "reads" / "r", '{"ranges": [["private.bin", 0, 10]]}')
+    assert r.returncode != 0 and "permission denied" in (ctl / "reads" / "r.error").read_text()
+    r = write_as_nobody(ctl / "reads" / "q", '{"ranges": [["dirlink/secret", 0, 10]]}')
+    assert r.returncode != 0 and "leads out of the store root" in (ctl / "reads" / "q.error").read_text()
 
 
 def test_failed_write_applies_nothing_and_each_refusal_replaces_the_reason(shared_mount):

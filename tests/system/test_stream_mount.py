@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Iterator
 
 import pytest
@@ -192,8 +193,50 @@ def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_compl
         assert tier.client.read("ckpt/run/step_2/.metadata", 0, 100, replica_only=True) == b"the plan"
         assert tier.client.read("ckpt/run/step_2/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
         assert train.stats()["counters"]["streams_renamed"] == 1
-        # the data file, .metadata.tmp and .metadata were published by stream; the marker's
-        # journal record (written at the rename, before its stream is sent) may race the stream,
-        # and then the follower copies those few bytes too: at most one copy
+        # the data file, .metadata.tmp and .metadata were published by stream. The follower
+        # waits for the streams of a streamed folder (test below), but the data file here is
+        # published twice (fsync, then the close of a passthrough write) and, on a loaded host,
+        # a copy of one of its versions still races the streams: at most one copy
         assert wait_for(lambda: tier.client.status()["streams"]["published"] == 3, 10)
         assert tier.client.status()["copies"] <= 1
+
+
+def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path):
+    """The follower may see a small file's journal record before its stream opens (the stream
+    opens with its publish): when other files of the folder came by stream, the copy waits
+    for that stream instead of sending the bytes twice; elsewhere it starts at once."""
+    from policy.stream import chunk_crc
+    store = tmp_path / "store"
+    (store / "ckpt" / "s1").mkdir(parents=True)
+    (store / "ckpt" / "plain").mkdir(parents=True)
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        c = tier.client
+        data = b"x" * 100
+        (store / "ckpt/s1/a.bin").write_bytes(data)
+        st = os.stat(store / "ckpt/s1/a.bin")
+        c.stream_put("a", 0, [(0, data, chunk_crc(data))], opening={"path": "ckpt/s1/a.bin", "chunk": CHUNK},
+                     publish={"path": "ckpt/s1/a.bin", "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                              "crcs": [chunk_crc(data)]})
+        marker = b"the plan"
+        (store / "ckpt/s1/.metadata").write_bytes(marker)
+        ms = os.stat(store / "ckpt/s1/.metadata")
+        answer: dict = {}
+        t = threading.Thread(target=lambda: answer.update(c.replicate(
+            "ckpt/s1/.metadata", 600, None, expect=(ms.st_size, ms.st_mtime_ns))))
+        t.start()
+        time.sleep(0.3)          # the record was seen; the marker's stream comes now
+        c.stream_put("m", 0, [(0, marker, chunk_crc(marker))],
+                     opening={"path": "ckpt/s1/.metadata", "chunk": CHUNK},
+                     publish={"path": "ckpt/s1/.metadata", "size": ms.st_size, "mtime_ns": ms.st_mtime_ns,
+                              "crcs": [chunk_crc(marker)]})
+        t.join(10)
+        assert answer.get("already") is True and c.status()["copies"] == 0
+        # a folder nothing was streamed to: copied at once
+        (store / "ckpt/plain/.metadata").write_bytes(marker)
+        ps = os.stat(store / "ckpt/plain/.metadata")
+        t0 = time.monotonic()
+        assert c.replicate("ckpt/plain/.metadata", 600, None, expect=(ps.st_size, ps.st_mtime_ns))["already"] is False
+        assert time.monotonic() - t0 < 0.5 and c.status()["copies"] == 1
+    finally:
+        tier.close()

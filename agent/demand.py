@@ -1,0 +1,234 @@
+"""Demand-first reads at the eval tier (docs/cross_dc.md, "Demand-first reads").
+
+An eval mount opens a routed file while the tier is still receiving it: a write-time stream the
+training mount has published but not finished sending, or a copy in flight. Before this, the open
+waited for the whole file; a merge that needs half a megabyte of a 340 MB checkpoint waited for
+all of it. Now each read is answered at once:
+
+- from the bytes the tier already holds of exactly the version the reader opened (a stream's
+  chunks verified against the publish's CRCs, a copy's finished ranges), or else
+- fetched from the store at once, only the bytes asked for, while the stream or the copy goes on;
+  whichever comes first answers (the held bytes when they land while the fetch is in flight).
+
+An eval job that knows the byte ranges it is about to read (the tensors a DCP load takes, from
+the `.metadata` it reads anyway) says so (`.hintfs/reads/<job>` on the eval mount, forwarded as
+`prefetch`): every range the tier does not hold is fetched at once, all in parallel, so a merge
+that reads a hundred small tensors one after another waits one round trip, not a hundred. Each
+range is widened to the kernel's reads around it (page-aligned, plus `PREFETCH_PAD` of readahead),
+and what is fetched is kept (at most `CACHE_BYTES`) for the demand reads that follow.
+
+The store is read through one reader per (path, version), opened at the publish (so that the
+first read does not pay the open's own round trip) and checked against that version: a store
+file of another version is never read (ESTALE; the eval mount then reads the store as without a
+tier). Demand fetches do not wait for the link scheduler: they are the eval's own bytes, bounded
+by the kernel's read size, and the class above every scheduled copy; their bytes are counted in
+`status` ("demand").
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Optional
+
+from agent.rpc import rpc_error
+from stores.base import Store
+
+log = logging.getLogger("hintfs.demand")
+
+Version = tuple[int, int]          # (size, mtime_ns) of the store's file
+_READERS = 64                      # store readers kept open, most recently used
+_WAKE_S = 0.01                     # a waiting read re-checks the held bytes at least this often
+PREFETCH_PAD = 256 << 10           # a hinted range is read by the kernel with readahead after it
+CACHE_BYTES = 256 << 20            # prefetched bytes kept for the reads that follow
+_PAGE = 4096
+
+
+def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The hinted (offset, length) ranges of a file of `size` bytes as the kernel will ask for
+    them: page-aligned start, `PREFETCH_PAD` more after the end, overlaps merged, cut at `size`."""
+    spans = sorted((off - off % _PAGE, min(size, off + n + PREFETCH_PAD)) for off, n in ranges if off < size)
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b - a) for a, b in out if b > a]
+
+
+class DemandReads:
+    def __init__(self, store: Store, cond: threading.Condition,
+                 held: Callable[[str, Version, int, int], Optional[bytes]],
+                 arriving: Callable[[str, Version], bool], timeout_s: float = 60.0, parallel: int = 16):
+        self.store = store
+        self.cond = cond            # notified when chunks land or copies finish ranges
+        self.held = held            # bytes of exactly this version the tier holds, or None
+        self.arriving = arriving    # a stream or a copy of this version is on its way here
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-demand")
+        self._lock = threading.Lock()
+        self._readers: "OrderedDict[tuple[str, Version], Future]" = OrderedDict()
+        self._retired: list[tuple[float, Future]] = []   # evicted readers a fetch may still use
+        # prefetched pieces: (path, version) -> [(offset, length, future of the bytes)]
+        self._pieces: "OrderedDict[tuple[str, Version], list[tuple[int, int, Future]]]" = OrderedDict()
+        self._piece_bytes = 0
+        # reads; answered from held bytes at once; fetched from the store; answered by bytes that
+        # landed while the fetch was in flight; and the milliseconds those last two waited
+        self.counts = {"reads": 0, "held": 0, "fetched": 0, "bytes_fetched": 0, "raced": 0, "wait_ms": 0,
+                       "prefetched": 0, "bytes_prefetched": 0, "prefetch_hits": 0}
+
+    # -- store readers, one per version ----------------------------------------------------------
+    def prepare(self, path: str, version: Version) -> None:
+        """Open the store reader of this version now, in the background (a publish says demand
+        reads of it may come: the open's round trip is paid before the first one)."""
+        self._reader(path, tuple(version))
+
+    def _reader(self, path: str, version: Version) -> Future:
+        key = (path, version)
+        with self._lock:
+            fut = self._readers.get(key)
+            if fut is not None:
+                self._readers.move_to_end(key)
+                return fut
+            fut = self._pool.submit(self._open, path, version)
+            self._readers[key] = fut
+            now = time.monotonic()
+            while len(self._readers) > _READERS:
+                self._retired.append((now, self._readers.popitem(last=False)[1]))
+            # closed once no fetch that took them before their eviction can still be reading
+            old = [f for t, f in self._retired if now - t > 2 * self.timeout_s]
+            self._retired = [(t, f) for t, f in self._retired if now - t <= 2 * self.timeout_s]
+        for f in old:
+            f.add_done_callback(_close_reader)
+        return fut
+
+    def _open(self, path: str, version: Version):
+        reader, st = self.store.open_reader(path)
+        if (st.size, st.mtime_ns) != version:
+            reader.close()
+            raise rpc_error(errno.ESTALE, f"{path} in the store is no longer the version being copied")
+        return reader
+
+    def _fetch(self, path: str, version: Version, offset: int, length: int) -> bytes:
+        fut = self._reader(path, version)
+        try:
+            reader = fut.result(timeout=self.timeout_s)
+        except OSError:
+            with self._lock:            # a failed open is not kept: the next read tries again
+                if self._readers.get((path, version)) is fut:
+                    del self._readers[(path, version)]
+            raise
+        data = reader.read(offset, max(0, min(length, version[0] - offset)))
+        with self.cond:
+            self.cond.notify_all()      # wake the read waiting for this fetch
+        return data
+
+    # -- prefetch (read hints) ----------------------------------------------------------------------
+    def prefetch(self, path: str, version: Version, ranges: list[tuple[int, int]]) -> int:
+        """Fetch at once, in parallel, the pieces of these ranges the tier does not hold; how
+        many. Nothing when no stream or copy of this version is on its way (held or absent)."""
+        version = (int(version[0]), int(version[1]))
+        if not self.arriving(path, version):
+            return 0
+        key = (path, version)
+        with self._lock:
+            known = [(o, n) for o, n, _f in self._pieces.get(key, [])]
+        n = 0
+        for off, length in prefetch_pieces(ranges, version[0]):
+            if any(o <= off and off + length <= o + m for o, m in known):
+                continue
+            if self.held(path, version, off, length) is not None:
+                continue
+            fut = self._pool.submit(self._fetch, path, version, off, length)
+            with self._lock:
+                self._pieces.setdefault(key, []).append((off, length, fut))
+                self._pieces.move_to_end(key)
+                self._piece_bytes += length
+                while self._piece_bytes > CACHE_BYTES and len(self._pieces) > 1:
+                    _k, gone = self._pieces.popitem(last=False)
+                    self._piece_bytes -= sum(m for _o, m, _f in gone)
+            self._count("prefetched")
+            self._count("bytes_prefetched", length)
+            n += 1
+        return n
+
+    def _piece(self, path: str, version: Version, offset: int, length: int) -> Optional[tuple[int, Future]]:
+        """A prefetched piece holding [offset, offset + length) (cut at the end of the file)."""
+        end = min(offset + length, version[0])
+        with self._lock:
+            for o, m, fut in self._pieces.get((path, version), []):
+                if o <= offset and end <= o + m:
+                    return o, fut
+        return None
+
+    # -- reads ------------------------------------------------------------------------------------
+    def read(self, path: str, version: Version, offset: int, length: int) -> bytes:
+        """[offset, offset + length) of `path` at `version`, held or fetched; ENOENT when nothing
+        of this version is held or on its way (the reader then reads the store itself)."""
+        version = (int(version[0]), int(version[1]))
+        self._count("reads")
+        data = self.held(path, version, offset, length)
+        if data is not None:
+            self._count("held")
+            return data
+        if not self.arriving(path, version):
+            raise rpc_error(errno.ENOENT, f"{path}: no replica, stream or copy of this version here")
+        piece = self._piece(path, version, offset, length)
+        if piece is not None:
+            base, fut = piece
+            try:
+                data = fut.result(timeout=self.timeout_s)
+                self._count("prefetch_hits")
+                return data[offset - base:offset - base + max(0, min(length, version[0] - offset))]
+            except Exception as err:   # (a failed prefetch: read as without it)
+                log.debug("prefetch of %s at %d failed: %s", path, base, err)
+        fetch = self._pool.submit(self._fetch, path, version, offset, length)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
+        while True:
+            if fetch.done():
+                data = fetch.result()          # the fetch's error, if it failed
+                self._count("fetched")
+                self._count("bytes_fetched", len(data))
+                self._count("wait_ms", round((time.monotonic() - t0) * 1000))
+                return data
+            data = self.held(path, version, offset, length)
+            if data is not None:               # the stream or the copy was first
+                self._count("raced")
+                self._count("wait_ms", round((time.monotonic() - t0) * 1000))
+                return data
+            if time.monotonic() > deadline:
+                raise rpc_error(errno.ETIMEDOUT, f"{path}: no bytes at {offset} within {self.timeout_s:.0f} s")
+            with self.cond:
+                self.cond.wait(_WAKE_S)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+
+    def status(self) -> dict:
+        with self._lock:
+            return dict(self.counts)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            readers = list(self._readers.values()) + [f for _t, f in self._retired]
+            self._readers, self._retired = OrderedDict(), []
+        for fut in readers:
+            fut.add_done_callback(_close_reader)
+
+
+def _close_reader(fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        try:
+            fut.result().close()
+        except OSError:
+            pass
+
+
+__all__ = ["DemandReads"]

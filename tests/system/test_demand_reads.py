@@ -1,0 +1,250 @@
+"""Demand-first reads at the eval tier (issue 15, agent/demand.py, docs/cross_dc.md): a file the
+tier is still receiving is read at once, from the chunks it holds of exactly the version opened
+(verified against the publish's CRCs) or fetched from the store, never from unpublished or
+unverified bytes, and never from a store file of another version."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from agent.server import AgentServer
+from mountconfig import parse_config
+from policy.stream import chunk_crc, crcs_of
+from stores.local import LocalStore
+from tests.conftest import needs_fuse
+from tests.system.test_stream_mount import CHUNK, Tier
+
+
+def _chunks(data: bytes, chunk: int = CHUNK) -> list[bytes]:
+    return [data[i:i + chunk] for i in range(0, len(data), chunk)]
+
+
+def _version(path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def _publish_partly(client, store, rel: str, data: bytes, sid: str, send: set[int],
+                    chunk: int = CHUNK) -> tuple[int, int]:
+    """Write `rel` to the store, stream the chunks in `send` and publish it: the tier holds a
+    published stream still filling. Returns the version."""
+    (store / rel).parent.mkdir(parents=True, exist_ok=True)
+    (store / rel).write_bytes(data)
+    version = _version(store / rel)
+    parts = _chunks(data, chunk)
+    client.stream_open(sid, 0, rel, chunk)
+    client.stream_put(sid, 0, [(i * chunk, parts[i], chunk_crc(parts[i])) for i in sorted(send)])
+    answer = client.stream_publish(sid, 0, rel, *version, crcs_of(parts))
+    assert answer["state"] == "fill"
+    return version
+
+
+def test_a_published_stream_still_filling_is_read_from_its_chunks_and_the_store(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        c = tier.client
+        data = os.urandom(4 * CHUNK + 1000)
+        version = _publish_partly(c, store, "ckpt/a.bin", data, "s1", send={0, 1, 3})
+        assert c.read("ckpt/a.bin", 10, 100, True, version, demand=True) == data[10:110]
+        assert c.status()["demand"]["held"] == 1
+        # chunk 2 and the tail never arrived: fetched from the store, just the bytes asked for
+        assert c.read("ckpt/a.bin", CHUNK + 5, CHUNK, True, version, demand=True) == data[CHUNK + 5:2 * CHUNK + 5]
+        assert c.read("ckpt/a.bin", 4 * CHUNK, 1 << 20, True, version, demand=True) == data[4 * CHUNK:]
+        st = c.status()["demand"]
+        assert st["fetched"] == 2 and st["bytes_fetched"] == CHUNK + 1000
+        # without demand, a stream is never a replica before it is complete
+        with pytest.raises(OSError) as err:
+            c.read("ckpt/a.bin", 0, 100, True, version)
+        assert err.value.errno == errno.ENOENT
+        # another version than the one published: nothing of it is here
+        with pytest.raises(OSError) as err:
+            c.read("ckpt/a.bin", 0, 100, True, (version[0], version[1] + 1), demand=True)
+        assert err.value.errno == errno.ENOENT
+        with pytest.raises(OSError) as err:     # a demand read names its version
+            c.read("ckpt/a.bin", 0, 100, True, None, demand=True)
+        assert err.value.errno == errno.EINVAL
+    finally:
+        tier.close()
+
+
+def test_unpublished_streams_and_store_files_of_another_version_are_never_served(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        c = tier.client
+        data = os.urandom(3 * CHUNK)
+        (store / "ckpt").mkdir()
+        (store / "ckpt" / "u.bin").write_bytes(data)
+        c.stream_open("s1", 0, "ckpt/u.bin", CHUNK)
+        parts = _chunks(data)
+        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        with pytest.raises(OSError) as err:      # not published: its bytes are not the store's yet
+            c.read("ckpt/u.bin", 0, 10, True, _version(store / "ckpt" / "u.bin"), demand=True)
+        assert err.value.errno == errno.ENOENT
+        # Published as one version, but the store now has another (replaced after the publish):
+        # the chunks held are the published version's; the store is not read for that version.
+        old = os.urandom(3 * CHUNK)
+        (store / "ckpt" / "r.bin").write_bytes(old)
+        v_old = _version(store / "ckpt" / "r.bin")
+        (store / "ckpt" / "r.tmp").write_bytes(os.urandom(3 * CHUNK))
+        os.utime(store / "ckpt" / "r.tmp", ns=(v_old[1] + 10**9, v_old[1] + 10**9))
+        os.rename(store / "ckpt" / "r.tmp", store / "ckpt" / "r.bin")
+        olds = _chunks(old)
+        c.stream_open("s2", 0, "ckpt/r.bin", CHUNK)
+        c.stream_put("s2", 0, [(0, olds[0], chunk_crc(olds[0]))])
+        assert c.stream_publish("s2", 0, "ckpt/r.bin", *v_old, crcs_of(olds))["state"] == "fill"
+        assert c.read("ckpt/r.bin", 0, CHUNK, True, v_old, demand=True) == olds[0]
+        with pytest.raises(OSError) as err:
+            c.read("ckpt/r.bin", CHUNK, 10, True, v_old, demand=True)
+        assert err.value.errno == errno.ESTALE
+    finally:
+        tier.close()
+
+
+class _SlowStore(LocalStore):
+    """A store whose reads take `delay` seconds (a long link)."""
+
+    delay = 3.0
+
+    def open_reader(self, rel):
+        reader, st = super().open_reader(rel)
+        inner, delay = reader.read, self.delay
+
+        class Slow:
+            fd = reader.fd
+
+            def read(self, off, n):
+                time.sleep(delay)
+                return inner(off, n)
+
+            def read_nowait(self, off, n):
+                return None
+
+            def close(self):
+                reader.close()
+        return Slow(), st
+
+
+def test_a_chunk_that_lands_while_the_store_fetch_is_in_flight_answers_first(tmp_path):
+    store = tmp_path / "store"
+    (store / "ckpt").mkdir(parents=True)
+    cfg = parse_config({"store": {"uri": f"file://{store}"},
+                        "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", "stream_prefixes": ["ckpt"]}})
+    server = AgentServer(cfg, _SlowStore(str(store)), location="grpc://127.0.0.1:0")
+    threading.Thread(target=server.serve, daemon=True).start()
+    from agent.client import AgentClient
+    c = AgentClient(f"grpc://127.0.0.1:{server.port}")
+    try:
+        data = os.urandom(3 * CHUNK)
+        version = _publish_partly(c, store, "ckpt/s.bin", data, "s1", send={0})
+        got: dict = {}
+        t0 = time.monotonic()
+        reader = threading.Thread(target=lambda: got.update(
+            data=c.read("ckpt/s.bin", 2 * CHUNK + 7, 100, True, version, demand=True), t=time.monotonic() - t0))
+        reader.start()
+        time.sleep(0.3)
+        parts = _chunks(data)
+        c.stream_put("s1", 0, [(2 * CHUNK, parts[2], chunk_crc(parts[2]))])
+        reader.join(10)
+        assert got["data"] == data[2 * CHUNK + 7:2 * CHUNK + 107]
+        assert got["t"] < _SlowStore.delay, got       # the stream's chunk, not the slow store
+        assert c.status()["demand"]["raced"] == 1
+        # The last chunk completes the stream: the same reads now come from the replica.
+        c.stream_put("s1", 0, [(CHUNK, parts[1], chunk_crc(parts[1]))])
+        assert c.stream_publish("s1", 0, "ckpt/s.bin", *version, crcs_of(parts))["state"] == "ready"
+        assert c.read("ckpt/s.bin", 0, 3 * CHUNK, True, version, demand=True) == data
+    finally:
+        server.shutdown()
+
+
+@needs_fuse
+def test_an_eval_mount_reads_a_file_still_arriving_without_waiting_for_all_of_it(mount_factory, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        big = 1 << 20     # chunks larger than the kernel's reads and readahead here
+        data = os.urandom(6 * big + 123)
+        version = _publish_partly(tier.client, store, "ckpt/run/step_1/__0_0.distcp", data, "s1",
+                                  send={0, 2, 3}, chunk=big)
+        assert tier.client.tier_stat("ckpt/run/step_1/__0_0.distcp")["state"] == "copying"
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
+                                 'fetch_on_read = false\n')
+        p = ev.mnt / "ckpt" / "run" / "step_1" / "__0_0.distcp"
+        assert (os.stat(p).st_size, os.stat(p).st_mtime_ns) == version
+        with open(p, "rb") as f:
+            f.seek(2 * big + 11)
+            assert f.read(50) == data[2 * big + 11:2 * big + 61]     # a held chunk
+            f.seek(5 * big)
+            assert f.read() == data[5 * big:]                        # not here yet: fetched
+        counters = ev.stats()["counters"]
+        assert counters.get("route_demand_opens", 0) == 1 and counters.get("route_demand_reads", 0) >= 2
+        assert counters.get("route_demand_store_reads", 0) == 0
+        demand = tier.client.status()["demand"]
+        assert demand["held"] >= 1 and demand["fetched"] >= 1
+        # The tier never completed the file: it is still not a replica there.
+        assert tier.client.tier_stat("ckpt/run/step_1/__0_0.distcp")["state"] == "copying"
+    finally:
+        tier.close()
+
+
+@needs_fuse
+def test_read_hints_fetch_the_ranges_a_job_will_read_before_it_reads_them(mount_factory, tmp_path):
+    """`.hintfs/reads/<job>` (hintfs.client.hint_reads): the eval mount asks the tier to fetch the
+    hinted ranges of a file still arriving, all at once; the reads that follow are served from
+    them. Bad documents are refused with a reason; without routes there is nothing to steer."""
+    from hintfs.client import hint_reads
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        big = 1 << 20
+        data = os.urandom(8 * big)
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        _publish_partly(tier.client, store, rel, data, "s1", send={0}, chunk=big)
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
+                                 'fetch_on_read = false\n')
+        wanted = [(3 * big + 100, 3000), (5 * big + 7, 20), (7 * big + 4096, 10)]
+        hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
+        assert wait_for_value(lambda: tier.client.status()["demand"]["prefetched"], 3)
+        with open(ev.mnt / rel, "rb") as f:
+            for off, n in wanted:
+                f.seek(off)
+                assert f.read(n) == data[off:off + n]
+        demand = tier.client.status()["demand"]
+        assert demand["prefetch_hits"] >= 3 and demand["fetched"] == 0, demand
+        assert json.loads((ev.mnt / ".hintfs" / "reads" / "merge").read_text())["pieces_fetching"] == 3
+        with pytest.raises(ValueError, match="offset"):
+            hint_reads(str(ev.mnt), "bad", [(rel, -1, 10)])
+        with pytest.raises(ValueError, match=r"\.\."):
+            hint_reads(str(ev.mnt), "bad", [("../x", 0, 10)])
+    finally:
+        tier.close()
+
+
+@needs_fuse
+def test_read_hints_need_routes(mount_factory, tmp_path):
+    from hintfs.client import hint_reads
+    m = mount_factory(name="plain")
+    (m.store / "f.bin").write_bytes(b"x" * 100)
+    with pytest.raises(ValueError, match="routes"):
+        hint_reads(str(m.mnt), "j", [("f.bin", 0, 10)])
+
+
+def wait_for_value(fn, want, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn() >= want:
+            return True
+        time.sleep(0.02)
+    return False
