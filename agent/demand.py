@@ -45,11 +45,13 @@ _WAKE_S = 0.01                     # a waiting read re-checks the held bytes at 
 PREFETCH_PAD = 256 << 10           # a hinted range is read by the kernel with readahead after it
 CACHE_BYTES = 256 << 20            # prefetched bytes kept for the reads that follow
 _PAGE = 4096
+PIECE_BYTES = 1 << 20              # prefetched pieces are cut at MiB boundaries: held ones are skipped
 
 
 def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
     """The hinted (offset, length) ranges of a file of `size` bytes as the kernel will ask for
-    them: page-aligned start, `PREFETCH_PAD` more after the end, overlaps merged, cut at `size`."""
+    them: page-aligned start, `PREFETCH_PAD` more after the end, overlaps merged, cut at `size`,
+    then at every `PIECE_BYTES` boundary (so that what the tier holds already is not fetched)."""
     spans = sorted((off - off % _PAGE, min(size, off + n + PREFETCH_PAD)) for off, n in ranges if off < size)
     out: list[list[int]] = []
     for a, b in spans:
@@ -57,7 +59,13 @@ def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int,
             out[-1][1] = max(out[-1][1], b)
         else:
             out.append([a, b])
-    return [(a, b - a) for a, b in out if b > a]
+    pieces = []
+    for a, b in out:
+        while a < b:
+            cut = min(b, (a // PIECE_BYTES + 1) * PIECE_BYTES)
+            pieces.append((a, cut - a))
+            a = cut
+    return pieces
 
 
 class DemandReads:
@@ -156,14 +164,18 @@ class DemandReads:
             n += 1
         return n
 
-    def _piece(self, path: str, version: Version, offset: int, length: int) -> Optional[tuple[int, Future]]:
-        """A prefetched piece holding [offset, offset + length) (cut at the end of the file)."""
+    def _pieces_for(self, path: str, version: Version, offset: int, length: int) -> Optional[list]:
+        """Prefetched pieces that together hold [offset, offset + length) (cut at the end of the
+        file), in order; None if they do not cover it all."""
         end = min(offset + length, version[0])
         with self._lock:
-            for o, m, fut in self._pieces.get((path, version), []):
-                if o <= offset and end <= o + m:
-                    return o, fut
-        return None
+            found = sorted((o, m, f) for o, m, f in self._pieces.get((path, version), []) if o < end and o + m > offset)
+        pos = offset
+        for o, m, _f in found:
+            if o > pos:
+                return None
+            pos = max(pos, o + m)
+        return found if found and pos >= end else None
 
     # -- reads ------------------------------------------------------------------------------------
     def read(self, path: str, version: Version, offset: int, length: int) -> bytes:
@@ -177,15 +189,18 @@ class DemandReads:
             return data
         if not self.arriving(path, version):
             raise rpc_error(errno.ENOENT, f"{path}: no replica, stream or copy of this version here")
-        piece = self._piece(path, version, offset, length)
-        if piece is not None:
-            base, fut = piece
+        pieces = self._pieces_for(path, version, offset, length)
+        if pieces is not None:
+            end = min(offset + length, version[0])
             try:
-                data = fut.result(timeout=self.timeout_s)
+                parts = []
+                for o, _m, fut in pieces:
+                    data = fut.result(timeout=self.timeout_s)
+                    parts.append(data[max(offset, o) - o:end - o])
                 self._count("prefetch_hits")
-                return data[offset - base:offset - base + max(0, min(length, version[0] - offset))]
+                return b"".join(parts)
             except Exception as err:   # (a failed prefetch: read as without it)
-                log.debug("prefetch of %s at %d failed: %s", path, base, err)
+                log.debug("prefetch of %s at %d failed: %s", path, offset, err)
         fetch = self._pool.submit(self._fetch, path, version, offset, length)
         t0 = time.monotonic()
         deadline = t0 + self.timeout_s

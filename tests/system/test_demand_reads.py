@@ -248,3 +248,15 @@ def wait_for_value(fn, want, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_prefetch_pieces_cover_the_kernels_reads_and_are_cut_at_mib_boundaries():
+    from agent.demand import PIECE_BYTES, PREFETCH_PAD, prefetch_pieces
+    mib = PIECE_BYTES
+    # page-aligned start, readahead after, overlaps merged, cut at the end of the file
+    assert prefetch_pieces([(100, 3000), (5000, 10)], 10 * mib) == [(0, 5000 + 10 + PREFETCH_PAD)]
+    assert prefetch_pieces([(10 * mib - 10, 5)], 10 * mib) == [(10 * mib - 4096, 4096)]
+    assert prefetch_pieces([(20 * mib, 5)], 10 * mib) == []          # past the end: nothing
+    # a long range is cut at every MiB boundary, so held MiBs can be skipped one by one
+    pieces = prefetch_pieces([(3 * mib, 2 * mib)], 10 * mib)
+    assert pieces == [(3 * mib, mib), (4 * mib, mib), (5 * mib, PREFETCH_PAD)]
