@@ -212,7 +212,7 @@ def test_large_directory_is_listed_in_pages(mounted):
 
 def test_control_dir_is_hidden_but_reachable(mounted):
     assert ".hintfs" not in os.listdir(mounted.mnt)
-    assert sorted(os.listdir(mounted.mnt / ".hintfs")) == ["config", "hints", "loglevel", "loglevel.error", "plans", "signals", "stats", "unmount"]
+    assert sorted(os.listdir(mounted.mnt / ".hintfs")) == ["config", "hints", "loglevel", "loglevel.error", "plans", "reads", "signals", "stats", "unmount"]
     stats = json.loads((mounted.mnt / ".hintfs" / "stats").read_text())
     assert {"pid", "ops", "bytes", "cache", "errors"} <= set(stats)
     cfg = json.loads((mounted.mnt / ".hintfs" / "config").read_text())
