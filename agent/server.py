@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from common.errors import HintfsError
+from common.journal import streamed_record
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from stores import check_store, open_store
@@ -398,7 +399,7 @@ class AgentServer(fl.FlightServerBase):
             source = self._peer(source)   # before anything is evicted or reserved for the copy
         # A training mount is streaming this file here: its publish makes the replica, without a
         # second copy across the link (docs/cross_dc.md, "The commit marker").
-        self._wait_for_stream(path, expect)
+        self._wait_for_stream(path, expect, streamed_record(record))
         while True:
             with self.lock:
                 rep = self.replicas.get(path)
@@ -622,7 +623,7 @@ class AgentServer(fl.FlightServerBase):
             return self._copying_version.get(path) == version or self._awaiting.get(path) == version
 
     # -- write-time streams (a training mount sends each file while it is written) -------------
-    def _wait_for_stream(self, path: str, expect: Optional[tuple[int, int]]) -> None:
+    def _wait_for_stream(self, path: str, expect: Optional[tuple[int, int]], announced: bool = False) -> None:
         """Wait while a stream may bring this version of `path` instead of a copy:
 
         - a published stream still filling, of version `expect`, a newer one (it supersedes the
@@ -633,7 +634,10 @@ class AgentServer(fl.FlightServerBase):
         - none yet, when `expect` is known and other files of its folder are being streamed: a
           stream that runs a file behind the writer opens the next file's stream only after the
           journal record of that file is out, and a small file (the commit marker) opens its
-          stream in the call that publishes it. Waited for while the folder's streams are alive.
+          stream in the call that publishes it. Waited for while the folder's streams are alive;
+        - none yet, when the journal record says its writer streams the file (`announced`), for
+          `_STREAM_PUBLISH_WAIT_S`: the record can overtake the stream's first call (the first
+          file of a folder, on a loaded host).
 
         All bounded by `stream_idle_s`. While it waits with `expect`, the tier answers `copying`
         at that version (the journal says the store has it), so eval reads are served on demand."""
@@ -653,8 +657,10 @@ class AgentServer(fl.FlightServerBase):
                     return
                 st = self.streams.state_of(path)
                 if st is None:
-                    if (expect is None or self.has(path, *expect)
-                            or self.streams.folder_quiet_s(path) > _STREAM_QUIET_S):
+                    if expect is None or self.has(path, *expect):
+                        return
+                    if (self.streams.folder_quiet_s(path) > _STREAM_QUIET_S
+                            and not (announced and waited < _STREAM_PUBLISH_WAIT_S)):
                         return
                 elif st[0] == "streaming":
                     if waited > _STREAM_ALIVE_WAIT_S or (waited > _STREAM_PUBLISH_WAIT_S

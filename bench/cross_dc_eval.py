@@ -83,6 +83,7 @@ MERGE = textwrap.dedent("""
         t0 = time.time()
         try:
             md = FileSystemReader(req["path"]).read_metadata()
+            t_md = time.time()
             sd = {}
             for k, m in md.state_dict_metadata.items():
                 if re.match(req["pattern"], k):
@@ -90,12 +91,28 @@ MERGE = textwrap.dedent("""
             if req.get("mount"):   # an eval mount with routes: say which ranges come next
                 from hintfs.client import hint_dcp_reads
                 hint_dcp_reads(req["mount"], "merge", req["path"], list(sd))
+            t_hint = time.time()
             dcp.load(sd, checkpoint_id=req["path"], no_dist=True)
             need = sum(t.numel() * t.element_size() for t in sd.values())
-            print(json.dumps({"ok": True, "t0": t0, "done": time.time(), "tensors": len(sd),
+            print(json.dumps({"ok": True, "t0": t0, "t_md": t_md, "t_hint": t_hint, "done": time.time(), "tensors": len(sd),
                               "bytes": need}), flush=True)
         except Exception as e:
             print(json.dumps({"ok": False, "error": repr(e)[:500], "done": time.time()}), flush=True)
+""")
+
+
+# The training job: a process of its own, as on a training host (in the bench's process its copy
+# loop would share the GIL with the relay's thread, which is the link, not the training host).
+WRITE = textwrap.dedent("""
+    import json, os, shutil, sys, time
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        t0 = time.time()
+        os.makedirs(req["dst"])
+        for n in req["names"]:
+            shutil.copyfile(os.path.join(req["src"], n), os.path.join(req["dst"], n))
+        print(json.dumps({"t0": t0, "done": time.time()}), flush=True)
 """)
 
 
@@ -286,6 +303,9 @@ class Bench:
         self.merger = self.spawn([PY, "-c", MERGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  stderr=open(self.tmp / "merge.log", "w"))
         assert self.merger.stdout.readline().strip() == "ready"
+        self.writer = self.spawn([PY, "-c", WRITE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 stderr=open(self.tmp / "write.log", "w"))
+        assert self.writer.stdout.readline().strip() == "ready"
 
     def start_rclone(self) -> Path | None:
         base = self.tmp / "rclone"
@@ -311,17 +331,19 @@ class Bench:
         return mnt if os.path.ismount(mnt) else None
 
     # -- one repetition ------------------------------------------------------------------------
-    def write_checkpoint(self, rel: str, root: Path | None = None) -> float:
-        """The training side writes a checkpoint through its mount (or into `root`, the local-disk
-        floor): data files, then .metadata."""
+    def write_checkpoint(self, rel: str, root: Path | None = None) -> tuple[float, float]:
+        """The training side (the writer process) writes a checkpoint through its mount (or into
+        `root`, the local-disk floor): data files, then .metadata. Its first write's and its
+        commit's times."""
         if root is None and rel.startswith("ckpt/hintfs_stream/"):
             root = self.train_stream
         dst = (root or self.train) / rel
-        dst.mkdir(parents=True)
         names = sorted(p.name for p in self.src.iterdir() if p.name != ".metadata")
-        for n in names + [".metadata"]:
-            shutil.copyfile(self.src / n, dst / n)
-        return time.time()
+        self.writer.stdin.write(json.dumps({"src": str(self.src), "dst": str(dst),
+                                            "names": names + [".metadata"]}) + "\n")
+        self.writer.stdin.flush()
+        res = json.loads(self.writer.stdout.readline())
+        return res["t0"], res["done"]
 
     def merge(self, path: Path, mount: Path | None = None) -> dict:
         req = {"path": str(path), "pattern": self.args.pattern}
@@ -351,7 +373,7 @@ class Bench:
         b0 = self.wan_down()
         n0 = self.relay.stats()["accepted"]
         # "local": the floor, the same checkpoint written to and merged from a local folder
-        t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
+        t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
         # tier holds already, waits for files whose copy is in flight, and reads the rest remotely.
         c0 = self.counters(eval_mnt)
@@ -374,7 +396,10 @@ class Bench:
         wan = self.wan_down() - b0
         self.phases.append((mode, t_start - self.t_relay0, res["done"] - self.t_relay0))
         r = {"latency_s": round(res["done"] - t_commit, 3), "merge_s": round(res["done"] - res["t0"], 3),
-             "write_s": round(t_commit - t_start, 3),
+             "write_s": round(t_commit - t_write, 3),
+             # where the merge's time went: .metadata found and read, the read hint, the loads
+             "metadata_s": round(res["t_md"] - res["t0"], 3), "hint_s": round(res["t_hint"] - res["t_md"], 3),
+             "load_s": round(res["done"] - res["t_hint"], 3),
              "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan, "needed_bytes": res["bytes"],
              "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
         if d1:   # the tier's demand reads during the merge (agent/demand.py)

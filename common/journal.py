@@ -7,6 +7,11 @@ The record (path, size, mtime) is also encoded in the object's name when the nam
 then learns everything from one listing, without a GET per record (each is a round trip on a
 long link). Longer paths get a `<time_ns>-<host>-<pid>-<seq>.json` name and the record as content.
 
+A record may say that the writing mount is also streaming the file to eval tiers (a `-s` after
+the stem's sequence number: `<time_ns>-<host>-<pid>-<seq>-s~...`): a follower that sees the record
+before the stream has opened waits for the stream instead of copying the file a second time
+(`streamed_record`). Readers that do not know the flag ignore it (the stem is opaque to them).
+
 The journal is pruned by age (`journal.retention_s`): every writing mount deletes records whose
 name's time is older, whoever wrote them (deleting twice is harmless). Followers forget the names
 they no longer see, so their memory is bounded by the retention too.
@@ -28,14 +33,24 @@ _HOST = socket.gethostname().replace("/", "_").replace("-", "_").replace("~", "_
 NAME_MAX = 255
 
 
-def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0) -> str:
-    stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}"
+def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False) -> str:
+    stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}" + ("-s" if streamed else "")
     if path is not None:
         enc = base64.urlsafe_b64encode(path.encode()).decode().rstrip("=")
         name = f"{stem}~{size}~{mtime_ns}~{enc}.rec"
         if len(name.encode()) <= NAME_MAX:
             return name
     return stem + ".json"
+
+
+def streamed_record(name: Optional[str]) -> bool:
+    """The record `name` says its writer streams the file to the eval tiers as well. (A forged
+    flag costs a follower a bounded wait before it copies: nothing is served on its word.)"""
+    if not name:
+        return False
+    stem = name.split("~", 1)[0].removesuffix(".json")
+    parts = stem.split("-")
+    return len(parts) == 5 and parts[4] == "s" and record_time_ns(name) is not None
 
 
 def record_time_ns(name: str) -> Optional[int]:

@@ -592,7 +592,9 @@ class Filesystem:
             return
         if not stat_mod.S_ISREG(st.mode):
             return
-        record = await self.journal.published(new, st) if self.journal is not None else None
+        streamed = self.streams is not None and self.streams.will_stream_renamed(
+            inode.ino if inode is not None else None, new, st.size)
+        record = await self.journal.published(new, st, streamed) if self.journal is not None else None
         if self.streams is not None:
             self.streams.renamed(inode.ino if inode is not None else None, new, st, record)
 
@@ -843,7 +845,8 @@ class Filesystem:
         node.cached_identity = st.identity()
         record = None
         if self.journal is not None:
-            record = await self.journal.published(node.path, st)
+            record = await self.journal.published(node.path, st, self.streams is not None
+                                                  and self.streams.wants(node.path))
         if self.streams is not None:
             # Final only when no write handle is left: then these are the bytes for good.
             self.streams.published(node.ino, node.path, st, record, final=writers_left == 0 and not keep)

@@ -38,13 +38,16 @@ class OpenRouting(Protocol):
 
 
 class PublishJournal(Protocol):
-    async def published(self, path: str, st: Stat) -> Optional[str]:
-        """`path` was just published with attributes `st`: the record's name, None when it could
-        not be written (never raises for a failed record)."""
+    async def published(self, path: str, st: Stat, streamed: bool = False) -> Optional[str]:
+        """`path` was just published with attributes `st` (`streamed`: the mount streams it to the
+        eval tiers too): the record's name, None when it could not be written (never raises for a
+        failed record)."""
 
 
 class StreamHooks(Protocol):
     """Write-time streaming (training side): each call only records an event, from the trio loop."""
+    def wants(self, path: str) -> bool: ...
+    def will_stream_renamed(self, key: Optional[int], path: str, size: int) -> bool: ...
     def started(self, key: int, path: str, fd: int) -> None: ...
     def published(self, key: int, path: str, st: Stat, record: Optional[str], final: bool) -> None: ...
     def released(self, key: int) -> None: ...

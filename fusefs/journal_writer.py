@@ -27,8 +27,10 @@ class JournalWriter:
         self.stats = stats
         self.io_limiter = io_limiter   # the filesystem's: a record is one more store call
 
-    async def published(self, path: str, st: Stat) -> Optional[str]:
-        name = record_name(path, st.size, st.mtime_ns)
+    async def published(self, path: str, st: Stat, streamed: bool = False) -> Optional[str]:
+        """Write the record of `path` at version `st`; `streamed`: this mount streams the file to
+        the eval tiers too (followers wait for the stream instead of copying). Its name, or None."""
+        name = record_name(path, st.size, st.mtime_ns, streamed)
         try:
             await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{name}",
                                           encode_record(path, st.size, st.mtime_ns), limiter=self.io_limiter)

@@ -179,6 +179,16 @@ class StreamTap:
             entry.final = True
             self.cond.notify_all()
 
+    def will_stream_renamed(self, key: Optional[int], path: str, size: int) -> bool:
+        """A file renamed to `path` will reach the tiers by stream (see `renamed`)."""
+        if not self.wants(path):
+            return False
+        with self.cond:
+            entry = self.entries.get(key) if key is not None else None
+            if entry is not None and not entry.final:
+                return True
+        return self.read_store is not None and size <= self.cfg.chunk_bytes
+
     def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None:
         if not self.wants(path):
             return

@@ -201,6 +201,39 @@ def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_compl
         assert tier.client.status()["copies"] <= 1
 
 
+def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of_a_folder(tmp_path):
+    """The record of a folder's first file can overtake its stream's first call (a loaded host):
+    a record flagged `streamed` by the writing mount makes the follower wait for that stream
+    (bounded) instead of copying the file a second time; an unflagged one is copied at once."""
+    from common.journal import record_name, streamed_record
+    from policy.stream import chunk_crc
+    store = tmp_path / "store"
+    (store / "ckpt" / "s1").mkdir(parents=True)
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        data = os.urandom(3 * CHUNK)
+        (store / "ckpt/s1/__0_0.distcp").write_bytes(data)
+        st = os.stat(store / "ckpt/s1/__0_0.distcp")
+        record = record_name("ckpt/s1/__0_0.distcp", st.st_size, st.st_mtime_ns, streamed=True)
+        assert streamed_record(record) and not streamed_record(record_name("ckpt/s1/x", 1, 2))
+        answer: dict = {}
+        t = threading.Thread(target=lambda: answer.update(tier.server.replicate(
+            "ckpt/s1/__0_0.distcp", 600, None, expect=(st.st_size, st.st_mtime_ns), record=record)))
+        t.start()
+        time.sleep(0.5)          # the stream's first call comes late
+        assert t.is_alive() and tier.client.status()["copies"] == 0
+        crcs = [chunk_crc(data[o:o + CHUNK]) for o in range(0, len(data), CHUNK)]
+        tier.client.stream_put("a", 0, [(o, data[o:o + CHUNK], crcs[o // CHUNK]) for o in range(0, len(data), CHUNK)],
+                               opening={"path": "ckpt/s1/__0_0.distcp", "chunk": CHUNK},
+                               publish={"path": "ckpt/s1/__0_0.distcp", "size": st.st_size,
+                                        "mtime_ns": st.st_mtime_ns, "crcs": crcs})
+        t.join(10)
+        assert answer.get("already") is True and tier.client.status()["copies"] == 0
+        assert tier.client.read("ckpt/s1/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
+    finally:
+        tier.close()
+
+
 def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path):
     """The follower may see a small file's journal record before its stream opens (the stream
     opens with its publish): when other files of the folder came by stream, the copy waits
