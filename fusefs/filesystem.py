@@ -592,11 +592,11 @@ class Filesystem:
             return
         if not stat_mod.S_ISREG(st.mode):
             return
-        streamed = self.streams is not None and self.streams.will_stream_renamed(
-            inode.ino if inode is not None else None, new, st.size)
+        key = inode.ino if inode is not None else None
+        streamed = self.streams is not None and self.streams.will_stream_renamed(key, new, st.size)
         record = await self.journal.published(new, st, streamed) if self.journal is not None else None
         if self.streams is not None:
-            self.streams.renamed(inode.ino if inode is not None else None, new, st, record)
+            self.streams.renamed(key, new, st, record)
 
     async def statfs(self, ctx=None) -> FsStats:
         sv = await self.io(self.store.statfs, inline=self.meta_inline)

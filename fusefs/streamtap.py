@@ -187,6 +187,10 @@ class StreamTap:
             entry = self.entries.get(key) if key is not None else None
             if entry is not None and not entry.final:
                 return True
+        return self._restreams(size)
+
+    def _restreams(self, size: int) -> bool:
+        """A published file renamed into a streamed prefix is sent again from the store: small ones."""
         return self.read_store is not None and size <= self.cfg.chunk_bytes
 
     def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None:
@@ -197,7 +201,7 @@ class StreamTap:
             if entry is not None and not entry.final:
                 entry.path = path          # still written: its publish will name the new path
                 return
-        if self.read_store is not None and st.size <= self.cfg.chunk_bytes:
+        if self._restreams(st.size):
             self.workers.submit(self._restream, path, st, record)
 
     def _restream(self, path: str, st: Stat, record: Optional[str]) -> None:
