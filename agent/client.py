@@ -95,10 +95,16 @@ class AgentClient:
                                         "job": job, "importance": importance,
                                         "expect": list(expect) if expect is not None else None})
 
-    def tier_stat(self, path: str, wait_s: float = 0.0) -> dict:
+    def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> dict:
         """{"state": "ready"|"copying", "size", "mtime_ns"} | {"state": "streaming"|"dir"|"absent"};
-        `wait_s`: the agent waits that long for an unpublished stream of `path` to be published."""
-        return self._call("tier_stat", {"path": path, "wait_s": wait_s} if wait_s else {"path": path})
+        `wait_s`: the agent waits that long for an unpublished stream of `path` to be published;
+        `appear_s`: that long for an absent file whose folder is being streamed in ("expected")."""
+        body: dict = {"path": path}
+        if wait_s:
+            body["wait_s"] = wait_s
+        if appear_s:
+            body["appear_s"] = appear_s
+        return self._call("tier_stat", body)
 
     # -- write-time streams (the training mount's side) ------------------------------------------
     _CHUNKS = pa.schema([("offset", pa.int64()), ("crc", pa.int64()), ("data", pa.large_binary())])

@@ -140,6 +140,8 @@ class TierStatRequest(Request):
     path: StorePath
     # wait this long while an unpublished stream is headed for `path` (0: answer at once)
     wait_s: float = Field(0.0, ge=0, le=600)
+    # wait this long for an absent file to appear while its folder is being streamed in (0: at once)
+    appear_s: float = Field(0.0, ge=0, le=10)
 
 
 MAX_PREFETCH_RANGES = 65536          # ranges of one file in one prefetch

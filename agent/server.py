@@ -561,19 +561,31 @@ class AgentServer(fl.FlightServerBase):
             raise HintfsError(errno.EACCES, f"source {source!r} is not one of [agents] locations")
         return source
 
-    def tier_stat(self, path: str, wait_s: float = 0.0) -> dict:
+    def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> dict:
         """What this agent holds at `path`: a ready replica (its version), a copy in flight or a
         published stream still filling (the version), an unpublished stream ("streaming": its
         bytes are never served; with `wait_s` the answer waits that long for its publish), a
         folder of replicas, or nothing. Eval mounts answer lookups of routed paths with it instead
-        of a round trip to the remote store."""
-        deadline = time.monotonic() + wait_s
+        of a round trip to the remote store.
+
+        "absent" says `"expected": true` while other files of the folder are being streamed in (a
+        call within `_STREAM_QUIET_S`): the file may be on its way (a commit marker published a
+        few milliseconds ago). With `appear_s` the answer then waits that long for it to appear."""
+        start = time.monotonic()
         while True:
             doc = self._tier_state(path)
-            if doc["state"] != "streaming" or time.monotonic() >= deadline:
+            waited = time.monotonic() - start
+            if doc["state"] == "streaming" and waited < wait_s:
+                pass
+            elif doc["state"] == "absent" and self.streams.folder_quiet_s(path) < _STREAM_QUIET_S:
+                doc["expected"] = True
+                if waited >= appear_s:
+                    return doc
+            else:
                 return doc
+            limit = wait_s if doc["state"] == "streaming" else appear_s
             with self.stream_cond:
-                self.stream_cond.wait(min(0.05, max(deadline - time.monotonic(), 0.001)))
+                self.stream_cond.wait(min(0.02, max(start + limit - time.monotonic(), 0.001)))
 
     def _tier_state(self, path: str) -> dict:
         stream = self.streams.state_of(path)
@@ -892,7 +904,7 @@ class AgentServer(fl.FlightServerBase):
             self.samples.forget({(p, s) for p, s in req.keep})
             return {"started": self.samples.prefetch([tuple(x) for x in req.want]) if req.want else 0}
         if kind == "tier_stat":
-            return self.tier_stat(req.path, req.wait_s)
+            return self.tier_stat(req.path, req.wait_s, req.appear_s)
         if kind == "stream_open":
             return self.stream_open(req)
         if kind == "stream_publish":

@@ -37,6 +37,7 @@ import errno
 import functools
 import logging
 import stat as stat_mod
+import threading
 import time
 from typing import Iterator, Optional
 
@@ -50,6 +51,8 @@ log = logging.getLogger("hintfs.routes")
 
 ROUTED_TTL_S = 86400.0      # a copy fetched because an eval read it lives a day at the tier
 READY_MEMORY_S = 1.0        # a "ready" answer serves the lookup, open and routing of one file open
+APPEAR_WAIT_S = 5.0         # a stat waits at most this long for a file expected at the tier ...
+APPEAR_SLICE_S = 0.02       # ... in tier calls this long, checking for the store's answer between
 EVAL_IMPORTANCE = 2.0       # an eval is waiting: twice the weight of predictive copies on the link
 
 _DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
@@ -259,7 +262,7 @@ class RoutedStore:
         return (hit is not None and time.monotonic() - hit[1] < READY_MEMORY_S
                 and (int(hit[0]["size"]), int(hit[0]["mtime_ns"])) == identity)
 
-    def _tier(self, path: str) -> tuple[Optional[object], dict]:
+    def _tier(self, path: str, appear_s: float = 0.0) -> tuple[Optional[object], dict]:
         route = route_of(self.routes, path)
         if route is None:
             return None, {"state": "absent"}
@@ -268,7 +271,7 @@ class RoutedStore:
         if hit is not None and time.monotonic() - hit[1] < READY_MEMORY_S:
             return client, hit[0]
         try:
-            doc = client.tier_stat(path, route.stream_wait_s)
+            doc = client.tier_stat(path, route.stream_wait_s, appear_s)
             if doc["state"] == "streaming":
                 self.stats.add("route_stream_unpublished")
             if doc["state"] == "ready":
@@ -292,6 +295,42 @@ class RoutedStore:
 
     def stat(self, rel: str) -> Stat:
         _client, doc = self._tier(rel)
+        if doc["state"] == "absent" and doc.get("expected"):
+            return self._stat_race(rel)
+        return self._stat_of(rel, doc)
+
+    def _stat_race(self, rel: str) -> Stat:
+        """The tier lacks `rel` but its folder is being streamed in: the file may be a few
+        milliseconds away (a commit marker closed on the training side reaches the tier in one
+        WAN trip, its store stat needs a round trip). Ask the store in a thread and the tier in
+        short waits; the first to know the file answers. A store that says it does not exist
+        answers too: the tier only holds what the store published."""
+        done = threading.Event()
+        result: list = []
+
+        def ask_store() -> None:
+            try:
+                result.append(self._store.stat(rel))
+            except BaseException as err:   # handed to the caller below
+                result.append(err)
+            done.set()
+
+        threading.Thread(target=ask_store, name="route-stat", daemon=True).start()
+        deadline = time.monotonic() + APPEAR_WAIT_S
+        doc: dict = {"state": "absent", "expected": True}
+        while not done.is_set() and doc["state"] == "absent" and doc.get("expected") \
+                and time.monotonic() < deadline:
+            _client, doc = self._tier(rel, APPEAR_SLICE_S)
+        if doc["state"] not in ("absent", "streaming"):
+            self.stats.add("route_stat_race_tier")
+            return self._stat_of(rel, doc)
+        done.wait()   # bounded by the store's own timeouts, as a stat without the race
+        self.stats.add("route_stat_race_store")
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    def _stat_of(self, rel: str, doc: dict) -> Stat:
         state = doc["state"]
         if state in ("ready", "copying"):
             self.stats.add("route_tier_stat")

@@ -273,3 +273,78 @@ def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path
         assert time.monotonic() - t0 < 0.5 and c.status()["copies"] == 1
     finally:
         tier.close()
+
+
+class _SlowStatStore(LocalStore):
+    """A store whose stat takes a WAN round trip or more (the eval side's view of S3)."""
+
+    def __init__(self, root: str, delay_s: float):
+        super().__init__(root)
+        self.delay_s = delay_s
+
+    def stat(self, rel):
+        time.sleep(self.delay_s)
+        return super().stat(rel)
+
+
+def test_a_file_expected_at_the_tier_is_found_there_before_the_store_answers(tmp_path):
+    """A commit marker closed on the training side reaches the tier in one WAN trip; the store
+    stat takes a round trip or more. While the marker's folder is being streamed in, the tier
+    says "absent, expected", waits for it on request, and an eval mount's stat takes the first
+    answer: the tier's when the file arrives first, the store's otherwise (a file that does not
+    exist stays ENOENT). Folders nothing is streamed into answer at once, as before."""
+    from fusefs.routes import RoutedStore
+    from fusefs.stats import Stats
+    from policy.stream import chunk_crc
+    store = tmp_path / "store"
+    (store / "ckpt" / "s1").mkdir(parents=True)
+    (store / "ckpt" / "plain").mkdir(parents=True)
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        c = tier.client
+        data = b"x" * 100
+        (store / "ckpt/s1/a.bin").write_bytes(data)
+        st = os.stat(store / "ckpt/s1/a.bin")
+        c.stream_put("a", 0, [(0, data, chunk_crc(data))], opening={"path": "ckpt/s1/a.bin", "chunk": CHUNK},
+                     publish={"path": "ckpt/s1/a.bin", "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                              "crcs": [chunk_crc(data)]})
+        assert c.tier_stat("ckpt/s1/.metadata") == {"state": "absent", "expected": True}
+        assert c.tier_stat("ckpt/plain/.metadata") == {"state": "absent"}
+        t0 = time.monotonic()
+        assert c.tier_stat("ckpt/plain/.metadata", appear_s=2.0) == {"state": "absent"}
+        assert time.monotonic() - t0 < 0.5                      # nothing streamed there: no wait
+        t0 = time.monotonic()
+        assert c.tier_stat("ckpt/s1/none", appear_s=0.3)["state"] == "absent"
+        assert 0.25 < time.monotonic() - t0 < 2.0               # bounded by appear_s
+
+        marker = b"the plan"
+        (store / "ckpt/s1/.metadata").write_bytes(marker)
+        ms = os.stat(store / "ckpt/s1/.metadata")
+        stats = Stats()
+        route = parse_config({"routes": [{"prefix": "ckpt", "local_agent": tier.loc}]}).routes[0]
+        view = RoutedStore(_SlowStatStore(str(store), 1.5), [route], {tier.loc: AgentClient(tier.loc)}, stats)
+
+        def publish_marker() -> None:
+            time.sleep(0.2)      # one WAN trip after the commit
+            c.stream_put("m", 0, [(0, marker, chunk_crc(marker))],
+                         opening={"path": "ckpt/s1/.metadata", "chunk": CHUNK},
+                         publish={"path": "ckpt/s1/.metadata", "size": ms.st_size, "mtime_ns": ms.st_mtime_ns,
+                                  "crcs": [chunk_crc(marker)]})
+
+        threading.Thread(target=publish_marker, daemon=True).start()
+        t0 = time.monotonic()
+        got = view.stat("ckpt/s1/.metadata")
+        assert time.monotonic() - t0 < 1.2                      # the tier's answer, not the store's
+        assert (got.size, got.mtime_ns) == (ms.st_size, ms.st_mtime_ns)
+        assert stats.counters["route_stat_race_tier"] == 1
+
+        # nothing arrives: the store's answer, ENOENT included, as without the race
+        t0 = time.monotonic()
+        with pytest.raises(FileNotFoundError):
+            view.stat("ckpt/s1/never")
+        assert 1.4 < time.monotonic() - t0 < 3.0
+        (store / "ckpt/s1/only_in_store").write_bytes(b"s")
+        assert view.stat("ckpt/s1/only_in_store").size == 1
+        assert stats.counters["route_stat_race_store"] == 2
+    finally:
+        tier.close()
