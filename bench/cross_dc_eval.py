@@ -19,6 +19,13 @@ store's reads plus, for hintfs_stream, the streams). `write_stream_over_copy`: t
 write throughput with streaming over without it (hintfs_stream vs hintfs, same run).
 Merge latency = commit (`.metadata` closed on the training mount) -> `dcp.load` of the subset done.
 
+Two datacenters on one host: with `--cpu-split` (the default with 2 CPUs or more) the training
+side and the link (this process with the relay, the S3 server, the training mounts, the writer)
+run on the first half of the CPUs and the eval DC (its agent, the eval mounts and rclone, the
+merger) on the other half, so that neither side's work (the stream's tail, the link's shaping)
+is counted as the other's CPU time. The eval agent still receives the stream on the eval CPUs,
+as it would. `--no-cpu-split` shares every CPU, as before (both are in bench/README.md).
+
 Second run: 16 eval jobs' checkpoints cross the link at once through the agent's link scheduler
 (`[agent] link_bytes_s` = relay bandwidth); two of them signalled as anomaly evals.
 
@@ -153,20 +160,34 @@ class Bench:
         self.phases: list[tuple[str, float, float]] = []
         self.t_relay0 = None
         self.log_level = "INFO" if args.keep_logs else "WARNING"
+        self.eval_cpus = ""       # taskset list of the eval DC's CPUs (--cpu-split), "" = all
+        cpus = sorted(os.sched_getaffinity(0))
+        if args.cpu_split and len(cpus) >= 2:
+            half = len(cpus) // 2
+            os.sched_setaffinity(0, cpus[:half])   # this process, its threads and children
+            self.eval_cpus = ",".join(map(str, cpus[half:]))
+            self.cpu_split = {"training_and_link": cpus[:half], "eval": cpus[half:]}
+        else:
+            self.cpu_split = None
 
     # -- processes -----------------------------------------------------------------------------
+    def on_eval_side(self, cmd: list) -> list:
+        """`cmd` run on the eval DC's CPUs (--cpu-split), else as is."""
+        return ["taskset", "-c", self.eval_cpus, *cmd] if self.eval_cpus else list(cmd)
+
     def spawn(self, cmd, **kw) -> subprocess.Popen:
         p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw)
         self.procs.append(p)
         return p
 
-    def mount(self, name: str, toml: str) -> Path:
+    def mount(self, name: str, toml: str, eval_side: bool = False) -> Path:
         base = self.tmp / name
         mnt = base / "mnt"
         mnt.mkdir(parents=True)
         cfg = base / "hintfs.toml"
         cfg.write_text(toml + f'\n[logging]\nfile = "{base / "mount.log"}"\nlevel = "{self.log_level}"\n')
-        r = subprocess.run([PY, "-m", "hintfs.cli", "mount", str(cfg), str(mnt)], cwd=REPO,
+        cmd = [PY, "-m", "hintfs.cli", "mount", str(cfg), str(mnt)]
+        r = subprocess.run(self.on_eval_side(cmd) if eval_side else cmd, cwd=REPO,
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise RuntimeError(f"mount {name}: {r.stderr[-1500:]}")
@@ -278,7 +299,7 @@ class Bench:
         """))
         # The eval DC's agent and the link are other machines; --eval-nice can run them niced.
         nice = a.eval_nice
-        self.spawn([PY, "-m", "hintfs.cli", "agent", str(acfg)], stdout=subprocess.DEVNULL,
+        self.spawn(self.on_eval_side([PY, "-m", "hintfs.cli", "agent", str(acfg)]), stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, preexec_fn=(lambda: os.nice(nice)) if nice else None)
         wait_port(aport)
         from agent.client import AgentClient
@@ -295,12 +316,12 @@ class Bench:
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
         self.ev_remote = self.mount("eval-remote", s3_store_toml(rport) + imm.replace(
-            "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-er"}"'))
+            "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-er"}"'), eval_side=True)
         self.ev_hint = self.mount("eval-hintfs", s3_store_toml(rport) + imm.replace(
             "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-eh"}"')
                                   + f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{self.agent_loc}"\n'
-                                  + f'local_socket = "{self.tmp / "tier.sock"}"\n')
-        self.merger = self.spawn([PY, "-c", MERGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  + f'local_socket = "{self.tmp / "tier.sock"}"\n', eval_side=True)
+        self.merger = self.spawn(self.on_eval_side([PY, "-c", MERGE]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  stderr=open(self.tmp / "merge.log", "w"))
         assert self.merger.stdout.readline().strip() == "ready"
         self.writer = self.spawn([PY, "-c", WRITE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -317,9 +338,9 @@ class Bench:
                "RCLONE_CONFIG_XDC_REGION": "us-east-1", "RCLONE_CONFIG_XDC_FORCE_PATH_STYLE": "true",
                "RCLONE_CONFIG": str(base / "none.conf")}
         env.pop("AWS_CA_BUNDLE", None)   # rclone's AWS SDK refuses a custom CA bundle on plain http
-        p = subprocess.Popen(["rclone", "mount", f"xdc:{BUCKET}", str(mnt), "--vfs-cache-mode", "full",
-                              "--cache-dir", str(base / "cache"), "--dir-cache-time", "1s",
-                              "--log-file", str(base / "rclone.log")], env=env,
+        p = subprocess.Popen(self.on_eval_side(["rclone", "mount", f"xdc:{BUCKET}", str(mnt), "--vfs-cache-mode",
+                                                "full", "--cache-dir", str(base / "cache"), "--dir-cache-time",
+                                                "1s", "--log-file", str(base / "rclone.log")]), env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(p)
         self.mounts.append(mnt)
@@ -358,10 +379,17 @@ class Bench:
 
     @staticmethod
     def counters(mnt: Path) -> dict:
+        """The mount's counters, and per FUSE op its count and total time (ms) as "op.count" and
+        "op.ms" (the stats give each op's mean; differences of totals give a rep's own)."""
         try:
-            return json.loads((mnt / ".hintfs" / "stats").read_text()).get("counters", {})
+            doc = json.loads((mnt / ".hintfs" / "stats").read_text())
         except (OSError, ValueError):
             return {}
+        out = dict(doc.get("counters", {}))
+        for op, o in doc.get("ops", {}).items():
+            out[f"{op}.count"] = o["count"]
+            out[f"{op}.ms"] = round(o["count"] * o["mean_us"] / 1000, 1)
+        return out
 
     def wan_down(self) -> int:
         """Bytes that crossed the link towards the eval side: store reads and streams."""
@@ -517,6 +545,9 @@ def main() -> int:
                     help="CPU niceness of the emulated other side: the relay (the link) and the eval DC's "
                          "agent (0: none, the default; 19 starves the link while the writer runs and did "
                          "not change the writer's time here)")
+    ap.add_argument("--cpu-split", action=argparse.BooleanOptionalAction, default=True,
+                    help="training side and link on half the CPUs, the eval DC on the other half "
+                         "(default; --no-cpu-split: all processes share all CPUs)")
     ap.add_argument("--modes", default="local,remote,rclone,hintfs,hintfs_stream",
                     help="comma-separated modes to run (the rest are null with a reason)")
     ap.add_argument("--jobs", type=int, default=16, help="second run: jobs sharing the link (0: skip)")
@@ -536,13 +567,14 @@ def main() -> int:
                          "eval_nice": a.eval_nice, "stream_chunk_kb": a.stream_chunk_kb,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
-                         "s3_server": None},
+                         "s3_server": None, "cpu_split": None},
               "s3_server": None,
               "merge_latency_s": {"remote": None, "rclone": None, "hintfs": None, "hintfs_stream": None,
                                   "local": None},
               "wan_bytes_over_checkpoint": {},
               "anomaly_slowdown": None, "others_slowdown": None, "reasons": {}}
     try:
+        result["config"]["cpu_split"] = b.cpu_split
         b.start()
         result["s3_server"] = result["config"]["s3_server"] = b.s3.name if b.s3 else None
         result["checkpoint"] = b.facts
