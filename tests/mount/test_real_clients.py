@@ -62,11 +62,13 @@ DCP_SCRIPT = textwrap.dedent("""
             sd[k] = distribute_tensor(v, mesh, placement)
         sd["step"] = torch.tensor(42)
         return sd
-    if mode == "save":
+    # "save,load": one launch (each costs every rank a torch import): save, then load it back
+    if "save" in mode.split(","):
         dcp.save(make(full), checkpoint_id=path)
         if len(sys.argv) > 4:   # the same save again, straight to a plain folder (the reference)
             dcp.save(make(full), checkpoint_id=sys.argv[4])
-    else:
+        dist.barrier()          # every rank's files are closed (published) before any load
+    if "load" in mode.split(","):
         target = make({k: torch.zeros_like(v) for k, v in full.items()})
         target["step"] = torch.tensor(0)
         dcp.load(target, checkpoint_id=path)
@@ -100,10 +102,10 @@ def test_torch_distributed_checkpoint_4_ranks_bit_exact(mounted, tmp_path):
     pytest.importorskip("torch")
     ckpt = mounted.mnt / "ckpt" / "step_42"
     direct = tmp_path / "direct"
-    _torchrun(tmp_path, "save", ckpt, tmp_path / "ok", direct)   # through the mount, then directly
+    # through the mount, then directly; then every rank loads the mount's copy and compares
+    _torchrun(tmp_path, "save,load", ckpt, tmp_path / "ok", direct)
     files = sorted(os.listdir(mounted.store / "ckpt" / "step_42"))
     assert ".metadata" in files and sum(f.endswith(".distcp") for f in files) == 4
-    _torchrun(tmp_path, "load", ckpt, tmp_path / "ok")
     assert (tmp_path / "ok").read_text() == "ok"
     # Bit-exact: the files in the store are byte-identical to what a direct save writes.
     for name in files:

@@ -15,13 +15,14 @@ torch = pytest.importorskip("torch")
 SAVE = textwrap.dedent("""
     import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DeviceMesh, distribute_tensor, Shard, Replicate
-    kind, path = sys.argv[1], sys.argv[2]
+    out = sys.argv[1]
     dist.init_process_group("gloo")
     mesh = DeviceMesh("cpu", list(range(dist.get_world_size())))
-    g = torch.Generator().manual_seed(0)
-    placement = [Shard(0)] if kind == "sharded" else [Replicate()]
-    sd = {f"t{i}": distribute_tensor(torch.randn(64, 8, generator=g), mesh, placement) for i in range(6)}
-    dcp.save(sd, checkpoint_id=path)
+    for kind in ("sharded", "replicated"):   # one launch for both (each costs every rank a torch import)
+        g = torch.Generator().manual_seed(0)
+        placement = [Shard(0)] if kind == "sharded" else [Replicate()]
+        sd = {f"t{i}": distribute_tensor(torch.randn(64, 8, generator=g), mesh, placement) for i in range(6)}
+        dcp.save(sd, checkpoint_id=out + "/" + kind)
     dist.barrier()
     dist.destroy_process_group()
     import os
@@ -29,12 +30,13 @@ SAVE = textwrap.dedent("""
 """)
 
 
-def _save(tmp_path, kind):
+def _save(tmp_path):
+    """Both checkpoints, saved by 4 ranks: `tmp_path`/sharded and `tmp_path`/replicated."""
     script = tmp_path / "save.py"
     script.write_text(SAVE)
-    out = tmp_path / kind
+    out = tmp_path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--master-port=0",
-           "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), kind, str(out)]
+           "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO,
                        # gloo on loopback: resolving the host name can pick an address that
                        # aborts the rendezvous (seen once in CI); test_real_clients does the same.
@@ -45,7 +47,7 @@ def _save(tmp_path, kind):
 
 @pytest.mark.slow
 def test_dcp_sharded_and_replicated(tmp_path):
-    sharded = _save(tmp_path, "sharded")
+    sharded = _save(tmp_path) / "sharded"
     hints = hints_from_dcp(str(sharded), world_size=8)
     data_files = {f for f in os.listdir(sharded) if f.endswith(".distcp")}
     assert hints.pop(".metadata") == 8
@@ -53,7 +55,7 @@ def test_dcp_sharded_and_replicated(tmp_path):
     assert set(hints) == data_files and len(data_files) == 4
     assert set(hints.values()) == {2}
 
-    replicated = _save(tmp_path, "replicated")
+    replicated = tmp_path / "replicated"
     hints = hints_from_dcp(str(replicated), world_size=8)
     assert hints.pop(".metadata") == 8
     # Deduplicated replicated tensors: stored once, read by every rank.
