@@ -391,6 +391,16 @@ class Bench:
             out[f"{op}.ms"] = round(o["count"] * o["mean_us"] / 1000, 1)
         return out
 
+    @staticmethod
+    def mount_cpu_s(mnt: Path) -> float:
+        """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used."""
+        try:
+            pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, KeyError, IndexError):
+            return 0.0
+
     def wan_down(self) -> int:
         """Bytes that crossed the link towards the eval side: store reads and streams."""
         return self.relay.stats()["bytes"]["down"] + self.relay.reverse_stats()["bytes"]["up"]
@@ -400,6 +410,9 @@ class Bench:
         t_start = time.time()
         b0 = self.wan_down()
         n0 = self.relay.stats()["accepted"]
+        train_mnt = None if mode == "local" else self.train_stream if mode == "hintfs_stream" else self.train
+        cpu0 = self.mount_cpu_s(train_mnt) if train_mnt else 0.0
+        tc0 = self.counters(train_mnt) if train_mnt else {}
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
@@ -420,11 +433,15 @@ class Bench:
                 time.sleep(0.02)
             else:
                 raise TimeoutError(f"{rel} never completed in the tier")
+        # the training host's cost of this checkpoint: its mount's CPU time from the first write
+        # to the tier's completion (the stream's tail included)
+        train_cpu = round(self.mount_cpu_s(train_mnt) - cpu0, 3) if train_mnt else None
+        tc1 = self.counters(train_mnt) if train_mnt else {}
         # the follower may still be trailing: give the link a moment to be quiet before counting
         wan = self.wan_down() - b0
         self.phases.append((mode, t_start - self.t_relay0, res["done"] - self.t_relay0))
         r = {"latency_s": round(res["done"] - t_commit, 3), "merge_s": round(res["done"] - res["t0"], 3),
-             "write_s": round(t_commit - t_write, 3),
+             "write_s": round(t_commit - t_write, 3), "train_mount_cpu_s": train_cpu,
              # where the merge's time went: .metadata found and read, the read hint, the loads
              "metadata_s": round(res["t_md"] - res["t0"], 3), "hint_s": round(res["t_hint"] - res["t_md"], 3),
              "load_s": round(res["done"] - res["t_hint"], 3),
@@ -435,6 +452,9 @@ class Bench:
         if c1:
             r["mount_counters"] = {k: v - c0.get(k, 0) for k, v in c1.items()
                                    if isinstance(v, (int, float)) and v != c0.get(k, 0)}
+        if tc1:   # the training mount's side of the rep: its write path, its streams
+            r["train_mount_counters"] = {k: round(v - tc0.get(k, 0), 1) for k, v in tc1.items()
+                                         if isinstance(v, (int, float)) and v != tc0.get(k, 0)}
         print(f"  {mode} rep {i}: {json.dumps(r)}", flush=True)
         return r
 
@@ -447,6 +467,8 @@ class Bench:
         p95 = lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))]
         return {"reps": out, "mean_s": round(sum(lat) / len(lat), 3), "p95_s": p95,
                 "write_s_mean": round(sum(r["write_s"] for r in out) / len(out), 3),
+                "train_mount_cpu_s_mean": (round(sum(r["train_mount_cpu_s"] for r in out) / len(out), 3)
+                                           if out[0].get("train_mount_cpu_s") is not None else None),
                 "wan_over_needed": round(sum(r["wan_bytes"] for r in out) / sum(r["needed_bytes"] for r in out), 2),
                 "wan_bytes_over_checkpoint": round(sum(r["wan_bytes"] for r in out)
                                                    / (len(out) * self.facts["bytes"]), 3)}
@@ -617,6 +639,7 @@ def main() -> int:
         result["wan_over_needed"] = {m: v["wan_over_needed"] for m, v in modes.items()}
         result["wan_bytes_over_checkpoint"] = {m: v["wan_bytes_over_checkpoint"] for m, v in modes.items()}
         result["write_s_mean"] = {m: v["write_s_mean"] for m, v in modes.items()}
+        result["train_mount_cpu_s_mean"] = {m: v["train_mount_cpu_s_mean"] for m, v in modes.items()}
         if a.jobs:
             print(f"second run: {a.jobs} jobs share the link", flush=True)
             sl = b.shared_link(a.jobs)

@@ -109,3 +109,39 @@ def test_a_restarted_agent_adopts_the_streams_and_their_progress(tmp_path):
     v, part = new.publish("s", 3, "ckpt/x", 40, 9, crcs(data))
     with open(part, "rb") as f:
         assert v.state == "ready" and f.read() == data
+
+
+def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
+    """A progress save syncs the part (`fdatasync`, tens of ms on a busy disk) while chunks keep
+    arriving; demand reads of the published chunks must not queue behind it (they did, under the
+    stream's lock: 10-25 ms per read in bench/cross_dc_eval.py)."""
+    import threading
+    import time
+
+    import agent.streams as streams_mod
+    tier = StreamTier(str(tmp_path / "t"), Clock(), persistent=True, progress_every_s=0)
+    data = os.urandom(4 * CHUNK)
+    tier.open("s1", 0, "ckpt/a", CHUNK)
+    put_all(tier, "s1", 0, data, skip={3})
+    assert tier.publish("s1", 0, "ckpt/a", len(data), 5, crcs(data))[0].state == "fill"
+    syncing, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def slow_fdatasync(fd):
+        syncing.set()
+        release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(streams_mod.os, "fdatasync", slow_fdatasync)
+    last = data[3 * CHUNK:]
+    t = threading.Thread(target=tier.put, args=("s1", 0, 3 * CHUNK, last, chunk_crc(last)))
+    t.start()
+    try:
+        assert syncing.wait(10)                  # the put's progress save is in its sync
+        t0 = time.monotonic()
+        assert tier.read_verified("ckpt/a", (len(data), 5), 0, 2 * CHUNK) == data[:2 * CHUNK]
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        release.set()
+        t.join(10)
+    assert tier.read_verified("ckpt/a", (len(data), 5), 0, len(data)) == data
