@@ -169,7 +169,7 @@ class StreamTier:
             last = self.folder_calls.get(_folder(path))
         return self.clock() - last if last is not None else float("inf")
 
-    def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int) -> None:
+    def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int) -> None:
         """One aligned chunk; refused (nothing written) when its CRC is not the bytes'."""
         s = self._get(sid, gen)
         if chunk_crc(data) != crc & 0xFFFFFFFF:

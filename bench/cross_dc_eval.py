@@ -81,12 +81,21 @@ SAVE = textwrap.dedent("""
 """)
 
 MERGE = textwrap.dedent("""
-    import json, re, sys, time, torch
+    import gc, json, re, sys, time, torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
+    gc_s = [0.0, None]          # the collector's pauses in this process (a merge allocates a lot)
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_s[1] = time.perf_counter()
+        elif gc_s[1] is not None:
+            gc_s[0] += time.perf_counter() - gc_s[1]
+    gc.callbacks.append(on_gc)
     print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
+        gc_s[0] = 0.0
+        cpu0 = time.process_time()
         t0 = time.time()
         try:
             md = FileSystemReader(req["path"]).read_metadata()
@@ -95,14 +104,21 @@ MERGE = textwrap.dedent("""
             for k, m in md.state_dict_metadata.items():
                 if re.match(req["pattern"], k):
                     sd[k] = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+            t_ranges = None
             if req.get("mount"):   # an eval mount with routes: say which ranges come next
-                from hintfs.client import hint_dcp_reads
-                hint_dcp_reads(req["mount"], "merge", req["path"], list(sd))
+                import os
+                from hintfs.client import hint_reads
+                from hintfs.hintsource import dcp_read_ranges
+                ranges = dcp_read_ranges(req["path"], list(sd))       # (hint_dcp_reads, in two steps)
+                t_ranges = time.time()
+                rel = os.path.relpath(req["path"], req["mount"])
+                hint_reads(req["mount"], "merge", [(f"{rel}/{n}", o, m) for n, o, m in ranges])
             t_hint = time.time()
             dcp.load(sd, checkpoint_id=req["path"], no_dist=True)
             need = sum(t.numel() * t.element_size() for t in sd.values())
-            print(json.dumps({"ok": True, "t0": t0, "t_md": t_md, "t_hint": t_hint, "done": time.time(), "tensors": len(sd),
-                              "bytes": need}), flush=True)
+            print(json.dumps({"ok": True, "t0": t0, "t_md": t_md, "t_ranges": t_ranges, "t_hint": t_hint,
+                              "done": time.time(), "tensors": len(sd), "bytes": need, "gc_s": round(gc_s[0], 4),
+                              "cpu_s": round(time.process_time() - cpu0, 4)}), flush=True)
         except Exception as e:
             print(json.dumps({"ok": False, "error": repr(e)[:500], "done": time.time()}), flush=True)
 """)
@@ -413,8 +429,10 @@ class Bench:
         train_mnt = None if mode == "local" else self.train_stream if mode == "hintfs_stream" else self.train
         cpu0 = self.mount_cpu_s(train_mnt) if train_mnt else 0.0
         tc0 = self.counters(train_mnt) if train_mnt else {}
+        link_cpu0 = time.process_time()   # this process's threads: the relay (the emulated link)
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
+        link_cpu = round(time.process_time() - link_cpu0, 3)
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
         # tier holds already, waits for files whose copy is in flight, and reads the rest remotely.
         c0 = self.counters(eval_mnt)
@@ -442,9 +460,15 @@ class Bench:
         self.phases.append((mode, t_start - self.t_relay0, res["done"] - self.t_relay0))
         r = {"latency_s": round(res["done"] - t_commit, 3), "merge_s": round(res["done"] - res["t0"], 3),
              "write_s": round(t_commit - t_write, 3), "train_mount_cpu_s": train_cpu,
+             # CPU seconds of the relay during the write (on the training side's CPUs here)
+             "link_cpu_s_during_write": link_cpu,
              # where the merge's time went: .metadata found and read, the read hint, the loads
              "metadata_s": round(res["t_md"] - res["t0"], 3), "hint_s": round(res["t_hint"] - res["t_md"], 3),
              "load_s": round(res["done"] - res["t_hint"], 3),
+             # of hint_s: the ranges from .metadata (read again), then the control file write
+             "ranges_s": round(res["t_ranges"] - res["t_md"], 3) if res.get("t_ranges") else None,
+             # the merger's own CPU seconds and its garbage collector's pauses during the merge
+             "merger_cpu_s": res.get("cpu_s"), "merger_gc_s": res.get("gc_s"),
              "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan, "needed_bytes": res["bytes"],
              "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
         if d1:   # the tier's demand reads during the merge (agent/demand.py)

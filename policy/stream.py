@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 import crc32c
 
 
-def chunk_crc(data: bytes) -> int:
+def chunk_crc(data: bytes | memoryview) -> int:
     """CRC-32C (Castagnoli) of a chunk, in hardware where the CPU has it (SSE4.2: ~2x zlib's
     CRC-32 here); the sender computes it twice per byte and the tier once, beside the writer."""
     return crc32c.crc32c(data) & 0xFFFFFFFF
