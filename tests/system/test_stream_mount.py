@@ -59,6 +59,17 @@ def stream_toml(loc: str, journal: bool = True, **extra) -> str:
     return ("\n[journal]\nenabled = true\n" if journal else "") + "\n[stream]\n" + "\n".join(lines) + "\n"
 
 
+def send_whole(client, sid: str, store, rel: str) -> None:
+    """What a training mount sends for a small file: its open, its one chunk and its publish (at
+    the store's version of `store`/`rel`) in one call."""
+    from policy.stream import chunk_crc
+    data = (store / rel).read_bytes()
+    st = os.stat(store / rel)
+    client.stream_put(sid, 0, [(0, data, chunk_crc(data))], opening={"path": rel, "chunk": CHUNK},
+                      publish={"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                               "crcs": [chunk_crc(data)]})
+
+
 def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(mount_factory, tmp_path):
     with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
         ck = train.mnt / "ckpt" / "run" / "step_1"
@@ -238,19 +249,14 @@ def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path
     """The follower may see a small file's journal record before its stream opens (the stream
     opens with its publish): when other files of the folder came by stream, the copy waits
     for that stream instead of sending the bytes twice; elsewhere it starts at once."""
-    from policy.stream import chunk_crc
     store = tmp_path / "store"
     (store / "ckpt" / "s1").mkdir(parents=True)
     (store / "ckpt" / "plain").mkdir(parents=True)
     tier = Tier(tmp_path, store, follow=False)
     try:
         c = tier.client
-        data = b"x" * 100
-        (store / "ckpt/s1/a.bin").write_bytes(data)
-        st = os.stat(store / "ckpt/s1/a.bin")
-        c.stream_put("a", 0, [(0, data, chunk_crc(data))], opening={"path": "ckpt/s1/a.bin", "chunk": CHUNK},
-                     publish={"path": "ckpt/s1/a.bin", "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                              "crcs": [chunk_crc(data)]})
+        (store / "ckpt/s1/a.bin").write_bytes(b"x" * 100)
+        send_whole(c, "a", store, "ckpt/s1/a.bin")
         marker = b"the plan"
         (store / "ckpt/s1/.metadata").write_bytes(marker)
         ms = os.stat(store / "ckpt/s1/.metadata")
@@ -259,10 +265,7 @@ def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path
             "ckpt/s1/.metadata", 600, None, expect=(ms.st_size, ms.st_mtime_ns))))
         t.start()
         time.sleep(0.3)          # the record was seen; the marker's stream comes now
-        c.stream_put("m", 0, [(0, marker, chunk_crc(marker))],
-                     opening={"path": "ckpt/s1/.metadata", "chunk": CHUNK},
-                     publish={"path": "ckpt/s1/.metadata", "size": ms.st_size, "mtime_ns": ms.st_mtime_ns,
-                              "crcs": [chunk_crc(marker)]})
+        send_whole(c, "m", store, "ckpt/s1/.metadata")
         t.join(10)
         assert answer.get("already") is True and c.status()["copies"] == 0
         # a folder nothing was streamed to: copied at once
@@ -295,19 +298,14 @@ def test_a_file_expected_at_the_tier_is_found_there_before_the_store_answers(tmp
     exist stays ENOENT). Folders nothing is streamed into answer at once, as before."""
     from fusefs.routes import RoutedStore
     from fusefs.stats import Stats
-    from policy.stream import chunk_crc
     store = tmp_path / "store"
     (store / "ckpt" / "s1").mkdir(parents=True)
     (store / "ckpt" / "plain").mkdir(parents=True)
     tier = Tier(tmp_path, store, follow=False)
     try:
         c = tier.client
-        data = b"x" * 100
-        (store / "ckpt/s1/a.bin").write_bytes(data)
-        st = os.stat(store / "ckpt/s1/a.bin")
-        c.stream_put("a", 0, [(0, data, chunk_crc(data))], opening={"path": "ckpt/s1/a.bin", "chunk": CHUNK},
-                     publish={"path": "ckpt/s1/a.bin", "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                              "crcs": [chunk_crc(data)]})
+        (store / "ckpt/s1/a.bin").write_bytes(b"x" * 100)
+        send_whole(c, "a", store, "ckpt/s1/a.bin")
         assert c.tier_stat("ckpt/s1/.metadata") == {"state": "absent", "expected": True}
         assert c.tier_stat("ckpt/plain/.metadata") == {"state": "absent"}
         t0 = time.monotonic()
@@ -326,10 +324,7 @@ def test_a_file_expected_at_the_tier_is_found_there_before_the_store_answers(tmp
 
         def publish_marker() -> None:
             time.sleep(0.2)      # one WAN trip after the commit
-            c.stream_put("m", 0, [(0, marker, chunk_crc(marker))],
-                         opening={"path": "ckpt/s1/.metadata", "chunk": CHUNK},
-                         publish={"path": "ckpt/s1/.metadata", "size": ms.st_size, "mtime_ns": ms.st_mtime_ns,
-                                  "crcs": [chunk_crc(marker)]})
+            send_whole(c, "m", store, "ckpt/s1/.metadata")
 
         threading.Thread(target=publish_marker, daemon=True).start()
         t0 = time.monotonic()
