@@ -19,7 +19,7 @@ with an optional open before and publish after: one round trip for a small file)
 Thread-safe: one lock for the catalog and, per stream, `lock` for its chunk map and fd (demand
 reads hold it for a check and a `pread`) and `io_lock` for its fd's writes and syncs. An
 `fdatasync` (a progress save every `progress_every_s`, the publish) holds only `io_lock`, so a
-demand read never waits for the disk (it did: 10-25 ms per read while the tier was receiving).
+demand read never waits for the disk behind a sync of the stream it reads.
 Lock order: `io_lock`, then `lock`, then the catalog's; the fd is closed only under both.
 """
 from __future__ import annotations

@@ -24,6 +24,9 @@ built by `fusefs/mount.py` only when there are routes:
   answer when it is published (at most `stream_wait_s`), then as above; its bytes are never served
   before, and after the wait the store answers (the older version, or no file).
 - dir: the tier holds files below the path, which is a folder.
+- absent but expected (other files of its folder are being streamed in): a `stat` asks the store
+  in a thread and the tier in short waits, the first answer wins (`_stat_race`; one thread per
+  such stat, ended by the store's answer).
 - absent, or the tier does not answer: the store, as without routes.
 
 Consistency: routes are meant for write-once data (checkpoints). A routed file the tier holds is
