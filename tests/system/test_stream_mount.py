@@ -209,7 +209,7 @@ def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_compl
         # journaled twice for one version (fsync, then the close of a passthrough write: two
         # records, same size and mtime) and a replica made for one record is copied again for
         # the other (a same-version rewrite would look the same). On a loaded host this was seen
-        # for both records (CI, 1 run in 13 under two busy loops here): at most two copies, of
+        # for both records (in CI; here 2 of 18 runs under two busy loops): at most two copies, of
         # verified bytes. Known waste, to fix: no second record for a close that published
         # nothing new (docs/cross_dc.md, "Not done").
         assert wait_for(lambda: tier.client.status()["streams"]["published"] == 3, 10)
