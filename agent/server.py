@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from common.errors import HintfsError
-from common.journal import streamed_record
+from common.journal import later_by_same_writer, streamed_record
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from stores import check_store, open_store
@@ -403,7 +403,10 @@ class AgentServer(fl.FlightServerBase):
         while True:
             with self.lock:
                 rep = self.replicas.get(path)
-                same_write = record is None or rep is None or rep.record in (None, record)
+                # the same write, or a later one of the same writer (fsync, then close: two records
+                # of one version; the later replica is what a copy would fetch now)
+                same_write = (record is None or rep is None or rep.record in (None, record)
+                              or later_by_same_writer(rep.record, record))
                 if rep is not None and same_write and (
                         expect is None or (rep.size, rep.source_mtime_ns) == tuple(expect)):
                     if record is not None and rep.record is None:

@@ -53,6 +53,29 @@ def streamed_record(name: Optional[str]) -> bool:
     return len(parts) == 5 and parts[4] == "s" and record_time_ns(name) is not None
 
 
+def _writer_seq(name: Optional[str]) -> Optional[tuple[str, str, int]]:
+    """(host, pid, sequence number) of a record's name; None for names that are not records."""
+    if not name or record_time_ns(name) is None:
+        return None
+    parts = name.split("~", 1)[0].removesuffix(".json").split("-")
+    if len(parts) not in (4, 5) or not parts[2].isdigit() or not parts[3].isdigit():
+        return None
+    return parts[1], parts[2], int(parts[3])
+
+
+def later_by_same_writer(newer: Optional[str], older: Optional[str]) -> bool:
+    """Record `newer` was written after `older` by the same mount process (same host and pid, a
+    higher sequence number). A replica made for `newer` then holds what a copy for `older` would
+    fetch now: the store file of that path as its writer left it after both, so an older record
+    of the same version needs no copy (a file published at fsync and again at its close)."""
+    a, b = _writer_seq(newer), _writer_seq(older)
+    if a is None or b is None or a[:2] != b[:2] or a[2] <= b[2]:
+        return False
+    # the time too: a pid reused by a later mount on the host starts its numbers again
+    ta, tb = record_time_ns(newer or ""), record_time_ns(older or "")
+    return ta is not None and tb is not None and ta > tb
+
+
 def record_time_ns(name: str) -> Optional[int]:
     """The write time a record's name starts with; None for names that are not records."""
     stamp = name[:20]
