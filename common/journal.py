@@ -46,19 +46,22 @@ def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, st
 def streamed_record(name: Optional[str]) -> bool:
     """The record `name` says its writer streams the file to the eval tiers as well. (A forged
     flag costs a follower a bounded wait before it copies: nothing is served on its word.)"""
-    if not name:
-        return False
-    stem = name.split("~", 1)[0].removesuffix(".json")
-    parts = stem.split("-")
-    return len(parts) == 5 and parts[4] == "s" and record_time_ns(name) is not None
+    parts = _stem_parts(name)
+    return parts is not None and len(parts) == 5 and parts[4] == "s"
+
+
+def _stem_parts(name: Optional[str]) -> Optional[list[str]]:
+    """A record name's stem, split: [time_ns, host, pid, seq] and "s" when streamed; None for
+    names that are not records."""
+    if not name or record_time_ns(name) is None:
+        return None
+    return name.split("~", 1)[0].removesuffix(".json").split("-")
 
 
 def _writer_seq(name: Optional[str]) -> Optional[tuple[str, str, int]]:
     """(host, pid, sequence number) of a record's name; None for names that are not records."""
-    if not name or record_time_ns(name) is None:
-        return None
-    parts = name.split("~", 1)[0].removesuffix(".json").split("-")
-    if len(parts) not in (4, 5) or not parts[2].isdigit() or not parts[3].isdigit():
+    parts = _stem_parts(name)
+    if parts is None or len(parts) not in (4, 5) or not parts[2].isdigit() or not parts[3].isdigit():
         return None
     return parts[1], parts[2], int(parts[3])
 

@@ -42,6 +42,7 @@ import logging
 import stat as stat_mod
 import threading
 import time
+from concurrent.futures import Future
 from typing import Iterator, Optional
 
 import trio
@@ -308,30 +309,25 @@ class RoutedStore:
         WAN trip, its store stat needs a round trip). Ask the store in a thread and the tier in
         short waits; the first to know the file answers. A store that says it does not exist
         answers too: the tier only holds what the store published."""
-        done = threading.Event()
-        result: list = []
+        store_stat: Future = Future()
 
         def ask_store() -> None:
             try:
-                result.append(self._store.stat(rel))
-            except BaseException as err:   # handed to the caller below
-                result.append(err)
-            done.set()
+                store_stat.set_result(self._store.stat(rel))
+            except BaseException as err:   # handed to the caller by result()
+                store_stat.set_exception(err)
 
         threading.Thread(target=ask_store, name="route-stat", daemon=True).start()
         deadline = time.monotonic() + APPEAR_WAIT_S
         doc: dict = {"state": "absent", "expected": True}
-        while not done.is_set() and doc["state"] == "absent" and doc.get("expected") \
+        while not store_stat.done() and doc["state"] == "absent" and doc.get("expected") \
                 and time.monotonic() < deadline:
             _client, doc = self._tier(rel, APPEAR_SLICE_S)
         if doc["state"] not in ("absent", "streaming"):
             self.stats.add("route_stat_race_tier")
             return self._stat_of(rel, doc)
-        done.wait()   # bounded by the store's own timeouts, as a stat without the race
         self.stats.add("route_stat_race_store")
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        return result[0]
+        return store_stat.result()   # bounded by the store's own timeouts, as a stat without the race
 
     def _stat_of(self, rel: str, doc: dict) -> Stat:
         state = doc["state"]
