@@ -59,15 +59,32 @@ def stream_toml(loc: str, journal: bool = True, **extra) -> str:
     return ("\n[journal]\nenabled = true\n" if journal else "") + "\n[stream]\n" + "\n".join(lines) + "\n"
 
 
-def send_whole(client, sid: str, store, rel: str) -> None:
-    """What a training mount sends for a small file: its open, its one chunk and its publish (at
-    the store's version of `store`/`rel`) in one call."""
-    from policy.stream import chunk_crc
+def send_whole(client, sid: str, store, rel: str, record: str | None = None) -> None:
+    """The stream of a file written before: its open, all its chunks and its publish (at the
+    store's version of `store`/`rel`, with journal `record`) in one call."""
+    from policy.stream import crcs_of
     data = (store / rel).read_bytes()
     st = os.stat(store / rel)
-    client.stream_put(sid, 0, [(0, data, chunk_crc(data))], opening={"path": rel, "chunk": CHUNK},
-                      publish={"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                               "crcs": [chunk_crc(data)]})
+    offsets = range(0, len(data), CHUNK)
+    crcs = crcs_of([data[o:o + CHUNK] for o in offsets])
+    client.stream_put(sid, 0, [(o, data[o:o + CHUNK], crc) for o, crc in zip(offsets, crcs)],
+                      opening={"path": rel, "chunk": CHUNK},
+                      publish={"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "crcs": crcs,
+                               "record": record})
+
+
+@contextlib.contextmanager
+def tier_over(tmp_path, *folders: str) -> Iterator[tuple]:
+    """(store, tier): a store with these folders under `ckpt`, and a tier agent over it that
+    follows nothing (the tests call `replicate` as its follower would); shut down at the end."""
+    store = tmp_path / "store"
+    for folder in folders:
+        (store / "ckpt" / folder).mkdir(parents=True)
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        yield store, tier
+    finally:
+        tier.close()
 
 
 def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(mount_factory, tmp_path):
@@ -219,11 +236,7 @@ def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of
     a record flagged `streamed` by the writing mount makes the follower wait for that stream
     (bounded) instead of copying the file a second time; an unflagged one is copied at once."""
     from common.journal import record_name, streamed_record
-    from policy.stream import chunk_crc
-    store = tmp_path / "store"
-    (store / "ckpt" / "s1").mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False)
-    try:
+    with tier_over(tmp_path, "s1") as (store, tier):
         data = os.urandom(3 * CHUNK)
         (store / "ckpt/s1/__0_0.distcp").write_bytes(data)
         st = os.stat(store / "ckpt/s1/__0_0.distcp")
@@ -235,27 +248,17 @@ def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of
         t.start()
         time.sleep(0.5)          # the stream's first call comes late
         assert t.is_alive() and tier.client.status()["copies"] == 0
-        crcs = [chunk_crc(data[o:o + CHUNK]) for o in range(0, len(data), CHUNK)]
-        tier.client.stream_put("a", 0, [(o, data[o:o + CHUNK], crcs[o // CHUNK]) for o in range(0, len(data), CHUNK)],
-                               opening={"path": "ckpt/s1/__0_0.distcp", "chunk": CHUNK},
-                               publish={"path": "ckpt/s1/__0_0.distcp", "size": st.st_size,
-                                        "mtime_ns": st.st_mtime_ns, "crcs": crcs})
+        send_whole(tier.client, "a", store, "ckpt/s1/__0_0.distcp")
         t.join(10)
         assert answer.get("already") is True and tier.client.status()["copies"] == 0
         assert tier.client.read("ckpt/s1/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
-    finally:
-        tier.close()
 
 
 def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path):
     """The follower may see a small file's journal record before its stream opens (the stream
     opens with its publish): when other files of the folder came by stream, the copy waits
     for that stream instead of sending the bytes twice; elsewhere it starts at once."""
-    store = tmp_path / "store"
-    (store / "ckpt" / "s1").mkdir(parents=True)
-    (store / "ckpt" / "plain").mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False)
-    try:
+    with tier_over(tmp_path, "s1", "plain") as (store, tier):
         c = tier.client
         (store / "ckpt/s1/a.bin").write_bytes(b"x" * 100)
         send_whole(c, "a", store, "ckpt/s1/a.bin")
@@ -276,8 +279,6 @@ def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path
         t0 = time.monotonic()
         assert c.replicate("ckpt/plain/.metadata", 600, None, expect=(ps.st_size, ps.st_mtime_ns))["already"] is False
         assert time.monotonic() - t0 < 0.5 and c.status()["copies"] == 1
-    finally:
-        tier.close()
 
 
 class _SlowStatStore(LocalStore):
@@ -300,11 +301,7 @@ def test_a_file_expected_at_the_tier_is_found_there_before_the_store_answers(tmp
     exist stays ENOENT). Folders nothing is streamed into answer at once, as before."""
     from fusefs.routes import RoutedStore
     from fusefs.stats import Stats
-    store = tmp_path / "store"
-    (store / "ckpt" / "s1").mkdir(parents=True)
-    (store / "ckpt" / "plain").mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False)
-    try:
+    with tier_over(tmp_path, "s1", "plain") as (store, tier):
         c = tier.client
         (store / "ckpt/s1/a.bin").write_bytes(b"x" * 100)
         send_whole(c, "a", store, "ckpt/s1/a.bin")
@@ -343,8 +340,6 @@ def test_a_file_expected_at_the_tier_is_found_there_before_the_store_answers(tmp
         (store / "ckpt/s1/only_in_store").write_bytes(b"s")
         assert view.stat("ckpt/s1/only_in_store").size == 1
         assert stats.counters["route_stat_race_store"] == 2
-    finally:
-        tier.close()
 
 
 def test_an_older_record_of_the_same_writer_and_version_needs_no_copy(tmp_path):
@@ -353,10 +348,7 @@ def test_an_older_record_of_the_same_writer_and_version_needs_no_copy(tmp_path):
     the follower does not copy again; a later record than the replica's is copied as before
     (it may be a rewrite within the mtime's precision), and so is one of another writer."""
     from common.journal import later_by_same_writer, record_name
-    store = tmp_path / "store"
-    (store / "ckpt" / "s1").mkdir(parents=True)
-    tier = Tier(tmp_path, store, follow=False)
-    try:
+    with tier_over(tmp_path, "s1") as (store, tier):
         (store / "ckpt/s1/w.bin").write_bytes(os.urandom(3 * CHUNK))
         st = os.stat(store / "ckpt/s1/w.bin")
         version = (st.st_size, st.st_mtime_ns)
@@ -366,16 +358,8 @@ def test_an_older_record_of_the_same_writer_and_version_needs_no_copy(tmp_path):
         parts[2] = str(int(parts[2]) + 1)           # the same record name from another pid
         other = "-".join(parts)
         assert not later_by_same_writer(r1, other) and not later_by_same_writer(r1, "junk")
-        data = (store / "ckpt/s1/w.bin").read_bytes()
-        from policy.stream import chunk_crc
-        crcs = [chunk_crc(data[o:o + CHUNK]) for o in range(0, len(data), CHUNK)]
-        tier.client.stream_put("w", 0, [(o, data[o:o + CHUNK], crcs[o // CHUNK]) for o in range(0, len(data), CHUNK)],
-                               opening={"path": "ckpt/s1/w.bin", "chunk": CHUNK},
-                               publish={"path": "ckpt/s1/w.bin", "size": version[0], "mtime_ns": version[1],
-                                        "crcs": crcs, "record": r1})
+        send_whole(tier.client, "w", store, "ckpt/s1/w.bin", record=r1)
         assert tier.server.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r0)["already"] is True
         assert tier.client.status()["copies"] == 0
         assert tier.server.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r2)["already"] is False
         assert tier.client.status()["copies"] == 1
-    finally:
-        tier.close()
