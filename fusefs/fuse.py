@@ -148,6 +148,7 @@ class FuseOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.stats = fs.stats
+        self.stats.queued_reads = getattr(pyfuse3, "queued_reads", lambda: None)
         self.enable_writeback_cache = fs.cfg.mount.writeback_cache
         # Asked for at FUSE init (a pyfuse3 without the patch ignores the attribute).
         self.enable_passthrough = (fs.cfg.mount.passthrough != "off" and fs.passthrough_capable()

@@ -11,6 +11,7 @@ import math
 import os
 import time
 from collections import defaultdict
+from typing import Callable, Optional
 
 _SUB = 4                       # buckets per power of two
 _NBUCKETS = 40 * _SUB          # 1 µs .. ~2^40 µs
@@ -63,6 +64,8 @@ class Stats:
         self.ops: dict[str, OpStats] = defaultdict(OpStats)
         self.counters: dict[str, int] = defaultdict(int)
         self.passthrough = "off"   # FUSE passthrough: "on", or why not (set by the filesystem)
+        # Requests the FUSE loop read while queued, without a wait (patched pyfuse3; set by fuse.py)
+        self.queued_reads: Callable[[], Optional[int]] = lambda: None
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -102,6 +105,7 @@ class Stats:
             "passthrough": {"state": self.passthrough,
                             **{k[len("passthrough_"):]: v for k, v in sorted(c.items())
                                if k.startswith("passthrough_")}},
+            "requests_read_queued": self.queued_reads(),
             "errors": {k.split(".", 1)[1]: v for k, v in sorted(c.items()) if k.startswith("errno.")},
             "counters": {k: v for k, v in sorted(c.items()) if not k.startswith("errno.")},
         }

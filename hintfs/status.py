@@ -30,6 +30,8 @@ def format_status(snap: dict) -> str:
     if "passthrough" in snap:   # the kernel serves these files' bytes: not in the byte counts above
         pt = dict(snap["passthrough"])
         lines.append(f"passthrough: {pt.pop('state')}" + "".join(f", {k} {v:,}" for k, v in pt.items()))
+    if snap.get("requests_read_queued") is not None:   # the patched pyfuse3's loop reads these without a wait
+        lines.append(f"requests read while queued: {snap['requests_read_queued']:,}")
     if snap.get("errors"):
         lines.append("errors by errno: " + ", ".join(
             f"{errno.errorcode.get(int(k), k)} {v:,}" for k, v in snap["errors"].items()))
