@@ -1047,7 +1047,8 @@ def main() -> int:
             "goals": goals,
             "notes": env.notes,
             "hintfs_stats": {k: {"ops": v.get("ops"), "cache": v.get("cache"), "counters": v.get("counters"),
-                                 "passthrough": v.get("passthrough")}
+                                 "passthrough": v.get("passthrough"),
+                                 "requests_read_queued": v.get("requests_read_queued")}
                              for k, v in env.hintfs_stats.items() if k.endswith("-0")},
             "detail": detail,
             "hintfs_requests_per_file": requests,
