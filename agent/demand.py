@@ -46,6 +46,10 @@ PREFETCH_PAD = 256 << 10           # a hinted range is read by the kernel with r
 CACHE_BYTES = 256 << 20            # prefetched bytes kept for the reads that follow
 _PAGE = 4096
 PIECE_BYTES = 1 << 20              # prefetched pieces are cut at MiB boundaries: held ones are skipped
+# A hinted range of a file arriving by stream is fetched from the store only when the streams'
+# backlog needs more than this long on the link: a fetch takes a round trip and shares the link
+# with that backlog, so against a short one it arrives no sooner and sends the bytes twice.
+PREFETCH_BEHIND_S = 0.5
 
 
 def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
@@ -71,11 +75,15 @@ def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int,
 class DemandReads:
     def __init__(self, store: Store, cond: threading.Condition,
                  held: Callable[[str, Version, int, int], Optional[bytes]],
-                 arriving: Callable[[str, Version], bool], timeout_s: float = 60.0, parallel: int = 16):
+                 arriving: Callable[[str, Version], bool], timeout_s: float = 60.0, parallel: int = 16,
+                 stream_behind_s: Optional[Callable[[str, Version], Optional[float]]] = None):
         self.store = store
         self.cond = cond            # notified when chunks land or copies finish ranges
         self.held = held            # bytes of exactly this version the tier holds, or None
         self.arriving = arriving    # a stream or a copy of this version is on its way here
+        # seconds of link until the streams' backlog has arrived, when this version comes by a
+        # stream and the link's rate is known; None otherwise
+        self.stream_behind_s = stream_behind_s
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-demand")
         self._lock = threading.Lock()
@@ -87,7 +95,7 @@ class DemandReads:
         # reads; answered from held bytes at once; fetched from the store; answered by bytes that
         # landed while the fetch was in flight; and the milliseconds those last two waited
         self.counts = {"reads": 0, "held": 0, "fetched": 0, "bytes_fetched": 0, "raced": 0, "wait_ms": 0,
-                       "prefetched": 0, "bytes_prefetched": 0, "prefetch_hits": 0}
+                       "prefetched": 0, "bytes_prefetched": 0, "prefetch_hits": 0, "prefetch_left_to_stream": 0}
 
     # -- store readers, one per version ----------------------------------------------------------
     def prepare(self, path: str, version: Version) -> None:
@@ -141,6 +149,10 @@ class DemandReads:
         many. Nothing when no stream or copy of this version is on its way (held or absent)."""
         version = (int(version[0]), int(version[1]))
         if not self.arriving(path, version):
+            return 0
+        behind = self.stream_behind_s(path, version) if self.stream_behind_s is not None else None
+        if behind is not None and behind < PREFETCH_BEHIND_S:
+            self._count("prefetch_left_to_stream")   # its reads race the stream as without a hint
             return 0
         key = (path, version)
         with self._lock:

@@ -176,7 +176,8 @@ class AgentServer(fl.FlightServerBase):
         self._awaiting: dict[str, tuple[int, int]] = {}
         # Copies in flight whose finished ranges demand reads may serve: path -> _CopyInFlight.
         self._copy_reads: dict[str, "_CopyInFlight"] = {}
-        self.demand = DemandReads(store, self.stream_cond, self._held_bytes, self._arriving)
+        self.demand = DemandReads(store, self.stream_cond, self._held_bytes, self._arriving,
+                                  stream_behind_s=self._stream_behind_s if acfg.link_bytes_s else None)
         _reap_dead_instances(acfg.data_dir, "mount")
         if persistent:
             self._adopt_stopped_instances(acfg.data_dir)
@@ -629,6 +630,16 @@ class AgentServer(fl.FlightServerBase):
             if copy is not None and copy.version == version and copy.covers(offset, length, version[0]):
                 return os.pread(copy.fd, n, offset)   # under the lock: the copy closes its fd under it
         return self.streams.read_verified(path, version, offset, length)
+
+    def _stream_behind_s(self, path: str, version: tuple[int, int]) -> Optional[float]:
+        """Seconds of link (`[agent] link_bytes_s`) the published streams' backlog still needs,
+        when `version` of `path` comes by a stream; None when it does not."""
+        state = self.streams.state_of(path)
+        with self.lock:
+            awaited = dict(self._awaiting)   # journaled versions whose stream is not published here yet
+        if state != ("filling", version) and not (state == ("streaming", None) and awaited.get(path) == version):
+            return None
+        return self.streams.backlog_bytes({p: v[0] for p, v in awaited.items()}) / self.cfg.agent.link_bytes_s
 
     def _arriving(self, path: str, version: tuple[int, int]) -> bool:
         """A published stream or a copy of exactly `version` of `path` is on its way here."""

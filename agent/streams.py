@@ -290,6 +290,20 @@ class StreamTier:
                     return os.pread(s.fd, max(0, min(length, version[0] - offset)), offset)
         return None
 
+    def backlog_bytes(self, expected: Optional[dict[str, int]] = None) -> int:
+        """Bytes still to arrive (size less what is held) for published streams, and for
+        unpublished ones whose size `expected` knows (path -> size, from the journal): what the
+        link must carry before the last of them is complete."""
+        expected = expected or {}
+        with self.lock:
+            streams = list(self.streams.values())
+        total = 0
+        for s in streams:
+            size = s.version[0] if s.version is not None else expected.get(s.path)
+            if size is not None:
+                total += max(0, size - s.ranges.bytes_held())
+        return total
+
     def bytes_held(self) -> int:
         with self.lock:
             streams = list(self.streams.values())

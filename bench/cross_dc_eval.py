@@ -438,6 +438,7 @@ class Bench:
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         link_cpu = round(time.process_time() - link_cpu0, 3)
+        wan_at_commit = self.wan_down() - b0   # how far the link kept up with the writer
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
         # tier holds already, waits for files whose copy is in flight, and reads the rest remotely.
         c0 = self.counters(eval_mnt)
@@ -474,7 +475,8 @@ class Bench:
              "ranges_s": round(res["t_ranges"] - res["t_md"], 3) if res.get("t_ranges") else None,
              # the merger's own CPU seconds and its garbage collector's pauses during the merge
              "merger_cpu_s": res.get("cpu_s"), "merger_gc_s": res.get("gc_s"),
-             "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan, "needed_bytes": res["bytes"],
+             "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan,
+             "wan_bytes_at_commit": wan_at_commit, "needed_bytes": res["bytes"],
              "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
         if d1:   # the tier's demand reads during the merge (agent/demand.py)
             r["tier_demand"] = {k: v - d0.get(k, 0) for k, v in d1.items()}

@@ -42,7 +42,16 @@ import trio
 
 log = logging.getLogger("hintfs.wan")
 
+# Bytes read per chunk: 5 ms of the link, between 64 and 256 KiB. Each chunk costs the relay a
+# few passes through trio's loop, and the relay shares a CPU with the training side in
+# bench/cross_dc_eval.py: at a fixed 64 KiB it spent twice the CPU on a 400 Mbit/s link. Slower
+# links keep 64 KiB, so a chunk stays a small part of a sample interval.
 READ_SIZE = 64 * 1024
+MAX_READ_SIZE = 256 * 1024
+
+
+def read_size_for(rate_bytes_s: float) -> int:
+    return int(min(MAX_READ_SIZE, max(READ_SIZE, rate_bytes_s * 0.005)))
 DIRECTIONS = ("up", "down")
 
 
@@ -117,6 +126,7 @@ async def _pump(src: trio.SocketStream, dst: trio.SocketStream, direction: str,
                 bucket: TokenBucket, delay_s: float, max_inflight: int, stats: RelayStats) -> None:
     """One direction of one connection: read -> bucket -> stamp -> queue -> release at stamp+delay."""
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
+    read_size = read_size_for(bucket.rate)
     inflight = 0
     changed = trio.Event()    # the writer is told when a chunk (or EOF) was queued
     drained = trio.Event()    # the reader is told when bytes left the queue
@@ -127,7 +137,7 @@ async def _pump(src: trio.SocketStream, dst: trio.SocketStream, direction: str,
             while inflight >= max_inflight:
                 await drained.wait()
             try:
-                data = await src.receive_some(READ_SIZE)
+                data = await src.receive_some(read_size)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if data:
@@ -219,7 +229,7 @@ async def run_relay(listen_port: int, target_host: str, target_port: int, delay_
     if max_inflight_bytes is None:
         max_inflight_bytes = int(min(64 << 20, max(1 << 20, 2 * bandwidth_bytes_s * delay_s)))
     if burst_bytes is None:
-        burst_bytes = int(max(READ_SIZE, bandwidth_bytes_s * 0.005))
+        burst_bytes = int(max(read_size_for(bandwidth_bytes_s), bandwidth_bytes_s * 0.005))
     if buckets is None:
         buckets = {d: TokenBucket(bandwidth_bytes_s, burst_bytes) for d in DIRECTIONS}
     stats = stats if stats is not None else RelayStats()
@@ -301,7 +311,7 @@ class Relay:
             async with trio.open_nursery() as nursery:
                 burst = self.kwargs.pop("burst_bytes", None)
                 if burst is None:
-                    burst = int(max(READ_SIZE, self.bandwidth_bytes_s * 0.005))
+                    burst = int(max(read_size_for(self.bandwidth_bytes_s), self.bandwidth_bytes_s * 0.005))
                 buckets = {d: TokenBucket(self.bandwidth_bytes_s, burst) for d in DIRECTIONS}
                 self.port = await nursery.start(functools.partial(
                     run_relay, self.listen_port, self.target[0], self.target[1], self.delay_s,

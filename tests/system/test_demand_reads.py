@@ -260,3 +260,27 @@ def test_prefetch_pieces_cover_the_kernels_reads_and_are_cut_at_mib_boundaries()
     # a long range is cut at every MiB boundary, so held MiBs can be skipped one by one
     pieces = prefetch_pieces([(3 * mib, 2 * mib)], 10 * mib)
     assert pieces == [(3 * mib, mib), (4 * mib, mib), (5 * mib, PREFETCH_PAD)]
+
+
+def test_a_hinted_range_is_left_to_the_stream_when_its_backlog_is_short(tmp_path):
+    """With `[agent] link_bytes_s`, a hinted range of a file arriving by stream is fetched from
+    the store only when the streams' backlog needs at least PREFETCH_BEHIND_S of link: against a
+    short backlog a fetch arrives no sooner and sends the bytes twice."""
+    from agent.demand import PREFETCH_BEHIND_S
+    store = tmp_path / "store"
+    store.mkdir()
+    big = 1 << 20
+    data = os.urandom(8 * big)
+    # 7 MiB missing: a short backlog on a 100 MB/s link, a long one on a 1 MB/s link
+    for rate, fetched in ((7 * big / (PREFETCH_BEHIND_S / 2), 0), (7 * big / (PREFETCH_BEHIND_S * 4), 1)):
+        tier = Tier(tmp_path / f"r{int(rate)}", store, follow=False, link_bytes_s=int(rate))
+        try:
+            rel = f"ckpt/run/step_{fetched}/__0_0.distcp"
+            version = _publish_partly(tier.client, store, rel, data, "s1", send={0}, chunk=big)
+            assert tier.client.prefetch(rel, version, [(3 * big + 100, 3000)]) == fetched
+            demand = tier.client.status()["demand"]
+            assert (demand["prefetched"], demand["prefetch_left_to_stream"]) == (fetched, 1 - fetched), demand
+            # the read itself is answered either way (here from the store: the stream never comes)
+            assert tier.client.read(rel, 3 * big + 100, 3000, True, version, demand=True) == data[3 * big + 100:3 * big + 3100]
+        finally:
+            tier.close()
