@@ -9,6 +9,9 @@ all of it. Now each read is answered at once:
   chunks verified against the publish's CRCs, a copy's finished ranges), or else
 - fetched from the store at once, only the bytes asked for, while the stream or the copy goes on;
   whichever comes first answers (the held bytes when they land while the fetch is in flight).
+  When the file comes by a stream whose backlog needs under `PREFETCH_BEHIND_S` of the link
+  (`[agent] link_bytes_s`), the read first waits for the stream, about that long: a fetch would
+  share the link with the backlog, arrive no sooner, and send the bytes twice.
 
 An eval job that knows the byte ranges it is about to read (the tensors a DCP load takes, from
 the `.metadata` it reads anyway) says so (`.hintfs/reads/<job>` on the eval mount, forwarded as
@@ -50,6 +53,9 @@ PIECE_BYTES = 1 << 20              # prefetched pieces are cut at MiB boundaries
 # backlog needs more than this long on the link: a fetch takes a round trip and shares the link
 # with that backlog, so against a short one it arrives no sooner and sends the bytes twice.
 PREFETCH_BEHIND_S = 0.5
+# A read of such a file waits this much longer than the backlog's link time for the stream
+# before it fetches from the store (a stream that stalls costs at most this wait).
+STREAM_GRACE_S = 0.25
 
 
 def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
@@ -95,7 +101,8 @@ class DemandReads:
         # reads; answered from held bytes at once; fetched from the store; answered by bytes that
         # landed while the fetch was in flight; and the milliseconds those last two waited
         self.counts = {"reads": 0, "held": 0, "fetched": 0, "bytes_fetched": 0, "raced": 0, "wait_ms": 0,
-                       "prefetched": 0, "bytes_prefetched": 0, "prefetch_hits": 0, "prefetch_left_to_stream": 0}
+                       "prefetched": 0, "bytes_prefetched": 0, "prefetch_hits": 0, "prefetch_left_to_stream": 0,
+                       "stream_waits": 0}
 
     # -- store readers, one per version ----------------------------------------------------------
     def prepare(self, path: str, version: Version) -> None:
@@ -213,8 +220,16 @@ class DemandReads:
                 return b"".join(parts)
             except Exception as err:   # (a failed prefetch: read as without it)
                 log.debug("prefetch of %s at %d failed: %s", path, offset, err)
-        fetch = self._pool.submit(self._fetch, path, version, offset, length)
         t0 = time.monotonic()
+        behind = self.stream_behind_s(path, version) if self.stream_behind_s is not None else None
+        if behind is not None and behind < PREFETCH_BEHIND_S:
+            # the stream's short backlog brings these bytes about as soon as a fetch would
+            data = self._wait_held(path, version, offset, length, t0 + 2 * behind + STREAM_GRACE_S)
+            if data is not None:
+                self._count("stream_waits")
+                self._count("wait_ms", round((time.monotonic() - t0) * 1000))
+                return data
+        fetch = self._pool.submit(self._fetch, path, version, offset, length)
         deadline = t0 + self.timeout_s
         while True:
             if fetch.done():
@@ -232,6 +247,14 @@ class DemandReads:
                 raise rpc_error(errno.ETIMEDOUT, f"{path}: no bytes at {offset} within {self.timeout_s:.0f} s")
             with self.cond:
                 self.cond.wait(_WAKE_S)
+
+    def _wait_held(self, path: str, version: Version, offset: int, length: int, until: float) -> Optional[bytes]:
+        while True:
+            data = self.held(path, version, offset, length)
+            if data is not None or time.monotonic() >= until:
+                return data
+            with self.cond:
+                self.cond.wait(min(_WAKE_S, max(0.0, until - time.monotonic())))
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from agent.client import AgentClient
 from agent.server import AgentServer
 from mountconfig import parse_config
 from policy.stream import chunk_crc, crcs_of
@@ -284,3 +285,36 @@ def test_a_hinted_range_is_left_to_the_stream_when_its_backlog_is_short(tmp_path
             assert tier.client.read(rel, 3 * big + 100, 3000, True, version, demand=True) == data[3 * big + 100:3 * big + 3100]
         finally:
             tier.close()
+
+
+def test_a_read_waits_for_a_stream_with_a_short_backlog_and_fetches_if_it_stalls(tmp_path):
+    """With a short backlog, a read of a chunk not held yet waits for the stream instead of
+    fetching the bytes a second time; if the stream stalls, it fetches after about twice the
+    backlog's link time plus STREAM_GRACE_S."""
+    from agent.demand import PREFETCH_BEHIND_S, STREAM_GRACE_S
+    store = tmp_path / "store"
+    store.mkdir()
+    big = 1 << 20
+    data = os.urandom(8 * big)
+    rate = 7 * big / (PREFETCH_BEHIND_S / 2)        # 7 MiB missing: a quarter second of link
+    tier = Tier(tmp_path, store, follow=False, link_bytes_s=int(rate))
+    try:
+        c = tier.client
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        version = _publish_partly(c, store, rel, data, "s1", send={0}, chunk=big)
+        parts = _chunks(data, big)
+        later = threading.Timer(0.15, lambda: AgentClient(tier.loc).stream_put("s1", 0, [(3 * big, parts[3], chunk_crc(parts[3]))]))
+        later.start()
+        assert c.read(rel, 3 * big + 10, 1000, True, version, demand=True) == data[3 * big + 10:3 * big + 1010]
+        later.join()
+        d = c.status()["demand"]
+        assert (d["stream_waits"], d["fetched"], d["raced"]) == (1, 0, 0), d
+        # chunk 5 never comes: the read fetches it from the store once the wait is over
+        t0 = time.monotonic()
+        assert c.read(rel, 5 * big, 100, True, version, demand=True) == data[5 * big:5 * big + 100]
+        waited = time.monotonic() - t0
+        backlog_s = 6 * big / rate
+        assert waited < 2 * backlog_s + STREAM_GRACE_S + 5, waited
+        assert c.status()["demand"]["fetched"] == 1
+    finally:
+        tier.close()
