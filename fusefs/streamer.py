@@ -175,6 +175,8 @@ class Streamer:
             if not fs.announced and fs.opened and behind > 1:
                 # Far behind the writer: tell the tier the published version now (it answers
                 # "fill"), so its copier waits for this stream instead of copying the file again.
+                with fs.lock:
+                    acked = set(fs.sent)        # what the tier held before it answers
                 state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
                                                       fs.record)
                 fs.announced = True
@@ -184,8 +186,11 @@ class Streamer:
                     self.close(fs)
                     return True
                 with fs.lock:
+                    # Only a chunk acknowledged before the question is really missing (its bytes
+                    # were not the published file's). One in flight then may have landed since:
+                    # the answer predates it, and sending it again would cross the link twice.
                     for i in fetch:
-                        if i not in fs.inflight:
+                        if i in acked and i not in fs.inflight:
                             fs.sent.pop(i, None)
             self._drain(fs)
             # A stream the tier has never heard of (nothing sent, no failure) opens inside the

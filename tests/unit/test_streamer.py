@@ -190,3 +190,45 @@ def test_a_file_unlinked_before_close_leaves_nothing_at_the_tier(tmp_path):
     assert streamer.step(fs)
     assert not tier.streaming("p") and link.ready == {}
     assert os.listdir(tmp_path / "tier") == []
+
+
+def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice(tmp_path):
+    """The announce (a publish while chunks are in flight) answers "fill" with the chunks the
+    tier lacks at that moment; one that was in flight and lands before the sender reads the
+    answer is held by then: it must not be sent again (seen in bench/cross_dc_eval.py as one
+    4 MiB chunk crossing the link twice in about one rep of ten)."""
+    import threading
+    import time
+    tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
+    link = Link(tier)
+    held_at = 2 * CHUNK                    # this chunk is in flight when the announce is answered
+    release = threading.Event()
+    streamer = Streamer(link, CHUNK, parallel=4)
+    f = open(tmp_path / "staging", "w+b")
+    fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
+    plain_put, plain_publish = link.put, link.publish
+
+    def put(sid, gen, offset, data, crc, opening=None):
+        if offset == held_at:
+            assert release.wait(10)
+        plain_put(sid, gen, offset, data, crc, opening)
+
+    def publish(*args, **kw):
+        answer = plain_publish(*args, **kw)     # computed while the chunk is still in flight
+        if not release.is_set():
+            release.set()                       # ... which lands before the sender reads it
+            deadline = time.monotonic() + 10
+            while (held_at // CHUNK) not in fs.sent and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return answer
+
+    link.put, link.publish = put, publish
+    data = os.urandom(6 * CHUNK + 100)
+    f.write(data)
+    f.flush()
+    streamer.step(fs)                           # all chunks handed to the send pool
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready["ckpt/s1/__0_0.distcp"] == data
+    assert link.bytes == len(data)              # no chunk crossed twice
+    streamer.shutdown()
