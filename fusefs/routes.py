@@ -22,7 +22,9 @@ built by `fusefs/mount.py` only when there are routes:
   reads go to the store (of that version only).
 - streaming: a training mount is sending the file and has not published it: the tier is asked to
   answer when it is published (at most `stream_wait_s`), then as above; its bytes are never served
-  before, and after the wait the store answers (the older version, or no file).
+  before, and after the wait the store answers (the older version, or no file). A read hint for
+  such a file (or one the tier has not seen yet) is kept and sent when the file is opened while
+  still arriving.
 - dir: the tier holds files below the path, which is a folder.
 - absent but expected (other files of its folder are being streamed in): a `stat` asks the store
   in a thread and the tier in short waits, the first answer wins (`_stat_race`; one thread per
@@ -42,6 +44,7 @@ import logging
 import stat as stat_mod
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Iterator, Optional
 
@@ -57,6 +60,8 @@ ROUTED_TTL_S = 86400.0      # a copy fetched because an eval read it lives a day
 READY_MEMORY_S = 1.0        # a "ready" answer serves the lookup, open and routing of one file open
 APPEAR_WAIT_S = 5.0         # a stat waits at most this long for a file expected at the tier ...
 APPEAR_SLICE_S = 0.02       # ... in tier calls this long, checking for the store's answer between
+LATER_HINTS_S = 60.0        # a read hint for a file the tier is not receiving yet is kept this long ...
+LATER_HINTS_MAX = 4096      # ... for at most this many files
 EVAL_IMPORTANCE = 2.0       # an eval is waiting: twice the weight of predictive copies on the link
 
 _DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
@@ -195,6 +200,10 @@ class RoutedStore:
         # path -> (tier_stat "ready" answer, when): one file open is a lookup, an open and the
         # routing check within milliseconds; each would be a call to the tier otherwise.
         self._ready: dict[str, tuple[dict, float]] = {}
+        # Read hints for routed files the tier was not receiving yet (an unpublished stream, or
+        # not there yet): path -> (ranges, when); forwarded when the file is opened as arriving.
+        self._later_hints: "OrderedDict[str, tuple[list[tuple[int, int]], float]]" = OrderedDict()
+        self._hints_lock = threading.Lock()
 
     # -- not routed: the store's --------------------------------------------------------------
     def check(self) -> None:
@@ -352,9 +361,33 @@ class RoutedStore:
                 doc = client.tier_stat(path)   # no wait: an unpublished stream has no version yet
                 if doc["state"] == "copying":
                     n += client.prefetch(path, (int(doc["size"]), int(doc["mtime_ns"])), ranges)
+                elif doc["state"] in ("streaming", "absent"):
+                    self._hint_later(path, ranges)   # sent when it is opened still arriving
             except OSError as err:
                 log.info("read hint for %s not forwarded to the tier: %s", path, err)
         return n
+
+    def _hint_later(self, path: str, ranges: list[tuple[int, int]]) -> None:
+        now = time.monotonic()
+        with self._hints_lock:
+            self._later_hints[path] = (list(ranges), now)
+            self._later_hints.move_to_end(path)
+            while self._later_hints and (len(self._later_hints) > LATER_HINTS_MAX
+                                         or now - next(iter(self._later_hints.values()))[1] > LATER_HINTS_S):
+                self._later_hints.popitem(last=False)
+
+    def _forward_later_hint(self, client, path: str, identity: tuple[int, int]) -> None:
+        """A file hinted before the tier was receiving it is opened while arriving: the hint's
+        ranges are fetched now, all at once, instead of one read after another."""
+        with self._hints_lock:
+            hint = self._later_hints.pop(path, None)
+        if hint is None or time.monotonic() - hint[1] > LATER_HINTS_S:
+            return
+        try:
+            if client.prefetch(path, identity, hint[0]):
+                self.stats.add("route_hints_at_open")
+        except OSError as err:
+            log.info("read hint for %s not forwarded to the tier: %s", path, err)
 
     def open_reader(self, rel: str):
         client, doc = self._tier(rel)
@@ -362,6 +395,7 @@ class RoutedStore:
             # Demand-first: reads do not wait for the whole file (agent/demand.py).
             self.stats.add("route_demand_opens")
             st = self._file(doc)
+            self._forward_later_hint(client, rel, st.identity())
             return _TierDemandReader(client, self._store, rel, st.identity(), self.stats), st
         if doc["state"] == "ready":
             st = self._file(doc)

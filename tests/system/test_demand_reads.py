@@ -318,3 +318,47 @@ def test_a_read_waits_for_a_stream_with_a_short_backlog_and_fetches_if_it_stalls
         assert c.status()["demand"]["fetched"] == 1
     finally:
         tier.close()
+
+
+@needs_fuse
+def test_a_read_hint_for_a_file_not_published_yet_is_sent_when_the_file_is_opened(mount_factory, tmp_path):
+    """A hint names a file whose stream the tier has not seen published (a big checkpoint's data
+    file far behind its writer): the eval mount keeps it, and sends it when the file is opened
+    still arriving, so that its ranges are fetched at once, not one read after another."""
+    from hintfs.client import hint_reads
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        big = 1 << 20
+        data = os.urandom(8 * big)
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        (store / rel).parent.mkdir(parents=True)
+        (store / rel).write_bytes(data)
+        version = _version(store / rel)
+        parts = _chunks(data, big)
+        c = tier.client
+        c.stream_open("s1", 0, rel, big)
+        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        assert c.tier_stat(rel)["state"] == "streaming"
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
+                                 'fetch_on_read = false\n')
+        wanted = [(3 * big + 100, 3000), (5 * big + 7, 20), (7 * big + 4096, 10)]
+        hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
+        hint_doc = ev.mnt / ".hintfs" / "reads" / "merge"
+        deadline = time.monotonic() + 10                        # the mount has looked at the tier
+        while json.loads(hint_doc.read_text())["pieces_fetching"] is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert json.loads(hint_doc.read_text())["pieces_fetching"] == 0
+        assert c.status()["demand"]["prefetched"] == 0          # nothing to fetch for yet
+        assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
+        with open(ev.mnt / rel, "rb") as f:
+            for off, n in wanted:
+                f.seek(off)
+                assert f.read(n) == data[off:off + n]
+        assert ev.stats()["counters"].get("route_hints_at_open") == 1
+        demand = c.status()["demand"]
+        assert demand["prefetched"] == 3 and demand["prefetch_hits"] >= 3 and demand["fetched"] == 0, demand
+    finally:
+        tier.close()
