@@ -632,8 +632,10 @@ class AgentServer(fl.FlightServerBase):
         return self.streams.read_verified(path, version, offset, length)
 
     def _stream_behind_s(self, path: str, version: tuple[int, int]) -> Optional[float]:
-        """Seconds of link (`[agent] link_bytes_s`) the published streams' backlog still needs,
-        when `version` of `path` comes by a stream; None when it does not."""
+        """Seconds of link (`[agent] link_bytes_s`) the streams' backlog still needs, when
+        `version` of `path` comes by a stream; None when it does not. The backlog counts published
+        streams and those whose size the journal told; a stream of unknown size counts as none,
+        so a short estimate can make a read wait up to 2 × 0.5 + 0.25 s before it fetches."""
         state = self.streams.state_of(path)
         with self.lock:
             awaited = dict(self._awaiting)   # journaled versions whose stream is not published here yet

@@ -48,11 +48,11 @@ log = logging.getLogger("hintfs.wan")
 # links keep 64 KiB, so a chunk stays a small part of a sample interval.
 READ_SIZE = 64 * 1024
 MAX_READ_SIZE = 256 * 1024
+DIRECTIONS = ("up", "down")
 
 
 def read_size_for(rate_bytes_s: float) -> int:
     return int(min(MAX_READ_SIZE, max(READ_SIZE, rate_bytes_s * 0.005)))
-DIRECTIONS = ("up", "down")
 
 
 def _is_loopback(host: str) -> bool:
