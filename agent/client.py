@@ -115,7 +115,7 @@ class AgentClient:
         return {int(i): int(c) for i, c in doc.get("held", [])}
 
     def stream_put(self, sid: str, gen: int, chunks, opening: Optional[dict] = None,
-                   publish: Optional[dict] = None) -> dict:
+                   publish: Optional[dict] = None, seen: Optional[int] = None) -> dict:
         """One `do_put`: the stream's open (if given), its chunks [(offset, data, crc)], its
         publish (if given); the agent's answer."""
         desc = {"op": "stream", "stream": sid, "gen": gen}
@@ -123,6 +123,8 @@ class AgentClient:
             desc["open"] = {"stream": sid, "gen": gen, **opening}
         if publish is not None:
             desc["publish"] = {"stream": sid, "gen": gen, **publish}
+        if seen is not None:
+            desc["seen"] = seen
         try:
             writer, reader = self._client.do_put(fl.FlightDescriptor.for_command(json.dumps(desc).encode()),
                                                  self._CHUNKS, self._opts)

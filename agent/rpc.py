@@ -130,6 +130,9 @@ class StreamPutRequest(Request):
     gen: NonNeg
     open: Optional[StreamOpenRequest] = None
     publish: Optional[StreamPublishRequest] = None
+    # the sender's file size when it sent these chunks (at most the final size): the tier's
+    # estimate of what is still to come before the publish tells the size
+    seen: Optional[NonNeg] = None
 
 
 class StreamAbortRequest(Request):

@@ -633,15 +633,15 @@ class AgentServer(fl.FlightServerBase):
 
     def _stream_behind_s(self, path: str, version: tuple[int, int]) -> Optional[float]:
         """Seconds of link (`[agent] link_bytes_s`) the streams' backlog still needs, when
-        `version` of `path` comes by a stream; None when it does not. The backlog counts published
-        streams and those whose size the journal told; a stream of unknown size counts as none,
-        so a short estimate can make a read wait up to 2 × 0.5 + 0.25 s before it fetches."""
+        `version` of `path` comes by a stream; None when it does not, or when the backlog is not
+        known (a stream whose size neither its publish, the journal nor its sender told)."""
         state = self.streams.state_of(path)
         with self.lock:
             awaited = dict(self._awaiting)   # journaled versions whose stream is not published here yet
         if state != ("filling", version) and not (state == ("streaming", None) and awaited.get(path) == version):
             return None
-        return self.streams.backlog_bytes({p: v[0] for p, v in awaited.items()}) / self.cfg.agent.link_bytes_s
+        backlog = self.streams.backlog_bytes({p: v[0] for p, v in awaited.items()})
+        return None if backlog is None else backlog / self.cfg.agent.link_bytes_s
 
     def _arriving(self, path: str, version: tuple[int, int]) -> bool:
         """A published stream or a copy of exactly `version` of `path` is on its way here."""
@@ -748,6 +748,8 @@ class AgentServer(fl.FlightServerBase):
                     view = memoryview(chunks[i].as_buffer())
                     self.streams.put(req.stream, req.gen, int(off), view, int(crc))
                 self._streams_changed()   # demand reads may be waiting for these chunks
+            if req.seen is not None:
+                self.streams.saw(req.stream, req.gen, req.seen)
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except (KeyError, TypeError, ValueError) as err:

@@ -55,6 +55,7 @@ class Stream:
     saved_at: float = 0.0
     version: Optional[tuple[int, int]] = None   # published as (size, mtime_ns), chunks still missing
     final: Optional[list[int]] = None           # the published file's chunk CRCs (with `version`)
+    seen: Optional[int] = None                  # the sender's file size at its last put (unpublished)
     unsaved: bool = False                       # chunks arrived since the last progress file
     lock: threading.RLock = field(default_factory=threading.RLock)
     io_lock: threading.Lock = field(default_factory=threading.Lock)   # see the module's docstring
@@ -290,18 +291,26 @@ class StreamTier:
                     return os.pread(s.fd, max(0, min(length, version[0] - offset)), offset)
         return None
 
-    def backlog_bytes(self, expected: Optional[dict[str, int]] = None) -> int:
-        """Bytes still to arrive (size less what is held) for published streams, and for
-        unpublished ones whose size `expected` knows (path -> size, from the journal): what the
-        link must carry before the last of them is complete."""
+    def saw(self, sid: str, gen: int, size: int) -> None:
+        """The sender's file was `size` bytes when it sent its last chunks."""
+        s = self._get(sid, gen)
+        with s.lock:
+            s.seen = max(size, s.seen or 0)
+
+    def backlog_bytes(self, expected: Optional[dict[str, int]] = None) -> Optional[int]:
+        """Bytes still to arrive (size less what is held) for every stream: what the link must
+        carry before the last of them is complete. A stream's size is its publish's, else the
+        journal's (`expected`: path -> size), else what its sender last saw; None when a stream
+        has none of them (its backlog could be anything)."""
         expected = expected or {}
         with self.lock:
             streams = list(self.streams.values())
         total = 0
         for s in streams:
-            size = s.version[0] if s.version is not None else expected.get(s.path)
-            if size is not None:
-                total += max(0, size - s.ranges.bytes_held())
+            size = s.version[0] if s.version is not None else expected.get(s.path, s.seen)
+            if size is None:
+                return None
+            total += max(0, size - s.ranges.bytes_held())
         return total
 
     def bytes_held(self) -> int:

@@ -49,8 +49,9 @@ _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or
 class Transport(Protocol):
     def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]: ...
     def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int,
-            opening: Optional[tuple[str, int, Optional[str]]] = None) -> None:
-        """One chunk; `opening` = (path, chunk, job): open the stream first if the tier lacks it."""
+            opening: Optional[tuple[str, int, Optional[str]]] = None, seen: Optional[int] = None) -> None:
+        """One chunk; `opening` = (path, chunk, job): open the stream first if the tier lacks it;
+        `seen`: the file's size now (the tier's estimate of what is still to come)."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
                 opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
@@ -250,7 +251,7 @@ class Streamer:
             return None                         # truncated under us: the final CRCs will tell
         crc = chunk_crc(data)
         self.transport.put(fs.sid, fs.gen, off, data, crc,
-                           None if fs.opened else (fs.path, fs.chunk, fs.job))
+                           None if fs.opened else (fs.path, fs.chunk, fs.job), seen=size)
         return i, crc, n
 
     def _link_transfer(self, fs: FileStream, chunks: list[int], size: int):

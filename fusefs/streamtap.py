@@ -57,10 +57,11 @@ class FlightTransport:
     def open(self, sid, gen, path, chunk, job=None):
         return self.control.stream_open(sid, gen, path, chunk, job)
 
-    def put(self, sid, gen, offset, data, crc, opening=None):
+    def put(self, sid, gen, offset, data, crc, opening=None, seen=None):
         self.client.stream_put(sid, gen, [(offset, data, crc)],
                                opening=None if opening is None else {"path": opening[0], "chunk": opening[1],
-                                                                     "job": opening[2]})
+                                                                     "job": opening[2]},
+                               seen=seen)
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         small = sum(len(c[1]) for c in chunks) <= self.SMALL

@@ -362,3 +362,29 @@ def test_a_read_hint_for_a_file_not_published_yet_is_sent_when_the_file_is_opene
         assert demand["prefetched"] == 3 and demand["prefetch_hits"] >= 3 and demand["fetched"] == 0, demand
     finally:
         tier.close()
+
+
+def test_a_stream_of_unknown_size_makes_the_hint_fetch_at_once(tmp_path):
+    """Another stream whose size the tier cannot know (no publish, no journal record, an old
+    sender that does not say what it saw) could be any backlog: the hint is fetched at once.
+    Once its sender says how big the file is, the backlog is known again."""
+    store = tmp_path / "store"
+    store.mkdir()
+    big = 1 << 20
+    data = os.urandom(8 * big)
+    rate = 7 * big / 0.25                        # the published file alone: a quarter second
+    tier = Tier(tmp_path, store, follow=False, link_bytes_s=int(rate))
+    try:
+        c = tier.client
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        version = _publish_partly(c, store, rel, data, "s1", send={0}, chunk=big)
+        other = os.urandom(big)
+        c.stream_open("s2", 0, "ckpt/run/step_1/__1_0.distcp", big)
+        c.stream_put("s2", 0, [(0, other, chunk_crc(other))])             # says nothing of its size
+        assert c.prefetch(rel, version, [(3 * big + 100, 3000)]) == 1
+        assert c.status()["demand"]["prefetch_left_to_stream"] == 0
+        c.stream_put("s2", 0, [], seen=2 * big)                            # 1 MiB more to come
+        assert c.prefetch(rel, version, [(5 * big + 100, 3000)]) == 0
+        assert c.status()["demand"]["prefetch_left_to_stream"] == 1
+    finally:
+        tier.close()

@@ -145,3 +145,22 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
         release.set()
         t.join(10)
     assert tier.read_verified("ckpt/a", (len(data), 5), 0, len(data)) == data
+
+
+def test_the_backlog_counts_every_stream_by_the_best_size_known_or_is_unknown(tmp_path):
+    """What is still to come: a published stream by its size, an unpublished one by the journal's
+    size or else the size its sender last saw; one with none of them makes the backlog unknown."""
+    tier = StreamTier(str(tmp_path / "t"), Clock())
+    a, b = os.urandom(40), os.urandom(24)
+    tier.open("a", 0, "ckpt/a", CHUNK)
+    put_all(tier, "a", 0, a, skip={2, 3, 4})                      # 16 of 40 bytes held
+    tier.publish("a", 0, "ckpt/a", len(a), 1, crcs(a))
+    assert tier.backlog_bytes() == 24
+    tier.open("b", 0, "ckpt/b", CHUNK)
+    put_all(tier, "b", 0, b[:8])
+    assert tier.backlog_bytes() is None                           # b's size is not known yet
+    assert tier.backlog_bytes({"ckpt/b": 24}) == 24 + 16          # the journal knows it
+    tier.saw("b", 0, 20)                                          # its sender had 20 bytes
+    assert tier.backlog_bytes() == 24 + 12
+    tier.saw("b", 0, 16)                                          # (never lowered)
+    assert tier.backlog_bytes() == 24 + 12

@@ -41,10 +41,12 @@ class Link:
     def open(self, sid, gen, path, chunk, job=None):
         return self._call(self.tier.open, sid, gen, path, chunk, job)
 
-    def put(self, sid, gen, offset, data, crc, opening=None):
+    def put(self, sid, gen, offset, data, crc, opening=None, seen=None):
         if opening is not None:
             self.open(sid, gen, *opening)
         self._call(self.tier.put, sid, gen, offset, data, crc)
+        if seen is not None:
+            self._call(self.tier.saw, sid, gen, seen)
         self.bytes += len(data)
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
@@ -208,10 +210,10 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
     plain_put, plain_publish = link.put, link.publish
 
-    def put(sid, gen, offset, data, crc, opening=None):
+    def put(sid, gen, offset, data, crc, opening=None, seen=None):
         if offset == held_at:
             assert release.wait(10)
-        plain_put(sid, gen, offset, data, crc, opening)
+        plain_put(sid, gen, offset, data, crc, opening, seen)
 
     def publish(*args, **kw):
         answer = plain_publish(*args, **kw)     # computed while the chunk is still in flight
