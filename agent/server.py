@@ -737,6 +737,8 @@ class AgentServer(fl.FlightServerBase):
                 raise rpc_error(errno.EINVAL, "open names another stream or generation")
             result = self.stream_open(req.open)
         try:
+            if req.seen is not None:   # before the chunks land: known as soon as the call starts
+                self.streams.saw(req.stream, req.gen, req.seen)
             for batch in reader:
                 data = batch.data
                 offsets = data.column("offset").to_pylist()
@@ -748,8 +750,6 @@ class AgentServer(fl.FlightServerBase):
                     view = memoryview(chunks[i].as_buffer())
                     self.streams.put(req.stream, req.gen, int(off), view, int(crc))
                 self._streams_changed()   # demand reads may be waiting for these chunks
-            if req.seen is not None:
-                self.streams.saw(req.stream, req.gen, req.seen)
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except (KeyError, TypeError, ValueError) as err:
