@@ -92,6 +92,10 @@ class DemandReads:
         self.stream_behind_s = stream_behind_s
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-demand")
+        # Store readers open in a pool of their own: a fetch (in `_pool`) waits for its reader,
+        # and with the open queued behind `parallel` such fetches in the same pool, none would
+        # ever run (seen: a merge stalled 51 s, until `timeout_s`, with 20 pieces hinted at once).
+        self._opener = ThreadPoolExecutor(4, thread_name_prefix="hintfs-demand-open")
         self._lock = threading.Lock()
         self._readers: "OrderedDict[tuple[str, Version], Future]" = OrderedDict()
         self._retired: list[tuple[float, Future]] = []   # evicted readers a fetch may still use
@@ -117,7 +121,7 @@ class DemandReads:
             if fut is not None:
                 self._readers.move_to_end(key)
                 return fut
-            fut = self._pool.submit(self._open, path, version)
+            fut = self._opener.submit(self._open, path, version)
             self._readers[key] = fut
             now = time.monotonic()
             while len(self._readers) > _READERS:
@@ -266,6 +270,7 @@ class DemandReads:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._opener.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             readers = list(self._readers.values()) + [f for _t, f in self._retired]
             self._readers, self._retired = OrderedDict(), []

@@ -388,3 +388,38 @@ def test_a_stream_of_unknown_size_makes_the_hint_fetch_at_once(tmp_path):
         assert c.status()["demand"]["prefetch_left_to_stream"] == 1
     finally:
         tier.close()
+
+
+def test_many_pieces_hinted_before_the_store_reader_is_open_do_not_wait_for_each_other(tmp_path):
+    """More hinted pieces than fetch threads, before the store reader of that version is open:
+    the fetches wait for the open, which must not queue behind them in the same pool (it did,
+    and every piece waited out the timeout)."""
+    import threading as th
+    from agent.demand import DemandReads
+    store = tmp_path / "store"
+    store.mkdir()
+    data = os.urandom(8 << 20)
+    (store / "f").write_bytes(data)
+    version = _version(store / "f")
+
+    class SlowOpen(LocalStore):
+        def open_reader(self, rel):
+            time.sleep(0.2)
+            return super().open_reader(rel)
+
+    demand = DemandReads(SlowOpen(str(store)), th.Condition(), lambda *a: None, lambda *a: True,
+                         timeout_s=5.0, parallel=2)
+    busy = th.Event()
+    try:
+        for _ in range(2):                      # both fetch threads busy while the pieces queue up
+            demand._pool.submit(busy.wait, 10)
+        t0 = time.monotonic()
+        assert demand.prefetch("f", version, [(i << 20, 100) for i in range(6)]) == 6
+        busy.set()
+        for i in range(6):
+            assert demand.read("f", version, i << 20, 100) == data[i << 20:(i << 20) + 100]
+        assert demand.status()["prefetch_hits"] == 6
+        assert time.monotonic() - t0 < 4.0      # not the 5 s timeout per piece
+    finally:
+        busy.set()
+        demand.close()
