@@ -161,8 +161,7 @@ class DemandReads:
         version = (int(version[0]), int(version[1]))
         if not self.arriving(path, version):
             return 0
-        behind = self.stream_behind_s(path, version) if self.stream_behind_s is not None else None
-        if behind is not None and behind < PREFETCH_BEHIND_S:
+        if self._stream_soon(path, version) is not None:
             self._count("prefetch_left_to_stream")   # its reads race the stream as without a hint
             return 0
         key = (path, version)
@@ -225,8 +224,8 @@ class DemandReads:
             except Exception as err:   # (a failed prefetch: read as without it)
                 log.debug("prefetch of %s at %d failed: %s", path, offset, err)
         t0 = time.monotonic()
-        behind = self.stream_behind_s(path, version) if self.stream_behind_s is not None else None
-        if behind is not None and behind < PREFETCH_BEHIND_S:
+        behind = self._stream_soon(path, version)
+        if behind is not None:
             # the stream's short backlog brings these bytes about as soon as a fetch would
             data = self._wait_held(path, version, offset, length, t0 + 2 * behind + STREAM_GRACE_S)
             if data is not None:
@@ -251,6 +250,12 @@ class DemandReads:
                 raise rpc_error(errno.ETIMEDOUT, f"{path}: no bytes at {offset} within {self.timeout_s:.0f} s")
             with self.cond:
                 self.cond.wait(_WAKE_S)
+
+    def _stream_soon(self, path: str, version: Version) -> Optional[float]:
+        """The link time of the streams' backlog when this version comes by a stream and that
+        backlog is under PREFETCH_BEHIND_S (leave it to the stream); None: fetch as usual."""
+        behind = self.stream_behind_s(path, version) if self.stream_behind_s is not None else None
+        return behind if behind is not None and behind < PREFETCH_BEHIND_S else None
 
     def _wait_held(self, path: str, version: Version, offset: int, length: int, until: float) -> Optional[bytes]:
         while True:

@@ -30,6 +30,13 @@ def _version(path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+def _eval_mount(mount_factory, store, tier):
+    """An eval mount of `store` routing `ckpt` to `tier`, which it never asks to fetch."""
+    return mount_factory(name="eval", store_uri=f"file://{store}",
+                         extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
+                               'fetch_on_read = false\n')
+
+
 def _publish_partly(client, store, rel: str, data: bytes, sid: str, send: set[int],
                     chunk: int = CHUNK) -> tuple[int, int]:
     """Write `rel` to the store, stream the chunks in `send` and publish it: the tier holds a
@@ -177,9 +184,7 @@ def test_an_eval_mount_reads_a_file_still_arriving_without_waiting_for_all_of_it
         version = _publish_partly(tier.client, store, "ckpt/run/step_1/__0_0.distcp", data, "s1",
                                   send={0, 2, 3}, chunk=big)
         assert tier.client.tier_stat("ckpt/run/step_1/__0_0.distcp")["state"] == "copying"
-        ev = mount_factory(name="eval", store_uri=f"file://{store}",
-                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
-                                 'fetch_on_read = false\n')
+        ev = _eval_mount(mount_factory, store, tier)
         p = ev.mnt / "ckpt" / "run" / "step_1" / "__0_0.distcp"
         assert (os.stat(p).st_size, os.stat(p).st_mtime_ns) == version
         with open(p, "rb") as f:
@@ -212,9 +217,7 @@ def test_read_hints_fetch_the_ranges_a_job_will_read_before_it_reads_them(mount_
         data = os.urandom(8 * big)
         rel = "ckpt/run/step_1/__0_0.distcp"
         _publish_partly(tier.client, store, rel, data, "s1", send={0}, chunk=big)
-        ev = mount_factory(name="eval", store_uri=f"file://{store}",
-                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
-                                 'fetch_on_read = false\n')
+        ev = _eval_mount(mount_factory, store, tier)
         wanted = [(3 * big + 100, 3000), (5 * big + 7, 20), (7 * big + 4096, 10)]
         hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
         assert wait_for_value(lambda: tier.client.status()["demand"]["prefetched"], 3)
@@ -341,9 +344,7 @@ def test_a_read_hint_for_a_file_not_published_yet_is_sent_when_the_file_is_opene
         c.stream_open("s1", 0, rel, big)
         c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
         assert c.tier_stat(rel)["state"] == "streaming"
-        ev = mount_factory(name="eval", store_uri=f"file://{store}",
-                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
-                                 'fetch_on_read = false\n')
+        ev = _eval_mount(mount_factory, store, tier)
         wanted = [(3 * big + 100, 3000), (5 * big + 7, 20), (7 * big + 4096, 10)]
         hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
         hint_doc = ev.mnt / ".hintfs" / "reads" / "merge"
