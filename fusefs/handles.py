@@ -212,6 +212,9 @@ class WriteHandle(Handle):
     async def release(self, fs: Services) -> None:
         node = self.inode
         node.writer_refs -= 1
+        # The kernel closed this file before it sent RELEASE: an open that arrives while this
+        # release waits below must not count it (it would be refused passthrough for a mix).
+        fs.inodes.closing(node)
         if node.writer_refs == 0:
             staging = node.writer
             try:
@@ -220,10 +223,12 @@ class WriteHandle(Handle):
             except OSError as err:
                 log.error("upload of %s at release failed: %s", node.path, err)
             finally:
-                node.writer = None
-                await fs.io(fs.store.discard, staging, inline=staging.inline_io)
-                fs.writer_released(node)
-        fs.inodes.release_open(node)
+                # An open for writing during the commit took this staging over: it is theirs now.
+                if node.writer is staging and node.writer_refs == 0:
+                    node.writer = None
+                    fs.writer_released(node)
+                    await fs.io(fs.store.discard, staging, inline=staging.inline_io)
+        fs.inodes.maybe_drop(node)
 
     def abandon(self, store: Store) -> bool:
         node = self.inode

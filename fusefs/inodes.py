@@ -99,10 +99,15 @@ class InodeTable:
         self.maybe_drop(inode)
 
     def release_open(self, inode: Inode) -> None:
+        self.closing(inode)
+        self.maybe_drop(inode)
+
+    @staticmethod
+    def closing(inode: Inode) -> None:
+        """One open of `inode` is gone (its release has begun); `maybe_drop` after."""
         inode.opens -= 1
         if inode.opens <= 0:
             inode.tensor_data = None   # the next open gets a fresh sample (it may differ: raw/tensor)
-        self.maybe_drop(inode)
 
     def maybe_drop(self, inode: Inode) -> None:
         if inode.lookups <= 0 and inode.opens <= 0 and inode.writer is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 import types
 
 import pyfuse3
@@ -12,7 +13,7 @@ import trio
 
 from fusefs import fuse as fuse_mod
 from fusefs.filesystem import Filesystem
-from fusefs.handles import PassthroughRead, StoreRead
+from fusefs.handles import PassthroughRead, PassthroughWrite, StoreRead
 from mountconfig import MountConfig
 from stores.local import LocalStore
 
@@ -126,3 +127,100 @@ def test_writeback_cache_mounts_without_passthrough_and_says_why(mount_factory):
     (m.mnt / "w.bin").write_bytes(b"x" * 100_000)
     assert (m.store / "w.bin").read_bytes() == b"x" * 100_000
     assert (m.mnt / "w.bin").read_bytes() == b"x" * 100_000
+
+
+class GatedStore(LocalStore):
+    """A store whose commit or discard (named in `gated`) waits for `go`, in a worker thread: a
+    release then awaits there while other requests arrive, as on a disk that is slow for once."""
+    def __init__(self, root: str, gated: str):
+        super().__init__(root)
+        self.gated, self.entered, self.go = gated, threading.Event(), threading.Event()
+        self.armed = False
+
+    def new_staging(self, rel: str, copy_existing: bool):
+        staging = super().new_staging(rel, copy_existing)
+        staging.inline_io = False          # a thread, as on a disk (tmpfs would run it inline)
+        return staging
+
+    def _wait(self, name: str) -> None:
+        if name == self.gated and self.armed:
+            self.entered.set()
+            assert self.go.wait(10)
+
+    def commit(self, staging, rel: str, keep: bool = False):
+        self._wait("commit")
+        return super().commit(staging, rel, keep)
+
+    def discard(self, staging) -> None:
+        self._wait("discard")
+        super().discard(staging)
+
+
+def gated_fs(tmp_path, gated: str) -> Filesystem:
+    (tmp_path / "f").write_bytes(b"hello")
+    cfg = MountConfig.model_validate({"store": {"uri": f"file://{tmp_path}"}})
+    return Filesystem(GatedStore(str(tmp_path), gated), cfg)
+
+
+async def while_released(fs: Filesystem, fh: int, then) -> None:
+    """Release `fh`; while its release waits in the store, run `then()`; then let it finish."""
+    fs.store.armed = True
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.release, fh)
+        await trio.to_thread.run_sync(fs.store.entered.wait, 10)
+        try:
+            await then()
+        finally:
+            fs.store.go.set()
+
+
+def test_an_open_during_the_last_writers_release_still_passes_through(tmp_path):
+    # The kernel detached the closed file before it sent RELEASE: an open that arrives while that
+    # release waits must get passthrough too (it got today's path, and the daemon served the bytes).
+    fs = gated_fs(tmp_path, "discard")
+    backing = CountingBacking()
+    fs.set_passthrough((backing, "on"))
+    opened = {}
+
+    async def reopen():
+        _, opened["rw"] = await lookup_open(fs, os.O_RDWR)
+        _, opened["ro"] = await lookup_open(fs)
+
+    async def main():
+        _, w = await lookup_open(fs, os.O_WRONLY)
+        await fs.flush(w.fh)
+        await while_released(fs, w.fh, reopen)
+        rw, ro = opened["rw"], opened["ro"]
+        assert rw.backing_id and rw.backing_id == ro.backing_id
+        assert isinstance(fs.handles[rw.fh], PassthroughWrite) and isinstance(fs.handles[ro.fh], PassthroughRead)
+        await fs.release(ro.fh)
+        await fs.flush(rw.fh)
+        await fs.release(rw.fh)
+
+    trio.run(main)
+    assert backing.live == set() and fs.stats.snapshot()["bytes"]["read"] == 0
+    assert (tmp_path / "f").read_bytes() == b"hello"
+
+
+def test_a_writer_opened_while_the_last_one_publishes_keeps_its_staging(tmp_path):
+    # The last write handle's release publishes writes that came after its flush (mmap writeback);
+    # a new writer opened meanwhile takes the same staging over: the release must not discard it.
+    fs = gated_fs(tmp_path, "commit")
+    opened = {}
+
+    async def reopen():
+        _, opened["rw"] = await lookup_open(fs, os.O_RDWR)
+
+    async def main():
+        _, w = await lookup_open(fs, os.O_WRONLY | os.O_TRUNC)
+        assert await fs.write(w.fh, 0, b"first") == 5
+        await fs.flush(w.fh)
+        assert await fs.write(w.fh, 5, b"+late") == 5    # after the flush: published at release
+        await while_released(fs, w.fh, reopen)
+        rw = opened["rw"].fh
+        assert await fs.write(rw, 10, b"+second") == 7
+        await fs.flush(rw)
+        await fs.release(rw)
+
+    trio.run(main)
+    assert (tmp_path / "f").read_bytes() == b"first+late+second"
