@@ -187,9 +187,12 @@ class Bench:
             half = len(cpus) // 2
             os.sched_setaffinity(0, cpus[:half])   # this process, its threads and children
             self.eval_cpus = ",".join(map(str, cpus[half:]))
-            self.cpu_split = {"training_and_link": cpus[:half], "eval": cpus[half:]}
+            # The link is neither datacenter's CPU; with two halves it runs on one of them.
+            self.link_cpus = cpus[:half] if args.link_cpus == "training" else cpus[half:]
+            self.cpu_split = {"training": cpus[:half], "eval": cpus[half:], "link": self.link_cpus}
         else:
             self.cpu_split = None
+            self.link_cpus = None
 
     # -- processes -----------------------------------------------------------------------------
     def on_eval_side(self, cmd: list) -> list:
@@ -291,7 +294,7 @@ class Bench:
         aport = free_port()
         # the second listener: training hosts stream to the eval agent over the same link
         self.relay = Relay(("127.0.0.1", s3_port), a.delay_ms / 1000, self.bw, reverse_target=("127.0.0.1", aport),
-                           nice=a.eval_nice)
+                           nice=a.eval_nice, cpus=self.link_cpus)
         rport = self.relay.start()
         self.t_relay0 = time.time()
         self.rport = rport
@@ -601,6 +604,10 @@ def main() -> int:
     ap.add_argument("--cpu-split", action=argparse.BooleanOptionalAction, default=True,
                     help="training side and link on half the CPUs, the eval DC on the other half "
                          "(default; --no-cpu-split: all processes share all CPUs)")
+    ap.add_argument("--link-cpus", choices=("training", "eval"), default="training",
+                    help="with --cpu-split, the half whose CPUs run the relay that emulates the link "
+                         "(default training: as before; eval: the training CPU runs only the writer, its "
+                         "mount and the store, and the write ratio counts the mount's own cost)")
     ap.add_argument("--modes", default="local,remote,rclone,hintfs,hintfs_stream",
                     help="comma-separated modes to run (the rest are null with a reason)")
     ap.add_argument("--jobs", type=int, default=16, help="second run: jobs sharing the link (0: skip)")
@@ -617,7 +624,7 @@ def main() -> int:
     t_begin = time.monotonic()
     b = Bench(a)
     result = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
-                         "eval_nice": a.eval_nice, "stream_chunk_kb": a.stream_chunk_kb,
+                         "eval_nice": a.eval_nice, "link_cpus": a.link_cpus, "stream_chunk_kb": a.stream_chunk_kb,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},

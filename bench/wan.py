@@ -284,7 +284,7 @@ class Relay:
     def __init__(self, target: str | tuple[str, int], delay_s: float, bandwidth_bytes_s: float, *,
                  listen_host: str = "127.0.0.1", listen_port: int = 0,
                  sample_interval_s: float = 0.1, reverse_target: str | tuple[str, int] | None = None,
-                 nice: int = 0, **kwargs: Any):
+                 nice: int = 0, cpus: list[int] | None = None, **kwargs: Any):
         self.target = _parse_target(target)
         _validate(listen_host, self.target[0], delay_s, bandwidth_bytes_s)
         self.delay_s = delay_s
@@ -297,6 +297,7 @@ class Relay:
         self._rstats = RelayStats(sample_interval_s=sample_interval_s)
         self.reverse_port: int | None = None
         self.nice = nice   # the relay thread's CPU priority (a link is not on the hosts' CPUs)
+        self.cpus = cpus   # the relay thread's CPUs (and its worker threads'), None: the process's
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._cancel: trio.CancelScope | None = None
@@ -327,6 +328,8 @@ class Relay:
     def _run(self) -> None:
         if self.nice:
             os.setpriority(os.PRIO_PROCESS, 0, self.nice)   # this thread only (Linux)
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)              # this thread only (Linux)
         try:
             trio.run(self._main)
         except BaseException as e:  # reported to start()

@@ -120,10 +120,12 @@ class StreamTap:
 
     @staticmethod
     def _warm_up(streamer: Streamer) -> None:
-        try:
-            streamer.transport.client.ping()
-        except OSError as err:
-            log.warning("tier agent %s does not answer yet: %s", streamer.transport.client.location, err)
+        transport = streamer.transport
+        for client in dict.fromkeys((transport.client, getattr(transport, "control", transport.client))):
+            try:
+                client.ping()        # the bulk connection and the publishes' own
+            except OSError as err:
+                log.warning("tier agent %s does not answer yet: %s", client.location, err)
 
     # -- hooks (trio loop: record and wake, nothing more) -----------------------------------------
     def wants(self, path: str) -> bool:

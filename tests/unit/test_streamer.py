@@ -229,8 +229,12 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     f.write(data)
     f.flush()
     streamer.step(fs)                           # all chunks handed to the send pool
+    deadline = time.monotonic() + 10            # the others land; the held one stays in flight
+    while len(fs.sent) < 5 and time.monotonic() < deadline:
+        time.sleep(0.005)
     streamer.published(fs, len(data), 1_000)
     assert finish(streamer, fs)
     assert link.ready["ckpt/s1/__0_0.distcp"] == data
     assert link.bytes == len(data)              # no chunk crossed twice
     streamer.shutdown()
+
