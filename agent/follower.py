@@ -22,19 +22,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-from common.journal import decode_name, decode_record
+from common.journal import BUCKET_NS, bucket_of, bucket_start_ns, decode_name, decode_record
 
 log = logging.getLogger("hintfs.follower")
 
 COPY_WORKERS = 8          # files copied at once (each with `parallel` ranged reads in flight)
 FINISH_WAIT_S = 600.0     # a finisher gives up (and is started again next round) after this
+# Each poll lists the journal's folder of this minute (and the one before or after it within
+# SLACK_NS of its edges: a record of the last seconds, a writer's clock a little ahead); a sweep
+# every SWEEP_S lists the journal folder itself and the minute folders of the last SWEEP_BACK_NS
+# (records that became visible late, clocks further off, older mounts' records).
+SLACK_NS = 10 * 10**9
+SWEEP_S = 30.0
+SWEEP_BACK_NS = 15 * BUCKET_NS
 
 
 class Follower:
     def __init__(self, agent, cfg):
         self.agent = agent
         self.cfg = cfg
-        self.seen_records: set[str] = set()
+        # record names seen, per minute folder of the journal ("" for records directly in it)
+        self.seen_records: dict[str, set[str]] = {}
+        self.swept_at: Optional[float] = None     # monotonic time of the last sweep; None: never
+        self.sweep_s = SWEEP_S
+        self._root_records: list[str] = []        # records of older mounts, at the last sweep
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
         # journaled version of each file, (size, mtime_ns), and the record that announced it
@@ -77,22 +88,65 @@ class Follower:
         return posixpath.dirname(posixpath.dirname(path))
 
     # -- discovering new files -------------------------------------------------------------------
-    def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]], Optional[str]]]]:
+    def _folders_to_list(self) -> Optional[list[str]]:
+        """The journal folders this poll lists ("": the journal folder's own records); None if
+        there is no journal. The first poll lists every minute folder (what the retention
+        kept), a sweep those of the last SWEEP_BACK_NS, other polls those of the last minutes."""
         store = self.agent.store
+        now_ns = time.time_ns()
+        into = now_ns % BUCKET_NS
+        recent = [bucket_of(now_ns - BUCKET_NS)] if into < SLACK_NS else []
+        recent.append(bucket_of(now_ns))
+        if BUCKET_NS - into < SLACK_NS:
+            recent.append(bucket_of(now_ns + BUCKET_NS))
+        if self.swept_at is not None and time.monotonic() - self.swept_at < self.sweep_s:
+            return recent
         try:
             entries = list(store.iter_dir(self.cfg.journal_dir))
         except FileNotFoundError:
             return None
-        listed = {n for n, _st in entries}
-        self.seen_records &= listed   # pruned records are gone for good: forget them
-        names = [n for n in sorted(listed)
-                 if n not in self.seen_records and (n.endswith(".json") or n.endswith(".rec"))]
-        self.seen_records.update(names)
-        records = {n: decode_name(n) for n in names}
+        buckets = {n for n, st in entries if st.is_dir and bucket_start_ns(n) is not None}
+        back = bucket_of(now_ns - SWEEP_BACK_NS)
+        first = self.swept_at is None
+        self.swept_at = time.monotonic()
+        for b in list(self.seen_records):
+            if b and (b not in buckets or b < back):
+                del self.seen_records[b]   # pruned, or older than any later sweep lists
+        self._root_records = [n for n, st in entries if not st.is_dir]
+        return [""] + sorted(b for b in buckets if first or b >= back) + [b for b in recent if b not in buckets]
 
-        def read(name: str):
+    def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]], Optional[str]]]]:
+        store = self.agent.store
+        folders = self._folders_to_list()
+        if folders is None:
+            return None
+        names: list[tuple[str, str]] = []      # (folder, record name)
+
+        def listing(folder: str) -> set[str]:
+            if not folder:
+                return set(self._root_records)
             try:
-                reader, st = store.open_reader(f"{self.cfg.journal_dir}/{name}")
+                return {n for n, _st in store.iter_dir(f"{self.cfg.journal_dir}/{folder}")}
+            except FileNotFoundError:
+                return set()
+
+        # (concurrently: each listing is a round trip on a long link)
+        listings = self.pool.map(listing, folders) if len(folders) > 1 else map(listing, folders)
+        for folder, listed in zip(folders, listings):
+            seen = self.seen_records.get(folder, set()) & listed   # pruned records are gone: forget them
+            new = [n for n in sorted(listed) if n not in seen and (n.endswith(".json") or n.endswith(".rec"))]
+            if seen or new:
+                self.seen_records[folder] = seen | set(new)
+            else:
+                self.seen_records.pop(folder, None)
+            names.extend((folder, n) for n in new)
+        records = {key: decode_name(key[1]) for key in names}
+
+        def read(key: tuple[str, str]):
+            folder, name = key
+            rel = f"{self.cfg.journal_dir}/{folder}/{name}" if folder else f"{self.cfg.journal_dir}/{name}"
+            try:
+                reader, st = store.open_reader(rel)
                 try:
                     return decode_record(reader.read(0, st.size))
                 finally:
@@ -106,10 +160,10 @@ class Follower:
         for n, r in zip(unread, self.pool.map(read, unread) if len(unread) > 1 else map(read, unread)):
             records[n] = r
         out = []
-        for n in names:
-            r = records[n]
+        for key in sorted(names, key=lambda k: k[1]):   # record names sort by their time
+            r = records[key]
             if r is not None and self._followed(r["path"]):
-                out.append((r["path"], (r["size"], r["mtime_ns"]), n))
+                out.append((r["path"], (r["size"], r["mtime_ns"]), key[1]))
         return out
 
     def _walk(self, rel: str):

@@ -289,6 +289,14 @@ class Bench:
         self.s3 = JuiceFSGateway(str(self.tmp / "s3"), remove=False).start()
         s3_port = self.s3.port
         self.s3.filesystem().create_dir(BUCKET)
+        if a.seed_journal:
+            # records of files nobody follows: what a journal holds after many checkpoints
+            from common.journal import record_name
+            fs3 = self.s3.filesystem()
+            fs3.create_dir(f"{BUCKET}/.hintfs-journal")
+            for k in range(a.seed_journal):
+                with fs3.open_output_stream(f"{BUCKET}/.hintfs-journal/{record_name(f'other/step_{k}/f', 1, 1)}") as f:
+                    f.write(b"")
         from bench.wan import Relay
         self.bw = a.bandwidth_mbit * 1e6 / 8
         aport = free_port()
@@ -608,6 +616,8 @@ def main() -> int:
                     help="with --cpu-split, the half whose CPUs run the relay that emulates the link "
                          "(default training: as before; eval: the training CPU runs only the writer, its "
                          "mount and the store, and the write ratio counts the mount's own cost)")
+    ap.add_argument("--seed-journal", type=int, default=0,
+                    help="put this many records of unfollowed files in the journal first (its listing's cost)")
     ap.add_argument("--modes", default="local,remote,rclone,hintfs,hintfs_stream",
                     help="comma-separated modes to run (the rest are null with a reason)")
     ap.add_argument("--jobs", type=int, default=16, help="second run: jobs sharing the link (0: skip)")

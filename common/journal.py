@@ -12,9 +12,16 @@ the stem's sequence number: `<time_ns>-<host>-<pid>-<seq>-s~...`): a follower th
 before the stream has opened waits for the stream instead of copying the file a second time
 (`streamed_record`). Readers that do not know the flag ignore it (the stem is opaque to them).
 
+Records go into one folder per minute of their time (`<journal>/<minute since the epoch>/<name>`,
+`record_key`), so that a follower lists only the last few minutes on each poll: the cost of a
+poll stays that of the files published lately, not of every record the retention keeps (a flat
+folder of a day's records was listed whole on every poll, and the S3 server's work for it grew
+with every checkpoint). Records of older mounts, directly in `<journal>/`, are still read.
+
 The journal is pruned by age (`journal.retention_s`): every writing mount deletes records whose
-name's time is older, whoever wrote them (deleting twice is harmless). Followers forget the names
-they no longer see, so their memory is bounded by the retention too.
+name's time is older, whoever wrote them (deleting twice is harmless), and the minute folders
+that are wholly older. Followers forget the names they no longer see, so their memory is bounded
+by the retention too.
 """
 from __future__ import annotations
 
@@ -85,20 +92,66 @@ def record_time_ns(name: str) -> Optional[int]:
     return int(stamp) if len(name) > 20 and stamp.isdigit() and name[20] == "-" else None
 
 
-def prune(store, journal_dir: str, older_than_ns: int) -> int:
-    """Delete the records written before `older_than_ns`; returns how many went. Blocking (store
-    calls): run it in a worker thread."""
+BUCKET_NS = 60 * 10**9     # one folder per minute of record time
+_BUCKET_DIGITS = 10
+
+
+def bucket_of(time_ns: int) -> str:
+    """The folder of the records written at `time_ns`: its minute since the epoch."""
+    return f"{time_ns // BUCKET_NS:0{_BUCKET_DIGITS}d}"
+
+
+def bucket_start_ns(bucket: str) -> Optional[int]:
+    """When the minute folder `bucket` begins; None for names that are not minute folders."""
+    return int(bucket) * BUCKET_NS if len(bucket) == _BUCKET_DIGITS and bucket.isdigit() else None
+
+
+def record_key(name: str) -> str:
+    """Where the record `name` goes under the journal folder: `<minute>/<name>`."""
+    t = record_time_ns(name)
+    if t is None:
+        raise ValueError(f"{name!r} is not a record name")
+    return f"{bucket_of(t)}/{name}"
+
+
+def _list(store, rel: str) -> list:
     try:
-        names = [n for n, _st in store.iter_dir(journal_dir)]
+        return list(store.iter_dir(rel))
     except FileNotFoundError:
-        return 0
+        return []
+
+
+def prune(store, journal_dir: str, older_than_ns: int) -> int:
+    """Delete the records written before `older_than_ns`; returns how many went. Minute folders
+    wholly before it are emptied and removed; records of older mounts directly in the journal
+    folder are pruned the same way. Blocking (store calls): run it in a worker thread."""
+    gone = 0
+    for name, st in _list(store, journal_dir):
+        start = bucket_start_ns(name)
+        if start is not None and st.is_dir:
+            if start >= older_than_ns:
+                continue
+            whole = start + BUCKET_NS <= older_than_ns
+            gone += _prune_names(store, f"{journal_dir}/{name}",
+                                 [n for n, _st in _list(store, f"{journal_dir}/{name}")], older_than_ns)
+            if whole:
+                try:
+                    store.rmdir(f"{journal_dir}/{name}")   # (a record written there since stays)
+                except OSError:
+                    pass
+        else:
+            gone += _prune_names(store, journal_dir, [name], older_than_ns)
+    return gone
+
+
+def _prune_names(store, folder: str, names: list[str], older_than_ns: int) -> int:
     gone = 0
     for name in names:
         t = record_time_ns(name)
         if t is None or t >= older_than_ns:
             continue
         try:
-            store.unlink(f"{journal_dir}/{name}")
+            store.unlink(f"{folder}/{name}")
             gone += 1
         except FileNotFoundError:
             pass   # another writer pruned it first

@@ -13,7 +13,7 @@ from typing import Optional
 
 import trio
 
-from common.journal import encode_record, record_name
+from common.journal import encode_record, record_key, record_name
 from fusefs.stats import Stats
 from stores.base import Stat, Store
 
@@ -32,7 +32,7 @@ class JournalWriter:
         the eval tiers too (followers wait for the stream instead of copying). Its name, or None."""
         name = record_name(path, st.size, st.mtime_ns, streamed)
         try:
-            await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{name}",
+            await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{record_key(name)}",
                                           encode_record(path, st.size, st.mtime_ns), limiter=self.io_limiter)
             self.stats.add("journal_records")
             return name

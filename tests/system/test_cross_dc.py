@@ -7,7 +7,7 @@ import pytest
 
 from agent.server import start_in_process
 from agent.client import AgentClient
-from common.journal import encode_record, record_name
+from common.journal import BUCKET_NS, bucket_of, encode_record, record_key, record_name
 from stores.local import LocalStore
 from mountconfig import parse_config
 from tests.conftest import needs_fuse, wait_for
@@ -20,10 +20,18 @@ def _agent(tmp_path, store, **follow):
     return start_in_process(cfg, LocalStore(str(store)))
 
 
-def _journal(store, path):
+def _journal(store, path, legacy=False):
+    """A journal record of `path` as a training mount writes it (in its minute's folder), or as
+    mounts before that wrote it (`legacy`: directly in the journal folder)."""
     st = os.stat(store / path)
-    (store / ".hintfs-journal").mkdir(exist_ok=True)
-    (store / ".hintfs-journal" / record_name()).write_bytes(encode_record(path, st.st_size, st.st_mtime_ns))
+    name = record_name()
+    dst = store / ".hintfs-journal" / (name if legacy else record_key(name))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(encode_record(path, st.st_size, st.st_mtime_ns))
+
+
+def _records(store) -> list:
+    return [p for p in (store / ".hintfs-journal").rglob("*") if p.is_file()]
 
 
 def _following_agent(tmp_path):
@@ -98,7 +106,7 @@ def test_training_mount_journal_to_eval_mount_local_reads(mount_factory, tmp_pat
             (ck / name).write_bytes(data)
         (ck / ".metadata").write_bytes(b"metadata")            # the commit marker, written last
         assert ".hintfs-journal" not in os.listdir(train.mnt)   # the journal is hidden
-        assert len(os.listdir(store / ".hintfs-journal")) == 4
+        assert len(_records(store)) == 4
         c = AgentClient(loc)
         assert wait_for(lambda: c.status().get("follow", {}).get("complete") == ["ckpt/run/step_10"], timeout=20)
 
@@ -311,6 +319,17 @@ def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
     assert prune(LocalStore(str(store)), ".hintfs-journal", now - 10**9) == 1
     assert sorted(os.listdir(jdir)) == sorted([new, "notes.txt"])
     assert prune(LocalStore(str(store)), "absent-journal", now) == 0
+    # minute folders: one wholly older than the cutoff goes with its records; in the one the
+    # cutoff falls in, only the older records go
+    cut = (now // BUCKET_NS + 1) * BUCKET_NS + BUCKET_NS // 2    # after `new`, mid-minute
+    names = {t: f"{t:020d}-h-1-{i}~1~2~YQ.rec" for i, t in enumerate(
+        [cut - 3 * BUCKET_NS, cut - 10**9, cut + 10**9])}
+    for t, name in names.items():
+        (jdir / record_key(name)).parent.mkdir(exist_ok=True)
+        (jdir / record_key(name)).write_bytes(b"")
+    assert prune(LocalStore(str(store)), ".hintfs-journal", cut) == 3     # the flat `new` too
+    assert not (jdir / bucket_of(cut - 3 * BUCKET_NS)).exists()
+    assert os.listdir(jdir / bucket_of(cut)) == [names[cut + 10**9]]
 
 
 def test_follower_forgets_pruned_record_names(tmp_path):
@@ -319,12 +338,14 @@ def test_follower_forgets_pruned_record_names(tmp_path):
         f = server.follower
         (ck / "a.distcp").write_bytes(b"a" * 1000)
         _journal(store, "ckpt/job/step_1/a.distcp")
+        _journal(store, "ckpt/job/step_1/a.distcp", legacy=True)   # as older mounts wrote them
+        f.sweep_s = 0                                     # every round lists every folder
         f.step(wait=True)
-        assert len(f.seen_records) == 1
-        for name in os.listdir(store / ".hintfs-journal"):
-            os.unlink(store / ".hintfs-journal" / name)     # pruned by the writer
+        assert sum(len(names) for names in f.seen_records.values()) == 2
+        for rec in _records(store):
+            rec.unlink()                                  # pruned by the writer
         f.step(wait=True)
-        assert f.seen_records == set()
+        assert f.seen_records == {}
     finally:
         server.shutdown()
 
@@ -337,10 +358,10 @@ def test_training_mount_prunes_its_journal_by_age(mount_factory):
     # the record was written (the counter), then deleted once older than 0.5 s
     assert wait_for(lambda: m.stats()["counters"].get("journal_records") == 1, timeout=10)
     assert jdir.exists()
-    assert wait_for(lambda: len(os.listdir(jdir)) == 0, timeout=10)
+    assert wait_for(lambda: not _records(m.store), timeout=10)
     (m.mnt / "b").write_bytes(b"2")                                    # the journal goes on
     assert wait_for(lambda: m.stats()["counters"].get("journal_records") == 2, timeout=10)
-    assert wait_for(lambda: len(os.listdir(jdir)) == 0, timeout=10)
+    assert wait_for(lambda: not _records(m.store), timeout=10)
 
 
 def test_a_rewrite_with_the_same_size_and_mtime_is_copied_again(tmp_path):
@@ -362,5 +383,69 @@ def test_a_rewrite_with_the_same_size_and_mtime_is_copied_again(tmp_path):
         _journal(store, path)
         f.step(wait=True)
         assert c.read(path, 0, 200, replica_only=True) == b"b" * 100
+    finally:
+        server.shutdown()
+
+
+class _CountingStore(LocalStore):
+    """Records which folders the follower lists."""
+    def __init__(self, root):
+        super().__init__(root)
+        self.listed: list[str] = []
+
+    def iter_dir(self, rel):
+        self.listed.append(rel)
+        return super().iter_dir(rel)
+
+
+def test_a_poll_lists_only_this_minutes_journal_folder_however_many_records_it_holds(tmp_path):
+    # A flat journal folder was listed whole on every poll: the S3 server's work per poll grew
+    # with every record the retention keeps (bench: 300 records slowed the training writes 20%).
+    store = tmp_path / "store"
+    (store / "ckpt" / "job" / "step_1").mkdir(parents=True)
+    jdir = store / ".hintfs-journal"
+    now = time.time_ns()
+    for k in range(300):                                   # an hour of older records
+        name = f"{now - 3600 * 10**9 + k * 10**10:020d}-h-1-{k}~1~2~YQ.rec"
+        (jdir / record_key(name)).parent.mkdir(parents=True, exist_ok=True)
+        (jdir / record_key(name)).write_bytes(b"")
+    cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": str(tmp_path / "tier")},
+                        "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600}})
+    counting = _CountingStore(str(store))
+    server, _loc = start_in_process(cfg, counting)
+    try:
+        f = server.follower
+        f.step(wait=True)                                  # the first poll lists everything once
+        assert len(counting.listed) > len(os.listdir(jdir))   # the folder and each minute in it
+        (store / "ckpt/job/step_1/a.distcp").write_bytes(b"a" * 100)
+        _journal(store, "ckpt/job/step_1/a.distcp")
+        counting.listed.clear()
+        f.step(wait=True)
+        assert "ckpt/job/step_1/a.distcp" in f.copied
+        assert len(counting.listed) <= 2                   # this minute (and a neighbour at its edge)
+        assert all(rel.startswith(".hintfs-journal/") for rel in counting.listed)
+        # a record that turns up late in a folder of 5 minutes ago: the next sweep finds it
+        (store / "ckpt/job/step_1/b.distcp").write_bytes(b"b" * 100)
+        st = os.stat(store / "ckpt/job/step_1/b.distcp")
+        late = f"{now - 300 * 10**9:020d}-h-2-0~{st.st_size}~{st.st_mtime_ns}~" + \
+            record_name("ckpt/job/step_1/b.distcp").split("~")[-1]
+        (jdir / record_key(late)).parent.mkdir(exist_ok=True)
+        (jdir / record_key(late)).write_bytes(b"")
+        f.step(wait=True)
+        assert "ckpt/job/step_1/b.distcp" not in f.copied   # not in this minute's folder
+        f.sweep_s = 0
+        f.step(wait=True)
+        assert "ckpt/job/step_1/b.distcp" in f.copied
+    finally:
+        server.shutdown()
+
+
+def test_records_of_older_mounts_directly_in_the_journal_folder_are_followed(tmp_path):
+    store, ck, server, _loc = _following_agent(tmp_path)
+    try:
+        (ck / "a.distcp").write_bytes(b"a" * 1000)
+        _journal(store, "ckpt/job/step_1/a.distcp", legacy=True)
+        server.follower.step(wait=True)                    # the first poll is a sweep
+        assert "ckpt/job/step_1/a.distcp" in server.follower.copied
     finally:
         server.shutdown()
