@@ -423,14 +423,21 @@ class Bench:
             out[f"{op}.ms"] = round(o["count"] * o["mean_us"] / 1000, 1)
         return out
 
-    @staticmethod
-    def mount_cpu_s(mnt: Path) -> float:
+    @classmethod
+    def mount_cpu_s(cls, mnt: Path) -> float:
         """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used."""
         try:
-            pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
+            return cls.pid_cpu_s(json.loads((mnt / ".hintfs" / "stats").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return 0.0
+
+    @staticmethod
+    def pid_cpu_s(pid: int) -> float:
+        """CPU seconds (user + system, all threads) of process `pid`; 0 if it is gone."""
+        try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, KeyError, IndexError):
+        except (OSError, ValueError, IndexError):
             return 0.0
 
     def wan_down(self) -> int:
@@ -446,9 +453,11 @@ class Bench:
         cpu0 = self.mount_cpu_s(train_mnt) if train_mnt else 0.0
         tc0 = self.counters(train_mnt) if train_mnt else {}
         link_cpu0 = time.process_time()   # this process's threads: the relay (the emulated link)
+        s3_cpu0 = self.pid_cpu_s(self.s3.proc.pid)
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         link_cpu = round(time.process_time() - link_cpu0, 3)
+        s3_cpu = round(self.pid_cpu_s(self.s3.proc.pid) - s3_cpu0, 3)
         wan_at_commit = self.wan_down() - b0   # how far the link kept up with the writer
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
         # tier holds already, waits for files whose copy is in flight, and reads the rest remotely.
@@ -479,6 +488,8 @@ class Bench:
              "write_s": round(t_commit - t_write, 3), "train_mount_cpu_s": train_cpu,
              # CPU seconds of the relay during the write (on the training side's CPUs here)
              "link_cpu_s_during_write": link_cpu,
+             # CPU seconds of the S3 server (JuiceFS's gateway) during the write, same CPU
+             "s3_cpu_s_during_write": s3_cpu,
              # where the merge's time went: .metadata found and read, the read hint, the loads
              "metadata_s": round(res["t_md"] - res["t0"], 3), "hint_s": round(res["t_hint"] - res["t_md"], 3),
              "load_s": round(res["done"] - res["t_hint"], 3),
