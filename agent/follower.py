@@ -91,7 +91,8 @@ class Follower:
     def _folders_to_list(self) -> Optional[list[str]]:
         """The journal folders this poll lists ("": the journal folder's own records); None if
         there is no journal. The first poll lists every minute folder (what the retention
-        kept), a sweep those of the last SWEEP_BACK_NS, other polls those of the last minutes."""
+        kept), a sweep those of the last SWEEP_BACK_NS, other polls this minute's (and its
+        neighbour's within SLACK_NS of an edge)."""
         store = self.agent.store
         now_ns = time.time_ns()
         into = now_ns % BUCKET_NS
