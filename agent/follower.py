@@ -22,26 +22,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-from common.journal import BUCKET_NS, bucket_of, bucket_start_ns, decode_name, decode_record
+from common.journal import BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record
 
 log = logging.getLogger("hintfs.follower")
 
 COPY_WORKERS = 8          # files copied at once (each with `parallel` ranged reads in flight)
 FINISH_WAIT_S = 600.0     # a finisher gives up (and is started again next round) after this
-# Each poll lists the journal's folder of this minute (and the one before or after it within
-# SLACK_NS of its edges: a record of the last seconds, a writer's clock a little ahead); a sweep
-# every SWEEP_S lists the journal folder itself and the minute folders of the last SWEEP_BACK_NS
-# (records that became visible late, clocks further off, older mounts' records).
-SLACK_NS = 10 * 10**9
+# Each poll lists the journal's slice folder of now (and the one before or after it within
+# SLACK_NS of its edges: a record of the last moment, a writer's clock a little ahead), by name;
+# a sweep every SWEEP_S lists the journal folder itself (records of older mounts) and the slices
+# of the last SWEEP_BACK_NS (records that became visible late, clocks further off). The first
+# poll lists every slice the retention kept.
+SLACK_NS = 2 * 10**9
 SWEEP_S = 30.0
-SWEEP_BACK_NS = 15 * BUCKET_NS
-
+SWEEP_BACK_NS = 300 * 10**9
 
 class Follower:
     def __init__(self, agent, cfg):
         self.agent = agent
         self.cfg = cfg
-        # record names seen, per minute folder of the journal ("" for records directly in it)
+        # record names seen, per slice folder of the journal ("" for records directly in it)
         self.seen_records: dict[str, set[str]] = {}
         self.swept_at: Optional[float] = None     # monotonic time of the last sweep; None: never
         self.sweep_s = SWEEP_S
@@ -89,10 +89,8 @@ class Follower:
 
     # -- discovering new files -------------------------------------------------------------------
     def _folders_to_list(self) -> Optional[list[str]]:
-        """The journal folders this poll lists ("": the journal folder's own records); None if
-        there is no journal. The first poll lists every minute folder (what the retention
-        kept), a sweep those of the last SWEEP_BACK_NS, other polls this minute's (and its
-        neighbour's within SLACK_NS of an edge)."""
+        """The journal folders this poll lists: slice names, and "" for the journal folder's own
+        records (older mounts'); None if there is no journal. See SWEEP_S."""
         store = self.agent.store
         now_ns = time.time_ns()
         into = now_ns % BUCKET_NS
@@ -106,15 +104,21 @@ class Follower:
             entries = list(store.iter_dir(self.cfg.journal_dir))
         except FileNotFoundError:
             return None
-        buckets = {n for n, st in entries if st.is_dir and bucket_start_ns(n) is not None}
+        self._root_records = [n for n, st in entries if not st.is_dir]
         back = bucket_of(now_ns - SWEEP_BACK_NS)
-        first = self.swept_at is None
+        if self.swept_at is None:      # the first poll: every slice the retention kept
+            try:
+                kept = [n for n, st in store.iter_dir(f"{self.cfg.journal_dir}/{TIMED}")
+                        if st.is_dir and bucket_start_ns(n) is not None]
+            except FileNotFoundError:
+                kept = []
+        else:
+            kept = [bucket_of(t) for t in range(now_ns - SWEEP_BACK_NS, now_ns, BUCKET_NS)]
         self.swept_at = time.monotonic()
         for b in list(self.seen_records):
-            if b and (b not in buckets or b < back):
-                del self.seen_records[b]   # pruned, or older than any later sweep lists
-        self._root_records = [n for n, st in entries if not st.is_dir]
-        return [""] + sorted(b for b in buckets if first or b >= back) + [b for b in recent if b not in buckets]
+            if b and b < back:
+                del self.seen_records[b]   # never listed again
+        return [""] + sorted(set(kept) | set(recent))
 
     def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]], Optional[str]]]]:
         store = self.agent.store
@@ -127,7 +131,7 @@ class Follower:
             if not folder:
                 return set(self._root_records)
             try:
-                return {n for n, _st in store.iter_dir(f"{self.cfg.journal_dir}/{folder}")}
+                return {n for n, _st in store.iter_dir(f"{self.cfg.journal_dir}/{TIMED}/{folder}")}
             except FileNotFoundError:
                 return set()
 
@@ -145,7 +149,7 @@ class Follower:
 
         def read(key: tuple[str, str]):
             folder, name = key
-            rel = f"{self.cfg.journal_dir}/{folder}/{name}" if folder else f"{self.cfg.journal_dir}/{name}"
+            rel = f"{self.cfg.journal_dir}/{TIMED}/{folder}/{name}" if folder else f"{self.cfg.journal_dir}/{name}"
             try:
                 reader, st = store.open_reader(rel)
                 try:

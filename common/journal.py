@@ -12,14 +12,15 @@ the stem's sequence number: `<time_ns>-<host>-<pid>-<seq>-s~...`): a follower th
 before the stream has opened waits for the stream instead of copying the file a second time
 (`streamed_record`). Readers that do not know the flag ignore it (the stem is opaque to them).
 
-Records go into one folder per minute of their time (`<journal>/<minute since the epoch>/<name>`,
-`record_key`), so that a follower lists only the last few minutes on each poll: the cost of a
-poll stays that of the files published lately, not of every record the retention keeps (a flat
-folder of a day's records was listed whole on every poll, and the S3 server's work for it grew
-with every checkpoint). Records of older mounts, directly in `<journal>/`, are still read.
+Records go into one folder per 10 s of their time (`<journal>/by-time/<slice>/<name>`, the slice
+being the time in units of 10 s: `record_key`), so that a follower's poll lists the folder of
+the current slice, known by name: the cost of a poll stays that of the files published in the
+last seconds, not of every record the retention keeps (a flat folder of a day's records was
+listed whole on every poll, and the S3 server's work for it grew with every checkpoint). Records
+of older mounts, directly in `<journal>/`, are still read.
 
 The journal is pruned by age (`journal.retention_s`): every writing mount deletes records whose
-name's time is older, whoever wrote them (deleting twice is harmless), and the minute folders
+name's time is older, whoever wrote them (deleting twice is harmless), and the slice folders
 that are wholly older. Followers forget the names they no longer see, so their memory is bounded
 by the retention too.
 """
@@ -92,26 +93,27 @@ def record_time_ns(name: str) -> Optional[int]:
     return int(stamp) if len(name) > 20 and stamp.isdigit() and name[20] == "-" else None
 
 
-BUCKET_NS = 60 * 10**9     # one folder per minute of record time
-_BUCKET_DIGITS = 10
+TIMED = "by-time"           # the folder of the time slices, in the journal folder
+BUCKET_NS = 10 * 10**9      # one slice folder per 10 s of record time
+_BUCKET_DIGITS = 11
 
 
 def bucket_of(time_ns: int) -> str:
-    """The folder of the records written at `time_ns`: its minute since the epoch."""
+    """The slice folder (under TIMED) of the records written at `time_ns`."""
     return f"{time_ns // BUCKET_NS:0{_BUCKET_DIGITS}d}"
 
 
 def bucket_start_ns(bucket: str) -> Optional[int]:
-    """When the minute folder `bucket` begins; None for names that are not minute folders."""
+    """When the slice `bucket` begins; None for names that are not slice folders."""
     return int(bucket) * BUCKET_NS if len(bucket) == _BUCKET_DIGITS and bucket.isdigit() else None
 
 
 def record_key(name: str) -> str:
-    """Where the record `name` goes under the journal folder: `<minute>/<name>`."""
+    """Where the record `name` goes under the journal folder: `by-time/<slice>/<name>`."""
     t = record_time_ns(name)
     if t is None:
         raise ValueError(f"{name!r} is not a record name")
-    return f"{bucket_of(t)}/{name}"
+    return f"{TIMED}/{bucket_of(t)}/{name}"
 
 
 def _list(store, rel: str) -> list:
@@ -122,25 +124,25 @@ def _list(store, rel: str) -> list:
 
 
 def prune(store, journal_dir: str, older_than_ns: int) -> int:
-    """Delete the records written before `older_than_ns`; returns how many went. Minute folders
+    """Delete the records written before `older_than_ns`; returns how many went. Slice folders
     wholly before it are emptied and removed; records of older mounts directly in the journal
     folder are pruned the same way. Blocking (store calls): run it in a worker thread."""
     gone = 0
     for name, st in _list(store, journal_dir):
-        start = bucket_start_ns(name)
-        if start is not None and st.is_dir:
-            if start >= older_than_ns:
-                continue
-            whole = start + BUCKET_NS <= older_than_ns
-            gone += _prune_names(store, f"{journal_dir}/{name}",
-                                 [n for n, _st in _list(store, f"{journal_dir}/{name}")], older_than_ns)
-            if whole:
-                try:
-                    store.rmdir(f"{journal_dir}/{name}")   # (a record written there since stays)
-                except OSError:
-                    pass
-        else:
+        if not st.is_dir:
             gone += _prune_names(store, journal_dir, [name], older_than_ns)
+    timed = f"{journal_dir}/{TIMED}"
+    for name, st in _list(store, timed):
+        start = bucket_start_ns(name)
+        if start is None or not st.is_dir or start >= older_than_ns:
+            continue
+        folder = f"{timed}/{name}"
+        gone += _prune_names(store, folder, [n for n, _st in _list(store, folder)], older_than_ns)
+        if start + BUCKET_NS <= older_than_ns:
+            try:
+                store.rmdir(folder)       # (a record written there since stays)
+            except OSError:
+                pass
     return gone
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from agent.server import start_in_process
 from agent.client import AgentClient
-from common.journal import BUCKET_NS, bucket_of, encode_record, record_key, record_name
+from common.journal import BUCKET_NS, TIMED, bucket_of, encode_record, record_key, record_name
 from stores.local import LocalStore
 from mountconfig import parse_config
 from tests.conftest import needs_fuse, wait_for
@@ -21,7 +21,7 @@ def _agent(tmp_path, store, **follow):
 
 
 def _journal(store, path, legacy=False):
-    """A journal record of `path` as a training mount writes it (in its minute's folder), or as
+    """A journal record of `path` as a training mount writes it (in its time slice's folder), or as
     mounts before that wrote it (`legacy`: directly in the journal folder)."""
     st = os.stat(store / path)
     name = record_name()
@@ -319,17 +319,17 @@ def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
     assert prune(LocalStore(str(store)), ".hintfs-journal", now - 10**9) == 1
     assert sorted(os.listdir(jdir)) == sorted([new, "notes.txt"])
     assert prune(LocalStore(str(store)), "absent-journal", now) == 0
-    # minute folders: one wholly older than the cutoff goes with its records; in the one the
+    # slice folders: one wholly older than the cutoff goes with its records; in the one the
     # cutoff falls in, only the older records go
-    cut = (now // BUCKET_NS + 1) * BUCKET_NS + BUCKET_NS // 2    # after `new`, mid-minute
+    cut = (now // BUCKET_NS + 1) * BUCKET_NS + BUCKET_NS // 2    # after `new`, mid-slice
     names = {t: f"{t:020d}-h-1-{i}~1~2~YQ.rec" for i, t in enumerate(
         [cut - 3 * BUCKET_NS, cut - 10**9, cut + 10**9])}
     for t, name in names.items():
-        (jdir / record_key(name)).parent.mkdir(exist_ok=True)
+        (jdir / record_key(name)).parent.mkdir(parents=True, exist_ok=True)
         (jdir / record_key(name)).write_bytes(b"")
     assert prune(LocalStore(str(store)), ".hintfs-journal", cut) == 3     # the flat `new` too
-    assert not (jdir / bucket_of(cut - 3 * BUCKET_NS)).exists()
-    assert os.listdir(jdir / bucket_of(cut)) == [names[cut + 10**9]]
+    assert not (jdir / TIMED / bucket_of(cut - 3 * BUCKET_NS)).exists()
+    assert os.listdir(jdir / TIMED / bucket_of(cut)) == [names[cut + 10**9]]
 
 
 def test_follower_forgets_pruned_record_names(tmp_path):
@@ -398,7 +398,7 @@ class _CountingStore(LocalStore):
         return super().iter_dir(rel)
 
 
-def test_a_poll_lists_only_this_minutes_journal_folder_however_many_records_it_holds(tmp_path):
+def test_a_poll_lists_only_the_current_journal_slice_however_many_records_it_holds(tmp_path):
     # A flat journal folder was listed whole on every poll: the S3 server's work per poll grew
     # with every record the retention keeps (bench: 300 records slowed the training writes 20%).
     store = tmp_path / "store"
@@ -416,23 +416,23 @@ def test_a_poll_lists_only_this_minutes_journal_folder_however_many_records_it_h
     try:
         f = server.follower
         f.step(wait=True)                                  # the first poll lists everything once
-        assert len(counting.listed) > len(os.listdir(jdir))   # the folder and each minute in it
+        assert len(counting.listed) > len(os.listdir(jdir / TIMED))   # the folders and each slice
         (store / "ckpt/job/step_1/a.distcp").write_bytes(b"a" * 100)
         _journal(store, "ckpt/job/step_1/a.distcp")
         counting.listed.clear()
         f.step(wait=True)
         assert "ckpt/job/step_1/a.distcp" in f.copied
-        assert len(counting.listed) <= 2                   # this minute (and a neighbour at its edge)
+        assert len(counting.listed) <= 2                   # this slice (and a neighbour at its edge)
         assert all(rel.startswith(".hintfs-journal/") for rel in counting.listed)
-        # a record that turns up late in a folder of 5 minutes ago: the next sweep finds it
+        # a record that turns up late in the slice of 2 minutes ago: the next sweep finds it
         (store / "ckpt/job/step_1/b.distcp").write_bytes(b"b" * 100)
         st = os.stat(store / "ckpt/job/step_1/b.distcp")
-        late = f"{now - 300 * 10**9:020d}-h-2-0~{st.st_size}~{st.st_mtime_ns}~" + \
+        late = f"{time.time_ns() - 120 * 10**9:020d}-h-2-0~{st.st_size}~{st.st_mtime_ns}~" + \
             record_name("ckpt/job/step_1/b.distcp").split("~")[-1]
-        (jdir / record_key(late)).parent.mkdir(exist_ok=True)
+        (jdir / record_key(late)).parent.mkdir(parents=True, exist_ok=True)
         (jdir / record_key(late)).write_bytes(b"")
         f.step(wait=True)
-        assert "ckpt/job/step_1/b.distcp" not in f.copied   # not in this minute's folder
+        assert "ckpt/job/step_1/b.distcp" not in f.copied   # not in the current slice
         f.sweep_s = 0
         f.step(wait=True)
         assert "ckpt/job/step_1/b.distcp" in f.copied
