@@ -22,7 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-from common.journal import BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record
+from common.journal import (BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record,
+                            list_folder, slice_dir)
 
 log = logging.getLogger("hintfs.follower")
 
@@ -107,11 +108,8 @@ class Follower:
         self._root_records = [n for n, st in entries if not st.is_dir]
         back = bucket_of(now_ns - SWEEP_BACK_NS)
         if self.swept_at is None:      # the first poll: every slice the retention kept
-            try:
-                kept = [n for n, st in store.iter_dir(f"{self.cfg.journal_dir}/{TIMED}")
-                        if st.is_dir and bucket_start_ns(n) is not None]
-            except FileNotFoundError:
-                kept = []
+            kept = [n for n, st in list_folder(store, f"{self.cfg.journal_dir}/{TIMED}")
+                    if st.is_dir and bucket_start_ns(n) is not None]
         else:
             kept = [bucket_of(t) for t in range(now_ns - SWEEP_BACK_NS, now_ns, BUCKET_NS)]
         self.swept_at = time.monotonic()
@@ -130,10 +128,7 @@ class Follower:
         def listing(folder: str) -> set[str]:
             if not folder:
                 return set(self._root_records)
-            try:
-                return {n for n, _st in store.iter_dir(f"{self.cfg.journal_dir}/{TIMED}/{folder}")}
-            except FileNotFoundError:
-                return set()
+            return {n for n, _st in list_folder(store, slice_dir(self.cfg.journal_dir, folder))}
 
         # (concurrently: each listing is a round trip on a long link)
         listings = self.pool.map(listing, folders) if len(folders) > 1 else map(listing, folders)
@@ -149,7 +144,7 @@ class Follower:
 
         def read(key: tuple[str, str]):
             folder, name = key
-            rel = f"{self.cfg.journal_dir}/{TIMED}/{folder}/{name}" if folder else f"{self.cfg.journal_dir}/{name}"
+            rel = f"{slice_dir(self.cfg.journal_dir, folder) if folder else self.cfg.journal_dir}/{name}"
             try:
                 reader, st = store.open_reader(rel)
                 try:

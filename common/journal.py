@@ -116,7 +116,14 @@ def record_key(name: str) -> str:
     return f"{TIMED}/{bucket_of(t)}/{name}"
 
 
-def _list(store, rel: str) -> list:
+def slice_dir(journal_dir: str, bucket: str) -> str:
+    """The store folder of the slice `bucket` of the journal in `journal_dir`."""
+    return f"{journal_dir}/{TIMED}/{bucket}"
+
+
+def list_folder(store, rel: str) -> list:
+    """(name, stat) of the entries of the store folder `rel`; none when it does not exist (a slice
+    nobody wrote in, a journal not started yet). Blocking (a store call)."""
     try:
         return list(store.iter_dir(rel))
     except FileNotFoundError:
@@ -128,16 +135,15 @@ def prune(store, journal_dir: str, older_than_ns: int) -> int:
     wholly before it are emptied and removed; records of older mounts directly in the journal
     folder are pruned the same way. Blocking (store calls): run it in a worker thread."""
     gone = 0
-    for name, st in _list(store, journal_dir):
+    for name, st in list_folder(store, journal_dir):
         if not st.is_dir:
             gone += _prune_names(store, journal_dir, [name], older_than_ns)
-    timed = f"{journal_dir}/{TIMED}"
-    for name, st in _list(store, timed):
+    for name, st in list_folder(store, f"{journal_dir}/{TIMED}"):
         start = bucket_start_ns(name)
         if start is None or not st.is_dir or start >= older_than_ns:
             continue
-        folder = f"{timed}/{name}"
-        gone += _prune_names(store, folder, [n for n, _st in _list(store, folder)], older_than_ns)
+        folder = slice_dir(journal_dir, name)
+        gone += _prune_names(store, folder, [n for n, _st in list_folder(store, folder)], older_than_ns)
         if start + BUCKET_NS <= older_than_ns:
             try:
                 store.rmdir(folder)       # (a record written there since stays)
