@@ -290,12 +290,16 @@ class Bench:
         s3_port = self.s3.port
         self.s3.filesystem().create_dir(BUCKET)
         if a.seed_journal:
-            # records of files nobody follows: what a journal holds after many checkpoints
-            from common.journal import record_name
+            # records of files nobody follows, one every 10 s back from now, where the training
+            # mounts write them: what a journal holds after many checkpoints
+            from common.journal import record_key, record_name
             fs3 = self.s3.filesystem()
-            fs3.create_dir(f"{BUCKET}/.hintfs-journal")
+            now_ns = time.time_ns()
             for k in range(a.seed_journal):
-                with fs3.open_output_stream(f"{BUCKET}/.hintfs-journal/{record_name(f'other/step_{k}/f', 1, 1)}") as f:
+                name = f"{now_ns - (k + 1) * 10**10:020d}" + record_name(f"other/step_{k}/f", 1, 1)[20:]
+                key = f"{BUCKET}/.hintfs-journal/{record_key(name)}"
+                fs3.create_dir(key.rpartition("/")[0])
+                with fs3.open_output_stream(key) as f:
                     f.write(b"")
         from bench.wan import Relay
         self.bw = a.bandwidth_mbit * 1e6 / 8
