@@ -109,10 +109,12 @@ class AgentClient:
     # -- write-time streams (the training mount's side) ------------------------------------------
     _CHUNKS = pa.schema([("offset", pa.int64()), ("crc", pa.int64()), ("data", pa.large_binary())])
 
-    def stream_open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]:
-        """Start or resume a stream; the chunks the tier holds (index -> CRC)."""
+    def stream_open(self, sid: str, gen: int, path: str, chunk: int,
+                    job: Optional[str] = None) -> tuple[dict[int, int], list[int]]:
+        """Start or resume a stream; the chunks the tier holds (index -> CRC) and those eval reads
+        will want first (an older agent names none)."""
         doc = self._call("stream_open", {"stream": sid, "gen": gen, "path": path, "chunk": chunk, "job": job})
-        return {int(i): int(c) for i, c in doc.get("held", [])}
+        return {int(i): int(c) for i, c in doc.get("held", [])}, [int(i) for i in doc.get("first", [])]
 
     def stream_put(self, sid: str, gen: int, chunks, opening: Optional[dict] = None,
                    publish: Optional[dict] = None, seen: Optional[int] = None) -> dict:
@@ -129,10 +131,10 @@ class AgentClient:
             writer, reader = self._client.do_put(fl.FlightDescriptor.for_command(json.dumps(desc).encode()),
                                                  self._CHUNKS, self._opts)
             try:
-                if chunks:
+                for off, data, crc in chunks:   # a batch each: no copy of the chunk's bytes
                     writer.write_batch(pa.record_batch(
-                        [pa.array([c[0] for c in chunks], pa.int64()), pa.array([c[2] for c in chunks], pa.int64()),
-                         _binary_array([c[1] for c in chunks])], schema=self._CHUNKS))
+                        [pa.array([off], pa.int64()), pa.array([crc], pa.int64()), _binary_array([data])],
+                        schema=self._CHUNKS))
                 writer.done_writing()
                 buf = reader.read()
             finally:

@@ -49,11 +49,12 @@ from stores import check_store, open_store
 
 from agent import rpc
 from agent.rpc import rpc_error
-from agent.demand import DemandReads
+from agent.demand import DemandReads, prefetch_pieces
 from agent.fdserver import ReplicaFdServer
+from agent.readmemory import ReadMemory
 from agent.streams import StreamError, StreamTier
 from common.procs import pid_alive
-from policy.stream import chunks_under
+from policy.stream import chunks_touching, chunks_under
 from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
@@ -108,6 +109,9 @@ class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
             log.warning("refused %s call without a valid token", info.method)
             raise fl.FlightUnauthenticatedError("missing or wrong token")
         return None
+
+
+MAX_FIRST = 1 << 16   # chunks a stream's open names to send first (a bounded answer)
 
 
 class AgentServer(fl.FlightServerBase):
@@ -172,12 +176,15 @@ class AgentServer(fl.FlightServerBase):
                                   idle_s=acfg.stream_idle_s)
         self.stream_cond = threading.Condition()
         self.streams_published = 0
+        self.streams_first_chunks = 0   # chunks named to send first at stream opens (ReadMemory)
         # path -> (size, mtime_ns) journaled, whose copy waits for a stream (`_wait_for_stream`)
         self._awaiting: dict[str, tuple[int, int]] = {}
         # Copies in flight whose finished ranges demand reads may serve: path -> _CopyInFlight.
         self._copy_reads: dict[str, "_CopyInFlight"] = {}
         self.demand = DemandReads(store, self.stream_cond, self._held_bytes, self._arriving,
                                   stream_behind_s=self._stream_behind_s if acfg.link_bytes_s else None)
+        # What eval jobs read of each checkpoint file: the next checkpoint's streams send it first.
+        self.read_memory = ReadMemory()
         _reap_dead_instances(acfg.data_dir, "mount")
         if persistent:
             self._adopt_stopped_instances(acfg.data_dir)
@@ -203,6 +210,7 @@ class AgentServer(fl.FlightServerBase):
         if demand:
             if expect is None:
                 raise rpc_error(errno.EINVAL, "a demand read names the version it opened (expect)")
+            self.read_memory.remember(path, [(offset, length)])
             with self.read_slots:
                 data = self.demand.read(path, tuple(expect), offset, length)
                 with self.lock:
@@ -727,7 +735,14 @@ class AgentServer(fl.FlightServerBase):
             held = self.streams.open(req.stream, req.gen, req.path, req.chunk, req.job)
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
-        return {"held": sorted(held.items())}
+        # The chunks eval jobs read of this file's previous checkpoint: the sender sends them first.
+        first = chunks_touching(self.read_memory.predict(req.path), req.chunk, MAX_FIRST)
+        if first:
+            log.debug("stream %s of %s: %d chunks of %d bytes first, by eval reads of the last checkpoint",
+                      req.stream, req.path, len(first), req.chunk)
+            with self.lock:
+                self.streams_first_chunks += len(first)
+        return {"held": sorted(held.items()), "first": first}
 
     def stream_put(self, req: "rpc.StreamPutRequest", reader) -> dict:
         """One `do_put`: open the stream if asked, write its chunks, publish if asked."""
@@ -885,7 +900,8 @@ class AgentServer(fl.FlightServerBase):
                 "budget": {"bytes": self.budget, "used": self.used_bytes(), "evictions": self.evictions},
                 "resumed_ranges": self.resumed_ranges, "copies": self.copies,
                 "streams": {"open": len(self.streams.streams), "published": self.streams_published,
-                            "bytes_held": self.streams.bytes_held()},
+                            "bytes_held": self.streams.bytes_held(), "first_chunks": self.streams_first_chunks,
+                            "files_read_remembered": len(self.read_memory)},
                 "demand": self.demand.status(),
             }
 
@@ -898,6 +914,7 @@ class AgentServer(fl.FlightServerBase):
 
     def _act(self, kind: str, req) -> dict:
         if kind == "prefetch":
+            self.read_memory.remember(req.path, prefetch_pieces([tuple(r) for r in req.ranges], req.expect[0]))
             return {"fetching": self.demand.prefetch(req.path, req.expect, [tuple(r) for r in req.ranges])}
         if kind == "replicate":
             return self.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,

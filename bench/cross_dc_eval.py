@@ -348,6 +348,8 @@ class Bench:
             agents = ["grpc://127.0.0.1:{self.relay.reverse_port}"]
             chunk_bytes = {a.stream_chunk_kb << 10}
             parallel = {a.stream_parallel}
+            first_by_reads = {str(a.first_by_reads).lower()}
+            others_in_flight = {a.others_in_flight}
         """))
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
@@ -618,7 +620,10 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=50.0, help="one way")
     ap.add_argument("--bandwidth-mbit", type=float, default=400.0)
     ap.add_argument("--chunk-kb", type=int, default=1024, help="agent link_chunk_bytes")
-    ap.add_argument("--stream-chunk-kb", type=int, default=4096, help="[stream] chunk_bytes")
+    ap.add_argument("--stream-chunk-kb", type=int, default=1024, help="[stream] chunk_bytes")
+    ap.add_argument("--first-by-reads", action=argparse.BooleanOptionalAction, default=True,
+                    help="[stream] first_by_reads: the chunks the previous checkpoint's merge read go first")
+    ap.add_argument("--others-in-flight", type=int, default=1, help="[stream] others_in_flight")
     ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
     ap.add_argument("--eval-nice", type=int, default=0,
                     help="CPU niceness of the emulated other side: the relay (the link) and the eval DC's "
@@ -650,6 +655,7 @@ def main() -> int:
     b = Bench(a)
     result = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
                          "eval_nice": a.eval_nice, "link_cpus": a.link_cpus, "stream_chunk_kb": a.stream_chunk_kb,
+                         "first_by_reads": a.first_by_reads, "others_in_flight": a.others_in_flight,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},

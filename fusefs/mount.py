@@ -264,7 +264,9 @@ def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[Stre
         return FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s),
                                control=AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s,
                                                    own_connection=True))
-    streamers = [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link) for loc in sc.agents]
+    streamers = [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link, call_bytes=sc.call_bytes,
+                          first_by_reads=sc.first_by_reads, others_in_flight=sc.others_in_flight)
+                 for loc in sc.agents]
     log.info("streaming %s to %s as they are written", ", ".join(sc.prefixes), ", ".join(sc.agents))
     return StreamTap(sc, streamers, stats, read_store=lambda path: _read_whole(store, path))
 

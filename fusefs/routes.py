@@ -350,7 +350,9 @@ class RoutedStore:
 
     def prefetch(self, files: dict[str, list[tuple[int, int]]]) -> int:
         """Read hints: for each routed file the tier is still receiving, ask it to fetch these
-        ranges at once (blocking: a worker thread). How many pieces the tiers started."""
+        ranges at once (blocking: a worker thread). How many pieces the tiers started. A file the
+        tier holds whole is told too: the tier remembers what eval jobs read, and the next
+        checkpoint's stream sends those chunks first (agent/readmemory.py)."""
         n = 0
         for path, ranges in files.items():
             route = route_of(self.routes, path)
@@ -359,7 +361,7 @@ class RoutedStore:
             client = self.clients[route.local_agent]
             try:
                 doc = client.tier_stat(path)   # no wait: an unpublished stream has no version yet
-                if doc["state"] == "copying":
+                if doc["state"] in ("copying", "ready"):
                     n += client.prefetch(path, (int(doc["size"]), int(doc["mtime_ns"])), ranges)
                 elif doc["state"] in ("streaming", "absent"):
                     self._hint_later(path, ranges)   # sent when it is opened still arriving

@@ -14,12 +14,18 @@ unit tests).
   rewrites), and publishes with the last of them (and the stream's open, when the tier has not
   heard of it yet) in the same call: a small file costs one round trip. A tier that answers
   "fill" gets the chunks it names.
-- Chunks go `parallel` at a time (a long link needs several in flight), each after the optional
-  link gate grants it (`agent.linkgate.LinkGate`: the mount's share of the link, by class).
+- Chunks go in calls of consecutive chunks (at most `call_bytes` each), `parallel` calls at a
+  time (a long link needs several in flight), each after the optional link gate grants it
+  (`agent.linkgate.LinkGate`: the mount's share of the link, by class).
   While the file is written they leave without a barrier: a step hands the new whole chunks to
   the send pool and returns, so the link stays full between steps. Only the publish waits for
   the chunks in flight (`idle` says when none are; the caller changes a stream's generation or
   closes it only then, and `close` of a stream with chunks in flight waits for them to land).
+- Eval reads first (`first_by_reads`): the stream opens at its first whole chunk, and the tier's
+  answer names the chunks eval jobs read of the previous checkpoint's file of the same name
+  (`agent.readmemory`). Those leave as soon as they are written; the others, while the file is
+  written, at most `others_in_flight` calls at a time (the rest follow at publish, all at once).
+  A merge that starts at the commit then finds its bytes at the tier.
 - A failed call (link down, tier restarted) leaves the stream as it is; the next step re-opens it
   (`open` answers what the tier holds) and goes on from there. Nothing is lost but time.
 - `restart` (the file was truncated or staged anew) starts a new generation: the tier forgets the
@@ -38,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 from policy.link import transfer_weight
-from policy.stream import chunk_count, chunk_crc, chunk_span, ranges_to_send
+from policy.stream import chunk_count, chunk_crc, chunk_span, ranges_to_send, send_calls
 
 log = logging.getLogger("hintfs.streamer")
 
@@ -47,11 +53,14 @@ _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or
 
 
 class Transport(Protocol):
-    def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]: ...
-    def put(self, sid: str, gen: int, offset: int, data: bytes, crc: int,
+    def open(self, sid: str, gen: int, path: str, chunk: int,
+             job: Optional[str] = None) -> tuple[dict[int, int], Sequence[int]]:
+        """(the chunks the tier holds: index -> CRC, the chunks to send first)"""
+    def put(self, sid: str, gen: int, chunks: Sequence[tuple[int, bytes | memoryview, int]],
             opening: Optional[tuple[str, int, Optional[str]]] = None, seen: Optional[int] = None) -> None:
-        """One chunk; `opening` = (path, chunk, job): open the stream first if the tier lacks it;
-        `seen`: the file's size now (the tier's estimate of what is still to come)."""
+        """Chunks (offset, data, crc) in one call; `opening` = (path, chunk, job): open the stream
+        first if the tier lacks it; `seen`: the file's size now (the tier's estimate of what is
+        still to come)."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
                 opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
@@ -77,6 +86,8 @@ class FileStream:
     errors: int = 0
     bytes_sent: int = 0
     inflight: dict[int, Future] = field(default_factory=dict)   # chunks handed to the send pool
+    first: frozenset[int] = frozenset()   # chunks eval reads will want (the tier's open answers)
+    others_busy: int = 0                  # calls of other chunks in flight while writing
     closing: bool = False        # close the fd when the last chunk in flight lands
     announced: bool = False      # the tier knows the published version (it waits for the rest)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -93,13 +104,18 @@ def background_thread() -> None:
 
 class Streamer:
     def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 256,
-                 parallel: int = 1, link=None):
+                 parallel: int = 1, link=None, call_bytes: Optional[int] = None, first_by_reads: bool = False,
+                 others_in_flight: int = 1):
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         self.transport = transport
         self.chunk = chunk_bytes
+        self.call_bytes = call_bytes or chunk_bytes
         self.max_chunks = max_chunks_per_step
         self.link = link            # LinkGate-like: open / acquire / close, or None
+        self.first_by_reads = first_by_reads
+        self._local = threading.local()   # per-thread read buffers (`_buffer`)
+        self.others_in_flight = others_in_flight
         self.pool = (ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send", initializer=background_thread)
                      if parallel > 1 else None)
 
@@ -115,7 +131,7 @@ class Streamer:
             fs.fd = os.dup(fd)
         fs.gen += 1
         fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"
-        fs.announced = False
+        fs.announced, fs.first = False, frozenset()
 
     def published(self, fs: FileStream, size: int, mtime_ns: int, record: Optional[str] = None) -> None:
         """The store committed the file with these attributes (no writer can change it now)."""
@@ -158,14 +174,18 @@ class Streamer:
                     busy = dict.fromkeys(fs.inflight, -1)
                     known = {**fs.sent, **busy}
                 todo = ranges_to_send(size, fs.chunk, known, limit=self.max_chunks)
-                if todo and not fs.opened and (fs.sent or fs.errors):
+                if todo and not fs.opened and (fs.sent or fs.errors or self.first_by_reads):
                     if busy:
                         return False            # let the chunks in flight land first
-                    self._open(fs)             # after a failure: learn first what the tier kept
-                if self.pool is None:          # (a new stream opens with its chunks: no extra call)
-                    self._send(fs, todo, size)
+                    # after a failure: learn first what the tier kept; with first_by_reads, what
+                    # eval reads will want (else a new stream opens with its chunks: no extra call)
+                    self._open(fs)
+                if self.pool is None:
+                    self._send(fs, send_calls(todo, fs.first, fs.chunk, self.call_bytes), size)
                 else:
-                    self._send_behind(fs, todo, size)
+                    with fs.lock:
+                        others = (max(0, self.others_in_flight - fs.others_busy) if fs.first else None)
+                    self._send_behind(fs, send_calls(todo, fs.first, fs.chunk, self.call_bytes, others), size)
                 return False
             assert fs.version is not None
             size = fs.version[0]
@@ -204,7 +224,7 @@ class Streamer:
                     opening = (fs.path, fs.chunk, fs.job)
             todo = ranges_to_send(size, fs.chunk, fs.sent, fs.final)
             last = todo[-1:]
-            self._send(fs, todo[:-1], size)
+            self._send(fs, send_calls(todo[:-1], fs.first, fs.chunk, self.call_bytes), size)
             inline = self._read_chunks(fs, last, size)
             state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
                                                   fs.record, inline, opening)
@@ -226,8 +246,10 @@ class Streamer:
             return False
 
     def _open(self, fs: FileStream) -> None:
-        held = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
+        held, first = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
         fs.sent, fs.opened = dict(held), True
+        if self.first_by_reads:
+            fs.first = frozenset(first)
 
     def _read_chunks(self, fs: FileStream, chunks: list[int], size: int) -> list[tuple[int, bytes, int]]:
         out = []
@@ -239,27 +261,34 @@ class Streamer:
             out.append((off, data, chunk_crc(data)))
         return out
 
-    def _send_one(self, fs: FileStream, i: int, size: int, tid,
-                  gen: Optional[int] = None) -> Optional[tuple[int, int, int]]:
-        off, n = chunk_span(i, size, fs.chunk)
+    def _send_one(self, fs: FileStream, call: list[int], size: int, tid,
+                  gen: Optional[int] = None) -> list[tuple[int, int, int]]:
+        """One call: consecutive chunks, read with one `pread`; (index, CRC, length) of each sent."""
+        off = chunk_span(call[0], size, fs.chunk)[0]
+        spans = [chunk_span(i, size, fs.chunk)[1] for i in call]
         if tid is not None:
             self.link.acquire(tid)
         if gen is not None and (gen != fs.gen or fs.fd < 0):
-            return None                         # a newer generation, or given up
-        data = os.pread(fs.fd, n, off)
-        if len(data) != n:
-            return None                         # truncated under us: the final CRCs will tell
-        crc = chunk_crc(data)
-        self.transport.put(fs.sid, fs.gen, off, data, crc,
-                           None if fs.opened else (fs.path, fs.chunk, fs.job), seen=size)
-        return i, crc, n
+            return []                           # a newer generation, or given up
+        view = self._buffer(sum(spans))
+        if os.preadv(fs.fd, [view], off) != len(view):
+            return []                           # truncated under us: the final CRCs will tell
+        rows, sent, pos = [], [], 0
+        for i, n in zip(call, spans):
+            piece = view[pos:pos + n]
+            crc = chunk_crc(piece)
+            rows.append((off + pos, piece, crc))
+            sent.append((i, crc, n))
+            pos += n
+        self.transport.put(fs.sid, fs.gen, rows, None if fs.opened else (fs.path, fs.chunk, fs.job), seen=size)
+        return sent
 
-    def _link_transfer(self, fs: FileStream, chunks: list[int], size: int):
-        """These chunks as one transfer on the link gate (class eval), or None without a gate."""
+    def _link_transfer(self, fs: FileStream, calls: list[list[int]], size: int):
+        """These calls as one transfer on the link gate (class eval), or None without a gate."""
         if self.link is None:
             return None
         return self.link.open(fs.path, "eval", transfer_weight(size),
-                              [chunk_span(i, size, fs.chunk)[1] for i in chunks], fs.job)
+                              [sum(chunk_span(i, size, fs.chunk)[1] for i in c) for c in calls], fs.job)
 
     @staticmethod
     def _acknowledged(fs: FileStream, i: int, crc: int, n: int) -> None:
@@ -268,26 +297,26 @@ class Streamer:
         fs.bytes_sent += n
         fs.opened = True
 
-    def _send(self, fs: FileStream, chunks: list[int], size: int) -> None:
-        if not chunks:
+    def _send(self, fs: FileStream, calls: list[list[int]], size: int) -> None:
+        if not calls:
             return
-        tid = self._link_transfer(fs, chunks, size)
+        tid = self._link_transfer(fs, calls, size)
         try:
-            if self.pool is None or len(chunks) == 1:
+            if self.pool is None or len(calls) == 1:
                 results, error = [], None
-                for i in chunks:
+                for call in calls:
                     try:
-                        results.append(self._send_one(fs, i, size, tid))
+                        results.append(self._send_one(fs, call, size, tid))
                     except OSError as err:
                         error = err
                         break
             else:
-                futures = [self.pool.submit(self._send_one, fs, i, size, tid) for i in chunks]
+                futures = [self.pool.submit(self._send_one, fs, call, size, tid) for call in calls]
                 wait(futures)
                 results = [f.result() for f in futures if f.exception() is None]
                 error = next((f.exception() for f in futures if f.exception() is not None), None)
-            for r in results:                   # what the tier acknowledged counts, even on a failure
-                if r is not None:
+            for sent in results:                # what the tier acknowledged counts, even on a failure
+                for r in sent:
                     self._acknowledged(fs, *r)
             if error is not None:
                 raise error
@@ -295,34 +324,39 @@ class Streamer:
             if tid is not None:
                 self.link.close(tid)
 
-    def _send_behind(self, fs: FileStream, chunks: list[int], size: int) -> None:
-        """Hand `chunks` to the send pool and return: each records itself when it lands."""
-        if not chunks:
+    def _send_behind(self, fs: FileStream, calls: list[list[int]], size: int) -> None:
+        """Hand `calls` to the send pool and return: each records itself when it lands."""
+        if not calls:
             return
-        tid = self._link_transfer(fs, chunks, size)
-        left = [len(chunks)]
+        tid = self._link_transfer(fs, calls, size)
+        left = [len(calls)]
         gen = fs.gen
-        for i in chunks:
+        for call in calls:
+            other = bool(fs.first) and call[0] not in fs.first
             with fs.lock:
-                fut = self.pool.submit(self._send_one, fs, i, size, tid, gen)
-                fs.inflight[i] = fut
-            fut.add_done_callback(functools.partial(self._landed, fs, i, gen, tid, left))
+                fut = self.pool.submit(self._send_one, fs, call, size, tid, gen)
+                for i in call:
+                    fs.inflight[i] = fut
+                fs.others_busy += other
+            fut.add_done_callback(functools.partial(self._landed, fs, call, gen, tid, left, other))
 
-    def _landed(self, fs: FileStream, i: int, gen: int, tid, left: list, fut: Future) -> None:
+    def _landed(self, fs: FileStream, call: list[int], gen: int, tid, left: list, other: bool, fut: Future) -> None:
         err = fut.exception()
         with fs.lock:
-            fs.inflight.pop(i, None)
+            for i in call:
+                fs.inflight.pop(i, None)
+            fs.others_busy -= other
             left[0] -= 1
             last = left[0] == 0
             if fs.gen == gen:
                 if err is None:
-                    r = fut.result()
-                    if r is not None:
+                    for r in fut.result():
                         self._acknowledged(fs, *r)
                 else:
                     fs.errors += 1
                     fs.opened = False           # re-open next time: learn what the tier holds
-                    log.debug("stream %s of %s: chunk %d: %s (will retry)", fs.sid, fs.path, i, err)
+                    log.debug("stream %s of %s: chunks %d-%d: %s (will retry)", fs.sid, fs.path, call[0], call[-1],
+                              err)
             close_now = fs.closing and not fs.inflight
             if close_now:
                 fd, fs.fd = fs.fd, -1
@@ -345,8 +379,18 @@ class Streamer:
         out = []
         for i in range(chunk_count(size, fs.chunk)):
             off, n = chunk_span(i, size, fs.chunk)
-            out.append(chunk_crc(os.pread(fs.fd, n, off)))
+            view = self._buffer(n)
+            got = os.preadv(fs.fd, [view], off)
+            out.append(chunk_crc(view[:got]))
         return out
+
+    def _buffer(self, n: int) -> memoryview:
+        """This thread's read buffer, `n` bytes of it: a fresh `pread` result of megabytes is a
+        new mapping whose pages the kernel faults in and zeroes every time (seen in `perf`)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._local.buf = bytearray(max(n, self.call_bytes))
+        return memoryview(buf)[:n]
 
 
 __all__ = ["Streamer", "FileStream", "Transport"]

@@ -57,8 +57,8 @@ class FlightTransport:
     def open(self, sid, gen, path, chunk, job=None):
         return self.control.stream_open(sid, gen, path, chunk, job)
 
-    def put(self, sid, gen, offset, data, crc, opening=None, seen=None):
-        self.client.stream_put(sid, gen, [(offset, data, crc)],
+    def put(self, sid, gen, chunks, opening=None, seen=None):
+        self.client.stream_put(sid, gen, list(chunks),
                                opening=None if opening is None else {"path": opening[0], "chunk": opening[1],
                                                                      "job": opening[2]},
                                seen=seen)
@@ -247,6 +247,7 @@ class StreamTap:
                 os.close(ev[1])
 
     def _pump(self) -> None:
+        background_thread()   # (its steps are the stream's work too: after the job's)
         poll = self.cfg.poll_interval_s
         while True:
             with self.cond:
@@ -294,6 +295,8 @@ class StreamTap:
                 if all(fs.state == "done" for fs in entry.streams):
                     self.stats.add("streams_published")
                 self.stats.add("stream_bytes_sent", sum(fs.bytes_sent for fs in entry.streams))
+                # chunks sent first because eval jobs read them of the last checkpoint's file
+                self.stats.add("stream_chunks_first", sum(len(fs.first) for fs in entry.streams))
             elif errors:
                 entry.failing_since = entry.failing_since or now
                 if now - entry.failing_since > self.cfg.idle_s:

@@ -328,10 +328,19 @@ class StreamConfig(Section):
     link_bytes_s: int = Field(0, ge=0, description="Budget of this mount's sends on the link (bytes/s; "
                               "0: none). The eval agent's pulls have their own `[agent] link_bytes_s`: "
                               "split the link between them.")
-    chunk_bytes: int = Field(4 << 20, ge=64 << 10, le=64 << 20, description="Unit of a stream: whole "
-                             "chunks leave behind the writer, the partial tail at close; one CRC-32 each.")
-    parallel: int = Field(8, ge=1, le=64, description="Chunks in flight at once (fill the link's "
+    chunk_bytes: int = Field(1 << 20, ge=64 << 10, le=64 << 20, description="Unit of a stream: whole "
+                             "chunks leave behind the writer, the partial tail at close; one CRC-32C each. "
+                             "Also the grain of `first_by_reads`.")
+    call_bytes: int = Field(4 << 20, ge=64 << 10, le=64 << 20, description="Most bytes of one call to a "
+                            "tier (consecutive chunks go together).")
+    parallel: int = Field(8, ge=1, le=64, description="Calls in flight at once (fill the link's "
                           "bandwidth-delay product).")
+    first_by_reads: bool = Field(True, description="Send first the chunks that eval jobs read of the "
+                                 "previous checkpoint's file of the same name (the tier names them when the "
+                                 "stream opens, one round trip at the file's first whole chunk).")
+    others_in_flight: int = Field(1, ge=0, le=64, description="With `first_by_reads` and a file the tier "
+                                  "named chunks for: calls of the other chunks in flight while the file is "
+                                  "written (the rest go at its close).")
     poll_interval_s: float = Field(0.02, gt=0, le=10, description="How often open staging files are "
                                    "checked for new whole chunks.")
     max_held_bytes: int = Field(8 << 30, ge=0, description="Most bytes of closed files kept open for "

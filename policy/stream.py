@@ -10,6 +10,11 @@ decisions of both ends, no I/O and no clock.
   with the sender's final CRC), and if not, which chunks must come from elsewhere. The tier never
   serves a stream that was not published, nor one whose verdict is not `ready`.
 - `chunk_crc`: the checksum both sides compute (CRC-32C of the chunk's bytes, `crc32c`).
+- `checkpoint_family`, `chunks_touching`, `send_calls`: eval reads first. The tier remembers
+  which ranges of a checkpoint's files eval jobs read and, when the next checkpoint's file of the
+  same name starts streaming, names the chunks holding them (DCP lays out each step's files
+  alike); the sender sends those as soon as they are written and holds the others back while
+  the file is written.
 
 Chunks are aligned: chunk i covers [i * chunk, min((i + 1) * chunk, size)). Only the last chunk
 of a file may be short, and a short chunk is sent only at publish (the writer may still extend it).
@@ -153,10 +158,54 @@ def verdict(held: RangeMap, size: int, final_crcs: list[int],
     return Verdict("fill" if fetch else "ready", tuple(fetch), tuple(keep))
 
 
+def checkpoint_family(path: str) -> tuple[str, str]:
+    """What a file's name keeps from one checkpoint of a job to the next: (the job's folder, the
+    file's name), the path without its step folder (`ckpt/run/step_100/__0_0.distcp` ->
+    (`ckpt/run`, `__0_0.distcp`))."""
+    parts = path.split("/")
+    return "/".join(parts[:-2]), parts[-1]
+
+
+def chunks_touching(ranges: Iterable[tuple[int, int]], chunk: int, limit: int = 1 << 20) -> list[int]:
+    """The chunk indices (sorted, at most `limit`) that hold any byte of these (offset, length)
+    ranges."""
+    if chunk <= 0:
+        raise ValueError("chunk must be positive")
+    out: set[int] = set()
+    for off, length in ranges:
+        if length <= 0 or off < 0:
+            continue
+        out.update(range(off // chunk, (off + length - 1) // chunk + 1))
+        if len(out) >= limit:
+            break
+    return sorted(out)[:limit]
+
+
+def send_calls(todo: list[int], first: Iterable[int], chunk: int, call_bytes: int,
+               others: Optional[int] = None) -> list[list[int]]:
+    """The chunks of `todo` to send now, as calls: runs of consecutive chunks of at most
+    `call_bytes` (at least one chunk). The chunks in `first` (eval reads come for them) go first;
+    then the others in at most `others` calls (None: all of them)."""
+    per_call = max(1, call_bytes // chunk)
+    firsts = set(first)
+
+    def runs(indices: list[int]) -> list[list[int]]:
+        calls: list[list[int]] = []
+        for i in indices:
+            if calls and calls[-1][-1] == i - 1 and len(calls[-1]) < per_call:
+                calls[-1].append(i)
+            else:
+                calls.append([i])
+        return calls
+
+    rest = runs([i for i in todo if i not in firsts])
+    return runs([i for i in todo if i in firsts]) + (rest if others is None else rest[:max(0, others)])
+
+
 def crcs_of(chunks: Iterable[bytes]) -> list[int]:
     """The final CRC list of a file given its chunks in order (tests, and small files)."""
     return [chunk_crc(c) for c in chunks]
 
 
 __all__ = ["chunk_crc", "chunk_count", "chunk_span", "chunks_under", "ranges_to_send", "RangeMap", "Verdict", "verdict",
-           "crcs_of"]
+           "crcs_of", "checkpoint_family", "chunks_touching", "send_calls"]

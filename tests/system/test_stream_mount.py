@@ -363,3 +363,37 @@ def test_an_older_record_of_the_same_writer_and_version_needs_no_copy(tmp_path):
         assert tier.client.status()["copies"] == 0
         assert tier.server.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r2)["already"] is False
         assert tier.client.status()["copies"] == 1
+
+
+def test_the_chunks_an_eval_read_of_the_last_checkpoint_are_named_first_for_the_next(mount_factory, tmp_path):
+    """The tier remembers the read hints of step 1's file (held whole there, so only remembered)
+    and, when the training mount starts streaming step 2's file of the same name, names the
+    chunks holding those ranges; the sender sends them first. Another job's file gets none."""
+    from hintfs.client import hint_reads
+    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
+        data = os.urandom(12 * CHUNK)
+        (train.mnt / "ckpt" / "run" / "step_1").mkdir(parents=True)
+        (train.mnt / "ckpt" / "run" / "step_1" / "__0_0.distcp").write_bytes(data)
+        rel1 = "ckpt/run/step_1/__0_0.distcp"
+        assert wait_for(lambda: tier.client.tier_stat(rel1)["state"] == "ready", 10)
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n')
+        hint_reads(str(ev.mnt), "merge", [(rel1, 9 * CHUNK + 10, 100)])
+        assert wait_for(lambda: tier.client.status()["streams"]["files_read_remembered"] == 1, 10)
+        # (the kernel reads 256 KiB past a hinted range: chunks 9 to 11 of 64 KiB)
+        held, first = tier.client.stream_open("probe", 0, "ckpt/run/step_9/__0_0.distcp", CHUNK)
+        assert held == {} and first == [9, 10, 11]
+        assert tier.client.stream_open("probe2", 0, "ckpt/other/step_9/__0_0.distcp", CHUNK)[1] == []
+        tier.client.stream_abort("probe")
+        tier.client.stream_abort("probe2")
+
+        (train.mnt / "ckpt" / "run" / "step_2").mkdir()
+        rel2 = "ckpt/run/step_2/__0_0.distcp"
+        with open(train.mnt / "ckpt" / "run" / "step_2" / "__0_0.distcp", "wb") as f:
+            f.write(data[:CHUNK])               # the stream opens at its first whole chunk
+            f.flush()
+            assert wait_for(lambda: tier.server.streams.state_of(rel2) is not None, 10)
+            f.write(data[CHUNK:])
+        assert wait_for(lambda: tier.client.tier_stat(rel2)["state"] == "ready", 10)
+        assert tier.client.read(rel2, 0, len(data) + 1, replica_only=True) == data
+        assert wait_for(lambda: train.stats()["counters"].get("stream_chunks_first") == 3, 10)

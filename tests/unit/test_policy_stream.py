@@ -136,3 +136,43 @@ def test_ready_means_the_published_bytes_and_fill_names_every_other_chunk(script
         assert set(v.fetch) | set(v.keep) == set(range(chunk_count(len(final), CHUNK)))
         assert set(v.fetch) <= lost | set(tier.map.missing(len(final))) | {
             i for i in tier.map.held if tier.map.held[i][1] != crcs[i]}
+
+
+# -- eval reads first ----------------------------------------------------------------------------
+
+def test_a_checkpoint_file_keeps_its_job_folder_and_name_across_steps():
+    from policy.stream import checkpoint_family
+    assert checkpoint_family("ckpt/run-7/step_100/__0_0.distcp") == ("ckpt/run-7", "__0_0.distcp")
+    assert checkpoint_family("ckpt/run-7/step_200/__0_0.distcp") == checkpoint_family(
+        "ckpt/run-7/step_100/__0_0.distcp")
+    assert checkpoint_family("ckpt/run-8/step_100/__0_0.distcp") != checkpoint_family(
+        "ckpt/run-7/step_100/__0_0.distcp")
+    assert checkpoint_family("f.bin") == ("", "f.bin")
+
+
+def test_chunks_touching_ranges_are_every_chunk_holding_a_byte_of_them():
+    from policy.stream import chunks_touching
+    assert chunks_touching([(0, 1)], 100) == [0]
+    assert chunks_touching([(99, 2)], 100) == [0, 1]          # crosses a boundary
+    assert chunks_touching([(100, 100)], 100) == [1]          # exactly one chunk
+    assert chunks_touching([(250, 10), (0, 5), (260, 1)], 100) == [0, 2]
+    assert chunks_touching([(5, 0), (-1, 10)], 100) == []     # empty and negative ranges: nothing
+    assert chunks_touching([(0, 10_000)], 100, limit=3) == [0, 1, 2]
+    with pytest.raises(ValueError):
+        chunks_touching([(0, 1)], 0)
+
+
+def test_send_calls_put_the_named_chunks_first_in_runs_and_hold_the_others_to_a_number_of_calls():
+    from policy.stream import send_calls
+    todo = [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    # no chunk named: runs of consecutive chunks, at most call_bytes each (3 chunks of 10 bytes)
+    assert send_calls(todo, [], 10, 30) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    # named chunks go first, as runs of their own; then the others
+    assert send_calls(todo, [3, 4, 7], 10, 30) == [[3, 4], [7], [0, 1, 2], [5, 6], [8]]
+    # the others held to a number of calls (0: none now); the named ones always go
+    assert send_calls(todo, [3, 4, 7], 10, 30, others=1) == [[3, 4], [7], [0, 1, 2]]
+    assert send_calls(todo, [3, 4, 7], 10, 30, others=0) == [[3, 4], [7]]
+    # a call holds at least one chunk, whatever call_bytes says
+    assert send_calls([2, 3], [], 10, 5) == [[2], [3]]
+    # gaps break runs
+    assert send_calls([0, 2, 3], [], 10, 100) == [[0], [2, 3]]

@@ -29,6 +29,8 @@ class Link:
         self.down = False
         self.ready: dict[str, bytes] = {}
         self.bytes = 0
+        self.first: dict[str, list[int]] = {}   # path -> chunks the tier names to send first
+        self.calls: list[list[int]] = []        # the chunks of each put, in order
 
     def _call(self, fn, *args):
         if self.down:
@@ -39,21 +41,23 @@ class Link:
             raise OSError(errno.EIO, str(err)) from None
 
     def open(self, sid, gen, path, chunk, job=None):
-        return self._call(self.tier.open, sid, gen, path, chunk, job)
+        return self._call(self.tier.open, sid, gen, path, chunk, job), self.first.get(path, [])
 
-    def put(self, sid, gen, offset, data, crc, opening=None, seen=None):
+    def put(self, sid, gen, chunks, opening=None, seen=None):
         if opening is not None:
             self.open(sid, gen, *opening)
-        self._call(self.tier.put, sid, gen, offset, data, crc)
+        for offset, data, crc in chunks:
+            self._call(self.tier.put, sid, gen, offset, bytes(data), crc)
+            self.bytes += len(data)
+        self.calls.append([offset // CHUNK for offset, _d, _c in chunks])
         if seen is not None:
             self._call(self.tier.saw, sid, gen, seen)
-        self.bytes += len(data)
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         if opening is not None:
             self.open(sid, gen, *opening)
-        for off, data, crc in chunks:
-            self.put(sid, gen, off, data, crc)
+        if chunks:
+            self.put(sid, gen, chunks)
         v, part = self._call(self.tier.publish, sid, gen, path, size, mtime_ns, crcs)
         if part is not None:
             with open(part, "rb") as f:
@@ -210,10 +214,10 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
     plain_put, plain_publish = link.put, link.publish
 
-    def put(sid, gen, offset, data, crc, opening=None, seen=None):
-        if offset == held_at:
+    def put(sid, gen, chunks, opening=None, seen=None):
+        if any(offset == held_at for offset, _d, _c in chunks):
             assert release.wait(10)
-        plain_put(sid, gen, offset, data, crc, opening, seen)
+        plain_put(sid, gen, chunks, opening, seen)
 
     def publish(*args, **kw):
         answer = plain_publish(*args, **kw)     # computed while the chunk is still in flight
@@ -238,3 +242,73 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     assert link.bytes == len(data)              # no chunk crossed twice
     streamer.shutdown()
 
+
+
+def test_chunks_eval_reads_want_leave_first_and_the_others_are_held_while_the_file_is_written(tmp_path):
+    """The tier names chunks 5 and 6 at the stream's open (eval jobs read them of the last
+    checkpoint's file): they leave as soon as they are written, the others at most one call at a
+    time while the file is written, and all of the rest at publish; each byte crosses once."""
+    import threading
+    import time
+    tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
+    link = Link(tier)
+    path = "ckpt/run/step_2/__0_0.distcp"
+    link.first[path] = [5, 6]
+    gate = threading.Semaphore(0)                # calls of other chunks wait here until let through
+    busy, most = [0], [0]
+    plain_put = link.put
+
+    def put(sid, gen, chunks, opening=None, seen=None):
+        if chunks[0][0] // CHUNK not in (5, 6):
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+            assert gate.acquire(timeout=10)
+            busy[0] -= 1
+        plain_put(sid, gen, chunks, opening, seen)
+
+    link.put = put
+    streamer = Streamer(link, CHUNK, parallel=4, call_bytes=2 * CHUNK, first_by_reads=True, others_in_flight=1)
+    f = open(tmp_path / "staging", "w+b")
+    fs = streamer.start(path, f.fileno())
+    data = os.urandom(8 * CHUNK + 100)
+    f.write(data)
+    f.flush()
+    streamer.step(fs)                            # opens: the tier names 5 and 6
+    assert fs.first == {5, 6}
+    streamer.step(fs)
+    deadline = time.monotonic() + 10
+    while not {5, 6} <= set(fs.sent) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert link.calls[:1] == [[5, 6]]            # the named chunks crossed first, in one call
+    assert set(fs.sent) == {5, 6}                # ... while one call of the others waits
+    assert busy[0] == 1 and len(fs.inflight) == 2
+    for _ in range(3):                           # more steps while it waits: still one call
+        streamer.step(fs)
+    assert busy[0] == 1
+    for _ in range(20):
+        gate.release()
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready[path] == data
+    assert link.bytes == len(data)               # no chunk crossed twice
+    assert most[0] >= 1
+    streamer.shutdown()
+
+
+def test_without_named_chunks_nothing_is_held(tmp_path):
+    """A first checkpoint (the tier names nothing): every whole chunk leaves while written."""
+    import time
+    tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
+    link = Link(tier)
+    streamer = Streamer(link, CHUNK, parallel=4, call_bytes=CHUNK, first_by_reads=True, others_in_flight=1)
+    f = open(tmp_path / "staging", "w+b")
+    fs = streamer.start("ckpt/run/step_1/__0_0.distcp", f.fileno())
+    data = os.urandom(6 * CHUNK)
+    f.write(data)
+    f.flush()
+    streamer.step(fs)
+    deadline = time.monotonic() + 10
+    while len(fs.sent) < 6 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert fs.first == frozenset() and len(fs.sent) == 6
+    streamer.shutdown()

@@ -1,0 +1,71 @@
+"""What eval jobs read of each checkpoint file, to predict what they will read of the next one
+(docs/cross_dc.md, "Eval reads first").
+
+A merge or an eval of step N+1 reads the same tensors as of step N, and DCP lays out the files of
+every step alike, so the byte ranges read of `ckpt/run/step_N/__0_0.distcp` are those that will be
+read of `ckpt/run/step_N+1/__0_0.distcp` (`policy.stream.checkpoint_family`). The tier agent
+remembers the ranges of read hints (as the kernel will ask for them) and of demand reads; when a
+training mount opens a stream for the next checkpoint's file, the tier names the chunks holding
+those ranges and the sender sends them first. A wrong guess (a layout that changed) costs only
+the order the chunks cross the link in, never a byte served: the guess picks chunks to send, and
+only published, verified chunks are ever read.
+
+Bounded: `max_files` families (least recently used go) and `max_ranges` ranges each (merged where
+they touch; a family's ranges beyond that are not kept). Memory only: a restarted agent predicts
+nothing until eval jobs read again.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Iterable
+
+from policy.stream import checkpoint_family
+
+
+def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) ranges sorted, with those that overlap or touch joined."""
+    out: list[list[int]] = []
+    for off, length in sorted((int(o), int(n)) for o, n in ranges if n > 0 and o >= 0):
+        if out and off <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], off + length - out[-1][0])
+        else:
+            out.append([off, length])
+    return [(o, n) for o, n in out]
+
+
+class ReadMemory:
+    def __init__(self, max_files: int = 1024, max_ranges: int = 4096):
+        self.max_files = max_files
+        self.max_ranges = max_ranges
+        self._by_family: OrderedDict[tuple[str, str], tuple[str, list[tuple[int, int]]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, path: str, ranges: Iterable[tuple[int, int]]) -> None:
+        """Eval reads of `path` covered these (offset, length) ranges. Reads of a newer checkpoint's
+        file replace what an older one's taught; reads of the same file add up."""
+        key = checkpoint_family(path)
+        with self._lock:
+            known = self._by_family.get(key)
+            old = known[1] if known is not None and known[0] == path else []
+            kept = merged([*old, *ranges])[: self.max_ranges]
+            if not kept:
+                return
+            self._by_family[key] = (path, kept)
+            self._by_family.move_to_end(key)
+            while len(self._by_family) > self.max_files:
+                self._by_family.popitem(last=False)
+
+    def predict(self, path: str) -> list[tuple[int, int]]:
+        """The ranges eval jobs read of the last checkpoint's file of `path`'s name (empty: none
+        known)."""
+        with self._lock:
+            known = self._by_family.get(checkpoint_family(path))
+            return list(known[1]) if known is not None else []
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_family)
+
+
+__all__ = ["ReadMemory", "merged"]

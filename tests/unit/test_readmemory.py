@@ -1,0 +1,32 @@
+"""agent/readmemory.py: what eval jobs read of one checkpoint's file predicts the next one's,
+bounded, and a newer checkpoint's reads replace an older one's."""
+from __future__ import annotations
+
+from agent.readmemory import ReadMemory, merged
+
+
+def test_ranges_are_merged_where_they_overlap_or_touch():
+    assert merged([(10, 5), (0, 10), (30, 1), (12, 10)]) == [(0, 22), (30, 1)]
+    assert merged([(0, 0), (-5, 3), (4, 2)]) == [(4, 2)]   # empty and negative ranges dropped
+
+
+def test_the_next_checkpoints_file_of_the_same_name_is_predicted_by_the_last_ones_reads():
+    m = ReadMemory()
+    assert m.predict("ckpt/run/step_2/__0_0.distcp") == []
+    m.remember("ckpt/run/step_1/__0_0.distcp", [(100, 50)])
+    m.remember("ckpt/run/step_1/__0_0.distcp", [(150, 10), (0, 4)])       # the same file: adds up
+    assert m.predict("ckpt/run/step_2/__0_0.distcp") == [(0, 4), (100, 60)]
+    assert m.predict("ckpt/run/step_2/__1_0.distcp") == []               # another rank's file
+    assert m.predict("ckpt/other/step_2/__0_0.distcp") == []             # another job
+    m.remember("ckpt/run/step_2/__0_0.distcp", [(7, 1)])                  # a newer checkpoint's reads
+    assert m.predict("ckpt/run/step_3/__0_0.distcp") == [(7, 1)]          # replace the older ones
+
+
+def test_memory_is_bounded_in_files_and_ranges():
+    m = ReadMemory(max_files=2, max_ranges=3)
+    m.remember("ckpt/a/s/f", [(0, 1)])
+    m.remember("ckpt/b/s/f", [(0, 1)])
+    m.remember("ckpt/c/s/f", [(0, 1)])
+    assert len(m) == 2 and m.predict("ckpt/a/t/f") == []                 # least recently used went
+    m.remember("ckpt/c/s/f", [(10 * i, 1) for i in range(10)])
+    assert len(m.predict("ckpt/c/t/f")) == 3
