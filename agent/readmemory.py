@@ -10,9 +10,9 @@ those ranges and the sender sends them first. A wrong guess (a layout that chang
 the order the chunks cross the link in, never a byte served: the guess picks chunks to send, and
 only published, verified chunks are ever read.
 
-Bounded: `max_files` families (least recently used go) and `max_ranges` ranges each (merged where
-they touch; a family's ranges beyond that are not kept). Memory only: a restarted agent predicts
-nothing until eval jobs read again.
+Bounded: `max_ranges` ranges per family (merged where they touch; beyond that they are not kept)
+and `max_total` ranges and `max_files` families in all (the least recently used go first): about
+25 MB at most. Memory only: a restarted agent predicts nothing until eval jobs read again.
 """
 from __future__ import annotations
 
@@ -35,9 +35,11 @@ def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class ReadMemory:
-    def __init__(self, max_files: int = 1024, max_ranges: int = 4096):
+    def __init__(self, max_files: int = 16384, max_ranges: int = 4096, max_total: int = 1 << 18):
         self.max_files = max_files
         self.max_ranges = max_ranges
+        self.max_total = max_total
+        self._total = 0
         self._by_family: OrderedDict[tuple[str, str], tuple[str, list[tuple[int, int]]]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -51,10 +53,12 @@ class ReadMemory:
             kept = merged([*old, *ranges])[: self.max_ranges]
             if not kept:
                 return
+            self._total += len(kept) - (len(known[1]) if known is not None else 0)
             self._by_family[key] = (path, kept)
             self._by_family.move_to_end(key)
-            while len(self._by_family) > self.max_files:
-                self._by_family.popitem(last=False)
+            while len(self._by_family) > 1 and (len(self._by_family) > self.max_files or self._total > self.max_total):
+                _key, (_path, gone) = self._by_family.popitem(last=False)
+                self._total -= len(gone)
 
     def predict(self, path: str) -> list[tuple[int, int]]:
         """The ranges eval jobs read of the last checkpoint's file of `path`'s name (empty: none

@@ -261,9 +261,10 @@ def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[Stre
     token, tls_root = _agent_credentials(cfg, sc.token_file or cfg.agents.token_file, "[stream]")
     link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
     def transport(loc: str) -> FlightTransport:
+        def own() -> AgentClient:
+            return AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s, own_connection=True)
         return FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s),
-                               control=AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s,
-                                                   own_connection=True))
+                               control=own(), urgent=own() if sc.first_by_reads else None)
     streamers = [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link, call_bytes=sc.call_bytes,
                           first_by_reads=sc.first_by_reads, others_in_flight=sc.others_in_flight)
                  for loc in sc.agents]

@@ -21,11 +21,17 @@ unit tests).
   the send pool and returns, so the link stays full between steps. Only the publish waits for
   the chunks in flight (`idle` says when none are; the caller changes a stream's generation or
   closes it only then, and `close` of a stream with chunks in flight waits for them to land).
-- Eval reads first (`first_by_reads`): the stream opens at its first whole chunk, and the tier's
-  answer names the chunks eval jobs read of the previous checkpoint's file of the same name
-  (`agent.readmemory`). Those leave as soon as they are written; the others, while the file is
-  written, at most `others_in_flight` calls at a time (the rest follow at publish, all at once).
-  A merge that starts at the commit then finds its bytes at the tier.
+- Eval reads first (`first_by_reads`): the tier's answer to a stream's open names the chunks eval
+  jobs read of the previous checkpoint's file of the same name (`agent.readmemory`). The open
+  rides on the stream's first calls (no round trip of its own), so the streamer starts from the
+  chunks named for the last file of that name it sent (`policy.stream.checkpoint_family`) and
+  takes the tier's answer when it comes. Named chunks leave as soon as they are written, as
+  `urgent` calls (the
+  transport's connection of their own: they share the link at once instead of queueing behind
+  the megabytes already in flight on the bulk connection); while any are on their way, at most
+  `others_in_flight` calls of other chunks are (of all this streamer's files); otherwise the
+  others go as before, keeping the link full. A merge that starts at the commit then finds its
+  bytes at the tier.
 - A failed call (link down, tier restarted) leaves the stream as it is; the next step re-opens it
   (`open` answers what the tier holds) and goes on from there. Nothing is lost but time.
 - `restart` (the file was truncated or staged anew) starts a new generation: the tier forgets the
@@ -39,14 +45,18 @@ import logging
 import os
 import socket
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 from policy.link import transfer_weight
-from policy.stream import chunk_count, chunk_crc, chunk_span, ranges_to_send, send_calls
+from policy.stream import checkpoint_family, chunk_count, chunk_crc, chunk_span, ranges_to_send, send_calls
 
 log = logging.getLogger("hintfs.streamer")
+
+QUIET_STEPS = 2      # steps without growth before a named partial tail is sent ahead of the close
+NAMED_FILES = 4096   # file names whose named chunks a streamer remembers
 
 _ids = itertools.count()
 _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or "host"
@@ -57,10 +67,12 @@ class Transport(Protocol):
              job: Optional[str] = None) -> tuple[dict[int, int], Sequence[int]]:
         """(the chunks the tier holds: index -> CRC, the chunks to send first)"""
     def put(self, sid: str, gen: int, chunks: Sequence[tuple[int, bytes | memoryview, int]],
-            opening: Optional[tuple[str, int, Optional[str]]] = None, seen: Optional[int] = None) -> None:
+            opening: Optional[tuple[str, int, Optional[str]]] = None, seen: Optional[int] = None,
+            urgent: bool = False) -> Optional[Sequence[int]]:
         """Chunks (offset, data, crc) in one call; `opening` = (path, chunk, job): open the stream
-        first if the tier lacks it; `seen`: the file's size now (the tier's estimate of what is
-        still to come)."""
+        first if the tier lacks it (the answer: the chunks to send first, None when not opened);
+        `seen`: the file's size now (the tier's estimate of what is still to come); `urgent`:
+        eval reads want these first (not behind the bulk)."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
                 opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
@@ -87,7 +99,8 @@ class FileStream:
     bytes_sent: int = 0
     inflight: dict[int, Future] = field(default_factory=dict)   # chunks handed to the send pool
     first: frozenset[int] = frozenset()   # chunks eval reads will want (the tier's open answers)
-    others_busy: int = 0                  # calls of other chunks in flight while writing
+    last_size: int = -1          # the staging file's size at the last step, and how many steps
+    still: int = 0               # in a row it has not changed (a named tail goes when it is still)
     closing: bool = False        # close the fd when the last chunk in flight lands
     announced: bool = False      # the tier knows the published version (it waits for the rest)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -116,12 +129,34 @@ class Streamer:
         self.first_by_reads = first_by_reads
         self._local = threading.local()   # per-thread read buffers (`_buffer`)
         self.others_in_flight = others_in_flight
+        self._busy_lock = threading.Lock()
+        # checkpoint_family -> chunks the tier named at the last open of a file of that name
+        self._named: OrderedDict[tuple[str, str], frozenset[int]] = OrderedDict()
+        self._busy = {True: 0, False: 0}  # calls in flight: of named chunks (True), of others
         self.pool = (ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send", initializer=background_thread)
                      if parallel > 1 else None)
 
     # -- the mount's hooks (each a cheap call: the work happens in `step`) ----------------------
     def start(self, path: str, fd: int, job: Optional[str] = None) -> FileStream:
-        return FileStream(f"{_HOST}-{os.getpid()}-{next(_ids)}", path, os.dup(fd), self.chunk, job)
+        fs = FileStream(f"{_HOST}-{os.getpid()}-{next(_ids)}", path, os.dup(fd), self.chunk, job)
+        if self.first_by_reads:
+            with self._busy_lock:
+                fs.first = self._named.get(checkpoint_family(path), frozenset())
+        return fs
+
+    def _tier_named(self, fs: FileStream, gen: int, first: Optional[Sequence[int]]) -> None:
+        """The tier's answer to this stream's open: the chunks eval reads want first."""
+        if first is None or not self.first_by_reads:
+            return
+        named = frozenset(first)
+        with fs.lock:
+            if fs.gen == gen:
+                fs.first = named
+        with self._busy_lock:
+            self._named[checkpoint_family(fs.path)] = named
+            self._named.move_to_end(checkpoint_family(fs.path))
+            while len(self._named) > NAMED_FILES:
+                self._named.popitem(last=False)
 
     def restart(self, fs: FileStream, fd: Optional[int] = None) -> None:
         """The file was truncated or staged anew: a new generation (the tier forgets the old)."""
@@ -131,7 +166,7 @@ class Streamer:
             fs.fd = os.dup(fd)
         fs.gen += 1
         fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"
-        fs.announced, fs.first = False, frozenset()
+        fs.announced, fs.last_size, fs.still = False, -1, 0     # (`first` stays: the same file)
 
     def published(self, fs: FileStream, size: int, mtime_ns: int, record: Optional[str] = None) -> None:
         """The store committed the file with these attributes (no writer can change it now)."""
@@ -174,17 +209,24 @@ class Streamer:
                     busy = dict.fromkeys(fs.inflight, -1)
                     known = {**fs.sent, **busy}
                 todo = ranges_to_send(size, fs.chunk, known, limit=self.max_chunks)
-                if todo and not fs.opened and (fs.sent or fs.errors or self.first_by_reads):
+                fs.still, fs.last_size = (fs.still + 1, size) if size == fs.last_size else (0, size)
+                tail = size // fs.chunk
+                if (size % fs.chunk and tail in fs.first and tail not in known and fs.still >= QUIET_STEPS):
+                    # A named partial tail of a file that stopped growing (DCP writes a file, then
+                    # fsyncs and closes: the upload at close takes longer than the link needs for
+                    # it). Should the file grow after all, its final CRC differs and it goes again.
+                    todo.append(tail)
+                if todo and not fs.opened and (fs.sent or fs.errors):
                     if busy:
                         return False            # let the chunks in flight land first
-                    # after a failure: learn first what the tier kept; with first_by_reads, what
-                    # eval reads will want (else a new stream opens with its chunks: no extra call)
-                    self._open(fs)
+                    self._open(fs)             # after a failure: learn first what the tier kept
+                # (a new stream opens with its chunks: no extra call)
                 if self.pool is None:
                     self._send(fs, send_calls(todo, fs.first, fs.chunk, self.call_bytes), size)
                 else:
-                    with fs.lock:
-                        others = (max(0, self.others_in_flight - fs.others_busy) if fs.first else None)
+                    with self._busy_lock:      # others yield while named chunks are on their way
+                        yielding = self._busy[True] > 0 or not fs.first.isdisjoint(todo)
+                        others = max(0, self.others_in_flight - self._busy[False]) if yielding else None
                     self._send_behind(fs, send_calls(todo, fs.first, fs.chunk, self.call_bytes, others), size)
                 return False
             assert fs.version is not None
@@ -213,6 +255,13 @@ class Streamer:
                     for i in fetch:
                         if i in acked and i not in fs.inflight:
                             fs.sent.pop(i, None)
+            if fs.first and fs.opened:
+                # Named chunks still to send (the file's tail, never sent while it is written, or
+                # chunks written last) go now, not behind the others in flight and the rest.
+                with fs.lock:
+                    named = [i for i in ranges_to_send(size, fs.chunk, fs.sent, fs.final)
+                             if i in fs.first and i not in fs.inflight]
+                self._send(fs, send_calls(named, fs.first, fs.chunk, self.call_bytes), size)
             self._drain(fs)
             # A stream the tier has never heard of (nothing sent, no failure) opens inside the
             # publish call; one that failed before learns first what the tier kept.
@@ -248,8 +297,7 @@ class Streamer:
     def _open(self, fs: FileStream) -> None:
         held, first = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
         fs.sent, fs.opened = dict(held), True
-        if self.first_by_reads:
-            fs.first = frozenset(first)
+        self._tier_named(fs, fs.gen, first)
 
     def _read_chunks(self, fs: FileStream, chunks: list[int], size: int) -> list[tuple[int, bytes, int]]:
         out = []
@@ -262,7 +310,7 @@ class Streamer:
         return out
 
     def _send_one(self, fs: FileStream, call: list[int], size: int, tid,
-                  gen: Optional[int] = None) -> list[tuple[int, int, int]]:
+                  gen: Optional[int] = None, urgent: bool = False) -> list[tuple[int, int, int]]:
         """One call: consecutive chunks, read with one `pread`; (index, CRC, length) of each sent."""
         off = chunk_span(call[0], size, fs.chunk)[0]
         spans = [chunk_span(i, size, fs.chunk)[1] for i in call]
@@ -280,7 +328,10 @@ class Streamer:
             rows.append((off + pos, piece, crc))
             sent.append((i, crc, n))
             pos += n
-        self.transport.put(fs.sid, fs.gen, rows, None if fs.opened else (fs.path, fs.chunk, fs.job), seen=size)
+        opening = None if fs.opened else (fs.path, fs.chunk, fs.job)
+        named = self.transport.put(fs.sid, fs.gen, rows, opening, seen=size, urgent=urgent)
+        if opening is not None:
+            self._tier_named(fs, gen if gen is not None else fs.gen, named)
         return sent
 
     def _link_transfer(self, fs: FileStream, calls: list[list[int]], size: int):
@@ -306,12 +357,13 @@ class Streamer:
                 results, error = [], None
                 for call in calls:
                     try:
-                        results.append(self._send_one(fs, call, size, tid))
+                        results.append(self._send_one(fs, call, size, tid, None, call[0] in fs.first))
                     except OSError as err:
                         error = err
                         break
             else:
-                futures = [self.pool.submit(self._send_one, fs, call, size, tid) for call in calls]
+                futures = [self.pool.submit(self._send_one, fs, call, size, tid, None, call[0] in fs.first)
+                           for call in calls]
                 wait(futures)
                 results = [f.result() for f in futures if f.exception() is None]
                 error = next((f.exception() for f in futures if f.exception() is not None), None)
@@ -332,20 +384,22 @@ class Streamer:
         left = [len(calls)]
         gen = fs.gen
         for call in calls:
-            other = bool(fs.first) and call[0] not in fs.first
+            urgent = call[0] in fs.first
+            with self._busy_lock:
+                self._busy[urgent] += 1
             with fs.lock:
-                fut = self.pool.submit(self._send_one, fs, call, size, tid, gen)
+                fut = self.pool.submit(self._send_one, fs, call, size, tid, gen, urgent)
                 for i in call:
                     fs.inflight[i] = fut
-                fs.others_busy += other
-            fut.add_done_callback(functools.partial(self._landed, fs, call, gen, tid, left, other))
+            fut.add_done_callback(functools.partial(self._landed, fs, call, gen, tid, left, urgent))
 
-    def _landed(self, fs: FileStream, call: list[int], gen: int, tid, left: list, other: bool, fut: Future) -> None:
+    def _landed(self, fs: FileStream, call: list[int], gen: int, tid, left: list, urgent: bool, fut: Future) -> None:
         err = fut.exception()
+        with self._busy_lock:
+            self._busy[urgent] -= 1
         with fs.lock:
             for i in call:
                 fs.inflight.pop(i, None)
-            fs.others_busy -= other
             left[0] -= 1
             last = left[0] == 0
             if fs.gen == gen:

@@ -46,22 +46,25 @@ class FlightTransport:
 
     SMALL = 256 << 10    # a publish carrying at most this many bytes goes by the control connection
 
-    def __init__(self, client, ttl_s: float = 86400.0, control=None):
+    def __init__(self, client, ttl_s: float = 86400.0, control=None, urgent=None):
         self.client = client
         # Opens, publishes and aborts on a connection of their own: on a long link, a publish
         # sent behind the chunks in flight on the bulk connection waits for all of them (the
         # eval side then waits for the file's version, or copies it a second time).
         self.control = control if control is not None else client
+        # Chunks eval reads want first on a third: they share the link with the bulk at once.
+        self.urgent = urgent if urgent is not None else client
         self.ttl_s = ttl_s
 
     def open(self, sid, gen, path, chunk, job=None):
         return self.control.stream_open(sid, gen, path, chunk, job)
 
-    def put(self, sid, gen, chunks, opening=None, seen=None):
-        self.client.stream_put(sid, gen, list(chunks),
-                               opening=None if opening is None else {"path": opening[0], "chunk": opening[1],
-                                                                     "job": opening[2]},
-                               seen=seen)
+    def put(self, sid, gen, chunks, opening=None, seen=None, urgent=False):
+        doc = (self.urgent if urgent else self.client).stream_put(
+            sid, gen, list(chunks),
+            opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
+            seen=seen)
+        return doc.get("first", []) if opening is not None else None
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         small = sum(len(c[1]) for c in chunks) <= self.SMALL
@@ -121,7 +124,8 @@ class StreamTap:
     @staticmethod
     def _warm_up(streamer: Streamer) -> None:
         transport = streamer.transport
-        for client in dict.fromkeys((transport.client, getattr(transport, "control", transport.client))):
+        for client in dict.fromkeys((transport.client, getattr(transport, "control", transport.client),
+                                     getattr(transport, "urgent", transport.client))):
             try:
                 client.ping()        # the bulk connection and the publishes' own
             except OSError as err:

@@ -336,11 +336,11 @@ class StreamConfig(Section):
     parallel: int = Field(8, ge=1, le=64, description="Calls in flight at once (fill the link's "
                           "bandwidth-delay product).")
     first_by_reads: bool = Field(True, description="Send first the chunks that eval jobs read of the "
-                                 "previous checkpoint's file of the same name (the tier names them when the "
-                                 "stream opens, one round trip at the file's first whole chunk).")
-    others_in_flight: int = Field(1, ge=0, le=64, description="With `first_by_reads` and a file the tier "
-                                  "named chunks for: calls of the other chunks in flight while the file is "
-                                  "written (the rest go at its close).")
+                                 "previous checkpoint's file of the same name (the tier names them in its answer "
+                                 "to the stream's open; docs/cross_dc.md, \"Eval reads first\").")
+    others_in_flight: int = Field(1, ge=0, le=64, description="With `first_by_reads`: calls of other "
+                                  "chunks in flight while named chunks are on their way (of all this mount's "
+                                  "files; otherwise the others go `parallel` at a time).")
     poll_interval_s: float = Field(0.02, gt=0, le=10, description="How often open staging files are "
                                    "checked for new whole chunks.")
     max_held_bytes: int = Field(8 << 30, ge=0, description="Most bytes of closed files kept open for "

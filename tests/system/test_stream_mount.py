@@ -8,7 +8,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -41,14 +41,15 @@ class Tier:
 
 
 @contextlib.contextmanager
-def streaming_to_tier(mount_factory, tmp_path, **tier_options) -> Iterator[tuple]:
+def streaming_to_tier(mount_factory, tmp_path, stream: Optional[dict] = None, **tier_options) -> Iterator[tuple]:
     """(store, tier, training mount): a tier agent over the training store (`Tier` options), and
-    a training mount streaming `ckpt` to it; the tier is shut down at the end."""
+    a training mount streaming `ckpt` to it (more `[stream]` keys in `stream`); the tier is shut
+    down at the end."""
     store = tmp_path / "train" / "store"
     store.mkdir(parents=True)
     tier = Tier(tmp_path, store, **tier_options)
     try:
-        yield store, tier, mount_factory(name="train", extra=stream_toml(tier.loc))
+        yield store, tier, mount_factory(name="train", extra=stream_toml(tier.loc, **(stream or {})))
     finally:
         tier.close()
 
@@ -370,7 +371,7 @@ def test_the_chunks_an_eval_read_of_the_last_checkpoint_are_named_first_for_the_
     and, when the training mount starts streaming step 2's file of the same name, names the
     chunks holding those ranges; the sender sends them first. Another job's file gets none."""
     from hintfs.client import hint_reads
-    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
+    with streaming_to_tier(mount_factory, tmp_path, stream={"first_by_reads": "true"}) as (store, tier, train):
         data = os.urandom(12 * CHUNK)
         (train.mnt / "ckpt" / "run" / "step_1").mkdir(parents=True)
         (train.mnt / "ckpt" / "run" / "step_1" / "__0_0.distcp").write_bytes(data)
@@ -390,7 +391,7 @@ def test_the_chunks_an_eval_read_of_the_last_checkpoint_are_named_first_for_the_
         (train.mnt / "ckpt" / "run" / "step_2").mkdir()
         rel2 = "ckpt/run/step_2/__0_0.distcp"
         with open(train.mnt / "ckpt" / "run" / "step_2" / "__0_0.distcp", "wb") as f:
-            f.write(data[:CHUNK])               # the stream opens at its first whole chunk
+            f.write(data[:CHUNK])               # the stream opens with its first whole chunk
             f.flush()
             assert wait_for(lambda: tier.server.streams.state_of(rel2) is not None, 10)
             f.write(data[CHUNK:])

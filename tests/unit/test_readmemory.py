@@ -23,10 +23,13 @@ def test_the_next_checkpoints_file_of_the_same_name_is_predicted_by_the_last_one
 
 
 def test_memory_is_bounded_in_files_and_ranges():
-    m = ReadMemory(max_files=2, max_ranges=3)
+    m = ReadMemory(max_files=2, max_ranges=3, max_total=5)
     m.remember("ckpt/a/s/f", [(0, 1)])
     m.remember("ckpt/b/s/f", [(0, 1)])
     m.remember("ckpt/c/s/f", [(0, 1)])
     assert len(m) == 2 and m.predict("ckpt/a/t/f") == []                 # least recently used went
     m.remember("ckpt/c/s/f", [(10 * i, 1) for i in range(10)])
-    assert len(m.predict("ckpt/c/t/f")) == 3
+    assert len(m.predict("ckpt/c/t/f")) == 3                             # at most 3 ranges a file
+    m.remember("ckpt/d/s/f", [(10 * i, 1) for i in range(3)])            # 3 + 3 > 5 in all:
+    assert m.predict("ckpt/b/t/f") == [] and len(m.predict("ckpt/d/t/f")) == 3   # b went, then c
+    assert m.predict("ckpt/c/t/f") == [] and len(m) == 1

@@ -43,15 +43,15 @@ class Link:
     def open(self, sid, gen, path, chunk, job=None):
         return self._call(self.tier.open, sid, gen, path, chunk, job), self.first.get(path, [])
 
-    def put(self, sid, gen, chunks, opening=None, seen=None):
-        if opening is not None:
-            self.open(sid, gen, *opening)
+    def put(self, sid, gen, chunks, opening=None, seen=None, urgent=False):
+        named = self.open(sid, gen, *opening)[1] if opening is not None else None
         for offset, data, crc in chunks:
             self._call(self.tier.put, sid, gen, offset, bytes(data), crc)
             self.bytes += len(data)
         self.calls.append([offset // CHUNK for offset, _d, _c in chunks])
         if seen is not None:
             self._call(self.tier.saw, sid, gen, seen)
+        return named
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         if opening is not None:
@@ -214,10 +214,10 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
     plain_put, plain_publish = link.put, link.publish
 
-    def put(sid, gen, chunks, opening=None, seen=None):
+    def put(sid, gen, chunks, opening=None, seen=None, urgent=False):
         if any(offset == held_at for offset, _d, _c in chunks):
             assert release.wait(10)
-        plain_put(sid, gen, chunks, opening, seen)
+        return plain_put(sid, gen, chunks, opening, seen)
 
     def publish(*args, **kw):
         answer = plain_publish(*args, **kw)     # computed while the chunk is still in flight
@@ -244,54 +244,75 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
 
 
 
-def test_chunks_eval_reads_want_leave_first_and_the_others_are_held_while_the_file_is_written(tmp_path):
+def test_chunks_eval_reads_want_leave_first_and_the_others_yield_while_they_are_on_their_way(tmp_path):
     """The tier names chunks 5 and 6 at the stream's open (eval jobs read them of the last
-    checkpoint's file): they leave as soon as they are written, the others at most one call at a
-    time while the file is written, and all of the rest at publish; each byte crosses once."""
+    checkpoint's file): they leave at once, as an urgent call; while it is on its way at most
+    one call of the other chunks is; once it has landed the others go as before. Each byte
+    crosses once."""
     import threading
     import time
     tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
     link = Link(tier)
     path = "ckpt/run/step_2/__0_0.distcp"
     link.first[path] = [5, 6]
-    gate = threading.Semaphore(0)                # calls of other chunks wait here until let through
-    busy, most = [0], [0]
+    named_gate, others_gate, count = threading.Event(), threading.Semaphore(0), threading.Lock()
+    busy, urgent_calls = [0], []
     plain_put = link.put
 
-    def put(sid, gen, chunks, opening=None, seen=None):
-        if chunks[0][0] // CHUNK not in (5, 6):
-            busy[0] += 1
-            most[0] = max(most[0], busy[0])
-            assert gate.acquire(timeout=10)
-            busy[0] -= 1
-        plain_put(sid, gen, chunks, opening, seen)
+    def put(sid, gen, chunks, opening=None, seen=None, urgent=False):
+        named = chunks[0][0] // CHUNK in (5, 6)
+        assert urgent == named                   # named chunks go as urgent calls, the others not
+        if named:
+            urgent_calls.append([o // CHUNK for o, _d, _c in chunks])
+            assert named_gate.wait(10)
+        else:
+            with count:
+                busy[0] += 1
+            assert others_gate.acquire(timeout=10)
+            with count:
+                busy[0] -= 1
+        return plain_put(sid, gen, chunks, opening, seen)
 
-    link.put = put
     streamer = Streamer(link, CHUNK, parallel=4, call_bytes=2 * CHUNK, first_by_reads=True, others_in_flight=1)
+    # step 1's file of the same name: nothing named at its start; the open riding on its first
+    # call brings the tier's answer, which the streamer keeps for the next file of that name
+    link.first["ckpt/run/step_1/__0_0.distcp"] = [5, 6]
+    g = open(tmp_path / "staging1", "w+b")
+    fs1 = streamer.start("ckpt/run/step_1/__0_0.distcp", g.fileno())
+    assert fs1.first == frozenset()
+    g.write(os.urandom(2 * CHUNK))
+    g.flush()
+    streamer.published(fs1, 2 * CHUNK, 1_000)
+    assert finish(streamer, fs1) and fs1.first == {5, 6}
+
+    link.put, link.bytes = put, 0
     f = open(tmp_path / "staging", "w+b")
     fs = streamer.start(path, f.fileno())
+    assert fs.first == {5, 6}                    # known at the start: no round trip to wait for
     data = os.urandom(8 * CHUNK + 100)
     f.write(data)
     f.flush()
-    streamer.step(fs)                            # opens: the tier names 5 and 6
-    assert fs.first == {5, 6}
     streamer.step(fs)
     deadline = time.monotonic() + 10
+    while (not urgent_calls or busy[0] < 1) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for _ in range(3):                           # more steps while the named chunks are on their way
+        streamer.step(fs)
+    time.sleep(0.05)
+    assert urgent_calls == [[5, 6]] and busy[0] == 1   # one call of the others, no more
+    named_gate.set()                             # the named chunks land ...
     while not {5, 6} <= set(fs.sent) and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert link.calls[:1] == [[5, 6]]            # the named chunks crossed first, in one call
-    assert set(fs.sent) == {5, 6}                # ... while one call of the others waits
-    assert busy[0] == 1 and len(fs.inflight) == 2
-    for _ in range(3):                           # more steps while it waits: still one call
-        streamer.step(fs)
-    assert busy[0] == 1
+    streamer.step(fs)                            # ... and the others go as before
+    while busy[0] < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert busy[0] == 4                          # [0, 1] still, and now [2, 3], [4], [7]
     for _ in range(20):
-        gate.release()
+        others_gate.release()
     streamer.published(fs, len(data), 1_000)
     assert finish(streamer, fs)
     assert link.ready[path] == data
     assert link.bytes == len(data)               # no chunk crossed twice
-    assert most[0] >= 1
     streamer.shutdown()
 
 
@@ -311,4 +332,66 @@ def test_without_named_chunks_nothing_is_held(tmp_path):
     while len(fs.sent) < 6 and time.monotonic() < deadline:
         time.sleep(0.005)
     assert fs.first == frozenset() and len(fs.sent) == 6
+    streamer.shutdown()
+
+
+def _named_streamer(tmp_path, path: str, named: list[int]):
+    """(link, streamer, staging file, stream) with the tier naming `named` for `path`, known to
+    the streamer from a file of the same name streamed before."""
+    tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
+    link = Link(tier)
+    link.first[path] = named
+    link.first["ckpt/run/step_1/__0_0.distcp"] = named
+    streamer = Streamer(link, CHUNK, parallel=2, first_by_reads=True)
+    with open(tmp_path / "staging1", "w+b") as g:     # step 1's file: its open brings the names
+        fs1 = streamer.start("ckpt/run/step_1/__0_0.distcp", g.fileno())
+        g.write(b"x" * CHUNK)
+        g.flush()
+        streamer.published(fs1, CHUNK, 1_000)
+        assert finish(streamer, fs1)
+    link.bytes = 0
+    f = open(tmp_path / "staging", "w+b")
+    return link, streamer, f, streamer.start(path, f.fileno())
+
+
+def _settle(streamer, fs, want: int, steps: int = 5) -> None:
+    import time
+    for _ in range(steps):
+        streamer.step(fs)
+        time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while len(fs.sent) < want and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_a_named_tail_leaves_once_the_file_stops_growing_before_its_close(tmp_path):
+    """DCP's last tensors are in a file's partial tail, which would otherwise wait for the close
+    (and the close for the upload): named, it goes once the file has not grown for two polls."""
+    path = "ckpt/run/step_2/__0_0.distcp"
+    link, streamer, f, fs = _named_streamer(tmp_path, path, [2])
+    data = os.urandom(2 * CHUNK + 100)
+    f.write(data)
+    f.flush()
+    _settle(streamer, fs, 3)
+    assert set(fs.sent) == {0, 1, 2}            # the tail too, before any publish
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready[path] == data and link.bytes == len(data)
+    streamer.shutdown()
+
+
+def test_a_named_tail_sent_early_is_sent_again_when_the_file_grows(tmp_path):
+    path = "ckpt/run/step_2/__0_0.distcp"
+    link, streamer, f, fs = _named_streamer(tmp_path, path, [2])
+    data = os.urandom(2 * CHUNK + 100)
+    f.write(data[: 2 * CHUNK + 50])
+    f.flush()
+    _settle(streamer, fs, 3)
+    assert 2 in fs.sent                         # the tail as it was then: 50 bytes
+    f.write(data[2 * CHUNK + 50:])
+    f.flush()
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready[path] == data             # the tier holds the final tail, never the old one
+    assert link.bytes == len(data) + 50         # the tail crossed twice
     streamer.shutdown()
