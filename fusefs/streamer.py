@@ -26,12 +26,12 @@ unit tests).
   rides on the stream's first calls (no round trip of its own), so the streamer starts from the
   chunks named for the last file of that name it sent (`policy.stream.checkpoint_family`) and
   takes the tier's answer when it comes. Named chunks leave as soon as they are written, as
-  `urgent` calls (the
-  transport's connection of their own: they share the link at once instead of queueing behind
-  the megabytes already in flight on the bulk connection); while any are on their way, at most
-  `others_in_flight` calls of other chunks are (of all this streamer's files); otherwise the
-  others go as before, keeping the link full. A merge that starts at the commit then finds its
-  bytes at the tier.
+  `urgent` calls (the transport's connection of their own: they share the link at once instead
+  of queueing behind the megabytes already in flight on the bulk connection); while any are on
+  their way, at most `others_in_flight` calls of other chunks are (of all this streamer's
+  files); otherwise the others go as before, keeping the link full. A named partial tail goes
+  once the file stops growing, and named chunks still to send go first at the publish. A merge
+  that starts at the commit then finds its bytes at the tier.
 - A failed call (link down, tier restarted) leaves the stream as it is; the next step re-opens it
   (`open` answers what the tier holds) and goes on from there. Nothing is lost but time.
 - `restart` (the file was truncated or staged anew) starts a new generation: the tier forgets the
