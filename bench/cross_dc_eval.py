@@ -350,6 +350,7 @@ class Bench:
             parallel = {a.stream_parallel}
             first_by_reads = {str(a.first_by_reads).lower()}
             others_in_flight = {a.others_in_flight}
+            poll_interval_s = {a.stream_poll_ms / 1000}
         """))
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
@@ -624,6 +625,7 @@ def main() -> int:
     ap.add_argument("--first-by-reads", action=argparse.BooleanOptionalAction, default=True,
                     help="[stream] first_by_reads: the chunks the previous checkpoint's merge read go first")
     ap.add_argument("--others-in-flight", type=int, default=1, help="[stream] others_in_flight")
+    ap.add_argument("--stream-poll-ms", type=float, default=20.0, help="[stream] poll_interval_s, in ms")
     ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
     ap.add_argument("--eval-nice", type=int, default=0,
                     help="CPU niceness of the emulated other side: the relay (the link) and the eval DC's "
@@ -656,6 +658,7 @@ def main() -> int:
     result = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
                          "eval_nice": a.eval_nice, "link_cpus": a.link_cpus, "stream_chunk_kb": a.stream_chunk_kb,
                          "first_by_reads": a.first_by_reads, "others_in_flight": a.others_in_flight,
+                         "stream_poll_ms": a.stream_poll_ms,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},
