@@ -4,7 +4,9 @@
 A merge or an eval of step N+1 reads the same tensors as of step N, and DCP lays out the files of
 every step alike, so the byte ranges read of `ckpt/run/step_N/__0_0.distcp` are those that will be
 read of `ckpt/run/step_N+1/__0_0.distcp` (`policy.stream.checkpoint_family`). The tier agent
-remembers the ranges of read hints (as the kernel will ask for them) and of demand reads; when a
+remembers the ranges of read hints (as the kernel will ask for them) and of demand reads; a file
+that was hinted keeps only its hints (its demand reads include the kernel's readahead past the
+last tensor, to the end of the file: bytes nobody waits for); when a
 training mount opens a stream for the next checkpoint's file, the tier names the chunks holding
 those ranges and the sender sends them first. A wrong guess (a layout that changed) costs only
 the order the chunks cross the link in, never a byte served: the guess picks chunks to send, and
@@ -40,24 +42,29 @@ class ReadMemory:
         self.max_ranges = max_ranges
         self.max_total = max_total
         self._total = 0
-        self._by_family: OrderedDict[tuple[str, str], tuple[str, list[tuple[int, int]]]] = OrderedDict()
+        # family -> (path, ranges, whether they came from read hints)
+        self._by_family: OrderedDict[tuple[str, str], tuple[str, list[tuple[int, int]], bool]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, path: str, ranges: Iterable[tuple[int, int]]) -> None:
-        """Eval reads of `path` covered these (offset, length) ranges. Reads of a newer checkpoint's
-        file replace what an older one's taught; reads of the same file add up."""
+    def remember(self, path: str, ranges: Iterable[tuple[int, int]], hinted: bool = False) -> None:
+        """Eval reads of `path` covered these (offset, length) ranges (`hinted`: a read hint said
+        so). Reads of a newer checkpoint's file replace what an older one's taught; reads of the
+        same file add up, except that a hinted file keeps only its hints."""
         key = checkpoint_family(path)
         with self._lock:
             known = self._by_family.get(key)
-            old = known[1] if known is not None and known[0] == path else []
+            same = known is not None and known[0] == path
+            if same and known[2] and not hinted:
+                return                  # demand reads of a hinted file: readahead, mostly
+            old = known[1] if same and known[2] == hinted else []
             kept = merged([*old, *ranges])[: self.max_ranges]
             if not kept:
                 return
             self._total += len(kept) - (len(known[1]) if known is not None else 0)
-            self._by_family[key] = (path, kept)
+            self._by_family[key] = (path, kept, hinted)
             self._by_family.move_to_end(key)
             while len(self._by_family) > 1 and (len(self._by_family) > self.max_files or self._total > self.max_total):
-                _key, (_path, gone) = self._by_family.popitem(last=False)
+                _key, (_path, gone, _hinted) = self._by_family.popitem(last=False)
                 self._total -= len(gone)
 
     def predict(self, path: str) -> list[tuple[int, int]]:

@@ -914,7 +914,8 @@ class AgentServer(fl.FlightServerBase):
 
     def _act(self, kind: str, req) -> dict:
         if kind == "prefetch":
-            self.read_memory.remember(req.path, prefetch_pieces([tuple(r) for r in req.ranges], req.expect[0]))
+            self.read_memory.remember(req.path, prefetch_pieces([tuple(r) for r in req.ranges], req.expect[0]),
+                                      hinted=True)
             return {"fetching": self.demand.prefetch(req.path, req.expect, [tuple(r) for r in req.ranges])}
         if kind == "replicate":
             return self.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,

@@ -33,3 +33,16 @@ def test_memory_is_bounded_in_files_and_ranges():
     m.remember("ckpt/d/s/f", [(10 * i, 1) for i in range(3)])            # 3 + 3 > 5 in all:
     assert m.predict("ckpt/b/t/f") == [] and len(m.predict("ckpt/d/t/f")) == 3   # b went, then c
     assert m.predict("ckpt/c/t/f") == [] and len(m) == 1
+
+
+def test_a_hinted_file_keeps_only_its_hints():
+    """Demand reads of a file that was hinted are mostly the kernel's readahead past the last
+    tensor: not remembered. Hints replace demand reads remembered before them."""
+    m = ReadMemory()
+    m.remember("ckpt/run/step_1/f", [(0, 10)])                      # a demand read first
+    m.remember("ckpt/run/step_1/f", [(100, 5)], hinted=True)         # then the hint: it replaces
+    m.remember("ckpt/run/step_1/f", [(1000, 4096)])                  # readahead: not kept
+    m.remember("ckpt/run/step_1/f", [(200, 5)], hinted=True)         # hints add up
+    assert m.predict("ckpt/run/step_2/f") == [(100, 5), (200, 5)]
+    m.remember("ckpt/run/step_2/f", [(7, 1)])                        # a newer checkpoint, unhinted
+    assert m.predict("ckpt/run/step_3/f") == [(7, 1)]
