@@ -38,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
 from agent.rpc import rpc_error
+from policy.stream import merged_ranges
 from stores.base import Store
 
 log = logging.getLogger("hintfs.demand")
@@ -62,15 +63,11 @@ def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int,
     """The hinted (offset, length) ranges of a file of `size` bytes as the kernel will ask for
     them: page-aligned start, `PREFETCH_PAD` more after the end, overlaps merged, cut at `size`,
     then at every `PIECE_BYTES` boundary (so that what the tier holds already is not fetched)."""
-    spans = sorted((off - off % _PAGE, min(size, off + n + PREFETCH_PAD)) for off, n in ranges if off < size)
-    out: list[list[int]] = []
-    for a, b in spans:
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
+    widened = [(off - off % _PAGE, min(size, off + n + PREFETCH_PAD) - (off - off % _PAGE))
+               for off, n in ranges if off < size]
     pieces = []
-    for a, b in out:
+    for a, n in merged_ranges(widened):
+        b = a + n
         while a < b:
             cut = min(b, (a // PIECE_BYTES + 1) * PIECE_BYTES)
             pieces.append((a, cut - a))

@@ -22,18 +22,7 @@ import threading
 from collections import OrderedDict
 from typing import Iterable
 
-from policy.stream import checkpoint_family
-
-
-def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(offset, length) ranges sorted, with those that overlap or touch joined."""
-    out: list[list[int]] = []
-    for off, length in sorted((int(o), int(n)) for o, n in ranges if n > 0 and o >= 0):
-        if out and off <= out[-1][0] + out[-1][1]:
-            out[-1][1] = max(out[-1][1], off + length - out[-1][0])
-        else:
-            out.append([off, length])
-    return [(o, n) for o, n in out]
+from policy.stream import checkpoint_family, merged_ranges
 
 
 class ReadMemory:
@@ -57,7 +46,7 @@ class ReadMemory:
             if same and known[2] and not hinted:
                 return                  # demand reads of a hinted file: readahead, mostly
             old = known[1] if same and known[2] == hinted else []
-            kept = merged([*old, *ranges])[: self.max_ranges]
+            kept = merged_ranges([*old, *ranges])[: self.max_ranges]
             if not kept:
                 return
             self._total += len(kept) - (len(known[1]) if known is not None else 0)
@@ -79,4 +68,4 @@ class ReadMemory:
             return len(self._by_family)
 
 
-__all__ = ["ReadMemory", "merged"]
+__all__ = ["ReadMemory"]

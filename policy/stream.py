@@ -166,6 +166,18 @@ def checkpoint_family(path: str) -> tuple[str, str]:
     return "/".join(parts[:-2]), parts[-1]
 
 
+def merged_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) ranges sorted, with those that overlap or touch joined (empty and negative
+    ones dropped)."""
+    out: list[list[int]] = []
+    for off, length in sorted((int(o), int(n)) for o, n in ranges if n > 0 and o >= 0):
+        if out and off <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], off + length - out[-1][0])
+        else:
+            out.append([off, length])
+    return [(o, n) for o, n in out]
+
+
 def chunks_touching(ranges: Iterable[tuple[int, int]], chunk: int, limit: int = 1 << 20) -> list[int]:
     """The chunk indices (sorted, at most `limit`) that hold any byte of these (offset, length)
     ranges."""
@@ -208,4 +220,4 @@ def crcs_of(chunks: Iterable[bytes]) -> list[int]:
 
 
 __all__ = ["chunk_crc", "chunk_count", "chunk_span", "chunks_under", "ranges_to_send", "RangeMap", "Verdict", "verdict",
-           "crcs_of", "checkpoint_family", "chunks_touching", "send_calls"]
+           "crcs_of", "checkpoint_family", "merged_ranges", "chunks_touching", "send_calls"]

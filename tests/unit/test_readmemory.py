@@ -2,12 +2,13 @@
 bounded, and a newer checkpoint's reads replace an older one's."""
 from __future__ import annotations
 
-from agent.readmemory import ReadMemory, merged
+from agent.readmemory import ReadMemory
+from policy.stream import merged_ranges
 
 
 def test_ranges_are_merged_where_they_overlap_or_touch():
-    assert merged([(10, 5), (0, 10), (30, 1), (12, 10)]) == [(0, 22), (30, 1)]
-    assert merged([(0, 0), (-5, 3), (4, 2)]) == [(4, 2)]   # empty and negative ranges dropped
+    assert merged_ranges([(10, 5), (0, 10), (30, 1), (12, 10)]) == [(0, 22), (30, 1)]
+    assert merged_ranges([(0, 0), (-5, 3), (4, 2)]) == [(4, 2)]   # empty and negative ranges dropped
 
 
 def test_the_next_checkpoints_file_of_the_same_name_is_predicted_by_the_last_ones_reads():
