@@ -152,9 +152,10 @@ class Streamer:
         with fs.lock:
             if fs.gen == gen:
                 fs.first = named
+        family = checkpoint_family(fs.path)
         with self._busy_lock:
-            self._named[checkpoint_family(fs.path)] = named
-            self._named.move_to_end(checkpoint_family(fs.path))
+            self._named[family] = named
+            self._named.move_to_end(family)
             while len(self._named) > NAMED_FILES:
                 self._named.popitem(last=False)
 
@@ -222,12 +223,12 @@ class Streamer:
                     self._open(fs)             # after a failure: learn first what the tier kept
                 # (a new stream opens with its chunks: no extra call)
                 if self.pool is None:
-                    self._send(fs, send_calls(todo, fs.first, fs.chunk, self.call_bytes), size)
+                    self._send(fs, self._calls(fs, todo), size)
                 else:
                     with self._busy_lock:      # others yield while named chunks are on their way
                         yielding = self._busy[True] > 0 or not fs.first.isdisjoint(todo)
                         others = max(0, self.others_in_flight - self._busy[False]) if yielding else None
-                    self._send_behind(fs, send_calls(todo, fs.first, fs.chunk, self.call_bytes, others), size)
+                    self._send_behind(fs, self._calls(fs, todo, others), size)
                 return False
             assert fs.version is not None
             size = fs.version[0]
@@ -261,7 +262,7 @@ class Streamer:
                 with fs.lock:
                     named = [i for i in ranges_to_send(size, fs.chunk, fs.sent, fs.final)
                              if i in fs.first and i not in fs.inflight]
-                self._send(fs, send_calls(named, fs.first, fs.chunk, self.call_bytes), size)
+                self._send(fs, self._calls(fs, named), size)
             self._drain(fs)
             # A stream the tier has never heard of (nothing sent, no failure) opens inside the
             # publish call; one that failed before learns first what the tier kept.
@@ -273,7 +274,7 @@ class Streamer:
                     opening = (fs.path, fs.chunk, fs.job)
             todo = ranges_to_send(size, fs.chunk, fs.sent, fs.final)
             last = todo[-1:]
-            self._send(fs, send_calls(todo[:-1], fs.first, fs.chunk, self.call_bytes), size)
+            self._send(fs, self._calls(fs, todo[:-1]), size)
             inline = self._read_chunks(fs, last, size)
             state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
                                                   fs.record, inline, opening)
@@ -298,6 +299,10 @@ class Streamer:
         held, first = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
         fs.sent, fs.opened = dict(held), True
         self._tier_named(fs, fs.gen, first)
+
+    def _calls(self, fs: FileStream, chunks: list[int], others: Optional[int] = None) -> list[list[int]]:
+        """`chunks` as calls, this stream's named ones first (`policy.stream.send_calls`)."""
+        return send_calls(chunks, fs.first, fs.chunk, self.call_bytes, others)
 
     def _read_chunks(self, fs: FileStream, chunks: list[int], size: int) -> list[tuple[int, bytes, int]]:
         out = []
