@@ -299,7 +299,7 @@ class StreamTap:
                 if all(fs.state == "done" for fs in entry.streams):
                     self.stats.add("streams_published")
                 self.stats.add("stream_bytes_sent", sum(fs.bytes_sent for fs in entry.streams))
-                # chunks sent first because eval jobs read them of the last checkpoint's file
+                # chunks the tier named to send first (eval jobs read them of the last checkpoint's file)
                 self.stats.add("stream_chunks_first", sum(len(fs.first) for fs in entry.streams))
             elif errors:
                 entry.failing_since = entry.failing_since or now
