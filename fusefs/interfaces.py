@@ -6,7 +6,7 @@
 | `TensorSource`  | `fusefs.tensorfile.TensorFiles`   | lookup and first open of `x.tensor` paths     |
 | `OpenRouting`   | `fusefs.routes.TierRouting`       | open of a store file (eval side, cross-DC)    |
 | `PublishJournal`| `fusefs.journal_writer.JournalWriter` | after a file is published by a commit     |
-| `StreamHooks`   | `fusefs.streamtap.StreamTap`      | staging created, published, released, dropped |
+| `StreamHooks`   | `fusefs.streamproc.StreamProcess` | staging created, published, released, dropped |
 
 `fusefs/mount.py` builds them and hands them to the `Filesystem` constructor.
 """
@@ -53,6 +53,8 @@ class StreamHooks(Protocol):
     def released(self, key: int) -> None: ...
     def dropped(self, key: int) -> None: ...
     def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None: ...
+    def close(self, timeout_s: float = 10.0) -> None:
+        """At unmount, after the trio loop: published files get `timeout_s` to reach the tiers."""
 
 
 __all__ = ["ReplicaSource", "TensorSource", "OpenRouting", "PublishJournal", "StreamHooks"]

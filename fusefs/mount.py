@@ -28,12 +28,12 @@ import trio
 
 from agent.client import AgentClient
 from agent.fdserver import receive_replica_fd
-from agent.linkgate import LinkGate
 from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
+from fusefs.interfaces import StreamHooks
 from fusefs.fuse import FuseOperations
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
@@ -42,8 +42,8 @@ from fusefs.routes import RoutedStore, TierRouting
 from fusefs.readhints import ReadHints
 from fusefs.signals import SignalForwarder
 from fusefs.stats import Stats
-from fusefs.streamer import Streamer
-from fusefs.streamtap import FlightTransport, StreamTap
+from fusefs.streamproc import StreamProcess
+from fusefs.streamtap import StreamTap, build_streamers
 from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
 from stores import check_store, open_store
@@ -211,7 +211,7 @@ class Assembly:
     stats: Stats
     background: list[Callable[[], Awaitable[None]]]   # tasks that run beside pyfuse3.main
     agent_server: Optional[object] = None              # an in-process agent, shut down at unmount
-    streams: Optional[StreamTap] = None                # [stream]: sends to eval tiers, closed at unmount
+    streams: Optional[StreamHooks] = None              # [stream]: sends to eval tiers, closed at unmount
 
 
 def assemble(cfg: MountConfig, store: Store) -> Assembly:
@@ -253,23 +253,21 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
                     streams)
 
 
-def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[StreamTap]:
-    """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount."""
+def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[StreamHooks]:
+    """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount, in a
+    child process (`sender = "process"`) or in threads of the mount."""
     sc = cfg.stream
     if not sc.prefixes:
         return None
     token, tls_root = _agent_credentials(cfg, sc.token_file or cfg.agents.token_file, "[stream]")
-    link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
-    def transport(loc: str) -> FlightTransport:
-        def own() -> AgentClient:
-            return AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s, own_connection=True)
-        return FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s),
-                               control=own(), urgent=own() if sc.first_by_reads else None)
-    streamers = [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link, call_bytes=sc.call_bytes,
-                          first_by_reads=sc.first_by_reads, others_in_flight=sc.others_in_flight)
-                 for loc in sc.agents]
-    log.info("streaming %s to %s as they are written", ", ".join(sc.prefixes), ", ".join(sc.agents))
-    return StreamTap(sc, streamers, stats, read_store=lambda path: _read_whole(store, path))
+    log.info("streaming %s to %s as they are written (sender: %s)", ", ".join(sc.prefixes), ", ".join(sc.agents),
+             sc.sender)
+    def read_store(path: str):
+        return _read_whole(store, path)
+    if sc.sender == "process":
+        return StreamProcess(sc, token, tls_root, stats, read_store, cfg.logging.level,
+                             cfg.logging.file or os.environ.get("HINTFS_LOG_FILE"))
+    return StreamTap(sc, build_streamers(sc, token, tls_root), stats, read_store=read_store)
 
 
 def _agent_credentials(cfg: MountConfig, token_file: Optional[str], table: str) -> tuple[Optional[str], Optional[bytes]]:

@@ -106,11 +106,11 @@ class FileStream:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def background_thread() -> None:
-    """Lower this thread's CPU priority (Linux: per thread): on a busy host the job's own writes
-    and uploads run first and the stream waits, never the other way round."""
+def background_thread(nice: int = 10) -> None:
+    """Lower this thread's CPU priority to `nice` (Linux: per thread), never raise it: on a busy
+    host the job's own writes and uploads run first and the stream waits, not the other way round."""
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, 10)
+        os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
     except OSError:
         pass
 
@@ -118,7 +118,7 @@ def background_thread() -> None:
 class Streamer:
     def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 256,
                  parallel: int = 1, link=None, call_bytes: Optional[int] = None, first_by_reads: bool = False,
-                 others_in_flight: int = 1):
+                 others_in_flight: int = 1, nice: int = 10, others_while_writing: bool = True):
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         self.transport = transport
@@ -129,11 +129,15 @@ class Streamer:
         self.first_by_reads = first_by_reads
         self._local = threading.local()   # per-thread read buffers (`_buffer`)
         self.others_in_flight = others_in_flight
+        # False: while a file with named chunks is written only those go; the others wait for its
+        # publish (the writer's CPU is not spent on bytes the next merge will not read)
+        self.others_while_writing = others_while_writing
         self._busy_lock = threading.Lock()
         # checkpoint_family -> chunks the tier named at the last open of a file of that name
         self._named: OrderedDict[tuple[str, str], frozenset[int]] = OrderedDict()
         self._busy = {True: 0, False: 0}  # calls in flight: of named chunks (True), of others
-        self.pool = (ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send", initializer=background_thread)
+        self.pool = (ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send",
+                                        initializer=functools.partial(background_thread, nice))
                      if parallel > 1 else None)
 
     # -- the mount's hooks (each a cheap call: the work happens in `step`) ----------------------
@@ -209,7 +213,8 @@ class Streamer:
                 with fs.lock:
                     busy = dict.fromkeys(fs.inflight, -1)
                     known = {**fs.sent, **busy}
-                todo = ranges_to_send(size, fs.chunk, known, limit=self.max_chunks)
+                only = fs.first if fs.first and not self.others_while_writing else None
+                todo = ranges_to_send(size, fs.chunk, known, limit=self.max_chunks, only=only)
                 fs.still, fs.last_size = (fs.still + 1, size) if size == fs.last_size else (0, size)
                 tail = size // fs.chunk
                 if (size % fs.chunk and tail in fs.first and tail not in known and fs.still >= QUIET_STEPS):

@@ -26,14 +26,17 @@ published streams keep their staging fd until the tier acknowledges, at most `ma
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from agent.client import AgentClient
+from agent.linkgate import LinkGate
 from fusefs.stats import Stats
 from fusefs.streamer import FileStream, Streamer, background_thread
 from stores.base import Stat
@@ -94,6 +97,25 @@ class _Entry:
     held_since: float = 0.0
 
 
+def renamed_copy(read_store: Callable[[str], tuple[bytes, Stat]], path: str, st: Stat) -> Optional[int]:
+    """A renamed file's bytes at version `st`, read back from the store, in a memory file (its
+    stream's source; the caller closes it); None when the store no longer has that version."""
+    try:
+        data, now = read_store(path)
+    except OSError as err:
+        log.info("not streaming renamed %s: %s", path, err)
+        return None
+    if now.identity() != st.identity() or len(data) != st.size:
+        return None                        # changed again meanwhile: its own publish will tell
+    fd = os.memfd_create("hintfs-renamed", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def job_of(path: str) -> Optional[str]:
     """The job a checkpoint file belongs to: its path without the step folder and the name
     (`ckpt/run-7/step_100/__0_0.distcp` -> `ckpt/run-7`), as the eval side names it."""
@@ -101,18 +123,42 @@ def job_of(path: str) -> Optional[str]:
     return "/".join(parts[:-2]) or None
 
 
+def build_streamers(sc, token: Optional[str], tls_root: Optional[bytes]) -> list[Streamer]:
+    """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount."""
+    link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
+
+    def transport(loc: str) -> FlightTransport:
+        def own() -> AgentClient:
+            return AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s, own_connection=True)
+        return FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s),
+                               control=own(), urgent=own() if sc.first_by_reads else None)
+    return [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link, call_bytes=sc.call_bytes,
+                     first_by_reads=sc.first_by_reads, others_in_flight=sc.others_in_flight, nice=sc.sender_nice,
+                     others_while_writing=sc.others_while_writing)
+            for loc in sc.agents]
+
+
+def restreams(sc, size: int) -> bool:
+    """A published file renamed into a streamed prefix is sent again from the store: small ones."""
+    return size <= sc.chunk_bytes
+
+
 class StreamTap:
     def __init__(self, cfg, streamers: list[Streamer], stats: Stats,
-                 read_store: Optional[Callable[[str], tuple[bytes, Stat]]] = None):
+                 read_store: Optional[Callable[[str], tuple[bytes, Stat]]] = None,
+                 on_finished: Optional[Callable[[Any], None]] = None):
         self.cfg = cfg
         self.prefixes = [p.rstrip("/") for p in cfg.prefixes]
         self.streamers = streamers
         self.stats = stats
         self.read_store = read_store     # (path) -> (bytes, stat), for renamed small files
+        self.on_finished = on_finished   # (key): the entry of `key` is gone (finished or given up)
         self.entries: dict = {}          # inode number (or a rename's own key) -> _Entry
         self.cond = threading.Condition()
         # steps of different files run at once (each step's chunks have the streamer's own pool)
-        self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream", initializer=background_thread)
+        self.nice = getattr(cfg, "sender_nice", 10)
+        self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream",
+                                          initializer=functools.partial(background_thread, self.nice))
         self._stop = False
         self.thread = threading.Thread(target=self._pump, name="hintfs-stream-pump", daemon=True)
         self.thread.start()
@@ -197,8 +243,7 @@ class StreamTap:
         return self._restreams(size)
 
     def _restreams(self, size: int) -> bool:
-        """A published file renamed into a streamed prefix is sent again from the store: small ones."""
-        return self.read_store is not None and size <= self.cfg.chunk_bytes
+        return self.read_store is not None and restreams(self.cfg, size)
 
     def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None:
         if not self.wants(path):
@@ -213,26 +258,25 @@ class StreamTap:
 
     def _restream(self, path: str, st: Stat, record: Optional[str]) -> None:
         """Stream a small published file from the store under its new name."""
-        try:
-            data, now = self.read_store(path)
-        except OSError as err:
-            log.info("not streaming renamed %s: %s", path, err)
+        assert self.read_store is not None
+        fd = renamed_copy(self.read_store, path, st)
+        if fd is None:
             return
-        if now.identity() != st.identity() or len(data) != st.size:
-            return                         # changed again meanwhile: its own publish will tell
-        fd = os.memfd_create("hintfs-renamed", os.MFD_CLOEXEC)
         try:
-            os.write(fd, data)
-            with self.cond:
-                key = ("renamed", path, st.mtime_ns)
-                entry = _Entry(path, [s.start(path, fd, job_of(path)) for s in self.streamers])
-                entry.events.append(("published", path, st.size, st.mtime_ns, record))
-                entry.final, entry.held_since = True, time.monotonic()
-                self.entries[key] = entry
-                self.stats.add("streams_renamed")
-                self.cond.notify_all()
+            self.add_published(path, fd, st.size, st.mtime_ns, record)
         finally:
             os.close(fd)                   # each stream keeps its own dup
+
+    def add_published(self, path: str, fd: int, size: int, mtime_ns: int, record: Optional[str]) -> None:
+        """Stream a published file (of `size` bytes at `fd`, a renamed file's copy) under `path`."""
+        with self.cond:
+            key = ("renamed", path, mtime_ns)
+            entry = _Entry(path, [s.start(path, fd, job_of(path)) for s in self.streamers])
+            entry.events.append(("published", path, size, mtime_ns, record))
+            entry.final, entry.held_since = True, time.monotonic()
+            self.entries[key] = entry
+            self.stats.add("streams_renamed")
+            self.cond.notify_all()
 
     # -- the pump -----------------------------------------------------------------------------------
     def _apply(self, entry: _Entry) -> None:
@@ -251,7 +295,7 @@ class StreamTap:
                 os.close(ev[1])
 
     def _pump(self) -> None:
-        background_thread()   # (its steps are the stream's work too: after the job's)
+        background_thread(self.nice)   # (its steps are the stream's work too: after the job's)
         poll = self.cfg.poll_interval_s
         while True:
             with self.cond:
@@ -295,7 +339,7 @@ class StreamTap:
                 for fs in entry.streams:
                     fs.state = "writing"
             if finished:
-                self.entries.pop(key, None)
+                self._forget(key)
                 if all(fs.state == "done" for fs in entry.streams):
                     self.stats.add("streams_published")
                 self.stats.add("stream_bytes_sent", sum(fs.bytes_sent for fs in entry.streams))
@@ -317,8 +361,14 @@ class StreamTap:
     def _give_up(self, key: int, entry: _Entry) -> None:
         for streamer, fs in zip(self.streamers, entry.streams):
             streamer.close(fs)
-        self.entries.pop(key, None)
+        self._forget(key)
         self.stats.add("streams_given_up")
+
+    def _forget(self, key) -> None:
+        """(under `cond`)"""
+        self.entries.pop(key, None)
+        if self.on_finished is not None:
+            self.on_finished(key)
 
     def _give_up_over_budget(self, now: float) -> None:
         """Published streams keep their staging file open until the tier has it: at most
@@ -359,4 +409,4 @@ class StreamTap:
             s.shutdown()
 
 
-__all__ = ["StreamTap", "FlightTransport", "job_of"]
+__all__ = ["StreamTap", "FlightTransport", "build_streamers", "restreams", "renamed_copy", "job_of"]

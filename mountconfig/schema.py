@@ -341,6 +341,10 @@ class StreamConfig(Section):
     others_in_flight: int = Field(1, ge=0, le=64, description="With `first_by_reads`: calls of other "
                                   "chunks in flight while named chunks are on their way (of all this mount's "
                                   "files; otherwise the others go `parallel` at a time).")
+    others_while_writing: bool = Field(True, description="With `first_by_reads`: chunks the tier did not "
+                                       "name are sent while the file is written too (false: only at its "
+                                       "close; the writer's host spends no CPU on them meanwhile, and the "
+                                       "tier holds the rest later).")
     poll_interval_s: float = Field(0.02, gt=0, le=10, description="How often open staging files are "
                                    "checked for new whole chunks.")
     max_held_bytes: int = Field(8 << 30, ge=0, description="Most bytes of closed files kept open for "
@@ -349,6 +353,13 @@ class StreamConfig(Section):
     idle_s: float = Field(120.0, gt=0, le=86400, description="A stream whose sends fail for this long is "
                           "given up (the tier drops streams idle this long; the follower copies the file).")
     timeout_s: float = Field(10.0, gt=0, le=600, description="One call to a tier agent.")
+    sender: Literal["process", "threads"] = Field("process", description="Where the sends run: "
+                                                  "`process`, a child process of the mount (its Python lock "
+                                                  "and its faults are not the mount's; started again if it "
+                                                  "dies), or `threads` of the mount itself.")
+    sender_nice: int = Field(10, ge=0, le=19, description="CPU niceness of the sends (the child process, or "
+                             "the mount's send threads): on a busy host the job's writes and uploads run "
+                             "first.")
 
     @field_validator("prefixes")
     @classmethod

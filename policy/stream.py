@@ -53,17 +53,19 @@ def chunks_under(offset: int, length: int, size: int, chunk: int) -> range:
 
 
 def ranges_to_send(size: int, chunk: int, sent: dict[int, int], final_crcs: Optional[list[int]] = None,
-                   limit: Optional[int] = None) -> list[int]:
+                   limit: Optional[int] = None, only: Optional[frozenset[int]] = None) -> list[int]:
     """Chunk indices to send next, in order.
 
     While writing (`final_crcs` None): the whole chunks below `size` not in `sent` (index -> CRC
-    sent). At publish (`final_crcs`: the CRC of every chunk of the final file): first the chunks
-    whose final CRC differs from what was sent (rewritten in place), then those never sent, the
-    tail included. `limit` caps how many are returned."""
+    sent), of `only` when given. At publish (`final_crcs`: the CRC of every chunk of the final
+    file): first the chunks whose final CRC differs from what was sent (rewritten in place), then
+    those never sent, the tail included. `limit` caps how many are returned."""
     if chunk <= 0:
         raise ValueError("chunk must be positive")
     if final_crcs is None:
-        out = [i for i in range(size // chunk) if i not in sent]
+        whole = size // chunk
+        among = range(whole) if only is None else sorted(i for i in only if i < whole)
+        out = [i for i in among if i not in sent]
     else:
         if len(final_crcs) != chunk_count(size, chunk):
             raise ValueError(f"{len(final_crcs)} final CRCs for {chunk_count(size, chunk)} chunks")

@@ -88,8 +88,10 @@ def tier_over(tmp_path, *folders: str) -> Iterator[tuple]:
         tier.close()
 
 
-def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(mount_factory, tmp_path):
-    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
+@pytest.mark.parametrize("sender", ["process", "threads"])
+def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(mount_factory, tmp_path, sender):
+    """Both places the sends may run (`[stream] sender`): a child process or the mount's threads."""
+    with streaming_to_tier(mount_factory, tmp_path, stream={"sender": f'"{sender}"'}) as (store, tier, train):
         ck = train.mnt / "ckpt" / "run" / "step_1"
         ck.mkdir(parents=True)
         data = os.urandom(10 * CHUNK + 777)

@@ -335,19 +335,20 @@ def test_without_named_chunks_nothing_is_held(tmp_path):
     streamer.shutdown()
 
 
-def _named_streamer(tmp_path, path: str, named: list[int]):
+def _named_streamer(tmp_path, path: str, named: list[int], **options):
     """(link, streamer, staging file, stream) with the tier naming `named` for `path`, known to
     the streamer from a file of the same name streamed before."""
     tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
     link = Link(tier)
     link.first[path] = named
     link.first["ckpt/run/step_1/__0_0.distcp"] = named
-    streamer = Streamer(link, CHUNK, parallel=2, first_by_reads=True)
+    streamer = Streamer(link, CHUNK, parallel=2, first_by_reads=True, **options)
     with open(tmp_path / "staging1", "w+b") as g:     # step 1's file: its open brings the names
         fs1 = streamer.start("ckpt/run/step_1/__0_0.distcp", g.fileno())
-        g.write(b"x" * CHUNK)
+        g.write(b"x" * 2 * CHUNK)
         g.flush()
-        streamer.published(fs1, CHUNK, 1_000)
+        streamer.step(fs1)                      # (whole chunks: the open rides on their call)
+        streamer.published(fs1, 2 * CHUNK, 1_000)
         assert finish(streamer, fs1)
     link.bytes = 0
     f = open(tmp_path / "staging", "w+b")
@@ -394,4 +395,22 @@ def test_a_named_tail_sent_early_is_sent_again_when_the_file_grows(tmp_path):
     assert finish(streamer, fs)
     assert link.ready[path] == data             # the tier holds the final tail, never the old one
     assert link.bytes == len(data) + 50         # the tail crossed twice
+    streamer.shutdown()
+
+
+def test_without_others_while_writing_only_named_chunks_leave_before_the_close(tmp_path):
+    """`others_while_writing = false`: the writer's host sends only what the next merge reads
+    while the file is written; the rest crosses after the publish, each byte still once."""
+    path = "ckpt/run/step_2/__0_0.distcp"
+    link, streamer, f, fs = _named_streamer(tmp_path, path, [1, 4], others_while_writing=False)
+    data = os.urandom(6 * CHUNK + 7)
+    f.write(data)
+    f.flush()
+    _settle(streamer, fs, 2)
+    assert set(fs.sent) == {1, 4}               # (and stays so however often it is stepped)
+    _settle(streamer, fs, 3)
+    assert set(fs.sent) == {1, 4}
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready[path] == data and link.bytes == len(data)
     streamer.shutdown()

@@ -1,0 +1,68 @@
+"""The messages between the mount and its stream sender process (`fusefs.streamproc` and
+`fusefs.streamchild`): one JSON document per SOCK_SEQPACKET message (the kernel keeps their
+boundaries and their order), with at most one file descriptor beside it (a staging file).
+
+Both ends are processes of the mount's own user, started by the mount; a message that does not
+parse, is too long or carries more than one descriptor is still refused here, in one place.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from typing import Optional
+
+log = logging.getLogger("hintfs.stream")
+
+MAX_MESSAGE = 64 << 10      # a path is at most 4 KiB: every message fits many times over
+
+
+class WireError(OSError):
+    pass
+
+
+def socketpair() -> tuple[socket.socket, socket.socket]:
+    """(the mount's end, the child's end); neither is inherited by other children."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def send(sock: socket.socket, doc: dict, fd: Optional[int] = None) -> None:
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        raise WireError(7, f"stream sender message of {len(data)} bytes (at most {MAX_MESSAGE})")   # E2BIG
+    socket.send_fds(sock, [data], [fd] if fd is not None else [])
+
+
+def receive(sock: socket.socket) -> Optional[tuple[dict, Optional[int]]]:
+    """The next message and its descriptor (the caller owns it), or None: the other end is gone."""
+    data, fds, flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
+    if not data and not fds:
+        return None
+    fd = fds[0] if fds else None
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise WireError(5, "stream sender message truncated")   # EIO
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or not isinstance(doc.get("op"), str):
+            raise WireError(5, "stream sender message without an op")
+    except (ValueError, WireError):
+        if fd is not None:
+            os.close(fd)
+        raise WireError(5, "stream sender message does not parse") from None
+    return doc, fd
+
+
+def next_message(sock: socket.socket) -> Optional[tuple[dict, Optional[int]]]:
+    """The next message that parses (a refused one is logged and skipped), or None: the other
+    end is gone or the socket failed."""
+    while True:
+        try:
+            return receive(sock)
+        except WireError as err:
+            log.error("%s", err)
+        except OSError:
+            return None
+
+
+__all__ = ["MAX_MESSAGE", "WireError", "socketpair", "send", "receive", "next_message"]
