@@ -20,11 +20,13 @@ write throughput with streaming over without it (hintfs_stream vs hintfs, same r
 Merge latency = commit (`.metadata` closed on the training mount) -> `dcp.load` of the subset done.
 
 Two datacenters on one host: with `--cpu-split` (the default with 2 CPUs or more) the training
-side and the link (this process with the relay, the S3 server, the training mounts, the writer)
-run on the first half of the CPUs and the eval DC (its agent, the eval mounts and rclone, the
-merger) on the other half, so that neither side's work (the stream's tail, the link's shaping)
-is counted as the other's CPU time. The eval agent still receives the stream on the eval CPUs,
-as it would. `--no-cpu-split` shares every CPU, as before (both are in bench/README.md).
+side (this process, the S3 server, the training mounts with their stream senders, the writer)
+runs on the first half of the CPUs and the eval DC (its agent, the eval mounts and rclone, the
+merger) on the other half, so that neither side's work (the stream's tail, the merge) is counted
+as the other's CPU time. The eval agent still receives the stream on the eval CPUs, as it would.
+The relay is the link, neither datacenter's CPU: it runs on whichever CPU is free
+(`--link-cpus all`, the default since 2026-12-02; `training` pins it beside the writer, as
+before, `eval` on the eval half). `--no-cpu-split` shares every CPU (bench/README.md has both).
 
 Second run: 16 eval jobs' checkpoints cross the link at once through the agent's link scheduler
 (`[agent] link_bytes_s` = relay bandwidth); two of them signalled as anomaly evals.
@@ -174,6 +176,10 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.tmp = Path(tempfile.mkdtemp(prefix="hintfs-xdc-"))
+        # the eval DC's tier data: beside the training side's S3 bucket and spools (one disk for
+        # both datacenters), or in a folder of its own (--tier-dir: another disk, or tmpfs)
+        self.tier_dir = (Path(tempfile.mkdtemp(prefix="hintfs-xdc-tier-", dir=args.tier_dir)) if args.tier_dir
+                         else self.tmp / "tier")
         self.procs: list[subprocess.Popen] = []
         self.mounts: list[Path] = []
         self.relay = None
@@ -188,7 +194,7 @@ class Bench:
             os.sched_setaffinity(0, cpus[:half])   # this process, its threads and children
             self.eval_cpus = ",".join(map(str, cpus[half:]))
             # The link is neither datacenter's CPU; with two halves it runs on one of them.
-            self.link_cpus = cpus[:half] if args.link_cpus == "training" else cpus[half:]
+            self.link_cpus = {"training": cpus[:half], "eval": cpus[half:], "all": cpus}[args.link_cpus]
             self.cpu_split = {"training": cpus[:half], "eval": cpus[half:], "link": self.link_cpus}
         else:
             self.cpu_split = None
@@ -250,6 +256,8 @@ class Bench:
             print(f"logs kept in {self.tmp}", flush=True)
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tier_dir.parent != self.tmp:
+            shutil.rmtree(self.tier_dir, ignore_errors=True)
 
     # -- setup ---------------------------------------------------------------------------------
     def make_checkpoint(self) -> Path:
@@ -320,7 +328,7 @@ class Bench:
             [agent]
             location = "{self.agent_loc}"
             auth = "none"
-            data_dir = "{self.tmp / 'tier'}"
+            data_dir = "{self.tier_dir}"
             link_bytes_s = {int(self.bw)}
             link_chunk_bytes = {a.chunk_kb << 10}
             local_socket = "{self.tmp / 'tier.sock'}"
@@ -350,7 +358,10 @@ class Bench:
             parallel = {a.stream_parallel}
             first_by_reads = {str(a.first_by_reads).lower()}
             others_in_flight = {a.others_in_flight}
+            others_while_writing = {str(a.others_while_writing).lower()}
             poll_interval_s = {a.stream_poll_ms / 1000}
+            sender = "{a.stream_sender}"
+            sender_nice = {a.stream_sender_nice}
         """))
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
@@ -432,11 +443,23 @@ class Bench:
 
     @classmethod
     def mount_cpu_s(cls, mnt: Path) -> float:
-        """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used."""
+        """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used, with its
+        child processes (the stream sender, `[stream] sender = "process"`)."""
         try:
-            return cls.pid_cpu_s(json.loads((mnt / ".hintfs" / "stats").read_text())["pid"])
+            pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
         except (OSError, ValueError, KeyError):
             return 0.0
+        return cls.pid_cpu_s(pid) + sum(cls.pid_cpu_s(c) for c in cls.children(pid))
+
+    @staticmethod
+    def children(pid: int) -> list[int]:
+        out: list[int] = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                out += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                pass
+        return out
 
     @staticmethod
     def pid_cpu_s(pid: int) -> float:
@@ -625,8 +648,12 @@ def main() -> int:
     ap.add_argument("--first-by-reads", action=argparse.BooleanOptionalAction, default=True,
                     help="[stream] first_by_reads: the chunks the previous checkpoint's merge read go first")
     ap.add_argument("--others-in-flight", type=int, default=1, help="[stream] others_in_flight")
+    ap.add_argument("--others-while-writing", action=argparse.BooleanOptionalAction, default=True,
+                    help="[stream] others_while_writing")
     ap.add_argument("--stream-poll-ms", type=float, default=20.0, help="[stream] poll_interval_s, in ms")
     ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
+    ap.add_argument("--stream-sender", choices=("process", "threads"), default="process", help="[stream] sender")
+    ap.add_argument("--stream-sender-nice", type=int, default=10, help="[stream] sender_nice")
     ap.add_argument("--eval-nice", type=int, default=0,
                     help="CPU niceness of the emulated other side: the relay (the link) and the eval DC's "
                          "agent (0: none, the default; 19 starves the link while the writer runs and did "
@@ -634,10 +661,14 @@ def main() -> int:
     ap.add_argument("--cpu-split", action=argparse.BooleanOptionalAction, default=True,
                     help="training side and link on half the CPUs, the eval DC on the other half "
                          "(default; --no-cpu-split: all processes share all CPUs)")
-    ap.add_argument("--link-cpus", choices=("training", "eval"), default="training",
-                    help="with --cpu-split, the half whose CPUs run the relay that emulates the link "
-                         "(default training: as before; eval: the training CPU runs only the writer, its "
-                         "mount and the store, and the write ratio counts the mount's own cost)")
+    ap.add_argument("--link-cpus", choices=("training", "eval", "all"), default="all",
+                    help="with --cpu-split, the CPUs that run the relay that emulates the link (default "
+                         "all: either half, whichever is free, as a link with resources of its own would; "
+                         "training: beside the writer, the default until 2026-12-02, which charges the "
+                         "link's forwarding of the stream to the writer's CPU; eval: the eval half)")
+    ap.add_argument("--tier-dir", default=None,
+                    help="folder for the eval tier agent's data (default: the bench's temporary folder, on "
+                         "the same disk as the training side's S3 bucket and spools)")
     ap.add_argument("--seed-journal", type=int, default=0,
                     help="put this many records of unfollowed files in the journal first (its listing's cost)")
     ap.add_argument("--modes", default="local,remote,rclone,hintfs,hintfs_stream",
@@ -658,8 +689,10 @@ def main() -> int:
     result = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
                          "eval_nice": a.eval_nice, "link_cpus": a.link_cpus, "stream_chunk_kb": a.stream_chunk_kb,
                          "first_by_reads": a.first_by_reads, "others_in_flight": a.others_in_flight,
+                         "others_while_writing": a.others_while_writing, "tier_dir": a.tier_dir,
                          "stream_poll_ms": a.stream_poll_ms,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
+                         "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},
               "s3_server": None,
