@@ -339,12 +339,12 @@ class StreamTap:
                 for fs in entry.streams:
                     fs.state = "writing"
             if finished:
-                self._forget(key)
                 if all(fs.state == "done" for fs in entry.streams):
                     self.stats.add("streams_published")
                 self.stats.add("stream_bytes_sent", sum(fs.bytes_sent for fs in entry.streams))
                 # chunks the tier named to send first (eval jobs read them of the last checkpoint's file)
                 self.stats.add("stream_chunks_first", sum(len(fs.first) for fs in entry.streams))
+                self._forget(key)              # (last: a sender process reports its counters first)
             elif errors:
                 entry.failing_since = entry.failing_since or now
                 if now - entry.failing_since > self.cfg.idle_s:

@@ -83,6 +83,8 @@ def test_a_tier_agent_killed_mid_stream_is_adopted_and_only_the_rest_is_sent(mou
         assert client.read(PATH, 0, len(data) + 1, replica_only=True) == data
         assert "adopted 1 write-time streams" in agent.log.read_text()
         assert client.status()["copies"] == 0      # the stream made the replica, not a copy
+        # (the sender reports its counters just after the tier's answer)
+        assert wait_for(lambda: "stream_bytes_sent" in train.stats()["counters"], 10)
         sent = train.stats()["counters"]["stream_bytes_sent"]
         assert sent <= len(data) + 8 * CHUNK, sent  # the adopted chunks were not sent again
         ev = _eval_mount(mount_factory, store, agent.location, token_file=agent.token_file)

@@ -115,8 +115,9 @@ def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(moun
         status = tier.client.status()
         assert status["streams"]["published"] == 2
         assert status["copies"] == 0        # the follower found both files there: no copy after close
+        # (the sender reports its counters just after the tier's answers)
+        assert wait_for(lambda: train.stats()["counters"].get("streams_published") == 2, 10)
         counters = train.stats()["counters"]
-        assert counters["streams_published"] == 2
         # every byte crossed once: the streams sent the file and the marker, the follower nothing
         assert counters["stream_bytes_sent"] == len(data) + len(b"marker")
 

@@ -53,8 +53,9 @@ def test_the_sends_run_in_a_child_at_sender_nice_which_ends_with_the_unmount(mou
         st = os.stat(store / PATH)
         assert wait_for(lambda: tier.client.has(PATH, st.st_size, st.st_mtime_ns), 10)
         assert tier.client.read(PATH, 0, len(data) + 1, replica_only=True) == data
-        counters = train.stats()["counters"]      # the child's counters reach the mount's stats
-        assert counters["streams_published"] == 1 and counters["stream_bytes_sent"] == len(data)
+        # the child's counters reach the mount's stats (just after the tier's answer)
+        assert wait_for(lambda: train.stats()["counters"].get("stream_bytes_sent") == len(data), 10)
+        assert train.stats()["counters"]["streams_published"] == 1
         train.umount()
         assert wait_for(lambda: not pid_alive(kid), 10)
 
