@@ -51,10 +51,14 @@ class _Live:
     path: str
     fd: int               # our own dup of the staging file (a new child starts from it)
     seq: int = 1          # `start`s sent: a `finished` of an older one does not end this one
-    final: bool = False   # published for good, or dropped
     dropped: bool = False
     pending: Optional[tuple[int, int, Optional[str]]] = None    # (size, mtime_ns, record) of an fsync's publish
     version: Optional[tuple[int, int, Optional[str]]] = None    # the same, of the final publish
+
+    @property
+    def final(self) -> bool:
+        """Published for good, or dropped: no more writes will come."""
+        return self.version is not None or self.dropped
 
 
 class StreamProcess:
@@ -133,7 +137,7 @@ class StreamProcess:
             else:                       # truncated or staged anew: a new generation of it
                 os.close(live.fd)
                 live.fd, live.seq = os.dup(fd), live.seq + 1
-                live.final = live.dropped = False
+                live.dropped = False
                 live.pending = live.version = None
             self._start(live)
 
@@ -144,11 +148,17 @@ class StreamProcess:
                 return
             live.path = path
             if final:
-                live.final, live.version, live.pending = True, (st.size, st.mtime_ns, record), None
+                live.version, live.pending = (st.size, st.mtime_ns, record), None
             else:
                 live.pending = (st.size, st.mtime_ns, record)
-            self._put({"op": "published", "n": live.n, "path": path, "size": st.size, "mtime_ns": st.mtime_ns,
-                       "record": record, "final": final})
+            self._put_published(live)
+
+    def _put_published(self, live: _Live) -> None:
+        """(under `lock`) The version `live` was published as: final, or an fsync's for now."""
+        final = live.version is not None
+        size, mtime_ns, record = live.version if final else live.pending   # type: ignore[misc]
+        self._put({"op": "published", "n": live.n, "path": live.path, "size": size, "mtime_ns": mtime_ns,
+                   "record": record, "final": final})
 
     def released(self, key: int) -> None:
         with self.lock:
@@ -156,9 +166,9 @@ class StreamProcess:
             if live is None or live.final:
                 return
             if live.pending is not None:
-                live.final, live.version, live.pending = True, live.pending, None
+                live.version, live.pending = live.pending, None
             else:
-                live.final = live.dropped = True
+                live.dropped = True
             self._put({"op": "released", "n": live.n})
 
     def dropped(self, key: int) -> None:
@@ -166,7 +176,7 @@ class StreamProcess:
             live = self.live.get(key)
             if live is None:
                 return
-            live.final = live.dropped = True
+            live.dropped = True
             self._put({"op": "dropped", "n": live.n})
 
     def will_stream_renamed(self, key: Optional[int], path: str, size: int) -> bool:
@@ -287,9 +297,7 @@ class StreamProcess:
                     continue
                 self._start(live)
                 if live.pending is not None or live.version is not None:
-                    size, mtime_ns, record = live.version or live.pending   # type: ignore[misc]
-                    self._put({"op": "published", "n": live.n, "path": live.path, "size": size,
-                               "mtime_ns": mtime_ns, "record": record, "final": live.version is not None})
+                    self._put_published(live)
         with self.send_lock:
             old_sock.close()
         return True
@@ -319,12 +327,7 @@ class StreamProcess:
             if item[2] is not None:
                 os.close(item[2])
 
-    # -- status and shutdown ----------------------------------------------------------------------
-    def status(self) -> dict:
-        with self.lock:
-            return {"open": len(self.live), "paths": sorted({v.path for v in self.live.values()})[:100],
-                    "sender_pid": self.proc.pid, "sender_failed": self.failed}
-
+    # -- shutdown ----------------------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
         """At unmount: the child gives published streams up to `timeout_s`, then exits."""
         with self.lock:
