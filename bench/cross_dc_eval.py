@@ -57,6 +57,8 @@ from s3server import ACCESS_KEY, SECRET_KEY, JuiceFSGateway  # noqa: E402  (the 
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from common.procs import child_pids  # noqa: E402  (the repo, just put on the path)
+
 RESULTS = REPO / "bench" / "results"
 BUCKET = "xdc"
 PY = sys.executable
@@ -449,17 +451,7 @@ class Bench:
             pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
         except (OSError, ValueError, KeyError):
             return 0.0
-        return cls.pid_cpu_s(pid) + sum(cls.pid_cpu_s(c) for c in cls.children(pid))
-
-    @staticmethod
-    def children(pid: int) -> list[int]:
-        out: list[int] = []
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                out += [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                pass
-        return out
+        return cls.pid_cpu_s(pid) + sum(cls.pid_cpu_s(c) for c in child_pids(pid))
 
     @staticmethod
     def pid_cpu_s(pid: int) -> float:

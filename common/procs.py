@@ -1,9 +1,10 @@
 """Is a process still there? One answer for the mount's lock files, `hintfs umount`, the agent's
-stale folders and the governor's liveness checks."""
+stale folders and the governor's liveness checks; and which processes did it start."""
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
 def pid_alive(pid: int) -> bool:
@@ -20,6 +21,17 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True   # no /proc: kill(0) succeeded, so it runs
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (any of its threads) that still run or await their reaping."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def daemon_python() -> list[str]:

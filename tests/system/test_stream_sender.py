@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import fusefs.streamproc as streamproc
-from common.procs import pid_alive
+from common.procs import child_pids, pid_alive
 from fusefs.stats import Stats
 from mountconfig.schema import StreamConfig
 from tests.conftest import needs_fuse, wait_for
@@ -23,17 +23,12 @@ PATH = "ckpt/run/step_1/__0_0.distcp"
 def sender_of(pid: int) -> list[int]:
     """The mount's stream sender processes (its children running fusefs.streamchild)."""
     out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    for kid in child_pids(pid):
         try:
-            kids = (task / "children").read_text().split()
+            if b"fusefs.streamchild" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                out.append(kid)
         except OSError:
-            continue
-        for kid in kids:
-            try:
-                if b"fusefs.streamchild" in Path(f"/proc/{kid}/cmdline").read_bytes():
-                    out.append(int(kid))
-            except OSError:
-                pass
+            pass
     return out
 
 
