@@ -52,7 +52,7 @@ from agent.rpc import rpc_error
 from agent.demand import DemandReads, prefetch_pieces
 from agent.fdserver import ReplicaFdServer
 from agent.readmemory import ReadMemory
-from agent.streams import StreamError, StreamTier
+from agent.streams import StreamError, StreamFinished, StreamTier
 from common.procs import pid_alive
 from policy.stream import chunks_touching, chunks_under
 from stores.base import Stat, Store
@@ -745,12 +745,14 @@ class AgentServer(fl.FlightServerBase):
         return {"held": sorted(held.items()), "first": first}
 
     def stream_put(self, req: "rpc.StreamPutRequest", reader) -> dict:
-        """One `do_put`: open the stream if asked, write its chunks, publish if asked."""
+        """One `do_put`: open the stream if asked, write its chunks, publish if asked. A put that
+        completes a stream published already makes it the replica, and answers "ready"."""
         result: dict = {}
         if req.open is not None:
             if (req.open.stream, req.open.gen) != (req.stream, req.gen):
                 raise rpc_error(errno.EINVAL, "open names another stream or generation")
             result = self.stream_open(req.open)
+        complete = False
         try:
             if req.seen is not None:   # before the chunks land: known as soon as the call starts
                 self.streams.saw(req.stream, req.gen, req.seen)
@@ -763,29 +765,48 @@ class AgentServer(fl.FlightServerBase):
                     # A view of Arrow's buffer, not a copy: `as_py()` copied each chunk (4 MiB)
                     # holding the GIL, the agent's largest CPU cost while receiving streams.
                     view = memoryview(chunks[i].as_buffer())
-                    self.streams.put(req.stream, req.gen, int(off), view, int(crc))
+                    complete |= self.streams.put(req.stream, req.gen, int(off), view, int(crc))
                 self._streams_changed()   # demand reads may be waiting for these chunks
+        except StreamFinished:
+            for _ in reader:          # the rest of the call's chunks: the tier holds them
+                pass
+            return {**result, "state": "ready"}
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except (KeyError, TypeError, ValueError) as err:
             raise rpc_error(errno.EINVAL, f"stream chunks: {err}") from None
+        if complete and self._finish_stream(req.stream, req.gen):
+            result["state"] = "ready"
         if req.publish is not None:
             if (req.publish.stream, req.publish.gen) != (req.stream, req.gen):
                 raise rpc_error(errno.EINVAL, "publish names another stream or generation")
             result.update(self.stream_publish(req.publish))
         return result
 
+    def _finish_stream(self, sid: str, gen: int) -> bool:
+        """A published stream completed by its last chunks: made the replica of its version."""
+        done = self.streams.finish_if_complete(sid, gen)
+        if done is None:
+            return False
+        path, (size, mtime_ns), (record, ttl_s), part = done
+        try:
+            self._adopt_stream(path, part, size, mtime_ns, record, ttl_s)
+        finally:
+            self._streams_changed()
+        return True
+
     def stream_publish(self, req: "rpc.StreamPublishRequest") -> dict:
         """The training mount published the streamed file as (size, mtime_ns): a stream holding
         exactly those bytes (CRC of every chunk) becomes the replica of that version; otherwise
-        the sender is told which chunks to send again."""
+        the sender is told which chunks to send again (the put that brings the last of them makes
+        the replica)."""
         self._check_stream_path(req.path)
         with self.lock:
             rep = self.replicas.get(req.path)
             replica_version = (rep.size, rep.source_mtime_ns) if rep is not None else None
         try:
             v, part = self.streams.publish(req.stream, req.gen, req.path, req.size, req.mtime_ns,
-                                           list(req.crcs), replica_version)
+                                           list(req.crcs), replica_version, meta=(req.record, req.ttl_s))
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except ValueError as err:

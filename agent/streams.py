@@ -19,7 +19,10 @@ with an optional open before and publish after: one round trip for a small file)
 Thread-safe: one lock for the catalog and, per stream, `lock` for its chunk map and fd (demand
 reads hold it for a check and a `pread`) and `io_lock` for its fd's writes and syncs. An
 `fdatasync` (a progress save every `progress_every_s`, the publish) holds only `io_lock`, so a
-demand read never waits for the disk behind a sync of the stream it reads.
+demand read never waits for the disk behind a sync of the stream it reads. A put checks a chunk
+against the published CRCs and writes it under `io_lock`, and a publish judges the stream under
+it: a publish never judges a chunk map that a put is about to change (the sender publishes
+without waiting for its puts in flight).
 Lock order: `io_lock`, then `lock`, then the catalog's; the fd is closed only under both.
 """
 from __future__ import annotations
@@ -29,8 +32,9 @@ import logging
 import os
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from policy.stream import RangeMap, Verdict, chunk_crc, verdict
 
@@ -39,8 +43,16 @@ log = logging.getLogger("hintfs.streams")
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
+FINISHED_KEPT = 4096   # finished streams remembered, so that a late call is answered "ready"
+
+
 class StreamError(ValueError):
     pass
+
+
+class StreamFinished(StreamError):
+    """The stream became a replica already (its publish, or the put that completed it after its
+    publish): a late call for it is answered "ready", not refused."""
 
 
 @dataclass
@@ -57,6 +69,8 @@ class Stream:
     final: Optional[list[int]] = None           # the published file's chunk CRCs (with `version`)
     seen: Optional[int] = None                  # the sender's file size at its last put (unpublished)
     unsaved: bool = False                       # chunks arrived since the last progress file
+    meta: Any = None                            # the caller's, given at publish (its record, TTL)
+    finishing: bool = False                     # complete: being made a replica (no more writes)
     lock: threading.RLock = field(default_factory=threading.RLock)
     io_lock: threading.Lock = field(default_factory=threading.Lock)   # see the module's docstring
 
@@ -70,6 +84,7 @@ class StreamTier:
         self.idle_s = idle_s
         self.progress_every_s = progress_every_s
         self.streams: dict[str, Stream] = {}
+        self.finished: OrderedDict[str, int] = OrderedDict()   # sid -> generation made a replica
         self.folder_calls: dict[str, float] = {}   # folder -> last stream call for a file in it
         self.lock = threading.Lock()
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -87,7 +102,7 @@ class StreamTier:
         with s.io_lock:
             with s.lock:
                 now = self.clock()
-                if s.fd < 0 or (not force and now - s.saved_at < self.progress_every_s):
+                if s.fd < 0 or s.finishing or (not force and now - s.saved_at < self.progress_every_s):
                     return
                 s.saved_at = now
                 s.unsaved = False
@@ -125,6 +140,8 @@ class StreamTier:
         if chunk <= 0:
             raise StreamError("chunk must be positive")
         with self.lock:
+            if self.finished.get(sid, -1) >= gen:
+                raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
             s = self.streams.get(sid)
             if s is not None and (s.gen > gen):
                 raise StreamError(f"stream {sid}: generation {gen} is older than {s.gen}")
@@ -143,6 +160,8 @@ class StreamTier:
     def _get(self, sid: str, gen: int) -> Stream:
         with self.lock:
             s = self.streams.get(sid)
+            if s is None and self.finished.get(sid) == gen:
+                raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
             if s is None:
                 raise StreamError(f"no stream {sid} (never opened, aborted or expired)")
             if s.gen != gen:
@@ -170,39 +189,102 @@ class StreamTier:
             last = self.folder_calls.get(_folder(path))
         return self.clock() - last if last is not None else float("inf")
 
-    def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int) -> None:
-        """One aligned chunk; refused (nothing written) when its CRC is not the bytes'."""
+    def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int) -> bool:
+        """One aligned chunk; refused (nothing written) when its CRC is not the bytes'. True when
+        the stream is published and now holds every chunk of it (`finish_if_complete`)."""
         s = self._get(sid, gen)
         if chunk_crc(data) != crc & 0xFFFFFFFF:
             raise StreamError(f"stream {sid}: chunk at {offset} arrived damaged (CRC)")
         if offset % s.ranges.chunk or not 0 < len(data) <= s.ranges.chunk:
             raise StreamError(f"stream {sid}: {offset}+{len(data)} is not one aligned chunk")
-        final = s.final
-        if final is not None:
-            i = offset // s.ranges.chunk
-            if i >= len(final) or final[i] & 0xFFFFFFFF != crc & 0xFFFFFFFF:
+        i = offset // s.ranges.chunk
+        # Checked and written under io_lock, which a publish holds while it judges the stream:
+        # a chunk either lands before the verdict (and is judged) or is checked against the
+        # final CRCs after it (and refused if it is not the published file's).
+        with s.io_lock:
+            with s.lock:
+                if s.finishing:         # complete already: this chunk is one the tier holds
+                    raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
+                final = s.final
+            if final is not None and (i >= len(final) or final[i] & 0xFFFFFFFF != crc & 0xFFFFFFFF):
                 # Published already: a chunk that is not the published file's (sent before a
                 # rewrite, landing late) is not kept, so that no verified chunk is overwritten
                 # while demand reads may read it. The sender re-sends from the final CRC list.
                 log.debug("stream %s: late chunk %d is not the published file's; dropped", sid, i)
-                return
-        with s.io_lock:                 # the fd stays open while it is written
+                return False
             if s.fd < 0:
                 raise StreamError(f"stream {sid} was dropped")
             os.pwrite(s.fd, data, offset)
-        with s.lock:
-            s.ranges.add(offset, len(data), crc)
-            s.unsaved = True
-        self._save(s)
+            with s.lock:
+                s.ranges.add(offset, len(data), crc)
+                s.unsaved = True
+                complete = s.final is not None and s.version is not None and self._complete(s)
+        if not complete:
+            self._save(s)
+        return complete
+
+    @staticmethod
+    def _complete(s: Stream) -> bool:
+        """(under s.lock) Every chunk of the published file is held with its final CRC."""
+        assert s.version is not None and s.final is not None
+        return verdict(s.ranges, s.version[0], s.final, s.version).state == "ready"
+
+    def finish_if_complete(self, sid: str, gen: int) -> Optional[tuple[str, tuple[int, int], Any, str]]:
+        """A published stream whose last missing chunks came after its publish (the sender sends
+        them behind the publish instead of publishing again): (path, version, meta given at
+        publish, the finished part file, which the caller renames into its catalog and owns), or
+        None when it is not complete, or another call finishes it."""
+        with self.lock:
+            s = self.streams.get(sid)
+        if s is None or s.gen != gen:
+            return None
+        with s.io_lock:                 # no put is writing (a put checks `finishing` under it)
+            with s.lock:
+                if s.finishing or s.final is None or s.version is None or not self._complete(s):
+                    return None
+                s.finishing = True
+                path, version, meta = s.path, s.version, s.meta
+        return path, version, meta, self._finish(s)
+
+    def _finish(self, s: Stream) -> str:
+        """The complete stream `s` (marked `finishing`) as a finished part file: cut to its size,
+        synced, forgotten (a late call for it is answered "ready")."""
+        assert s.version is not None
+        with s.io_lock:                 # not under s.lock: demand reads go on during the sync
+            if s.fd < 0:
+                raise StreamError(f"stream {s.sid} was dropped while it was published")
+            os.ftruncate(s.fd, s.version[0])
+            os.fdatasync(s.fd)
+        with self.lock:
+            self.streams.pop(s.sid, None)
+            self.finished[s.sid] = s.gen
+            self.finished.move_to_end(s.sid)
+            while len(self.finished) > FINISHED_KEPT:
+                self.finished.popitem(last=False)
+        self._close_fd(s)
+        try:
+            os.unlink(self._part(s.sid) + ".progress")
+        except FileNotFoundError:
+            pass
+        return self._part(s.sid)
 
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
-                replica_version: Optional[tuple[int, int]] = None) -> tuple[Verdict, Optional[str]]:
+                replica_version: Optional[tuple[int, int]] = None,
+                meta: Any = None) -> tuple[Verdict, Optional[str]]:
         """The sender published `path` as (size, mtime_ns) with these final chunk CRCs. Returns
         the verdict and, when "ready", the finished part file (the caller renames it into its
         catalog and owns it). On "fill" the stream stays, its bad chunks forgotten, to be filled
-        by `put` (from the sender) or by the caller's copy (`part_of`); on "stale" it is gone."""
-        s = self._get(sid, gen)
-        with s.lock:
+        by `put` (from the sender: the put that completes it makes it ready,
+        `finish_if_complete`) or by the caller's copy (`part_of`); `meta` is kept for the caller
+        until then. On "stale" it is gone. A stream finished already answers "ready" with no
+        part (the replica is the caller's already)."""
+        try:
+            s = self._get(sid, gen)
+        except StreamFinished:
+            return Verdict("ready", (), ()), None
+        with s.io_lock, s.lock:         # no put between its check and its write (see `put`)
+            if s.finishing:             # a put completed it meanwhile
+                return Verdict("ready", (), ()), None
             v = verdict(s.ranges, size, crcs, (size, mtime_ns), replica_version)
             if v.state != "stale":
                 s.path = path
@@ -210,25 +292,15 @@ class StreamTier:
                     s.ranges.held.pop(i, None)
                 s.version = (size, mtime_ns)
                 s.final = list(crcs)
+                s.meta = meta
+                s.finishing = v.state == "ready"
         if v.state == "stale":
             self.abort(sid)
             return v, None
         if v.state == "fill":
             self._save(s, force=True)
             return v, None
-        with s.io_lock:                 # not under s.lock: demand reads go on during the sync
-            if s.fd < 0:
-                raise StreamError(f"stream {sid} was dropped while it was published")
-            os.ftruncate(s.fd, size)
-            os.fdatasync(s.fd)
-        with self.lock:
-            self.streams.pop(sid, None)
-        self._close_fd(s)
-        try:
-            os.unlink(self._part(sid) + ".progress")
-        except FileNotFoundError:
-            pass
-        return v, self._part(sid)
+        return v, self._finish(s)
 
     def abort(self, sid: str) -> bool:
         with self.lock:

@@ -39,6 +39,7 @@ unit tests).
 """
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -62,17 +63,26 @@ _ids = itertools.count()
 _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or "host"
 
 
+@dataclass(frozen=True)
+class PutAnswer:
+    """The tier's answer to one put."""
+    named: Optional[Sequence[int]] = None   # the stream's open rode on it: the chunks to send first
+    ready: bool = False                     # the stream is the published file's replica now
+
+
 class Transport(Protocol):
     def open(self, sid: str, gen: int, path: str, chunk: int,
              job: Optional[str] = None) -> tuple[dict[int, int], Sequence[int]]:
         """(the chunks the tier holds: index -> CRC, the chunks to send first)"""
     def put(self, sid: str, gen: int, chunks: Sequence[tuple[int, bytes | memoryview, int]],
             opening: Optional[tuple[str, int, Optional[str]]] = None, seen: Optional[int] = None,
-            urgent: bool = False) -> Optional[Sequence[int]]:
+            urgent: bool = False) -> PutAnswer:
         """Chunks (offset, data, crc) in one call; `opening` = (path, chunk, job): open the stream
-        first if the tier lacks it (the answer: the chunks to send first, None when not opened);
+        first if the tier lacks it (`named`: the chunks to send first, None when not opened);
         `seen`: the file's size now (the tier's estimate of what is still to come); `urgent`:
-        eval reads want these first (not behind the bulk)."""
+        eval reads want these first (not behind the bulk). `ready`: the stream was published and
+        these were its last missing chunks (or it was complete already): the tier made it the
+        replica."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
                 opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
@@ -103,6 +113,7 @@ class FileStream:
     still: int = 0               # in a row it has not changed (a named tail goes when it is still)
     closing: bool = False        # close the fd when the last chunk in flight lands
     announced: bool = False      # the tier knows the published version (it waits for the rest)
+    tier_ready: bool = False     # a put's answer: the tier made this generation the replica
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -172,6 +183,7 @@ class Streamer:
         fs.gen += 1
         fs.opened, fs.sent, fs.version, fs.final, fs.state = False, {}, None, None, "writing"
         fs.announced, fs.last_size, fs.still = False, -1, 0     # (`first` stays: the same file)
+        fs.tier_ready = False
 
     def published(self, fs: FileStream, size: int, mtime_ns: int, record: Optional[str] = None) -> None:
         """The store committed the file with these attributes (no writer can change it now)."""
@@ -239,28 +251,41 @@ class Streamer:
             size = fs.version[0]
             if fs.final is None:
                 fs.final = self._final_crcs(fs, size)
-            with fs.lock:
-                behind = len(fs.inflight) + len(ranges_to_send(size, fs.chunk, fs.sent, fs.final))
-            if not fs.announced and fs.opened and behind > 1:
-                # Far behind the writer: tell the tier the published version now (it answers
-                # "fill"), so its copier waits for this stream instead of copying the file again.
-                with fs.lock:
-                    acked = set(fs.sent)        # what the tier held before it answers
-                state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
-                                                      fs.record)
-                fs.announced = True
-                if state != "fill":
-                    fs.state = "done"
-                    self._drain(fs)
-                    self.close(fs)
+            if fs.tier_ready:
+                return self._done(fs)
+            if not fs.opened and fs.errors:
+                self._reopen_published(fs)
+                if fs.state == "done":
                     return True
+            if fs.opened and not fs.announced:
                 with fs.lock:
-                    # Only a chunk acknowledged before the question is really missing (its bytes
-                    # were not the published file's). One in flight then may have landed since:
-                    # the answer predates it, and sending it again would cross the link twice.
-                    for i in fetch:
-                        if i in acked and i not in fs.inflight:
-                            fs.sent.pop(i, None)
+                    behind = len(fs.inflight) + len(ranges_to_send(size, fs.chunk, self._known(fs), fs.final))
+                if behind > 1:
+                    # Behind the writer at its publish. What was never sent leaves now (named
+                    # first) and the publish goes beside it, without waiting for the chunks in
+                    # flight: the tier knows the version at once (its copier and demand reads wait
+                    # for this stream), and the put that brings the last missing chunk makes the
+                    # replica (its answer: `ready`). A publish sent after them would cost a round
+                    # trip more.
+                    self._send_rest(fs, size)
+                    with fs.lock:
+                        acked = set(fs.sent)    # what the tier held before it answers
+                    state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
+                                                          fs.record)
+                    fs.announced = True
+                    if state != "fill":
+                        return self._done(fs)
+                    with fs.lock:
+                        # Only a chunk acknowledged before the question is really missing (its
+                        # bytes were not the published file's). One in flight then may have
+                        # landed since: the answer predates it, and sending it again would cross
+                        # the link twice.
+                        for i in fetch:
+                            if i in acked and i not in fs.inflight:
+                                fs.sent.pop(i, None)
+                    self._drain(fs)
+                    if fs.tier_ready:
+                        return self._done(fs)
             if fs.first and fs.opened:
                 # Named chunks still to send (the file's tail, never sent while it is written, or
                 # chunks written last) go now, not behind the others in flight and the rest.
@@ -299,6 +324,51 @@ class Streamer:
             fs.opened = False                   # re-open next time: learn what the tier holds
             log.debug("stream %s of %s: %s (will retry)", fs.sid, fs.path, err)
             return False
+
+    def _done(self, fs: FileStream) -> bool:
+        """The tier has the published file: finished (once the calls still in flight landed, so
+        that the counters are whole; the tier answers them at once)."""
+        fs.state = "done"
+        self._drain(fs)
+        self.close(fs)
+        return True
+
+    @staticmethod
+    def _known(fs: FileStream) -> dict[int, int]:
+        """(under fs.lock, published) What the tier holds or will: the chunks acknowledged, and
+        those in flight taken at their final CRC (checked when they land)."""
+        assert fs.final is not None
+        return {**fs.sent, **{i: fs.final[i] for i in fs.inflight if i < len(fs.final)}}
+
+    def _send_rest(self, fs: FileStream, size: int) -> None:
+        """(published) Every chunk never sent, named first, behind (the pool) when there is one."""
+        with fs.lock:
+            todo = ranges_to_send(size, fs.chunk, self._known(fs), fs.final)
+        if self.pool is None:
+            self._send(fs, self._calls(fs, todo), size)
+        else:
+            self._send_behind(fs, self._calls(fs, todo), size)
+
+    def _reopen_published(self, fs: FileStream) -> None:
+        """After a failure, a published stream asks with its publish what the tier holds of that
+        version: a put may have completed it (its answer lost), or it names what is missing.
+        A tier that lost the stream (restarted without it) refuses: the stream opens again."""
+        assert fs.version is not None and fs.final is not None
+        try:
+            state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, fs.version[0], fs.version[1],
+                                                  fs.final, fs.record)
+        except OSError as err:
+            if err.errno != errno.ESTALE:
+                raise
+            self._open(fs)
+            return
+        fs.opened = fs.announced = True
+        if state != "fill":
+            self._done(fs)
+            return
+        missing = set(fetch)
+        with fs.lock:
+            fs.sent = {i: crc for i, crc in enumerate(fs.final) if i not in missing}
 
     def _open(self, fs: FileStream) -> None:
         held, first = self.transport.open(fs.sid, fs.gen, fs.path, fs.chunk, fs.job)
@@ -339,9 +409,14 @@ class Streamer:
             sent.append((i, crc, n))
             pos += n
         opening = None if fs.opened else (fs.path, fs.chunk, fs.job)
-        named = self.transport.put(fs.sid, fs.gen, rows, opening, seen=size, urgent=urgent)
+        sent_gen = gen if gen is not None else fs.gen
+        answer = self.transport.put(fs.sid, sent_gen, rows, opening, seen=size, urgent=urgent)
         if opening is not None:
-            self._tier_named(fs, gen if gen is not None else fs.gen, named)
+            self._tier_named(fs, sent_gen, answer.named)
+        if answer.ready:
+            with fs.lock:
+                if fs.gen == sent_gen:
+                    fs.tier_ready = True
         return sent
 
     def _link_transfer(self, fs: FileStream, calls: list[list[int]], size: int):

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 from agent.client import AgentClient
 from agent.linkgate import LinkGate
 from fusefs.stats import Stats
-from fusefs.streamer import FileStream, Streamer, background_thread
+from fusefs.streamer import FileStream, PutAnswer, Streamer, background_thread
 from stores.base import Stat
 
 log = logging.getLogger("hintfs.stream")
@@ -67,7 +67,7 @@ class FlightTransport:
             sid, gen, list(chunks),
             opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
             seen=seen)
-        return doc.get("first", []) if opening is not None else None
+        return PutAnswer(doc.get("first", []) if opening is not None else None, doc.get("state") == "ready")
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         small = sum(len(c[1]) for c in chunks) <= self.SMALL

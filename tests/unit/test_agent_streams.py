@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent.streams import StreamError, StreamTier
+from agent.streams import StreamError, StreamFinished, StreamTier
 from policy.stream import chunk_crc, crcs_of
 
 CHUNK = 8
@@ -43,6 +43,35 @@ def test_a_verified_publish_hands_over_the_exact_bytes(tmp_path):
     with open(part, "rb") as f:
         assert f.read() == data
     assert not tier.streaming("ckpt/a") and not os.path.exists(part + ".progress")
+
+
+def test_the_put_that_brings_a_published_streams_last_chunk_makes_it_ready(tmp_path):
+    """The sender publishes without waiting for its chunks in flight: the tier answers "fill",
+    and the put of the last missing chunk completes the stream (once, with the exact bytes).
+    Later calls of that generation are answered as finished, not refused; a new generation of
+    the same stream (the file rewritten after its publish) is a stream of its own."""
+    tier = StreamTier(str(tmp_path / "t"), Clock(), persistent=True, progress_every_s=0)
+    data = os.urandom(4 * CHUNK + 3)
+    tier.open("s1", 0, "ckpt/a", CHUNK)
+    put_all(tier, "s1", 0, data, skip={1, 4})
+    v, part = tier.publish("s1", 0, "ckpt/a", len(data), 5, crcs(data), meta=("rec-1", 60.0))
+    assert v.state == "fill" and v.fetch == (1, 4) and part is None
+    assert tier.put("s1", 0, 4 * CHUNK, data[4 * CHUNK:], chunk_crc(data[4 * CHUNK:])) is False
+    assert tier.finish_if_complete("s1", 0) is None          # chunk 1 is still missing
+    assert tier.put("s1", 0, CHUNK, data[CHUNK:2 * CHUNK], chunk_crc(data[CHUNK:2 * CHUNK])) is True
+    path, version, meta, part = tier.finish_if_complete("s1", 0)
+    assert (path, version, meta) == ("ckpt/a", (len(data), 5), ("rec-1", 60.0))
+    with open(part, "rb") as f:
+        assert f.read() == data
+    assert not os.path.exists(part + ".progress") and not tier.streaming("ckpt/a")
+    assert tier.finish_if_complete("s1", 0) is None          # finished once
+    with pytest.raises(StreamFinished):                        # a late duplicate: "ready"
+        tier.put("s1", 0, 0, data[:CHUNK], chunk_crc(data[:CHUNK]))
+    again, part = tier.publish("s1", 0, "ckpt/a", len(data), 5, crcs(data))
+    assert again.state == "ready" and part is None            # the replica is the caller's already
+    with pytest.raises(StreamFinished):
+        tier.open("s1", 0, "ckpt/a", CHUNK)
+    assert tier.open("s1", 1, "ckpt/a", CHUNK) == {}          # rewritten after its publish: anew
 
 
 def test_damaged_and_unaligned_chunks_are_refused(tmp_path):
@@ -122,7 +151,7 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
     tier = StreamTier(str(tmp_path / "t"), Clock(), persistent=True, progress_every_s=0)
     data = os.urandom(4 * CHUNK)
     tier.open("s1", 0, "ckpt/a", CHUNK)
-    put_all(tier, "s1", 0, data, skip={3})
+    put_all(tier, "s1", 0, data, skip={2, 3})
     assert tier.publish("s1", 0, "ckpt/a", len(data), 5, crcs(data))[0].state == "fill"
     syncing, release = threading.Event(), threading.Event()
     real = os.fdatasync
@@ -133,8 +162,8 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
         real(fd)
 
     monkeypatch.setattr(streams_mod.os, "fdatasync", slow_fdatasync)
-    last = data[3 * CHUNK:]
-    t = threading.Thread(target=tier.put, args=("s1", 0, 3 * CHUNK, last, chunk_crc(last)))
+    third = data[2 * CHUNK:3 * CHUNK]           # not the last missing chunk: a progress save follows
+    t = threading.Thread(target=tier.put, args=("s1", 0, 2 * CHUNK, third, chunk_crc(third)))
     t.start()
     try:
         assert syncing.wait(10)                  # the put's progress save is in its sync
@@ -144,7 +173,7 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
     finally:
         release.set()
         t.join(10)
-    assert tier.read_verified("ckpt/a", (len(data), 5), 0, len(data)) == data
+    assert tier.read_verified("ckpt/a", (len(data), 5), 0, 3 * CHUNK) == data[:3 * CHUNK]
 
 
 def test_the_backlog_counts_every_stream_by_the_best_size_known_or_is_unknown(tmp_path):

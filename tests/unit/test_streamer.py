@@ -8,7 +8,8 @@ import errno
 import os
 
 from agent.streams import StreamError, StreamTier
-from fusefs.streamer import Streamer
+from fusefs.streamer import PutAnswer, Streamer
+from policy.stream import chunk_crc
 
 CHUNK = 64 << 10
 
@@ -37,21 +38,39 @@ class Link:
             raise ConnectionError(errno.ECONNREFUSED, "link down")
         try:
             return fn(*args)
-        except StreamError as err:
-            raise OSError(errno.EIO, str(err)) from None
+        except StreamError as err:          # the agent answers ESTALE
+            raise OSError(errno.ESTALE, str(err)) from None
 
     def open(self, sid, gen, path, chunk, job=None):
         return self._call(self.tier.open, sid, gen, path, chunk, job), self.first.get(path, [])
 
     def put(self, sid, gen, chunks, opening=None, seen=None, urgent=False):
         named = self.open(sid, gen, *opening)[1] if opening is not None else None
+        complete = False
         for offset, data, crc in chunks:
-            self._call(self.tier.put, sid, gen, offset, bytes(data), crc)
+            try:
+                complete |= self._call(self.tier.put, sid, gen, offset, bytes(data), crc)
+            except OSError:
+                if self.finished(sid, gen):     # the agent answers such a put "ready"
+                    return PutAnswer(named, ready=True)
+                raise
             self.bytes += len(data)
         self.calls.append([offset // CHUNK for offset, _d, _c in chunks])
         if seen is not None:
             self._call(self.tier.saw, sid, gen, seen)
-        return named
+        done = self.tier.finish_if_complete(sid, gen) if complete else None
+        if done is not None:
+            self._take(done[0], done[3])
+        return PutAnswer(named, ready=done is not None)
+
+    def finished(self, sid, gen):
+        return self.tier.finished.get(sid) == gen
+
+    def _take(self, path, part):
+        """A finished part: the replica (as the agent renames it into its catalog)."""
+        with open(part, "rb") as f:
+            self.ready[path] = f.read()
+        os.unlink(part)
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         if opening is not None:
@@ -60,9 +79,7 @@ class Link:
             self.put(sid, gen, chunks)
         v, part = self._call(self.tier.publish, sid, gen, path, size, mtime_ns, crcs)
         if part is not None:
-            with open(part, "rb") as f:
-                self.ready[path] = f.read()
-            os.unlink(part)
+            self._take(path, part)
         return v.state, v.fetch
 
     def abort(self, sid):
@@ -74,6 +91,14 @@ def setup(tmp_path, persistent=False):
     link = Link(tier)
     staging = open(tmp_path / "staging", "w+b")
     return tier, link, Streamer(link, CHUNK), staging
+
+
+def pooled(tmp_path):
+    """A streamer with a send pool (chunks in flight while a step returns), and its first stream."""
+    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+    streamer = Streamer(link, CHUNK, parallel=4)
+    f = open(tmp_path / "staging", "w+b")
+    return link, streamer, f, streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
 
 
 def finish(streamer, fs, limit=50):
@@ -205,13 +230,9 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     4 MiB chunk crossing the link twice in about one rep of ten)."""
     import threading
     import time
-    tier = StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0)
-    link = Link(tier)
+    link, streamer, f, fs = pooled(tmp_path)
     held_at = 2 * CHUNK                    # this chunk is in flight when the announce is answered
     release = threading.Event()
-    streamer = Streamer(link, CHUNK, parallel=4)
-    f = open(tmp_path / "staging", "w+b")
-    fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
     plain_put, plain_publish = link.put, link.publish
 
     def put(sid, gen, chunks, opening=None, seen=None, urgent=False):
@@ -242,6 +263,81 @@ def test_a_chunk_that_lands_while_the_tier_answers_an_announce_is_not_sent_twice
     assert link.bytes == len(data)              # no chunk crossed twice
     streamer.shutdown()
 
+
+
+def test_a_publish_behind_the_writer_does_not_wait_for_the_chunks_in_flight(tmp_path):
+    """At the publish of a file whose chunks are still in flight, the sender publishes at once
+    (the tier answers "fill") and sends the rest; the put that brings the last missing chunk
+    makes the replica, and its answer finishes the stream: one publish, each byte once."""
+    import threading
+    import time
+    link, streamer, f, fs = pooled(tmp_path)
+    held_at = 2 * CHUNK                    # this chunk is in flight until the publish was answered
+    release = threading.Event()
+    plain_put, plain_publish = link.put, link.publish
+    publishes, answers = [], []
+
+    def put(sid, gen, chunks, opening=None, seen=None, urgent=False):
+        if any(offset == held_at for offset, _d, _c in chunks):
+            assert release.wait(10)
+        answer = plain_put(sid, gen, chunks, opening, seen)
+        answers.append(answer.ready)
+        return answer
+
+    def publish(*args, **kw):
+        publishes.append(release.is_set())
+        answer = plain_publish(*args, **kw)
+        release.set()
+        return answer
+
+    link.put, link.publish = put, publish
+    data = os.urandom(6 * CHUNK + 100)
+    f.write(data[:5 * CHUNK])
+    f.flush()
+    streamer.step(fs)                           # chunks 0-4 handed to the send pool
+    deadline = time.monotonic() + 10            # all but the held one land
+    while len(fs.sent) < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    f.write(data[5 * CHUNK:])                   # the tail: never sent before the publish
+    f.flush()
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert publishes == [False]                 # once, while chunk 2 was in flight
+    assert answers[-1] is True and answers.count(True) == 1
+    assert link.ready["ckpt/s1/__0_0.distcp"] == data
+    assert link.bytes == len(data)              # no chunk crossed twice
+    streamer.shutdown()
+
+
+def test_a_lost_ready_answer_is_asked_again_with_the_publish(tmp_path):
+    """The put that completed the stream failed on its way back (the tier made the replica): the
+    next step asks with the publish, which answers "ready"; nothing is sent again."""
+    tier, link, streamer, f = setup(tmp_path)
+    fs = streamer.start("p", f.fileno())
+    data = os.urandom(3 * CHUNK + 7)
+    f.write(data[:3 * CHUNK])
+    f.flush()
+    streamer.step(fs)
+    f.write(data[3 * CHUNK:])
+    f.flush()
+    # published with the tail missing (as a sender whose tail was in flight at its publish)
+    assert tier.publish(fs.sid, 0, "p", len(data), 2, [chunk_crc(data[i:i + CHUNK])
+                                                      for i in range(0, len(data), CHUNK)])[0].state == "fill"
+    plain_put = link.put
+
+    def put_then_fail(*args, **kw):
+        plain_put(*args, **kw)
+        raise ConnectionError(errno.ECONNRESET, "answer lost")
+
+    link.put = put_then_fail
+    streamer.published(fs, len(data), 2)
+    fs.announced = True                         # (its publish was the one above)
+    assert not streamer.step(fs)                # the tail's put lands, its answer is lost
+    assert "p" in link.ready and fs.errors == 1
+    link.put = plain_put
+    sent = link.bytes
+    assert finish(streamer, fs)
+    assert link.ready["p"] == data and link.bytes == sent
 
 
 def test_chunks_eval_reads_want_leave_first_and_the_others_yield_while_they_are_on_their_way(tmp_path):
