@@ -89,6 +89,13 @@ class HasRequest(Request):
     mtime_ns: Int64
 
 
+class LocalFdRequest(HasRequest):
+    """A mount on the agent's host asks for a descriptor (`agent.fdserver`): of the complete
+    replica of exactly this version, or with `partial`, failing that, of a published stream of
+    it still filling, with the ranges verified so far."""
+    partial: bool = False
+
+
 class PlanWindowRequest(Request):
     keep: list[tuple[StorePath, Int64]] = Field(max_length=MAX_BATCH)
     want: list[tuple[StorePath, Kind, Params, Int64]] = Field(max_length=MAX_BATCH)
@@ -209,6 +216,11 @@ def parse_action(kind: str, body: bytes) -> Request:
     if entry is None:
         raise rpc_error(errno.EINVAL, f"unknown action {kind!r}")
     return _validate(entry[0], _load(body))
+
+
+def parse_local_fd(body: bytes) -> LocalFdRequest:
+    """A request on the agent's local fd socket (`agent.fdserver`)."""
+    return _validate(LocalFdRequest, _load(body))  # type: ignore[return-value]
 
 
 def parse_put(command: bytes) -> StreamPutRequest:

@@ -196,7 +196,7 @@ class AgentServer(fl.FlightServerBase):
             self.link = LinkGate(acfg.link_bytes_s, acfg.link_chunk_bytes)
         self.fd_server = None
         if acfg.local_socket:   # replica fds for mounts on this host (FUSE passthrough)
-            self.fd_server = ReplicaFdServer(acfg.local_socket, self.local_replica_fd)
+            self.fd_server = ReplicaFdServer(acfg.local_socket, self.local_replica_fd, self.streams.verified_view)
         self.follower = None
         if cfg.follow.prefixes:
             from agent.follower import Follower

@@ -212,6 +212,8 @@ class StreamTier:
                 # while demand reads may read it. The sender re-sends from the final CRC list.
                 log.debug("stream %s: late chunk %d is not the published file's; dropped", sid, i)
                 return False
+            if final is not None and s.ranges.held.get(i) == (len(data), crc & 0xFFFFFFFF):
+                return False            # verified already: never written again (`verified_view`)
             if s.fd < 0:
                 raise StreamError(f"stream {sid} was dropped")
             os.pwrite(s.fd, data, offset)
@@ -250,11 +252,15 @@ class StreamTier:
         """The complete stream `s` (marked `finishing`) as a finished part file: cut to its size,
         synced, forgotten (a late call for it is answered "ready")."""
         assert s.version is not None
+        done = f"{self._part(s.sid)}.{s.gen}.done"
         with s.io_lock:                 # not under s.lock: demand reads go on during the sync
             if s.fd < 0:
                 raise StreamError(f"stream {s.sid} was dropped while it was published")
             os.ftruncate(s.fd, s.version[0])
             os.fdatasync(s.fd)
+            # Off the stream's name at once: a new generation of the stream creates its part
+            # there (O_TRUNC), and must never truncate this one before the caller renamed it.
+            os.rename(self._part(s.sid), done)
         with self.lock:
             self.streams.pop(s.sid, None)
             self.finished[s.sid] = s.gen
@@ -266,7 +272,7 @@ class StreamTier:
             os.unlink(self._part(s.sid) + ".progress")
         except FileNotFoundError:
             pass
-        return self._part(s.sid)
+        return done
 
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 replica_version: Optional[tuple[int, int]] = None,
@@ -362,6 +368,24 @@ class StreamTier:
                 if s.fd >= 0 and s.final is not None and s.ranges.verified(offset, length, version[0], s.final):
                     return os.pread(s.fd, max(0, min(length, version[0] - offset)), offset)
         return None
+
+    def verified_view(self, path: str, version: tuple[int, int]) -> tuple[int, list[tuple[int, int]]]:
+        """A new read-only fd of the part of a published stream of `path` at `version` still
+        filling, with the runs (offset, length) of it verified so far; (-1, []) when there is
+        none. For a mount on this host (`agent.fdserver`), which reads those runs itself: a
+        verified chunk of a published stream is never written again (`put`), and the part's
+        inode becomes the replica or is unlinked, never reused, so the runs stay that version's
+        bytes for as long as the fd is open."""
+        with self.lock:
+            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)]
+        for s in streams:
+            with s.lock:
+                if s.fd < 0 or s.final is None or s.finishing:
+                    continue
+                runs = s.ranges.verified_runs(version[0], s.final)
+                if runs:
+                    return os.open(f"/proc/self/fd/{s.fd}", os.O_RDONLY | os.O_CLOEXEC), runs
+        return -1, []
 
     def saw(self, sid: str, gen: int, size: int) -> None:
         """The sender's file was `size` bytes when it sent its last chunks."""

@@ -27,7 +27,7 @@ import pyfuse3
 import trio
 
 from agent.client import AgentClient
-from agent.fdserver import receive_replica_fd
+from agent.fdserver import receive_replica_fd, receive_tier_bytes
 from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
@@ -243,6 +243,8 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     if any(r.local_socket for r in cfg.routes):   # so are those of a tier agent on this host
         replica_reads.local_socket_of = view.local_socket_of
         replica_reads.fetch_fd = receive_replica_fd
+        if isinstance(view, RoutedStore):   # and the files it is still receiving
+            view.tier_bytes = receive_tier_bytes
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
     streams = build_streams(cfg, stats, store)
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,

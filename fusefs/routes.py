@@ -41,12 +41,13 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 import stat as stat_mod
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import trio
 
@@ -91,16 +92,80 @@ class _StoreFallbackReader:
             self.reader.close()
 
 
+LOCAL_FDS_MAX = 4   # distinct files (the stream's part; the replica, when another) one reader keeps
+
+
 class _TierDemandReader:
     """Reads of a routed file the tier is still receiving: each read is one call to the tier
-    (demand read of the version opened); if the tier cannot answer, the store copy of that version."""
+    (demand read of the version opened); if the tier cannot answer, the store copy of that version.
 
-    def __init__(self, client, store, path: str, identity: tuple[int, int], stats: Stats):
+    With a tier agent on this host (`local`: its fd socket), a read first looks at the tier's
+    bytes itself: the replica once it is complete, or the runs of the published stream verified
+    so far (`agent.fdserver`). Those are read with `pread`, not one Flight call each; a read they
+    do not cover asks the socket again (one unix round trip), then the tier by Flight."""
+
+    def __init__(self, client, store, path: str, identity: tuple[int, int], stats: Stats,
+                 local: Optional[Callable[[], tuple[int, Optional[list[tuple[int, int]]]]]] = None):
         self.client, self.path, self.identity, self.stats = client, path, identity, stats
         self.fallback = _StoreFallbackReader(store, path, identity)
         self.tier_failed = False
+        self.local = local
+        self._lock = threading.Lock()     # reads of one open file run in several threads
+        self._fds: dict[tuple[int, int], int] = {}   # (dev, inode) -> fd, closed only at close()
+        self._current = -1                # the fd of the newest answer, and what it covers:
+        self._runs: list[tuple[int, int]] = []
+        self._whole = False               # the complete replica
+
+    def _covered(self, offset: int, end: int) -> Optional[int]:
+        """(under _lock) An fd holding [offset, end) of the version opened, or None."""
+        if self._current < 0:
+            return None
+        if self._whole or any(o <= offset and end <= o + n for o, n in self._runs):
+            return self._current
+        return None
+
+    def _ask_local(self) -> None:
+        assert self.local is not None
+        fd, runs = self.local()
+        if fd < 0:
+            return
+        st = os.fstat(fd)
+        inode = (st.st_dev, st.st_ino)
+        with self._lock:
+            known = self._fds.get(inode)
+            if known is not None:
+                os.close(fd)              # the same file as before (a read may be using that fd)
+                fd = known
+            elif len(self._fds) >= LOCAL_FDS_MAX:
+                os.close(fd)
+                return
+            else:
+                self._fds[inode] = fd
+            self._current, self._whole, self._runs = fd, runs is None, runs or []
+
+    def _read_local(self, offset: int, size: int) -> Optional[bytes]:
+        end = min(offset + size, self.identity[0])
+        if end <= offset:
+            return b""
+        for attempt in range(2):
+            with self._lock:
+                fd = self._covered(offset, end)
+            if fd is not None:
+                return os.pread(fd, end - offset, offset)
+            if attempt == 0:
+                self._ask_local()
+        return None
 
     def read(self, offset: int, size: int) -> bytes:
+        if self.local is not None and not self.tier_failed:
+            try:
+                data = self._read_local(offset, size)
+            except OSError as err:
+                log.info("cannot read the local tier's bytes of %s (asking it by Flight): %s", self.path, err)
+                data = None
+            if data is not None:
+                self.stats.add("route_demand_local_reads")
+                return data
         if not self.tier_failed:
             try:
                 data = self.client.read(self.path, offset, size, True, self.identity, demand=True)
@@ -117,6 +182,10 @@ class _TierDemandReader:
 
     def close(self) -> None:
         self.fallback.close()
+        with self._lock:
+            fds, self._fds, self._current = list(self._fds.values()), {}, -1
+        for fd in fds:
+            os.close(fd)
 
 
 def route_of(routes, path: str):
@@ -204,6 +273,9 @@ class RoutedStore:
         # not there yet): path -> (ranges, when); forwarded when the file is opened as arriving.
         self._later_hints: "OrderedDict[str, tuple[list[tuple[int, int]], float]]" = OrderedDict()
         self._hints_lock = threading.Lock()
+        # (socket, path, size, mtime_ns) -> the tier's bytes on this host (`agent.fdserver`
+        # `receive_tier_bytes`); set by `fusefs.mount.assemble` when a route has a local socket.
+        self.tier_bytes: Optional[Callable[[str, str, int, int], tuple[int, Optional[list[tuple[int, int]]]]]] = None
 
     # -- not routed: the store's --------------------------------------------------------------
     def check(self) -> None:
@@ -398,7 +470,10 @@ class RoutedStore:
             self.stats.add("route_demand_opens")
             st = self._file(doc)
             self._forward_later_hint(client, rel, st.identity())
-            return _TierDemandReader(client, self._store, rel, st.identity(), self.stats), st
+            sock = self.local_socket_of(rel) if self.tier_bytes is not None else None
+            local = (functools.partial(self.tier_bytes, sock, rel, *st.identity())
+                     if sock is not None and self.tier_bytes is not None else None)
+            return _TierDemandReader(client, self._store, rel, st.identity(), self.stats, local), st
         if doc["state"] == "ready":
             st = self._file(doc)
             return _StoreFallbackReader(self._store, rel, st.identity()), st

@@ -98,6 +98,21 @@ class RangeMap:
     def bytes_held(self) -> int:
         return sum(length for length, _crc in self.held.values())
 
+    def verified_runs(self, size: int, final_crcs: list[int]) -> list[tuple[int, int]]:
+        """(offset, length) runs of the published file of `size` bytes whose every chunk is held
+        whole with its final CRC, in order (consecutive verified chunks joined)."""
+        runs: list[list[int]] = []
+        for i in sorted(self.held):
+            off, n = chunk_span(i, size, self.chunk)
+            got = self.held[i]
+            if n <= 0 or i >= len(final_crcs) or got != (n, final_crcs[i] & 0xFFFFFFFF):
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == off:
+                runs[-1][1] += n
+            else:
+                runs.append([off, n])
+        return [(o, n) for o, n in runs]
+
     def verified(self, offset: int, length: int, size: int, final_crcs: list[int]) -> bool:
         """Every chunk under [offset, offset + length) of the published file of `size` bytes is
         held whole with its final CRC: those bytes are the published file's (demand reads)."""

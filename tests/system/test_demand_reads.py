@@ -203,6 +203,85 @@ def test_an_eval_mount_reads_a_file_still_arriving_without_waiting_for_all_of_it
         tier.close()
 
 
+def test_the_fd_socket_hands_a_filling_streams_verified_runs_and_nothing_else(tmp_path):
+    """`partial` requests (agent/fdserver.py): the part of a published stream still filling, read
+    only, with the runs verified so far; nothing for an unpublished stream or another version;
+    the complete replica once the last chunk landed."""
+    from agent.fdserver import receive_tier_bytes
+    store = tmp_path / "store"
+    store.mkdir()
+    sock = tmp_path / "tier.sock"
+    tier = Tier(tmp_path, store, follow=False, local_socket=str(sock))
+    try:
+        c = tier.client
+        data = os.urandom(5 * CHUNK + 10)
+        parts = _chunks(data)
+        c.stream_open("u1", 0, "ckpt/u.bin", CHUNK)
+        c.stream_put("u1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        assert receive_tier_bytes(str(sock), "ckpt/u.bin", len(data), 1) == (-1, None)   # unpublished
+        version = _publish_partly(c, store, "ckpt/a.bin", data, "s1", send={0, 1, 3})
+        assert receive_tier_bytes(str(sock), "ckpt/a.bin", version[0], version[1] + 1) == (-1, None)
+        fd, runs = receive_tier_bytes(str(sock), "ckpt/a.bin", *version)
+        try:
+            assert runs == [(0, 2 * CHUNK), (3 * CHUNK, CHUNK)]
+            assert os.pread(fd, 2 * CHUNK, 0) == data[:2 * CHUNK]
+            with pytest.raises(OSError):
+                os.pwrite(fd, b"x", 0)               # read-only
+            # the last chunks land: the put that completes the stream makes the replica
+            answer = c.stream_put("s1", 0, [(i * CHUNK, parts[i], chunk_crc(parts[i])) for i in (2, 4, 5)])
+            assert answer["state"] == "ready" and c.has("ckpt/a.bin", *version)
+            assert os.pread(fd, len(data), 0) == data  # the same file: now the replica
+        finally:
+            os.close(fd)
+        fd, runs = receive_tier_bytes(str(sock), "ckpt/a.bin", *version)
+        try:
+            assert runs is None and os.pread(fd, len(data) + 1, 0) == data
+        finally:
+            os.close(fd)
+    finally:
+        tier.close()
+
+
+@needs_fuse
+def test_an_eval_mount_on_the_tiers_host_reads_verified_runs_itself(mount_factory, tmp_path):
+    """With the tier agent's fd socket, a file still arriving is read from the tier's verified
+    bytes by the mount itself (no Flight call), a chunk not verified yet by demand as before, and
+    once the file is complete, all of it from the replica."""
+    store = tmp_path / "store"
+    store.mkdir()
+    sock = tmp_path / "run" / "tier.sock"
+    tier = Tier(tmp_path, store, follow=False, local_socket=str(sock))
+    try:
+        big = 1 << 20
+        data = os.urandom(6 * big + 123)
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        version = _publish_partly(tier.client, store, rel, data, "s1", send={0, 2, 3}, chunk=big)
+        ev = mount_factory(name="eval", store_uri=f"file://{store}",
+                           extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{tier.loc}"\n'
+                                 f'local_socket = "{sock}"\nfetch_on_read = false\n')
+        p = ev.mnt / rel
+        assert (os.stat(p).st_size, os.stat(p).st_mtime_ns) == version
+        with open(p, "rb", buffering=0) as f:
+            f.seek(2 * big + 11)
+            assert f.read(50) == data[2 * big + 11:2 * big + 61]     # verified at the tier
+            counters = ev.stats()["counters"]
+            assert counters.get("route_demand_local_reads", 0) >= 1
+            assert counters.get("route_demand_reads", 0) == 0 and tier.client.status()["demand"]["reads"] == 0
+            f.seek(5 * big)
+            assert f.read() == data[5 * big:]                        # not here yet: by demand
+            assert ev.stats()["counters"].get("route_demand_reads", 0) >= 1
+            parts = _chunks(data, big)
+            tier.client.stream_put("s1", 0, [(i * big, parts[i], chunk_crc(parts[i])) for i in (1, 4, 5, 6)])
+            assert tier.client.has(rel, *version)
+            before = ev.stats()["counters"].get("route_demand_reads", 0)
+            f.seek(big)
+            assert f.read(big) == data[big:2 * big]                  # complete now: the replica
+            assert ev.stats()["counters"].get("route_demand_reads", 0) == before
+        assert ev.stats()["counters"].get("route_demand_store_reads", 0) == 0
+    finally:
+        tier.close()
+
+
 @needs_fuse
 def test_read_hints_fetch_the_ranges_a_job_will_read_before_it_reads_them(mount_factory, tmp_path):
     """`.hintfs/reads/<job>` (hintfs.client.hint_reads): the eval mount asks the tier to fetch the
