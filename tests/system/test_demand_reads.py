@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -206,7 +208,7 @@ def test_an_eval_mount_reads_a_file_still_arriving_without_waiting_for_all_of_it
 def test_the_fd_socket_hands_a_filling_streams_verified_runs_and_nothing_else(tmp_path):
     """`partial` requests (agent/fdserver.py): the part of a published stream still filling, read
     only, with the runs verified so far; nothing for an unpublished stream or another version;
-    the complete replica once the last chunk landed."""
+    the complete replica once the last chunk landed; another user gets nothing."""
     from agent.fdserver import receive_tier_bytes
     store = tmp_path / "store"
     store.mkdir()
@@ -221,6 +223,15 @@ def test_the_fd_socket_hands_a_filling_streams_verified_runs_and_nothing_else(tm
         assert receive_tier_bytes(str(sock), "ckpt/u.bin", len(data), 1) == (-1, None)   # unpublished
         version = _publish_partly(c, store, "ckpt/a.bin", data, "s1", send={0, 1, 3})
         assert receive_tier_bytes(str(sock), "ckpt/a.bin", version[0], version[1] + 1) == (-1, None)
+        # another user: refused (the 0600 socket, and SO_PEERCRED)
+        os.chmod(tmp_path, 0o755)
+        probe = ("from agent.fdserver import receive_tier_bytes; "
+                 f"print(receive_tier_bytes({str(sock)!r}, 'ckpt/a.bin', {version[0]}, {version[1]}))")
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe],
+                           capture_output=True, text=True, timeout=60, cwd=os.getcwd(),
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "(-1, None)"
         fd, runs = receive_tier_bytes(str(sock), "ckpt/a.bin", *version)
         try:
             assert runs == [(0, 2 * CHUNK), (3 * CHUNK, CHUNK)]
