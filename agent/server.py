@@ -643,6 +643,8 @@ class AgentServer(fl.FlightServerBase):
         """Seconds of link (`[agent] link_bytes_s`) the streams' backlog still needs, when
         `version` of `path` comes by a stream; None when it does not, or when the backlog is not
         known (a stream whose size neither its publish, the journal nor its sender told)."""
+        if self.streams.being_handed_over(path) == version:
+            return 0.0                       # complete: in the catalog within milliseconds
         state = self.streams.state_of(path)
         with self.lock:
             awaited = dict(self._awaiting)   # journaled versions whose stream is not published here yet
@@ -652,8 +654,9 @@ class AgentServer(fl.FlightServerBase):
         return None if backlog is None else backlog / self.cfg.agent.link_bytes_s
 
     def _arriving(self, path: str, version: tuple[int, int]) -> bool:
-        """A published stream or a copy of exactly `version` of `path` is on its way here."""
-        if self.streams.state_of(path) == ("filling", version):
+        """A published stream or a copy of exactly `version` of `path` is on its way here (a
+        finished stream's part on its way into the catalog too)."""
+        if self.streams.state_of(path) == ("filling", version) or self.streams.being_handed_over(path) == version:
             return True
         with self.lock:
             return self._copying_version.get(path) == version or self._awaiting.get(path) == version
@@ -792,6 +795,7 @@ class AgentServer(fl.FlightServerBase):
         try:
             self._adopt_stream(path, part, size, mtime_ns, record, ttl_s)
         finally:
+            self.streams.handed_over(path)
             self._streams_changed()
         return True
 
@@ -817,6 +821,8 @@ class AgentServer(fl.FlightServerBase):
             if part is not None:
                 self._adopt_stream(req.path, part, req.size, req.mtime_ns, req.record, req.ttl_s)
         finally:
+            if part is not None:
+                self.streams.handed_over(req.path)
             self._streams_changed()
         return {"state": v.state, "fetch": list(v.fetch)}
 

@@ -44,6 +44,7 @@ _ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 FINISHED_KEPT = 4096   # finished streams remembered, so that a late call is answered "ready"
+HANDOVER_S = 10.0      # a finished part counts as arriving this long at most (`being_handed_over`)
 
 
 class StreamError(ValueError):
@@ -85,6 +86,10 @@ class StreamTier:
         self.progress_every_s = progress_every_s
         self.streams: dict[str, Stream] = {}
         self.finished: OrderedDict[str, int] = OrderedDict()   # sid -> generation made a replica
+        # path -> (version, when) of a finished part the caller is making the replica: between
+        # the stream leaving the catalog and the replica entering the caller's, that version is
+        # still arriving (demand reads wait for it instead of sending the reader to the store)
+        self.handing_over: dict[str, tuple[tuple[int, int], float]] = {}
         self.folder_calls: dict[str, float] = {}   # folder -> last stream call for a file in it
         self.lock = threading.Lock()
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -263,6 +268,7 @@ class StreamTier:
             os.rename(self._part(s.sid), done)
         with self.lock:
             self.streams.pop(s.sid, None)
+            self.handing_over[s.path] = (s.version, self.clock())
             self.finished[s.sid] = s.gen
             self.finished.move_to_end(s.sid)
             while len(self.finished) > FINISHED_KEPT:
@@ -344,6 +350,20 @@ class StreamTier:
         never to these bytes)."""
         with self.lock:
             return any(s.path == path for s in self.streams.values())
+
+    def handed_over(self, path: str) -> None:
+        """The caller's replica of `path` is in place (or its adoption failed)."""
+        with self.lock:
+            self.handing_over.pop(path, None)
+
+    def being_handed_over(self, path: str) -> Optional[tuple[int, int]]:
+        """The version of `path` whose finished part the caller is making its replica (for at
+        most HANDOVER_S, should a caller never say it is done), or None."""
+        with self.lock:
+            entry = self.handing_over.get(path)
+            if entry is None or self.clock() - entry[1] > HANDOVER_S:
+                return None
+            return entry[0]
 
     def state_of(self, path: str) -> Optional[tuple[str, Optional[tuple[int, int]]]]:
         """The newest stream headed for `path`: ("streaming", None) before its publish,

@@ -157,7 +157,7 @@ class _TierDemandReader:
         return None
 
     def read(self, offset: int, size: int) -> bytes:
-        if self.local is not None and not self.tier_failed:
+        if self.local is not None:       # (even after a failed Flight call: the replica may be here now)
             try:
                 data = self._read_local(offset, size)
             except OSError as err:

@@ -84,6 +84,43 @@ def test_a_published_stream_still_filling_is_read_from_its_chunks_and_the_store(
         tier.close()
 
 
+def test_a_demand_read_while_a_finished_stream_becomes_the_replica_waits_for_it(tmp_path, monkeypatch):
+    """Between a complete stream leaving the stream catalog and its replica entering the
+    agent's, the version is still arriving: a demand read then waits for the replica (it used to
+    answer ENOENT, and the eval mount read the rest of the file from the store across the WAN)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False, link_bytes_s=50e6)
+    try:
+        c = tier.client
+        data = os.urandom(3 * CHUNK)
+        version = _publish_partly(c, store, "ckpt/a.bin", data, "s1", send={0, 1})
+        entered, plain = threading.Event(), tier.server._adopt_stream
+
+        def slow_adopt(*args):
+            entered.set()
+            time.sleep(0.4)
+            plain(*args)
+
+        monkeypatch.setattr(tier.server, "_adopt_stream", slow_adopt)
+        last = data[2 * CHUNK:]
+        t = threading.Thread(target=c.stream_put, args=("s1", 0, [(2 * CHUNK, last, chunk_crc(last))]))
+        t.start()
+        try:
+            assert entered.wait(10)
+            assert not tier.server.streams.streaming("ckpt/a.bin")     # out of the stream catalog
+            assert tier.server.streams.being_handed_over("ckpt/a.bin") == version
+            # answered (after a short wait, then a fetch of just these bytes: the adoption here
+            # is made slower than the wait), not refused
+            assert AgentClient(tier.loc).read("ckpt/a.bin", 2 * CHUNK, CHUNK, True, version, demand=True) == last
+        finally:
+            t.join(10)
+        assert tier.server.streams.being_handed_over("ckpt/a.bin") is None
+        assert c.read("ckpt/a.bin", 0, 3 * CHUNK, True, version, demand=True) == data   # the replica
+    finally:
+        tier.close()
+
+
 def test_unpublished_streams_and_store_files_of_another_version_are_never_served(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
