@@ -451,15 +451,17 @@ class RoutedStore:
                 self._later_hints.popitem(last=False)
 
     def _forward_later_hint(self, client, path: str, identity: tuple[int, int]) -> None:
-        """A file hinted before the tier was receiving it is opened while arriving: the hint's
-        ranges are fetched now, all at once, instead of one read after another."""
+        """A file hinted before the tier was receiving it is opened: while arriving, the hint's
+        ranges are fetched now, all at once, instead of one read after another; complete, the
+        tier only learns them. (A hint dropped here was lost for the next checkpoint's order:
+        files completed sooner once the publish stopped waiting for its last chunks.)"""
         with self._hints_lock:
             hint = self._later_hints.pop(path, None)
         if hint is None or time.monotonic() - hint[1] > LATER_HINTS_S:
             return
         try:
-            if client.prefetch(path, identity, hint[0]):
-                self.stats.add("route_hints_at_open")
+            client.prefetch(path, identity, hint[0])
+            self.stats.add("route_hints_at_open")
         except OSError as err:
             log.info("read hint for %s not forwarded to the tier: %s", path, err)
 
@@ -476,5 +478,8 @@ class RoutedStore:
             return _TierDemandReader(client, self._store, rel, st.identity(), self.stats, local), st
         if doc["state"] == "ready":
             st = self._file(doc)
+            # complete by now: nothing to fetch, but the tier learns what eval jobs read of it,
+            # and sends those chunks of the next checkpoint's file first (agent/readmemory.py)
+            self._forward_later_hint(client, rel, st.identity())
             return _StoreFallbackReader(self._store, rel, st.identity()), st
         return self._store.open_reader(rel)

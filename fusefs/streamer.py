@@ -242,10 +242,7 @@ class Streamer:
                 if self.pool is None:
                     self._send(fs, self._calls(fs, todo), size)
                 else:
-                    with self._busy_lock:      # others yield while named chunks are on their way
-                        yielding = self._busy[True] > 0 or not fs.first.isdisjoint(todo)
-                        others = max(0, self.others_in_flight - self._busy[False]) if yielding else None
-                    self._send_behind(fs, self._calls(fs, todo, others), size)
+                    self._hand_to_pool(fs, todo, size)
                 return False
             assert fs.version is not None
             size = fs.version[0]
@@ -261,12 +258,12 @@ class Streamer:
                 with fs.lock:
                     behind = len(fs.inflight) + len(ranges_to_send(size, fs.chunk, self._known(fs), fs.final))
                 if behind > 1:
-                    # Behind the writer at its publish. What was never sent leaves now (named
-                    # first) and the publish goes beside it, without waiting for the chunks in
-                    # flight: the tier knows the version at once (its copier and demand reads wait
-                    # for this stream), and the put that brings the last missing chunk makes the
-                    # replica (its answer: `ready`). A publish sent after them would cost a round
-                    # trip more.
+                    # Behind the writer at its publish. Chunks never sent leave now (named first,
+                    # the others as the send pool's rule for them allows: `_send_rest`) and the
+                    # publish goes beside them, without waiting for the chunks in flight: the tier
+                    # knows the version at once (its copier and demand reads wait for this
+                    # stream), and the put that brings the last missing chunk makes the replica
+                    # (its answer: `ready`). A publish sent after them would cost a round trip more.
                     self._send_rest(fs, size)
                     with fs.lock:
                         acked = set(fs.sent)    # what the tier held before it answers
@@ -283,9 +280,18 @@ class Streamer:
                         for i in fetch:
                             if i in acked and i not in fs.inflight:
                                 fs.sent.pop(i, None)
-                    self._drain(fs)
-                    if fs.tier_ready:
-                        return self._done(fs)
+            if fs.announced and fs.opened and self.pool is not None:
+                # The rest goes as a written file's chunks do, step by step (the step never
+                # waits): the next file's named chunks must not queue behind all of this one's.
+                if fs.tier_ready:
+                    return self._done(fs)
+                with fs.lock:
+                    pending = bool(fs.inflight)
+                if self._send_rest(fs, size) or pending:
+                    return False
+                if fs.tier_ready:
+                    return self._done(fs)
+                # every chunk acknowledged, and no put answered ready: ask with the publish below
             if fs.first and fs.opened:
                 # Named chunks still to send (the file's tail, never sent while it is written, or
                 # chunks written last) go now, not behind the others in flight and the rest.
@@ -340,14 +346,25 @@ class Streamer:
         assert fs.final is not None
         return {**fs.sent, **{i: fs.final[i] for i in fs.inflight if i < len(fs.final)}}
 
-    def _send_rest(self, fs: FileStream, size: int) -> None:
-        """(published) Every chunk never sent, named first, behind (the pool) when there is one."""
+    def _send_rest(self, fs: FileStream, size: int) -> bool:
+        """(published) Chunks never sent: sent now without a send pool, else handed to it by
+        `_hand_to_pool`. Whether any were left to send (some may be held back)."""
         with fs.lock:
             todo = ranges_to_send(size, fs.chunk, self._known(fs), fs.final)
-        if self.pool is None:
+        if todo and self.pool is None:
             self._send(fs, self._calls(fs, todo), size)
-        else:
-            self._send_behind(fs, self._calls(fs, todo), size)
+        elif todo:
+            self._hand_to_pool(fs, todo, size)
+        return bool(todo)
+
+    def _hand_to_pool(self, fs: FileStream, todo: list[int], size: int) -> None:
+        """`todo` to the send pool, named chunks first; while named chunks of any file are on
+        their way, other chunks only up to `others_in_flight` calls in flight (the rest waits for
+        a later step), so that named chunks never queue behind a file's bulk."""
+        with self._busy_lock:
+            yielding = self._busy[True] > 0 or not fs.first.isdisjoint(todo)
+            others = max(0, self.others_in_flight - self._busy[False]) if yielding else None
+        self._send_behind(fs, self._calls(fs, todo, others), size)
 
     def _reopen_published(self, fs: FileStream) -> None:
         """After a failure, a published stream asks with its publish what the tier holds of that

@@ -492,6 +492,45 @@ def test_a_read_hint_for_a_file_not_published_yet_is_sent_when_the_file_is_opene
         tier.close()
 
 
+@needs_fuse
+def test_a_read_hint_kept_for_later_reaches_the_tier_when_the_file_is_complete_at_its_open(mount_factory, tmp_path):
+    """The same hint, but the file is complete at the tier when it is opened: nothing to fetch,
+    and the tier still learns the ranges, so that the next checkpoint's file of that name sends
+    them first (they were lost before, and the next merge waited for its bytes)."""
+    from hintfs.client import hint_reads
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        big = 1 << 20
+        data = os.urandom(8 * big)
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        (store / rel).parent.mkdir(parents=True)
+        (store / rel).write_bytes(data)
+        version = _version(store / rel)
+        parts = _chunks(data, big)
+        c = tier.client
+        c.stream_open("s1", 0, rel, big)
+        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        ev = _eval_mount(mount_factory, store, tier)
+        wanted = [(3 * big + 100, 3000), (5 * big + 7, 20)]
+        hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
+        hint_doc = ev.mnt / ".hintfs" / "reads" / "merge"
+        deadline = time.monotonic() + 10
+        while json.loads(hint_doc.read_text())["pieces_fetching"] is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert tier.server.read_memory.predict("ckpt/run/step_2/__0_0.distcp") == []
+        c.stream_put("s1", 0, [(i * big, parts[i], chunk_crc(parts[i])) for i in range(1, 8)])
+        assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "ready"
+        assert (ev.mnt / rel).read_bytes() == data
+        assert ev.stats()["counters"].get("route_hints_at_open") == 1
+        learned = tier.server.read_memory.predict("ckpt/run/step_2/__0_0.distcp")
+        assert learned and all(any(o <= off and off + n <= o + m for o, m in learned) for off, n in wanted)
+        assert c.status()["demand"]["fetched"] == 0
+    finally:
+        tier.close()
+
+
 def test_a_stream_of_unknown_size_makes_the_hint_fetch_at_once(tmp_path):
     """Another stream whose size the tier cannot know (no publish, no journal record, an old
     sender that does not say what it saw) could be any backlog: the hint is fetched at once.

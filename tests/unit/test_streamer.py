@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from agent.streams import StreamError, StreamTier
 from fusefs.streamer import PutAnswer, Streamer
@@ -101,10 +102,20 @@ def pooled(tmp_path):
     return link, streamer, f, streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
 
 
-def finish(streamer, fs, limit=50):
-    for _ in range(limit):
+def finish(streamer, fs, limit=50, within_s=10.0):
+    """Step `fs` until it is finished, as the pump does: at most `limit` steps that did some
+    work, and within `within_s` (a published stream's step does not wait for its chunks in
+    flight: it returns, and the next step looks again)."""
+    deadline = time.monotonic() + within_s
+    while limit > 0 and time.monotonic() < deadline:
+        with fs.lock:
+            waiting = bool(fs.inflight)
         if streamer.step(fs):
             return True
+        if waiting:
+            time.sleep(0.005)
+        else:
+            limit -= 1
     return False
 
 
