@@ -49,7 +49,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from policy.link import transfer_weight
 from policy.stream import checkpoint_family, chunk_count, chunk_crc, chunk_span, ranges_to_send, send_calls
@@ -114,6 +114,8 @@ class FileStream:
     closing: bool = False        # close the fd when the last chunk in flight lands
     announced: bool = False      # the tier knows the published version (it waits for the rest)
     tier_ready: bool = False     # a put's answer: the tier made this generation the replica
+    waiting: bool = False        # (published) the last step left only chunks to land: the next is
+                                 # worth taking when one lands (`Streamer.on_landed`), not before
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -147,6 +149,8 @@ class Streamer:
         # checkpoint_family -> chunks the tier named at the last open of a file of that name
         self._named: OrderedDict[tuple[str, str], frozenset[int]] = OrderedDict()
         self._busy = {True: 0, False: 0}  # calls in flight: of named chunks (True), of others
+        self.landings = 0           # calls landed so far (under _busy_lock)
+        self.on_landed: Optional[Callable[[], None]] = None   # after each call lands (the pump's wake)
         self.pool = (ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send",
                                         initializer=functools.partial(background_thread, nice))
                      if parallel > 1 else None)
@@ -213,6 +217,7 @@ class Streamer:
     def step(self, fs: FileStream) -> bool:
         """One round of work; True when the stream is finished (done or dropped at the tier).
         A failed tier call is counted and left for the next step."""
+        fs.waiting = False
         try:
             if fs.state == "dropped":
                 self.transport.abort(fs.sid)
@@ -288,6 +293,7 @@ class Streamer:
                 with fs.lock:
                     pending = bool(fs.inflight)
                 if self._send_rest(fs, size) or pending:
+                    fs.waiting = True           # chunks in flight, or held back until some land
                     return False
                 if fs.tier_ready:
                     return self._done(fs)
@@ -520,6 +526,10 @@ class Streamer:
             self.link.close(tid)
         if close_now and fd >= 0:
             os.close(fd)
+        with self._busy_lock:
+            self.landings += 1
+        if self.on_landed is not None:
+            self.on_landed()
 
     def _drain(self, fs: FileStream) -> None:
         with fs.lock:

@@ -160,6 +160,8 @@ class StreamTap:
         self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream",
                                           initializer=functools.partial(background_thread, self.nice))
         self._stop = False
+        for s in streamers:
+            s.on_landed = self._chunk_landed
         self.thread = threading.Thread(target=self._pump, name="hintfs-stream-pump", daemon=True)
         self.thread.start()
         # Connect to each tier now: a first call on a new channel costs several round trips
@@ -319,8 +321,18 @@ class StreamTap:
                     self.workers.submit(self._work, key, entry)
                 self.cond.wait(poll)
 
+    def _chunk_landed(self) -> None:
+        """A call landed (a send-pool thread): a published stream waiting for it can go on."""
+        with self.cond:
+            if any(e.final for e in self.entries.values()):
+                self.cond.notify_all()
+
+    def _landings(self) -> int:
+        return sum(s.landings for s in self.streamers)
+
     def _work(self, key: int, entry: _Entry) -> None:
         finished = True
+        landed = self._landings()
         try:
             for streamer, fs in zip(self.streamers, entry.streams):
                 finished = streamer.step(fs) and finished
@@ -355,8 +367,13 @@ class StreamTap:
                     entry.next_try = now + min(0.05 * 2 ** min(max(fs.errors for fs in entry.streams), 6), 2.0)
             else:
                 entry.failing_since = None
-                if entry.final or entry.events:
-                    self.cond.notify_all()   # published: go on at once, not at the next poll
+                # Published: go on at once, not at the next poll; unless all that is left is to
+                # wait for chunks to land (and none landed during the step: its wake found this
+                # entry busy). A landing wakes the pump (`_chunk_landed`); stepping before that
+                # only spins (it did: thousands of steps per checkpoint, on the writer's CPU).
+                waiting = all(fs.waiting for fs in entry.streams) and self._landings() == landed
+                if entry.events or (entry.final and not waiting):
+                    self.cond.notify_all()
 
     def _give_up(self, key: int, entry: _Entry) -> None:
         for streamer, fs in zip(self.streamers, entry.streams):

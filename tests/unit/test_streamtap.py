@@ -1,0 +1,75 @@
+"""fusefs/streamtap.py's pump, with a real Streamer and StreamTier joined by the in-memory link of
+test_streamer.py: a published stream whose rest is still in flight is stepped again when a call
+lands, not in a loop meanwhile (it was: thousands of steps per checkpoint on the writer's CPU),
+and not only at the next poll either."""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+
+from agent.streams import StreamTier
+from fusefs.stats import Stats
+from fusefs.streamer import Streamer
+from fusefs.streamtap import StreamTap
+from mountconfig.schema import StreamConfig
+from stores.base import Stat
+from tests.unit.test_streamer import CHUNK, Clock, Link
+
+PATH = "ckpt/run/step_1/__0_0.distcp"
+
+
+def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_path):
+    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+    link.client = link                     # the tap's warm-up pings each connection
+    link.ping = lambda: None
+    plain_put = link.put
+    release = threading.Event()
+
+    def slow_put(sid, gen, chunks, *args, **kw):
+        if chunks[0][0] > 0:              # after the first chunk (the stream's open), every call
+            assert release.wait(10)       # stays in flight until the publish was sent,
+            time.sleep(0.05)              # and then takes its time on the link
+        return plain_put(sid, gen, chunks, *args, **kw)
+
+    link.put = slow_put
+    streamer = Streamer(link, CHUNK, parallel=2, others_in_flight=1)
+    steps = [0]
+    plain_step = streamer.step
+
+    def counted_step(fs):
+        steps[0] += 1
+        return plain_step(fs)
+
+    streamer.step = counted_step
+    # A poll far longer than the test: only the hooks' and the landings' wakes move the stream.
+    cfg = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:1"], poll_interval_s=10.0)
+    finished = threading.Event()
+    tap = StreamTap(cfg, [streamer], Stats(), on_finished=lambda key: finished.set())
+    data = os.urandom(8 * CHUNK + 123)
+    with open(tmp_path / "staging", "w+b") as f:
+        try:
+            f.write(data[:CHUNK])
+            f.flush()
+            tap.started(1, PATH, f.fileno())   # its step sends chunk 0, which opens the stream
+            deadline = time.monotonic() + 5
+            while not tap.entries[1].streams[0].sent and time.monotonic() < deadline:
+                time.sleep(0.01)
+            f.write(data[CHUNK:])             # the rest is written, then published at once:
+            f.flush()                         # its chunks go in flight at the publish
+            st = os.fstat(f.fileno())
+            tap.published(1, PATH, Stat(stat.S_IFREG | 0o600, len(data), st.st_mtime_ns, st.st_ctime_ns),
+                          None, True)
+            time.sleep(0.2)               # the publish step has run: its chunks wait in the pool
+            before = steps[0]
+            release.set()
+            assert finished.wait(5), "the stream did not finish: a landing did not wake the pump"
+            # Eight chunks in calls of one: a step per landing at most, and the publish's own.
+            assert steps[0] - before <= 12, f"{steps[0] - before} steps while 8 chunks landed"
+            assert link.ready[PATH] == data
+            assert link.bytes == len(data)
+        finally:
+            release.set()
+            tap.close(timeout_s=1)
+            streamer.shutdown()
