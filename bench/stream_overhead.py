@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fusefs.streamer import Streamer  # noqa: E402
+from fusefs.streamer import PutAnswer, Streamer  # noqa: E402
 
 MiB = 1 << 20
 WRITER = textwrap.dedent("""
@@ -49,21 +49,29 @@ WRITER = textwrap.dedent("""
 
 
 class CountingTransport:
+    """The streamer's `Transport` without a tier: counts the bytes it is given, and holds each put
+    for its time on the link."""
     def __init__(self, link_bytes_s: float = 0.0):
         self.bytes = 0
         self.puts = 0
         self.link_bytes_s = link_bytes_s
 
     def open(self, sid, gen, path, chunk, job=None):
-        return {}
+        return {}, ()
 
-    def put(self, sid, gen, offset, data, crc):
-        if self.link_bytes_s:
-            time.sleep(len(data) / self.link_bytes_s)   # a blocking send on a link of that rate
-        self.bytes += len(data)
+    def _take(self, chunks) -> None:
+        n = sum(len(data) for _, data, _ in chunks)
+        if self.link_bytes_s and n:
+            time.sleep(n / self.link_bytes_s)   # a blocking send on a link of that rate
+        self.bytes += n
+
+    def put(self, sid, gen, chunks, opening=None, seen=None, urgent=False):
+        self._take(chunks)
         self.puts += 1
+        return PutAnswer(named=() if opening else None)
 
-    def publish(self, sid, gen, path, size, mtime_ns, crcs):
+    def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
+        self._take(chunks)
         return "ready", ()
 
     def abort(self, sid):
