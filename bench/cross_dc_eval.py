@@ -202,6 +202,13 @@ class Bench:
             self.cpu_split = None
             self.link_cpus = None
 
+    def sender_cpus_toml(self) -> str:
+        """`[stream] sender_cpus` for --stream-sender-cpus (a line of the [stream] table)."""
+        which = self.args.stream_sender_cpus
+        if which == "inherit" or self.cpu_split is None:
+            return ""
+        return f"sender_cpus = {self.cpu_split[which]}\n"
+
     # -- processes -----------------------------------------------------------------------------
     def on_eval_side(self, cmd: list) -> list:
         """`cmd` run on the eval DC's CPUs (--cpu-split), else as is."""
@@ -364,7 +371,7 @@ class Bench:
             poll_interval_s = {a.stream_poll_ms / 1000}
             sender = "{a.stream_sender}"
             sender_nice = {a.stream_sender_nice}
-        """))
+        """) + self.sender_cpus_toml())
         # checkpoints are immutable once written: both eval mounts may cache their names/attributes
         imm = '\n[cache]\nimmutable_globs = ["ckpt/*", "ckpt/**", "base/*", "base/**"]\n'
         self.ev_remote = self.mount("eval-remote", s3_store_toml(rport) + imm.replace(
@@ -646,6 +653,10 @@ def main() -> int:
     ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
     ap.add_argument("--stream-sender", choices=("process", "threads"), default="process", help="[stream] sender")
     ap.add_argument("--stream-sender-nice", type=int, default=10, help="[stream] sender_nice")
+    ap.add_argument("--stream-sender-cpus", choices=("inherit", "training", "eval"), default="inherit",
+                    help="with --cpu-split, [stream] sender_cpus: the training half (as inherited, but "
+                         "set), the eval half (a host whose sender has a core the job leaves free; here "
+                         "that core is the eval DC's, so it measures the writer's side only), or unset")
     ap.add_argument("--eval-nice", type=int, default=0,
                     help="CPU niceness of the emulated other side: the relay (the link) and the eval DC's "
                          "agent (0: none, the default; 19 starves the link while the writer runs and did "
@@ -685,6 +696,7 @@ def main() -> int:
                          "stream_poll_ms": a.stream_poll_ms,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
+                         "stream_sender_cpus": a.stream_sender_cpus,
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},
               "s3_server": None,

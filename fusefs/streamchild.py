@@ -112,12 +112,26 @@ class Child:
                     os.close(fd)    # the tap keeps its own dups
 
 
+def pin_to(cpus: list[int]) -> bool:
+    """Run this process on `cpus` (`[stream] sender_cpus`); a set the kernel refuses (none of
+    them in this cgroup's) leaves it on the mount's CPUs, with a warning."""
+    try:
+        os.sched_setaffinity(0, cpus)
+        return True
+    except OSError as err:
+        log.warning("stream sender: cannot run on CPUs %s (%s); it runs on the mount's %s",
+                    cpus, err, sorted(os.sched_getaffinity(0)))
+        return False
+
+
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())
     setup_logging(setup.get("log_level", "INFO"), setup.get("log_file"))
     sc = StreamConfig.model_validate(setup["stream"])
     os.setpriority(os.PRIO_PROCESS, 0, sc.sender_nice)   # before any thread: they all inherit it
+    if sc.sender_cpus:
+        pin_to(sc.sender_cpus)                              # the same: every thread after this
     tls_root = base64.b64decode(setup["tls_root"]) if setup.get("tls_root") else None
     child = Child(sock, sc, setup.get("token"), tls_root)
     timeout_s = child.serve()

@@ -5,6 +5,7 @@ descriptions (``hintfs config-doc``) so the two cannot drift apart.
 """
 from __future__ import annotations
 
+import os
 from typing import Literal, Optional
 from urllib.parse import urlparse
 
@@ -360,6 +361,26 @@ class StreamConfig(Section):
     sender_nice: int = Field(10, ge=0, le=19, description="CPU niceness of the sends (the child process, or "
                              "the mount's send threads): on a busy host the job's writes and uploads run "
                              "first.")
+    sender_cpus: Optional[list[int]] = Field(None, description="CPUs the sender process runs on (Linux "
+                                             "CPU numbers, as `taskset -c` takes them; unset: the mount's). On "
+                                             "a host with cores the job leaves free, put it there: its reads, "
+                                             "checksums and sends then never take the writer's CPU. Needs "
+                                             "`sender = \"process\"`.")
+
+    @field_validator("sender_cpus")
+    @classmethod
+    def _cpus(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("sender_cpus is empty: leave it out to run the sender on the mount's CPUs")
+        if len(set(v)) != len(v):
+            raise ValueError(f"sender_cpus {v} names a CPU twice")
+        here = os.cpu_count() or 1
+        missing = [c for c in v if not 0 <= c < here]
+        if missing:
+            raise ValueError(f"sender_cpus: no CPU {missing[0]} on this host (it has CPUs 0-{here - 1})")
+        return sorted(v)
 
     @field_validator("prefixes")
     @classmethod
@@ -378,6 +399,8 @@ class StreamConfig(Section):
     def _complete(self):
         if self.prefixes and not self.agents:
             raise ValueError("[stream] prefixes need [stream] agents (the eval tiers to send to)")
+        if self.sender_cpus is not None and self.sender != "process":
+            raise ValueError('[stream] sender_cpus needs sender = "process" (threads run on the mount\'s CPUs)')
         return self
 
 

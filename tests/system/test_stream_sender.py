@@ -1,6 +1,6 @@
 """The stream sender process (`[stream] sender = "process"`, docs/cross_dc.md "The sender
 process"), through real mounts and a real tier agent: the sends run in a child of the mount at
-`sender_nice`; a child killed mid-stream is started again and the file still reaches the tier
+`sender_nice`, on `sender_cpus`; a child killed mid-stream is started again and the file still reaches the tier
 whole; the child ends with the mount, whether it is unmounted or killed; a child that keeps
 dying turns streaming off (the eval side then copies after close)."""
 from __future__ import annotations
@@ -37,11 +37,16 @@ def nice_of(pid: int) -> int:
 
 
 @needs_fuse
-def test_the_sends_run_in_a_child_at_sender_nice_which_ends_with_the_unmount(mount_factory, tmp_path):
-    with streaming_to_tier(mount_factory, tmp_path, stream={"sender_nice": 13}) as (store, tier, train):
+def test_the_sends_run_in_a_child_at_sender_nice_on_sender_cpus_which_ends_with_the_unmount(mount_factory, tmp_path):
+    mine = os.sched_getaffinity(0)             # what the mount inherits
+    cpu = max(mine)                            # (on a host of one CPU, the child's is the same)
+    with streaming_to_tier(mount_factory, tmp_path, stream={"sender_nice": 13, "sender_cpus": [cpu]}) as (
+            store, tier, train):
         (kid,) = sender_of(train.pid)
-        assert wait_for(lambda: nice_of(kid) == 13, 10)   # (its first act once it has its setup)
+        assert wait_for(lambda: nice_of(kid) == 13, 10)   # (its first acts once it has its setup)
+        assert wait_for(lambda: os.sched_getaffinity(kid) == {cpu}, 10)
         assert nice_of(train.pid) == 0            # the mount itself keeps the job's priority
+        assert os.sched_getaffinity(train.pid) == mine     # and its CPUs
         (train.mnt / "ckpt/run/step_1").mkdir(parents=True)
         data = os.urandom(5 * CHUNK + 3)
         (train.mnt / PATH).write_bytes(data)
@@ -111,3 +116,16 @@ def test_a_sender_that_keeps_dying_turns_streaming_off(monkeypatch):
     finally:
         proc.close(1.0)
     assert not pid_alive(proc.proc.pid)
+
+
+def test_cpus_the_kernel_refuses_leave_the_sender_where_it_was_with_a_warning(monkeypatch, caplog):
+    from fusefs import streamchild
+
+    def refuse(pid, cpus):
+        raise OSError(22, "Invalid argument")
+
+    before = os.sched_getaffinity(0)
+    monkeypatch.setattr(streamchild.os, "sched_setaffinity", refuse)
+    assert streamchild.pin_to([0]) is False
+    assert os.sched_getaffinity(0) == before
+    assert "cannot run on CPUs [0]" in caplog.text

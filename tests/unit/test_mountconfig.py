@@ -29,6 +29,12 @@ def test_empty_config_is_all_defaults():
     ({"store": {"uri": "file://relative/path"}}, "store.uri", "absolute path"),
     ({"logging": {"level": "LOUD"}}, "logging.level", "DEBUG"),
     ({"metrics": {"port": 70000}}, "metrics.port", "less than or equal"),
+    ({"stream": {"sender_cpus": []}}, "stream.sender_cpus", "is empty"),
+    ({"stream": {"sender_cpus": [0, 0]}}, "stream.sender_cpus", "names a CPU twice"),
+    ({"stream": {"sender_cpus": [-1]}}, "stream.sender_cpus", "no CPU -1"),
+    ({"stream": {"sender_cpus": [4096]}}, "stream.sender_cpus", "no CPU 4096 on this host"),
+    ({"stream": {"sender_cpus": ["one"]}}, "stream.sender_cpus", "integer"),
+    ({"stream": {"sender_cpus": [0], "sender": "threads"}}, "stream", 'sender_cpus needs sender = "process"'),
 ])
 def test_errors_name_the_key_and_the_problem(data, key, words):
     with pytest.raises(ConfigError) as exc:
