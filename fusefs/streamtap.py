@@ -319,7 +319,7 @@ class StreamTap:
                         continue
                     entry.busy = True
                     self.workers.submit(self._work, key, entry)
-                self.cond.wait(poll)
+                self.cond.wait(poll if self.entries else None)   # idle: the hooks wake it
 
     def _chunk_landed(self) -> None:
         """A call landed (a send-pool thread): a published stream waiting for it can go on."""

@@ -73,3 +73,34 @@ def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_pa
             release.set()
             tap.close(timeout_s=1)
             streamer.shutdown()
+
+
+def test_an_idle_pump_sleeps_until_a_hook_wakes_it(tmp_path):
+    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+    link.client = link
+    link.ping = lambda: None
+    streamer = Streamer(link, CHUNK)
+    cfg = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:1"], poll_interval_s=0.01)
+    tap = StreamTap(cfg, [streamer], Stats())
+    rounds = [0]
+    plain = tap._give_up_over_budget
+
+    def counted(now):
+        rounds[0] += 1
+        return plain(now)
+
+    tap._give_up_over_budget = counted        # (called once per round of the pump)
+    try:
+        time.sleep(0.3)                       # 30 polls' worth with nothing to stream
+        assert rounds[0] <= 2, f"{rounds[0]} rounds of an idle pump"
+        with open(tmp_path / "staging", "w+b") as f:
+            f.write(os.urandom(CHUNK))
+            f.flush()
+            tap.started(1, PATH, f.fileno())  # the hook wakes it, and it polls while it streams
+            deadline = time.monotonic() + 5
+            while not tap.entries[1].streams[0].sent and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert list(tap.entries[1].streams[0].sent) == [0]   # stepped: its whole chunk went
+    finally:
+        tap.close(timeout_s=1)
+        streamer.shutdown()
