@@ -1,7 +1,7 @@
 """fusefs/streamtap.py's pump, with a real Streamer and StreamTier joined by the in-memory link of
 test_streamer.py: a published stream whose rest is still in flight is stepped again when a call
 lands, not in a loop meanwhile (it was: thousands of steps per checkpoint on the writer's CPU),
-and not only at the next poll either."""
+and not only at the next poll either; with nothing to stream the pump sleeps until a hook wakes it."""
 from __future__ import annotations
 
 import os
