@@ -401,12 +401,7 @@ class StreamTap:
                         self.cfg.max_held_bytes)
             self._give_up(key, entry)
 
-    # -- status and shutdown --------------------------------------------------------------------------
-    def status(self) -> dict:
-        with self.cond:
-            return {"open": len(self.entries),
-                    "paths": sorted({e.path for e in self.entries.values()})[:100]}
-
+    # -- shutdown ---------------------------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
         """At unmount: give published streams up to `timeout_s` to finish, then stop."""
         deadline = time.monotonic() + timeout_s
