@@ -371,7 +371,9 @@ class StreamTap:
                 # wait for chunks to land (and none landed during the step: its wake found this
                 # entry busy). A landing wakes the pump (`_chunk_landed`); stepping before that
                 # only spins (it did: thousands of steps per checkpoint, on the writer's CPU).
-                waiting = all(fs.waiting for fs in entry.streams) and self._landings() == landed
+                # (A stream already done at its tier waits for nothing: another tier's may.)
+                waiting = (all(fs.waiting or fs.state == "done" for fs in entry.streams)
+                           and self._landings() == landed)
                 if entry.events or (entry.final and not waiting):
                     self.cond.notify_all()
 

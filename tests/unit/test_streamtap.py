@@ -9,6 +9,8 @@ import stat
 import threading
 import time
 
+import pytest
+
 from agent.streams import StreamTier
 from fusefs.stats import Stats
 from fusefs.streamer import Streamer
@@ -20,10 +22,18 @@ from tests.unit.test_streamer import CHUNK, Clock, Link
 PATH = "ckpt/run/step_1/__0_0.distcp"
 
 
-def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_path):
-    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+def tier_link(tmp_path, name: str = "tier") -> Link:
+    link = Link(StreamTier(str(tmp_path / name), Clock(), persistent=False, progress_every_s=0))
     link.client = link                     # the tap's warm-up pings each connection
     link.ping = lambda: None
+    return link
+
+
+@pytest.mark.parametrize("tiers", [1, 2])
+def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_path, tiers):
+    """With two tiers, the second's link is fast: its stream is done at the publish while the
+    first's chunks are still in flight (a done stream must not make the entry spin either)."""
+    link = tier_link(tmp_path)
     plain_put = link.put
     release = threading.Event()
 
@@ -34,19 +44,18 @@ def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_pa
         return plain_put(sid, gen, chunks, *args, **kw)
 
     link.put = slow_put
-    streamer = Streamer(link, CHUNK, parallel=2, others_in_flight=1)
+    links = [link] + [tier_link(tmp_path, f"tier{i}") for i in range(1, tiers)]
+    streamers = [Streamer(one, CHUNK, parallel=2, others_in_flight=1) for one in links]
     steps = [0]
-    plain_step = streamer.step
-
-    def counted_step(fs):
-        steps[0] += 1
-        return plain_step(fs)
-
-    streamer.step = counted_step
+    for streamer in streamers:
+        def counted_step(fs, plain_step=streamer.step):
+            steps[0] += 1
+            return plain_step(fs)
+        streamer.step = counted_step
     # A poll far longer than the test: only the hooks' and the landings' wakes move the stream.
     cfg = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:1"], poll_interval_s=10.0)
     finished = threading.Event()
-    tap = StreamTap(cfg, [streamer], Stats(), on_finished=lambda key: finished.set())
+    tap = StreamTap(cfg, streamers, Stats(), on_finished=lambda key: finished.set())
     data = os.urandom(8 * CHUNK + 123)
     with open(tmp_path / "staging", "w+b") as f:
         try:
@@ -54,7 +63,7 @@ def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_pa
             f.flush()
             tap.started(1, PATH, f.fileno())   # its step sends chunk 0, which opens the stream
             deadline = time.monotonic() + 5
-            while not tap.entries[1].streams[0].sent and time.monotonic() < deadline:
+            while not all(fs.sent for fs in tap.entries[1].streams) and time.monotonic() < deadline:
                 time.sleep(0.01)
             f.write(data[CHUNK:])             # the rest is written, then published at once:
             f.flush()                         # its chunks go in flight at the publish
@@ -66,19 +75,19 @@ def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_pa
             release.set()
             assert finished.wait(5), "the stream did not finish: a landing did not wake the pump"
             # Eight chunks in calls of one: a step per landing at most, and the publish's own.
-            assert steps[0] - before <= 12, f"{steps[0] - before} steps while 8 chunks landed"
-            assert link.ready[PATH] == data
-            assert link.bytes == len(data)
+            assert steps[0] - before <= 12 * tiers, f"{steps[0] - before} steps while 8 chunks landed"
+            for one in links:
+                assert one.ready[PATH] == data
+                assert one.bytes == len(data)
         finally:
             release.set()
             tap.close(timeout_s=1)
-            streamer.shutdown()
+            for streamer in streamers:
+                streamer.shutdown()
 
 
 def test_an_idle_pump_sleeps_until_a_hook_wakes_it(tmp_path):
-    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
-    link.client = link
-    link.ping = lambda: None
+    link = tier_link(tmp_path)
     streamer = Streamer(link, CHUNK)
     cfg = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:1"], poll_interval_s=0.01)
     tap = StreamTap(cfg, [streamer], Stats())
