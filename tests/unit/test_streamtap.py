@@ -17,6 +17,7 @@ from fusefs.streamer import Streamer
 from fusefs.streamtap import StreamTap
 from mountconfig.schema import StreamConfig
 from stores.base import Stat
+from tests.conftest import wait_for
 from tests.unit.test_streamer import CHUNK, Clock, Link
 
 PATH = "ckpt/run/step_1/__0_0.distcp"
@@ -62,9 +63,7 @@ def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_pa
             f.write(data[:CHUNK])
             f.flush()
             tap.started(1, PATH, f.fileno())   # its step sends chunk 0, which opens the stream
-            deadline = time.monotonic() + 5
-            while not all(fs.sent for fs in tap.entries[1].streams) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            assert wait_for(lambda: all(fs.sent for fs in tap.entries[1].streams), 5, 0.01)
             f.write(data[CHUNK:])             # the rest is written, then published at once:
             f.flush()                         # its chunks go in flight at the publish
             st = os.fstat(f.fileno())
@@ -106,9 +105,7 @@ def test_an_idle_pump_sleeps_until_a_hook_wakes_it(tmp_path):
             f.write(os.urandom(CHUNK))
             f.flush()
             tap.started(1, PATH, f.fileno())  # the hook wakes it, and it polls while it streams
-            deadline = time.monotonic() + 5
-            while not tap.entries[1].streams[0].sent and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: tap.entries[1].streams[0].sent, 5, 0.01)
             assert list(tap.entries[1].streams[0].sent) == [0]   # stepped: its whole chunk went
     finally:
         tap.close(timeout_s=1)
