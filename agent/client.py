@@ -154,10 +154,12 @@ class AgentClient:
     def signal(self, job: str, severity: float = 1.0, clear: bool = False) -> dict:
         return self._call("signal", {"job": job, "severity": severity, "clear": clear})
 
-    def prefetch(self, path: str, version: tuple[int, int], ranges: list[tuple[int, int]]) -> int:
+    def prefetch(self, path: str, version: Optional[tuple[int, int]], ranges: list[tuple[int, int]]) -> int:
         """Ask the tier to fetch these (offset, length) ranges of a file still arriving, at once;
-        how many pieces it started (agent/demand.py)."""
-        doc = self._call("prefetch", {"path": path, "expect": list(version), "ranges": [list(r) for r in ranges]})
+        how many pieces it started (agent/demand.py). `version` None: the tier knows no version
+        of the file yet; it holds the hint until one is announced (and answers 0 meanwhile)."""
+        doc = self._call("prefetch", {"path": path, "expect": None if version is None else list(version),
+                                      "ranges": [list(r) for r in ranges]})
         return int(doc.get("fetching", 0))
 
     def has(self, path: str, size: int, mtime_ns: int) -> bool:

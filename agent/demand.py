@@ -17,8 +17,11 @@ An eval job that knows the byte ranges it is about to read (the tensors a DCP lo
 the `.metadata` it reads anyway) says so (`.hintfs/reads/<job>` on the eval mount, forwarded as
 `prefetch`): every range the tier does not hold is fetched at once, all in parallel, so a merge
 that reads a hundred small tensors one after another waits one round trip, not a hundred. Each
-range is widened to the kernel's reads around it (page-aligned, plus `PREFETCH_PAD` of readahead),
-and what is fetched is kept (at most `CACHE_BYTES`) for the demand reads that follow.
+range is widened to the kernel's reads around it (page-aligned, plus `PREFETCH_PAD` of readahead,
+`FIRST_READ_BYTES` at a file's start), and what is fetched is kept (at most `CACHE_BYTES`) for the
+demand reads that follow. A hint for a file whose version the tier does not know yet (a stream
+not published: the commit marker can land before the last data file's publish) is held
+(`hold_hint`) and fetched when the publish or the journal record announces the version.
 
 The store is read through one reader per (path, version), opened at the publish (so that the
 first read does not pay the open's own round trip) and checked against that version: a store
@@ -47,6 +50,15 @@ Version = tuple[int, int]          # (size, mtime_ns) of the store's file
 _READERS = 64                      # store readers kept open, most recently used
 _WAKE_S = 0.01                     # a waiting read re-checks the held bytes at least this often
 PREFETCH_PAD = 256 << 10           # a hinted range is read by the kernel with readahead after it
+# A read at a file's start is the kernel's "initial readahead": four times the reader's request,
+# and a Python reader asks for its buffer, the mount's st_blksize (128 KiB). Seen: 512 KiB at
+# offset 0 where the hinted piece had 288 KiB, a fetch of one more round trip after the prefetch.
+FIRST_READ_BYTES = 512 << 10
+# Hints for a file whose version the tier does not know yet (its stream not published, its
+# journal record not here) are kept this long, at most this many files, and fetched when the
+# version is announced: the merge's hint comes at the commit, a file's publish can land after it.
+PENDING_HINT_S = 10.0
+PENDING_HINT_FILES = 256
 CACHE_BYTES = 256 << 20            # prefetched bytes kept for the reads that follow
 _PAGE = 4096
 PIECE_BYTES = 1 << 20              # prefetched pieces are cut at MiB boundaries: held ones are skipped
@@ -61,9 +73,11 @@ STREAM_GRACE_S = 0.25
 
 def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
     """The hinted (offset, length) ranges of a file of `size` bytes as the kernel will ask for
-    them: page-aligned start, `PREFETCH_PAD` more after the end, overlaps merged, cut at `size`,
+    them: page-aligned start, `PREFETCH_PAD` more after the end (at least `FIRST_READ_BYTES`
+    from a range in the first page), overlaps merged, cut at `size`,
     then at every `PIECE_BYTES` boundary (so that what the tier holds already is not fetched)."""
-    widened = [(off - off % _PAGE, min(size, off + n + PREFETCH_PAD) - (off - off % _PAGE))
+    widened = [(off - off % _PAGE,
+                min(size, max(off + n + PREFETCH_PAD, FIRST_READ_BYTES if off < _PAGE else 0)) - (off - off % _PAGE))
                for off, n in ranges if off < size]
     pieces = []
     for a, n in merged_ranges(widened):
@@ -99,6 +113,8 @@ class DemandReads:
         # prefetched pieces: (path, version) -> [(offset, length, future of the bytes)]
         self._pieces: "OrderedDict[tuple[str, Version], list[tuple[int, int, Future]]]" = OrderedDict()
         self._piece_bytes = 0
+        # hints of files whose version is not known here yet: path -> (when, ranges)
+        self._pending: "OrderedDict[str, tuple[float, list[tuple[int, int]]]]" = OrderedDict()
         # reads; answered from held bytes at once; fetched from the store; answered by bytes that
         # landed while the fetch was in flight; and the milliseconds those last two waited
         self.counts = {"reads": 0, "held": 0, "fetched": 0, "bytes_fetched": 0, "raced": 0, "wait_ms": 0,
@@ -182,6 +198,26 @@ class DemandReads:
             self._count("bytes_prefetched", length)
             n += 1
         return n
+
+    def hold_hint(self, path: str, ranges: list[tuple[int, int]]) -> None:
+        """Keep the hinted ranges of a file whose version this tier does not know yet, for
+        `take_hint` when it is announced (at most `PENDING_HINT_S`; the newest hint of a file
+        replaces an older one)."""
+        now = time.monotonic()
+        with self._lock:
+            self._pending[path] = (now, list(ranges))
+            self._pending.move_to_end(path)
+            while self._pending and (len(self._pending) > PENDING_HINT_FILES
+                                     or now - next(iter(self._pending.values()))[0] > PENDING_HINT_S):
+                self._pending.popitem(last=False)
+
+    def take_hint(self, path: str) -> Optional[list[tuple[int, int]]]:
+        """The ranges held for `path` (once: a second call answers None), unless too old."""
+        with self._lock:
+            held = self._pending.pop(path, None)
+        if held is None or time.monotonic() - held[0] > PENDING_HINT_S:
+            return None
+        return held[1]
 
     def _pieces_for(self, path: str, version: Version, offset: int, length: int) -> Optional[list]:
         """Prefetched pieces that together hold [offset, offset + length) (cut at the end of the

@@ -341,6 +341,8 @@ class Follower:
             try:
                 self.step()
             except Exception:
+                if self._stop.is_set():   # stop() cancelled the round's listings: not a failure
+                    return
                 log.exception("follower round failed")
 
     def status(self) -> dict:

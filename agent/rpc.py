@@ -159,7 +159,9 @@ MAX_PREFETCH_RANGES = 65536          # ranges of one file in one prefetch
 
 class PrefetchRequest(Request):
     path: StorePath
-    expect: tuple[NonNeg, NonNeg]    # (size, mtime_ns): the version the eval mount opened
+    # (size, mtime_ns): the version the eval mount opened; None: the mount saw no version at the
+    # tier yet (a stream not published), so the tier holds the hint until one is announced
+    expect: Optional[tuple[NonNeg, NonNeg]] = None
     ranges: list[tuple[NonNeg, Annotated[int, Field(ge=1, le=MAX_READ_BYTES)]]] = Field(
         min_length=1, max_length=MAX_PREFETCH_RANGES)
 

@@ -452,6 +452,7 @@ class AgentServer(fl.FlightServerBase):
             st = self.store.stat(path)
         with self.lock:
             self._copying_version[path] = (st.size, st.mtime_ns)
+        self._demand_may_come(path, (st.size, st.mtime_ns), open_reader=False)
         self._make_room(path, st.size)
         local = self._local_name(path)
         tmp = local + ".part"
@@ -653,6 +654,43 @@ class AgentServer(fl.FlightServerBase):
         backlog = self.streams.backlog_bytes({p: v[0] for p, v in awaited.items()})
         return None if backlog is None else backlog / self.cfg.agent.link_bytes_s
 
+    def _prefetch(self, path: str, version: tuple[int, int], ranges: list[tuple[int, int]]) -> int:
+        """An eval's read hint of `version` of `path`: remembered for the next checkpoint's stream,
+        and the ranges the tier does not hold fetched at once (agent/demand.py); how many pieces."""
+        self.read_memory.remember(path, prefetch_pieces(ranges, version[0]), hinted=True)
+        return self.demand.prefetch(path, version, ranges)
+
+    def _announced_version(self, path: str) -> Optional[tuple[int, int]]:
+        """The version of `path` on its way here that demand reads may ask for: a published
+        stream's, or the one a journal record announced; None if none is known."""
+        state = self.streams.state_of(path)
+        if state is not None and state[0] == "filling" and state[1] is not None:
+            return state[1]
+        with self.lock:
+            return self._awaiting.get(path) or self._copying_version.get(path)
+
+    def _hint_unversioned(self, path: str, ranges: list[tuple[int, int]]) -> int:
+        """A read hint of a file the eval mount found without a version here (a stream not yet
+        published): held until the version is announced (`_demand_may_come`). Held first, then
+        looked at: a publish between the mount's look and this call is not missed."""
+        self.demand.hold_hint(path, ranges)
+        version = self._announced_version(path)
+        if version is None:
+            return 0
+        held = self.demand.take_hint(path)
+        return self._prefetch(path, version, held) if held else 0
+
+    def _demand_may_come(self, path: str, version: tuple[int, int], open_reader: bool = True) -> None:
+        """This version of `path` was announced (a publish, a journal record, a copy's start)
+        while its bytes are still on their way: open its store reader now (unless the caller
+        reads the store itself), and fetch what a held hint asks for."""
+        if open_reader:
+            self.demand.prepare(path, version)
+        held = self.demand.take_hint(path)
+        if held:
+            n = self._prefetch(path, version, held)
+            log.debug("read hint of %s held until its version was announced: %d pieces fetching", path, n)
+
     def _arriving(self, path: str, version: tuple[int, int]) -> bool:
         """A published stream or a copy of exactly `version` of `path` is on its way here (a
         finished stream's part on its way into the catalog too)."""
@@ -708,7 +746,7 @@ class AgentServer(fl.FlightServerBase):
                 elif expect is not None and st[1] is not None and st[1][1] < int(expect[1]):
                     return   # an older version is filling: copy the one journaled
                 if expect is not None and not prepared:
-                    self.demand.prepare(path, tuple(expect))   # eval reads may come meanwhile
+                    self._demand_may_come(path, (int(expect[0]), int(expect[1])))   # eval reads may come meanwhile
                     prepared = True
                 with self.stream_cond:
                     self.stream_cond.wait(0.02)
@@ -816,7 +854,7 @@ class AgentServer(fl.FlightServerBase):
         except ValueError as err:
             raise rpc_error(errno.EINVAL, str(err)) from None
         if v.state == "fill":   # eval reads may come before the last chunks: open the store file now
-            self.demand.prepare(req.path, (req.size, req.mtime_ns))
+            self._demand_may_come(req.path, (req.size, req.mtime_ns))
         try:
             if part is not None:
                 self._adopt_stream(req.path, part, req.size, req.mtime_ns, req.record, req.ttl_s)
@@ -941,9 +979,10 @@ class AgentServer(fl.FlightServerBase):
 
     def _act(self, kind: str, req) -> dict:
         if kind == "prefetch":
-            self.read_memory.remember(req.path, prefetch_pieces([tuple(r) for r in req.ranges], req.expect[0]),
-                                      hinted=True)
-            return {"fetching": self.demand.prefetch(req.path, req.expect, [tuple(r) for r in req.ranges])}
+            ranges = [(int(o), int(n)) for o, n in req.ranges]
+            if req.expect is None:
+                return {"fetching": self._hint_unversioned(req.path, ranges)}
+            return {"fetching": self._prefetch(req.path, (int(req.expect[0]), int(req.expect[1])), ranges)}
         if kind == "replicate":
             return self.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,
                                   importance=req.importance, expect=req.expect, record=req.record)

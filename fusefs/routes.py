@@ -422,7 +422,8 @@ class RoutedStore:
 
     def prefetch(self, files: dict[str, list[tuple[int, int]]]) -> int:
         """Read hints: for each routed file the tier is still receiving, ask it to fetch these
-        ranges at once (blocking: a worker thread). How many pieces the tiers started. A file the
+        ranges at once (blocking: a worker thread). How many pieces the tiers started (a file
+        without a version at the tier yet counts 0: its pieces start at its publish). A file the
         tier holds whole is told too: the tier remembers what eval jobs read, and the next
         checkpoint's stream sends those chunks first (agent/readmemory.py)."""
         n = 0
@@ -436,7 +437,11 @@ class RoutedStore:
                 if doc["state"] in ("copying", "ready"):
                     n += client.prefetch(path, (int(doc["size"]), int(doc["mtime_ns"])), ranges)
                 elif doc["state"] in ("streaming", "absent"):
-                    self._hint_later(path, ranges)   # sent when it is opened still arriving
+                    # No version there yet: the tier holds the hint and fetches when the publish
+                    # (or the journal record) announces one; and it is sent again when the file
+                    # is opened still arriving (a tier that dropped it still gets it then).
+                    self._hint_later(path, ranges)
+                    n += client.prefetch(path, None, ranges)
             except OSError as err:
                 log.info("read hint for %s not forwarded to the tier: %s", path, err)
         return n

@@ -382,15 +382,19 @@ def wait_for_value(fn, want, timeout: float = 10.0) -> bool:
 
 
 def test_prefetch_pieces_cover_the_kernels_reads_and_are_cut_at_mib_boundaries():
-    from agent.demand import PIECE_BYTES, PREFETCH_PAD, prefetch_pieces
+    from agent.demand import FIRST_READ_BYTES, PIECE_BYTES, PREFETCH_PAD, prefetch_pieces
     mib = PIECE_BYTES
     # page-aligned start, readahead after, overlaps merged, cut at the end of the file
-    assert prefetch_pieces([(100, 3000), (5000, 10)], 10 * mib) == [(0, 5000 + 10 + PREFETCH_PAD)]
+    assert prefetch_pieces([(8192 + 100, 3000), (8192 + 5000, 10)], 10 * mib) == [(8192, 5000 + 10 + PREFETCH_PAD)]
     assert prefetch_pieces([(10 * mib - 10, 5)], 10 * mib) == [(10 * mib - 4096, 4096)]
     assert prefetch_pieces([(20 * mib, 5)], 10 * mib) == []          # past the end: nothing
     # a long range is cut at every MiB boundary, so held MiBs can be skipped one by one
     pieces = prefetch_pieces([(3 * mib, 2 * mib)], 10 * mib)
     assert pieces == [(3 * mib, mib), (4 * mib, mib), (5 * mib, PREFETCH_PAD)]
+    # a read at the start of a file is the kernel's initial readahead: FIRST_READ_BYTES
+    assert prefetch_pieces([(0, 1000)], 10 * mib) == [(0, FIRST_READ_BYTES)]
+    assert prefetch_pieces([(5000, 1000)], 10 * mib) == [(4096, 1904 + PREFETCH_PAD)]
+    assert prefetch_pieces([(0, 1000)], 100_000) == [(0, 100_000)]
 
 
 def test_a_hinted_range_is_left_to_the_stream_when_its_backlog_is_short(tmp_path):
@@ -451,10 +455,11 @@ def test_a_read_waits_for_a_stream_with_a_short_backlog_and_fetches_if_it_stalls
 
 
 @needs_fuse
-def test_a_read_hint_for_a_file_not_published_yet_is_sent_when_the_file_is_opened(mount_factory, tmp_path):
+def test_a_read_hint_for_a_file_not_published_yet_is_fetched_at_its_publish(mount_factory, tmp_path):
     """A hint names a file whose stream the tier has not seen published (a big checkpoint's data
-    file far behind its writer): the eval mount keeps it, and sends it when the file is opened
-    still arriving, so that its ranges are fetched at once, not one read after another."""
+    file far behind its writer, or a publish that lands after the commit marker): the tier holds
+    it and fetches its ranges at the publish, all at once, before the file is opened. The mount
+    sends it again at the open (nothing is fetched twice)."""
     from hintfs.client import hint_reads
     store = tmp_path / "store"
     store.mkdir()
@@ -481,6 +486,7 @@ def test_a_read_hint_for_a_file_not_published_yet_is_sent_when_the_file_is_opene
         assert json.loads(hint_doc.read_text())["pieces_fetching"] == 0
         assert c.status()["demand"]["prefetched"] == 0          # nothing to fetch for yet
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
+        assert c.status()["demand"]["prefetched"] == 3          # at the publish, before any open
         with open(ev.mnt / rel, "rb") as f:
             for off, n in wanted:
                 f.seek(off)
@@ -529,6 +535,57 @@ def test_a_read_hint_kept_for_later_reaches_the_tier_when_the_file_is_complete_a
         assert c.status()["demand"]["fetched"] == 0
     finally:
         tier.close()
+
+
+def test_a_hint_without_a_version_is_held_until_the_publish_and_used_once(tmp_path):
+    """`prefetch` without a version (the eval mount saw the stream unpublished): nothing is
+    fetched while no version is known; the publish fetches the hinted pieces of the published
+    version; the held hint is used once. A hint without a version that comes after the publish
+    (the mount looked before it, asked after) is fetched at once, for the published version."""
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        c = tier.client
+        big = 1 << 20
+        data = os.urandom(8 * big)
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        (store / rel).parent.mkdir(parents=True)
+        (store / rel).write_bytes(data)
+        version = _version(store / rel)
+        parts = _chunks(data, big)
+        c.stream_open("s1", 0, rel, big)
+        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        assert c.prefetch(rel, None, [(3 * big + 100, 3000), (5 * big + 7, 20)]) == 0
+        assert c.prefetch("ckpt/run/step_1/nothing.bin", None, [(0, 10)]) == 0   # held, never announced
+        assert c.status()["demand"]["prefetched"] == 0
+        assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
+        assert c.status()["demand"]["prefetched"] == 2
+        assert tier.server.demand.take_hint(rel) is None                      # used once
+        # after the publish: fetched at once, for the version published
+        assert c.prefetch(rel, None, [(7 * big + 4096, 10)]) == 1
+        assert c.read(rel, 7 * big + 4096, 10, True, version, demand=True) == data[7 * big + 4096:7 * big + 4106]
+        d = c.status()["demand"]
+        assert (d["prefetched"], d["prefetch_hits"], d["fetched"]) == (3, 1, 0), d
+    finally:
+        tier.close()
+
+
+def test_held_hints_are_bounded_in_number_and_age(monkeypatch):
+    import agent.demand as demand_mod
+    d = demand_mod.DemandReads(LocalStore.__new__(LocalStore), threading.Condition(),
+                               held=lambda *a: None, arriving=lambda *a: False)
+    try:
+        monkeypatch.setattr(demand_mod, "PENDING_HINT_FILES", 3)
+        for i in range(5):
+            d.hold_hint(f"f{i}", [(i, 1)])
+        assert [d.take_hint(f"f{i}") for i in range(5)] == [None, None, [(2, 1)], [(3, 1)], [(4, 1)]]
+        d.hold_hint("old", [(0, 1)])
+        monkeypatch.setattr(demand_mod, "PENDING_HINT_S", 0.0)
+        time.sleep(0.01)
+        assert d.take_hint("old") is None
+    finally:
+        d.close()
 
 
 def test_a_stream_of_unknown_size_makes_the_hint_fetch_at_once(tmp_path):
