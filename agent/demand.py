@@ -59,6 +59,7 @@ FIRST_READ_BYTES = 512 << 10
 # version is announced: the merge's hint comes at the commit, a file's publish can land after it.
 PENDING_HINT_S = 10.0
 PENDING_HINT_FILES = 256
+PENDING_HINT_RANGES = 1 << 16      # ranges held in all (one request may carry 65,536)
 CACHE_BYTES = 256 << 20            # prefetched bytes kept for the reads that follow
 _PAGE = 4096
 PIECE_BYTES = 1 << 20              # prefetched pieces are cut at MiB boundaries: held ones are skipped
@@ -207,9 +208,10 @@ class DemandReads:
         with self._lock:
             self._pending[path] = (now, list(ranges))
             self._pending.move_to_end(path)
-            while self._pending and (len(self._pending) > PENDING_HINT_FILES
+            held = sum(len(r) for _t, r in self._pending.values())
+            while self._pending and (len(self._pending) > PENDING_HINT_FILES or held > PENDING_HINT_RANGES
                                      or now - next(iter(self._pending.values()))[0] > PENDING_HINT_S):
-                self._pending.popitem(last=False)
+                held -= len(self._pending.popitem(last=False)[1][1])
 
     def take_hint(self, path: str) -> Optional[list[tuple[int, int]]]:
         """The ranges held for `path` (once: a second call answers None), unless too old."""

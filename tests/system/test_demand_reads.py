@@ -580,6 +580,10 @@ def test_held_hints_are_bounded_in_number_and_age(monkeypatch):
         for i in range(5):
             d.hold_hint(f"f{i}", [(i, 1)])
         assert [d.take_hint(f"f{i}") for i in range(5)] == [None, None, [(2, 1)], [(3, 1)], [(4, 1)]]
+        monkeypatch.setattr(demand_mod, "PENDING_HINT_RANGES", 4)      # ranges in all, too
+        d.hold_hint("two", [(0, 1), (5, 1)])
+        d.hold_hint("three", [(0, 1), (5, 1), (9, 1)])
+        assert (d.take_hint("two"), d.take_hint("three")) == (None, [(0, 1), (5, 1), (9, 1)])
         d.hold_hint("old", [(0, 1)])
         monkeypatch.setattr(demand_mod, "PENDING_HINT_S", 0.0)
         time.sleep(0.01)
