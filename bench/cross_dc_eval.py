@@ -379,7 +379,9 @@ class Bench:
         self.ev_hint = self.mount("eval-hintfs", s3_store_toml(rport) + imm.replace(
             "[cache]", f'[cache]\nspool_dir = "{self.tmp / "spool-eh"}"')
                                   + f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{self.agent_loc}"\n'
-                                  + f'local_socket = "{self.tmp / "tier.sock"}"\n', eval_side=True)
+                                  + f'local_socket = "{self.tmp / "tier.sock"}"\n'
+                                  + (f'\n[mount]\nread_ahead_kb = {a.eval_read_ahead_kb}\n'
+                                     if a.eval_read_ahead_kb is not None else ""), eval_side=True)
         self.merger = self.spawn(self.on_eval_side([PY, "-c", MERGE]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  stderr=open(self.tmp / "merge.log", "w"))
         assert self.merger.stdout.readline().strip() == "ready"
@@ -680,6 +682,8 @@ def main() -> int:
     ap.add_argument("--skip-rclone", action="store_true")
     ap.add_argument("--no-read-hints", action="store_true",
                     help="the merge does not tell the eval mount which ranges it reads (hintfs modes)")
+    ap.add_argument("--eval-read-ahead-kb", type=int, default=None,
+                    help="[mount] read_ahead_kb of the hintfs eval mount (default: the mount's default)")
     ap.add_argument("--keep-logs", action="store_true", help="INFO logs of the mounts and the agent, kept")
     ap.add_argument("--out", default=str(RESULTS / "cross_dc_eval.json"))
     a = ap.parse_args()
