@@ -168,9 +168,7 @@ class MountOptions(Section):
         4096, ge=0, le=1 << 20,
         description="Kernel read-ahead window of the mount (its bdi's read_ahead_kb; 0 keeps the "
         "kernel's 128). Larger windows make the kernel send 1 MiB reads instead of 128 KiB ones "
-        "to sequential readers: fewer requests through the daemon. An eval mount whose jobs read "
-        "checkpoints still arriving at its tier does better with 128: each read waits for every "
-        "byte it asks for (docs/cross_dc.md, \"The eval mount's readahead\").",
+        "to sequential readers: fewer requests through the daemon.",
     )
     unmount_timeout_s: float = Field(
         30.0, gt=0, description="At unmount (`hintfs umount`, SIGTERM/SIGINT): how long the daemon keeps "
