@@ -571,6 +571,30 @@ def test_a_hint_without_a_version_is_held_until_the_publish_and_used_once(tmp_pa
         tier.close()
 
 
+def test_a_hint_without_a_version_is_fetched_when_a_copy_of_the_file_starts(tmp_path):
+    """No stream at all (copy after close): the hint is held until the copy starts, which knows
+    the version (the store's); then its pieces are fetched beside the copy."""
+    store = tmp_path / "store"
+    store.mkdir()
+    tier = Tier(tmp_path, store, follow=False)
+    try:
+        c = tier.client
+        big = 1 << 20
+        data = os.urandom(4 * big)
+        rel = "ckpt/run/step_1/__0_0.distcp"
+        (store / rel).parent.mkdir(parents=True)
+        (store / rel).write_bytes(data)
+        assert c.tier_stat(rel)["state"] == "absent"
+        assert c.prefetch(rel, None, [(2 * big + 100, 3000)]) == 0
+        assert c.status()["demand"]["prefetched"] == 0
+        c.replicate(rel, 600)
+        assert c.status()["demand"]["prefetched"] == 1
+        assert tier.server.demand.take_hint(rel) is None
+        assert c.read(rel, 0, len(data), True) == data
+    finally:
+        tier.close()
+
+
 def test_held_hints_are_bounded_in_number_and_age(monkeypatch):
     import agent.demand as demand_mod
     d = demand_mod.DemandReads(LocalStore.__new__(LocalStore), threading.Condition(),
