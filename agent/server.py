@@ -712,6 +712,9 @@ class AgentServer(fl.FlightServerBase):
           stream that runs a file behind the writer opens the next file's stream only after the
           journal record of that file is out, and a small file (the commit marker) opens its
           stream in the call that publishes it. Waited for while the folder's streams are alive;
+        - a finished stream whose part is on its way into the catalog (`being_handed_over`, at
+          most `HANDOVER_S`): it left the streams' table before it is the replica, and a fetch
+          that looked then found neither and copied the file a second time;
         - none yet, when the journal record says its writer streams the file (`announced`), for
           `_STREAM_PUBLISH_WAIT_S`: the record can overtake the stream's first call (the first
           file of a folder, on a loaded host).
@@ -733,7 +736,9 @@ class AgentServer(fl.FlightServerBase):
                 if waited > self.cfg.agent.stream_idle_s:
                     return
                 st = self.streams.state_of(path)
-                if st is None:
+                if st is None and self.streams.being_handed_over(path) is not None:
+                    pass   # finished, its part not yet the replica: a copy now would be a second one
+                elif st is None:
                     if expect is None or self.has(path, *expect):
                         return
                     if (self.streams.folder_quiet_s(path) > _STREAM_QUIET_S

@@ -258,6 +258,43 @@ def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of
         assert tier.client.read("ckpt/s1/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
 
 
+def test_a_fetch_without_a_version_waits_while_a_finished_stream_becomes_the_replica(tmp_path):
+    """An eval mount's fetch on open (`replicate` without a version: the journal record not seen
+    yet) waits while a published stream fills. The put that brings the last chunk finishes the
+    stream: it leaves the streams' table before its part is the replica (`_adopt_stream`). A
+    fetch that looked in between found neither and copied the file from the store a second time
+    (the bench: a data file crossed the link twice in about 4.5% of its reps). It now waits for
+    the hand-over, and the stream's part is the one replica."""
+    from policy.stream import chunk_crc, crcs_of
+    with tier_over(tmp_path, "s1") as (store, tier):
+        rel = "ckpt/s1/__0_0.distcp"
+        data = os.urandom(3 * CHUNK)
+        (store / rel).write_bytes(data)
+        st = os.stat(store / rel)
+        parts = [data[o:o + CHUNK] for o in range(0, len(data), CHUNK)]
+        c = tier.client
+        c.stream_open("s", 0, rel, CHUNK)
+        c.stream_put("s", 0, [(0, parts[0], chunk_crc(parts[0])), (CHUNK, parts[1], chunk_crc(parts[1]))])
+        assert c.stream_publish("s", 0, rel, st.st_size, st.st_mtime_ns, crcs_of(parts))["state"] == "fill"
+        answer: dict = {}
+        fetch = threading.Thread(target=lambda: answer.update(tier.server.replicate(rel, 600, None)))
+        fetch.start()
+        time.sleep(0.1)
+        assert fetch.is_alive()                  # waiting for the stream
+        adopt = tier.server._adopt_stream
+
+        def slow_adopt(*args, **kw):             # the window, widened: finished, not yet the replica
+            time.sleep(0.3)
+            return adopt(*args, **kw)
+
+        tier.server._adopt_stream = slow_adopt
+        assert c.stream_put("s", 0, [(2 * CHUNK, parts[2], chunk_crc(parts[2]))]).get("state") == "ready"
+        fetch.join(10)
+        assert answer.get("already") is True, answer
+        assert c.status()["copies"] == 0
+        assert c.read(rel, 0, len(data) + 1, replica_only=True) == data
+
+
 def test_a_copy_waits_for_the_stream_of_a_file_whose_folder_is_streamed(tmp_path):
     """The follower may see a small file's journal record before its stream opens (the stream
     opens with its publish): when other files of the folder came by stream, the copy waits
