@@ -39,13 +39,29 @@ def _eval_mount(mount_factory, store, tier):
                                'fetch_on_read = false\n')
 
 
+def _to_store(store, rel: str, data: bytes) -> tuple[int, int]:
+    """Write `rel` (its folders too) to the store; its version."""
+    (store / rel).parent.mkdir(parents=True, exist_ok=True)
+    (store / rel).write_bytes(data)
+    return _version(store / rel)
+
+
+def _stream_unpublished(client, store, rel: str, data: bytes, sid: str,
+                        chunk: int) -> tuple[tuple[int, int], list[bytes]]:
+    """Write `rel` to the store and send the tier its stream's first chunk only: a stream the
+    tier holds unpublished. Returns (the store's version, the chunks)."""
+    version = _to_store(store, rel, data)
+    parts = _chunks(data, chunk)
+    client.stream_open(sid, 0, rel, chunk)
+    client.stream_put(sid, 0, [(0, parts[0], chunk_crc(parts[0]))])
+    return version, parts
+
+
 def _publish_partly(client, store, rel: str, data: bytes, sid: str, send: set[int],
                     chunk: int = CHUNK) -> tuple[int, int]:
     """Write `rel` to the store, stream the chunks in `send` and publish it: the tier holds a
     published stream still filling. Returns the version."""
-    (store / rel).parent.mkdir(parents=True, exist_ok=True)
-    (store / rel).write_bytes(data)
-    version = _version(store / rel)
+    version = _to_store(store, rel, data)
     parts = _chunks(data, chunk)
     client.stream_open(sid, 0, rel, chunk)
     client.stream_put(sid, 0, [(i * chunk, parts[i], chunk_crc(parts[i])) for i in sorted(send)])
@@ -468,13 +484,8 @@ def test_a_read_hint_for_a_file_not_published_yet_is_fetched_at_its_publish(moun
         big = 1 << 20
         data = os.urandom(8 * big)
         rel = "ckpt/run/step_1/__0_0.distcp"
-        (store / rel).parent.mkdir(parents=True)
-        (store / rel).write_bytes(data)
-        version = _version(store / rel)
-        parts = _chunks(data, big)
         c = tier.client
-        c.stream_open("s1", 0, rel, big)
-        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        version, parts = _stream_unpublished(c, store, rel, data, "s1", big)
         assert c.tier_stat(rel)["state"] == "streaming"
         ev = _eval_mount(mount_factory, store, tier)
         wanted = [(3 * big + 100, 3000), (5 * big + 7, 20), (7 * big + 4096, 10)]
@@ -511,13 +522,8 @@ def test_a_read_hint_kept_for_later_reaches_the_tier_when_the_file_is_complete_a
         big = 1 << 20
         data = os.urandom(8 * big)
         rel = "ckpt/run/step_1/__0_0.distcp"
-        (store / rel).parent.mkdir(parents=True)
-        (store / rel).write_bytes(data)
-        version = _version(store / rel)
-        parts = _chunks(data, big)
         c = tier.client
-        c.stream_open("s1", 0, rel, big)
-        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        version, parts = _stream_unpublished(c, store, rel, data, "s1", big)
         ev = _eval_mount(mount_factory, store, tier)
         wanted = [(3 * big + 100, 3000), (5 * big + 7, 20)]
         hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
@@ -550,12 +556,7 @@ def test_a_hint_without_a_version_is_held_until_the_publish_and_used_once(tmp_pa
         big = 1 << 20
         data = os.urandom(8 * big)
         rel = "ckpt/run/step_1/__0_0.distcp"
-        (store / rel).parent.mkdir(parents=True)
-        (store / rel).write_bytes(data)
-        version = _version(store / rel)
-        parts = _chunks(data, big)
-        c.stream_open("s1", 0, rel, big)
-        c.stream_put("s1", 0, [(0, parts[0], chunk_crc(parts[0]))])
+        version, parts = _stream_unpublished(c, store, rel, data, "s1", big)
         assert c.prefetch(rel, None, [(3 * big + 100, 3000), (5 * big + 7, 20)]) == 0
         assert c.prefetch("ckpt/run/step_1/nothing.bin", None, [(0, 10)]) == 0   # held, never announced
         assert c.status()["demand"]["prefetched"] == 0
@@ -582,8 +583,7 @@ def test_a_hint_without_a_version_is_fetched_when_a_copy_of_the_file_starts(tmp_
         big = 1 << 20
         data = os.urandom(4 * big)
         rel = "ckpt/run/step_1/__0_0.distcp"
-        (store / rel).parent.mkdir(parents=True)
-        (store / rel).write_bytes(data)
+        _to_store(store, rel, data)
         assert c.tier_stat(rel)["state"] == "absent"
         assert c.prefetch(rel, None, [(2 * big + 100, 3000)]) == 0
         assert c.status()["demand"]["prefetched"] == 0
