@@ -675,8 +675,10 @@ class AgentServer(fl.FlightServerBase):
         looked at: a publish between the mount's look and this call is not missed."""
         self.demand.hold_hint(path, ranges)
         version = self._announced_version(path)
-        if version is None:
-            return 0
+        return 0 if version is None else self._fetch_held_hint(path, version)
+
+    def _fetch_held_hint(self, path: str, version: tuple[int, int]) -> int:
+        """The pieces a hint held for `path` asks for (if one is), fetched for `version`; how many."""
         held = self.demand.take_hint(path)
         return self._prefetch(path, version, held) if held else 0
 
@@ -686,9 +688,8 @@ class AgentServer(fl.FlightServerBase):
         reads the store itself), and fetch what a held hint asks for."""
         if open_reader:
             self.demand.prepare(path, version)
-        held = self.demand.take_hint(path)
-        if held:
-            n = self._prefetch(path, version, held)
+        n = self._fetch_held_hint(path, version)
+        if n:
             log.debug("read hint of %s held until its version was announced: %d pieces fetching", path, n)
 
     def _arriving(self, path: str, version: tuple[int, int]) -> bool:
