@@ -456,11 +456,16 @@ class Bench:
     def mount_cpu_s(cls, mnt: Path) -> float:
         """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used, with its
         child processes (the stream sender, `[stream] sender = "process"`)."""
+        return sum(cls.mount_cpu_split(mnt))
+
+    @classmethod
+    def mount_cpu_split(cls, mnt: Path) -> tuple[float, float]:
+        """(the daemon's own CPU seconds, its children's: the stream sender's)."""
         try:
             pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
         except (OSError, ValueError, KeyError):
-            return 0.0
-        return cls.pid_cpu_s(pid) + sum(cls.pid_cpu_s(c) for c in child_pids(pid))
+            return 0.0, 0.0
+        return cls.pid_cpu_s(pid), sum(cls.pid_cpu_s(c) for c in child_pids(pid))
 
     @staticmethod
     def pid_cpu_s(pid: int) -> float:
@@ -482,12 +487,14 @@ class Bench:
         n0 = self.relay.stats()["accepted"]
         train_mnt = None if mode == "local" else self.train_stream if mode == "hintfs_stream" else self.train
         cpu0 = self.mount_cpu_s(train_mnt) if train_mnt else 0.0
+        sender0 = self.mount_cpu_split(train_mnt)[1] if train_mnt else 0.0
         tc0 = self.counters(train_mnt) if train_mnt else {}
         link_cpu0 = time.process_time()   # this process's threads: the relay (the emulated link)
         s3_cpu0 = self.pid_cpu_s(self.s3.proc.pid)
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         link_cpu = round(time.process_time() - link_cpu0, 3)
+        sender_write = round(self.mount_cpu_split(train_mnt)[1] - sender0, 3) if train_mnt else None
         s3_cpu = round(self.pid_cpu_s(self.s3.proc.pid) - s3_cpu0, 3)
         wan_at_commit = self.wan_down() - b0   # how far the link kept up with the writer
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
@@ -511,12 +518,16 @@ class Bench:
         # the training host's cost of this checkpoint: its mount's CPU time from the first write
         # to the tier's completion (the stream's tail included)
         train_cpu = round(self.mount_cpu_s(train_mnt) - cpu0, 3) if train_mnt else None
+        sender_cpu = round(self.mount_cpu_split(train_mnt)[1] - sender0, 3) if train_mnt else None
         tc1 = self.counters(train_mnt) if train_mnt else {}
         # the follower may still be trailing: give the link a moment to be quiet before counting
         wan = self.wan_down() - b0
         self.phases.append((mode, t_start - self.t_relay0, res["done"] - self.t_relay0))
         r = {"latency_s": round(res["done"] - t_commit, 3), "merge_s": round(res["done"] - res["t0"], 3),
              "write_s": round(t_commit - t_write, 3), "train_mount_cpu_s": train_cpu,
+             # of which the stream sender process's (a child of the mount), over the rep and
+             # during the write (first write to commit)
+             "train_sender_cpu_s": sender_cpu, "train_sender_cpu_s_during_write": sender_write,
              # CPU seconds of the relay during the write (on the training side's CPUs here)
              "link_cpu_s_during_write": link_cpu,
              # CPU seconds of the S3 server (JuiceFS's gateway) during the write, same CPU
