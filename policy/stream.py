@@ -211,10 +211,12 @@ def chunks_touching(ranges: Iterable[tuple[int, int]], chunk: int, limit: int = 
 
 
 def send_calls(todo: list[int], first: Iterable[int], chunk: int, call_bytes: int,
-               others: Optional[int] = None) -> list[list[int]]:
+               others: Optional[int] = None, whole_only: bool = False) -> list[list[int]]:
     """The chunks of `todo` to send now, as calls: runs of consecutive chunks of at most
     `call_bytes` (at least one chunk). The chunks in `first` (eval reads come for them) go first;
-    then the others in at most `others` calls (None: all of them)."""
+    then the others in at most `others` calls (None: all of them). `whole_only` (the file is
+    still growing): the others only in calls of the full `call_bytes`; a shorter run waits to
+    grow (each call has a cost of its own on the writer's host: fewer, fuller calls cost less)."""
     per_call = max(1, call_bytes // chunk)
     firsts = set(first)
 
@@ -228,6 +230,8 @@ def send_calls(todo: list[int], first: Iterable[int], chunk: int, call_bytes: in
         return calls
 
     rest = runs([i for i in todo if i not in firsts])
+    if whole_only:
+        rest = [r for r in rest if len(r) == per_call]
     return runs([i for i in todo if i in firsts]) + (rest if others is None else rest[:max(0, others)])
 
 

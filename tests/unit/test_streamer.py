@@ -521,3 +521,56 @@ def test_without_others_while_writing_only_named_chunks_leave_before_the_close(t
     assert finish(streamer, fs)
     assert link.ready[path] == data and link.bytes == len(data)
     streamer.shutdown()
+
+
+def test_while_a_file_grows_its_chunks_leave_in_full_calls_and_the_rest_once_it_stops(tmp_path):
+    """Each call costs the writer's host CPU of its own: while the file grows, chunks nobody
+    named leave in calls of the full `call_bytes` (4 chunks here); a shorter run waits for the
+    file to grow or to stop growing for a poll; each byte still crosses once."""
+    import time
+    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+    streamer = Streamer(link, CHUNK, parallel=2, call_bytes=4 * CHUNK)
+    f = open(tmp_path / "staging", "w+b")
+    fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
+
+    def landed(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while (len(fs.sent) < n or fs.inflight) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    data = os.urandom(10 * CHUNK + 5)
+    f.write(data[: 6 * CHUNK])
+    f.flush()
+    streamer.step(fs)                            # grew: one full call, chunks 4 and 5 wait
+    landed(4)
+    assert link.calls == [[0, 1, 2, 3]]
+    f.write(data[6 * CHUNK: 9 * CHUNK])
+    f.flush()
+    streamer.step(fs)                            # grew again: 4 to 7 make a full call
+    landed(8)
+    assert link.calls == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    streamer.step(fs)                            # not grown since the last poll: chunk 8 goes
+    landed(9)
+    assert link.calls[-1] == [8]
+    f.write(data[9 * CHUNK:])
+    f.flush()
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert link.ready["ckpt/s1/__0_0.distcp"] == data and link.bytes == len(data)
+    streamer.shutdown()
+
+
+def test_a_named_chunk_leaves_at_once_while_the_file_grows(tmp_path):
+    """A chunk the tier named (a merge will read it) does not wait for a full call."""
+    path = "ckpt/run/step_2/__0_0.distcp"
+    link, streamer, f, fs = _named_streamer(tmp_path, path, [1], call_bytes=4 * CHUNK)
+    link.calls.clear()
+    f.write(os.urandom(2 * CHUNK))
+    f.flush()
+    streamer.step(fs)
+    deadline = time.monotonic() + 10
+    while 1 not in fs.sent and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert link.calls == [[1]]                   # chunk 0 waits: the file is still growing
+    streamer.shutdown()
+
