@@ -171,6 +171,7 @@ class StreamTap:
 
     @staticmethod
     def _warm_up(streamer: Streamer) -> None:
+        streamer.warm()                  # its threads and their buffers, before the first file
         transport = streamer.transport
         for client in dict.fromkeys((transport.client, getattr(transport, "control", transport.client),
                                      getattr(transport, "urgent", transport.client))):

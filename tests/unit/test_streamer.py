@@ -574,3 +574,26 @@ def test_a_named_chunk_leaves_at_once_while_the_file_grows(tmp_path):
     assert link.calls == [[1]]                   # chunk 0 waits: the file is still growing
     streamer.shutdown()
 
+
+def test_warm_starts_every_send_thread_with_its_buffer_before_the_first_file(tmp_path):
+    """`warm` (at the mount's start): the pool's threads and their read buffers exist before
+    the first checkpoint, whose writer would otherwise pay for them; the calls after it reuse
+    them (no new thread, no new buffer)."""
+    import threading
+    from concurrent.futures import wait
+    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+    streamer = Streamer(link, CHUNK, parallel=3, call_bytes=2 * CHUNK)
+    streamer.warm()
+    deadline = time.monotonic() + 10
+    while len(streamer.pool._threads) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    seen, meet = [], threading.Barrier(3, timeout=10)
+
+    def look() -> None:
+        seen.append(len(getattr(streamer._local, "buf", b"")))
+        meet.wait()                              # one task a thread: each thread is looked at
+
+    wait([streamer.pool.submit(look) for _ in range(3)])
+    assert seen == [2 * CHUNK] * 3
+    assert len(streamer.pool._threads) == 3
+    streamer.shutdown()
