@@ -527,7 +527,6 @@ def test_while_a_file_grows_its_chunks_leave_in_full_calls_and_the_rest_once_it_
     """Each call costs the writer's host CPU of its own: while the file grows, chunks nobody
     named leave in calls of the full `call_bytes` (4 chunks here); a shorter run waits for the
     file to grow or to stop growing for a poll; each byte still crosses once."""
-    import time
     link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
     streamer = Streamer(link, CHUNK, parallel=2, call_bytes=4 * CHUNK)
     f = open(tmp_path / "staging", "w+b")
