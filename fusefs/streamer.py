@@ -8,9 +8,9 @@ unit tests).
 
 - While the file is written, a step sends the whole chunks below the staging file's current size
   that were not sent (`policy.stream.ranges_to_send`), read with `pread` from its own dup of the
-  staging fd: the writer never waits for the streamer. While the file grows, chunks no eval read
-  named leave only in full calls (`call_bytes`); a shorter run goes once the file stops growing
-  for a poll, or at the publish.
+  staging fd: the writer never waits for the streamer. While the file grows, the chunks at its
+  growing end that no eval read named leave only in full calls (`call_bytes`); a shorter run
+  there goes once the file stops growing for a poll, or at the publish.
 - After publish (the store committed the file as (size, mtime_ns)), a step computes the CRC of
   every chunk of the final file, re-sends the chunks that changed since they were sent (in-place
   rewrites), and publishes with the last of them (and the stream's open, when the tier has not
@@ -247,15 +247,15 @@ class Streamer:
                         return False            # let the chunks in flight land first
                     self._open(fs)             # after a failure: learn first what the tier kept
                 # (a new stream opens with its chunks: no extra call)
-                # While the file grows, chunks nobody named wait for a call's worth (`call_bytes`):
-                # a call costs the writer's host CPU of its own (its setup, a thread's wake, the
-                # tier's answer), and a poll's new bytes are often a single chunk. They all go once
-                # the file stops growing for a poll, and at the publish.
-                growing = fs.still == 0
+                # While the file grows, chunks nobody named at its growing end wait for a call's
+                # worth (`call_bytes`): a call costs the writer's host CPU of its own (its setup, a
+                # thread's wake, the tier's answer), and a poll's new bytes are often a single
+                # chunk. They go once the file stops growing for a poll, and at the publish.
+                growing_end = size // fs.chunk - 1 if fs.still == 0 else None
                 if self.pool is None:
-                    self._send(fs, self._calls(fs, todo, whole_only=growing), size)
+                    self._send(fs, self._calls(fs, todo, growing_end=growing_end), size)
                 else:
-                    self._hand_to_pool(fs, todo, size, whole_only=growing)
+                    self._hand_to_pool(fs, todo, size, growing_end)
                 return False
             assert fs.version is not None
             size = fs.version[0]
@@ -371,15 +371,16 @@ class Streamer:
             self._hand_to_pool(fs, todo, size)
         return bool(todo)
 
-    def _hand_to_pool(self, fs: FileStream, todo: list[int], size: int, whole_only: bool = False) -> None:
+    def _hand_to_pool(self, fs: FileStream, todo: list[int], size: int, growing_end: Optional[int] = None) -> None:
         """`todo` to the send pool, named chunks first; while named chunks of any file are on
         their way, other chunks only up to `others_in_flight` calls in flight (the rest waits for
-        a later step), so that named chunks never queue behind a file's bulk. `whole_only`: the
-        other chunks only in full calls (`policy.stream.send_calls`)."""
+        a later step), so that named chunks never queue behind a file's bulk. `growing_end`: the
+        file's last whole chunk while it grows (a short run of others ending there waits:
+        `policy.stream.send_calls`)."""
         with self._busy_lock:
             yielding = self._busy[True] > 0 or not fs.first.isdisjoint(todo)
             others = max(0, self.others_in_flight - self._busy[False]) if yielding else None
-        self._send_behind(fs, self._calls(fs, todo, others, whole_only), size)
+        self._send_behind(fs, self._calls(fs, todo, others, growing_end), size)
 
     def _reopen_published(self, fs: FileStream) -> None:
         """After a failure, a published stream asks with its publish what the tier holds of that
@@ -408,9 +409,9 @@ class Streamer:
         self._tier_named(fs, fs.gen, first)
 
     def _calls(self, fs: FileStream, chunks: list[int], others: Optional[int] = None,
-               whole_only: bool = False) -> list[list[int]]:
+               growing_end: Optional[int] = None) -> list[list[int]]:
         """`chunks` as calls, this stream's named ones first (`policy.stream.send_calls`)."""
-        return send_calls(chunks, fs.first, fs.chunk, self.call_bytes, others, whole_only)
+        return send_calls(chunks, fs.first, fs.chunk, self.call_bytes, others, growing_end)
 
     def _read_chunks(self, fs: FileStream, chunks: list[int], size: int) -> list[tuple[int, bytes, int]]:
         out = []

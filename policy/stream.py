@@ -211,12 +211,13 @@ def chunks_touching(ranges: Iterable[tuple[int, int]], chunk: int, limit: int = 
 
 
 def send_calls(todo: list[int], first: Iterable[int], chunk: int, call_bytes: int,
-               others: Optional[int] = None, whole_only: bool = False) -> list[list[int]]:
+               others: Optional[int] = None, growing_end: Optional[int] = None) -> list[list[int]]:
     """The chunks of `todo` to send now, as calls: runs of consecutive chunks of at most
     `call_bytes` (at least one chunk). The chunks in `first` (eval reads come for them) go first;
-    then the others in at most `others` calls (None: all of them). `whole_only` (the file is
-    still growing): the others only in calls of the full `call_bytes`; a shorter run waits to
-    grow (each call has a cost of its own on the writer's host: fewer, fuller calls cost less)."""
+    then the others in at most `others` calls (None: all of them). `growing_end` (the file is
+    still growing: the index of its last whole chunk): a run of others that ends there and is
+    shorter than a call waits for the file to grow (each call has a cost of its own on the
+    writer's host: fewer, fuller calls cost less); a short run that cannot grow goes."""
     per_call = max(1, call_bytes // chunk)
     firsts = set(first)
 
@@ -230,8 +231,8 @@ def send_calls(todo: list[int], first: Iterable[int], chunk: int, call_bytes: in
         return calls
 
     rest = runs([i for i in todo if i not in firsts])
-    if whole_only:
-        rest = [r for r in rest if len(r) == per_call]
+    if growing_end is not None and rest and rest[-1][-1] == growing_end and len(rest[-1]) < per_call:
+        rest.pop()
     return runs([i for i in todo if i in firsts]) + (rest if others is None else rest[:max(0, others)])
 
 

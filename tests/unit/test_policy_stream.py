@@ -176,7 +176,11 @@ def test_send_calls_put_the_named_chunks_first_in_runs_and_hold_the_others_to_a_
     assert send_calls([2, 3], [], 10, 5) == [[2], [3]]
     # gaps break runs
     assert send_calls([0, 2, 3], [], 10, 100) == [[0], [2, 3]]
-    # while the file grows, the others only in full calls; named chunks go however few they are
-    assert send_calls(todo, [], 10, 40, whole_only=True) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert send_calls(todo, [3], 10, 30, whole_only=True) == [[3], [0, 1, 2], [4, 5, 6]]
-    assert send_calls([0], [], 10, 10, whole_only=True) == [[0]]      # a call of one chunk is full
+    # while the file grows (its last whole chunk is 8), a short run of others ending there waits
+    # to fill a call; named chunks go however few they are
+    assert send_calls(todo, [], 10, 40, growing_end=8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert send_calls(todo, [3], 10, 30, growing_end=8) == [[3], [0, 1, 2], [4, 5, 6]]
+    assert send_calls(todo, [8], 10, 40, growing_end=8) == [[8], [0, 1, 2, 3], [4, 5, 6, 7]]
+    # a short run that cannot grow (a named or a sent chunk after it) goes
+    assert send_calls([0, 1, 5, 6], [2], 10, 40, growing_end=6) == [[0, 1]]
+    assert send_calls([0], [], 10, 10, growing_end=0) == [[0]]      # a call of one chunk is full

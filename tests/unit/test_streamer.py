@@ -559,18 +559,19 @@ def test_while_a_file_grows_its_chunks_leave_in_full_calls_and_the_rest_once_it_
     streamer.shutdown()
 
 
-def test_a_named_chunk_leaves_at_once_while_the_file_grows(tmp_path):
-    """A chunk the tier named (a merge will read it) does not wait for a full call."""
+def test_a_named_chunk_and_a_run_that_cannot_grow_leave_at_once_while_the_file_grows(tmp_path):
+    """A chunk the tier named (a merge will read it) does not wait for a full call, nor does a
+    short run before it (it cannot grow); the short run at the file's growing end waits."""
     path = "ckpt/run/step_2/__0_0.distcp"
     link, streamer, f, fs = _named_streamer(tmp_path, path, [1], call_bytes=4 * CHUNK)
     link.calls.clear()
-    f.write(os.urandom(2 * CHUNK))
+    f.write(os.urandom(3 * CHUNK))
     f.flush()
     streamer.step(fs)
     deadline = time.monotonic() + 10
-    while 1 not in fs.sent and time.monotonic() < deadline:
+    while (len(fs.sent) < 2 or fs.inflight) and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert link.calls == [[1]]                   # chunk 0 waits: the file is still growing
+    assert sorted(link.calls) == [[0], [1]]      # chunk 2 waits: the file is still growing
     streamer.shutdown()
 
 
