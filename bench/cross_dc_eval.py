@@ -453,14 +453,9 @@ class Bench:
         return out
 
     @classmethod
-    def mount_cpu_s(cls, mnt: Path) -> float:
-        """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used, with its
-        child processes (the stream sender, `[stream] sender = "process"`)."""
-        return sum(cls.mount_cpu_split(mnt))
-
-    @classmethod
     def mount_cpu_split(cls, mnt: Path) -> tuple[float, float]:
-        """(the daemon's own CPU seconds, its children's: the stream sender's)."""
+        """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used: its own,
+        and its child processes' (the stream sender, `[stream] sender = "process"`)."""
         try:
             pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
         except (OSError, ValueError, KeyError):
@@ -486,8 +481,7 @@ class Bench:
         b0 = self.wan_down()
         n0 = self.relay.stats()["accepted"]
         train_mnt = None if mode == "local" else self.train_stream if mode == "hintfs_stream" else self.train
-        cpu0 = self.mount_cpu_s(train_mnt) if train_mnt else 0.0
-        sender0 = self.mount_cpu_split(train_mnt)[1] if train_mnt else 0.0
+        own0, sender0 = self.mount_cpu_split(train_mnt) if train_mnt else (0.0, 0.0)
         tc0 = self.counters(train_mnt) if train_mnt else {}
         link_cpu0 = time.process_time()   # this process's threads: the relay (the emulated link)
         s3_cpu0 = self.pid_cpu_s(self.s3.proc.pid)
@@ -517,8 +511,9 @@ class Bench:
                 raise TimeoutError(f"{rel} never completed in the tier")
         # the training host's cost of this checkpoint: its mount's CPU time from the first write
         # to the tier's completion (the stream's tail included)
-        train_cpu = round(self.mount_cpu_s(train_mnt) - cpu0, 3) if train_mnt else None
-        sender_cpu = round(self.mount_cpu_split(train_mnt)[1] - sender0, 3) if train_mnt else None
+        own1, sender1 = self.mount_cpu_split(train_mnt) if train_mnt else (0.0, 0.0)
+        train_cpu = round(own1 + sender1 - own0 - sender0, 3) if train_mnt else None
+        sender_cpu = round(sender1 - sender0, 3) if train_mnt else None
         tc1 = self.counters(train_mnt) if train_mnt else {}
         # the follower may still be trailing: give the link a moment to be quiet before counting
         wan = self.wan_down() - b0

@@ -333,10 +333,9 @@ class StreamConfig(Section):
                              "chunks leave behind the writer, the partial tail at close; one CRC-32C each. "
                              "Also the grain of `first_by_reads`.")
     call_bytes: int = Field(4 << 20, ge=64 << 10, le=64 << 20, description="Most bytes of one call to a "
-                            "tier (consecutive chunks go together). While a file grows, the chunks at its growing end "
-                            "that no eval read named wait to fill a call (fewer calls, less CPU on the "
-                            "writer's host); "
-                            "equal to `chunk_bytes`, each whole chunk leaves at once.")
+                            "tier (consecutive chunks go together). While a file grows, the chunks at its "
+                            "growing end that no eval read named wait to fill a call (fewer calls, less CPU "
+                            "on the writer's host); equal to `chunk_bytes`, each whole chunk leaves at once.")
     parallel: int = Field(8, ge=1, le=64, description="Calls in flight at once (fill the link's "
                           "bandwidth-delay product).")
     first_by_reads: bool = Field(True, description="Send first the chunks that eval jobs read of the "
