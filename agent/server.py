@@ -31,7 +31,6 @@ import os
 import contextlib
 import shutil
 import stat as stat_mod
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -47,7 +46,7 @@ from common.secrets import read_token_file
 from common.systemd import sd_notify
 from stores import check_store, open_store
 
-from agent import rpc
+from agent import rpc, socketdir
 from agent.rpc import rpc_error
 from agent.demand import DemandReads, prefetch_pieces
 from agent.fdserver import ReplicaFdServer
@@ -163,7 +162,7 @@ class AgentServer(fl.FlightServerBase):
         if cfg.agents.token_file:
             self.token = read_token_file(cfg.agents.token_file)
         self._samples = None
-        self.socket_dir: Optional[str] = None   # the in-process agent's private socket folder
+        self.socket_dir: Optional[socketdir.SocketDir] = None   # the in-process agent's socket folder
         self._copying: dict[str, threading.Event] = {}
         self._copying_version: dict[str, tuple[int, int]] = {}   # (size, mtime_ns) of copies in flight
         self._readers: "OrderedDict[str, tuple]" = OrderedDict()
@@ -1053,7 +1052,7 @@ class AgentServer(fl.FlightServerBase):
             os.close(self._lock_fd)
             self._lock_fd = None
         if self.socket_dir is not None:
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir.remove()
 
 
 @dataclass
@@ -1196,13 +1195,13 @@ def _errors_as_rpc():
 
 def start_in_process(cfg, store: Store) -> tuple[AgentServer, str]:
     """The mount's own agent when no agents are configured: a thread serving a unix socket in a
-    fresh 0700 directory, so only the mount's own user can reach it (no TCP port at all)."""
-    sock_dir = tempfile.mkdtemp(prefix="hintfs-agent-")
-    location = f"grpc+unix://{sock_dir}/agent.sock"
+    private 0700 folder (agent/socketdir.py), so only the mount's own user can reach it."""
+    sock_dir = socketdir.make()
+    location = f"grpc+unix://{sock_dir.socket}"
     try:
         server = AgentServer(cfg, store, location=location)
     except BaseException:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        sock_dir.remove()
         raise
     server.socket_dir = sock_dir
     threading.Thread(target=server.serve, name="hintfs-agent", daemon=True).start()

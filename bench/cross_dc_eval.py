@@ -276,8 +276,9 @@ class Bench:
         cmd = [PY, "-m", "torch.distributed.run", f"--nproc-per-node={self.args.ranks}", "--master-port=0",
                "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), str(self.args.d_model),
                str(self.args.layers), str(out)]
+        (self.tmp / "tmp").mkdir(exist_ok=True)   # torchrun leaves its log folder there, not in /tmp
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(self.tmp / "tmp")})
         if r.returncode != 0:
             raise RuntimeError("DCP save failed: " + r.stderr[-2000:])
         return out

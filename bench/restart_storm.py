@@ -95,8 +95,9 @@ def make_checkpoint(root: str, dim: int, vocab: int, layers: int, hidden: int) -
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={SAVE_RANKS}",
            "--master-port=0", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", script, out,
            str(dim), str(vocab), str(layers), str(hidden)]
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)   # torchrun leaves its log folder there
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": os.path.join(root, "tmp")})
     if r.returncode != 0:
         raise SystemExit(f"checkpoint save failed:\n{r.stderr[-3000:]}")
     return out

@@ -92,7 +92,8 @@ def _torchrun(tmp_path, *args):
     script.write_text(DCP_SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--master-port=0",
            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), *map(str, args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    (tmp_path / "tmp").mkdir(exist_ok=True)    # torchrun leaves its log folder (torchelastic_*) there
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "TMPDIR": str(tmp_path / "tmp")}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 

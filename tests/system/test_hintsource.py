@@ -30,6 +30,12 @@ SAVE = textwrap.dedent("""
 """)
 
 
+def _own_tmp(tmp_path) -> str:
+    """A temp dir for torchrun, which leaves its log folder (torchelastic_*) behind in it."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return str(tmp_path / "tmp")
+
+
 def _save(tmp_path):
     """Both checkpoints, saved by 4 ranks: `tmp_path`/sharded and `tmp_path`/replicated."""
     script = tmp_path / "save.py"
@@ -40,7 +46,8 @@ def _save(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO,
                        # gloo on loopback: resolving the host name can pick an address that
                        # aborts the rendezvous (seen once in CI); test_real_clients does the same.
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+                            "TMPDIR": _own_tmp(tmp_path)})
     assert r.returncode == 0, r.stderr[-2000:]
     return out
 
