@@ -165,12 +165,14 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"port {port} did not open")
 
 
-def s3_store_toml(port: int, spool: Path | None = None) -> str:
+def s3_store_toml(port: int, spool: Path | None = None, host_cache: Path | None = None) -> str:
     t = (f'[store]\nuri = "s3://{BUCKET}"\nendpoint_override = "127.0.0.1:{port}"\nscheme = "http"\n'
          f'region = "us-east-1"\naccess_key = "{ACCESS_KEY}"\nsecret_key = "{SECRET_KEY}"\nconnect_timeout_s = 5\n'
          f'request_timeout_s = 60\n')
     if spool is not None:
         t += f'\n[cache]\nspool_dir = "{spool}"\n'
+        if host_cache is not None:   # a host cache: writes reach the staging file by FUSE passthrough
+            t += f'dir = "{host_cache}"\n'
     return t
 
 
@@ -201,6 +203,10 @@ class Bench:
         else:
             self.cpu_split = None
             self.link_cpus = None
+
+    def host_cache(self, name: str) -> Path | None:
+        """The training mount's `[cache] dir` with --train-host-cache, else none."""
+        return self.tmp / f"hostcache-{name}" if self.args.train_host_cache else None
 
     def sender_cpus_toml(self) -> str:
         """`[stream] sender_cpus` for --stream-sender-cpus (a line of the [stream] table)."""
@@ -329,7 +335,7 @@ class Bench:
         self.t_relay0 = time.time()
         self.rport = rport
         # training side: S3 directly, journal on
-        self.train = self.mount("train", s3_store_toml(s3_port, self.tmp / "spool-train")
+        self.train = self.mount("train", s3_store_toml(s3_port, self.tmp / "spool-train", self.host_cache("train"))
                                 + '\n[journal]\nenabled = true\n')
         # eval-side agent: S3 through the relay, follows ckpt/
         self.agent_loc = f"grpc://127.0.0.1:{aport}"
@@ -359,7 +365,8 @@ class Bench:
         from agent.client import AgentClient
         self.agent = AgentClient(self.agent_loc)
         # training side with write-time streaming: its sends cross the link's second listener
-        self.train_stream = self.mount("train-stream", s3_store_toml(s3_port, self.tmp / "spool-ts")
+        self.train_stream = self.mount("train-stream", s3_store_toml(s3_port, self.tmp / "spool-ts",
+                                                                     self.host_cache("ts"))
                                        + '\n[journal]\nenabled = true\n' + textwrap.dedent(f"""
             [stream]
             prefixes = ["ckpt/hintfs_stream"]
@@ -661,6 +668,9 @@ def main() -> int:
     ap.add_argument("--stream-poll-ms", type=float, default=20.0, help="[stream] poll_interval_s, in ms")
     ap.add_argument("--stream-parallel", type=int, default=8, help="[stream] parallel")
     ap.add_argument("--stream-sender", choices=("process", "threads"), default="process", help="[stream] sender")
+    ap.add_argument("--train-host-cache", action="store_true",
+                    help="give the training mounts a host cache ([cache] dir): their writes then reach "
+                         "the staging file by FUSE passthrough, not through the daemon")
     ap.add_argument("--stream-sender-nice", type=int, default=10, help="[stream] sender_nice")
     ap.add_argument("--stream-sender-cpus", choices=("inherit", "training", "eval"), default="inherit",
                     help="with --cpu-split, [stream] sender_cpus: the training half (as inherited, but "
@@ -707,7 +717,7 @@ def main() -> int:
                          "stream_poll_ms": a.stream_poll_ms,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
-                         "stream_sender_cpus": a.stream_sender_cpus,
+                         "stream_sender_cpus": a.stream_sender_cpus, "train_host_cache": a.train_host_cache,
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},
               "s3_server": None,
