@@ -320,6 +320,40 @@ def test_a_publish_behind_the_writer_does_not_wait_for_the_chunks_in_flight(tmp_
     streamer.shutdown()
 
 
+def test_a_publish_before_any_put_landed_opens_the_stream_and_does_not_wait_for_them(tmp_path):
+    """The writer outran the link: at the publish every put is still in flight and none has
+    opened the stream at the tier. The publish goes at once and opens it itself (it waited for
+    all of them before: the tier learned the version last, and eval reads of it waited too)."""
+    import threading
+    link, streamer, f, fs = pooled(tmp_path)
+    release = threading.Event()
+    plain_put, plain_publish = link.put, link.publish
+    publishes = []
+
+    def put(sid, gen, chunks, opening=None, seen=None, urgent=False):
+        assert release.wait(10)
+        return plain_put(sid, gen, chunks, opening, seen)
+
+    def publish(sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
+        publishes.append((release.is_set(), opening is not None))
+        answer = plain_publish(sid, gen, path, size, mtime_ns, crcs, record, chunks, opening)
+        release.set()
+        return answer
+
+    link.put, link.publish = put, publish
+    data = os.urandom(5 * CHUNK + 100)
+    f.write(data)
+    f.flush()
+    streamer.step(fs)                           # chunks 0-4 in flight, none landed
+    assert not fs.opened and fs.inflight
+    streamer.published(fs, len(data), 1_000)
+    assert finish(streamer, fs)
+    assert publishes == [(False, True)]         # once, at once, opening the stream
+    assert link.ready["ckpt/s1/__0_0.distcp"] == data
+    assert link.bytes == len(data)              # no chunk crossed twice
+    streamer.shutdown()
+
+
 def test_a_lost_ready_answer_is_asked_again_with_the_publish(tmp_path):
     """The put that completed the stream failed on its way back (the tier made the replica): the
     next step asks with the publish, which answers "ready"; nothing is sent again."""
