@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fusefs.streamer import PutAnswer, Streamer  # noqa: E402
+from fusefs.streamer import PublishAnswer, PutAnswer, Streamer  # noqa: E402
 
 MiB = 1 << 20
 WRITER = textwrap.dedent("""
@@ -72,7 +72,7 @@ class CountingTransport:
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
         self._take(chunks)
-        return "ready", ()
+        return PublishAnswer("ready")
 
     def abort(self, sid):
         pass

@@ -72,6 +72,14 @@ class PutAnswer:
     ready: bool = False                     # the stream is the published file's replica now
 
 
+@dataclass(frozen=True)
+class PublishAnswer:
+    """The tier's answer to a publish."""
+    state: str                              # "ready": the replica; else "fill": `fetch` is missing
+    fetch: tuple[int, ...] = ()             # chunks the tier lacks (or holds with another CRC)
+    named: Optional[Sequence[int]] = None   # the stream's open rode on it: the chunks to send first
+
+
 class Transport(Protocol):
     def open(self, sid: str, gen: int, path: str, chunk: int,
              job: Optional[str] = None) -> tuple[dict[int, int], Sequence[int]]:
@@ -87,9 +95,9 @@ class Transport(Protocol):
         replica."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
                 record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
-                opening: Optional[tuple[str, int, Optional[str]]] = None) -> tuple[str, tuple[int, ...]]:
+                opening: Optional[tuple[str, int, Optional[str]]] = None) -> PublishAnswer:
         """Write `chunks` (offset, data, crc), then publish; `opening` = (path, chunk, job): open
-        the stream first (it is new to the tier). One call."""
+        the stream first (it is new to the tier; `named` as for a put). One call."""
     def abort(self, sid: str) -> None: ...
 
 
@@ -284,9 +292,12 @@ class Streamer:
                     with fs.lock:
                         acked = set(fs.sent)    # what the tier held before it answers
                     opening = None if fs.opened else (fs.path, fs.chunk, fs.job)
-                    state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
-                                                          fs.record, opening=opening)
+                    answer = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
+                                                    fs.record, opening=opening)
+                    if opening is not None:     # (the names serve this family's next files too)
+                        self._tier_named(fs, fs.gen, answer.named)
                     fs.announced = fs.opened = True
+                    state, fetch = answer.state, answer.fetch
                     if state != "fill":
                         return self._done(fs)
                     with fs.lock:
@@ -330,8 +341,11 @@ class Streamer:
             last = todo[-1:]
             self._send(fs, self._calls(fs, todo[:-1]), size)
             inline = self._read_chunks(fs, last, size)
-            state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
-                                                  fs.record, inline, opening)
+            answer = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
+                                            fs.record, inline, opening)
+            if opening is not None:
+                self._tier_named(fs, fs.gen, answer.named)
+            state, fetch = answer.state, answer.fetch
             fs.opened = True
             for off, data, crc in inline:
                 fs.sent[off // fs.chunk] = crc
@@ -392,18 +406,18 @@ class Streamer:
         A tier that lost the stream (restarted without it) refuses: the stream opens again."""
         assert fs.version is not None and fs.final is not None
         try:
-            state, fetch = self.transport.publish(fs.sid, fs.gen, fs.path, fs.version[0], fs.version[1],
-                                                  fs.final, fs.record)
+            answer = self.transport.publish(fs.sid, fs.gen, fs.path, fs.version[0], fs.version[1],
+                                            fs.final, fs.record)
         except OSError as err:
             if err.errno != errno.ESTALE:
                 raise
             self._open(fs)
             return
         fs.opened = fs.announced = True
-        if state != "fill":
+        if answer.state != "fill":
             self._done(fs)
             return
-        missing = set(fetch)
+        missing = set(answer.fetch)
         with fs.lock:
             fs.sent = {i: crc for i, crc in enumerate(fs.final) if i not in missing}
 
@@ -593,4 +607,4 @@ class Streamer:
         return memoryview(buf)[:n]
 
 
-__all__ = ["Streamer", "FileStream", "Transport"]
+__all__ = ["Streamer", "FileStream", "Transport", "PutAnswer", "PublishAnswer"]

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 from agent.client import AgentClient
 from agent.linkgate import LinkGate
 from fusefs.stats import Stats
-from fusefs.streamer import FileStream, PutAnswer, Streamer, background_thread
+from fusefs.streamer import FileStream, PublishAnswer, PutAnswer, Streamer, background_thread
 from stores.base import Stat
 
 log = logging.getLogger("hintfs.stream")
@@ -76,7 +76,8 @@ class FlightTransport:
             opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
             publish={"path": path, "size": size, "mtime_ns": mtime_ns, "crcs": list(crcs), "record": record,
                      "ttl_s": self.ttl_s})
-        return doc.get("state", "fill"), tuple(int(i) for i in doc.get("fetch", ()))
+        return PublishAnswer(doc.get("state", "fill"), tuple(int(i) for i in doc.get("fetch", ())),
+                             doc.get("first", []) if opening is not None else None)
 
     def abort(self, sid):
         self.control.stream_abort(sid)

@@ -9,7 +9,7 @@ import os
 import time
 
 from agent.streams import StreamError, StreamTier
-from fusefs.streamer import PutAnswer, Streamer
+from fusefs.streamer import PublishAnswer, PutAnswer, Streamer
 from policy.stream import chunk_crc
 
 CHUNK = 64 << 10
@@ -74,14 +74,13 @@ class Link:
         os.unlink(part)
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
-        if opening is not None:
-            self.open(sid, gen, *opening)
+        named = self.open(sid, gen, *opening)[1] if opening is not None else None
         if chunks:
             self.put(sid, gen, chunks)
         v, part = self._call(self.tier.publish, sid, gen, path, size, mtime_ns, crcs)
         if part is not None:
             self._take(path, part)
-        return v.state, v.fetch
+        return PublishAnswer(v.state, tuple(v.fetch), named)
 
     def abort(self, sid):
         self._call(self.tier.abort, sid)
@@ -323,15 +322,22 @@ def test_a_publish_behind_the_writer_does_not_wait_for_the_chunks_in_flight(tmp_
 def test_a_publish_before_any_put_landed_opens_the_stream_and_does_not_wait_for_them(tmp_path):
     """The writer outran the link: at the publish every put is still in flight and none has
     opened the stream at the tier. The publish goes at once and opens it itself (it waited for
-    all of them before: the tier learned the version last, and eval reads of it waited too)."""
+    all of them before: the tier learned the version last, and eval reads of it waited too), and
+    the chunks the tier names in its answer serve the next file of that name."""
     import threading
-    link, streamer, f, fs = pooled(tmp_path)
+    link = Link(StreamTier(str(tmp_path / "tier"), Clock(), persistent=False, progress_every_s=0))
+    streamer = Streamer(link, CHUNK, parallel=4, first_by_reads=True)
+    f = open(tmp_path / "staging", "w+b")
+    fs = streamer.start("ckpt/s1/__0_0.distcp", f.fileno())
+    link.first["ckpt/s1/__0_0.distcp"] = [3]
     release = threading.Event()
     plain_put, plain_publish = link.put, link.publish
     publishes = []
 
+    opened_by_puts = []
+
     def put(sid, gen, chunks, opening=None, seen=None, urgent=False):
-        assert release.wait(10)
+        opened_by_puts.append(opening is not None)
         return plain_put(sid, gen, chunks, opening, seen)
 
     def publish(sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
@@ -341,6 +347,8 @@ def test_a_publish_before_any_put_landed_opens_the_stream_and_does_not_wait_for_
         return answer
 
     link.put, link.publish = put, publish
+    for _ in range(4):                          # every send thread busy: the puts wait in its queue
+        streamer.pool.submit(release.wait, 10)
     data = os.urandom(5 * CHUNK + 100)
     f.write(data)
     f.flush()
@@ -349,8 +357,11 @@ def test_a_publish_before_any_put_landed_opens_the_stream_and_does_not_wait_for_
     streamer.published(fs, len(data), 1_000)
     assert finish(streamer, fs)
     assert publishes == [(False, True)]         # once, at once, opening the stream
+    assert not any(opened_by_puts)              # (so the names came with the publish's answer)
     assert link.ready["ckpt/s1/__0_0.distcp"] == data
     assert link.bytes == len(data)              # no chunk crossed twice
+    with open(tmp_path / "staging2", "w+b") as g:
+        assert streamer.start("ckpt/s2/__0_0.distcp", g.fileno()).first == {3}
     streamer.shutdown()
 
 
