@@ -291,21 +291,16 @@ class Streamer:
                     self._send_rest(fs, size)
                     with fs.lock:
                         acked = set(fs.sent)    # what the tier held before it answers
-                    opening = None if fs.opened else (fs.path, fs.chunk, fs.job)
-                    answer = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
-                                                    fs.record, opening=opening)
-                    if opening is not None:     # (the names serve this family's next files too)
-                        self._tier_named(fs, fs.gen, answer.named)
+                    answer = self._publish(fs, opening=not fs.opened)
                     fs.announced = fs.opened = True
-                    state, fetch = answer.state, answer.fetch
-                    if state != "fill":
+                    if answer.state != "fill":
                         return self._done(fs)
                     with fs.lock:
                         # Only a chunk acknowledged before the question is really missing (its
                         # bytes were not the published file's). One in flight then may have
                         # landed since: the answer predates it, and sending it again would cross
                         # the link twice.
-                        for i in fetch:
+                        for i in answer.fetch:
                             if i in acked and i not in fs.inflight:
                                 fs.sent.pop(i, None)
             if fs.announced and fs.opened and self.pool is not None:
@@ -331,27 +326,23 @@ class Streamer:
             self._drain(fs)
             # A stream the tier has never heard of (nothing sent, no failure) opens inside the
             # publish call; one that failed before learns first what the tier kept.
-            opening = None
+            opening = False
             if not fs.opened:
                 if fs.sent or fs.errors:
                     self._open(fs)
                 else:
-                    opening = (fs.path, fs.chunk, fs.job)
+                    opening = True
             todo = ranges_to_send(size, fs.chunk, fs.sent, fs.final)
             last = todo[-1:]
             self._send(fs, self._calls(fs, todo[:-1]), size)
             inline = self._read_chunks(fs, last, size)
-            answer = self.transport.publish(fs.sid, fs.gen, fs.path, size, fs.version[1], fs.final,
-                                            fs.record, inline, opening)
-            if opening is not None:
-                self._tier_named(fs, fs.gen, answer.named)
-            state, fetch = answer.state, answer.fetch
+            answer = self._publish(fs, inline, opening)
             fs.opened = True
             for off, data, crc in inline:
                 fs.sent[off // fs.chunk] = crc
                 fs.bytes_sent += len(data)
-            if state == "fill":
-                for i in fetch:                 # the tier does not have these: send them again
+            if answer.state == "fill":
+                for i in answer.fetch:                 # the tier does not have these: send them again
                     fs.sent.pop(i, None)
                 return False
             fs.state = "done"
@@ -400,14 +391,25 @@ class Streamer:
             others = max(0, self.others_in_flight - self._busy[False]) if yielding else None
         self._send_behind(fs, self._calls(fs, todo, others, growing_end), size)
 
+    def _publish(self, fs: FileStream, chunks: Sequence[tuple[int, bytes, int]] = (),
+                 opening: bool = False) -> PublishAnswer:
+        """Publish `fs` at its version, with `chunks`; `opening`: the stream opens in the same
+        call (it is new to the tier), and the chunks the tier names in its answer are learned as
+        an open's are (they serve this file's next checkpoints too)."""
+        assert fs.version is not None and fs.final is not None
+        answer = self.transport.publish(fs.sid, fs.gen, fs.path, fs.version[0], fs.version[1], fs.final,
+                                        fs.record, chunks, (fs.path, fs.chunk, fs.job) if opening else None)
+        if opening:
+            self._tier_named(fs, fs.gen, answer.named)
+        return answer
+
     def _reopen_published(self, fs: FileStream) -> None:
         """After a failure, a published stream asks with its publish what the tier holds of that
         version: a put may have completed it (its answer lost), or it names what is missing.
         A tier that lost the stream (restarted without it) refuses: the stream opens again."""
         assert fs.version is not None and fs.final is not None
         try:
-            answer = self.transport.publish(fs.sid, fs.gen, fs.path, fs.version[0], fs.version[1],
-                                            fs.final, fs.record)
+            answer = self._publish(fs)
         except OSError as err:
             if err.errno != errno.ESTALE:
                 raise
