@@ -30,12 +30,6 @@ SAVE = textwrap.dedent("""
 """)
 
 
-def _own_tmp(tmp_path) -> str:
-    """A temp dir for torchrun, which leaves its log folder (torchelastic_*) behind in it."""
-    (tmp_path / "tmp").mkdir(exist_ok=True)
-    return str(tmp_path / "tmp")
-
-
 def _save(tmp_path):
     """Both checkpoints, saved by 4 ranks: `tmp_path`/sharded and `tmp_path`/replicated."""
     script = tmp_path / "save.py"
@@ -43,11 +37,12 @@ def _save(tmp_path):
     out = tmp_path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--master-port=0",
            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), str(out)]
+    (tmp_path / "tmp").mkdir(exist_ok=True)    # torchrun leaves its log folder (torchelastic_*) there
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO,
                        # gloo on loopback: resolving the host name can pick an address that
                        # aborts the rendezvous (seen once in CI); test_real_clients does the same.
                        env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-                            "TMPDIR": _own_tmp(tmp_path)})
+                            "TMPDIR": str(tmp_path / "tmp")})
     assert r.returncode == 0, r.stderr[-2000:]
     return out
 
