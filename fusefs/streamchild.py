@@ -124,12 +124,63 @@ def pin_to(cpus: list[int]) -> bool:
         return False
 
 
+def cpu_cgroup(proc_cgroup: str) -> Optional[str]:
+    """The cgroup of the CPU controller ("/" at the root) in a `/proc/PID/cgroup` text, None if
+    it names none: cgroup v1's cpu hierarchy if mounted, else v2's unified one."""
+    unified = None
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+        if controllers == "":
+            unified = path
+    return unified
+
+
+def nice_against_the_job(nice: int) -> bool:
+    """Make the sender's niceness count against the job's processes, not only the mount's
+    threads; True if it now does (docs/cross_dc.md "The sender process").
+
+    Niceness only orders the threads of one scheduling group. With autogroup (the kernel's
+    default outside cpu cgroups) each session is a group and busy groups share a CPU equally:
+    the mount leads a session of its own, so a nice-10 sender in it took half of a CPU the job
+    wanted. The sender therefore leads a session of its own, and that session's group gets the
+    niceness (`/proc/self/autogroup`; raising it needs no privilege). In a cpu cgroup (a systemd
+    service) autogroups do not apply: the cgroup shares CPU with the job's by weight."""
+    if nice <= 0:
+        return False    # nice 0: the sender shares the mount's group, as the mount's threads would
+    try:
+        os.setsid()     # (refused only to a group leader; the mount's child is none)
+    except OSError as err:
+        log.warning("stream sender: no session of its own (%s): sender_nice orders it against the "
+                    "mount's threads only", err)
+        return False
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError as err:   # a kernel without autogroup: niceness compares with every process
+        log.debug("stream sender: no autogroup (%s)", err)
+        return True
+    try:
+        with open("/proc/self/cgroup") as f:
+            group = cpu_cgroup(f.read())
+    except (OSError, ValueError):
+        group = None
+    if group not in (None, "/"):
+        log.info("stream sender: in cgroup %s, where autogroups may not apply: sender_nice may order the "
+                 "sends against the mount's threads only; sender_cpus or the cgroup's CPU weight keep "
+                 "them off the job's CPUs", group)
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())
     setup_logging(setup.get("log_level", "INFO"), setup.get("log_file"))
     sc = StreamConfig.model_validate(setup["stream"])
     os.setpriority(os.PRIO_PROCESS, 0, sc.sender_nice)   # before any thread: they all inherit it
+    nice_against_the_job(sc.sender_nice)
     if sc.sender_cpus:
         pin_to(sc.sender_cpus)                              # the same: every thread after this
     tls_root = base64.b64decode(setup["tls_root"]) if setup.get("tls_root") else None

@@ -362,7 +362,9 @@ class StreamConfig(Section):
                                                   "dies), or `threads` of the mount itself.")
     sender_nice: int = Field(10, ge=0, le=19, description="CPU niceness of the sends (the child process, or "
                              "the mount's send threads): on a busy host the job's writes and uploads run "
-                             "first.")
+                             "first. Above 0 the child leads a session of its own whose autogroup gets "
+                             "this niceness, so that it counts against the job's processes too; in a cpu "
+                             "cgroup (systemd) it orders the sends against the mount's threads only.")
     sender_cpus: Optional[list[int]] = Field(None, description="CPUs the sender process runs on (Linux "
                                              "CPU numbers, as `taskset -c` takes them; unset: the mount's). On "
                                              "a host with cores the job leaves free, put it there: its reads, "

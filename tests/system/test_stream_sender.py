@@ -1,6 +1,6 @@
 """The stream sender process (`[stream] sender = "process"`, docs/cross_dc.md "The sender
 process"), through real mounts and a real tier agent: the sends run in a child of the mount at
-`sender_nice`, on `sender_cpus`; a child killed mid-stream is started again and the file still reaches the tier
+`sender_nice` (in a session and autogroup of its own), on `sender_cpus`; a child killed mid-stream is started again and the file still reaches the tier
 whole; the child ends with the mount, whether it is unmounted or killed; a child that keeps
 dying turns streaming off (the eval side then copies after close)."""
 from __future__ import annotations
@@ -46,6 +46,11 @@ def test_the_sends_run_in_a_child_at_sender_nice_on_sender_cpus_which_ends_with_
         assert wait_for(lambda: nice_of(kid) == 13, 10)   # (its first acts once it has its setup)
         assert wait_for(lambda: os.sched_getaffinity(kid) == {cpu}, 10)
         assert nice_of(train.pid) == 0            # the mount itself keeps the job's priority
+        # a session of its own, whose autogroup has the niceness (tests/unit/test_streamchild_nice.py)
+        assert wait_for(lambda: os.getsid(kid) == kid, 10) and os.getsid(train.pid) != kid
+        if os.path.exists(f"/proc/{kid}/autogroup"):
+            assert wait_for(lambda: Path(f"/proc/{kid}/autogroup").read_text().split()[-1] == "13", 10)
+            assert Path(f"/proc/{train.pid}/autogroup").read_text().split()[-1] == "0"
         assert os.sched_getaffinity(train.pid) == mine     # and its CPUs
         (train.mnt / "ckpt/run/step_1").mkdir(parents=True)
         data = os.urandom(5 * CHUNK + 3)
