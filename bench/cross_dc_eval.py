@@ -45,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -335,8 +336,12 @@ class Bench:
         self.t_relay0 = time.time()
         self.rport = rport
         # training side: S3 directly, journal on
+        # --copy-mount-with-stream (a diagnostic): the copy-after-close mount has a [stream] table
+        # too, for a prefix nothing is written under: a sender process, no streams
+        idle_stream = (f'\n[stream]\nprefixes = ["elsewhere"]\nagents = ["grpc://127.0.0.1:{self.relay.reverse_port}"]\n'
+                       if a.copy_mount_with_stream else "")
         self.train = self.mount("train", s3_store_toml(s3_port, self.tmp / "spool-train", self.host_cache("train"))
-                                + '\n[journal]\nenabled = true\n')
+                                + '\n[journal]\nenabled = true\n' + idle_stream)
         # eval-side agent: S3 through the relay, follows ckpt/
         self.agent_loc = f"grpc://127.0.0.1:{aport}"
         acfg = self.tmp / "agent.toml"
@@ -429,11 +434,29 @@ class Bench:
             root = self.train_stream
         dst = (root or self.train) / rel
         names = sorted(p.name for p in self.src.iterdir() if p.name != ".metadata")
-        self.writer.stdin.write(json.dumps({"src": str(self.src), "dst": str(dst),
-                                            "names": names + [".metadata"]}) + "\n")
-        self.writer.stdin.flush()
-        res = json.loads(self.writer.stdout.readline())
+        if self.args.warm_pages_mb:
+            warm_free_pages(self.args.warm_pages_mb)
+        # --stop-sender-during-write (a diagnostic): the stream sender gets no CPU until the commit
+        stopped = self.sender_pids() if self.args.stop_sender_during_write and root == self.train_stream else []
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            self.writer.stdin.write(json.dumps({"src": str(self.src), "dst": str(dst),
+                                                "names": names + [".metadata"]}) + "\n")
+            self.writer.stdin.flush()
+            res = json.loads(self.writer.stdout.readline())
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
         return res["t0"], res["done"]
+
+    def sender_pids(self) -> list[int]:
+        """The streaming training mount's sender processes (`[stream] sender = "process"`)."""
+        try:
+            pid = json.loads((self.train_stream / ".hintfs" / "stats").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return []
+        return child_pids(pid)
 
     def merge(self, path: Path, mount: Path | None = None) -> dict:
         req = {"path": str(path), "pattern": self.args.pattern}
@@ -496,7 +519,9 @@ class Bench:
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         link_cpu = round(time.process_time() - link_cpu0, 3)
-        sender_write = round(self.mount_cpu_split(train_mnt)[1] - sender0, 3) if train_mnt else None
+        own_w, sender_w = self.mount_cpu_split(train_mnt) if train_mnt else (0.0, 0.0)
+        sender_write = round(sender_w - sender0, 3) if train_mnt else None
+        own_write = round(own_w - own0, 3) if train_mnt else None
         s3_cpu = round(self.pid_cpu_s(self.s3.proc.pid) - s3_cpu0, 3)
         wan_at_commit = self.wan_down() - b0   # how far the link kept up with the writer
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
@@ -531,6 +556,8 @@ class Bench:
              # of which the stream sender process's (a child of the mount), over the rep and
              # during the write (first write to commit)
              "train_sender_cpu_s": sender_cpu, "train_sender_cpu_s_during_write": sender_write,
+             # the mount daemon's own CPU seconds (its sender child not counted) during the write
+             "train_mount_own_cpu_s_during_write": own_write,
              # CPU seconds of the relay during the write (on the training side's CPUs here)
              "link_cpu_s_during_write": link_cpu,
              # CPU seconds of the S3 server (JuiceFS's gateway) during the write, same CPU
@@ -647,6 +674,23 @@ def plot(stats: dict, phases, path: Path, bw: float) -> None:
     fig.savefig(path, dpi=110)
 
 
+def warm_free_pages(mb: int) -> None:
+    """Touch `mb` MiB of fresh memory on this CPU and free it (--warm-pages-mb). On this VM free
+    memory left idle goes back to the host (virtio-balloon free page reporting); the next page
+    cache write into it faults each page in on the host, about 15x slower than into memory freed
+    just before (bench/README.md, "the VM's cold free pages"). Freed just now, the pages are
+    backed when the write takes them."""
+    buf = bytearray(mb << 20)
+    buf[::4096] = b"\1" * len(range(0, len(buf), 4096))
+    del buf
+
+
+def pair_order(how: str, i: int) -> tuple[str, str]:
+    """The two hintfs modes of rep `i`, in the order they run (--pair-order)."""
+    copy_first = how == "copy-first" or (how == "abba" and i % 2 == 0)
+    return ("hintfs", "hintfs_stream") if copy_first else ("hintfs_stream", "hintfs")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small run, < 3 minutes")
@@ -672,6 +716,18 @@ def main() -> int:
                     help="give the training mounts a host cache ([cache] dir): their writes then reach "
                          "the staging file by FUSE passthrough, not through the daemon")
     ap.add_argument("--stream-sender-nice", type=int, default=10, help="[stream] sender_nice")
+    ap.add_argument("--warm-pages-mb", type=int, default=0,
+                    help="touch and free this many MiB just before each checkpoint write (both modes), "
+                         "so that the VM's free memory is backed by the host when the write takes it")
+    ap.add_argument("--copy-mount-with-stream", action="store_true",
+                    help="a diagnostic: the copy-after-close training mount gets a [stream] table for a "
+                         "prefix nothing is written under (a sender process, no streams)")
+    ap.add_argument("--pair-order", choices=("copy-first", "stream-first", "abba"), default="copy-first",
+                    help="the order of the two hintfs modes in each rep: copy after close first (as "
+                         "before), streaming first, or swapped every other rep")
+    ap.add_argument("--stop-sender-during-write", action="store_true",
+                    help="a diagnostic: SIGSTOP the stream sender from the first write to the commit, "
+                         "so that streaming's cost to the writer without the sender's CPU shows")
     ap.add_argument("--stream-sender-cpus", choices=("inherit", "training", "eval"), default="inherit",
                     help="with --cpu-split, [stream] sender_cpus: the training half (as inherited, but "
                          "set), the eval half (a host whose sender has a core the job leaves free; here "
@@ -717,6 +773,9 @@ def main() -> int:
                          "stream_poll_ms": a.stream_poll_ms,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
+                         "stop_sender_during_write": a.stop_sender_during_write,
+                         "pair_order": a.pair_order, "warm_pages_mb": a.warm_pages_mb,
+                         "copy_mount_with_stream": a.copy_mount_with_stream,
                          "stream_sender_cpus": a.stream_sender_cpus, "train_host_cache": a.train_host_cache,
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
                          "s3_server": None, "cpu_split": None},
@@ -756,7 +815,7 @@ def main() -> int:
             if m in wanted:
                 modes[m] = {"reps": []}
         for i in range(a.reps):
-            for m in ("hintfs", "hintfs_stream"):
+            for m in pair_order(a.pair_order, i):
                 if m in wanted:
                     modes[m]["reps"].append(b.rep(m, i, b.ev_hint))
         for m in ("hintfs", "hintfs_stream"):
