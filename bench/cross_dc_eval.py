@@ -452,11 +452,8 @@ class Bench:
 
     def sender_pids(self) -> list[int]:
         """The streaming training mount's sender processes (`[stream] sender = "process"`)."""
-        try:
-            pid = json.loads((self.train_stream / ".hintfs" / "stats").read_text())["pid"]
-        except (OSError, ValueError, KeyError):
-            return []
-        return child_pids(pid)
+        pid = self.mount_pid(self.train_stream)
+        return child_pids(pid) if pid is not None else []
 
     def merge(self, path: Path, mount: Path | None = None) -> dict:
         req = {"path": str(path), "pattern": self.args.pattern}
@@ -487,11 +484,18 @@ class Bench:
     def mount_cpu_split(cls, mnt: Path) -> tuple[float, float]:
         """CPU seconds (user + system, all threads) the hintfs daemon of `mnt` has used: its own,
         and its child processes' (the stream sender, `[stream] sender = "process"`)."""
-        try:
-            pid = json.loads((mnt / ".hintfs" / "stats").read_text())["pid"]
-        except (OSError, ValueError, KeyError):
+        pid = cls.mount_pid(mnt)
+        if pid is None:
             return 0.0, 0.0
         return cls.pid_cpu_s(pid), sum(cls.pid_cpu_s(c) for c in child_pids(pid))
+
+    @staticmethod
+    def mount_pid(mnt: Path) -> int | None:
+        """The pid of the hintfs daemon of `mnt` (its `.hintfs/stats`); None if it does not answer."""
+        try:
+            return int(json.loads((mnt / ".hintfs" / "stats").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     @staticmethod
     def pid_cpu_s(pid: int) -> float:
@@ -681,7 +685,7 @@ def warm_free_pages(mb: int) -> None:
     just before (bench/README.md, "the VM's cold free pages"). Freed just now, the pages are
     backed when the write takes them."""
     buf = bytearray(mb << 20)
-    buf[::4096] = b"\1" * len(range(0, len(buf), 4096))
+    buf[::4096] = b"\1" * (len(buf) // 4096)
     del buf
 
 
