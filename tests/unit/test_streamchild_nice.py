@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import pytest
 
@@ -21,7 +22,7 @@ PROBE = ("import os, sys; sys.path.insert(0, sys.argv[1]); from fusefs.streamchi
          "print(r, os.getsid(0) == os.getpid(), g)")
 
 
-def probe(nice: int, as_user: list[str] = ()) -> list[str]:
+def probe(nice: int, as_user: Sequence[str] = ()) -> list[str]:
     out = subprocess.run([*as_user, sys.executable, "-I", "-c", PROBE, REPO, str(nice)],
                          capture_output=True, text=True, timeout=30, cwd="/")
     assert out.returncode == 0, out.stderr
