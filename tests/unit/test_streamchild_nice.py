@@ -37,7 +37,9 @@ def test_nice_0_leaves_the_process_in_its_session():
 
 @pytest.mark.skipif(not AUTOGROUP, reason="this kernel has no autogroups")
 def test_a_niced_sender_leads_a_session_whose_autogroup_has_its_niceness():
-    mine = open("/proc/self/autogroup").read().split()[0]
+    # empty where this process is in the boot-time default group (its session goes back to init
+    # with no setsid on the way, as under some CI runners): the kernel prints no line for it
+    mine = (open("/proc/self/autogroup").read().split() or [""])[0]
     ok, leads, group, _, nice = probe(13)
     assert leads == "True" and group != mine and nice == "13"
     # (True only where autogroups decide: this process's cgroup for the CPU is the root)
