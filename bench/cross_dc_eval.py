@@ -16,7 +16,8 @@ In every mode the merge starts at the commit. Per mode: merge latency (mean, p95
 training side took to write the checkpoint (`write_s_mean`), and `wan_bytes_over_checkpoint`
 (bytes towards the eval side across the relay during a rep, over the checkpoint's bytes: the
 store's reads plus, for hintfs_stream, the streams). `write_stream_over_copy`: the training side's
-write throughput with streaming over without it (hintfs_stream vs hintfs, same run).
+write throughput with streaming over without it (hintfs_stream vs hintfs, same run, the two modes
+in `--pair-order abba`; `write_ratio` says why the order matters).
 Merge latency = commit (`.metadata` closed on the training mount) -> `dcp.load` of the subset done.
 
 Two datacenters on one host: with `--cpu-split` (the default with 2 CPUs or more) the training
@@ -52,6 +53,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Optional
 from pathlib import Path
 from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 from s3server import ACCESS_KEY, SECRET_KEY, JuiceFSGateway  # noqa: E402  (the same)
@@ -512,6 +514,8 @@ class Bench:
 
     def rep(self, mode: str, i: int, eval_mnt: Path) -> dict:
         rel = f"{'ckpt' if mode.startswith('hintfs') else 'base'}/{mode}/step_{i}"
+        if self.args.rest_s and mode.startswith("hintfs"):
+            time.sleep(self.args.rest_s)     # --rest-s: what the rep before freed goes back to the host
         t_start = time.time()
         b0 = self.wan_down()
         n0 = self.relay.stats()["accepted"]
@@ -689,6 +693,31 @@ def warm_free_pages(mb: int) -> None:
     del buf
 
 
+def write_ratio(modes: dict) -> dict:
+    """The training write with streaming against without it (`write_stream_over_copy`: the
+    means of all reps), and each mode's write by the hintfs mode of the rep before it.
+
+    What came before matters here. On this VM free memory goes back to the host within seconds,
+    and a page-cache write into it costs several times one into memory freed just before
+    (`bench/free_page_cost.py`). A stream rep frees its staging pages when its sender finishes,
+    just before the next rep, so a copy rep right after a stream rep writes into warm memory.
+    With every pair copy-first, every copy rep had that head start and every stream rep followed
+    a copy rep: the ratio was about 0.06 low (bench/README.md, "the order of the reps").
+    `--pair-order abba` (the default) gives each mode as many reps after either mode;
+    `--rest-s` lets every write start in cold memory."""
+    if not modes.get("hintfs") or not modes.get("hintfs_stream"):
+        return {"write_stream_over_copy": None}
+
+    def mean(xs: list[float]) -> Optional[float]:
+        return round(sum(xs) / len(xs), 3) if xs else None
+
+    cells = {f"{m}_after_{b}": [r["write_s"] for r in modes[m]["reps"] if r.get("after") == b]
+             for m in ("hintfs", "hintfs_stream") for b in ("hintfs", "hintfs_stream")}
+    return {"write_stream_over_copy": round(modes["hintfs"]["write_s_mean"]
+                                            / modes["hintfs_stream"]["write_s_mean"], 3),
+            "write_s_by_rep_before": {k: {"n": len(v), "mean": mean(v)} for k, v in cells.items()}}
+
+
 def pair_order(how: str, i: int) -> tuple[str, str]:
     """The two hintfs modes of rep `i`, in the order they run (--pair-order)."""
     copy_first = how == "copy-first" or (how == "abba" and i % 2 == 0)
@@ -720,15 +749,21 @@ def main() -> int:
                     help="give the training mounts a host cache ([cache] dir): their writes then reach "
                          "the staging file by FUSE passthrough, not through the daemon")
     ap.add_argument("--stream-sender-nice", type=int, default=10, help="[stream] sender_nice")
+    ap.add_argument("--rest-s", type=float, default=0.0,
+                    help="a diagnostic: sleep this long before each hintfs rep, so that each write starts "
+                         "in memory that has gone back to the host, whatever the rep before freed "
+                         "(write_ratio says why it matters)")
     ap.add_argument("--warm-pages-mb", type=int, default=0,
                     help="touch and free this many MiB just before each checkpoint write (both modes), "
                          "so that the VM's free memory is backed by the host when the write takes it")
     ap.add_argument("--copy-mount-with-stream", action="store_true",
                     help="a diagnostic: the copy-after-close training mount gets a [stream] table for a "
                          "prefix nothing is written under (a sender process, no streams)")
-    ap.add_argument("--pair-order", choices=("copy-first", "stream-first", "abba"), default="copy-first",
-                    help="the order of the two hintfs modes in each rep: copy after close first (as "
-                         "before), streaming first, or swapped every other rep")
+    ap.add_argument("--pair-order", choices=("copy-first", "stream-first", "abba"), default="abba",
+                    help="the order of the two hintfs modes in each rep: swapped every other rep (the "
+                         "default: each mode follows either mode equally often), copy after close "
+                         "first (before 2026-12-03: every copy rep followed a stream rep), or streaming "
+                         "first")
     ap.add_argument("--stop-sender-during-write", action="store_true",
                     help="a diagnostic: SIGSTOP the stream sender from the first write to the commit, "
                          "so that streaming's cost to the writer without the sender's CPU shows")
@@ -770,7 +805,7 @@ def main() -> int:
     remote_reps = a.remote_reps or a.reps
     t_begin = time.monotonic()
     b = Bench(a)
-    result = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
+    result: dict = {"config": {"delay_ms_each_way": a.delay_ms, "bandwidth_mbit": a.bandwidth_mbit, "reps": a.reps,
                          "eval_nice": a.eval_nice, "link_cpus": a.link_cpus, "stream_chunk_kb": a.stream_chunk_kb,
                          "first_by_reads": a.first_by_reads, "others_in_flight": a.others_in_flight,
                          "others_while_writing": a.others_while_writing, "tier_dir": a.tier_dir,
@@ -778,7 +813,7 @@ def main() -> int:
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
                          "stop_sender_during_write": a.stop_sender_during_write,
-                         "pair_order": a.pair_order, "warm_pages_mb": a.warm_pages_mb,
+                         "pair_order": a.pair_order, "warm_pages_mb": a.warm_pages_mb, "rest_s": a.rest_s,
                          "copy_mount_with_stream": a.copy_mount_with_stream,
                          "stream_sender_cpus": a.stream_sender_cpus, "train_host_cache": a.train_host_cache,
                          "remote_reps": remote_reps, "pattern": a.pattern, "quick": a.quick,
@@ -818,10 +853,13 @@ def main() -> int:
         for m in ("hintfs", "hintfs_stream"):
             if m in wanted:
                 modes[m] = {"reps": []}
+        after = None     # the hintfs mode of the rep before (write_ratio says why it matters)
         for i in range(a.reps):
             for m in pair_order(a.pair_order, i):
                 if m in wanted:
-                    modes[m]["reps"].append(b.rep(m, i, b.ev_hint))
+                    r = b.rep(m, i, b.ev_hint)
+                    r["after"], after = after, m
+                    modes[m]["reps"].append(r)
         for m in ("hintfs", "hintfs_stream"):
             if m in wanted:
                 modes[m] = b.summarize(modes[m]["reps"])
@@ -842,8 +880,7 @@ def main() -> int:
         else:
             result["reasons"]["shared_link"] = "skipped (--jobs 0)"
         hs = result["merge_latency_s"]["hintfs_stream"]
-        w0, w1 = result["write_s_mean"].get("hintfs"), result["write_s_mean"].get("hintfs_stream")
-        result["write_stream_over_copy"] = round(w0 / w1, 3) if w0 and w1 else None
+        result.update(write_ratio(modes))
         r, h = result["merge_latency_s"]["remote"], result["merge_latency_s"]["hintfs"]
         rc = result["merge_latency_s"]["rclone"]
         lo = result["merge_latency_s"]["local"]
@@ -890,6 +927,7 @@ def main() -> int:
     print(json.dumps({k: result.get(k) for k in ("s3_server", "merge_latency_s", "merge_latency_p95_s",
                                                   "wan_over_needed", "wan_bytes_over_checkpoint",
                                                   "write_s_mean", "write_stream_over_copy",
+                                                  "write_s_by_rep_before",
                                                   "anomaly_slowdown", "others_slowdown", "goals", "reasons",
                                                   "wall_s")}, indent=1))
     return 0 if "error" not in result["reasons"] else 1
