@@ -697,12 +697,15 @@ def write_ratio(modes: dict) -> dict:
     """The training write with streaming against without it (`write_stream_over_copy`: the
     means of all reps), and each mode's write by the hintfs mode of the rep before it.
 
-    What came before matters here. On this VM free memory goes back to the host within seconds,
-    and a page-cache write into it costs several times one into memory freed just before
-    (`bench/free_page_cost.py`). A stream rep frees its staging pages when its sender finishes,
-    just before the next rep, so a copy rep right after a stream rep writes into warm memory.
-    With every pair copy-first, every copy rep had that head start and every stream rep followed
-    a copy rep: the ratio was about 0.06 low (bench/README.md, "the order of the reps").
+    What came before matters here. A copy rep right after a stream rep wrote faster than one
+    after a copy rep in 7 of 8 runs, and a stream rep after a copy rep was the slowest stream
+    rep in every run. After a 3 s rest (`--rest-s`) the copy reps' head start was gone. On this
+    VM free memory goes back to the host within seconds, and a page-cache write into it costs
+    several times one into memory freed just before (`bench/free_page_cost.py`); a stream rep
+    frees its staging pages when its sender finishes, just before the next rep, which is the
+    likely cause. With every pair copy-first, every copy rep had that head start and every
+    stream rep followed a copy rep: the ratio came out about 0.03 low (bench/README.md, "the
+    order of the reps").
     `--pair-order abba` (the default) gives each mode as many reps after either mode;
     `--rest-s` lets every write start in cold memory."""
     if not modes.get("hintfs") or not modes.get("hintfs_stream"):
