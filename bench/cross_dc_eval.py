@@ -751,7 +751,7 @@ def main() -> int:
     ap.add_argument("--train-host-cache", action="store_true",
                     help="give the training mounts a host cache ([cache] dir): their writes then reach "
                          "the staging file by FUSE passthrough, not through the daemon")
-    ap.add_argument("--stream-sender-nice", type=int, default=10, help="[stream] sender_nice")
+    ap.add_argument("--stream-sender-nice", type=int, default=5, help="[stream] sender_nice")
     ap.add_argument("--rest-s", type=float, default=0.0,
                     help="a diagnostic: sleep this long before each hintfs rep, so that each write starts "
                          "in memory that has gone back to the host, whatever the rep before freed "

@@ -129,7 +129,7 @@ class FileStream:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def background_thread(nice: int = 10) -> None:
+def background_thread(nice: int = 5) -> None:
     """Lower this thread's CPU priority to `nice` (Linux: per thread), never raise it: on a busy
     host the job's own writes and uploads run first and the stream waits, not the other way round."""
     try:
@@ -141,7 +141,7 @@ def background_thread(nice: int = 10) -> None:
 class Streamer:
     def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 256,
                  parallel: int = 1, link=None, call_bytes: Optional[int] = None, first_by_reads: bool = False,
-                 others_in_flight: int = 1, nice: int = 10, others_while_writing: bool = True):
+                 others_in_flight: int = 1, nice: int = 5, others_while_writing: bool = True):
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         self.transport = transport
