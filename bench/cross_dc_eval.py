@@ -698,8 +698,8 @@ def write_ratio(modes: dict) -> dict:
     means of all reps), and each mode's write by the hintfs mode of the rep before it.
 
     What came before matters here. A copy rep right after a stream rep wrote faster than one
-    after a copy rep in 7 of 8 runs, and a stream rep after a copy rep was the slowest stream
-    rep in every run. After a 3 s rest (`--rest-s`) the copy reps' head start was gone. On this
+    after a copy rep in 7 of 8 comparisons, and a stream rep after a copy rep wrote slower, on
+    average, than one after a stream rep in every run. After a 3 s rest (`--rest-s`) the copy reps' head start was gone. On this
     VM free memory goes back to the host within seconds, and a page-cache write into it costs
     several times one into memory freed just before (`bench/free_page_cost.py`); a stream rep
     frees its staging pages when its sender finishes, just before the next rep, which is the
