@@ -832,7 +832,7 @@ def main() -> int:
         b.start()
         # The WAN relay is a thread of this process: a full garbage collection here (torch is
         # imported for the checkpoint's facts) held the interpreter lock, and so the link, for
-        # 118-188 ms once a run. What exists now is never freed before the end: leave it out.
+        # 119-188 ms once a run. What exists now is never freed before the end: leave it out.
         gc.freeze()
         result["s3_server"] = result["config"]["s3_server"] = b.s3.name if b.s3 else None
         result["checkpoint"] = b.facts
