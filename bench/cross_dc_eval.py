@@ -687,8 +687,10 @@ def warm_free_pages(mb: int) -> None:
     """Touch `mb` MiB of fresh memory on this CPU and free it (--warm-pages-mb). On this VM free
     memory left idle goes back to the host (virtio-balloon free page reporting); the next page
     cache write into it faults each page in on the host, about 15x slower than into memory freed
-    just before (bench/README.md, "the VM's cold free pages"). Freed just now, the pages are
-    backed when the write takes them."""
+    just before (bench/README.md, "the VM's cold free pages"). The idea: freed just now, the
+    pages are backed when the write takes them. Measured, it did not work: a 28 MiB page-cache
+    write after warming 256 MiB or 1 GiB this way cost what a cold one does (bench/README.md,
+    "the order of the reps")."""
     buf = bytearray(mb << 20)
     buf[::4096] = b"\1" * (len(buf) // 4096)
     del buf
@@ -700,11 +702,11 @@ def write_ratio(modes: dict) -> dict:
 
     What came before matters here. A copy rep right after a stream rep wrote faster than one
     after a copy rep in 7 of 8 comparisons, and a stream rep after a copy rep wrote slower, on
-    average, than one after a stream rep in every run. After a 3 s rest (`--rest-s`) the copy reps' head start was gone. On this
-    VM free memory goes back to the host within seconds, and a page-cache write into it costs
-    several times one into memory freed just before (`bench/free_page_cost.py`); a stream rep
-    frees its staging pages when its sender finishes, just before the next rep, which is the
-    likely cause. With every pair copy-first, every copy rep had that head start and every
+    average, than one after a stream rep in every run. After a 3 s rest (`--rest-s`) the copy
+    reps' head start was gone. On this VM free memory goes back to the host within seconds, and
+    a page-cache write into it costs several times one into memory freed just before
+    (`bench/free_page_cost.py`); a stream rep frees its staging pages when its sender finishes,
+    just before the next rep, which is the likely cause. With every pair copy-first, every copy rep had that head start and every
     stream rep followed a copy rep: the ratio came out about 0.03 low (bench/README.md, "the
     order of the reps").
     `--pair-order abba` (the default) gives each mode as many reps after either mode;
@@ -758,8 +760,9 @@ def main() -> int:
                          "in memory that has gone back to the host, whatever the rep before freed "
                          "(write_ratio says why it matters)")
     ap.add_argument("--warm-pages-mb", type=int, default=0,
-                    help="touch and free this many MiB just before each checkpoint write (both modes), "
-                         "so that the VM's free memory is backed by the host when the write takes it")
+                    help="a diagnostic: touch and free this many MiB of anonymous memory just before each "
+                         "checkpoint write (both modes). It did not make the page-cache writes warm here "
+                         "(bench/README.md, \"the order of the reps\")")
     ap.add_argument("--copy-mount-with-stream", action="store_true",
                     help="a diagnostic: the copy-after-close training mount gets a [stream] table for a "
                          "prefix nothing is written under (a sender process, no streams)")

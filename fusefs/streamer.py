@@ -129,7 +129,7 @@ class FileStream:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def background_thread(nice: int = 5) -> None:
+def background_thread(nice: int) -> None:
     """Lower this thread's CPU priority to `nice` (Linux: per thread), never raise it: on a busy
     host the job's own writes and uploads run first and the stream waits, not the other way round."""
     try:

@@ -157,7 +157,7 @@ class StreamTap:
         self.entries: dict = {}          # inode number (or a rename's own key) -> _Entry
         self.cond = threading.Condition()
         # steps of different files run at once (each step's chunks have the streamer's own pool)
-        self.nice = getattr(cfg, "sender_nice", 5)
+        self.nice = cfg.sender_nice
         self.workers = ThreadPoolExecutor(8, thread_name_prefix="hintfs-stream",
                                           initializer=functools.partial(background_thread, self.nice))
         self._stop = False

@@ -364,8 +364,9 @@ class StreamConfig(Section):
                              "the mount's send threads): on a busy host the job's writes and uploads run "
                              "first (at 5 the job gets three quarters of a CPU both want; at 10 the sends "
                              "starved whenever the job's CPU was full: docs/cross_dc.md). Above 0 the child "
-                             "leads a session of its own whose autogroup gets this niceness, so that it counts against the job's processes too; in a cpu "
-                             "cgroup (systemd) it orders the sends against the mount's threads only.")
+                             "leads a session of its own whose autogroup gets this niceness, so that it "
+                             "counts against the job's processes too; in a cpu cgroup (systemd) it orders "
+                             "the sends against the mount's threads only.")
     sender_cpus: Optional[list[int]] = Field(None, description="CPUs the sender process runs on (Linux "
                                              "CPU numbers, as `taskset -c` takes them; unset: the mount's). On "
                                              "a host with cores the job leaves free, put it there: its reads, "
