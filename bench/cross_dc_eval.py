@@ -146,9 +146,12 @@ WRITE = textwrap.dedent("""
         req = json.loads(line)
         t0 = time.time()
         os.makedirs(req["dst"])
+        per_file = []
         for n in req["names"]:
+            t = time.time()
             shutil.copyfile(os.path.join(req["src"], n), os.path.join(req["dst"], n))
-        print(json.dumps({"t0": t0, "done": time.time()}), flush=True)
+            per_file.append(round(time.time() - t, 4))
+        print(json.dumps({"t0": t0, "done": time.time(), "per_file": per_file}), flush=True)
 """)
 
 
@@ -261,11 +264,12 @@ class Bench:
         for mnt in self.mounts:   # rclone mounts: after its process is gone
             if os.path.ismount(mnt):
                 subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        if self.relay is not None:
-            try:
-                self.relay.stop()
-            except Exception:
-                pass
+        for relay in (self.relay, getattr(self, "floor_relay", None)):
+            if relay is not None:
+                try:
+                    relay.stop()
+                except Exception:
+                    pass
         if self.s3 is not None:
             self.s3.close()
         if self.args.keep_logs:
@@ -404,6 +408,18 @@ class Bench:
         self.writer = self.spawn([PY, "-c", WRITE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  stderr=open(self.tmp / "write.log", "w"))
         assert self.writer.stdout.readline().strip() == "ready"
+        self.floor_port = None
+        if a.floor_sender:   # a link of its own to a sink on the eval side (the real link is idle then)
+            sport = free_port()
+            sink = self.spawn(self.on_eval_side([PY, str(REPO / "bench" / "send_floor.py"), "sink", str(sport),
+                                                 str(a.reps)]), stdout=subprocess.PIPE, text=True)
+            assert sink.stdout.readline().strip() == "ready"
+            self.floor_port = sport
+            if a.floor_sender == "relay":
+                self.floor_relay = Relay(("127.0.0.1", sport), a.delay_ms / 1000, self.bw, nice=a.eval_nice,
+                                         cpus=self.link_cpus)
+                self.floor_port = self.floor_relay.start()
+        self.floor_result: dict | None = None
 
     def start_rclone(self) -> Path | None:
         base = self.tmp / "rclone"
@@ -440,10 +456,24 @@ class Bench:
         if self.args.warm_pages_mb:
             warm_free_pages(self.args.warm_pages_mb)
         # --stop-sender-during-write (a diagnostic): the stream sender gets no CPU until the commit
-        stopped = self.sender_pids() if self.args.stop_sender_during_write and root == self.train_stream else []
+        stopping = (self.args.stop_sender_during_write or self.args.floor_sender) and root == self.train_stream
+        stopped = self.sender_pids() if stopping else []
+        # --floor-sender (a diagnostic): the least a sender could cost, sending the same bytes
+        # at the link's pace beside the write (bench/send_floor.py)
+        floor = None
+        if self.floor_port and root == self.train_stream:
+            floor = subprocess.Popen([PY, str(REPO / "bench" / "send_floor.py"), "send", str(self.floor_port),
+                                      str(self.args.stream_sender_nice),
+                                      str(0 if self.args.floor_sender == "relay" else self.bw)]
+                                     + [str(self.src / n) for n in names + [".metadata"]],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+            assert floor.stdout.readline().strip() == "ready"
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
         try:
+            if floor is not None:
+                floor.stdin.write("go\n")
+                floor.stdin.flush()
             self.writer.stdin.write(json.dumps({"src": str(self.src), "dst": str(dst),
                                                 "names": names + [".metadata"]}) + "\n")
             self.writer.stdin.flush()
@@ -451,6 +481,11 @@ class Bench:
         finally:
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
+        if floor is not None:
+            out, _ = floor.communicate(timeout=60)
+            self.floor_result = {**json.loads(out), "after_commit_s": None}
+            self.floor_result["after_commit_s"] = round(self.floor_result.pop("done") - res["done"], 3)
+        self.last_write_per_file = res["per_file"]
         return res["t0"], res["done"]
 
     def sender_pids(self) -> list[int]:
@@ -509,6 +544,21 @@ class Bench:
         except (OSError, ValueError, IndexError):
             return 0.0
 
+    def cpu_times(self) -> dict:
+        """Seconds the training side's CPUs (--cpu-split; else all) spent in softirq (on loopback,
+        a TCP receiver's protocol work runs on the sender's CPU and is charged to whatever task
+        it interrupts) and stolen by the hypervisor, from /proc/stat."""
+        cpus = {f"cpu{c}" for c in self.cpu_split["training"]} if self.cpu_split else None
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {"softirq": 0.0, "steal": 0.0}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *vals = line.split()
+                if name.startswith("cpu") and name != "cpu" and (cpus is None or name in cpus):
+                    out["softirq"] += int(vals[6]) / tick
+                    out["steal"] += int(vals[7]) / tick
+        return out
+
     def wan_down(self) -> int:
         """Bytes that crossed the link towards the eval side: store reads and streams."""
         return self.relay.stats()["bytes"]["down"] + self.relay.reverse_stats()["bytes"]["up"]
@@ -525,6 +575,7 @@ class Bench:
         tc0 = self.counters(train_mnt) if train_mnt else {}
         link_cpu0 = time.process_time()   # this process's threads: the relay (the emulated link)
         s3_cpu0 = self.pid_cpu_s(self.s3.proc.pid)
+        host0 = self.cpu_times()
         # "local": the floor, the same checkpoint written to and merged from a local folder
         t_write, t_commit = self.write_checkpoint(rel, eval_mnt if mode == "local" else None)
         link_cpu = round(time.process_time() - link_cpu0, 3)
@@ -532,6 +583,7 @@ class Bench:
         sender_write = round(sender_w - sender0, 3) if train_mnt else None
         own_write = round(own_w - own0, 3) if train_mnt else None
         s3_cpu = round(self.pid_cpu_s(self.s3.proc.pid) - s3_cpu0, 3)
+        host = {k: round(v - host0[k], 3) for k, v in self.cpu_times().items()}
         wan_at_commit = self.wan_down() - b0   # how far the link kept up with the writer
         # The eval starts at the commit in every mode; with hintfs the eval mount reads what the
         # tier holds already, waits for files whose copy is in flight, and reads the rest remotely.
@@ -562,6 +614,8 @@ class Bench:
         self.phases.append((mode, t_start - self.t_relay0, res["done"] - self.t_relay0))
         r = {"latency_s": round(res["done"] - t_commit, 3), "merge_s": round(res["done"] - res["t0"], 3),
              "write_s": round(t_commit - t_write, 3), "train_mount_cpu_s": train_cpu,
+             # each file's copy (open to close) in the writer's order: data files, .metadata last
+             "write_s_by_file": self.last_write_per_file,
              # of which the stream sender process's (a child of the mount), over the rep and
              # during the write (first write to commit)
              "train_sender_cpu_s": sender_cpu, "train_sender_cpu_s_during_write": sender_write,
@@ -571,6 +625,8 @@ class Bench:
              "link_cpu_s_during_write": link_cpu,
              # CPU seconds of the S3 server (JuiceFS's gateway) during the write, same CPU
              "s3_cpu_s_during_write": s3_cpu,
+             # the training CPUs' softirq and stolen seconds during the write (cpu_times)
+             "train_softirq_s_during_write": host["softirq"], "train_steal_s_during_write": host["steal"],
              # where the merge's time went: .metadata found and read, the read hint, the loads
              "metadata_s": round(res["t_md"] - res["t0"], 3), "hint_s": round(res["t_hint"] - res["t_md"], 3),
              "load_s": round(res["done"] - res["t_hint"], 3),
@@ -581,6 +637,8 @@ class Bench:
              "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan,
              "wan_bytes_at_commit": wan_at_commit, "needed_bytes": res["bytes"],
              "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
+        if self.floor_result is not None and mode == "hintfs_stream":
+            r["floor_sender"], self.floor_result = self.floor_result, None
         if d1:   # the tier's demand reads during the merge (agent/demand.py)
             r["tier_demand"] = {k: v - d0.get(k, 0) for k, v in d1.items()}
         if c1:
@@ -774,6 +832,12 @@ def main() -> int:
     ap.add_argument("--stop-sender-during-write", action="store_true",
                     help="a diagnostic: SIGSTOP the stream sender from the first write to the commit, "
                          "so that streaming's cost to the writer without the sender's CPU shows")
+    ap.add_argument("--floor-sender", choices=("relay", "direct"), default=None,
+                    help="a diagnostic: the stream sender stopped during the write (as "
+                         "--stop-sender-during-write), and beside the write bench/send_floor.py sends "
+                         "the same bytes the cheapest way (mmap CRC + sendfile) to a sink on the eval "
+                         "side: through an emulated link of its own (relay), or straight, paced at the "
+                         "link's rate (direct: the emulated link's CPU left out)")
     ap.add_argument("--stream-sender-cpus", choices=("inherit", "training", "eval"), default="inherit",
                     help="with --cpu-split, [stream] sender_cpus: the training half (as inherited, but "
                          "set), the eval half (a host whose sender has a core the job leaves free; here "
@@ -819,7 +883,7 @@ def main() -> int:
                          "stream_poll_ms": a.stream_poll_ms,
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
-                         "stop_sender_during_write": a.stop_sender_during_write,
+                         "stop_sender_during_write": a.stop_sender_during_write, "floor_sender": a.floor_sender,
                          "pair_order": a.pair_order, "warm_pages_mb": a.warm_pages_mb, "rest_s": a.rest_s,
                          "copy_mount_with_stream": a.copy_mount_with_stream,
                          "stream_sender_cpus": a.stream_sender_cpus, "train_host_cache": a.train_host_cache,
