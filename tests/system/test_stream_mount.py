@@ -34,7 +34,11 @@ class Tier:
         self.server = AgentServer(parse_config(cfg), LocalStore(str(store)), location="grpc://127.0.0.1:0")
         self.loc = f"grpc://127.0.0.1:{self.server.port}"
         threading.Thread(target=self.server.serve, daemon=True).start()
-        self.client = AgentClient(self.loc)
+        # A connection of its own: gRPC shares connections per address within a process, and a
+        # port reused from an earlier test's tier could hand this client that address's cached
+        # "connection refused" (a guess at a one-time flake here: "Connection refused" on the
+        # first call to a tier that had just bound its port; not reproduced).
+        self.client = AgentClient(self.loc, own_connection=True)
 
     def close(self):
         self.server.shutdown()
