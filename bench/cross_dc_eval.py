@@ -478,6 +478,11 @@ class Bench:
                                                 "names": names + [".metadata"]}) + "\n")
             self.writer.stdin.flush()
             res = json.loads(self.writer.stdout.readline())
+        except BaseException:
+            if floor is not None:
+                floor.kill()
+                floor.wait()
+            raise
         finally:
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
