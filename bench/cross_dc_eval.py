@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from typing import Optional
 from pathlib import Path
@@ -420,6 +421,7 @@ class Bench:
                                          cpus=self.link_cpus)
                 self.floor_port = self.floor_relay.start()
         self.floor_result: dict | None = None
+        self.last_held: int | None = None   # --hold-staging: staging files held in the last write
 
     def start_rclone(self) -> Path | None:
         base = self.tmp / "rclone"
@@ -470,6 +472,8 @@ class Bench:
             assert floor.stdout.readline().strip() == "ready"
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
+        training_mount = self.train if root is None else root if root == self.train_stream else None
+        holder = StagingHolder(self.mount_pid(training_mount)) if self.args.hold_staging and training_mount else None
         try:
             if floor is not None:
                 floor.stdin.write("go\n")
@@ -484,6 +488,8 @@ class Bench:
                 floor.wait()
             raise
         finally:
+            if holder is not None:
+                self.last_held = holder.release()
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
         if floor is not None:
@@ -642,6 +648,8 @@ class Bench:
              "tier_complete_s": round(t_ready - t_commit, 3) if t_ready else None, "wan_bytes": wan,
              "wan_bytes_at_commit": wan_at_commit, "needed_bytes": res["bytes"],
              "tensors": res["tensors"], "wan_connections": self.relay.stats()["accepted"] - n0}
+        if self.last_held is not None:
+            r["staging_files_held"], self.last_held = self.last_held, None
         if self.floor_result is not None and mode == "hintfs_stream":
             r["floor_sender"], self.floor_result = self.floor_result, None
         if d1:   # the tier's demand reads during the merge (agent/demand.py)
@@ -746,6 +754,51 @@ def plot(stats: dict, phases, path: Path, bw: float) -> None:
     fig.savefig(path, dpi=110)
 
 
+class StagingHolder:
+    """--hold-staging (a diagnostic): hold every staging file a training mount opens during the
+    write until the commit, as a stream sender holds its descriptor on each file until it has
+    sent and published it. The copy-after-close mount then frees no staging pages during the
+    write either, which isolates what the held pages cost the next file's writes. A thread polls
+    the mount's descriptors every 5 ms and opens each new staging file by /proc/PID/fd/N."""
+
+    def __init__(self, pid: int | None):
+        self.pid = pid
+        self.held: dict[int, int] = {}      # inode -> our descriptor
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        if pid is not None:
+            self.thread.start()
+
+    def _poll(self) -> None:
+        fd_dir = f"/proc/{self.pid}/fd"
+        while not self.stop.wait(0.005):
+            try:
+                names = os.listdir(fd_dir)
+            except OSError:
+                return
+            for n in names:
+                try:
+                    if "/.hintfs-tmp." not in os.readlink(f"{fd_dir}/{n}"):   # common.paths.STAGING_PREFIX
+                        continue
+                    fd = os.open(f"{fd_dir}/{n}", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                ino = os.fstat(fd).st_ino
+                if ino in self.held:
+                    os.close(fd)
+                else:
+                    self.held[ino] = fd
+
+    def release(self) -> int:
+        """Stop, close every held file; how many were held."""
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        for fd in self.held.values():
+            os.close(fd)
+        return len(self.held)
+
+
 def warm_free_pages(mb: int) -> None:
     """Touch `mb` MiB of fresh memory on this CPU and free it (--warm-pages-mb). On this VM free
     memory left idle goes back to the host (virtio-balloon free page reporting); the next page
@@ -837,6 +890,9 @@ def main() -> int:
     ap.add_argument("--stop-sender-during-write", action="store_true",
                     help="a diagnostic: SIGSTOP the stream sender from the first write to the commit, "
                          "so that streaming's cost to the writer without the sender's CPU shows")
+    ap.add_argument("--hold-staging", action="store_true",
+                    help="a diagnostic: during each hintfs write the bench holds every staging file the "
+                         "training mount opens until the commit (StagingHolder), in both modes")
     ap.add_argument("--floor-sender", choices=("relay", "direct"), default=None,
                     help="a diagnostic: the stream sender stopped during the write (as "
                          "--stop-sender-during-write), and beside the write bench/send_floor.py sends "
@@ -889,6 +945,7 @@ def main() -> int:
                          "stream_parallel": a.stream_parallel, "cpus": os.cpu_count(),
                          "stream_sender": a.stream_sender, "stream_sender_nice": a.stream_sender_nice,
                          "stop_sender_during_write": a.stop_sender_during_write, "floor_sender": a.floor_sender,
+                         "hold_staging": a.hold_staging,
                          "pair_order": a.pair_order, "warm_pages_mb": a.warm_pages_mb, "rest_s": a.rest_s,
                          "copy_mount_with_stream": a.copy_mount_with_stream,
                          "stream_sender_cpus": a.stream_sender_cpus, "train_host_cache": a.train_host_cache,
