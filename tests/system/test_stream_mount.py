@@ -26,11 +26,11 @@ CHUNK = 64 << 10
 class Tier:
     """An eval tier agent on a loopback TCP port (streams need a network agent), following `ckpt`."""
 
-    def __init__(self, tmp_path, store, follow: bool = True, **agent):
+    def __init__(self, tmp_path, store, follow: bool = True, follow_options: Optional[dict] = None, **agent):
         cfg = {"store": {"uri": f"file://{store}"},
                "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", "stream_prefixes": ["ckpt"], **agent}}
         if follow:
-            cfg["follow"] = {"prefixes": ["ckpt"], "poll_interval_s": 0.05}
+            cfg["follow"] = {"prefixes": ["ckpt"], "poll_interval_s": 0.05, **(follow_options or {})}
         self.server = AgentServer(parse_config(cfg), LocalStore(str(store)), location="grpc://127.0.0.1:0")
         self.loc = f"grpc://127.0.0.1:{self.server.port}"
         threading.Thread(target=self.server.serve, daemon=True).start()
@@ -237,6 +237,36 @@ def test_a_commit_marker_renamed_into_place_reaches_the_tier_by_stream_and_compl
         # in CI; test_an_older_record_of_the_same_writer_and_version_needs_no_copy.)
         assert wait_for(lambda: tier.client.status()["streams"]["published"] == 3, 10)
         assert tier.client.status()["copies"] <= 1
+
+
+def test_keep_last_drops_a_streamed_checkpoint_as_it_drops_a_copied_one(mount_factory, tmp_path):
+    """A job writing checkpoint after checkpoint by stream keeps `[follow] keep_last` of them at the
+    tier: the streams' replicas of an older one go when a newer one completes."""
+    def checkpoint(train, step: int) -> bytes:
+        ck = train.mnt / "ckpt" / "run" / f"step_{step}"
+        ck.mkdir(parents=True)
+        data = os.urandom(3 * CHUNK + step)
+        with open(ck / "__0_0.distcp", "wb") as f:
+            f.write(data)
+        (ck / ".metadata.tmp").write_bytes(b"plan %d" % step)
+        os.rename(ck / ".metadata.tmp", ck / ".metadata")
+        return data
+
+    with streaming_to_tier(mount_factory, tmp_path, follow_options={"keep_last": 1}) as (store, tier, train):
+        checkpoint(train, 1)
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_1"], 15)
+        old = {"ckpt/run/step_1/__0_0.distcp", "ckpt/run/step_1/.metadata"}
+        assert old <= set(tier.client.status()["replicas"])
+        data = checkpoint(train, 2)
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_2"], 15)
+        replicas = set(tier.client.status()["replicas"])
+        assert not replicas & old
+        assert {"ckpt/run/step_2/__0_0.distcp", "ckpt/run/step_2/.metadata"} <= replicas
+        assert tier.client.read("ckpt/run/step_2/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
+        for path in old:
+            with pytest.raises(OSError):
+                tier.client.read(path, 0, 10, replica_only=True)
+        assert tier.client.status()["streams"]["published"] >= 4      # both checkpoints came by stream
 
 
 def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of_a_folder(tmp_path):
