@@ -19,11 +19,12 @@ import logging
 import posixpath
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from common.journal import (BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record,
-                            list_folder, slice_dir)
+                            list_folder, record_time_ns, removed_record, slice_dir)
 
 log = logging.getLogger("hintfs.follower")
 
@@ -37,6 +38,7 @@ FINISH_WAIT_S = 600.0     # a finisher gives up (and is started again next round
 SLACK_NS = 2 * 10**9
 SWEEP_S = 30.0
 SWEEP_BACK_NS = 300 * 10**9
+REMOVALS_KEPT = 65536     # removal records remembered (to tell a copy that failed for one)
 
 class Follower:
     def __init__(self, agent, cfg):
@@ -58,6 +60,7 @@ class Follower:
         self.finishing: set[str] = set()
         self.complete: dict[str, float] = {}      # checkpoint folder -> when it completed
         self.errors: dict[str, str] = {}
+        self.removals: "OrderedDict[str, int]" = OrderedDict()   # path -> time of its removal record
         self.cond = threading.Condition()
         self._order = itertools.count()
         self._stop = threading.Event()
@@ -218,19 +221,61 @@ class Follower:
     def _copy(self, path: str) -> bool:
         expect, record = self.journaled.get(path, (None, None))
         try:
-            self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
-                                 job=self._job(path), expect=expect, record=record)
+            done = self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
+                                        job=self._job(path), expect=expect, record=record)
             with self.cond:
-                self.copied.add(path)
+                if not done.get("removed"):
+                    self.copied.add(path)
                 self.errors.pop(path, None)
             return True
         except Exception as err:   # FlightServerError/OSError: retried on the next round
             with self.cond:
+                self.journaled.pop(path, None)
+                if self._removed_since(path, record):
+                    return False           # the store removed it: nothing to retry
                 self.errors[path] = str(err)
                 # The journaled version may be gone (rewritten): the retry stats the store.
-                self.journaled.pop(path, None)
             log.warning("predictive copy of %s failed (will retry): %s", path, err)
             return False
+
+    def _removed_since(self, path: str, record: Optional[str]) -> bool:
+        """(under cond) A removal record of `path` or a folder above it is newer than `record`
+        (any removal when the version copied had no record)."""
+        made = record_time_ns(record) if record else None
+        parts = path.split("/")
+        for i in range(len(parts), 0, -1):
+            t = self.removals.get("/".join(parts[:i]))
+            if t is not None and (made is None or made < t):
+                return True
+        return False
+
+    def _forget(self, path: str, removed_ns: int) -> None:
+        """(under cond) A removal record: `path`, a file or a folder, left the store at
+        `removed_ns`. Forget the files at and under it journaled before then (no copy, no wait
+        for them at a checkpoint's completion, no retries); a removed commit marker takes its
+        checkpoint off the complete list. The agent drops the replicas (`step`)."""
+        self.removals[path] = max(removed_ns, self.removals.get(path, -1))
+        self.removals.move_to_end(path)
+        while len(self.removals) > REMOVALS_KEPT:
+            self.removals.popitem(last=False)
+
+        def newer(p: str) -> bool:   # journaled after the removal: a file made again since
+            j = self.journaled.get(p)
+            made = record_time_ns(j[1]) if j and j[1] else None
+            return made is not None and made > removed_ns
+
+        known = set(self.journaled) | self.copied | set(self.queued) | set(self.errors) | self.pending_markers
+        known |= {p for files in self.folder_files.values() for p in files}
+        gone = {p for p in known if (p == path or p.startswith(path + "/")) and not newer(p)}
+        for p in gone:
+            self.journaled.pop(p, None)
+            self.queued.pop(p, None)
+            self.errors.pop(p, None)
+            self.folder_files.get(posixpath.dirname(p), set()).discard(p)
+            if p in self.pending_markers or posixpath.basename(p) == self.cfg.commit_marker:
+                self.pending_markers.discard(p)
+                self.complete.pop(posixpath.dirname(p), None)
+        self.copied -= gone
 
     # -- completing checkpoints ------------------------------------------------------------------
     def _finish(self, marker: str) -> None:
@@ -305,8 +350,15 @@ class Follower:
         new = self._new_from_journal()
         if new is None:
             new = self._new_from_listing()
+        removals: list[tuple[str, int]] = []
         with self.cond:
             for path, version, record in new:
+                if removed_record(record):
+                    t = record_time_ns(record or "")
+                    assert t is not None   # (a removal record is a record name)
+                    self._forget(path, t)
+                    removals.append((path, t))
+                    continue
                 if version is not None:
                     self.journaled[path] = (version, record)
                     if path in self.copied:        # a new version of a copied file
@@ -321,6 +373,8 @@ class Follower:
                     self._enqueue(path)
             start = sorted(self.pending_markers - self.finishing, key=lambda m: not self._urgent(m))
             self.finishing.update(start)
+        for path, t in removals:      # (the agent's lock after ours, never inside it)
+            self.agent.removed_from_store(path, t)
         for marker in start:
             self.finishers.submit(self._finish, marker)
         if wait:

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from common.errors import HintfsError
-from common.journal import later_by_same_writer, streamed_record
+from common.journal import later_by_same_writer, record_time_ns, streamed_record
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from stores import check_store, open_store
@@ -96,6 +96,16 @@ class Replica:
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
     last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
     record: Optional[str] = None   # the journal record this copy answered (one per close)
+
+
+REMOVALS_KEPT = 65536   # removal records an agent remembers (a restarted one reads the journal again)
+
+
+def _made_before(rep: Replica, t_ns: int) -> bool:
+    """The replica holds a version written before `t_ns`: by the time of the journal record it was
+    made for, else (a copy found by listing or fetched for a read) by the store's mtime."""
+    made = record_time_ns(rep.record) if rep.record else None
+    return (made if made is not None else rep.source_mtime_ns) < t_ns
 
 
 class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
@@ -164,6 +174,10 @@ class AgentServer(fl.FlightServerBase):
         self._samples = None
         self.socket_dir: Optional[socketdir.SocketDir] = None   # the in-process agent's socket folder
         self._copying: dict[str, threading.Event] = {}
+        # path (a file or a folder) -> the time of the newest journal record saying it left the
+        # store: a replica of it from before then is dropped, and not cataloged when a copy or
+        # stream of it finishes later (`removed_from_store`)
+        self._removed: "OrderedDict[str, int]" = OrderedDict()
         self._copying_version: dict[str, tuple[int, int]] = {}   # (size, mtime_ns) of copies in flight
         self._readers: "OrderedDict[str, tuple]" = OrderedDict()
         self._retired: list = []       # readers and fds replaced while reads may still use them;
@@ -543,9 +557,15 @@ class AgentServer(fl.FlightServerBase):
             raise rpc_error(errno.EAGAIN, f"{path} changed or was short during the copy")
         rep = self._replica_from(tmp, path, st.size, st.mtime_ns, ttl_s, record)
         with self.lock:
-            self.replicas[path] = rep
+            removed = self._removed_since(rep)
+            if not removed:
+                self.replicas[path] = rep
             self.resumed_ranges += resumed
             self.copies += 1
+        if removed:
+            self._retire(rep)
+            log.info("copy of %s not kept: the store removed it since", path)
+            return {"path": path, "size": st.size, "already": False, "removed": True}
         log.info("replica of %s ready (%d bytes, ttl %.0fs, from %s)", path, st.size, ttl_s, source or "store")
         return {"path": path, "size": st.size, "already": False}
 
@@ -888,9 +908,15 @@ class AgentServer(fl.FlightServerBase):
             self.drop(path)
             rep = self._replica_from(part, path, size, mtime_ns, ttl_s, record)
             with self.lock:
-                self.replicas[path] = rep
+                removed = self._removed_since(rep)
+                if not removed:
+                    self.replicas[path] = rep
                 self.streams_published += 1
-            log.info("replica of %s ready from its write-time stream (%d bytes)", path, size)
+            if removed:
+                self._retire(rep)
+                log.info("stream of %s not kept: the store removed it since", path)
+            else:
+                log.info("replica of %s ready from its write-time stream (%d bytes)", path, size)
         finally:
             with self.lock:
                 self._copying.pop(path).set()
@@ -924,18 +950,53 @@ class AgentServer(fl.FlightServerBase):
             rep = self.replicas.get(path)
             return rep is not None and rep.size == size and rep.source_mtime_ns == mtime_ns
 
-    def drop(self, path: str) -> bool:
+    def drop(self, path: str, only: Optional[Replica] = None) -> bool:
+        """Drop the replica of `path` (`only` that one: not a newer one cataloged since)."""
         with self.lock:
-            rep = self.replicas.pop(path, None)
-        if rep is not None:
-            # A read running on another thread may still hold the fd: retire it, close it later.
-            self._retired_fds.append(rep.fd)
-            for name in (rep.local + ".meta", rep.local):   # the description first: no orphan data is trusted
-                try:
-                    os.unlink(name)
-                except FileNotFoundError:
-                    pass
-        return rep is not None
+            rep = self.replicas.get(path)
+            if rep is None or (only is not None and rep is not only):
+                return False
+            del self.replicas[path]
+        self._retire(rep)
+        return True
+
+    def _retire(self, rep: Replica) -> None:
+        """Remove a replica's files; its fd is closed a reclaim round later (a read running on
+        another thread may still hold it)."""
+        self._retired_fds.append(rep.fd)
+        for name in (rep.local + ".meta", rep.local):   # the description first: no orphan data is trusted
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+
+    def removed_from_store(self, path: str, removed_ns: int) -> list[str]:
+        """A journal record (`common.journal.removed_record`) says `path`, a file or a folder, left
+        the store at `removed_ns` (unlinked, renamed away): drop the replicas of it and under it
+        made from an earlier version, and remember it, so that a copy or stream of such a version
+        finishing later is not cataloged either. The paths dropped."""
+        with self.lock:
+            if self._removed.get(path, -1) < removed_ns:
+                self._removed[path] = removed_ns
+            self._removed.move_to_end(path)
+            while len(self._removed) > REMOVALS_KEPT:
+                self._removed.popitem(last=False)
+            gone = [rep for p, rep in self.replicas.items()
+                    if (p == path or p.startswith(path + "/")) and _made_before(rep, removed_ns)]
+        dropped = [rep.path for rep in gone if self.drop(rep.path, only=rep)]
+        for p in dropped:
+            log.info("replica of %s dropped: the store removed it", p)
+        return dropped
+
+    def _removed_since(self, rep: Replica) -> bool:
+        """(under self.lock) A removal record of the replica's path or a folder above it is
+        newer than the version it holds."""
+        parts = rep.path.split("/")
+        for i in range(len(parts), 0, -1):
+            t = self._removed.get("/".join(parts[:i]))
+            if t is not None and _made_before(rep, t):
+                return True
+        return False
 
     def _reclaim_loop(self) -> None:
         interval = self.cfg.agent.reclaim_interval_s

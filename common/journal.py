@@ -12,6 +12,12 @@ the stem's sequence number: `<time_ns>-<host>-<pid>-<seq>-s~...`): a follower th
 before the stream has opened waits for the stream instead of copying the file a second time
 (`streamed_record`). Readers that do not know the flag ignore it (the stem is opaque to them).
 
+A record may also say that the file is gone from the store (a `-r`: `removed_record`), written
+when a mount unlinks a file or renames it away (DCP's `.metadata.tmp`): followers drop what their
+tier holds of that path, or of anything under it for a folder, from before the record's time
+(`agent.server.AgentServer.removed_from_store`). Its size and mtime are 0: the mount does not
+stat a file to remove it.
+
 Records go into one folder per 10 s of their time (`<journal>/by-time/<slice>/<name>`, the slice
 being the time in units of 10 s: `record_key`), so that a follower's poll lists the folder of
 the current slice, known by name: the cost of a poll stays that of the files published in the
@@ -41,8 +47,10 @@ _HOST = socket.gethostname().replace("/", "_").replace("-", "_").replace("~", "_
 NAME_MAX = 255
 
 
-def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False) -> str:
-    stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}" + ("-s" if streamed else "")
+def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False,
+                removed: bool = False) -> str:
+    flag = "-r" if removed else "-s" if streamed else ""
+    stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}" + flag
     if path is not None:
         enc = base64.urlsafe_b64encode(path.encode()).decode().rstrip("=")
         name = f"{stem}~{size}~{mtime_ns}~{enc}.rec"
@@ -58,9 +66,16 @@ def streamed_record(name: Optional[str]) -> bool:
     return parts is not None and len(parts) == 5 and parts[4] == "s"
 
 
+def removed_record(name: Optional[str]) -> bool:
+    """The record `name` says its path was removed from the store (unlinked or renamed away). (A
+    forged one costs eval reads of that path a trip to the store: nothing is served on its word.)"""
+    parts = _stem_parts(name)
+    return parts is not None and len(parts) == 5 and parts[4] == "r"
+
+
 def _stem_parts(name: Optional[str]) -> Optional[list[str]]:
-    """A record name's stem, split: [time_ns, host, pid, seq] and "s" when streamed; None for
-    names that are not records."""
+    """A record name's stem, split: [time_ns, host, pid, seq] and "s" when streamed or "r" when
+    removed; None for names that are not records."""
     if not name or record_time_ns(name) is None:
         return None
     return name.split("~", 1)[0].removesuffix(".json").split("-")

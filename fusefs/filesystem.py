@@ -558,6 +558,9 @@ class Filesystem:
             # A file created through the mount but not yet closed exists only as staging.
             if inode is None or inode.writer is None:
                 raise
+        else:
+            if self.journal is not None:      # eval tiers drop their replica of it
+                await self.journal.removed(path)
         if inode is not None and inode.writer is not None and self.streams is not None:
             self.streams.dropped(inode.ino)   # never published: the tier drops what it was sent
         self.inodes.detach(path)
@@ -581,6 +584,10 @@ class Filesystem:
         self.inodes.move(old, new)
         if self.journal is not None or self.streams is not None:
             await self._renamed(new, inode)
+        if self.journal is not None:
+            # After the new name's record and stream (DCP's marker must not wait on this): the
+            # old name, a file or a folder, is gone; eval tiers drop what they hold under it.
+            await self.journal.removed(old)
 
     async def _renamed(self, new: str, inode: Optional[Inode]) -> None:
         """A file renamed into place is a new file to followers (DCP writes `.metadata.tmp`, then

@@ -40,5 +40,17 @@ class JournalWriter:
             log.warning("journal record for %s failed: %s", path, err)
             return None
 
+    async def removed(self, path: str) -> None:
+        """Write the record that `path` is gone from the store (unlinked, or renamed away): eval
+        tiers drop what they hold of it. A failure is logged; the tier then keeps serving the old
+        bytes until its TTL or `keep_last` drops them, as before removal records existed."""
+        name = record_name(path, removed=True)
+        try:
+            await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{record_key(name)}",
+                                          encode_record(path, 0, 0), limiter=self.io_limiter)
+            self.stats.add("journal_removals")
+        except OSError as err:
+            log.warning("journal removal record for %s failed: %s", path, err)
+
 
 __all__ = ["JournalWriter"]

@@ -43,6 +43,14 @@ def _following_agent(tmp_path):
     return store, ck, server, loc
 
 
+def _journal_removed(store, path):
+    """The record a training mount writes when it unlinks `path` or renames it away."""
+    name = record_name(path, removed=True)
+    dst = store / ".hintfs-journal" / record_key(name)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(encode_record(path, 0, 0))
+
+
 def test_marker_is_copied_last_and_keep_last(tmp_path):
     store = tmp_path / "store"
     ck1 = store / "ckpt" / "job" / "step_1"
@@ -193,6 +201,90 @@ def test_journal_records_in_names_and_content():
     assert record_name(long, 1, 2).endswith(".json")       # too long for a name: the content says it
     assert decode_name("00000000000000000001-h-1-0.json") is None
     assert decode_name("garbage~x.rec") is None
+    from common.journal import removed_record, streamed_record
+    gone = record_name("ckpt/run/step_1/.metadata.tmp", removed=True)
+    assert removed_record(gone) and not streamed_record(gone)
+    assert decode_name(gone) == {"path": "ckpt/run/step_1/.metadata.tmp", "size": 0, "mtime_ns": 0}
+    assert not removed_record(name) and not removed_record(record_name("x", 1, 2, streamed=True))
+
+
+def test_a_removal_record_drops_the_replica_and_a_file_made_again_since_is_kept(tmp_path):
+    store, ck, server, loc = _following_agent(tmp_path)
+    f, c = server.follower, AgentClient(loc)
+    try:
+        for name in ("a.distcp", "b.distcp"):
+            (ck / name).write_bytes(name.encode() * 100)
+            _journal(store, f"ckpt/job/step_1/{name}")
+        f.step(wait=True)
+        assert set(c.status()["replicas"]) == {"ckpt/job/step_1/a.distcp", "ckpt/job/step_1/b.distcp"}
+        (ck / "a.distcp").unlink()
+        _journal_removed(store, "ckpt/job/step_1/a.distcp")
+        f.step(wait=True)
+        assert set(c.status()["replicas"]) == {"ckpt/job/step_1/b.distcp"}   # only the removed one went
+        assert c.tier_stat("ckpt/job/step_1/a.distcp")["state"] == "absent"
+        with pytest.raises(OSError):
+            c.read("ckpt/job/step_1/a.distcp", 0, 10, replica_only=True)
+        # Made again after the removal: its record is newer, so it is copied and kept.
+        time.sleep(0.01)
+        (ck / "a.distcp").write_bytes(b"again")
+        _journal(store, "ckpt/job/step_1/a.distcp")
+        f.step(wait=True)
+        assert c.read("ckpt/job/step_1/a.distcp", 0, 10, replica_only=True) == b"again"
+        # A folder's removal (renamed away) drops everything under it, and nothing beside it.
+        (ck.parent / "step_2").mkdir()
+        (ck.parent / "step_2" / "x.distcp").write_bytes(b"x")
+        _journal(store, "ckpt/job/step_2/x.distcp")
+        f.step(wait=True)
+        ck.rename(ck.parent / "step_1.old")
+        _journal_removed(store, "ckpt/job/step_1")
+        f.step(wait=True)
+        assert set(c.status()["replicas"]) == {"ckpt/job/step_2/x.distcp"}
+        assert f.status()["errors"] == {}
+    finally:
+        server.shutdown()
+
+
+def test_a_file_removed_before_its_copy_is_not_retried_and_its_checkpoint_completes(tmp_path):
+    """DCP's `.metadata.tmp`, renamed to `.metadata` before the follower copied it: its record is
+    followed by its removal, so the copy is neither made nor retried, and the marker does not wait
+    for it."""
+    store, ck, server, loc = _following_agent(tmp_path)
+    f, c = server.follower, AgentClient(loc)
+    try:
+        (ck / "__0_0.distcp").write_bytes(b"d" * 1000)
+        _journal(store, "ckpt/job/step_1/__0_0.distcp")
+        (ck / ".metadata.tmp").write_bytes(b"plan")
+        _journal(store, "ckpt/job/step_1/.metadata.tmp")
+        os.rename(ck / ".metadata.tmp", ck / ".metadata")
+        _journal(store, "ckpt/job/step_1/.metadata")
+        _journal_removed(store, "ckpt/job/step_1/.metadata.tmp")
+        f.step(wait=True)
+        assert f.status()["complete"] == ["ckpt/job/step_1"]
+        assert f.status()["errors"] == {}
+        assert set(c.status()["replicas"]) == {"ckpt/job/step_1/__0_0.distcp", "ckpt/job/step_1/.metadata"}
+        assert c.status()["copies"] == 2
+    finally:
+        server.shutdown()
+
+
+def test_a_copy_that_finishes_after_the_removal_of_its_file_is_not_kept(tmp_path):
+    """The agent remembers removals: a copy (or stream) of a version from before one, finishing
+    after it, is not cataloged."""
+    store, ck, server, loc = _following_agent(tmp_path)
+    c = AgentClient(loc)
+    try:
+        (ck / "late.distcp").write_bytes(b"l" * 100)
+        _journal(store, "ckpt/job/step_1/late.distcp")
+        (record,) = [p.name for p in _records(store)]
+        server.removed_from_store("ckpt/job/step_1", time.time_ns() + 10**9)   # a removal after that record
+        st = os.stat(ck / "late.distcp")
+        done = server.replicate("ckpt/job/step_1/late.distcp", 60, None, expect=(st.st_size, st.st_mtime_ns),
+                                record=record)
+        assert done["removed"] is True
+        assert c.status()["replicas"] == {}
+        assert not [p for p in (tmp_path / "tier").rglob("*") if p.is_file() and "late" in p.name]
+    finally:
+        server.shutdown()
 
 
 def test_follower_copies_journaled_version_and_recopies_a_rewrite(tmp_path):

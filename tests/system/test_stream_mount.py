@@ -269,6 +269,29 @@ def test_keep_last_drops_a_streamed_checkpoint_as_it_drops_a_copied_one(mount_fa
         assert tier.client.status()["streams"]["published"] >= 4      # both checkpoints came by stream
 
 
+def test_a_file_unlinked_or_renamed_away_after_its_publish_is_no_longer_served_by_the_tier(mount_factory, tmp_path):
+    """The tier holds only what the store has: DCP's `.metadata.tmp` (streamed at its close,
+    renamed to `.metadata`) and a data file deleted later leave the tier by their removal records,
+    and an eval mount then finds neither; the marker under its new name is still served."""
+    from tests.system.test_stream_faults import _eval_mount
+    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
+        ck = train.mnt / "ckpt" / "run" / "step_1"
+        ck.mkdir(parents=True)
+        (ck / "a.distcp").write_bytes(b"A" * (3 * CHUNK))
+        (ck / ".metadata.tmp").write_bytes(b"plan")
+        os.rename(ck / ".metadata.tmp", ck / ".metadata")
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_1"], 15)
+        os.unlink(ck / "a.distcp")
+        assert train.stats()["counters"]["journal_removals"] == 2
+        assert wait_for(lambda: set(tier.client.status()["replicas"]) == {"ckpt/run/step_1/.metadata"}, 10)
+        ev = _eval_mount(mount_factory, store, tier.loc)
+        for gone in (".metadata.tmp", "a.distcp"):
+            with pytest.raises(FileNotFoundError):
+                (ev.mnt / "ckpt/run/step_1" / gone).read_bytes()
+        assert (ev.mnt / "ckpt/run/step_1/.metadata").read_bytes() == b"plan"
+        assert ev.stats()["counters"].get("route_tier_stat", 0) >= 1     # the marker came from the tier
+
+
 def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of_a_folder(tmp_path):
     """The record of a folder's first file can overtake its stream's first call (a loaded host):
     a record flagged `streamed` by the writing mount makes the follower wait for that stream
