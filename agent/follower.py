@@ -19,12 +19,11 @@ import logging
 import posixpath
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from common.journal import (BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record,
-                            list_folder, record_time_ns, removed_record, slice_dir)
+                            list_folder, record_time_ns, removed_record, slice_dir, Removals)
 
 log = logging.getLogger("hintfs.follower")
 
@@ -38,7 +37,6 @@ FINISH_WAIT_S = 600.0     # a finisher gives up (and is started again next round
 SLACK_NS = 2 * 10**9
 SWEEP_S = 30.0
 SWEEP_BACK_NS = 300 * 10**9
-REMOVALS_KEPT = 65536     # removal records remembered (to tell a copy that failed for one)
 
 class Follower:
     def __init__(self, agent, cfg):
@@ -60,7 +58,7 @@ class Follower:
         self.finishing: set[str] = set()
         self.complete: dict[str, float] = {}      # checkpoint folder -> when it completed
         self.errors: dict[str, str] = {}
-        self.removals: "OrderedDict[str, int]" = OrderedDict()   # path -> time of its removal record
+        self.removals = Removals()    # to tell a copy that failed because its file was removed
         self.cond = threading.Condition()
         self._order = itertools.count()
         self._stop = threading.Event()
@@ -242,22 +240,15 @@ class Follower:
         """(under cond) A removal record of `path` or a folder above it is newer than `record`
         (any removal when the version copied had no record)."""
         made = record_time_ns(record) if record else None
-        parts = path.split("/")
-        for i in range(len(parts), 0, -1):
-            t = self.removals.get("/".join(parts[:i]))
-            if t is not None and (made is None or made < t):
-                return True
-        return False
+        t = self.removals.newest(path)
+        return t is not None and (made is None or made < t)
 
     def _forget(self, path: str, removed_ns: int) -> None:
         """(under cond) A removal record: `path`, a file or a folder, left the store at
         `removed_ns`. Forget the files at and under it journaled before then (no copy, no wait
         for them at a checkpoint's completion, no retries); a removed commit marker takes its
         checkpoint off the complete list. The agent drops the replicas (`step`)."""
-        self.removals[path] = max(removed_ns, self.removals.get(path, -1))
-        self.removals.move_to_end(path)
-        while len(self.removals) > REMOVALS_KEPT:
-            self.removals.popitem(last=False)
+        self.removals.note(path, removed_ns)
 
         def newer(p: str) -> bool:   # journaled after the removal: a file made again since
             j = self.journaled.get(p)

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from common.errors import HintfsError
-from common.journal import later_by_same_writer, record_time_ns, streamed_record
+from common.journal import Removals, later_by_same_writer, record_time_ns, streamed_record
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from stores import check_store, open_store
@@ -96,9 +96,6 @@ class Replica:
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
     last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
     record: Optional[str] = None   # the journal record this copy answered (one per close)
-
-
-REMOVALS_KEPT = 65536   # removal records an agent remembers (a restarted one reads the journal again)
 
 
 def _made_before(rep: Replica, t_ns: int) -> bool:
@@ -177,7 +174,8 @@ class AgentServer(fl.FlightServerBase):
         # path (a file or a folder) -> the time of the newest journal record saying it left the
         # store: a replica of it from before then is dropped, and not cataloged when a copy or
         # stream of it finishes later (`removed_from_store`)
-        self._removed: "OrderedDict[str, int]" = OrderedDict()
+        # (a restarted agent reads the journal again)
+        self._removed = Removals()
         self._copying_version: dict[str, tuple[int, int]] = {}   # (size, mtime_ns) of copies in flight
         self._readers: "OrderedDict[str, tuple]" = OrderedDict()
         self._retired: list = []       # readers and fds replaced while reads may still use them;
@@ -976,11 +974,7 @@ class AgentServer(fl.FlightServerBase):
         made from an earlier version, and remember it, so that a copy or stream of such a version
         finishing later is not cataloged either. The paths dropped."""
         with self.lock:
-            if self._removed.get(path, -1) < removed_ns:
-                self._removed[path] = removed_ns
-            self._removed.move_to_end(path)
-            while len(self._removed) > REMOVALS_KEPT:
-                self._removed.popitem(last=False)
+            self._removed.note(path, removed_ns)
             gone = [rep for p, rep in self.replicas.items()
                     if (p == path or p.startswith(path + "/")) and _made_before(rep, removed_ns)]
         dropped = [rep.path for rep in gone if self.drop(rep.path, only=rep)]
@@ -991,12 +985,8 @@ class AgentServer(fl.FlightServerBase):
     def _removed_since(self, rep: Replica) -> bool:
         """(under self.lock) A removal record of the replica's path or a folder above it is
         newer than the version it holds."""
-        parts = rep.path.split("/")
-        for i in range(len(parts), 0, -1):
-            t = self._removed.get("/".join(parts[:i]))
-            if t is not None and _made_before(rep, t):
-                return True
-        return False
+        t = self._removed.newest(rep.path)
+        return t is not None and _made_before(rep, t)
 
     def _reclaim_loop(self) -> None:
         interval = self.cfg.agent.reclaim_interval_s

@@ -38,6 +38,7 @@ import json
 import os
 import socket
 import time
+from collections import OrderedDict
 from typing import Optional
 
 from common.paths import relpath
@@ -71,6 +72,27 @@ def removed_record(name: Optional[str]) -> bool:
     forged one costs eval reads of that path a trip to the store: nothing is served on its word.)"""
     parts = _stem_parts(name)
     return parts is not None and len(parts) == 5 and parts[4] == "r"
+
+
+class Removals:
+    """The newest removal record's time per path (a file or a folder), for the last `kept` paths
+    removed. Not thread-safe: its owner's lock guards it."""
+
+    def __init__(self, kept: int = 65536):
+        self.kept = kept
+        self._at: "OrderedDict[str, int]" = OrderedDict()
+
+    def note(self, path: str, removed_ns: int) -> None:
+        self._at[path] = max(removed_ns, self._at.get(path, -1))
+        self._at.move_to_end(path)
+        while len(self._at) > self.kept:
+            self._at.popitem(last=False)
+
+    def newest(self, path: str) -> Optional[int]:
+        """The time of the newest removal of `path` or of a folder above it; None if none."""
+        parts = path.split("/")
+        times = [self._at.get("/".join(parts[:i])) for i in range(len(parts), 0, -1)]
+        return max((t for t in times if t is not None), default=None)
 
 
 def _stem_parts(name: Optional[str]) -> Optional[list[str]]:

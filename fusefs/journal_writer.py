@@ -31,26 +31,25 @@ class JournalWriter:
         """Write the record of `path` at version `st`; `streamed`: this mount streams the file to
         the eval tiers too (followers wait for the stream instead of copying). Its name, or None."""
         name = record_name(path, st.size, st.mtime_ns, streamed)
-        try:
-            await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{record_key(name)}",
-                                          encode_record(path, st.size, st.mtime_ns), limiter=self.io_limiter)
-            self.stats.add("journal_records")
-            return name
-        except OSError as err:   # the file is published; followers fall back to listing
-            log.warning("journal record for %s failed: %s", path, err)
-            return None
+        # (if it fails, the file is still published; followers fall back to listing)
+        return name if await self._put(name, path, st.size, st.mtime_ns, "journal_records") else None
 
     async def removed(self, path: str) -> None:
         """Write the record that `path` is gone from the store (unlinked, or renamed away): eval
         tiers drop what they hold of it. A failure is logged; the tier then keeps serving the old
         bytes until its TTL or `keep_last` drops them, as before removal records existed."""
-        name = record_name(path, removed=True)
+        await self._put(record_name(path, removed=True), path, 0, 0, "journal_removals")
+
+    async def _put(self, name: str, path: str, size: int, mtime_ns: int, counter: str) -> bool:
+        """Write the record `name` of `path`; counted in `counter` when written, logged when not."""
         try:
             await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{record_key(name)}",
-                                          encode_record(path, 0, 0), limiter=self.io_limiter)
-            self.stats.add("journal_removals")
+                                          encode_record(path, size, mtime_ns), limiter=self.io_limiter)
         except OSError as err:
-            log.warning("journal removal record for %s failed: %s", path, err)
+            log.warning("journal record %s for %s failed: %s", name, path, err)
+            return False
+        self.stats.add(counter)
+        return True
 
 
 __all__ = ["JournalWriter"]

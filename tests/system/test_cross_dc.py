@@ -20,14 +20,18 @@ def _agent(tmp_path, store, **follow):
     return start_in_process(cfg, LocalStore(str(store)))
 
 
-def _journal(store, path, legacy=False):
+def _journal(store, path, legacy=False, removed=False):
     """A journal record of `path` as a training mount writes it (in its time slice's folder), or as
-    mounts before that wrote it (`legacy`: directly in the journal folder)."""
-    st = os.stat(store / path)
-    name = record_name()
+    mounts before that wrote it (`legacy`: directly in the journal folder); `removed`: the record
+    a mount writes when it unlinks `path` or renames it away."""
+    size = mtime_ns = 0
+    if not removed:
+        st = os.stat(store / path)
+        size, mtime_ns = st.st_size, st.st_mtime_ns
+    name = record_name(removed=removed)
     dst = store / ".hintfs-journal" / (name if legacy else record_key(name))
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(encode_record(path, st.st_size, st.st_mtime_ns))
+    dst.write_bytes(encode_record(path, size, mtime_ns))
 
 
 def _records(store) -> list:
@@ -41,14 +45,6 @@ def _following_agent(tmp_path):
     ck.mkdir(parents=True)
     server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
     return store, ck, server, loc
-
-
-def _journal_removed(store, path):
-    """The record a training mount writes when it unlinks `path` or renames it away."""
-    name = record_name(path, removed=True)
-    dst = store / ".hintfs-journal" / record_key(name)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(encode_record(path, 0, 0))
 
 
 def test_marker_is_copied_last_and_keep_last(tmp_path):
@@ -218,7 +214,7 @@ def test_a_removal_record_drops_the_replica_and_a_file_made_again_since_is_kept(
         f.step(wait=True)
         assert set(c.status()["replicas"]) == {"ckpt/job/step_1/a.distcp", "ckpt/job/step_1/b.distcp"}
         (ck / "a.distcp").unlink()
-        _journal_removed(store, "ckpt/job/step_1/a.distcp")
+        _journal(store, "ckpt/job/step_1/a.distcp", removed=True)
         f.step(wait=True)
         assert set(c.status()["replicas"]) == {"ckpt/job/step_1/b.distcp"}   # only the removed one went
         assert c.tier_stat("ckpt/job/step_1/a.distcp")["state"] == "absent"
@@ -236,7 +232,7 @@ def test_a_removal_record_drops_the_replica_and_a_file_made_again_since_is_kept(
         _journal(store, "ckpt/job/step_2/x.distcp")
         f.step(wait=True)
         ck.rename(ck.parent / "step_1.old")
-        _journal_removed(store, "ckpt/job/step_1")
+        _journal(store, "ckpt/job/step_1", removed=True)
         f.step(wait=True)
         assert set(c.status()["replicas"]) == {"ckpt/job/step_2/x.distcp"}
         assert f.status()["errors"] == {}
@@ -257,7 +253,7 @@ def test_a_file_removed_before_its_copy_is_not_retried_and_its_checkpoint_comple
         _journal(store, "ckpt/job/step_1/.metadata.tmp")
         os.rename(ck / ".metadata.tmp", ck / ".metadata")
         _journal(store, "ckpt/job/step_1/.metadata")
-        _journal_removed(store, "ckpt/job/step_1/.metadata.tmp")
+        _journal(store, "ckpt/job/step_1/.metadata.tmp", removed=True)
         f.step(wait=True)
         assert f.status()["complete"] == ["ckpt/job/step_1"]
         assert f.status()["errors"] == {}

@@ -10,12 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from cross_dc_eval import StagingHolder  # noqa: E402  (bench/ holds scripts, not a package)
 
-
-def wait_for(cond, timeout=5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+from tests.conftest import wait_for  # noqa: E402
 
 
 def test_the_holder_keeps_each_staging_file_and_no_other(tmp_path):
@@ -27,7 +22,7 @@ def test_the_holder_keeps_each_staging_file_and_no_other(tmp_path):
     holder = StagingHolder(os.getpid())
     fd_s, fd_o = os.open(staging, os.O_RDONLY), os.open(other, os.O_RDONLY)
     try:
-        wait_for(lambda: len(holder.held) == 1)
+        assert wait_for(lambda: len(holder.held) == 1, 5)
         time.sleep(0.05)                     # more polls: the same file is not held twice
         (held_fd,) = holder.held.values()
         assert os.fstat(held_fd).st_ino == staging.stat().st_ino
