@@ -267,6 +267,7 @@ class Follower:
                 self.pending_markers.discard(p)
                 self.complete.pop(posixpath.dirname(p), None)
         self.copied -= gone
+        self.cond.notify_all()        # a finisher waiting for one of them goes on
 
     # -- completing checkpoints ------------------------------------------------------------------
     def _finish(self, marker: str) -> None:
@@ -283,7 +284,9 @@ class Follower:
                 for p in files:
                     self._enqueue(p)
                 deadline = time.monotonic() + FINISH_WAIT_S
-                while not files <= self.copied:
+                # a file removed since (a removal record of a later round) is not waited for
+                while not all(p in self.copied or self._removed_since(p, self.journaled.get(p, (None, None))[1])
+                              for p in files):
                     if self._stop.is_set() or time.monotonic() > deadline:
                         return
                     self.cond.wait(0.5)

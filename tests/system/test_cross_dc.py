@@ -263,6 +263,29 @@ def test_a_file_removed_before_its_copy_is_not_retried_and_its_checkpoint_comple
         server.shutdown()
 
 
+def test_a_marker_seen_a_round_before_the_removal_of_a_file_it_waits_for_still_completes(tmp_path):
+    """The rename's records can land in two rounds: the marker's finisher starts waiting for
+    `.metadata.tmp`, and the next round's removal record releases it (it waited 600 s before:
+    seen once in CI)."""
+    store, ck, server, loc = _following_agent(tmp_path)
+    f = server.follower
+    try:
+        (ck / "__0_0.distcp").write_bytes(b"d" * 1000)
+        _journal(store, "ckpt/job/step_1/__0_0.distcp")
+        (ck / ".metadata.tmp").write_bytes(b"plan")
+        _journal(store, "ckpt/job/step_1/.metadata.tmp")
+        os.rename(ck / ".metadata.tmp", ck / ".metadata")
+        _journal(store, "ckpt/job/step_1/.metadata")
+        f.step()                                   # the finisher waits for .metadata.tmp's copy
+        _journal(store, "ckpt/job/step_1/.metadata.tmp", removed=True)
+        f.step()
+        assert f.drain(timeout_s=20)
+        assert f.status()["complete"] == ["ckpt/job/step_1"]
+        assert f.status()["errors"] == {}
+    finally:
+        server.shutdown()
+
+
 def test_a_copy_that_finishes_after_the_removal_of_its_file_is_not_kept(tmp_path):
     """The agent remembers removals: a copy (or stream) of a version from before one, finishing
     after it, is not cataloged."""
