@@ -222,7 +222,8 @@ class Follower:
             done = self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
                                         job=self._job(path), expect=expect, record=record)
             with self.cond:
-                if not done.get("removed"):
+                # (a removal this round may reach the agent after the copy: not copied either)
+                if not done.get("removed") and not self._removed_since(path, record):
                     self.copied.add(path)
                 self.errors.pop(path, None)
             return True
