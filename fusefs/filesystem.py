@@ -592,10 +592,14 @@ class Filesystem:
     async def _renamed(self, new: str, inode: Optional[Inode]) -> None:
         """A file renamed into place is a new file to followers (DCP writes `.metadata.tmp`, then
         renames it: the commit marker appears by a rename): journal it, and stream it again when
-        no write handle is streaming it (a small file: one round trip)."""
+        no write handle is streaming it (a small file: one round trip). A folder's files are
+        journaled in the background, not streamed again (docs/cross_dc.md)."""
         try:
             st = await self.io(self.store.stat, new)
         except OSError:
+            return
+        if stat_mod.S_ISDIR(st.mode) and self.journal is not None:
+            self.journal.folder_renamed(new)   # a checkpoint saved in a temporary folder
             return
         if not stat_mod.S_ISREG(st.mode):
             return

@@ -43,6 +43,12 @@ class PublishJournal(Protocol):
         eval tiers too): the record's name, None when it could not be written (never raises for a
         failed record)."""
 
+    async def removed(self, path: str) -> None:
+        """`path`, a file or a folder, left the store (unlinked or renamed away)."""
+
+    def folder_renamed(self, path: str) -> None:
+        """(trio loop) The folder `path` was renamed into place: its files are journaled soon."""
+
 
 class StreamHooks(Protocol):
     """Write-time streaming (training side): each call only records an event, from the trio loop."""

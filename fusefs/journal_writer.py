@@ -5,6 +5,10 @@ Followers in other datacenters list the journal folder instead of walking the st
 design). The filesystem calls `published` after each commit (`PublishJournal`); a record
 that cannot be written is logged, never an error of the close: the file is published and
 followers fall back to listing.
+
+A folder renamed into place (a checkpoint saved to a temporary folder, then renamed) is a
+folder of new files to followers: `folder_renamed` queues it, and `run`, beside the FUSE loop,
+journals each file under it, so the rename itself costs no more than before.
 """
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.ops")
 
+FOLDER_FILES_MAX = 10_000   # a renamed folder with more files is not journaled (logged, counted)
+FOLDER_QUEUE = 64           # renamed folders waiting for `run`; past that, not journaled
+FOLDER_PARALLEL = 4         # records of renamed folders written at once (the rest of io_limiter
+                            # stays for the FUSE requests)
+
 
 class JournalWriter:
     def __init__(self, store: Store, journal_dir: str, stats: Stats, io_limiter: trio.CapacityLimiter):
@@ -26,6 +35,8 @@ class JournalWriter:
         self.dir = journal_dir
         self.stats = stats
         self.io_limiter = io_limiter   # the filesystem's: a record is one more store call
+        self._folders_in, self._folders_out = trio.open_memory_channel[str](FOLDER_QUEUE)
+        self._folder_limiter = trio.CapacityLimiter(FOLDER_PARALLEL)
 
     async def published(self, path: str, st: Stat, streamed: bool = False) -> Optional[str]:
         """Write the record of `path` at version `st`; `streamed`: this mount streams the file to
@@ -39,6 +50,61 @@ class JournalWriter:
         tiers drop what they hold of it. A failure is logged; the tier then keeps serving the old
         bytes until its TTL or `keep_last` drops them, as before removal records existed."""
         await self._put(record_name(path, removed=True), path, 0, 0, "journal_removals")
+
+    def folder_renamed(self, path: str) -> None:
+        """(trio loop) The folder `path` was renamed into place: `run` journals every file under
+        it as published now. A full queue is logged: followers then learn of those files only
+        by a read that fetches them, as before folder records existed."""
+        try:
+            self._folders_in.send_nowait(path)
+        except trio.WouldBlock:
+            log.warning("journal: %d renamed folders already queued; %s is not journaled", FOLDER_QUEUE, path)
+            self.stats.add("journal_folders_skipped")
+
+    async def run(self) -> None:
+        """Beside the FUSE loop: journal the files of each renamed folder, in the order renamed."""
+        async for folder in self._folders_out:
+            try:
+                files = await trio.to_thread.run_sync(self._files_under, folder, limiter=self.io_limiter)
+            except OSError as err:    # renamed or removed again since: its new name has its own turn
+                log.info("journal: renamed folder %s not listed: %s", folder, err)
+                continue
+            except Exception:         # never the mount's end: this task runs beside the FUSE loop
+                log.exception("journal: renamed folder %s not listed", folder)
+                continue
+            if files is None:
+                log.warning("journal: renamed folder %s holds more than %d files; not journaled", folder,
+                            FOLDER_FILES_MAX)
+                self.stats.add("journal_folders_skipped")
+                continue
+            async with trio.open_nursery() as nursery:
+                for path, st in files:
+                    nursery.start_soon(self._folder_file, path, st)
+            self.stats.add("journal_folders")
+
+    async def _folder_file(self, path: str, st: Stat) -> None:
+        async with self._folder_limiter:
+            await self.published(path, st)
+
+    def _files_under(self, folder: str) -> Optional[list[tuple[str, Stat]]]:
+        """(thread) Every regular file under `folder` with its store stat (the version a close
+        would journal); None past FOLDER_FILES_MAX. Files gone while listing are left out."""
+        files: list[tuple[str, Stat]] = []
+        todo = [folder]
+        while todo:
+            here = todo.pop()
+            for name, st in self.store.iter_dir(here):
+                path = f"{here}/{name}"
+                if st.is_dir:
+                    todo.append(path)
+                elif st.is_file:
+                    if len(files) == FOLDER_FILES_MAX:
+                        return None
+                    try:
+                        files.append((path, self.store.stat(path)))
+                    except FileNotFoundError:
+                        continue
+        return files
 
     async def _put(self, name: str, path: str, size: int, mtime_ns: int, counter: str) -> bool:
         """Write the record `name` of `path`; counted in `counter` when written, logged when not."""

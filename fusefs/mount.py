@@ -250,7 +250,8 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
                     routing=routing, journal=journal, streams=streams, io_limiter=io_limiter)
     control.add(ControlFile("unmount", render=lambda: unmount_document(cfg, fs)))
-    return Assembly(fs, FuseOperations(fs), store, stats, [hints.run, tensors.run, signals.run, read_hints.run],
+    background = [hints.run, tensors.run, signals.run, read_hints.run] + ([journal.run] if journal else [])
+    return Assembly(fs, FuseOperations(fs), store, stats, background,
                     agent_server,
                     streams)
 

@@ -292,6 +292,28 @@ def test_a_file_unlinked_or_renamed_away_after_its_publish_is_no_longer_served_b
         assert ev.stats()["counters"].get("route_tier_stat", 0) >= 1     # the marker came from the tier
 
 
+def test_a_checkpoint_folder_renamed_into_place_completes_at_the_tier_under_its_new_name(mount_factory, tmp_path):
+    """A job that saves into a temporary folder and renames it (Orbax; some trainers' atomic
+    save): the files under the new name are journaled, so the follower copies them and the
+    checkpoint completes under that name; what was streamed under the old name leaves the tier
+    by the folder's removal record. Before, the renamed checkpoint never reached the tier."""
+    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
+        tmp = train.mnt / "ckpt" / "run" / "step_3.tmp"
+        tmp.mkdir(parents=True)
+        data = os.urandom(3 * CHUNK + 5)
+        (tmp / "__0_0.distcp").write_bytes(data)
+        (tmp / ".metadata").write_bytes(b"plan")
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_3.tmp"], 15)
+        os.rename(tmp, train.mnt / "ckpt" / "run" / "step_3")
+        assert wait_for(lambda: tier.client.status()["follow"]["complete"] == ["ckpt/run/step_3"], 15)
+        new = {"ckpt/run/step_3/__0_0.distcp", "ckpt/run/step_3/.metadata"}
+        assert wait_for(lambda: set(tier.client.status()["replicas"]) == new, 10)
+        assert tier.client.read("ckpt/run/step_3/__0_0.distcp", 0, len(data) + 1, replica_only=True) == data
+        assert tier.client.read("ckpt/run/step_3/.metadata", 0, 100, replica_only=True) == b"plan"
+        counters = train.stats()["counters"]
+        assert counters["journal_folders"] == 1 and counters["journal_removals"] == 1
+
+
 def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of_a_folder(tmp_path):
     """The record of a folder's first file can overtake its stream's first call (a loaded host):
     a record flagged `streamed` by the writing mount makes the follower wait for that stream
