@@ -244,21 +244,29 @@ class Follower:
         t = self.removals.newest(path)
         return t is not None and (made is None or made < t)
 
-    def _forget(self, path: str, removed_ns: int) -> None:
-        """(under cond) A removal record: `path`, a file or a folder, left the store at
-        `removed_ns`. Forget the files at and under it journaled before then (no copy, no wait
+    def _forget(self, removals: list[tuple[str, int]]) -> None:
+        """(under cond) A round's removal records: each path, a file or a folder, left the store
+        at its time. Forget the files at and under them journaled before then (no copy, no wait
         for them at a checkpoint's completion, no retries); a removed commit marker takes its
-        checkpoint off the complete list. The agent drops the replicas (`step`)."""
-        self.removals.note(path, removed_ns)
+        checkpoint off the complete list. The agent drops the replicas (`step`). One pass over
+        the known files per round: a deleted checkpoint of thousands of files is thousands of
+        records (one pass per record took 13 s for 4,096 records and 12,288 files)."""
+        batch = Removals(kept=len(removals) or 1)
+        for path, removed_ns in removals:
+            self.removals.note(path, removed_ns)
+            batch.note(path, removed_ns)
 
-        def newer(p: str) -> bool:   # journaled after the removal: a file made again since
+        def gone_by_now(p: str) -> bool:   # a file journaled after its removal was made again since
+            t = batch.newest(p)
+            if t is None:
+                return False
             j = self.journaled.get(p)
             made = record_time_ns(j[1]) if j and j[1] else None
-            return made is not None and made > removed_ns
+            return made is None or made <= t
 
         known = set(self.journaled) | self.copied | set(self.queued) | set(self.errors) | self.pending_markers
         known |= {p for files in self.folder_files.values() for p in files}
-        gone = {p for p in known if (p == path or p.startswith(path + "/")) and not newer(p)}
+        gone = {p for p in known if gone_by_now(p)}
         for p in gone:
             self.journaled.pop(p, None)
             self.queued.pop(p, None)
@@ -351,7 +359,6 @@ class Follower:
                 if removed_record(record):
                     t = record_time_ns(record or "")
                     assert t is not None   # (a removal record is a record name)
-                    self._forget(path, t)
                     removals.append((path, t))
                     continue
                 if version is not None:
@@ -363,13 +370,15 @@ class Follower:
                 else:
                     self.folder_files.setdefault(posixpath.dirname(path), set()).add(path)
                     self._enqueue(path)
+            if removals:
+                self._forget(removals)
             for path in list(self.errors):         # earlier failures, again
                 if path not in self.pending_markers:
                     self._enqueue(path)
             start = sorted(self.pending_markers - self.finishing, key=lambda m: not self._urgent(m))
             self.finishing.update(start)
-        for path, t in removals:      # (the agent's lock after ours, never inside it)
-            self.agent.removed_from_store(path, t)
+        if removals:                  # (the agent's lock after ours, never inside it)
+            self.agent.removed_from_store(removals)
         for marker in start:
             self.finishers.submit(self._finish, marker)
         if wait:

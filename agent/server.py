@@ -968,15 +968,22 @@ class AgentServer(fl.FlightServerBase):
             except FileNotFoundError:
                 pass
 
-    def removed_from_store(self, path: str, removed_ns: int) -> list[str]:
-        """A journal record (`common.journal.removed_record`) says `path`, a file or a folder, left
-        the store at `removed_ns` (unlinked, renamed away): drop the replicas of it and under it
+    def removed_from_store(self, removals: list[tuple[str, int]]) -> list[str]:
+        """Journal records (`common.journal.removed_record`) say each path, a file or a folder,
+        left the store at its time (unlinked, renamed away): drop the replicas of it and under it
         made from an earlier version, and remember it, so that a copy or stream of such a version
-        finishing later is not cataloged either. The paths dropped."""
+        finishing later is not cataloged either. One pass over the replicas for all of them (a
+        deleted checkpoint is a record per file). The paths dropped."""
+        batch = Removals(kept=len(removals) or 1)
         with self.lock:
-            self._removed.note(path, removed_ns)
-            gone = [rep for p, rep in self.replicas.items()
-                    if (p == path or p.startswith(path + "/")) and _made_before(rep, removed_ns)]
+            for path, removed_ns in removals:
+                self._removed.note(path, removed_ns)
+                batch.note(path, removed_ns)
+            gone = []
+            for p, rep in self.replicas.items():
+                t = batch.newest(p)
+                if t is not None and _made_before(rep, t):
+                    gone.append(rep)
         dropped = [rep.path for rep in gone if self.drop(rep.path, only=rep)]
         for p in dropped:
             log.info("replica of %s dropped: the store removed it", p)

@@ -295,7 +295,7 @@ def test_a_copy_that_finishes_after_the_removal_of_its_file_is_not_kept(tmp_path
         (ck / "late.distcp").write_bytes(b"l" * 100)
         _journal(store, "ckpt/job/step_1/late.distcp")
         (record,) = [p.name for p in _records(store)]
-        server.removed_from_store("ckpt/job/step_1", time.time_ns() + 10**9)   # a removal after that record
+        server.removed_from_store([("ckpt/job/step_1", time.time_ns() + 10**9)])   # a removal after that record
         st = os.stat(ck / "late.distcp")
         done = server.replicate("ckpt/job/step_1/late.distcp", 60, None, expect=(st.st_size, st.st_mtime_ns),
                                 record=record)
