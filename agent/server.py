@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from common.errors import HintfsError
+from common.fdlimit import raise_open_file_limit
 from common.journal import Removals, later_by_same_writer, record_time_ns, streamed_record
 from common.secrets import read_token_file
 from common.systemd import sd_notify
@@ -1272,8 +1273,10 @@ def run_agent(cfg) -> int:
     if not cfg.agent.token_file and cfg.agent.auth == "none":
         log.warning("agent at %s runs WITHOUT authentication ([agent] auth = \"none\"): anyone who can "
                     "reach it can read every file of %s", cfg.agent.location, store.description)
+    open_files = raise_open_file_limit()   # one fd per replica (before adopting a stopped agent's)
     server = AgentServer(cfg, store, persistent=True, require_token=True)
-    log.info("agent serving %s at %s (replicas in %s)", store.description, cfg.agent.location, cfg.agent.data_dir)
+    log.info("agent serving %s at %s (replicas in %s; up to %d open files: one per replica)", store.description,
+             cfg.agent.location, cfg.agent.data_dir, open_files)
     import signal
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=server.shutdown).start())

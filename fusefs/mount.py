@@ -28,6 +28,7 @@ import trio
 
 from agent.client import AgentClient
 from agent.fdserver import receive_replica_fd, receive_tier_bytes
+from common.fdlimit import raise_open_file_limit
 from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
@@ -303,6 +304,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     EXIT_ABANDONED when files still open for writing were abandoned at unmount."""
     mp = check_mountpoint(mountpoint, cfg)
     check_fuse_device()
+    raise_open_file_limit()   # passthrough opens and the in-process agent's replicas hold fds
     store = open_checked_store(cfg, store)
     mount = assemble(cfg, store)
     stats = mount.stats

@@ -183,14 +183,9 @@ class PageAllocator:
 def _raise_fd_limit() -> None:
     """One fd per mapped page (4,400 for 141 GB of 32 MiB pages) exceeds the usual soft limit
     of 1,024: raise it to the hard limit."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError):
-            pass   # keep the soft limit; lending falls back to exporting at lend time
+    from common.fdlimit import raise_open_file_limit
+    raise_open_file_limit()   # (kept as it was if it cannot be raised: lending falls back to
+    #                            exporting at lend time)
     # the fd table for a device's worth of pages, now (growing it later, while torch's threads
     # run, waits for an RCU grace period inside a page's creation)
     from governor.pagebroker import reserve_fd_table

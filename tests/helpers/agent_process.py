@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -34,9 +35,14 @@ class AgentProcess:
         self.token_file = token
         self.p = None
 
-    def start(self) -> AgentClient:
+    def start(self, soft_open_files: int | None = None) -> AgentClient:
+        """Start it (`soft_open_files`: with that soft RLIMIT_NOFILE, as a shell may give it)."""
+        def limit() -> None:
+            if soft_open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE,
+                                   (soft_open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         self.p = subprocess.Popen([sys.executable, "-m", "hintfs.cli", "agent", str(self.cfg)], cwd=REPO,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limit)
         c = AgentClient(f"grpc://127.0.0.1:{self.port}", token="tier-secret")
 
         def up():
