@@ -338,10 +338,15 @@ class AgentServer(fl.FlightServerBase):
                     if old is not None and old.source_mtime_ns >= int(meta["mtime_ns"]):
                         continue
                     local = self._local_name(path)
-                    os.rename(data, local)
-                    rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]),
-                                  os.open(local, os.O_RDONLY | os.O_CLOEXEC), int(meta["mtime_ns"]),
-                                  time.monotonic(), meta.get("record"))
+                    # opened before the move: a failed open (EMFILE) leaves it with the old folder
+                    fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.rename(data, local)
+                    except OSError:
+                        os.close(fd)
+                        raise
+                    rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]), fd,
+                                  int(meta["mtime_ns"]), time.monotonic(), meta.get("record"))
                     _write_sidecar(local, rep)
                     if old is not None:
                         os.close(old.fd)
