@@ -177,14 +177,16 @@ class Follower:
 
     def _new_from_listing(self) -> list[tuple[str, Optional[tuple[int, int]], Optional[str]]]:
         new = []
+        listed: dict[str, tuple[int, int]] = {}   # only what is there now: deleted files are forgotten
         for prefix in self.cfg.prefixes:
             try:
                 for path, st in self._walk(prefix.rstrip("/")):
+                    listed[path] = st.identity()
                     if self.seen_files.get(path) != st.identity():
-                        self.seen_files[path] = st.identity()
                         new.append((path, None, None))   # listing times may not match a stat's: stat it
             except FileNotFoundError:
                 continue
+        self.seen_files = listed
         return new
 
     # -- copying ---------------------------------------------------------------------------------
@@ -316,12 +318,16 @@ class Follower:
         with self.cond:
             done = sorted((t, f) for f, t in self.complete.items() if posixpath.dirname(f) == job)
             old = [f for _t, f in done[: max(0, len(done) - self.cfg.keep_last)]]
-            drop = [p for f in old for p in self.copied if p.startswith(f + "/")]
+            under = tuple(f + "/" for f in old)
+            drop = [p for p in self.copied if p.startswith(under)] if old else []
             for f in old:
                 del self.complete[f]
                 self.folder_files.pop(f, None)
             for p in drop:
                 self.copied.discard(p)
+            # what the journal said of them too: kept, it grew with every file ever followed
+            for p in [p for p in self.journaled if p.startswith(under)] if old else []:
+                del self.journaled[p]
         for p in drop:
             self.agent.drop(p)
         for f in old:

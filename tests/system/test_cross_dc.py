@@ -80,6 +80,30 @@ def test_marker_is_copied_last_and_keep_last(tmp_path):
         server.shutdown()
 
 
+def test_a_long_running_follower_holds_only_what_keep_last_keeps(tmp_path):
+    """The follower's memory of journaled files is dropped with their checkpoint at keep_last:
+    it grew with every file ever followed (a month of 4,096-rank checkpoints is millions)."""
+    store = tmp_path / "store"
+    server, loc = _agent(tmp_path, store, prefixes=["ckpt"], keep_last=2)
+    f = server.follower
+    try:
+        for k in range(12):
+            ck = store / "ckpt" / "job" / f"step_{k}"
+            ck.mkdir(parents=True)
+            for r in range(3):
+                (ck / f"__{r}_0.distcp").write_bytes(b"%d" % r)
+                _journal(store, f"ckpt/job/step_{k}/__{r}_0.distcp")
+            (ck / ".metadata").write_bytes(b"m")
+            _journal(store, f"ckpt/job/step_{k}/.metadata")
+            f.step(wait=True)
+        assert f.status()["complete"] == ["ckpt/job/step_10", "ckpt/job/step_11"]
+        assert len(AgentClient(loc).status()["replicas"]) == 8
+        assert {p.rsplit("/", 1)[0] for p in f.journaled} == {"ckpt/job/step_10", "ckpt/job/step_11"}
+        assert len(f.copied) == 8 and set(f.folder_files) <= {"ckpt/job/step_10", "ckpt/job/step_11"}
+    finally:
+        server.shutdown()
+
+
 def test_listing_fallback_without_journal(tmp_path):
     store = tmp_path / "store"
     ck = store / "ckpt" / "j" / "s1"
@@ -91,6 +115,10 @@ def test_listing_fallback_without_journal(tmp_path):
         server.follower.step(wait=True)
         assert server.follower.status()["complete"] == ["ckpt/j/s1"]
         assert AgentClient(loc).has("ckpt/j/s1/x.distcp", 10, os.stat(ck / "x.distcp").st_mtime_ns)
+        for p in ck.iterdir():                 # deleted from the store: the follower forgets it
+            p.unlink()
+        server.follower.step(wait=True)
+        assert server.follower.seen_files == {}
     finally:
         server.shutdown()
 
