@@ -296,8 +296,8 @@ class Follower:
                     self._enqueue(p)
                 deadline = time.monotonic() + FINISH_WAIT_S
                 # a file removed since (a removal record of a later round) is not waited for
-                while not all(p in self.copied or self._removed_since(p, self.journaled.get(p, (None, None))[1])
-                              for p in files):
+                while not all(self._removed_since(p, self.journaled.get(p, (None, None))[1])
+                              for p in files - self.copied):   # (a set difference: woken per copy)
                     if self._stop.is_set() or time.monotonic() > deadline:
                         return
                     self.cond.wait(0.5)
