@@ -14,7 +14,6 @@ checkpoint's marker never waits for another's.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import posixpath
 import threading
@@ -22,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+from agent.copyqueue import CopyQueue
 from common.journal import (BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record,
                             list_folder, record_time_ns, removed_record, slice_dir, Removals)
 
@@ -52,7 +52,7 @@ class Follower:
         # journaled version of each file, (size, mtime_ns), and the record that announced it
         self.journaled: dict[str, tuple[tuple[int, int], str]] = {}
         self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
-        self.queued: dict[str, int] = {}                  # path -> arrival order
+        self.queued = CopyQueue(self._job)                # files waiting for a copy
         self.running: set[str] = set()
         self.pending_markers: set[str] = set()
         self.finishing: set[str] = set()
@@ -60,7 +60,6 @@ class Follower:
         self.errors: dict[str, str] = {}
         self.removals = Removals()    # to tell a copy that failed because its file was removed
         self.cond = threading.Condition()
-        self._order = itertools.count()
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hintfs-follow-io")
         self.finishers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hintfs-follow-marker")
@@ -194,12 +193,15 @@ class Follower:
         """Queue a copy (caller holds the lock)."""
         if path in self.copied or path in self.queued or path in self.running:
             return
-        self.queued[path] = next(self._order)
+        self.queued.add(path)
         self.cond.notify_all()
 
     def _urgent(self, path: str) -> bool:
+        return self._signalled(self._job(path))
+
+    def _signalled(self, job: str) -> bool:
         link = self.agent.link
-        return link is not None and link.is_signalled(self._job(path))
+        return link is not None and link.is_signalled(job)
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -208,8 +210,8 @@ class Follower:
                     self.cond.wait(0.5)
                 if self._stop.is_set():
                     return
-                path = min(self.queued, key=lambda p: (not self._urgent(p), self.queued[p]))
-                del self.queued[path]
+                path = self.queued.take(self._signalled)
+                assert path is not None   # (not empty: checked above, under the same lock)
                 self.running.add(path)
             try:
                 self._copy(path)
@@ -271,7 +273,7 @@ class Follower:
         gone = {p for p in known if gone_by_now(p)}
         for p in gone:
             self.journaled.pop(p, None)
-            self.queued.pop(p, None)
+            self.queued.discard(p)
             self.errors.pop(p, None)
             self.folder_files.get(posixpath.dirname(p), set()).discard(p)
             if p in self.pending_markers or posixpath.basename(p) == self.cfg.commit_marker:

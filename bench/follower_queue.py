@@ -1,0 +1,85 @@
+"""How long the eval tier's follower takes to copy a checkpoint of many small files.
+
+A real in-process agent with a link budget (`[agent] link_bytes_s`, as a cross-DC tier has; set
+high here so that the link is not what is measured) follows a local store. Each rep journals a
+new checkpoint of `--files` files of 64 bytes and a marker, and times the follower's round from
+the records to the checkpoint's completion. What it shows is the follower's own work per file:
+picking the next copy used to be a min over every queued file (bench/README.md).
+
+    python bench/follower_queue.py [--files 4096] [--reps 3] [--label NAME]
+
+n = --reps checkpoints; the result goes into `--out` under `--label` (an older build's: copy
+this file into a worktree of it and run it there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.server import start_in_process  # noqa: E402
+from common.journal import encode_record, record_key, record_name  # noqa: E402
+from mountconfig import parse_config  # noqa: E402
+from stores.local import LocalStore  # noqa: E402
+
+
+def _record(store: Path, path: str) -> None:
+    """The journal record a training mount writes at a close."""
+    st = os.stat(store / path)
+    name = record_name()
+    dst = store / ".hintfs-journal" / record_key(name)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(encode_record(path, st.st_size, st.st_mtime_ns))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=4096, help="files per checkpoint (one per rank)")
+    ap.add_argument("--reps", type=int, default=3, help="checkpoints, one timed round each")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "follower_queue.json"))
+    ap.add_argument("--label", default="this build", help="the name of this run in --out")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hintfs-follow-queue-") as tmp:
+        store = Path(tmp) / "store"
+        (store / "ckpt").mkdir(parents=True)
+        cfg = parse_config({"store": {"uri": f"file://{store}"},
+                            "agent": {"data_dir": f"{tmp}/tier", "link_bytes_s": 10 * 10**9},
+                            "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600, "keep_last": 1}})
+        server, _loc = start_in_process(cfg, LocalStore(str(store)))
+        follower = server.follower
+        rounds = []
+        try:
+            for k in range(args.reps):
+                ck = store / "ckpt" / "job" / f"step_{k}"
+                ck.mkdir(parents=True)
+                for r in range(args.files):
+                    (ck / f"__{r}_0.distcp").write_bytes(b"x" * 64)
+                    _record(store, f"ckpt/job/step_{k}/__{r}_0.distcp")
+                (ck / ".metadata").write_bytes(b"plan")
+                _record(store, f"ckpt/job/step_{k}/.metadata")
+                t0 = time.perf_counter()
+                follower.step(wait=True)
+                rounds.append(time.perf_counter() - t0)
+                assert follower.status()["complete"] == [f"ckpt/job/step_{k}"], follower.status()
+                print(f"checkpoint {k + 1}: {args.files + 1} files copied and complete in {rounds[-1]:.2f} s")
+        finally:
+            server.shutdown()
+    result = {"files_per_checkpoint": args.files, "round_s": [round(s, 2) for s in rounds], "n": len(rounds),
+              "round_median_s": round(statistics.median(rounds), 2),
+              "per_file_ms": round(1000 * statistics.median(rounds) / (args.files + 1), 3)}
+    print(json.dumps(result, indent=1))
+    out = Path(args.out)
+    runs = json.loads(out.read_text()).get("runs", {}) if out.exists() else {}
+    runs[args.label] = result
+    out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
