@@ -48,6 +48,7 @@ from common.systemd import sd_notify
 from stores import check_store, open_store
 
 from agent import rpc, socketdir
+from agent.catalog import ReplicaCatalog
 from agent.rpc import rpc_error
 from agent.demand import DemandReads, prefetch_pieces
 from agent.fdserver import ReplicaFdServer
@@ -154,7 +155,7 @@ class AgentServer(fl.FlightServerBase):
         os.chmod(self.data_dir, 0o700)
         self._lock_fd = _lock_folder(self.data_dir)
         self.budget = acfg.budget_bytes
-        self.replicas: dict[str, Replica] = {}
+        self.replicas: ReplicaCatalog[Replica] = ReplicaCatalog()
         self._partial: dict[str, dict] = {}   # interrupted copies: version, .part file, ranges done
         self.evictions = 0
         self.copies = 0                # copies made (from the store or a peer), for status
@@ -404,7 +405,7 @@ class AgentServer(fl.FlightServerBase):
         return os.path.join(self.data_dir, hashlib.sha256(path.encode()).hexdigest()[:32])
 
     def used_bytes(self) -> int:
-        return sum(r.size for r in self.replicas.values())
+        return self.replicas.used_bytes   # (a running sum: asked at every copy)
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16,
                   priority: str = "background", job: Optional[str] = None, importance: float = 1.0,

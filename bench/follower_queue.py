@@ -6,7 +6,7 @@ new checkpoint of `--files` files of 64 bytes and a marker, and times the follow
 the records to the checkpoint's completion. What it shows is the follower's own work per file:
 picking the next copy used to be a min over every queued file (bench/README.md).
 
-    python bench/follower_queue.py [--files 4096] [--reps 3] [--label NAME]
+    python bench/follower_queue.py [--files 4096] [--reps 3] [--keep-last 1] [--label NAME]
 
 n = --reps checkpoints; the result goes into `--out` under `--label` (an older build's: copy
 this file into a worktree of it and run it there).
@@ -43,6 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=4096, help="files per checkpoint (one per rank)")
     ap.add_argument("--reps", type=int, default=3, help="checkpoints, one timed round each")
+    ap.add_argument("--keep-last", type=int, default=1, help="[follow] keep_last: checkpoints the tier holds")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "follower_queue.json"))
     ap.add_argument("--label", default="this build", help="the name of this run in --out")
     args = ap.parse_args()
@@ -51,7 +52,8 @@ def main() -> None:
         (store / "ckpt").mkdir(parents=True)
         cfg = parse_config({"store": {"uri": f"file://{store}"},
                             "agent": {"data_dir": f"{tmp}/tier", "link_bytes_s": 10 * 10**9},
-                            "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600, "keep_last": 1}})
+                            "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600,
+                                       "keep_last": args.keep_last}})
         server, _loc = start_in_process(cfg, LocalStore(str(store)))
         follower = server.follower
         rounds = []
@@ -67,11 +69,12 @@ def main() -> None:
                 t0 = time.perf_counter()
                 follower.step(wait=True)
                 rounds.append(time.perf_counter() - t0)
-                assert follower.status()["complete"] == [f"ckpt/job/step_{k}"], follower.status()
+                assert follower.status()["complete"][-1] == f"ckpt/job/step_{k}", follower.status()
                 print(f"checkpoint {k + 1}: {args.files + 1} files copied and complete in {rounds[-1]:.2f} s")
         finally:
             server.shutdown()
-    result = {"files_per_checkpoint": args.files, "round_s": [round(s, 2) for s in rounds], "n": len(rounds),
+    result = {"files_per_checkpoint": args.files, "keep_last": args.keep_last,
+              "round_s": [round(s, 2) for s in rounds], "n": len(rounds),
               "round_median_s": round(statistics.median(rounds), 2),
               "per_file_ms": round(1000 * statistics.median(rounds) / (args.files + 1), 3)}
     print(json.dumps(result, indent=1))
