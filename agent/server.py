@@ -60,6 +60,7 @@ from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
 _CHUNK = 8 << 20
+EVICT_HEADROOM = 0.02          # a full tier evicts this share of its budget beyond what a copy needs
 _STREAM_PUBLISH_WAIT_S = 5.0   # a replicate waits this long for an unpublished stream's publish,
 _STREAM_ALIVE_WAIT_S = 30.0    # ... up to this long while the stream is alive:
 _STREAM_QUIET_S = 5.0          # a stream (or a folder's streams) with a call within this long
@@ -376,7 +377,9 @@ class AgentServer(fl.FlightServerBase):
             pinned = self.follower.pinned_files() if self.follower is not None else set()
             entries = [TierEntry(p, r.size, r.last_used, r.expires_at <= now, p in newest, p in pinned)
                        for p, r in self.replicas.items() if p != path]
-            victims = pick_evictions(entries, need)
+            # a little more than this copy needs: a full tier then sorts its catalog once per
+            # EVICT_HEADROOM of the budget, not once per copy (bench/follower_queue.py)
+            victims = pick_evictions(entries, need, need + int(self.budget * EVICT_HEADROOM))
             if not victims:
                 raise rpc_error(errno.ENOSPC, f"budget: {path} needs {size} bytes, "
                                               f"{self.budget - self.used_bytes()} left and no replica may go")

@@ -196,7 +196,8 @@ class AgentConfig(Section):
     data_dir: str = Field("/var/lib/hintfs/replicas", description="Where this agent keeps its replicas.")
     budget_bytes: int = Field(64 << 30, ge=0, description="Most bytes of replicas kept on this agent's disk; "
                               "a copy beyond it evicts replicas by policy (expired, then older "
-                              "checkpoints, least recently used first) or is refused (ENOSPC).")
+                              "checkpoints, least recently used first), with up to 2% of the budget "
+                              "more from those for the next copies, or is refused (ENOSPC).")
     token_file: Optional[str] = Field(None, description="File holding the shared token clients must send "
                                       "(mode 0600, owned by the agent's user). `hintfs agent` refuses to start "
                                       "without one unless `auth = \"none\"`. A mount's own in-process agent "

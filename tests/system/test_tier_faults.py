@@ -111,6 +111,12 @@ def test_eviction_policy_order_and_refusal():
     assert pick_evictions(e, 35) == ["exp", "old/b", "old/a", "new/a"]
     assert pick_evictions(e, 41) == []            # pinned bytes never count: refuse instead
     assert pick_evictions(e, 0) == []
+    # room for the next copies: expired and not-newest replicas only, past what is needed
+    assert pick_evictions(e, 5, want_bytes=25) == ["exp", "old/b"]      # old/a would pass 25
+    assert pick_evictions(e, 5, want_bytes=30) == ["exp", "old/b", "old/a"]
+    assert pick_evictions(e, 5, want_bytes=1000) == ["exp", "old/b", "old/a"]   # not new/a
+    assert pick_evictions(e, 35, want_bytes=1000) == ["exp", "old/b", "old/a", "new/a"]
+    assert pick_evictions(e, 41, want_bytes=1000) == []
 
 
 def test_full_tier_evicts_least_recently_used_and_reads_stay_correct(tmp_path):
