@@ -5,7 +5,7 @@
 | `ReplicaSource` | `fusefs.replicaread.ReplicaReads` | open (has replicas?) and read of hinted files |
 | `TensorSource`  | `fusefs.tensorfile.TensorFiles`   | lookup and first open of `x.tensor` paths     |
 | `OpenRouting`   | `fusefs.routes.TierRouting`       | open of a store file (eval side, cross-DC)    |
-| `PublishJournal`| `fusefs.journal_writer.JournalWriter` | after a file is published by a commit     |
+| `PublishJournal`| `fusefs.journal_writer.JournalWriter` | a file published by a commit, unlinked or renamed away; a folder renamed into place |
 | `StreamHooks`   | `fusefs.streamproc.StreamProcess` | staging created, published, released, dropped |
 
 `fusefs/mount.py` builds them and hands them to the `Filesystem` constructor.
