@@ -84,7 +84,10 @@ class JournalWriter:
 
     async def _folder_file(self, path: str, st: Stat) -> None:
         async with self._folder_limiter:
-            await self.published(path, st)
+            try:
+                await self.published(path, st)
+            except Exception:   # (OSError is logged inside): never the mount's end, as in `run`
+                log.exception("journal record for %s (a renamed folder's file) failed", path)
 
     def _files_under(self, folder: str) -> Optional[list[tuple[str, Stat]]]:
         """(thread) Every regular file under `folder` with its store stat (the version a close
