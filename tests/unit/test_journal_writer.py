@@ -30,7 +30,7 @@ def _run_folders(writer: JournalWriter, *folders: str, counted: int | None = Non
             for folder in folders:
                 writer.folder_renamed(folder)
             nursery.start_soon(writer.run)
-            for _ in range(200):
+            for _ in range(1000):                  # 10 s at most (a loaded CI host)
                 await trio.sleep(0.01)
                 if writer.stats.counters["journal_folders"] + writer.stats.counters["journal_folders_skipped"] \
                         >= (len(folders) if counted is None else counted):
