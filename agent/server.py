@@ -565,9 +565,7 @@ class AgentServer(fl.FlightServerBase):
             raise rpc_error(errno.EAGAIN, f"{path} changed or was short during the copy")
         rep = self._replica_from(tmp, path, st.size, st.mtime_ns, ttl_s, record)
         with self.lock:
-            removed = self._removed_since(rep)
-            if not removed:
-                self.replicas[path] = rep
+            removed = not self._catalog_unless_removed(rep)
             self.resumed_ranges += resumed
             self.copies += 1
         if removed:
@@ -916,9 +914,7 @@ class AgentServer(fl.FlightServerBase):
             self.drop(path)
             rep = self._replica_from(part, path, size, mtime_ns, ttl_s, record)
             with self.lock:
-                removed = self._removed_since(rep)
-                if not removed:
-                    self.replicas[path] = rep
+                removed = not self._catalog_unless_removed(rep)
                 self.streams_published += 1
             if removed:
                 self._retire(rep)
@@ -984,11 +980,8 @@ class AgentServer(fl.FlightServerBase):
         made from an earlier version, and remember it, so that a copy or stream of such a version
         finishing later is not cataloged either. One pass over the replicas for all of them (a
         deleted checkpoint is a record per file). The paths dropped."""
-        batch = Removals(kept=len(removals) or 1)
         with self.lock:
-            for path, removed_ns in removals:
-                self._removed.note(path, removed_ns)
-                batch.note(path, removed_ns)
+            batch = self._removed.note_round(removals)
             gone = []
             for p, rep in self.replicas.items():
                 t = batch.newest(p)
@@ -998,6 +991,14 @@ class AgentServer(fl.FlightServerBase):
         for p in dropped:
             log.info("replica of %s dropped: the store removed it", p)
         return dropped
+
+    def _catalog_unless_removed(self, rep: Replica) -> bool:
+        """(under self.lock) A finished copy's or stream's replica joins the catalog, unless a
+        removal record newer than its version came meanwhile (the caller then retires it)."""
+        if self._removed_since(rep):
+            return False
+        self.replicas[rep.path] = rep
+        return True
 
     def _removed_since(self, rep: Replica) -> bool:
         """(under self.lock) A removal record of the replica's path or a folder above it is

@@ -88,6 +88,15 @@ class Removals:
         while len(self._at) > self.kept:
             self._at.popitem(last=False)
 
+    def note_round(self, removals: list[tuple[str, int]]) -> "Removals":
+        """Note a round's (path, time) removals; a `Removals` of only those, to find what they
+        remove in one pass over what the caller holds."""
+        batch = Removals(kept=len(removals) or 1)
+        for path, removed_ns in removals:
+            self.note(path, removed_ns)
+            batch.note(path, removed_ns)
+        return batch
+
     def newest(self, path: str) -> Optional[int]:
         """The time of the newest removal of `path` or of a folder above it; None if none."""
         parts = path.split("/")

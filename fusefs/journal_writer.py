@@ -19,7 +19,7 @@ import trio
 
 from common.journal import encode_record, record_key, record_name
 from fusefs.stats import Stats
-from stores.base import Stat, Store
+from stores.base import Stat, Store, walk_files
 
 log = logging.getLogger("hintfs.ops")
 
@@ -93,20 +93,13 @@ class JournalWriter:
         """(thread) Every regular file under `folder` with its store stat (the version a close
         would journal); None past FOLDER_FILES_MAX. Files gone while listing are left out."""
         files: list[tuple[str, Stat]] = []
-        todo = [folder]
-        while todo:
-            here = todo.pop()
-            for name, st in self.store.iter_dir(here):
-                path = f"{here}/{name}"
-                if st.is_dir:
-                    todo.append(path)
-                elif st.is_file:
-                    if len(files) == FOLDER_FILES_MAX:
-                        return None
-                    try:
-                        files.append((path, self.store.stat(path)))
-                    except FileNotFoundError:
-                        continue
+        for path, _listed in walk_files(self.store, folder):
+            if len(files) == FOLDER_FILES_MAX:
+                return None
+            try:
+                files.append((path, self.store.stat(path)))
+            except FileNotFoundError:
+                continue
         return files
 
     async def _put(self, name: str, path: str, size: int, mtime_ns: int, counter: str) -> bool:

@@ -126,3 +126,14 @@ class Store(Protocol):
     def put_small(self, rel: str, data: bytes) -> None: ...
     def check(self) -> None:
         """Raise OSError when the store root cannot be reached (used at mount time)."""
+
+
+def walk_files(store: Store, rel: str) -> Iterator[tuple[str, Stat]]:
+    """Every regular file under the folder `rel` of `store`, with its listing's stat, depth
+    first in listing order (blocking: call it in a thread). Symlinks and other types are left out."""
+    for name, st in store.iter_dir(rel):
+        path = f"{rel}/{name}" if rel else name
+        if st.is_dir:
+            yield from walk_files(store, path)
+        elif st.is_file:
+            yield path, st
