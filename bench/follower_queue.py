@@ -10,13 +10,12 @@ picking the next copy used to be a min over every queued file (bench/README.md).
                                    [--budget-checkpoints B] [--label NAME]
 
 n = --reps checkpoints; the result goes into `--out` under `--label` (an older build's: copy
-this file into a worktree of it and run it there).
+this file and bench/tier_rounds.py into a worktree of it and run it there).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -26,18 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.server import start_in_process  # noqa: E402
-from common.journal import encode_record, record_key, record_name  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
 from stores.local import LocalStore  # noqa: E402
-
-
-def _record(store: Path, path: str) -> None:
-    """The journal record a training mount writes at a close."""
-    st = os.stat(store / path)
-    name = record_name()
-    dst = store / ".hintfs-journal" / record_key(name)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(encode_record(path, st.st_size, st.st_mtime_ns))
+from tier_rounds import save_run, write_record  # noqa: E402  (bench/ is the script dir)
 
 
 def main() -> None:
@@ -69,9 +59,9 @@ def main() -> None:
                 ck.mkdir(parents=True)
                 for r in range(args.files):
                     (ck / f"__{r}_0.distcp").write_bytes(b"x" * 64)
-                    _record(store, f"ckpt/job/step_{k}/__{r}_0.distcp")
+                    write_record(store, f"ckpt/job/step_{k}/__{r}_0.distcp")
                 (ck / ".metadata").write_bytes(b"plan")
-                _record(store, f"ckpt/job/step_{k}/.metadata")
+                write_record(store, f"ckpt/job/step_{k}/.metadata")
                 t0 = time.perf_counter()
                 follower.step(wait=True)
                 rounds.append(time.perf_counter() - t0)
@@ -86,10 +76,7 @@ def main() -> None:
               "round_median_s": round(statistics.median(rounds), 2),
               "per_file_ms": round(1000 * statistics.median(rounds) / (args.files + 1), 3)}
     print(json.dumps(result, indent=1))
-    out = Path(args.out)
-    runs = json.loads(out.read_text()).get("runs", {}) if out.exists() else {}
-    runs[args.label] = result
-    out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    save_run(Path(args.out), args.label, result)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,13 @@ follower over a local store, while the tier holds `--kept` other checkpoints of 
     python bench/removal_rounds.py [--files 4096] [--kept 2] [--reps 3] [--label NAME]
 
 Each rep deletes one more checkpoint; n = --reps rounds (each timed once). The result goes into
-`--out` under `--label`, beside the runs already there (an older build's: copy this file into a
-worktree of it and run it there with that build's name).
+`--out` under `--label`, beside the runs already there (an older build's: copy this file and
+bench/tier_rounds.py into a worktree of it and run it there with that build's name).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -25,21 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.server import start_in_process  # noqa: E402
-from common.journal import encode_record, record_key, record_name  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
 from stores.local import LocalStore  # noqa: E402
-
-
-def _record(store: Path, path: str, removed: bool = False) -> None:
-    """The journal record a training mount writes at a close (or an unlink: `removed`)."""
-    size = mtime_ns = 0
-    if not removed:
-        st = os.stat(store / path)
-        size, mtime_ns = st.st_size, st.st_mtime_ns
-    name = record_name(removed=removed)
-    dst = store / ".hintfs-journal" / record_key(name)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(encode_record(path, size, mtime_ns))
+from tier_rounds import save_run, write_record  # noqa: E402  (bench/ is the script dir)
 
 
 def main() -> None:
@@ -58,9 +45,9 @@ def main() -> None:
             ck.mkdir(parents=True)
             for r in range(args.files):
                 (ck / f"__{r}_0.distcp").write_bytes(b"x" * 64)
-                _record(store, f"ckpt/job/step_{k}/__{r}_0.distcp")
+                write_record(store, f"ckpt/job/step_{k}/__{r}_0.distcp")
             (ck / ".metadata").write_bytes(b"plan")
-            _record(store, f"ckpt/job/step_{k}/.metadata")
+            write_record(store, f"ckpt/job/step_{k}/.metadata")
         cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": f"{tmp}/tier"},
                             "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600, "keep_last": steps}})
         server, _loc = start_in_process(cfg, LocalStore(str(store)))
@@ -76,7 +63,7 @@ def main() -> None:
                 ck = store / "ckpt" / "job" / f"step_{k}"
                 for p in sorted(ck.iterdir()):           # `rm -r` through a journaled mount
                     p.unlink()
-                    _record(store, f"ckpt/job/step_{k}/{p.name}", removed=True)
+                    write_record(store, f"ckpt/job/step_{k}/{p.name}", removed=True)
                 ck.rmdir()
                 t0 = time.perf_counter()
                 follower.step(wait=True)
@@ -92,10 +79,7 @@ def main() -> None:
               "removal_round_s": [round(s, 3) for s in rounds], "n": len(rounds),
               "removal_round_median_s": round(statistics.median(rounds), 3)}
     print(json.dumps(result, indent=1))
-    out = Path(args.out)
-    runs = json.loads(out.read_text()).get("runs", {}) if out.exists() else {}
-    runs[args.label] = result
-    out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    save_run(Path(args.out), args.label, result)
 
 
 if __name__ == "__main__":
