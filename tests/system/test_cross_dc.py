@@ -268,6 +268,17 @@ def test_a_removal_record_drops_the_replica_and_a_file_made_again_since_is_kept(
         server.shutdown()
 
 
+def _dcp_save_with_renamed_marker(store, ck) -> None:
+    """A DCP save into ckpt/job/step_1 (`ck`) as a journaled mount records it: a data file, then
+    `.metadata.tmp` renamed to `.metadata` (the old name's removal record is the caller's)."""
+    (ck / "__0_0.distcp").write_bytes(b"d" * 1000)
+    _journal(store, "ckpt/job/step_1/__0_0.distcp")
+    (ck / ".metadata.tmp").write_bytes(b"plan")
+    _journal(store, "ckpt/job/step_1/.metadata.tmp")
+    os.rename(ck / ".metadata.tmp", ck / ".metadata")
+    _journal(store, "ckpt/job/step_1/.metadata")
+
+
 def test_a_file_removed_before_its_copy_is_not_retried_and_its_checkpoint_completes(tmp_path):
     """DCP's `.metadata.tmp`, renamed to `.metadata` before the follower copied it: its record is
     followed by its removal, so the copy is neither made nor retried, and the marker does not wait
@@ -275,12 +286,7 @@ def test_a_file_removed_before_its_copy_is_not_retried_and_its_checkpoint_comple
     store, ck, server, loc = _following_agent(tmp_path)
     f, c = server.follower, AgentClient(loc)
     try:
-        (ck / "__0_0.distcp").write_bytes(b"d" * 1000)
-        _journal(store, "ckpt/job/step_1/__0_0.distcp")
-        (ck / ".metadata.tmp").write_bytes(b"plan")
-        _journal(store, "ckpt/job/step_1/.metadata.tmp")
-        os.rename(ck / ".metadata.tmp", ck / ".metadata")
-        _journal(store, "ckpt/job/step_1/.metadata")
+        _dcp_save_with_renamed_marker(store, ck)
         _journal(store, "ckpt/job/step_1/.metadata.tmp", removed=True)
         f.step(wait=True)
         assert f.status()["complete"] == ["ckpt/job/step_1"]
@@ -298,12 +304,7 @@ def test_a_marker_seen_a_round_before_the_removal_of_a_file_it_waits_for_still_c
     store, ck, server, loc = _following_agent(tmp_path)
     f = server.follower
     try:
-        (ck / "__0_0.distcp").write_bytes(b"d" * 1000)
-        _journal(store, "ckpt/job/step_1/__0_0.distcp")
-        (ck / ".metadata.tmp").write_bytes(b"plan")
-        _journal(store, "ckpt/job/step_1/.metadata.tmp")
-        os.rename(ck / ".metadata.tmp", ck / ".metadata")
-        _journal(store, "ckpt/job/step_1/.metadata")
+        _dcp_save_with_renamed_marker(store, ck)
         f.step()                                   # the finisher waits for .metadata.tmp's copy
         _journal(store, "ckpt/job/step_1/.metadata.tmp", removed=True)
         f.step()
