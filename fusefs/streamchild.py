@@ -24,6 +24,7 @@ import sys
 from typing import Any, Optional
 
 from common.logsetup import setup_logging
+from common.procs import become_isolated_daemon
 from fusefs.streamtap import StreamTap, build_streamers
 from fusefs.streamwire import WireError, next_message, send
 from mountconfig.schema import StreamConfig
@@ -175,6 +176,9 @@ def nice_against_the_job(nice: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    # Started isolated (`python -I`) by the mount, which runs in /; a child started otherwise
+    # is made so before it reads anything (common.procs): the socket fd and stdin stay.
+    become_isolated_daemon("fusefs.streamchild", argv[1:])
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())
     setup_logging(setup.get("log_level", "INFO"), setup.get("log_file"))

@@ -1,4 +1,5 @@
-"""Entry point of `hintfs governor CONFIG` (called lazily by hintfs.cli)."""
+"""Entry point of `hintfs governor CONFIG` (called lazily by hintfs.cli, once the command runs
+isolated in `/`; `python -m governor.cli CONFIG` re-executes itself so first)."""
 
 from __future__ import annotations
 
@@ -56,4 +57,8 @@ if __name__ == "__main__":  # python -m governor.cli CONFIG
     if len(sys.argv) != 2:
         print("usage: python -m governor.cli CONFIG", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    from common.procs import absolute_paths, become_isolated_daemon
+
+    (config,) = absolute_paths(sys.argv[1])
+    become_isolated_daemon("governor.cli", [config])     # python -I, in / (docs/security.md)
+    sys.exit(main(config))

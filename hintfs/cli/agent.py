@@ -1,4 +1,5 @@
-"""`hintfs agent CONFIG`: run the storage agent (Arrow Flight) in this process.
+"""`hintfs agent CONFIG`: run the storage agent (Arrow Flight) in this process, isolated
+(`python -I` in `/`: hintfs.cli.main re-executes it first).
 
 The agent's room is imported when the verb runs, so that every other verb starts quickly."""
 from __future__ import annotations
@@ -8,13 +9,18 @@ import socket
 from urllib.parse import urlparse
 
 from common.logsetup import setup_logging
-from hintfs.cli.base import UserError, load_config
+from hintfs.cli.base import UserError, absolute_args, load_config
 
 
 def add_parser(subparsers) -> None:
     a = subparsers.add_parser("agent", help="run a storage agent (Arrow Flight) on this node")
     a.add_argument("config")
-    a.set_defaults(func=cmd_agent)
+    a.set_defaults(func=cmd_agent, daemon=daemon_argv)
+
+
+def daemon_argv(args) -> list[str]:
+    """The command line that runs this agent again from `/` (hintfs.cli.main: daemons run isolated)."""
+    return ["agent", *absolute_args(args, "config")]
 
 
 def check_port_free(location: str) -> None:

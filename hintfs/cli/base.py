@@ -21,6 +21,14 @@ def load_config(path: str) -> MountConfig:
         raise UserError(str(err)) from None
 
 
+def absolute_args(args, *names: str) -> list[str]:
+    """Make the path arguments `names` of a daemon verb absolute in `args`, and return them: the
+    daemon leaves the caller's folder before it reads them (`hintfs.cli.main`, common.procs)."""
+    for name in names:
+        setattr(args, name, os.path.abspath(getattr(args, name)))
+    return [getattr(args, name) for name in names]
+
+
 def basic_logging() -> None:
     """Warnings and errors to stderr, for the verbs that do not run a daemon in this process."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

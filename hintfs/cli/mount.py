@@ -2,7 +2,8 @@
 
 In the background (the default) the mount daemon, `python -I -m fusefs` (fusefs/__main__.py), is
 started in its own session; this waits until it says the mount answers, or relays its one-line
-error. `--foreground` (systemd) runs the same daemon in this process.
+error. `--foreground` (systemd) runs the same daemon in this process, isolated too: hintfs.cli.main
+re-executes it as `python -I -m hintfs.cli mount ... --foreground` in `/` first.
 
 The daemon rooms are imported when the verb runs: `hintfs plan`, `hints`, ... work on a host
 without libfuse3.
@@ -15,7 +16,7 @@ import subprocess
 import sys
 
 from common.procs import daemon_python
-from hintfs.cli.base import UserError, load_config
+from hintfs.cli.base import UserError, absolute_args, load_config
 
 
 def add_parser(subparsers) -> None:
@@ -24,7 +25,16 @@ def add_parser(subparsers) -> None:
     m.add_argument("mountpoint")
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (systemd)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
-    m.set_defaults(func=cmd_mount)
+    m.set_defaults(func=cmd_mount, daemon=daemon_argv)
+
+
+def daemon_argv(args) -> list[str] | None:
+    """With --foreground: the command line that runs this mount again from `/` (hintfs.cli.main:
+    daemons run isolated); None in the background (the daemon is started isolated, in `/`)."""
+    if not args.foreground:
+        return None
+    ready = ["--ready-fd", str(args.ready_fd)] if args.ready_fd is not None else []
+    return ["mount", *absolute_args(args, "config", "mountpoint"), "--foreground", *ready]
 
 
 def default_log_file(mountpoint: str) -> str:
