@@ -1,9 +1,16 @@
-"""pid_alive: one liveness check for lock files, umount, agent folders and the governor."""
+"""pid_alive: one liveness check for lock files, umount, agent folders and the governor; and
+become_isolated_daemon, the first call of every daemon (tests/system/test_isolated_daemons.py
+runs the attack through the real daemons)."""
 import os
 import subprocess
 import sys
+import types
 
+import pytest
+
+from common import procs
 from common.procs import pid_alive
+from hintfs.cli import may_run_a_daemon
 
 
 def test_running_exited_and_zombie_processes():
@@ -15,3 +22,67 @@ def test_running_exited_and_zombie_processes():
     p.wait()
     assert not pid_alive(p.pid)      # reaped: no such process
     assert pid_alive(1)              # init: running, maybe not ours to signal
+
+
+class Exec(Exception):
+    pass
+
+
+@pytest.fixture
+def no_exec(monkeypatch, tmp_path):
+    """become_isolated_daemon's calls, recorded instead of made: [("chdir", path) | ("exec", argv)],
+    in `tmp_path` (a caller's folder)."""
+    calls: list = []
+    monkeypatch.chdir(tmp_path)
+
+    def execv(path, argv):
+        calls.append(("exec", argv))
+        raise Exec()
+    monkeypatch.setattr(procs.os, "execv", execv)
+    monkeypatch.setattr(procs.os, "chdir", lambda path: calls.append(("chdir", path)))
+    monkeypatch.setattr(procs.sys, "argv", ["/x/hintfs/cli/__main__.py", "agent", "/etc/a.toml"])
+    return calls
+
+
+def flags(isolated: int):
+    return types.SimpleNamespace(isolated=isolated)
+
+
+def test_a_daemon_not_isolated_runs_again_with_minus_I_in_root(no_exec, monkeypatch):
+    monkeypatch.setattr(procs.sys, "flags", flags(0))
+    with pytest.raises(Exec):
+        procs.become_isolated_daemon("hintfs.cli", ["agent", "/etc/a.toml"])
+    assert no_exec == [("chdir", "/"), ("exec", [sys.executable, "-I", "-m", "hintfs.cli", "agent", "/etc/a.toml"])]
+    no_exec.clear()
+    with pytest.raises(Exec):      # the first step of `hintfs`: paths not parsed yet, cwd kept
+        procs.become_isolated_daemon("hintfs.cli", ["agent", "a.toml"], keep_cwd=True)
+    assert no_exec == [("exec", [sys.executable, "-I", "-m", "hintfs.cli", "agent", "a.toml"])]
+
+
+def test_an_isolated_daemon_moves_to_root_and_runs_again_only_for_other_words(no_exec, monkeypatch, tmp_path):
+    monkeypatch.setattr(procs.sys, "flags", flags(1))
+    procs.become_isolated_daemon("hintfs.cli", ["agent", "/etc/a.toml"])      # the same words: no exec
+    assert no_exec == [("chdir", "/")]
+    no_exec.clear()
+    procs.become_isolated_daemon("hintfs.cli", ["agent", "a.toml"], keep_cwd=True)
+    assert no_exec == []
+    with pytest.raises(Exec):      # started with a relative path: again, so that `ps` shows the real one
+        procs.become_isolated_daemon("hintfs.cli", ["agent", str(tmp_path / "a.toml")])
+    assert no_exec[-1] == ("exec", [sys.executable, "-I", "-m", "hintfs.cli", "agent", str(tmp_path / "a.toml")])
+
+
+@pytest.mark.parametrize("argv, daemon", [
+    (["agent", "a.toml"], True),
+    (["--debug", "governor", "g.toml"], True),
+    (["mount", "c.toml", "m", "--foreground"], True),
+    (["mount", "c.toml", "m", "--fore"], True),           # argparse takes abbreviations
+    (["mount", "-f", "c.toml", "m"], True),
+    (["mount", "c.toml", "m", "-hf"], True),
+    (["mount", "c.toml", "m"], False),                    # the daemon is started isolated, in /
+    (["mount", "c.toml", "m", "--ready-fd", "3"], False),
+    (["plan", "show", "p.parquet"], False),
+    (["status", "/mnt/foo"], False),
+    (["--version"], False),
+])
+def test_which_command_lines_may_run_a_daemon(argv, daemon):
+    assert may_run_a_daemon(argv) is daemon
