@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from common import access
+from common.access import Principal
 from common.documents import DocumentError
 
 log = logging.getLogger("hintfs.control")
@@ -40,43 +41,8 @@ MAX_JOB_FILES = 1024          # job files in one control directory (hints/, plan
 ControlInputError = DocumentError
 
 
-@dataclass(frozen=True)
-class Caller:
-    """Who wrote a control document: the FUSE request's uid and gid and the process's groups."""
-    uid: int
-    gid: int
-    groups: frozenset = frozenset()
-
-    @classmethod
-    def of(cls, ctx) -> "Caller":
-        return cls(ctx.uid, ctx.gid, _groups_of(ctx.pid))
-
-    def privileged(self) -> bool:
-        return self.uid in (0, os.getuid())
-
-
-def _groups_of(pid: int) -> frozenset:
-    """The supplementary groups of `pid` (FUSE requests carry only uid and gid)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return frozenset()
-
-
-def may_read(st, caller: Caller) -> bool:
-    """Whether `caller` may read a file with these attributes (POSIX mode bits; no ACLs)."""
-    mode = stat_mod.S_IMODE(st.mode)
-    if caller.uid == 0:
-        return True
-    if st.uid == caller.uid:
-        return bool(mode & 0o400)
-    if st.gid == caller.gid or st.gid in caller.groups:
-        return bool(mode & 0o040)
-    return bool(mode & 0o004)
+# Who wrote a control document: the one principal type of `common.access`.
+Caller = Principal
 
 
 @dataclass
@@ -207,16 +173,13 @@ def parse_json_document(data: bytes) -> object:
 
 
 def check_readable(store, paths: list[str], caller: Caller) -> None:
-    """Blocking (a worker thread): every named store path exists and `caller` may read it."""
-    for path in paths:
-        try:
-            st = store.stat(path)
-        except FileNotFoundError:
-            raise ControlInputError(f"{path}: does not exist") from None
-        except OSError as err:
-            raise ControlInputError(f"{path}: {err.strerror or err}") from None
-        if not may_read(st, caller):
-            raise ControlInputError(f"{path}: permission denied for uid {caller.uid}")
+    """Blocking (a worker thread): `caller` may read every named store path, by the one access rule
+    (`common.access`: search permission on every folder, read permission on the path); a refusal
+    does not say whether the path exists."""
+    try:
+        access.check_readable(store, paths, caller)
+    except OSError as err:
+        raise ControlInputError(err.strerror or str(err)) from None
 
 
 def refuse(f: ControlFile, reason: str, caller: Optional[Caller] = None) -> None:

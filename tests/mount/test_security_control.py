@@ -50,6 +50,9 @@ def shared_mount():
     (store / "public.bin").chmod(0o644)
     (store / "private.bin").write_bytes(b"s" * 4096)
     (store / "private.bin").chmod(0o600)
+    (store / "privdir").mkdir(mode=0o700)          # a folder only root may search
+    (store / "privdir" / "notes.txt").write_bytes(b"n" * 4096)
+    (store / "privdir" / "notes.txt").chmod(0o644)
     cfg = write_config(base / "hintfs.toml", f"file://{store}",
                        f'\n[agent]\ndata_dir = "{base / "rep"}"\n', base / "mount.log")
     r = run_hintfs("mount", cfg, mnt)
@@ -89,26 +92,38 @@ def test_unprivileged_writer_may_only_name_files_it_can_read(shared_mount):
     ctl = mnt / ".hintfs"
     for name, doc, reason in [
             ("a", {"files": {"private.bin": 4}}, "permission denied for uid 65534"),
-            ("b", {"files": {"dirlink/secret": 4}}, "leads out of the store root"),
-            ("c", {"files": {"../outside/secret": 4}}, "contains '..'")]:
+            ("b", {"files": {"dirlink/secret": 4}}, "permission denied for uid 65534"),
+            ("c", {"files": {"../outside/secret": 4}}, "contains '..'"),
+            # a readable file in a folder the user may not search (finding 8 of issue 34) ...
+            ("d", {"files": {"privdir/notes.txt": 4}}, "permission denied for uid 65534"),
+            # ... is refused in the same words as a file that does not exist: no existence oracle
+            ("e", {"files": {"privdir/nothing.txt": 4}}, "permission denied for uid 65534")]:
         r = write_as_nobody(ctl / "hints" / name, json.dumps(doc))
         assert r.returncode != 0, name
         assert reason in (ctl / "hints" / f"{name}.error").read_text(), name
         assert (ctl / "hints" / f"{name}.status").read_text().strip() in ("", "{}")
-    # Nothing of the outside file reached the agent's replica folder.
+    assert (ctl / "hints" / "d.error").read_text().replace("notes", "nothing") == \
+        (ctl / "hints" / "e.error").read_text()
+    # Nothing of the outside file, nor of the private folder, reached the agent's replica folder.
     for root, _dirs, files in os.walk(_base / "rep"):
         for f in files:
-            assert b"top secret" not in Path(root, f).read_bytes()
+            data = Path(root, f).read_bytes()
+            assert b"top secret" not in data and data != b"n" * 4096
     # Plans and signals follow the same rule.
     r = write_as_nobody(ctl / "plans" / "p", '{"plan": "private.bin", "step": 0}')
     assert r.returncode != 0 and "permission denied" in (ctl / "plans" / "p.error").read_text()
     r = write_as_nobody(ctl / "signals" / "s", '{"path": "dirlink/x", "kind": "loss_spike"}')
-    assert r.returncode != 0 and "leads out of the store root" in (ctl / "signals" / "s.error").read_text()
+    assert r.returncode != 0 and "permission denied" in (ctl / "signals" / "s.error").read_text()
+    r = write_as_nobody(ctl / "signals" / "t", '{"path": "privdir", "kind": "loss_spike"}')
+    assert r.returncode != 0 and "permission denied" in (ctl / "signals" / "t.error").read_text()
     # Read hints too: another user may not learn, or make a tier fetch, ranges of files it cannot read.
     r = write_as_nobody(ctl / "reads" / "r", '{"ranges": [["private.bin", 0, 10]]}')
     assert r.returncode != 0 and "permission denied" in (ctl / "reads" / "r.error").read_text()
     r = write_as_nobody(ctl / "reads" / "q", '{"ranges": [["dirlink/secret", 0, 10]]}')
-    assert r.returncode != 0 and "leads out of the store root" in (ctl / "reads" / "q.error").read_text()
+    assert r.returncode != 0 and "permission denied" in (ctl / "reads" / "q.error").read_text()
+    r = write_as_nobody(ctl / "reads" / "n", '{"ranges": [["privdir/notes.txt", 0, 10]]}')
+    assert r.returncode != 0 and "permission denied" in (ctl / "reads" / "n.error").read_text()
+    # The plan is checked; so is every sample it names, when it is registered (test_tensor_access.py).
 
 
 def test_failed_write_applies_nothing_and_each_refusal_replaces_the_reason(shared_mount):
