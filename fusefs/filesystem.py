@@ -55,6 +55,12 @@ def _futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
     os.utime(fd, ns=(atime_ns, mtime_ns))
 
 
+def _free_bytes(fd: int) -> int:
+    """Free bytes of the filesystem of `fd`, as this daemon may use them (root: the reserve too)."""
+    sv = os.fstatvfs(fd)
+    return (sv.f_bfree if os.geteuid() == 0 else sv.f_bavail) * sv.f_frsize
+
+
 def fuse_device_of(mountpoint: str) -> int:
     """The st_dev of the FUSE mount at `mountpoint`, from /proc/self/mountinfo (a stat of the
     mountpoint would ask this very daemon); 0 if not found."""
@@ -421,12 +427,24 @@ class Filesystem:
     def _chown(self, rel: str, uid: int, gid: int) -> None:
         self.store.chown(rel, uid, gid)
 
+    def publish_lock(self, node: Inode) -> trio.Lock:
+        """The lock of `node`'s staging changes that may wait (the last release's publish, a
+        truncate by path), made on first use."""
+        if node.publishing is None:
+            node.publishing = trio.Lock()
+        return node.publishing
+
     async def _truncate(self, node: Inode, size: int) -> None:
-        if node.writer is not None:
-            await self.ensure_private(node)
-            await self.io(os.ftruncate, node.writer.fd, size, inline=node.writer.inline_io)
-            node.writer.dirty = True
-            return
+        async with self.publish_lock(node):
+            if node.writer is not None and node.writer_refs > 0:
+                # a write handle is open: cut its staging, published at its close
+                await self.ensure_private(node)
+                await self.io(os.ftruncate, node.writer.fd, size, inline=node.writer.inline_io)
+                node.writer.dirty = True
+                return
+            await self._truncate_closed(node, size)
+
+    async def _truncate_closed(self, node: Inode, size: int) -> None:
         # A truncate without an open writer (`truncate -s`): stage, cut, commit at once.
         staging = await self.io(self.store.new_staging, node.path, size > 0)
         try:
@@ -693,10 +711,10 @@ class Filesystem:
                 raise Refused(errno.ETXTBSY, f"{node.path} is open for reading (passthrough): not opened for writing")
             await self._acquire_writer(node, truncate=bool(flags & os.O_TRUNC))
             staging = node.writer
-            if (node.pt_refs or self.passthrough is not None) and staging.fd >= 0:
+            if staging.fd >= 0 and (node.pt_refs or (self.passthrough is not None and self._pt_write_ok(staging))):
                 backing_id = self._pt_attach(node, staging.fd, staging)
             if backing_id:
-                staging.dirty = True   # the daemon sees no write(): publish on close whatever happens
+                staging.unseen_writes = True   # the daemon sees no write(): compared at each publish
                 handle = PassthroughWrite(node)
             else:
                 handle = WriteHandle(node)
@@ -753,8 +771,11 @@ class Filesystem:
         os.fchmod(inode.writer.fd, stat_mod.S_IMODE(mode) & ~ctx.umask)
         inode.writer.dirty = True   # an empty new file is still a file to create on close
         backing_id = 0
-        if (inode.pt_staging is inode.writer and inode.pt_refs) or (self.passthrough is not None and not inode.pt_refs):
+        if (inode.pt_staging is inode.writer and inode.pt_refs) or (
+                self.passthrough is not None and not inode.pt_refs and self._pt_write_ok(inode.writer)):
             backing_id = self._pt_attach(inode, inode.writer.fd, inode.writer)
+        if backing_id:
+            inode.writer.unseen_writes = True
         inode.writer_refs += 1
         inode.lookups += 1
         inode.opens += 1
@@ -813,32 +834,49 @@ class Filesystem:
             self._stream_started(node)
 
     async def commit(self, node: Inode, *, no_dir_locks: bool = False, closing: bool = False) -> None:
-        """Publish the inode's staged writes, if any (and journal them). `no_dir_locks`: the
-        request being answered holds no directory lock in the kernel (a close's flush), so the
-        other names of a split hard link are forgotten before it returns, not some time after.
-        `closing`: a write handle's close (flush) asks, so that handle writes no more."""
+        """Publish the inode's staged writes, if any (and journal them): the one publish rule
+        (docs/semantics.md, "The publish rule"). A publish happens at every close(2) of a write
+        descriptor (`closing`: a FLUSH) that follows writes, at fsync, before a rename or link of
+        the open file, and at the last release if anything was written since: every byte written
+        through any descriptor is published, each time as a whole file. The stream to the tiers
+        is told the version is final only at the last release (a FLUSH is per descriptor: a
+        dup'ed one may still write). `no_dir_locks`: the request being answered holds no
+        directory lock in the kernel (a close's flush), so the other names of a split hard link
+        are forgotten before it returns, not some time after."""
         staging = node.writer
-        if staging is None or not staging.dirty:
+        if staging is None:
+            return
+        unseen = staging.changed_unseen()
+        if not staging.dirty and not unseen:
             return
         if node.unlinked:
             staging.dirty = False  # written to a name that no longer exists: nothing to publish
             return
         if staging.failed:
             raise HintfsError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
+        if staging.unseen_writes:
+            await self._check_unseen_writes(node, staging)
+        writers_left = node.writer_refs - (1 if closing else 0)
+        final = not closing and writers_left == 0
         if staging.live:
-            # Passthrough writes after an earlier publish went into the published file itself.
+            # Passthrough writes after an earlier publish went into the published file itself:
+            # nothing to move, but a new version to count, journal and stream.
             staging.dirty = False
+            staging.published = staging.identity()
             node.cached_identity = None
+            await self._published(node, Stat.from_os(os.fstat(staging.fd)), final)
             return
-        size = staging.size()
+        # (taken before an upload: a write while it runs makes the next publish send it again)
+        before = staging.identity() if staging.unseen_writes else None
         # With passthrough the kernel writes into the staging file itself: while another write
         # handle (or, for fsync/rename/link, this one) can still write, publish a copy, so the
         # published file never changes under its readers (docs/semantics.md).
-        writers_left = node.writer_refs - (1 if closing else 0)
         keep = node.pt_refs > 0 and node.pt_staging is staging and writers_left > 0
         if keep:
             self.stats.add("passthrough_copy_publishes")
         st = await self.io(self.store.commit, staging, node.path, keep)
+        # A rename made the staging the published file (and changed its ctime): that is the version.
+        staging.published = staging.identity() if staging.live else before
         if node.aliases or node.backing is not None:
             # The other names keep the file as it was: the kernel must look them up again.
             for path in self.inodes.split_aliases(node):
@@ -851,16 +889,47 @@ class Filesystem:
                     await trio.to_thread.run_sync(self.invalidate_entry_now, parent.ino, raw)
                 elif self.invalidate_entry is not None:
                     self.invalidate_entry(parent.ino, raw)
-        self.stats.add("commits")
-        self.stats.add("bytes_uploaded", size)
         node.cached_identity = st.identity()
+        await self._published(node, st, final and not keep)
+
+    async def _published(self, node: Inode, st: Stat, final: bool) -> None:
+        """A version of `node` is in the store: count it, journal it, tell the stream."""
+        self.stats.add("commits")
+        self.stats.add("bytes_uploaded", st.size)
         record = None
         if self.journal is not None:
             record = await self.journal.published(node.path, st, self.streams is not None
                                                   and self.streams.wants(node.path))
         if self.streams is not None:
-            # Final only when no write handle is left: then these are the bytes for good.
-            self.streams.published(node.ino, node.path, st, record, final=writers_left == 0 and not keep)
+            self.streams.published(node.ino, node.path, st, record, final=final)
+
+    async def _check_unseen_writes(self, node: Inode, staging) -> None:
+        """Under passthrough a failed write() never reaches the daemon. A write open is served by
+        passthrough only while the staging file's filesystem has `passthrough_min_free_mb` free
+        (`_pt_write_ok`); if it has less than 1/16 of that now, a write may have failed unseen:
+        the publish is refused (ENOSPC), the previous version stays, and these bytes are never
+        published later."""
+        floor = (self.cfg.mount.passthrough_min_free_mb << 20) // 16
+        if floor <= 0:
+            return
+        free = await self.io(_free_bytes, staging.fd, inline=staging.inline_io)
+        if free < floor:
+            staging.failed = (f"its filesystem has {free >> 20} MiB free (under {floor >> 20} MiB): "
+                              "a write may have failed unseen (passthrough)")
+            self.stats.add("passthrough_full_refusals")
+            raise HintfsError(errno.ENOSPC, f"not publishing {node.path}: {staging.failed}")
+
+    def _pt_write_ok(self, staging) -> bool:
+        """Whether a write open may be served by passthrough: its staging file's filesystem has at
+        least `mount.passthrough_min_free_mb` free (below, the daemon sees every write and its
+        errors). Asked once per new backing registration (one fstatvfs)."""
+        want = self.cfg.mount.passthrough_min_free_mb << 20
+        if want <= 0:
+            return True
+        if _free_bytes(staging.fd) >= want:
+            return True
+        self.stats.add("passthrough_low_space_opens")
+        return False
 
     def _stream_started(self, node: Inode) -> None:
         if self.streams is not None and node.writer is not None and node.writer.fd >= 0:

@@ -24,6 +24,8 @@ import logging
 import os
 from typing import Awaitable, Callable, Optional, Protocol
 
+import trio
+
 from fusefs.attrs import Attributes, DirEntry, Refused
 from fusefs.control import MAX_CONTROL_WRITE, Caller, ControlDir, ControlInputError, apply_write, refuse
 from fusefs.inodes import Inode, InodeTable
@@ -57,6 +59,7 @@ class Services(Protocol):
     def control_lookup(self, parent: Inode, name: str) -> Inode: ...
     def passthrough_detach(self, node: Inode) -> None: ...
     def writer_released(self, node: Inode) -> None: ...
+    def publish_lock(self, node: Inode) -> trio.Lock: ...
 
 
 class Handle:
@@ -216,18 +219,21 @@ class WriteHandle(Handle):
         # release waits below must not count it (it would be refused passthrough for a mix).
         fs.inodes.closing(node)
         if node.writer_refs == 0:
-            staging = node.writer
-            try:
-                # Writes that arrive after the last flush (mmap writeback) still count.
-                await fs.commit(node)
-            except OSError as err:
-                log.error("upload of %s at release failed: %s", node.path, err)
-            finally:
-                # An open for writing during the commit took this staging over: it is theirs now.
-                if node.writer is staging and node.writer_refs == 0:
-                    node.writer = None
-                    fs.writer_released(node)
-                    await fs.io(fs.store.discard, staging, inline=staging.inline_io)
+            async with fs.publish_lock(node):
+                staging = node.writer
+                if staging is not None and node.writer_refs == 0:
+                    try:
+                        # Writes after the last flush (a dup'ed or inherited descriptor, mmap writeback).
+                        await fs.commit(node)
+                    except OSError as err:
+                        log.error("publish of %s at its last release failed, the store keeps its previous "
+                                  "version: %s", node.path, err)
+                    finally:
+                        # An open for writing during the commit took this staging over: it is theirs now.
+                        if node.writer is staging and node.writer_refs == 0:
+                            node.writer = None
+                            fs.writer_released(node)
+                            await fs.io(fs.store.discard, staging, inline=staging.inline_io)
         fs.inodes.maybe_drop(node)
 
     def abandon(self, store: Store) -> bool:

@@ -18,7 +18,7 @@ from stores.base import Staging
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
-                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader")
+                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -45,6 +45,9 @@ class Inode:
         # what backs it: (st_dev, st_ino) of the store file, or ("replica", size, mtime_ns) of a replica
         self.pt_file: tuple = (0, 0)
         self.pt_reader = None     # that store file's reader (in `readers`: fstat after an unlink)
+        # Held while the last release publishes and drops the staging, and while a truncate by
+        # path changes it: one cannot swap the staging under the other (`Filesystem.publish_lock`).
+        self.publishing = None
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr

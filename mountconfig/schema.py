@@ -158,6 +158,16 @@ class MountOptions(Section):
         "\"off\": never (every byte through the daemon, counted in its stats). What it changes for "
         "consistency and stats: docs/semantics.md.",
     )
+    passthrough_min_free_mb: int = Field(
+        1024, ge=0, le=1 << 30,
+        description="Under passthrough the kernel writes the staging file itself and the daemon never "
+        "sees a write fail. So a file is opened for writing by passthrough only while the filesystem of "
+        "its staging file has at least this much free space (MiB); below it, its writes go through the "
+        "daemon, which sees every error. A publish of a passthrough write is refused (ENOSPC at close, "
+        "the previous version kept) when that filesystem has less than 1/16 of it free then: a write "
+        "may have failed unseen. 0: passthrough whatever the free space, and no check at publish. "
+        "docs/semantics.md, \"The publish rule\".",
+    )
     writeback_cache: bool = Field(
         False, description="Let the kernel batch small writes into larger ones. The kernel then trusts "
         "its own idea of file sizes, so changes made to the store by anyone else are not seen until "

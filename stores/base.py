@@ -65,9 +65,12 @@ class Staging:
 
     `fd` is a plain read-write fd on local disk. After a commit of a file:// store the fd refers
     to the live file, so `live` is set and the next write must stage a fresh copy first.
+    `unseen_writes`: the kernel writes this file itself (a FUSE passthrough backing file), so the
+    daemon learns of writes only by comparing `identity()` with `published`, the identity taken
+    just before the last publish (docs/semantics.md, "The publish rule").
     """
 
-    __slots__ = ("fd", "path", "dirty", "live", "target", "failed", "inline_io")
+    __slots__ = ("fd", "path", "dirty", "live", "target", "failed", "inline_io", "unseen_writes", "published")
 
     def __init__(self, fd: int, path: str, target: str):
         self.fd = fd
@@ -79,9 +82,22 @@ class Staging:
         # True when the staging file is in memory (tmpfs): its pread/pwrite never wait for a disk,
         # so they may run on the event loop.
         self.inline_io = False
+        self.unseen_writes = False
+        self.published: Optional[tuple[int, int, int]] = None
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
+
+    def identity(self) -> tuple[int, int, int]:
+        """(size, mtime_ns, ctime_ns) of the staged file: any write changes it (the kernel gives a
+        file whose times were just read a fine-grained time at its next change: multigrain
+        timestamps, Linux >= 6.13 on ext4, xfs, btrfs and tmpfs)."""
+        st = os.fstat(self.fd)
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def changed_unseen(self) -> bool:
+        """Written by the kernel (passthrough) since the last publish, or never published."""
+        return self.unseen_writes and self.fd >= 0 and self.identity() != self.published
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -185,19 +185,21 @@ def test_fsync_and_a_second_writer_keep_the_published_file_whole(pt):
     assert not [n for n in os.listdir(pt.store) if n.startswith(".hintfs-tmp.")]
 
 
-def test_write_error_is_reported_by_write_and_nothing_torn_is_published(pt):
+def test_a_write_error_fails_close_and_nothing_is_published(pt):
+    """The publish rule (docs/semantics.md): a store this full is below `passthrough_min_free_mb`,
+    so the open goes through the daemon, which sees the failed write; close() fails and nothing is
+    published. (A full store under passthrough: tests/mount/test_publish_rule.py.)"""
     with tiny_tmpfs(pt.store / "small") as small:
         fd = os.open(pt.mnt / "small" / "big", os.O_WRONLY | os.O_CREAT, 0o644)
-        written = 0
         with pytest.raises(OSError) as exc:
             for _ in range(16):
-                written += os.write(fd, b"z" * (64 << 10))
+                os.write(fd, b"z" * (64 << 10))
         assert exc.value.errno == errno.ENOSPC
-        # The kernel wrote into the staging file: the daemon never saw the failed write, so
-        # close() publishes what write() accepted, as a local disk keeps it (docs/semantics.md).
-        os.close(fd)
-        data = (small / "big").read_bytes()
-        assert len(data) >= written and data == b"z" * len(data)
+        with pytest.raises(OSError) as exc:
+            os.close(fd)
+        assert exc.value.errno in (errno.EIO, errno.ENOSPC)
+        assert wait_for(lambda: os.listdir(small) == [], 10), os.listdir(small)
+        assert pt.stats()["passthrough"].get("low_space_opens", 0) >= 1
 
 
 def test_read_only_close_sends_no_flush(pt):

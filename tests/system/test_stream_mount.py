@@ -517,3 +517,21 @@ def test_the_chunks_an_eval_read_of_the_last_checkpoint_are_named_first_for_the_
         assert wait_for(lambda: tier.client.tier_stat(rel2)["state"] == "ready", 10)
         assert tier.client.read(rel2, 0, len(data) + 1, replica_only=True) == data
         assert wait_for(lambda: train.stats()["counters"].get("stream_chunks_first") == 3, 10)
+
+
+def test_a_shell_redirect_reaches_the_tier_whole(mount_factory, tmp_path):
+    """The publish rule on the stream to a tier (issue 34, finding 3): bash closes the first
+    descriptor of `>` before any byte is written (a FLUSH) and writes through the dup; the tier's
+    replica is the whole file, never the empty file of that first close."""
+    import subprocess
+    with streaming_to_tier(mount_factory, tmp_path) as (store, tier, train):
+        ck = train.mnt / "ckpt" / "run" / "step_2"
+        ck.mkdir(parents=True)
+        subprocess.run(["bash", "-c", f"head -c 300000 /dev/urandom > {ck}/shard.bin; echo hello > {ck}/.metadata"],
+                       check=True, timeout=60)
+        data = (store / "ckpt/run/step_2/shard.bin").read_bytes()
+        assert len(data) == 300000 and (store / "ckpt/run/step_2/.metadata").read_bytes() == b"hello\n"
+        for rel, want in (("ckpt/run/step_2/shard.bin", data), ("ckpt/run/step_2/.metadata", b"hello\n")):
+            st = os.stat(store / rel)
+            assert wait_for(lambda: tier.client.has(rel, st.st_size, st.st_mtime_ns), 10), tier.client.tier_stat(rel)
+            assert tier.client.read(rel, 0, len(want) + 10, replica_only=True) == want
