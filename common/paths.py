@@ -66,16 +66,35 @@ def user_relpath(path: object, *, what: str = "path") -> str:
 
 
 def job_name(name: object, *, what: str = "job name") -> str:
-    """A job's name: one path component (it names control files), bounded, not hidden."""
+    """A job's name: one path component (it names control files), bounded, not hidden, and
+    printable (`str.isprintable`: no control character, line or paragraph separator, format
+    character such as a bidi override, space other than ' ', surrogate (bytes that are not
+    UTF-8), private-use or unassigned character): it is logged, shown in `hintfs status` and
+    in status files. The one rule of job names: the mount applies it when a control file is
+    created, the job-side API (hintfs.client, hintfs.plan) before it writes one."""
     if not isinstance(name, str) or not name:
         raise refuse(what, name, "must be a non-empty string")
     if "/" in name or "\0" in name or name.startswith("."):
         raise refuse(what, name, "must be one path component, not starting with '.'")
+    bad = next((c for c in name if not c.isprintable()), None)
+    if bad is not None:
+        raise refuse(what, name[:80], f"contains the unprintable character U+{ord(bad):04X} "
+                     "(a control character, line separator, ...)")
     if name.endswith((".error", ".status")):
         raise refuse(what, name, "must not end in .error or .status")
     if len(name.encode("utf-8", "surrogateescape")) > MAX_JOB_NAME_BYTES:
         raise refuse(what, name[:40] + "...", f"is longer than {MAX_JOB_NAME_BYTES} bytes")
     return name
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable escaped as in a Python literal (`\\n`,
+    `\\x1b`, `\\u2028`, `\\udcff` for a byte that is not UTF-8): what a log line or a one-line
+    message shows of a name or path that came from outside, so that it can never start a line
+    of its own. Printable text (any script, the ASCII space) is unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def child(parent: str, name: bytes) -> str:

@@ -17,6 +17,8 @@ def main(config_path: str) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from common.logline import one_line_logs
+    one_line_logs()          # no name a client gave starts a log line of its own
     import trio
 
     from governor.daemon import DaemonStartError, GovernorDaemon

@@ -11,14 +11,22 @@ import os
 import time
 from typing import Mapping, Optional
 
+from common.paths import job_name
 from hintfs.hintsource import dcp_read_ranges, hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
 __all__ = ["signal_anomaly", "hint_reads", "hint_dcp_reads", "dcp_read_ranges", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
            "hints_from_megatron", "hints_from_safetensors"]
 
 
-def _control(mount: str, *parts: str) -> str:
-    return os.path.join(mount, ".hintfs", *parts)
+def job_file(mount: str, folder: str, job: str, suffix: str = "") -> str:
+    """`<mount>/.hintfs/<folder>/<job><suffix>`, once `job` passes the mount's own rule for job
+    names (common.paths.job_name: one printable path component ...); ValueError otherwise, before
+    anything is written."""
+    try:
+        job_name(job)
+    except OSError as err:
+        raise ValueError(err.strerror) from None
+    return os.path.join(mount, ".hintfs", folder, job + suffix)
 
 
 def _write_control(path: str, doc: dict) -> None:
@@ -43,11 +51,11 @@ def set_replication_hints(mount: str, job: str, files: Mapping[str, int], *, ttl
     doc = {"files": dict(files), "ttl_s": ttl_s, "deadline_s": deadline_s}
     if safe_readers_per_replica is not None:
         doc["safe_readers_per_replica"] = safe_readers_per_replica
-    _write_control(_control(mount, "hints", job), doc)
+    _write_control(job_file(mount, "hints", job), doc)
 
 
 def replica_status(mount: str, job: str) -> dict:
-    with open(_control(mount, "hints", job + ".status")) as f:
+    with open(job_file(mount, "hints", job, ".status")) as f:
         text = f.read()
     return json.loads(text) if text.strip() else {}
 
@@ -75,14 +83,14 @@ def wait_for_replicas(mount: str, job: str, timeout_s: Optional[float] = None, p
 def signal_anomaly(mount: str, job: str, path: str, kind: str = "loss_spike", severity: float = 1.0) -> None:
     """Tell the mount that `job`'s eval of the checkpoints under `path` is anomaly-triggered:
     their copies across the cross-DC link go first. `kind="clear"` ends it."""
-    _write_control(_control(mount, "signals", job), {"path": path, "kind": kind, "severity": severity})
+    _write_control(job_file(mount, "signals", job), {"path": path, "kind": kind, "severity": severity})
 
 
 def hint_reads(mount: str, job: str, ranges) -> None:
     """Tell an eval mount the byte ranges `[(path, offset, length)]` (paths relative to the mount)
     the job is about to read: files its local tier is still receiving get them fetched first,
     in parallel (docs/cross_dc.md, "Demand-first reads"). Raises ValueError if refused."""
-    _write_control(_control(mount, "reads", job), {"ranges": [[p, int(o), int(n)] for p, o, n in ranges]})
+    _write_control(job_file(mount, "reads", job), {"ranges": [[p, int(o), int(n)] for p, o, n in ranges]})
 
 
 def hint_dcp_reads(mount: str, job: str, ckpt_dir: str, keys) -> int:

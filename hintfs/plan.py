@@ -317,17 +317,12 @@ def read_steps(path: str, start: int = 0, stop: Optional[int] = None, rank: Opti
 
 
 # -- registration ---------------------------------------------------------------------------------
-def _check_job(job: str) -> None:
-    if not job or "/" in job or "\0" in job or job in (".", "..") or job.endswith(".error"):
-        raise ValueError(f"job name {job!r} must be one path component (and not end in .error)")
-
-
 def _plan_file(mount: str, job: str) -> str:
-    _check_job(job)
-    return os.path.join(mount, ".hintfs", "plans", job)
+    """`.hintfs/plans/<job>`; ValueError for a job name the mount refuses (common.paths.job_name)."""
+    return job_file(mount, "plans", job)
 
 
-from hintfs.client import _write_control  # noqa: E402  (EINVAL -> the reason in <file>.error)
+from hintfs.client import _write_control, job_file  # noqa: E402  (EINVAL -> the reason in <file>.error)
 
 _registered: dict[tuple[str, str], PlanRegistration] = {}
 _registered_lock = threading.Lock()

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 
+from common.logline import one_line_logs
 from mountconfig import ConfigError, MountConfig
 from mountconfig import load_config as _load_config
 
@@ -32,6 +33,7 @@ def absolute_args(args, *names: str) -> list[str]:
 def basic_logging() -> None:
     """Warnings and errors to stderr, for the verbs that do not run a daemon in this process."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    one_line_logs()
 
 
 def hintfs_mount(path: str) -> str:
