@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from common.errors import HintfsError
+from common.owndir import make_own_dir
 from stores.base import STAGING_PREFIX, Stat, Staging
 
 _seq = itertools.count()
@@ -156,6 +157,13 @@ class ArrowStore:
         self.spool_dir = spool_dir
         self.description = description
         self._is_s3 = isinstance(fs, pafs.S3FileSystem)
+        os.close(self._spool())      # at mount time: one line if the spool is not the daemon's own
+
+    def _spool(self) -> int:
+        """An fd of the spool folder, the daemon's own (common.owndir: made 0700; another user's
+        folder or a symlink refused, HintfsError). Opened and checked again for each staging
+        file: a folder swapped in after the mount is refused, never written into."""
+        return make_own_dir(self.spool_dir, f"cache.spool_dir {self.spool_dir}", "stage writes there")
 
     def _p(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -169,7 +177,7 @@ class ArrowStore:
             raise HintfsError(errno.ENOENT, f"store root {self.description} does not exist")
         if info.type != pafs.FileType.Directory:
             raise HintfsError(errno.ENOTDIR, f"store root {self.description} is not a directory")
-        os.makedirs(self.spool_dir, exist_ok=True)
+        os.close(self._spool())
 
     def stat(self, rel: str) -> Stat:
         if rel == "" and self._is_s3:
@@ -300,10 +308,19 @@ class ArrowStore:
         self.stat(rel)
 
     def new_staging(self, rel: str, copy_existing: bool) -> Staging:
-        os.makedirs(self.spool_dir, exist_ok=True)
-        path = os.path.join(self.spool_dir, f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        os.unlink(path)  # the spool file needs no name: nothing can leak if we die
+        name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
+        path = os.path.join(self.spool_dir, name)
+        spool = self._spool()
+        try:      # (in the folder just checked, by its fd: not in one swapped in meanwhile)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=spool)
+            try:
+                os.unlink(name, dir_fd=spool)  # the spool file needs no name: nothing can leak if we die
+            except BaseException:
+                os.close(fd)
+                raise
+        finally:
+            os.close(spool)
         try:
             if copy_existing:
                 info = self.fs.get_file_info(self._p(rel))

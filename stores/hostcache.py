@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator, Optional
 from cachetools import LRUCache, TTLCache
 
 from common.errors import HintfsError
+from common.owndir import make_own_dir, open_own_dir
 from stores.base import Reader, Stat, Staging, Store
 from stores.local import LocalReader
 
@@ -711,11 +712,9 @@ def _unlink_quiet(dir_fd: int, name: str) -> None:
 
 def _open_cache_dir(path: str, store_id: str) -> tuple[str, int, int]:
     """(the store's cache subdirectory, an fd of it, the fd holding its lock). The directory and
-    the subdirectory are made 0700; both must be directories owned by this daemon's user (a
-    directory of another user, or a symlink, is refused: HintfsError with one line)."""
-    uid = os.geteuid()
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    top = _own_dir(path, None, uid, f"cache.dir {path}")
+    the subdirectory are the daemon's own (common.owndir, the rule `cache.spool_dir` follows too):
+    made 0700; a directory of another user, or a symlink, is refused (HintfsError, one line)."""
+    top = make_own_dir(path, f"cache.dir {path}", _PURPOSE)
     try:
         sub = hashlib.sha256(store_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         try:
@@ -723,7 +722,7 @@ def _open_cache_dir(path: str, store_id: str) -> tuple[str, int, int]:
         except FileExistsError:
             pass
         where = os.path.join(path, sub)
-        fd = _own_dir(sub, top, uid, f"cache.dir {where}")
+        fd = open_own_dir(sub, top, f"cache.dir {where}", _PURPOSE)
     finally:
         os.close(top)
     try:
@@ -740,20 +739,7 @@ def _open_cache_dir(path: str, store_id: str) -> tuple[str, int, int]:
     return where, fd, lock_fd
 
 
-def _own_dir(name: str, dir_fd: Optional[int], uid: int, what: str) -> int:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as err:
-        raise HintfsError(err.errno or errno.EIO, f"{what} cannot be used: {err.strerror}") from None
-    st = os.fstat(fd)
-    if st.st_uid != uid:
-        os.close(fd)
-        raise HintfsError(errno.EACCES, f"{what} is owned by uid {st.st_uid}, not by this daemon's user "
-                          f"(uid {uid}): refusing to keep cached files there")
-    if st.st_mode & 0o077:
-        os.fchmod(fd, 0o700)
-        log.warning("%s was mode %o: made 0700", what, stat_mod.S_IMODE(st.st_mode))
-    return fd
+_PURPOSE = "keep cached files there"
 
 
 __all__ = ["HostCachedStore", "CachedReader", "version_of", "cache_name"]
