@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from agent.copyqueue import CopyQueue
-from common.journal import (BUCKET_NS, TIMED, bucket_of, bucket_start_ns, decode_name, decode_record,
-                            list_folder, record_time_ns, removed_record, slice_dir, Removals)
-from stores.base import walk_files
+from common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, bucket_of, bucket_start_ns, decode_name,
+                            decode_record, journal_problem, list_folder, record_time_ns, refusal, removed_record,
+                            slice_dir, Removals)
+from stores.base import Stat, walk_files
 
 log = logging.getLogger("hintfs.follower")
 
@@ -47,7 +48,9 @@ class Follower:
         self.seen_records: dict[str, set[str]] = {}
         self.swept_at: Optional[float] = None     # monotonic time of the last sweep; None: never
         self.sweep_s = SWEEP_S
-        self._root_records: list[str] = []        # records of older mounts, at the last sweep
+        self._root_records: dict[str, Stat] = {}  # records of older mounts, at the last sweep
+        # why the journal is not followed (the listing is, meanwhile), as of the last sweep
+        self.journal_refused: Optional[str] = None
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
         # journaled version of each file, (size, mtime_ns), and the record that announced it
@@ -101,12 +104,25 @@ class Follower:
         if BUCKET_NS - into < SLACK_NS:
             recent.append(bucket_of(now_ns + BUCKET_NS))
         if self.swept_at is not None and time.monotonic() - self.swept_at < self.sweep_s:
-            return recent
+            return None if self.journal_refused else recent
         try:
             entries = list(store.iter_dir(self.cfg.journal_dir))
+            why = journal_problem(store, self.cfg.journal_dir, dict(entries))
         except FileNotFoundError:
             return None
-        self._root_records = [n for n, st in entries if not st.is_dir]
+        except OSError as err:    # (an agent whose user may not read the journal, a store error)
+            why = f"cannot be read: {err}"
+        if why:                   # not followed until a sweep finds it fit: the listing instead
+            self.swept_at = time.monotonic()
+            if why != self.journal_refused:
+                log.warning("journal %s not followed (the listing of %s is, meanwhile): %s",
+                            self.cfg.journal_dir, ", ".join(self.cfg.prefixes), why)
+            self.journal_refused = why
+            return None
+        if self.journal_refused:
+            log.info("journal %s followed again", self.cfg.journal_dir)
+            self.journal_refused = None
+        self._root_records = {n: st for n, st in entries if not st.is_dir}
         back = bucket_of(now_ns - SWEEP_BACK_NS)
         if self.swept_at is None:      # the first poll: every slice the retention kept
             kept = [n for n, st in list_folder(store, f"{self.cfg.journal_dir}/{TIMED}")
@@ -125,22 +141,35 @@ class Follower:
         if folders is None:
             return None
         names: list[tuple[str, str]] = []      # (folder, record name)
+        listed_st: dict[tuple[str, str], Stat] = {}
 
-        def listing(folder: str) -> set[str]:
+        def listing(folder: str) -> dict[str, Stat]:
             if not folder:
-                return set(self._root_records)
-            return {n for n, _st in list_folder(store, slice_dir(self.cfg.journal_dir, folder))}
+                return dict(self._root_records)
+            return dict(list_folder(store, slice_dir(self.cfg.journal_dir, folder)))
 
         # (concurrently: each listing is a round trip on a long link)
         listings = self.pool.map(listing, folders) if len(folders) > 1 else map(listing, folders)
         for folder, listed in zip(folders, listings):
-            seen = self.seen_records.get(folder, set()) & listed   # pruned records are gone: forget them
+            seen = self.seen_records.get(folder, set()) & listed.keys()   # pruned records are gone: forget them
             new = [n for n in sorted(listed) if n not in seen and (n.endswith(".json") or n.endswith(".rec"))]
             if seen or new:
                 self.seen_records[folder] = seen | set(new)
             else:
                 self.seen_records.pop(folder, None)
             names.extend((folder, n) for n in new)
+            listed_st.update(((folder, n), listed[n]) for n in new)
+        # A record dated past the store's clock, in another time's folder, or too large is not
+        # acted on (common.journal.refusal): one line, once (its name is seen now).
+        now_ns = time.time_ns()
+        accepted = []
+        for key in names:
+            why = refusal(key[1], listed_st[key], key[0] or None, now_ns)
+            if why:
+                log.warning("journal record %s refused: %s", key[1], why)
+            else:
+                accepted.append(key)
+        names = accepted
         records = {key: decode_name(key[1]) for key in names}
 
         def read(key: tuple[str, str]):
@@ -149,11 +178,11 @@ class Follower:
             try:
                 reader, st = store.open_reader(rel)
                 try:
-                    return decode_record(reader.read(0, st.size))
+                    return decode_record(reader.read(0, min(st.size, MAX_RECORD_BYTES + 1)))
                 finally:
                     reader.close()
-            except (OSError, ValueError, KeyError) as err:
-                log.warning("unreadable journal record %s: %s", name, err)
+            except Exception as err:   # bounded parse (ValueError), the store's errors: never out of a round
+                log.warning("journal record %s refused: %s", name, err)
                 return None
 
         # Records whose name does not carry them are read concurrently (round trips overlap).

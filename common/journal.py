@@ -29,23 +29,42 @@ The journal is pruned by age (`journal.retention_s`): every writing mount delete
 name's time is older, whoever wrote them (deleting twice is harmless), and the slice folders
 that are wholly older. Followers forget the names they no longer see, so their memory is bounded
 by the retention too.
+
+A record is input from whoever could write the journal folder (issue 34, finding 9): it is read
+with bounds (`MAX_RECORD_BYTES`, one flat JSON object of exactly path, size and mtime_ns, numbers
+in 0..2^63-1: `decode_record`, `decode_name`), and a record dated more than `MAX_SKEW_NS` past
+the store's clock (the record's own mtime as the store lists it), or listed in a time folder
+that is not its time's, is refused (`refusal`) and pruned. On stores with owners and modes
+(file://), the journal's folders are the writing mount's and private (`prepare_journal`: 0700,
+records 0600; group read where the operator gave the journal folder a group), and a reader
+trusts a journal only in folders owned by root, itself or the store root's owner that no other
+user may write (`journal_problem`).
 """
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
+import logging
 import os
 import socket
+import stat as stat_mod
 import time
 from collections import OrderedDict
 from typing import Optional
 
 from common.paths import relpath
 
+log = logging.getLogger("hintfs.journal")
+
 _seq = itertools.count()
 _HOST = socket.gethostname().replace("/", "_").replace("-", "_").replace("~", "_")
 NAME_MAX = 255
+MAX_RECORD_BYTES = 32 * 1024   # a record's content: a path of at most 4095 bytes, JSON-escaped
+MAX_SKEW_S = 600.0             # how far past the store's clock a record may be dated (writers' clocks)
+MAX_SKEW_NS = int(MAX_SKEW_S * 1e9)
+_NUMBER_MAX = 2**63 - 1        # sizes and times in a record
 
 
 def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False,
@@ -176,21 +195,26 @@ def list_folder(store, rel: str) -> list:
         return []
 
 
-def prune(store, journal_dir: str, older_than_ns: int) -> int:
-    """Delete the records written before `older_than_ns`; returns how many went. Slice folders
-    wholly before it are emptied and removed; records of older mounts directly in the journal
-    folder are pruned the same way. Blocking (store calls): run it in a worker thread."""
-    gone = 0
-    for name, st in list_folder(store, journal_dir):
-        if not st.is_dir:
-            gone += _prune_names(store, journal_dir, [name], older_than_ns)
+def prune(store, journal_dir: str, older_than_ns: int, now_ns: Optional[int] = None) -> int:
+    """Delete the records written before `older_than_ns`, and those refused for their date or
+    place (`refusal`: dated past the store's clock, or in another time's folder); returns how
+    many went. Slice folders wholly before the cutoff are emptied and removed, and so are those
+    dated more than MAX_SKEW_S past `now_ns` (this host's clock; each record in them is judged
+    by the store's); records of older mounts directly in the journal folder are pruned the same
+    way. Blocking (store calls): run it in a worker thread."""
+    now = time.time_ns() if now_ns is None else now_ns
+    gone = _prune_names(store, journal_dir, [(n, st) for n, st in list_folder(store, journal_dir) if not st.is_dir],
+                        older_than_ns, None, now)
     for name, st in list_folder(store, f"{journal_dir}/{TIMED}"):
         start = bucket_start_ns(name)
-        if start is None or not st.is_dir or start >= older_than_ns:
+        if start is None or not st.is_dir:
+            continue
+        future = start > now + MAX_SKEW_NS
+        if start >= older_than_ns and not future:
             continue
         folder = slice_dir(journal_dir, name)
-        gone += _prune_names(store, folder, [n for n, _st in list_folder(store, folder)], older_than_ns)
-        if start + BUCKET_NS <= older_than_ns:
+        gone += _prune_names(store, folder, list_folder(store, folder), older_than_ns, name, now)
+        if future or start + BUCKET_NS <= older_than_ns:
             try:
                 store.rmdir(folder)       # (a record written there since stays)
             except OSError:
@@ -198,17 +222,18 @@ def prune(store, journal_dir: str, older_than_ns: int) -> int:
     return gone
 
 
-def _prune_names(store, folder: str, names: list[str], older_than_ns: int) -> int:
+def _prune_names(store, folder: str, entries: list, older_than_ns: int, slice_name: Optional[str],
+                 now_ns: int) -> int:
     gone = 0
-    for name in names:
+    for name, st in entries:
         t = record_time_ns(name)
-        if t is None or t >= older_than_ns:
+        if t is None or (t >= older_than_ns and refusal(name, st, slice_name, now_ns) is None):
             continue
         try:
             store.unlink(f"{folder}/{name}")
             gone += 1
-        except FileNotFoundError:
-            pass   # another writer pruned it first
+        except OSError:
+            pass   # another writer pruned it first (or a folder named like a record: left alone)
     return gone
 
 
@@ -220,9 +245,60 @@ def encode_record(path: str, size: int, mtime_ns: int) -> bytes:
     return json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns}).encode()
 
 
+_RECORD_KEYS = frozenset(("path", "size", "mtime_ns"))
+
+
 def decode_record(data: bytes) -> dict:
-    doc = json.loads(data)
-    return {"path": _record_path(doc["path"]), "size": int(doc["size"]), "mtime_ns": int(doc["mtime_ns"])}
+    """The record in a record's content: one flat JSON object of exactly `path` (the one path
+    rule), `size` and `mtime_ns` (integers in 0..2^63-1), at most MAX_RECORD_BYTES. ValueError
+    saying why not (never RecursionError: nesting is refused before json.loads recurses)."""
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than {MAX_RECORD_BYTES}")
+    text = data.decode("utf-8")      # (UnicodeDecodeError is a ValueError)
+    if not _flat_json(text):
+        raise ValueError("nested JSON: a record is one flat object")
+    try:
+        doc = json.loads(text)
+    except RecursionError:           # (cannot happen after _flat_json; never out of a round)
+        raise ValueError("nested JSON") from None
+    if not isinstance(doc, dict) or set(doc) != _RECORD_KEYS:
+        raise ValueError("not an object of exactly path, size and mtime_ns")
+    return {"path": _record_path(doc["path"]), "size": _number(doc["size"], "size"),
+            "mtime_ns": _number(doc["mtime_ns"], "mtime_ns")}
+
+
+def _flat_json(text: str) -> bool:
+    """The JSON text has no array, and no object inside an object (brackets outside strings)."""
+    depth = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "[" or (ch == "{" and depth):
+            return False
+        elif ch == "{":
+            depth = 1
+    return True
+
+
+def _number(value: object, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= _NUMBER_MAX:
+        raise ValueError(f"{what} must be an integer in 0..2^63-1")
+    return value
+
+
+def _digits(text: str, what: str) -> int:
+    """A number of a `.rec` name: ASCII digits only (int() also takes '+1', ' 1', '1_0', '١')."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        raise ValueError(f"{what} is not a number")
+    return _number(int(text), what)
 
 
 def _record_path(path: object) -> str:
@@ -236,11 +312,143 @@ def _record_path(path: object) -> str:
 
 def decode_name(name: str) -> Optional[dict]:
     """The record carried by a `.rec` name; None for `.json` names (read the content) or junk."""
-    if not name.endswith(".rec"):
+    if not name.endswith(".rec") or len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
         return None
     try:
         _stem, size, mtime_ns, enc = name[:-4].split("~", 3)
         path = _record_path(base64.urlsafe_b64decode(enc + "=" * (-len(enc) % 4)).decode())
-        return {"path": path, "size": int(size), "mtime_ns": int(mtime_ns)}
+        return {"path": path, "size": _digits(size, "size"), "mtime_ns": _digits(mtime_ns, "mtime_ns")}
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def refusal(name: str, st, slice_name: Optional[str], now_ns: Optional[int] = None) -> Optional[str]:
+    """Why the record `name`, listed with the store's stat `st` in the time folder `slice_name`
+    (None: directly in the journal folder, as older mounts wrote), is not to be acted on; None
+    if it may be. A record dated more than MAX_SKEW_S past the store's clock (its own mtime as the
+    store lists it: the S3 or HDFS server's, the file system's; the caller's clock where the
+    store gives none) would outrank every real record and removal of its path until that date;
+    one in a time folder not of its time was not written by a mount (`record_key`)."""
+    t = record_time_ns(name)
+    if t is None:
+        return "not a record name"
+    if not st.is_file:
+        return "not a regular file"
+    if st.size > MAX_RECORD_BYTES:
+        return f"{st.size} bytes, more than {MAX_RECORD_BYTES}"
+    if slice_name is not None and bucket_of(t) != slice_name:
+        return f"its date is not in the time folder {slice_name} it is listed in"
+    clock = st.mtime_ns or (time.time_ns() if now_ns is None else now_ns)
+    if t > clock + MAX_SKEW_NS:
+        return (f"dated {(t - clock) / 1e9:.0f} s past the store's clock (more than {MAX_SKEW_S:g} s: "
+                "not acted on, pruned by the training mounts)")
+    return None
+
+
+# -- who may write and read the journal on the store ----------------------------------------------
+def has_modes(store) -> bool:
+    """The store reports real owners and modes and can set them: file:// stores (whose metadata
+    the kernel answers inline). Object stores (S3, HDFS through pyarrow) report fixed ones (root,
+    0755): their own access control on the journal's prefix is what guards it."""
+    return bool(getattr(store, "inline_metadata", False))
+
+
+def trusted_owners(store) -> set[int]:
+    """Owners of journal folders a reader or writer trusts: root, this process's user, and the
+    owner of the store root (who may change anything in the store anyway). Blocking."""
+    return {0, os.geteuid(), store.stat("").uid}
+
+
+def _folder_problem(rel: str, st, trusted: set[int], sticky_ok: bool) -> Optional[str]:
+    if not st.is_dir:
+        return f"{rel} is not a folder"
+    if st.uid not in trusted:
+        return f"{rel} is owned by uid {st.uid}, not by root, this process's user or the store root's owner"
+    if st.mode & 0o022 and not (sticky_ok and st.mode & stat_mod.S_ISVTX):
+        return f"{rel} is writable by other users (mode {stat_mod.S_IMODE(st.mode):o})"
+    return None
+
+
+def _ancestors_problem(store, journal_dir: str, trusted: set[int]) -> Optional[str]:
+    """The folders above the journal folder (not the store root): a sticky one is fine (others
+    may add names to it, not replace ours). FileNotFoundError if one is missing."""
+    parts = journal_dir.split("/")
+    for i in range(1, len(parts)):
+        rel = "/".join(parts[:i])
+        why = _folder_problem(rel, store.stat(rel), trusted, sticky_ok=True)
+        if why:
+            return why
+    return None
+
+
+def journal_problem(store, journal_dir: str, listed: Optional[dict] = None) -> Optional[str]:
+    """(a follower) Why the journal in `journal_dir` must not be followed, or None: each of its
+    folders (and those above it) owned by a trusted user (`trusted_owners`) and writable by no
+    other (so nobody else can have written a record in it). `listed`: the journal folder's own
+    listing (name -> stat), for the stat of its time folder. Nothing to check, and no store call,
+    on stores without modes (`has_modes`). FileNotFoundError when there is no journal. Blocking."""
+    if not has_modes(store):
+        return None
+    trusted = trusted_owners(store)
+    why = _ancestors_problem(store, journal_dir, trusted)
+    if why:
+        return why
+    why = _folder_problem(journal_dir, store.stat(journal_dir), trusted, sticky_ok=False)
+    if why is None and listed is not None and TIMED in listed:
+        why = _folder_problem(f"{journal_dir}/{TIMED}", listed[TIMED], trusted, sticky_ok=False)
+    return why
+
+
+class JournalRefused(OSError):
+    """The journal folder cannot be made private to this mount (`prepare_journal`)."""
+
+
+def prepare_journal(store, journal_dir: str) -> tuple[int, int]:
+    """(a writer, once before its first record) Make the journal folder and its time folder
+    private: created 0700 where missing, narrowed where ours and wider (an older mount's 0755).
+    The group read bits (r-x) of a journal folder others have no access to are kept: an operator
+    who gives it a group (`chgrp G; chmod 2750`) lets that group's agents read the records on the
+    store (an older mount's 0755 is narrowed to 0700). Returns
+    (mode of the folders, mode of the records) to write. JournalRefused (one line saying why)
+    when a folder is another user's or writable by others and not ours to fix: no record is
+    written there (it would name files to its owner, and that owner could forge records). On
+    stores without modes nothing is checked: (0o700, 0o600). Blocking."""
+    if not has_modes(store):
+        return 0o700, 0o600
+    trusted = trusted_owners(store)
+    parts = journal_dir.split("/")
+    for i in range(1, len(parts)):          # the folders above, as put_small makes them
+        try:
+            store.mkdir("/".join(parts[:i]), 0o755)
+        except FileExistsError:
+            pass
+    why = _ancestors_problem(store, journal_dir, trusted)
+    if why:
+        raise JournalRefused(errno.EACCES, why)
+    group, gid = 0, -1
+    for rel in (journal_dir, f"{journal_dir}/{TIMED}"):
+        try:
+            store.mkdir(rel, 0o700 | group)
+        except FileExistsError:
+            pass
+        st = store.stat(rel)
+        if not st.is_dir or st.uid not in trusted:
+            raise JournalRefused(errno.EACCES, _folder_problem(rel, st, trusted, sticky_ok=False) or rel)
+        if rel == journal_dir:    # an operator's group: group r-x and nothing for others (not 0755)
+            group, gid = (st.mode & 0o050, st.gid) if not st.mode & 0o027 else (0, -1)
+        want = 0o700 | group
+        if group:                 # time folders and records below take the group (setgid)
+            want |= stat_mod.S_ISGID
+            if st.gid != gid:
+                try:
+                    store.chown(rel, -1, gid)
+                except OSError as err:
+                    log.warning("journal: %s keeps gid %d (not %d): %s", rel, st.gid, gid, err.strerror)
+        if stat_mod.S_IMODE(st.mode) != want:
+            try:
+                store.chmod(rel, want)
+            except OSError as err:
+                if st.mode & 0o027 & ~group:
+                    raise JournalRefused(errno.EACCES, f"{rel} is mode {stat_mod.S_IMODE(st.mode):o} "
+                                         f"and cannot be made {want:o}: {err.strerror}") from None
+    return 0o700 | group, 0o600 | (group & 0o040)

@@ -9,15 +9,23 @@ followers fall back to listing.
 A folder renamed into place (a checkpoint saved to a temporary folder, then renamed) is a
 folder of new files to followers: `folder_renamed` queues it, and `run`, beside the FUSE loop,
 journals each file under it, so the rename itself costs no more than before.
+
+Records name files, so on stores with owners and modes (file://) they are private to the
+mount's user: before the first record the journal folder is made 0700 (`prepare_journal`: group
+read kept where the operator gave it a group), each time folder is made with that mode and
+each record chmod-ed 0600 (0640 with a group). A journal folder another user owns or may write
+is refused (one log line, the `journal_records_refused` counter, checked again every
+`RETRY_S`): no record goes into it. The files are published as ever.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional
 
 import trio
 
-from common.journal import encode_record, record_key, record_name
+from common.journal import JournalRefused, encode_record, has_modes, prepare_journal, record_key, record_name
 from fusefs.stats import Stats
 from stores.base import Stat, Store, walk_files
 
@@ -27,6 +35,8 @@ FOLDER_FILES_MAX = 10_000   # a renamed folder with more files is not journaled 
 FOLDER_QUEUE = 64           # renamed folders waiting for `run`; past that, not journaled
 FOLDER_PARALLEL = 4         # records of renamed folders written at once (the rest of io_limiter
                             # stays for the FUSE requests)
+RETRY_S = 60.0              # a refused journal folder is checked again after this
+_SLICES_KEPT = 8            # time folders this writer knows it made (one per 10 s)
 
 
 class JournalWriter:
@@ -37,6 +47,13 @@ class JournalWriter:
         self.io_limiter = io_limiter   # the filesystem's: a record is one more store call
         self._folders_in, self._folders_out = trio.open_memory_channel[str](FOLDER_QUEUE)
         self._folder_limiter = trio.CapacityLimiter(FOLDER_PARALLEL)
+        self._modes = has_modes(store)
+        # (folder mode, record mode) once the journal folder is checked (`prepare_journal`)
+        self._private: Optional[tuple[int, int]] = None
+        self._prepare_lock = trio.Lock()
+        self._refused_until = 0.0
+        self._refused_why: Optional[str] = None
+        self._slices: list[str] = []      # time folders made (or found) by this writer, newest last
 
     async def published(self, path: str, st: Stat, streamed: bool = False) -> Optional[str]:
         """Write the record of `path` at version `st`; `streamed`: this mount streams the file to
@@ -102,10 +119,61 @@ class JournalWriter:
                 continue
         return files
 
+    async def _ready(self) -> bool:
+        """The journal folder is checked and private (`prepare_journal`, once; again every
+        RETRY_S while refused). A refusal is logged once per reason."""
+        if self._private is not None:
+            return True
+        async with self._prepare_lock:
+            if self._private is not None:
+                return True
+            if time.monotonic() < self._refused_until:
+                return False
+            try:
+                self._private = await trio.to_thread.run_sync(prepare_journal, self.store, self.dir,
+                                                              limiter=self.io_limiter)
+            except JournalRefused as err:
+                self._refused_until = time.monotonic() + RETRY_S
+                if err.strerror != self._refused_why:
+                    self._refused_why = err.strerror
+                    log.warning("journal: not writing records into %s: %s (records would name files to that "
+                                "user, who could also forge them); files are published as usual, followers "
+                                "fall back to listing", self.dir, err.strerror)
+                return False
+            except OSError as err:   # the store failed: tried again at the next record
+                log.warning("journal folder %s not ready: %s", self.dir, err)
+                return False
+            if self._refused_why is not None:
+                log.info("journal: %s is private now; writing records again", self.dir)
+                self._refused_why = None
+            return True
+
+    def _write(self, key: str, data: bytes) -> None:
+        """(thread) The record at `key`, in a time folder of the journal's mode, 0600 itself."""
+        assert self._private is not None
+        folder_mode, record_mode = self._private
+        if self._modes:
+            folder = key.rpartition("/")[0]
+            if folder not in self._slices:
+                try:
+                    self.store.mkdir(folder, folder_mode)
+                except FileExistsError:
+                    pass
+                self._slices = (self._slices + [folder])[-_SLICES_KEPT:]
+        self.store.put_small(key, data)
+        if self._modes:
+            try:
+                self.store.chmod(key, record_mode)
+            except OSError as err:    # (written, in a private folder: followers may use it)
+                log.warning("journal record %s left at its created mode: %s", key, err)
+
     async def _put(self, name: str, path: str, size: int, mtime_ns: int, counter: str) -> bool:
         """Write the record `name` of `path`; counted in `counter` when written, logged when not."""
+        if not await self._ready():
+            self.stats.add("journal_records_refused")
+            return False
         try:
-            await trio.to_thread.run_sync(self.store.put_small, f"{self.dir}/{record_key(name)}",
+            await trio.to_thread.run_sync(self._write, f"{self.dir}/{record_key(name)}",
                                           encode_record(path, size, mtime_ns), limiter=self.io_limiter)
         except OSError as err:
             log.warning("journal record %s for %s failed: %s", name, path, err)
