@@ -11,6 +11,16 @@ credentials (SO_PEERCRED) must be that user or root. The request is bounded (one
 most 8 KiB, a path by the one path rule, two numbers) and parsed like any RPC (`agent.rpc`).
 The fd is opened O_RDONLY by the agent, so the receiver can read the replica, never change it.
 
+The mount's side (`receive_replica_fd`, `receive_tier_bytes`) trusts the socket no more than the
+agent trusts its peers (issue 34, finding 10: a socket bound by another user in a 1777 folder
+handed root's eval mount an fd of that user's file, served as the tier's replica). Before it
+connects, every folder from / to the socket must be owned by root or the tier agent's user
+(`[[routes]] local_socket_uid`, default 0) and writable by nobody else (a sticky folder such as
+/tmp aside: others may add names to it, never replace one of those owners'), and so must the
+socket; after, the peer's SO_PEERCRED uid must be that user; the fd it passes must be a regular
+file. Anything else: no fd (the read goes the normal way) and one log line per socket and reason
+(`REFUSAL_LOG_S`).
+
 A request with `partial` (an eval mount reading a file the tier is still receiving) is answered
 with the complete replica's fd (`"whole": true`) when there is one, else with the fd of the part
 of a published stream of that version still filling and the runs of it verified so far
@@ -27,7 +37,8 @@ import socket
 import stat as stat_mod
 import struct
 import threading
-from typing import Callable, Optional
+import time
+from typing import Callable, NamedTuple, Optional, Union
 
 from agent import rpc
 
@@ -37,6 +48,59 @@ MAX_REQUEST = 8192
 MAX_ANSWER = 65536
 MAX_RUNS = 2048       # verified runs in one answer (the first ones; the mount asks again later)
 _TIMEOUT_S = 2.0
+REFUSAL_LOG_S = 600.0  # a refused socket is logged again (same reason) after this
+
+
+class TierSocket(NamedTuple):
+    """A route's `local_socket` and the uid its tier agent runs as (`local_socket_uid`)."""
+    path: str
+    uid: int = 0
+
+
+_refusals: dict[tuple[str, str], float] = {}
+_refusals_lock = threading.Lock()
+
+
+def _refused(sock: TierSocket, why: str) -> None:
+    """One log line per socket and reason (again after REFUSAL_LOG_S): no fd is taken from it."""
+    now = time.monotonic()
+    with _refusals_lock:
+        last = _refusals.get((sock.path, why))
+        if last is not None and now - last < REFUSAL_LOG_S:
+            return
+        if len(_refusals) > 1024:
+            _refusals.clear()
+        _refusals[(sock.path, why)] = now
+    log.warning("not taking replica fds from %s (the read goes to the tier or store instead): %s", sock.path, why)
+
+
+def socket_problem(sock: TierSocket) -> Optional[str]:
+    """Why the socket `sock.path` may have been put there by someone other than root or the tier
+    agent's user `sock.uid`: a folder from / to it (symlinks resolved) or the socket itself owned
+    by another user, or a folder others may write that is not sticky. None if it is fit."""
+    real = os.path.realpath(sock.path)
+    trusted = {0, sock.uid}
+    folders = [real]
+    while folders[-1] != "/":
+        folders.append(os.path.dirname(folders[-1]))
+    for d in reversed(folders[1:]):
+        try:
+            st = os.lstat(d)
+        except OSError as err:
+            return f"folder {d}: {err.strerror}"
+        if st.st_uid not in trusted:
+            return f"folder {d} is owned by uid {st.st_uid}, not root or uid {sock.uid} (local_socket_uid)"
+        if st.st_mode & 0o022 and not st.st_mode & stat_mod.S_ISVTX:
+            return f"folder {d} is writable by other users (mode {stat_mod.S_IMODE(st.st_mode):o}, not sticky)"
+    try:
+        st = os.lstat(real)
+    except OSError as err:
+        return err.strerror
+    if not stat_mod.S_ISSOCK(st.st_mode):
+        return "not a socket"
+    if st.st_uid not in trusted:
+        return f"the socket is owned by uid {st.st_uid}, not root or uid {sock.uid} (local_socket_uid)"
+    return None
 
 
 class ReplicaFdServer:
@@ -117,14 +181,15 @@ class ReplicaFdServer:
             pass
 
 
-def receive_replica_fd(socket_path: str, path: str, size: int, mtime_ns: int) -> int:
-    """The mount's side: an fd of the agent's replica of exactly this version, or -1 (none, or
-    the agent does not answer). Blocking (a few syscalls): call it from a worker thread."""
+def receive_replica_fd(socket_path: Union[str, TierSocket], path: str, size: int, mtime_ns: int) -> int:
+    """The mount's side: an fd of the agent's replica of exactly this version, or -1 (none, the
+    agent does not answer, or the socket is not the agent's: `TierSocket`; a plain path is
+    expected to be root's). Blocking (a few syscalls): call it from a worker thread."""
     fd, _doc = _ask(socket_path, {"path": path, "size": size, "mtime_ns": mtime_ns})
     return fd
 
 
-def receive_tier_bytes(socket_path: str, path: str, size: int,
+def receive_tier_bytes(socket_path: Union[str, TierSocket], path: str, size: int,
                        mtime_ns: int) -> tuple[int, Optional[list[tuple[int, int]]]]:
     """The mount's side for a file the tier is still receiving: (fd, None) of the complete
     replica of exactly this version, (fd, runs verified so far) of its stream still filling, or
@@ -143,16 +208,37 @@ def receive_tier_bytes(socket_path: str, path: str, size: int,
     return fd, runs
 
 
-def _ask(socket_path: str, doc: dict) -> tuple[int, dict]:
+def _ask(socket_path: Union[str, TierSocket], doc: dict) -> tuple[int, dict]:
+    sock = socket_path if isinstance(socket_path, TierSocket) else TierSocket(socket_path)
+    why = socket_problem(sock)
+    if why:
+        _refused(sock, why)
+        return -1, {}
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
             s.settimeout(_TIMEOUT_S)
-            s.connect(socket_path)
+            s.connect(sock.path)
+            peer = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            if peer != sock.uid:
+                _refused(sock, f"its peer is uid {peer}, not uid {sock.uid} (local_socket_uid)")
+                return -1, {}
             s.send(json.dumps(doc).encode())
             msg, fds, _flags, _addr = socket.recv_fds(s, MAX_ANSWER, 1)
     except OSError as err:
-        log.debug("no replica fd from %s for %s: %s", socket_path, doc.get("path"), err)
+        log.debug("no replica fd from %s for %s: %s", sock.path, doc.get("path"), err)
         return -1, {}
+    for fd in fds[1:]:
+        os.close(fd)
+    if fds:
+        try:
+            regular = stat_mod.S_ISREG(os.fstat(fds[0]).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            os.close(fds[0])
+            _refused(sock, "it passed an fd that is not a regular file")
+            return -1, {}
+        fds = fds[:1]
     try:
         answer = json.loads(msg or b"{}")
     except ValueError:
@@ -164,4 +250,4 @@ def _ask(socket_path: str, doc: dict) -> tuple[int, dict]:
     return fds[0], answer
 
 
-__all__ = ["ReplicaFdServer", "receive_replica_fd", "receive_tier_bytes"]
+__all__ = ["ReplicaFdServer", "TierSocket", "receive_replica_fd", "receive_tier_bytes", "socket_problem"]

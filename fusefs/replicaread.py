@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import trio
 
+from agent.fdserver import TierSocket
 from fusefs.hints import ReplicaRouter
 from fusefs.stats import Stats
 from mountconfig import MountConfig
@@ -44,9 +45,10 @@ class ReplicaReads:
         # passthrough opens (`AgentServer.local_replica_fd`); set by `fusefs.mount.assemble`.
         self.local_copy: Optional[Callable[[str, int, int], int]] = None
         # Agents on this host in other processes (a route's tier agent with a `local_socket`):
-        # (path -> socket or None, blocking fetch of an fd), asked in a worker thread.
-        self.local_socket_of: Optional[Callable[[str], Optional[str]]] = None
-        self.fetch_fd: Optional[Callable[[str, str, int, int], int]] = None
+        # (path -> socket and its agent's uid, or None; blocking fetch of an fd, which checks the
+        # socket, its peer and the fd first: agent.fdserver), asked in a worker thread.
+        self.local_socket_of: Optional[Callable[[str], Optional[TierSocket]]] = None
+        self.fetch_fd: Optional[Callable[[TierSocket, str, int, int], int]] = None
 
     async def store_read(self, path: str, off: int, length: int) -> bytes:
         """One read of the store copy (the last fallback of replica reads)."""

@@ -51,6 +51,7 @@ from typing import Callable, Iterator, Optional
 
 import trio
 
+from agent.fdserver import TierSocket
 from fusefs.hints import ReplicaRouter
 from fusefs.stats import Stats
 from stores.base import Stat, Staging, Store
@@ -275,15 +276,20 @@ class RoutedStore:
         self._hints_lock = threading.Lock()
         # (socket, path, size, mtime_ns) -> the tier's bytes on this host (`agent.fdserver`
         # `receive_tier_bytes`); set by `fusefs.mount.assemble` when a route has a local socket.
-        self.tier_bytes: Optional[Callable[[str, str, int, int], tuple[int, Optional[list[tuple[int, int]]]]]] = None
+        self.tier_bytes: Optional[Callable[[TierSocket, str, int, int],
+                                           tuple[int, Optional[list[tuple[int, int]]]]]] = None
 
     # -- not routed: the store's --------------------------------------------------------------
     def check(self) -> None:
         self._store.check()
 
-    def local_socket_of(self, path: str) -> Optional[str]:
+    def local_socket_of(self, path: str) -> Optional[TierSocket]:
+        """The fd socket of the tier agent on this host for `path`, with the uid that agent runs
+        as (`agent.fdserver` checks both before it takes an fd); None without one."""
         route = route_of(self.routes, path)
-        return route.local_socket if route is not None else None
+        if route is None or not route.local_socket:
+            return None
+        return TierSocket(route.local_socket, route.local_socket_uid)
 
     def refuse_device(self, st_dev: int) -> None:
         self._store.refuse_device(st_dev)

@@ -429,6 +429,12 @@ class RouteConfig(Section):
                                 "that file first (the read itself goes to the store meanwhile).")
     local_socket: Optional[str] = Field(None, description="The tier agent's `[agent] local_socket` when it "
                                         "runs on this host: its replicas are then opened by FUSE passthrough.")
+    local_socket_uid: int = Field(0, ge=0, lt=2**32 - 1, description="The uid the tier agent of "
+                                  "`local_socket` runs as. An fd is taken from the socket only if its peer "
+                                  "(SO_PEERCRED) is this user, the socket and every folder from / to it are "
+                                  "owned by root or this user and no other user may write them (sticky "
+                                  "folders such as /tmp aside), and the fd is a regular file; else the "
+                                  "read goes the normal way (one log line).")
     stream_wait_s: float = Field(5.0, ge=0, le=600, description="A lookup or open of a file a training "
                                  "mount is streaming to the tier and has not published yet waits this long "
                                  "for the publish, then goes to the store (which has the older version or "
