@@ -1,5 +1,7 @@
 """Is a process still there? One answer for the mount's lock files, `hintfs umount`, the agent's
-stale folders and the governor's liveness checks; and which processes did it start."""
+stale folders and the governor's liveness checks; which processes did it start; and how every
+daemon runs: isolated (`python -I`), in `/` (`become_isolated_daemon`, docs/security.md
+"Processes")."""
 from __future__ import annotations
 
 import os
