@@ -7,12 +7,13 @@ exception types); `--debug` (or HINTFS_DEBUG=1) shows the traceback instead. Usa
 one line too (exit 2).
 
 A verb that runs a daemon in this process (`agent`, `governor`, `mount --foreground`: each sets
-`daemon` in its parser's defaults) never runs it in the interpreter the command was started in:
-`main` first re-executes `python -I -m hintfs.cli ...` in `/` (common.procs.become_isolated_daemon,
-docs/security.md "Processes"), so that neither the caller's folder nor PYTHONPATH reaches the
-daemon or any interpreter it starts. It does so before it imports the verbs (this module imports
-only the standard library and common.procs up to there), and once more, with the paths made
-absolute, after parsing."""
+`daemon` in its parser's defaults) never runs it in the interpreter the command was started in,
+nor in the caller's folder (common.procs.become_isolated_daemon, docs/security.md "Processes"):
+`main` first re-executes `python -I -m hintfs.cli ...` (ISOLATED_VERBS: also the verbs root runs
+to start or stop a mount), before it imports any verb (this module imports only the standard
+library and common.procs up to there), so that neither the caller's folder nor PYTHONPATH
+reaches the daemon or any interpreter it starts; once parsed, a daemon makes its paths absolute
+and moves to `/`."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,11 @@ from common.procs import become_isolated_daemon
 __all__ = ["UserError", "build_parser", "main"]
 
 VERBS = ("mount", "umount", "status", "demo", "config_doc", "agent", "hints", "calibrate", "plan", "governor")
-DAEMON_VERBS = ("agent", "governor")      # and `mount` with --foreground
+# Verbs that run isolated (`python -I`) from their first import on: those that run a daemon in
+# this process (`agent`, `governor`, `mount --foreground`) and those root runs to start or stop
+# one. The others run as the job's user, whose PYTHONPATH or user site-packages may hold what
+# they need (torch for `hintfs hints dcp`).
+ISOLATED_VERBS = ("agent", "governor", "mount", "umount", "demo")
 
 
 def __getattr__(name: str):
@@ -80,27 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def may_run_a_daemon(argv: list[str]) -> bool:
-    """Whether the command line `argv` may run a daemon in this process, before it is parsed:
-    `agent`, `governor`, or `mount` with an option that may be --foreground (`-f`, in a group
-    of short options, or an abbreviation). Errs on yes: a wrong yes costs one exec of the
-    interpreter; a wrong no is still caught after parsing, only later."""
-    verb_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if verb_at is None:
-        return False
-    verb, rest = argv[verb_at], argv[verb_at + 1:]
-    if verb in DAEMON_VERBS:
-        return True
-    return verb == "mount" and any(a.startswith("--f") or (a[:1] == "-" and a[1:2] != "-" and "f" in a)
-                                   for a in rest)
+def runs_isolated(argv: list[str]) -> bool:
+    """Whether the command line `argv` (not parsed yet) names one of ISOLATED_VERBS."""
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    return verb in ISOLATED_VERBS
 
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-        if not sys.flags.isolated and may_run_a_daemon(argv):
+        if not sys.flags.isolated and runs_isolated(argv):
             # Not one module of a verb (pyarrow, trio, multiprocessing ...) imported yet: paths are
-            # still relative to the caller's folder, which the second step below leaves.
+            # still relative to the caller's folder, which a daemon leaves below.
             become_isolated_daemon("hintfs.cli", argv, keep_cwd=True)
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("HINTFS_DEBUG", "") not in ("", "0")
@@ -113,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         daemon_argv = daemon(args) if daemon is not None else None
         if daemon_argv is not None:
             # paths made absolute in `args` and `daemon_argv`: now into `/` (re-executed if the
-            # first step did not run, e.g. `main([...])` called from Python)
+            # first step did not run, e.g. `main([...])` called from Python, or if the words
+            # differ, so that `ps` shows the absolute paths)
             become_isolated_daemon("hintfs.cli", (["--debug"] if args.debug else []) + daemon_argv)
         return args.func(args)
     except KeyboardInterrupt:

@@ -204,6 +204,33 @@ def test_foreground_mount_its_transform_pool_and_stream_sender_never_import_from
     assert str(mnt) in cmdline, cmdline
 
 
+@needs_fuse
+def test_background_mount_and_umount_never_import_from_the_callers_folder_or_pythonpath(planted, tmp_path):
+    """`hintfs mount` and `hintfs umount` run as root too, though they serve nothing: they run
+    isolated from their first import on, as the daemon they start does."""
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    jpegs(store)
+    mnt.mkdir()
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n{RULES}'
+                   f'[logging]\nfile = "{tmp_path / "m.log"}"\n')
+    env = env_for(planted, True)
+    hintfs = console_script()
+    try:
+        r = subprocess.run(hintfs + ["mount", os.path.relpath(cfg, planted), os.path.relpath(mnt, planted)],
+                           cwd=planted, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        made = len((mnt / "imgs" / "0.jpg.tensor").read_bytes())
+        tree = not_isolated(json.loads((mnt / ".hintfs" / "stats").read_text())["pid"])
+        r = subprocess.run(hintfs + ["umount", os.path.relpath(mnt, planted)], cwd=planted, env=env,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        force_unmount(mnt)
+    assert pwned(planted) == [], f"modules planted by uid {NOBODY} ran: {pwned(planted)}"
+    assert r.returncode == 0, r.stderr
+    assert made > 0 and tree == [], tree
+
+
 def test_governor_never_imports_from_the_callers_folder_or_pythonpath(planted, tmp_path):
     sock = tmp_path / "gov.sock"
     cfg = tmp_path / "gov.toml"
