@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             # paths made absolute in `args` and `daemon_argv`: now into `/` (re-executed if the
             # first step did not run, e.g. `main([...])` called from Python, or if the words
             # differ, so that `ps` shows the absolute paths)
-            become_isolated_daemon("hintfs.cli", (["--debug"] if args.debug else []) + daemon_argv)
+            # (--debug after the verb's words: the command line reads `hintfs.cli VERB ...`, as
+            # `hintfs umount` expects of a mount daemon's, common.mounts)
+            become_isolated_daemon("hintfs.cli", daemon_argv + (["--debug"] if args.debug else []))
         return args.func(args)
     except KeyboardInterrupt:
         return 130

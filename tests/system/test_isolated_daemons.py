@@ -177,7 +177,7 @@ def test_foreground_mount_its_transform_pool_and_stream_sender_never_import_from
     cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n{RULES}'
                    f'{stream_toml(f"grpc://127.0.0.1:{free_port()}")}'
                    f'[logging]\nfile = "{log}"\n')
-    p = subprocess.Popen(console_script() + ["mount", str(cfg), os.path.relpath(mnt, planted), "--foreground"],
+    p = subprocess.Popen(console_script() + ["--debug", "mount", str(cfg), os.path.relpath(mnt, planted), "-f"],
                          cwd=planted, env=env_for(planted, False), stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
@@ -194,6 +194,10 @@ def test_foreground_mount_its_transform_pool_and_stream_sender_never_import_from
         has_sender = wait_for(sender, timeout=10)
         tree = not_isolated(p.pid)
         cmdline = psutil.Process(p.pid).cmdline()
+        # `hintfs umount` knows it for the mount's daemon (common.mounts: its command line names
+        # the mountpoint) and stops it
+        umount = subprocess.run(console_script() + ["umount", str(mnt)], capture_output=True, text=True, timeout=60)
+        p.wait(30)
     finally:
         err = stop(p)
         force_unmount(mnt)
@@ -201,7 +205,8 @@ def test_foreground_mount_its_transform_pool_and_stream_sender_never_import_from
     assert isinstance(made, int) and made > 0, (made, err[-2000:], log.read_text()[-2000:] if log.exists() else "")
     assert has_sender
     assert tree == [], tree
-    assert str(mnt) in cmdline, cmdline
+    assert cmdline[-5:] == ["mount", str(cfg), str(mnt), "--foreground", "--debug"], cmdline
+    assert umount.returncode == 0 and umount.stderr == "", umount.stderr
 
 
 @needs_fuse
