@@ -144,10 +144,11 @@ def _daemon_mountpoint(argv: list[str]) -> Optional[str]:
         if os.path.basename(a) == "hintfs":            # the console script
             entry, rest = "hintfs.cli", argv[i + 1:]
         break
+    verb = next((i for i, w in enumerate(rest) if not w.startswith("-")), len(rest))   # (after --debug)
     if entry == "fusefs":
         words = rest
-    elif entry == "hintfs.cli" and rest[:1] == ["mount"] and ("--foreground" in rest or "-f" in rest):
-        words = rest[1:]
+    elif entry == "hintfs.cli" and rest[verb:verb + 1] == ["mount"] and ("--foreground" in rest or "-f" in rest):
+        words = rest[verb + 1:]
     else:
         return None
     positional, skip = [], False

@@ -180,6 +180,7 @@ def test_the_daemon_of_a_foreground_mount_started_with_relative_paths_is_signall
     (["python3", "-I", "-m", "hintfs.cli", "mount", "/etc/c.toml", "/mnt/x", "--foreground"], "/mnt/x"),
     (["python3", "/usr/local/bin/hintfs", "mount", "c.toml", "mnt", "-f"], "mnt"),    # an older daemon
     (["python3", "-mfusefs", "c.toml", "/mnt/x"], "/mnt/x"),
+    (["python3", "-I", "-m", "hintfs.cli", "--debug", "mount", "/c.toml", "/mnt/x", "-f", "--debug"], "/mnt/x"),
     (["python3", "-I", "-m", "hintfs.cli", "mount", "/etc/c.toml", "/mnt/x"], None),   # the parent, not it
     (["python3", "-c", "import fusefs", "-m", "fusefs", "c", "/mnt/x"], None),
     (["python3", "-m", "fusefs", "/mnt/x"], None),
