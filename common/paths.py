@@ -22,6 +22,7 @@ import posixpath
 from common.errors import HintfsError
 
 CONTROL_DIR = ".hintfs"
+JOURNAL_DIR = ".hintfs-journal"     # the journal's default folder: reserved on every mount
 STAGING_PREFIX = ".hintfs-tmp."      # staged writes: hidden files next to their target
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
@@ -105,6 +106,16 @@ def child(parent: str, name: bytes) -> str:
     if len(name) > MAX_NAME_BYTES:
         raise HintfsError(errno.ENAMETOOLONG, f"name longer than {MAX_NAME_BYTES} bytes")
     return f"{parent}/{text}" if parent else text
+
+
+def reserved(path: str, journal_dir: str = JOURNAL_DIR) -> bool:
+    """Store paths no request through a mount may create, rename, link, remove or look up: the
+    control folder at the root, the journal's folder (the configured one and the default one, so
+    no user can plant a journal before it is enabled) and everything under them."""
+    for top in (CONTROL_DIR, JOURNAL_DIR, journal_dir):
+        if path == top or path.startswith(top + "/"):
+            return True
+    return False
 
 
 def is_hidden_name(name: str) -> bool:

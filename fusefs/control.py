@@ -20,6 +20,7 @@ Who may write which file is documented in docs/security.md.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -28,13 +29,15 @@ from typing import Callable, Optional
 
 from common import access
 from common.access import Principal
+from common.errors import HintfsError
 from common.documents import DocumentError
 
 log = logging.getLogger("hintfs.control")
 
 MAX_CONTROL_WRITE = 16 << 20  # a control document larger than this is refused (EFBIG)
 MAX_JSON_DEPTH = 64           # deeper nesting is refused before json.loads recurses
-MAX_JOB_FILES = 1024          # job files in one control directory (hints/, plans/, signals/)
+MAX_JOB_FILES = 1024          # job files in one control directory (hints/, plans/, signals/, reads/)
+MAX_JOB_FILES_PER_UID = 64    # of which one user who is neither root nor the mount's owner may hold
 
 
 # A refused control write: the message is what `<name>.error` shows (the documents' own error).
@@ -52,8 +55,8 @@ class ControlFile:
     apply: Optional[Callable[[object], None]] = None       # write side: takes what parse/prepare gave
     parse: Optional[Callable[[object], object]] = None     # JSON -> typed document; ControlInputError
     # Blocking step before `apply` (reading a file the document names), run in a worker thread;
-    # it gets the parsed document and returns what `apply` gets. Raises ControlInputError.
-    prepare: Optional[Callable[[object], object]] = None
+    # it gets the parsed document and the writer, and returns what `apply` gets. Raises ControlInputError.
+    prepare: Optional[Callable[[object, Caller], object]] = None
     names: Optional[Callable[[object], list[str]]] = None  # store paths the document names
     owner_only: bool = False        # only the mount's owner (and root) may write it at all
     uid: int = field(default_factory=os.getuid)            # who created it (owns its job)
@@ -87,6 +90,8 @@ class ControlDir:
     files: dict[str, ControlFile] = field(default_factory=dict)
     dirs: dict[str, "ControlDir"] = field(default_factory=dict)
     make_file: Optional[Callable[[str], ControlFile]] = None
+    # A job file's owner (or root, or the mount's owner) removed it: forget what it registered.
+    on_remove: Optional[Callable[[str], None]] = None
 
     def add(self, f: ControlFile) -> ControlFile:
         self.files[f.name] = f
@@ -97,8 +102,44 @@ class ControlDir:
         self.dirs[d.name] = d
         return d
 
-    def job_files(self) -> int:
-        return sum(1 for f in self.files.values() if f.writable)
+    def job_files(self, uid: Optional[int] = None) -> int:
+        """Job files in this folder (of `uid` alone, when given)."""
+        return sum(1 for f in self.files.values() if f.writable and (uid is None or f.uid == uid))
+
+    def usage(self) -> dict[int, int]:
+        """Job files per owner uid."""
+        out: dict[int, int] = {}
+        for f in self.files.values():
+            if f.writable:
+                out[f.uid] = out.get(f.uid, 0) + 1
+        return out
+
+    def room_for(self, caller: "Caller") -> Optional[str]:
+        """None if `caller` may create one more job file here, else why not (the bounds are per
+        user, so one user cannot take every name from the others; root and the mount's owner
+        are bounded only by what they themselves run)."""
+        if caller.privileged():
+            return None
+        if self.job_files(caller.uid) >= MAX_JOB_FILES_PER_UID:
+            return f"uid {caller.uid} has {MAX_JOB_FILES_PER_UID} job files here (remove some: rm works)"
+        if self.job_files() >= MAX_JOB_FILES:
+            return f"{MAX_JOB_FILES} job files exist here"
+        return None
+
+    def remove(self, name: str, caller: "Caller") -> None:
+        """Remove the job file `name` (and its `.status`): its owner, root or the mount's owner
+        may; what it registered is forgotten (`on_remove`). HintfsError(EACCES/ENOENT/EPERM)."""
+        f = self.files.get(name)
+        if f is None or not f.writable or self.make_file is None:
+            raise HintfsError(errno.EPERM if f is not None else errno.ENOENT, f"{name}: not a job file")
+        if not caller.privileged() and caller.uid != f.uid:
+            raise HintfsError(errno.EACCES, f"{name}: owned by uid {f.uid}")
+        del self.files[name]
+        status = self.files.get(name + ".status")
+        if status is not None and not status.writable:
+            del self.files[name + ".status"]
+        if self.on_remove is not None:
+            self.on_remove(name)
 
     def entries(self) -> list[str]:
         names = list(self.dirs)
@@ -208,7 +249,7 @@ async def apply_write(f: ControlFile, data: bytes, caller: Caller, store=None) -
                 raise ControlInputError("only the mount's owner may write this file")
             await trio.to_thread.run_sync(check_readable, store, f.names(doc), caller)
         if f.prepare is not None:
-            doc = await trio.to_thread.run_sync(f.prepare, doc)
+            doc = await trio.to_thread.run_sync(f.prepare, doc, caller)
         f.apply(doc)
     except ControlInputError as err:
         refuse(f, str(err), caller)

@@ -31,11 +31,11 @@ from typing import Awaitable, Callable, Optional, Protocol
 
 import trio
 
-from common import paths
+from common import access, paths
 from common.errors import HintfsError
 from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
                           Refused)
-from fusefs.control import MAX_JOB_FILES, Caller, ControlDir, ControlFile
+from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, PassthroughRead, PassthroughWrite,
                             ReplicaRead, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle)
 from fusefs.inodes import Inode, InodeTable
@@ -127,7 +127,7 @@ class Filesystem:
         self.streams = streams               # training side: files sent to eval tiers as written
         self.io_limiter = io_limiter or trio.CapacityLimiter(cfg.mount.io_threads)
         self.meta_inline = store.inline_metadata
-        self.hidden_root = {paths.CONTROL_DIR, cfg.journal.dir.split("/")[0]}
+        self.journal_dir = cfg.journal.dir
         self.inodes = InodeTable()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
@@ -223,6 +223,20 @@ class Filesystem:
         if inline:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+
+    def reserved(self, path: str) -> bool:
+        """Names no request may create, rename, link or look up: `.hintfs` at the root, the journal
+        folders (the configured one and the default) and what is under them (`common.paths`)."""
+        return paths.reserved(path, self.journal_dir)
+
+    def _new_name(self, parent: Inode, name: bytes) -> str:
+        """The store path of a name a request creates in `parent` (create, mkdir, mknod, symlink,
+        link, the target of a rename): never a staging file's or a reserved name."""
+        path = paths.child(parent.path, name)
+        if paths.is_hidden_name(path.rsplit("/", 1)[-1]) or self.reserved(path):
+            log.warning("refused to create %r through the mount: a reserved name", path)
+            raise Refused(errno.EACCES, "a reserved name")
+        return path
 
     def _inode(self, ino: int) -> Inode:
         inode = self.inodes.get(ino)
@@ -326,13 +340,24 @@ class Filesystem:
             raise Refused(errno.ENOENT, f"no control file {name!r}")
         return self.control_inode(node)
 
-    def _virtual_attrs(self, inode: Inode) -> Attributes:
+    def _virtual_attrs(self, inode: Inode, source: Stat) -> Attributes:
+        """A `.tensor` grants exactly what its source grants (`common.access.attrs_of_derived`): the
+        source's owner and group and its read bits, read-only. The kernel checks opens against
+        these (`default_permissions`); the size is known only while the file is open."""
+        mode, uid, gid = access.attrs_of_derived(source.mode, source.uid, source.gid)
         now = time.time_ns()
-        return Attributes(st_ino=inode.ino, st_mode=stat_mod.S_IFREG | 0o444, st_nlink=1,
+        return Attributes(st_ino=inode.ino, st_mode=mode, st_nlink=1,
                           st_size=len(inode.tensor_data) if inode.tensor_data is not None else 0,
+                          st_uid=uid, st_gid=gid,
                           st_blksize=BLOCK_SIZE, st_mtime_ns=now, st_ctime_ns=now, st_atime_ns=now,
-                          attr_timeout=0,   # the size is known only while the file is open
+                          attr_timeout=0,   # the size is known only while the file is open; the mode follows the source
                           entry_timeout=self._entry_timeout)
+
+    async def _source_stat(self, inode: Inode) -> Stat:
+        st = await self.io(self.store.stat, inode.virtual[0], inline=self.meta_inline)
+        if not st.is_file:
+            raise Refused(errno.ENOENT, f"{inode.virtual[0]} is not a file")
+        return st
 
     # -- namespace -----------------------------------------------------------------------------
     async def lookup(self, parent_inode: int, name: bytes, ctx=None) -> Attributes:
@@ -343,7 +368,7 @@ class Filesystem:
         if parent_inode == ROOT_INODE and name == paths.CONTROL_DIR.encode():
             return self.control_attrs(self.control_inode(self.control_root))
         path = paths.child(parent.path, name)
-        if paths.is_hidden_name(path.rsplit("/", 1)[-1]):
+        if paths.is_hidden_name(path.rsplit("/", 1)[-1]) or self.reserved(path):
             raise Refused(errno.ENOENT, "hidden name")
         inode = self.inodes.by_path_get(path)
         if inode is not None and inode.writer is not None and inode.path == path:
@@ -355,11 +380,15 @@ class Filesystem:
                 virtual = self.tensors.match(path) if self.tensors is not None else None
                 if virtual is None:
                     raise
-                await self.io(self.store.stat, virtual[0], inline=self.meta_inline)  # ENOENT if no source
                 inode = self.inodes.ensure(path)
                 inode.virtual = virtual
+                try:
+                    source = await self._source_stat(inode)   # ENOENT if no source
+                except BaseException:
+                    self.inodes.maybe_drop(inode)
+                    raise
                 inode.lookups += 1
-                return self._virtual_attrs(inode)
+                return self._virtual_attrs(inode, source)
             if self.own_dev and st.dev == self.own_dev:
                 raise Refused(errno.ELOOP, f"{path} is this mount itself")
             inode = self.inode_for(path, st)
@@ -375,7 +404,7 @@ class Filesystem:
         if node.control is not None:
             return self.control_attrs(node)
         if node.virtual is not None:
-            return self._virtual_attrs(node)
+            return self._virtual_attrs(node, await self._source_stat(node))
         return self.attrs(node, await self._stat_inode(node))
 
     async def setattr(self, inode: int, attr, fields, fh: Optional[int], ctx) -> Attributes:
@@ -485,7 +514,7 @@ class Filesystem:
         parent = self._inode(parent_inode)
         if parent.control is not None:
             raise Refused(errno.EPERM, "no symlinks in control directories")
-        path = paths.child(parent.path, name)
+        path = self._new_name(parent, name)
         target_s = os.fsdecode(target)
         if not paths.symlink_target_ok(path, target_s):
             log.warning("refusing to create symlink %s -> %s: it would point outside the store", path, target_s)
@@ -502,9 +531,7 @@ class Filesystem:
         parent = self._inode(parent_inode)
         if parent.control is not None:
             raise Refused(errno.EPERM, "no folders in control directories")
-        path = paths.child(parent.path, name)
-        if paths.is_hidden_name(name.decode("utf-8", "surrogateescape")):
-            raise Refused(errno.EACCES, "hidden name")
+        path = self._new_name(parent, name)
         # mkdir(2) keeps the permission bits and the sticky bit; S_ISGID comes from the parent
         bits = mode & (0o777 | stat_mod.S_ISVTX) & ~_umask(ctx)
         await self.io(self.store.mkdir, path, bits)
@@ -521,9 +548,7 @@ class Filesystem:
         parent = self._inode(parent_inode)
         if parent.control is not None:
             raise Refused(errno.EPERM, "no nodes in control directories")
-        path = paths.child(parent.path, name)
-        if paths.is_hidden_name(name.decode("utf-8", "surrogateescape")):
-            raise Refused(errno.EACCES, "hidden name")
+        path = self._new_name(parent, name)
         bits = stat_mod.S_IMODE(mode) & ~_umask(ctx)
         await self.io(self.store.mknod, path, stat_mod.S_IFMT(mode) | bits, rdev, inline=self.meta_inline)
         await self._own_new(parent, path, ctx, bits)
@@ -540,9 +565,7 @@ class Filesystem:
         parent = self._inode(new_parent_inode)
         if parent.control is not None or node.control is not None or node.virtual is not None:
             raise Refused(errno.EPERM, "control and virtual files have no hard links")
-        path = paths.child(parent.path, new_name)
-        if paths.is_hidden_name(new_name.decode("utf-8", "surrogateescape")):
-            raise Refused(errno.EACCES, "hidden name")
+        path = self._new_name(parent, new_name)
         if node.unlinked:
             raise Refused(errno.ENOENT, f"{node.path} was unlinked")
         if node.writer is not None and node.writer.dirty:
@@ -560,14 +583,27 @@ class Filesystem:
         if parent.control is not None:
             raise Refused(errno.EPERM, "control directories are fixed")
         path = paths.child(parent.path, name)
+        if self.reserved(path):
+            raise Refused(errno.EACCES, "a reserved name")
         await self.io(self.store.rmdir, path)
         self.inodes.detach(path)
 
     async def unlink(self, parent_inode: int, name: bytes, ctx=None) -> None:
         parent = self._inode(parent_inode)
         if parent.control is not None:
-            raise Refused(errno.EPERM, "control files are not removed by unlink")
+            ctl: ControlDir = parent.control
+            if ctl.make_file is None:
+                raise Refused(errno.EPERM, "control files are not removed by unlink")
+            caller = Caller.of(ctx) if ctx is not None else Caller(os.getuid(), os.getgid())
+            try:
+                ctl.remove(name.decode("utf-8", "surrogateescape"), caller)
+            except OSError as err:
+                raise Refused(err.errno or errno.EPERM, err.strerror or "refused") from None
+            self.stats.add("job_files_removed")
+            return
         path = paths.child(parent.path, name)
+        if self.reserved(path):
+            raise Refused(errno.EACCES, "a reserved name")
         inode = self.inodes.by_path_get(path)
         try:
             # In a thread even for file://: freeing a large file's blocks can take 100s of ms.
@@ -592,7 +628,9 @@ class Filesystem:
         if flags & RENAME_EXCHANGE:
             raise Refused(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         old = paths.child(old_parent.path, name_old)
-        new = paths.child(new_parent.path, name_new)
+        if self.reserved(old):
+            raise Refused(errno.EACCES, "a reserved name")
+        new = self._new_name(new_parent, name_new)
         inode = self.inodes.by_path_get(old)
         if inode is not None and inode.writer is not None and inode.writer.dirty:
             # Not in the store yet (or stale there): commit what was written so far first, so
@@ -663,7 +701,7 @@ class Filesystem:
         if node.control is not None:
             return self._open_control(node, flags, Caller.of(ctx))
         if node.virtual is not None:
-            return await self._open_tensor(node, flags)
+            return await self._open_tensor(node, flags, ctx)
         accmode = flags & os.O_ACCMODE
         backing_id = 0
         if accmode == os.O_RDONLY and not flags & os.O_TRUNC:
@@ -757,9 +795,7 @@ class Filesystem:
         parent = self._inode(parent_inode)
         if parent.control is not None:
             return await self._create_control(parent, name, flags, Caller.of(ctx))
-        path = paths.child(parent.path, name)
-        if paths.is_hidden_name(path.rsplit("/", 1)[-1]):
-            raise Refused(errno.EACCES, "hidden name")
+        path = self._new_name(parent, name)
         inode = self.inodes.ensure(path)
         if inode.writer is None:
             inode.writer = await self.io(self.store.new_staging, path, False)
@@ -941,10 +977,18 @@ class Filesystem:
             self.streams.released(node.ino)
 
     # -- tensors and control files --------------------------------------------------------------
-    async def _open_tensor(self, node: Inode, flags: int) -> OpenFile:
-        """Tensor or raw is fixed here, at the first open; handles open at once share it."""
+    async def _open_tensor(self, node: Inode, flags: int, ctx) -> OpenFile:
+        """Tensor or raw is fixed here, at the first open; handles open at once share it. The
+        kernel checked the caller against the source's owner and mode (`_virtual_attrs`); the
+        daemon checks again by the one access rule (folders included), so a `.tensor` never grants
+        more than its source, whatever the kernel had cached."""
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise Refused(errno.EACCES, "tensor files are read-only")
+        if ctx is not None and ctx.uid != 0:
+            who = Caller.of(ctx)
+            if not await self.io(access.Checker(self.store, who).may_read, node.virtual[0]):
+                log.warning("refused %s to uid %d: its source is not readable by them", node.path, who.uid)
+                raise Refused(errno.EACCES, "the source is not readable by this user")
         if node.tensor_data is None:
             source, rule = node.virtual
             data = await self.tensors.fetch(source, rule)
@@ -965,7 +1009,7 @@ class Filesystem:
         if accmode == os.O_RDONLY and render is None:
             raise Refused(errno.EACCES, "write-only control file")
         content = render() if accmode != os.O_WRONLY and render is not None else b""
-        fh = self._add_handle(ControlHandle(node, target, content, caller))
+        fh = self._add_handle(ControlHandle(node, target, content, caller, writing=accmode != os.O_RDONLY))
         node.opens += 1
         return OpenFile(fh, keep_cache=True, direct_io=True, noflush=accmode == os.O_RDONLY)
 
@@ -982,9 +1026,10 @@ class Filesystem:
             except OSError as err:
                 log.warning("refused to create .hintfs/%s/%s: %s", ctl.name, text[:80], err.strerror)
                 raise Refused(errno.EINVAL, err.strerror) from None
-            if ctl.job_files() >= MAX_JOB_FILES:
-                log.warning("refused to create .hintfs/%s/%s: %d job files exist", ctl.name, text, MAX_JOB_FILES)
-                raise Refused(errno.ENOSPC, "too many job files")
+            full = ctl.room_for(caller)
+            if full is not None:
+                log.warning("refused to create .hintfs/%s/%r for uid %d: %s", ctl.name, text, caller.uid, full)
+                raise Refused(errno.ENOSPC, full)
             node = ctl.make_file(text)
             node.uid, node.gid = caller.uid, caller.gid
             ctl.add(node)

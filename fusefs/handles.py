@@ -36,6 +36,8 @@ from stores.errors import errno_of
 
 log = logging.getLogger("hintfs.ops")
 
+EMPTY_DOCUMENT = "an empty document: nothing applied"
+
 # readdir's callback: False when the kernel's buffer is full (the entry was not taken).
 Reply = Callable[[DirEntry], bool]
 
@@ -47,7 +49,6 @@ class Services(Protocol):
     inodes: InodeTable
     replica_reads: Optional[ReplicaSource]
     readdir_page: int
-    hidden_root: set[str]
     meta_inline: bool
 
     def io(self, fn: Callable, *args, inline: bool = False) -> Awaitable: ...
@@ -60,6 +61,7 @@ class Services(Protocol):
     def passthrough_detach(self, node: Inode) -> None: ...
     def writer_released(self, node: Inode) -> None: ...
     def publish_lock(self, node: Inode) -> trio.Lock: ...
+    def reserved(self, path: str) -> bool: ...
 
 
 class Handle:
@@ -271,16 +273,20 @@ class PassthroughWrite(WriteHandle):
 class ControlHandle(Handle):
     """An open `.hintfs/` file: reads see the document rendered at open; writes collect a
     document applied at flush (close) or, failing that, at release."""
-    __slots__ = ("node", "content", "written", "dirty", "caller", "failed")
+    __slots__ = ("node", "content", "written", "dirty", "caller", "failed", "writing", "empty_unlogged")
 
-    def __init__(self, inode: Inode, node, content: bytes, caller: Caller):
+    def __init__(self, inode: Inode, node, content: bytes, caller: Caller, writing: bool = False):
         self.inode = inode
         self.node = node
         self.content = content
         self.written = bytearray()
-        self.dirty = False
+        # An open for writing is a document, also when nothing is written (an empty document is
+        # refused at close like any invalid one, never silently accepted).
+        self.dirty = writing
+        self.writing = writing
         self.caller = caller
         self.failed = ""    # a write() of this open failed: the document is refused whole
+        self.empty_unlogged = False   # an empty document was refused at a close, not logged yet
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
         return self.content[off:off + size]
@@ -310,6 +316,14 @@ class ControlHandle(Handle):
             fs.stats.add("control_refused")
             raise Refused(errno.EINVAL, self.failed)
         data = bytes(self.written)
+        if not data.strip():
+            # A shell redirect's first close (before its dup writes) lands here too: its later
+            # close applies the document. So the reason is recorded now (close fails with EINVAL,
+            # `<name>.error` says why) and logged at release only if no document came after it.
+            self.node.last_error = EMPTY_DOCUMENT
+            self.empty_unlogged = True
+            raise Refused(errno.EINVAL, EMPTY_DOCUMENT)
+        self.empty_unlogged = False
         try:
             await apply_write(self.node, data, self.caller, fs.store)
         except ControlInputError as err:
@@ -327,6 +341,9 @@ class ControlHandle(Handle):
                 await self.apply(fs)
             except Refused:
                 pass
+        if self.empty_unlogged:
+            refuse(self.node, EMPTY_DOCUMENT, self.caller)
+            fs.stats.add("control_refused")
 
 
 class TensorHandle(Handle):
@@ -390,9 +407,9 @@ class DirHandle(Handle):
         """Offer one entry; False when the kernel took no more. An entry the kernel took counts
         as a lookup of its inode (it may `forget` it later)."""
         parent = self.inode.path
-        if not parent and name in fs.hidden_root:
-            return True   # a store folder named like the control dir stays hidden
         path = f"{parent}/{name}" if parent else name
+        if fs.reserved(path):
+            return True   # a store folder named like the control dir or the journal stays hidden
         child = fs.inodes.ensure(path) if st is None else fs.inode_for(path, st)
         if not reply(DirEntry(os.fsencode(name), fs.attrs(child, st), next_id)):
             fs.inodes.maybe_drop(child)

@@ -75,7 +75,7 @@ class HintsManager:
 
     # -- control files ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
-        d = ControlDir("hints")
+        d = ControlDir("hints", on_remove=self.remove)
         d.make_file = lambda name: self._job_file(d, name)
         return d
 
@@ -88,6 +88,12 @@ class HintsManager:
         return ControlFile(name, render=render,
                            parse=lambda doc: parse_hint(doc, self.cfg.replicas.max_hint_files),
                            names=lambda doc: list(doc.files), apply=lambda doc: self.submit(name, doc))
+
+    def remove(self, name: str) -> None:
+        """The job's hint file was removed: its replicas go at the next reclaim, as at its TTL."""
+        job = self.jobs.get(name)
+        if job is not None:
+            job.expires_at = 0.0
 
     def status(self, name: str) -> dict:
         job = self.jobs.get(name)

@@ -32,6 +32,11 @@ class StatsCollector:
         for name, v in list(self.stats.counters.items()):
             c.add_metric([name], v)
         yield c
+        jobs = GaugeMetricFamily("hintfs_job_files", "Control job files each user holds", labels=["uid", "folder"])
+        for uid, per_folder in self.stats.usage().get("job_files_by_uid", {}).items():
+            for folder, n in per_folder.items():
+                jobs.add_metric([uid, folder], n)
+        yield jobs
 
 
 def start_metrics(stats: Stats, bind: str, port: int) -> int:

@@ -176,8 +176,19 @@ def check_fuse_device() -> None:
     os.close(fd)
 
 
+def usage_by_uid(root: ControlDir) -> dict:
+    """`usage` of `.hintfs/stats`: the job files each uid holds, per control folder (the bounds
+    are per user: docs/security.md)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, d in sorted(root.dirs.items()):
+        for uid, n in d.usage().items():
+            out.setdefault(str(uid), {})[name] = n
+    return {"job_files_by_uid": out}
+
+
 def build_control(cfg: MountConfig, stats: Stats) -> ControlDir:
     root = ControlDir(".hintfs")
+    stats.usage = lambda: usage_by_uid(root)
     root.add(ControlFile("stats", render=lambda: (json.dumps(stats.snapshot(), indent=2) + "\n").encode()))
     config_bytes = effective_config_json(cfg)
     root.add(ControlFile("config", render=lambda: config_bytes))

@@ -30,7 +30,7 @@ class ReadHints:
         self._send, self._recv = trio.open_memory_channel(64)
 
     def control_dir(self) -> ControlDir:
-        d = ControlDir("reads")
+        d = ControlDir("reads", on_remove=lambda job: self.last.pop(job, None))
         d.make_file = lambda job: ControlFile(job, render=lambda: self._render(job), parse=parse_read_hint,
                                               names=lambda hint: sorted(hint.by_file()),
                                               apply=lambda hint: self.submit(job, hint))

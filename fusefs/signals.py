@@ -28,7 +28,7 @@ class SignalForwarder:
         self._send, self._recv = trio.open_memory_channel(256)
 
     def control_dir(self) -> ControlDir:
-        d = ControlDir("signals")
+        d = ControlDir("signals", on_remove=lambda job: self.last.pop(job, None))
         d.make_file = lambda job: ControlFile(job, render=lambda: self._render(job), parse=parse_signal,
                                               names=lambda sig: [sig.path],
                                               apply=lambda sig: self.submit(job, sig))

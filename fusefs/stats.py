@@ -66,6 +66,8 @@ class Stats:
         self.passthrough = "off"   # FUSE passthrough: "on", or why not (set by the filesystem)
         # Requests the FUSE loop read while queued, without a wait (patched pyfuse3; set by fuse.py)
         self.queued_reads: Callable[[], Optional[int]] = lambda: None
+        # What each user holds of what users may create (job files per uid; set by fusefs/mount.py)
+        self.usage: Callable[[], dict] = lambda: {}
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -106,6 +108,7 @@ class Stats:
                             **{k[len("passthrough_"):]: v for k, v in sorted(c.items())
                                if k.startswith("passthrough_")}},
             "requests_read_queued": self.queued_reads(),
+            "usage": self.usage(),
             "errors": {k.split(".", 1)[1]: v for k, v in sorted(c.items()) if k.startswith("errno.")},
             "counters": {k: v for k, v in sorted(c.items()) if not k.startswith("errno.")},
         }

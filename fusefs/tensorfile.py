@@ -24,6 +24,8 @@ from typing import Optional
 
 import trio
 
+from common import access
+from common.access import Principal
 from common.documents import parse_plan_registration
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 
@@ -51,6 +53,10 @@ class Plan:
     front: int = 0                                        # the most advanced local rank's step
     pulled: set[int] = field(default_factory=set)        # steps whose ready tensors were pulled here
     read: set[tuple[str, int, int]] = field(default_factory=set)   # (sample, step, rank) occurrences read
+    # Who registered it, when that is neither root nor the mount's owner: every sample is checked
+    # against them (`common.access`) before an agent is asked to transform it.
+    reader: Optional[Principal] = None
+    allowed: dict[str, bool] = field(default_factory=dict)   # sample -> may `reader` read it (checked)
 
 
 def _load_plan_rows(store, rel: str):
@@ -204,6 +210,8 @@ class TensorFiles:
                 key = (sample, seed)
                 if rank not in plan.local_ranks or key in self._pulled or key in self._pulling:
                     continue
+                if plan.reader is not None and not plan.allowed.get(sample):
+                    continue   # not checked for its registrant yet (or refused): opened on its own
                 m = self.match(sample + SUFFIX)
                 if m is None:
                     continue
@@ -241,13 +249,19 @@ class TensorFiles:
 
     # -- plan registration ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
-        d = ControlDir("plans")
+        d = ControlDir("plans", on_remove=self.remove)
         d.make_file = lambda name: ControlFile(name, render=lambda: self._render(name),
                                                parse=parse_plan_registration,
                                                names=lambda reg: [reg.plan] if reg.plan is not None else [],
-                                               prepare=lambda reg: self.prepare(name, reg),
+                                               prepare=lambda reg, caller: self.prepare(name, reg, caller),
                                                apply=lambda prepared: self.install(name, prepared))
         return d
+
+    def remove(self, job: str) -> None:
+        """The job's plan file was removed: its plan ends (the agents free its samples at the next
+        window of any plan, or when their cache needs the room)."""
+        if self.plans.pop(job, None) is not None:
+            self.stats.add("plans_removed")
 
     def _render(self, job: str) -> bytes:
         plan = self.plans.get(job)
@@ -257,9 +271,11 @@ class TensorFiles:
                             "rank_steps": {str(r): s for r, s in sorted(plan.rank_step.items())},
                             "lookahead": plan.lookahead, "steps": len(plan.steps)}) + "\n").encode()
 
-    def prepare(self, job: str, reg):
+    def prepare(self, job: str, reg, caller: Optional[Principal] = None):
         """Read a registration's plan (blocking: a worker thread); nothing changes. `reg` is a
-        validated `plan.PlanRegistration`: a step-only update carries no plan."""
+        validated `plan.PlanRegistration`: a step-only update carries no plan. A plan registered by
+        a user who is neither root nor the mount's owner acts for them: its samples are checked
+        against them (`_allowed`) before any is transformed."""
         step = reg.step
         lookahead = reg.lookahead if reg.lookahead is not None else self.lookahead_default
         if reg.plan is None:
@@ -276,7 +292,8 @@ class TensorFiles:
         for st, rk, sa, se in zip(steps, ranks, samples, seeds):
             by_step.setdefault(st, []).append((sa, se, rk))
             per_sample.setdefault(sa, []).append((st, se, rk))
-        plan = Plan(job, path, step, lookahead, sorted(by_step), step, by_step, front=step)
+        plan = Plan(job, path, step, lookahead, sorted(by_step), step, by_step, front=step,
+                    reader=caller if caller is not None and not caller.privileged() else None)
         for sample, occ in per_sample.items():
             occ.sort()
             plan.seeds[sample] = ([o[0] for o in occ], [o[1] for o in occ])
@@ -300,6 +317,22 @@ class TensorFiles:
         self.plans[job] = plan
         self.stats.add("plans_registered")
         self._queue(plan)
+
+    async def _check_samples(self, plan: Plan, samples: list[str]) -> None:
+        """Check the samples of a window not checked yet against the plan's registrant, by the one
+        access rule (in a worker thread; each sample once per plan). A refused sample is never
+        transformed or pulled for this plan (its `.tensor` open is checked on its own)."""
+        todo = sorted({s for s in samples if s not in plan.allowed})
+        if not todo or plan.reader is None:
+            return
+        checker = access.Checker(self.store, plan.reader)
+        verdicts = await trio.to_thread.run_sync(lambda: [checker.may_read(s) for s in todo], limiter=self.limiter)
+        refused = [s for s, ok in zip(todo, verdicts) if not ok]
+        plan.allowed.update(zip(todo, verdicts))
+        if refused:
+            self.stats.add("plan_samples_refused", len(refused))
+            log.warning("plan %s of uid %d: %d samples are not readable by that user (e.g. %r): not transformed",
+                        plan.job, plan.reader.uid, len(refused), refused[0])
 
     async def run(self) -> None:
         """Background task: ask the agents for steps N+1..N+W and let them free steps before N."""
@@ -331,6 +364,10 @@ class TensorFiles:
                     # Step N too: at registration its samples are not being made yet; the agent
                     # skips what is cached or running, and demand reads go ahead of prefetches.
                     want.setdefault(loc, []).append([sample, m[1].kind, self._params_json(m[1]), seed])
+            if plan.reader is not None:
+                await self._check_samples(plan, [w[0] for ws in want.values() for w in ws])
+                want = {loc: [w for w in ws if plan.allowed.get(w[0])] for loc, ws in want.items()}
+                keep = {loc: [k for k in ks if plan.allowed.get(k[0])] for loc, ks in keep.items()}
             for loc in self.agents:
                 try:
                     await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
