@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 
+from common.logline import OneLineFormatter
+
 
 def setup_logging(level: str, file: str | None) -> None:
     handler = logging.FileHandler(file) if file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # One event, one line: nothing a user named (a path, a job) can start a line of its own.
+    handler.setFormatter(OneLineFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     logging.getLogger("hintfs").setLevel(level)

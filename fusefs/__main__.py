@@ -14,7 +14,6 @@ import os
 import sys
 from typing import Optional
 
-from common.logline import one_line_logs
 from common.logsetup import setup_logging
 from common.procs import absolute_paths, become_isolated_daemon
 from fusefs.mount import MountError, run_mount
@@ -25,7 +24,6 @@ def serve(cfg: MountConfig, mountpoint: str, ready_fd: Optional[int] = None) -> 
     """Set up logging, mount and serve until unmounted. A MountError is reported on `ready_fd`
     (`error: ...`), then raised."""
     setup_logging(cfg.logging.level, cfg.logging.file)
-    one_line_logs()          # no name or path a user gave starts a log line of its own
 
     def on_ready() -> None:
         if ready_fd is not None:

@@ -23,7 +23,6 @@ import socket
 import sys
 from typing import Any, Optional
 
-from common.logline import one_line_logs
 from common.logsetup import setup_logging
 from common.procs import become_isolated_daemon
 from fusefs.streamtap import StreamTap, build_streamers
@@ -183,7 +182,6 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())
     setup_logging(setup.get("log_level", "INFO"), setup.get("log_file"))
-    one_line_logs()
     sc = StreamConfig.model_validate(setup["stream"])
     os.setpriority(os.PRIO_PROCESS, 0, sc.sender_nice)   # before any thread: they all inherit it
     nice_against_the_job(sc.sender_nice)

@@ -94,7 +94,7 @@ class StreamProcess:
     def _spawn(self):
         mine, theirs = socketpair()
         try:
-            proc = subprocess.Popen([*daemon_python(), "-m", "fusefs.streamchild", str(theirs.fileno())],
+            proc = subprocess.Popen([*daemon_python(), "-m", "fusefs.streamchild", str(theirs.fileno())], cwd="/",
                                     stdin=subprocess.PIPE, pass_fds=[theirs.fileno()])
         except OSError:
             mine.close()

@@ -8,7 +8,6 @@ import errno
 import socket
 from urllib.parse import urlparse
 
-from common.logline import one_line_logs
 from common.logsetup import setup_logging
 from hintfs.cli.base import UserError, absolute_args, load_config
 
@@ -53,7 +52,6 @@ def cmd_agent(args) -> int:
     cfg = load_config(args.config)
     check_port_free(cfg.agent.location)
     setup_logging(cfg.logging.level, cfg.logging.file)
-    one_line_logs()          # no name or path a client gave starts a log line of its own
     try:
         return run_agent(cfg)
     except OSError as err:
