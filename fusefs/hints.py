@@ -89,6 +89,11 @@ class HintsManager:
                            parse=lambda doc: parse_hint(doc, self.cfg.replicas.max_hint_files),
                            names=lambda doc: list(doc.files), apply=lambda doc: self.submit(name, doc))
 
+    def replicas_held(self, name: str) -> int:
+        """Replicas the job's hint made that are ready now."""
+        job = self.jobs.get(name)
+        return sum(len(s.ready) for s in job.files.values()) if job is not None else 0
+
     def remove(self, name: str) -> None:
         """The job's hint file was removed: its replicas go at the next reclaim, as at its TTL."""
         job = self.jobs.get(name)

@@ -37,6 +37,10 @@ class StatsCollector:
             for folder, n in per_folder.items():
                 jobs.add_metric([uid, folder], n)
         yield jobs
+        reps = GaugeMetricFamily("hintfs_hint_replicas", "Ready replicas the hints of each user made", labels=["uid"])
+        for uid, n in self.stats.usage().get("replicas_by_uid", {}).items():
+            reps.add_metric([uid], n)
+        yield reps
 
 
 def start_metrics(stats: Stats, bind: str, port: int) -> int:

@@ -176,14 +176,20 @@ def check_fuse_device() -> None:
     os.close(fd)
 
 
-def usage_by_uid(root: ControlDir) -> dict:
-    """`usage` of `.hintfs/stats`: the job files each uid holds, per control folder (the bounds
-    are per user: docs/security.md)."""
-    out: dict[str, dict[str, int]] = {}
+def usage_by_uid(root: ControlDir, replicas_of: Optional[Callable[[str], int]] = None) -> dict:
+    """`usage` of `.hintfs/stats`: what each uid holds of what users may create: job files per
+    control folder (bounded per user: docs/security.md), and the replicas their hints made."""
+    files: dict[str, dict[str, int]] = {}
     for name, d in sorted(root.dirs.items()):
         for uid, n in d.usage().items():
-            out.setdefault(str(uid), {})[name] = n
-    return {"job_files_by_uid": out}
+            files.setdefault(str(uid), {})[name] = n
+    replicas: dict[str, int] = {}
+    hints = root.dirs.get("hints")
+    if hints is not None and replicas_of is not None:
+        for name, f in list(hints.files.items()):
+            if f.writable:
+                replicas[str(f.uid)] = replicas.get(str(f.uid), 0) + replicas_of(name)
+    return {"job_files_by_uid": files, "replicas_by_uid": replicas}
 
 
 def build_control(cfg: MountConfig, stats: Stats) -> ControlDir:
@@ -391,6 +397,7 @@ def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlD
                for loc in dict.fromkeys(locations + route_agents)}
     hints = HintsManager(cfg, locations, clients, stats)
     control.add_dir(hints.control_dir())
+    stats.usage = lambda: usage_by_uid(control, hints.replicas_held)
     return hints, clients, server
 
 

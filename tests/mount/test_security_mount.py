@@ -115,6 +115,9 @@ for i in range(80):
     # root (the mount's owner) still registers jobs
     (hints / "rootjob").write_text(doc)
     assert world.stats()["usage"]["job_files_by_uid"]["65534"]["hints"] == 64
+    # ... and the replicas its hints made are counted as its own
+    assert wait_for(lambda: world.stats()["usage"]["replicas_by_uid"].get("65534", 0) >= 64, 20), \
+        world.stats()["usage"]
     # another user may not remove root's job file; the owner removes its own, and may make one again
     r = as_nobody(f"rm -f {hints}/rootjob")
     assert r.returncode != 0
