@@ -6,8 +6,14 @@ made ahead of the plan, and replaced by raw bytes when the storage CPU is busy.
   transform in the pool. With fallback on, it returns the raw container instead when the
   agent's CPU share is above `cpu_enter` (until it drops below `cpu_leave`) or when the transform
   misses `deadline_ms`; the client then transforms locally and gets the identical tensor.
-- `prefetch(samples)` starts transforms for samples of the next plan steps; `forget_before`
-  frees what the plan has passed.
+- `prefetch(samples, job)` starts transforms for samples of a job's next plan steps, and
+  `forget(keep, job)` frees what that job's plan has passed. The cache is held per job (issue 34,
+  finding 8: one job's plan registration evicted another job's prefetched samples): a sample a
+  job prefetched is *held* by that job until its own window leaves it or its plan ends (no
+  window for JOB_IDLE_S); `forget` of one job never touches another's. A job holds at most
+  JOB_SHARE of `cache_bytes` and all jobs together at most `cache_bytes`: past either, a
+  prefetched sample is cached unheld (evicted first, least recently used, as demand reads'
+  samples are). At most MAX_JOBS jobs hold samples; another job's prefetches are unheld.
 - Media bounds: every transform runs in a worker process of `TransformPool` under the sample's
   limits (transforms.limits: pixels, frames, decoded bytes from the header, before decoding;
   the worker's address space capped at 3x `max_decoded_bytes` over its baseline). A worker
@@ -15,7 +21,11 @@ made ahead of the plan, and replaced by raw bytes when the storage CPU is busy.
   is EIO; a worker that dies is replaced and its sample retried once on a fresh worker (EIO if
   that one dies too). A source whose transform failed is remembered (`bad`), so it is EIO in
   every mode: it is never handed out as a raw container later. Before a raw container is
-  handed out, the checks that need no decoder run (file size, truncation, image header).
+  handed out, the checks that need no decoder run (file size, truncation, image header, a
+  video's container), and an image is decoded once in a worker (`transforms.check_decodes`,
+  at the front of the pool's queue; a source that decoded is remembered, DECODED_MAX): a
+  `.tensor` never holds bytes the transform would refuse (issue 34, finding 12). A video's
+  frames are not decoded for a raw container: docs/transforms.md says what that leaves.
 Everything here runs on Flight's threads or the pool, never in a trio loop.
 """
 from __future__ import annotations
@@ -28,9 +38,9 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, Future, TimeoutError as FutureTimeout, wait
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import psutil
 
@@ -41,7 +51,12 @@ log = logging.getLogger("hintfs.samples")
 AS_SLACK = 256 << 20        # address space a worker may use above its baseline + 3x max_decoded_bytes
 KILL_GRACE_S = 1.0          # the pool kills a worker this long after the sample's time_limit_s
 BAD_MAX = 4096              # sources remembered as failed (LRU)
+DECODED_MAX = 65536         # image sources remembered as decoding, so that a raw container skips the check
 TRANSIENT_BAD_S = 60.0      # how long a time-out or a worker death is remembered
+JOB_SHARE = 0.5             # of transform_load.cache_bytes: the most one job's prefetched samples hold
+JOB_IDLE_S = 600.0          # a job with no plan window for this long has ended: its samples are freed
+MAX_JOBS = 256              # jobs holding prefetched samples at once
+SHARED_JOB = ""             # the job of plan windows that name none (older mounts)
 
 
 @contextlib.contextmanager
@@ -68,7 +83,9 @@ def _address_space_cap(extra: int):
 
 def transform_to_container(kind: str, raw: bytes, params_json: str, aug_seed: int, meta: dict) -> bytes:
     """Runs in a worker process: decode + transform + encode the `.tensor` bytes, with the
-    address space capped for the sample's `max_decoded_bytes`."""
+    address space capped for the sample's `max_decoded_bytes`. With `meta["check_only"]`: only
+    whether the source decodes (`transforms.check_decodes`, before a raw container goes out);
+    returns b"" or raises as the transform would."""
     import transforms
     import transforms.image  # noqa: F401  (loads av and FFmpeg's libraries before the cap)
     import transforms.video  # noqa: F401
@@ -77,6 +94,9 @@ def transform_to_container(kind: str, raw: bytes, params_json: str, aug_seed: in
     p = parse_params(kind, params_json)
     try:
         with _address_space_cap(3 * p.max_decoded_bytes + AS_SLACK):
+            if meta.get("check_only"):
+                transforms.check_decodes(kind, raw, p)
+                return b""
             arrays = transforms.apply(kind, raw, p, aug_seed)
             return encode_tensor(arrays, make_meta(kind, p, aug_seed, meta["source"], meta["source_size"],
                                                    meta["source_mtime_ns"]))
@@ -143,12 +163,17 @@ class TransformPool:
         for t in self.threads:
             t.start()
 
-    def submit(self, args: tuple, time_limit_s: float, label: str = "") -> Future:
+    def submit(self, args: tuple, time_limit_s: float, label: str = "", first: bool = False) -> Future:
+        """Queue a task; `first`: ahead of the tasks queued (a reader waits for it)."""
         fut: Future = Future()
         with self.cond:
             if self.closed:
                 raise RuntimeError("transform pool is closed")
-            self.queue.append((fut, args, float(time_limit_s), label))
+            task = (fut, args, float(time_limit_s), label)
+            if first:
+                self.queue.appendleft(task)
+            else:
+                self.queue.append(task)
             self.cond.notify()
         return fut
 
@@ -283,39 +308,125 @@ class LoadMonitor:
         self._stop.set()
 
 
+@dataclass
+class JobHold:
+    """What one job's plan holds in the cache: the window it named last ((path, aug_seed) kept),
+    the samples of it that are cached and held, their bytes, and when it last called."""
+    window: set
+    held: set
+    bytes: int
+    last: float
+
+
 class SampleService:
-    def __init__(self, store, load_cfg):
+    def __init__(self, store, load_cfg, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.cfg = load_cfg
+        self.clock = clock
         self.pool = TransformPool(load_cfg.workers)
         self.monitor = LoadMonitor(load_cfg.cpu_enter, load_cfg.cpu_leave)
         self.lock = threading.Lock()
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
         self.cache_bytes = 0
+        self.holders: dict[SampleKey, set[str]] = {}   # cached samples held by jobs' plans
+        self.held_bytes = 0                            # bytes of those (each sample once)
+        self.jobs: dict[str, JobHold] = {}
         self.running: dict[SampleKey, Future] = {}
+        self._wanted_by: dict[SampleKey, set[str]] = {}   # jobs whose prefetch a running transform is
         self.backlog: deque = deque()     # prefetches waiting for an idle worker
         self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "cache_hits": 0, "prefetched": 0,
-                       "errors": 0, "refused": 0}
+                       "errors": 0, "refused": 0, "decode_checks": 0}
         # sources whose transform failed: (path, size, mtime_ns, params_hash) -> (reason, expiry)
         self.bad: OrderedDict[tuple, tuple[str, float]] = OrderedDict()
+        # image sources that decoded (same key): their raw containers need no decode check again
+        self.decoded: OrderedDict[tuple, None] = OrderedDict()
 
     # -- the cache -----------------------------------------------------------------------------
-    def _put(self, key: SampleKey, data: bytes) -> None:
+    def _put(self, key: SampleKey, data: bytes, jobs: Iterable[str] = ()) -> None:
+        """Cache a sample; held by each of `jobs` whose window still has it, as the bounds allow
+        (a job's share, and all held samples within `cache_bytes`). Only unheld samples are
+        evicted (least recently used first)."""
         with self.lock:
-            if key in self.cache or len(data) > self.cfg.cache_bytes:
+            if len(data) > self.cfg.cache_bytes:
                 return
-            self.cache[key] = data
-            self.cache_bytes += len(data)
+            if key not in self.cache:
+                self.cache[key] = data
+                self.cache_bytes += len(data)
+            for job in jobs:
+                hold = self.jobs.get(job)
+                if hold is not None and (key.path, key.aug_seed) in hold.window:
+                    self._hold(hold, job, key, len(self.cache[key]))
             while self.cache_bytes > self.cfg.cache_bytes:
-                _, old = self.cache.popitem(last=False)
-                self.cache_bytes -= len(old)
+                victim = next((k for k in self.cache if k not in self.holders), None)
+                if victim is None:
+                    break           # (cannot happen: held samples fit cache_bytes)
+                self.cache_bytes -= len(self.cache.pop(victim))
 
-    def forget(self, keep: set) -> None:
-        """Free cached samples the plan has passed (not in `keep`), and drop stale prefetches."""
+    def _hold(self, hold: "JobHold", job: str, key: SampleKey, size: int) -> None:
+        """(under lock) `job` holds `key`, if its share and the total allow."""
+        if key in hold.held:
+            return
+        new = key not in self.holders
+        if hold.bytes + size > self.cfg.cache_bytes * JOB_SHARE or (new and self.held_bytes + size > self.cfg.cache_bytes):
+            return
+        hold.held.add(key)
+        hold.bytes += size
+        self.holders.setdefault(key, set()).add(job)
+        if new:
+            self.held_bytes += size
+
+    def _unhold(self, hold: "JobHold", job: str, key: SampleKey) -> None:
+        """(under lock) `job` no longer holds `key`: freed, unless another job holds it too."""
+        hold.held.discard(key)
+        size = len(self.cache.get(key, b""))
+        hold.bytes -= size
+        jobs = self.holders.get(key)
+        if jobs is not None:
+            jobs.discard(job)
+            if not jobs:
+                del self.holders[key]
+                self.held_bytes -= size
+                self.cache_bytes -= len(self.cache.pop(key, b""))
+
+    def _job(self, job: Optional[str]) -> tuple[str, "JobHold"]:
+        """(under lock) The hold of `job` (None: SHARED_JOB), made if new; jobs idle for
+        JOB_IDLE_S end here (their samples become unheld)."""
+        name = SHARED_JOB if job is None else job
+        now = self.clock()
+        for other, h in list(self.jobs.items()):
+            if other != name and now - h.last > JOB_IDLE_S:
+                self._end(other)
+        hold = self.jobs.get(name)
+        if hold is None:
+            hold = JobHold(set(), set(), 0, now)
+            if len(self.jobs) < MAX_JOBS:
+                self.jobs[name] = hold
+        hold.last = now
+        return name, hold
+
+    def _end(self, job: str) -> None:
+        """(under lock) `job`'s plan ended: what it held is unheld."""
+        hold = self.jobs.pop(job, None)
+        if hold is not None:
+            for key in list(hold.held):
+                self._unhold(hold, job, key)
+
+    def forget(self, keep: set, job: Optional[str] = None) -> None:
+        """`job`'s plan window is now `keep` ((path, aug_seed) pairs): what it held outside them is
+        freed (unless another job holds it too), and its prefetches outside them are dropped.
+        Other jobs' samples and prefetches are not touched, nor samples no job holds (made for a
+        read, or past a job's bounds: evicted least recently used first). An empty `keep` ends
+        the job's plan."""
         with self.lock:
-            self.backlog = deque(b for b in self.backlog if (b[0].path, b[0].aug_seed) in keep)
-            for key in [k for k in self.cache if (k.path, k.aug_seed) not in keep]:
-                self.cache_bytes -= len(self.cache.pop(key))
+            name, hold = self._job(job)
+            self.backlog = deque(b for b in self.backlog
+                                 if b[4] != name or (b[0].path, b[0].aug_seed) in keep)
+            if not keep:
+                self._end(name)
+                return
+            hold.window = set(keep)
+            for key in [k for k in hold.held if (k.path, k.aug_seed) not in keep]:
+                self._unhold(hold, name, key)
 
     # -- sources known to be bad ----------------------------------------------------------------
     @staticmethod
@@ -392,10 +503,11 @@ class SampleService:
         def done(f: Future, key=key) -> None:
             with self.lock:
                 self.running.pop(key, None)
+                jobs = self._wanted_by.pop(key, set())
             if not f.cancelled():
                 err = f.exception()
                 if err is None:
-                    self._put(key, f.result())
+                    self._put(key, f.result(), jobs)
                 elif isinstance(err, TransformError):
                     self._refuse(key, err)
                 else:
@@ -405,22 +517,55 @@ class SampleService:
         fut.add_done_callback(done)
         return fut
 
-    def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict) -> bytes:
+    def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict,
+                       running: Optional[Future] = None) -> Optional[bytes]:
         """The raw-mode `.tensor` of a sample, after the checks that need no decoder (size,
-        truncation, an image's header against the limits): what fails them is EIO here and
-        remembered, never handed out raw. Corruption only a decoder finds is found by the
-        client's local transform, which `load_sample` turns into EIO as well."""
+        truncation, an image's header against the limits, a video's container) and, for an
+        image, one decode in a worker (`_decodes`): what fails them is EIO here and remembered,
+        never handed out raw. A `.tensor` holds only bytes the transform accepts; for a video,
+        damage inside its frames is found by the client's transform of the raw bytes
+        (`load_sample`: EIO) and by the agent's own transform when it runs. `running`: the
+        sample's transform, late (its deadline passed); None is returned when it finishes
+        before the decode check (the caller takes its tensor)."""
         from transforms.container import encode_raw, make_meta
         from transforms.limits import precheck
         from transforms.params import parse_params
         raw = self._read_raw(key, kind, pjson)
         try:
-            precheck(kind, raw, parse_params(kind, pjson))
+            p = parse_params(kind, pjson)
+            precheck(kind, raw, p)
+            if kind == "image" and not self._decodes(key, kind, raw, pjson, meta, p.time_limit_s, running):
+                return None
         except TransformError as err:
             self._refuse(key, err)
             raise
         return encode_raw(raw, make_meta(kind, pjson, key.aug_seed, meta["source"],
                                          meta["source_size"], meta["source_mtime_ns"]))
+
+    def _decodes(self, key: SampleKey, kind: str, raw: bytes, pjson: str, meta: dict, limit: float,
+                 running: Optional[Future] = None) -> bool:
+        """True: the source decodes as the transform decodes it (a worker decodes it once, ahead
+        of the queue; remembered per source); TransformError: it does not. False: `running`
+        (the sample's own transform) finished first, which answers the same question."""
+        bk = self._bad_key(key)
+        with self.lock:
+            if bk in self.decoded:
+                self.decoded.move_to_end(bk)
+                return True
+        fut = self.pool.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
+                               key.path, first=True)
+        if running is not None:
+            wait([fut, running], return_when=FIRST_COMPLETED)
+            if running.done() and not running.cancelled():
+                fut.cancel()            # (if not started yet)
+                return False
+        fut.result()                    # TransformError (or a timeout, a worker's death) as a transform's
+        with self.lock:
+            self.decoded[bk] = None
+            while len(self.decoded) > DECODED_MAX:
+                self.decoded.popitem(last=False)
+        self.counts["decode_checks"] += 1
+        return True
 
     def _cached(self, key: SampleKey) -> Optional[bytes]:
         """A cache hit (counted, moved to the recent end) or None; the caller holds the lock."""
@@ -455,9 +600,11 @@ class SampleService:
             try:
                 data = fut.result(timeout=self.cfg.deadline_ms / 1000.0 if fallback else None)
             except FutureTimeout:
-                data = self._raw_container(kind, pjson, key, meta)
-                self.counts["raw_deadline"] += 1
-                return data, "raw_deadline"
+                raw = self._raw_container(kind, pjson, key, meta, running=fut)
+                if raw is not None:
+                    self.counts["raw_deadline"] += 1
+                    return raw, "raw_deadline"
+                data = fut.result()     # the transform finished before the decode check
         except TransformError:
             self.counts["errors"] += 1
             raise
@@ -474,21 +621,32 @@ class SampleService:
         with self.lock:
             return self._cached(key)
 
-    def prefetch(self, samples: list[tuple[str, str, object, int]]) -> int:
-        """Start transforms for (path, kind, params, aug_seed) not cached or running yet."""
+    def prefetch(self, samples: list[tuple[str, str, object, int]], job: Optional[str] = None) -> int:
+        """Start transforms for (path, kind, params, aug_seed) not cached or running yet, for
+        `job`'s plan (None: the shared job of older mounts): it holds them once made (`_put`)."""
         started = 0
+        with self.lock:
+            name, hold = self._job(job)
+            hold.window |= {(p, int(seed)) for p, _k, _params, seed in samples}
         for path, kind, params, seed in samples:
             try:
                 key, meta, pjson = self._key_and_meta(path, kind, params, seed)
             except (OSError, ValueError):
                 continue
             with self.lock:
-                if key in self.cache or key in self.running or self._bad_reason(key) is not None:
+                if key in self.cache:
+                    if name in self.jobs:
+                        self._hold(hold, name, key, len(self.cache[key]))
+                    continue
+                if key in self.running:
+                    self._wanted_by.setdefault(key, set()).add(name)
+                    continue
+                if self._bad_reason(key) is not None:
                     continue
             if self.cfg.fallback and self.monitor.busy:
                 break   # do not add load while shedding it
             with self.lock:
-                self.backlog.append((key, kind, pjson, meta))
+                self.backlog.append((key, kind, pjson, meta, name))
             started += 1
         self.counts["prefetched"] += started
         self._pump()
@@ -501,9 +659,10 @@ class SampleService:
             with self.lock:
                 if not self.backlog or len(self.running) >= self.cfg.workers:
                     return
-                key, kind, pjson, meta = self.backlog.popleft()
+                key, kind, pjson, meta, job = self.backlog.popleft()
                 if key in self.cache or key in self.running:
                     continue
+                self._wanted_by.setdefault(key, set()).add(job)
             try:
                 self._start(key, kind, pjson, meta)
             except TransformError:
@@ -515,6 +674,7 @@ class SampleService:
         with self.lock:
             return {**self.counts, **self.pool.counts, "cached": len(self.cache),
                     "cache_bytes": self.cache_bytes, "running": len(self.running),
+                    "jobs": len(self.jobs), "held": len(self.holders), "held_bytes": self.held_bytes,
                     "backlog": len(self.backlog), "bad": len(self.bad),
                     "cpu_share": round(self.monitor.share, 3),
                     "busy": self.monitor.busy}

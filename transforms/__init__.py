@@ -17,7 +17,7 @@ from .params import (ImageParams, Params, TransformRule, VideoParams, default_se
                      match_rule, params_hash, params_json, parse_params)
 
 __all__ = [
-    "apply", "TransformError", "SampleEIO", "TransformTimeout", "WorkerDied",
+    "apply", "check_decodes", "TransformError", "SampleEIO", "TransformTimeout", "WorkerDied",
     "ImageParams", "VideoParams", "TransformRule", "Params",
     "params_hash", "params_json", "parse_params", "default_seed", "match_rule",
 ]
@@ -56,3 +56,32 @@ def apply(kind: str, raw: bytes, params: Any, aug_seed: int) -> dict[str, np.nda
         raise TransformError(f"out of memory while transforming (in the agent: over the worker's "
                              f"address-space cap, which follows max_decoded_bytes={p.max_decoded_bytes})"
                              ) from None
+
+
+def check_decodes(kind: str, raw: bytes, params: Any) -> None:
+    """Whether ``apply`` could decode ``raw``, checked before the agent hands the bytes out raw
+    (load-aware fallback: a `.tensor` must never hold bytes the transform would refuse).
+
+    An image is decoded once, as ``apply`` decodes it (same decoder options, same bounds), with
+    no resize, crop or encode: damage only a decoder finds (a flipped byte in the compressed
+    data that FFmpeg's CRC or bitstream checks catch) raises ``TransformError`` here as it would
+    in ``apply``. A video gets the checks that need no decoder (``transforms.limits.precheck``:
+    size, truncation, the container's structure): decoding it is what a fallback saves, so
+    damage inside its frames is found by the transform of the raw bytes (the client's
+    ``load_sample``: ``SampleEIO``)."""
+    try:
+        p = parse_params(kind, params)
+    except TransformError:
+        raise
+    except ValueError as e:
+        raise TransformError(f"bad {kind} transform parameters: {e}") from e
+    if isinstance(raw, memoryview):
+        raw = raw.tobytes()
+    from .limits import precheck
+    precheck(kind, raw, p)
+    if kind == "image":
+        from .image import decode_image
+        try:
+            decode_image(raw, p)
+        except MemoryError:
+            raise TransformError(f"out of memory while decoding (max_decoded_bytes={p.max_decoded_bytes})") from None

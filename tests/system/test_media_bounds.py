@@ -25,7 +25,7 @@ from stores.local import LocalStore  # noqa: E402
 from agent.samples import SampleService, TransformPool, transform_to_container  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
 from transforms import SampleEIO, TransformError, TransformTimeout  # noqa: E402
-from transforms.container import decode, load_sample  # noqa: E402
+from transforms.container import decode, encode_raw, load_sample, make_meta  # noqa: E402
 
 PARAMS = {"size": 32, "crop": [24, 24]}
 MiB = 1 << 20
@@ -354,14 +354,16 @@ def test_corrupt_source_under_forced_fallback_is_an_error_not_a_tensor(store):
         for name in ("truncated.png", "bomb.png"):
             with pytest.raises(TransformError):
                 svc.get(name, "image", PARAMS, 1)
-        # damage only a decoder finds: the raw container goes out, and the client's local
-        # transform is EIO (not a tensor)
-        data, how = svc.get("damaged.png", "image", PARAMS, 1)
-        assert how == "raw_busy" and decode(data)[0].mode == "raw"
+        # damage only a decoder finds: the image is decoded once in a worker before a raw
+        # container goes out (issue 34, finding 12: it used to go out raw), so it is EIO too
+        with pytest.raises(TransformError):
+            svc.get("damaged.png", "image", PARAMS, 1)
+        # the client's local transform of such bytes is EIO as well (not a tensor)
         with pytest.raises(SampleEIO) as exc:
-            load_sample(data)
+            load_sample(encode_raw((store / "damaged.png").read_bytes(),
+                                   make_meta("image", PARAMS, 1, "damaged.png", 1)))
         assert exc.value.errno == errno.EIO
-        # once the agent's own transform has failed on it, it is EIO in every mode
+        # remembered: EIO in every mode
         svc.monitor.update(0.0)
         with pytest.raises(TransformError):
             svc.get("damaged.png", "image", PARAMS, 1)
@@ -381,10 +383,12 @@ def test_deadline_fallback_then_failure_is_remembered(store):
     svc = _service(store, fallback=True, deadline_ms=100)
     _swap_pool(svc)
     try:
-        data, how = svc.get("napdamaged.png", "image", PARAMS, 1)    # the transform takes 1.5 s
-        assert how == "raw_deadline"
-        with pytest.raises(SampleEIO):
-            load_sample(data)
+        # The transform takes 1.5 s and misses its deadline; no raw container goes out before
+        # the image is known to decode (the check waits for the one worker, or the transform
+        # ends first): EIO either way.
+        with pytest.raises(TransformError):
+            svc.get("napdamaged.png", "image", PARAMS, 1)
+        assert svc.status()["raw_deadline"] == 0
         deadline = time.monotonic() + 30
         while svc.status()["running"] and time.monotonic() < deadline:
             time.sleep(0.05)

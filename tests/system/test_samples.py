@@ -72,3 +72,90 @@ def test_demand_reads_go_ahead_of_the_lookahead(service):
     data, how = service.get("2.jpg", "image", PARAMS, 999)
     assert how == "tensor"
     assert service.status()["backlog"] >= 1 or service.status()["cached"] >= 1
+
+
+def _corrupt_png(path, w=64, h=48):
+    """A PNG whose header, size and end pass every check that needs no decoder, with one byte of
+    its compressed picture flipped (FFmpeg's CRC check refuses it)."""
+    from tests.helpers.media import make_image
+    from transforms.limits import precheck
+    from transforms.params import parse_params
+    data = bytearray(make_image("png", w, h, seed=3))
+    idat = data.index(b"IDAT")
+    data[idat + 4 + 20] ^= 0x55
+    precheck("image", bytes(data), parse_params("image", PARAMS))    # passes the header checks
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("service", [True], indirect=True)
+def test_a_corrupt_image_that_passes_the_header_checks_is_never_served_raw(service, tmp_path):
+    """Issue 34, finding 12: under load-aware fallback a corrupt PNG was handed out as a raw
+    `.tensor` (the header checks passed; only a decoder finds the damage). Now the image is
+    decoded once in a worker before its raw container goes out: EIO, as the transform's."""
+    from transforms import TransformError
+    from transforms.container import decode
+    root = tmp_path / "s"
+    _corrupt_png(root / "bad.png")
+    service.monitor.update(0.99)            # as if the CPU were saturated: fallback to raw
+    with pytest.raises(TransformError):
+        service.get("bad.png", "image", PARAMS, 1)
+    st = service.status()
+    assert st["raw_busy"] == 0 and st["refused"] == 1
+    with pytest.raises(TransformError):     # remembered: EIO at once, in every mode
+        service.get("bad.png", "image", PARAMS, 2)
+    # a sound image still goes out raw, decoded once; its next raw container needs no check
+    data, how = service.get("0.jpg", "image", PARAMS, 1)
+    assert how == "raw_busy" and decode(data)[0].mode == "raw"
+    service.get("0.jpg", "image", PARAMS, 2)
+    assert service.status()["decode_checks"] == 1
+
+
+def test_one_jobs_plan_window_never_frees_another_jobs_prefetched_samples(service):
+    """Issue 34, finding 8: `forget(keep)` freed every cached sample not in the window of the
+    plan that called it, another job's prefetched samples included. Now each job holds its own:
+    a job's window frees only what it held itself."""
+    want_a = [(f"{i}.jpg", "image", PARAMS, 10 + i) for i in range(2)]
+    want_b = [("2.jpg", "image", PARAMS, 50)]
+    service.forget({(p, s) for p, _k, _x, s in want_a}, job="job-a")
+    assert service.prefetch(want_a, job="job-a") == 2
+    deadline = time.monotonic() + 60
+    while service.status()["cached"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # job B registers its plan and moves its window: job A's samples stay
+    service.forget({(p, s) for p, _k, _x, s in want_b}, job="job-b")
+    service.prefetch(want_b, job="job-b")
+    service.forget(set(), job="job-b")      # B's plan ends
+    for p, k, x, s in want_a:
+        assert service.peek(p, k, x, s) is not None, f"{p} of job A was freed by job B"
+    assert service.status()["held"] == 2 and service.status()["jobs"] == 1
+    # A's own window moving frees A's sample
+    service.forget({("1.jpg", 11)}, job="job-a")
+    assert service.peek("0.jpg", "image", PARAMS, 10) is None
+    assert service.peek("1.jpg", "image", PARAMS, 11) is not None
+
+
+def test_a_job_holds_at_most_its_share_of_the_cache(tmp_path):
+    """The bounds of the per-job cache, without transforms: a job holds at most JOB_SHARE of
+    `cache_bytes`; past it (or past the total) its samples are cached unheld and evicted first,
+    and never another job's held samples."""
+    from agent.samples import JOB_SHARE, SampleKey
+    cfg = parse_config({"transform_load": {"workers": 1, "cache_bytes": 1000}})
+    svc = SampleService(LocalStore(str(tmp_path)), cfg.transform_load)
+    svc.monitor.stop()
+    try:
+        key = lambda p, s: SampleKey(p, 1, 1, "h", s)   # noqa: E731
+        svc.forget({(f"a{i}", 0) for i in range(4)}, job="a")
+        svc.forget({(f"b{i}", 0) for i in range(4)}, job="b")
+        for i in range(4):
+            svc._put(key(f"a{i}", 0), b"x" * 200, ["a"])
+        assert svc.jobs["a"].bytes == int(1000 * JOB_SHARE) // 200 * 200 == 400
+        for i in range(4):
+            svc._put(key(f"b{i}", 0), b"y" * 200, ["b"])
+        assert svc.held_bytes == 800 and svc.cache_bytes <= 1000
+        held_a = {k.path for k in svc.jobs["a"].held}
+        assert held_a == {"a0", "a1"} and all(key(p, 0) in svc.cache for p in held_a)
+        svc._put(key("demand", 0), b"z" * 200)          # made for a read: evicted before any held one
+        svc._put(key("demand2", 0), b"z" * 200)
+        assert all(key(p, 0) in svc.cache for p in ("a0", "a1", "b0", "b1"))
+    finally:
+        svc.close()
