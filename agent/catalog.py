@@ -3,6 +3,10 @@
 Every copy asks how much of the budget is used (`_make_room`). Summing the catalog each time
 made a copy cost more the more replicas the tier held, under the agent's lock: quadratic over a
 checkpoint of thousands of files (bench/follower_queue.py).
+
+Bytes on the agent's disk that are not replicas yet, the chunks of write-time streams, count in
+the same budget (`reserved_bytes`, `reserve`/`release`; issue 34: unpublished streams filled the
+data folder past `budget_bytes`). `counted_bytes` is what the budget compares.
 """
 from __future__ import annotations
 
@@ -24,6 +28,18 @@ class ReplicaCatalog(dict[str, R], Generic[R]):
     def __init__(self) -> None:
         super().__init__()
         self.used_bytes = 0
+        self.reserved_bytes = 0     # counted for what is not a replica (yet): stream chunks
+
+    @property
+    def counted_bytes(self) -> int:
+        """Replicas and reservations: what the budget holds."""
+        return self.used_bytes + self.reserved_bytes
+
+    def reserve(self, nbytes: int) -> None:
+        self.reserved_bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.reserved_bytes = max(0, self.reserved_bytes - nbytes)
 
     def __setitem__(self, path: str, rep: R) -> None:
         old = self.get(path)

@@ -84,9 +84,14 @@ class AgentClient:
         return list(zip(table.column("path").to_pylist(), table.column("seed").to_pylist(),
                         table.column("data").to_pylist()))
 
-    def plan_window(self, keep: list, want: list) -> dict:
-        """Free transformed samples not in `keep`, start making `want` (one call per plan step)."""
-        return self._call("plan_window", {"keep": keep, "want": want})
+    def plan_window(self, keep: list, want: list, job: Optional[str] = None) -> dict:
+        """`job`'s plan window: free its transformed samples not in `keep`, start making `want`
+        (one call per plan step). Another job's samples are never freed by it; None: the window
+        shared by every plan that names no job (older agents know no job)."""
+        body: dict = {"keep": keep, "want": want}
+        if job is not None:
+            body["job"] = job
+        return self._call("plan_window", body)
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str] = None, priority: str = "background",
                   job: Optional[str] = None, importance: float = 1.0,

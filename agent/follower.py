@@ -385,6 +385,8 @@ class Follower:
         new = self._new_from_journal()
         if new is None:
             new = self._new_from_listing()
+        else:   # the store's word for the versions of streams published here (agent/streams.py VersionCheck)
+            self.agent.store_versions_seen(new)
         removals: list[tuple[str, int]] = []
         with self.cond:
             for path, version, record in new:

@@ -10,16 +10,20 @@ An error crosses the wire as a FlightServerError whose `extra_info` is
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
-from typing import Annotated, Literal, Optional
+import threading
+from typing import Annotated, Iterator, Literal, Optional, Union
 
+import pyarrow as pa
 import pyarrow.flight as fl
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from common.paths import relpath
+from common.paths import job_name, relpath
 
 MAX_READ_BYTES = 256 << 20          # one do_get range
+MAX_OFFSET = (1 << 63) - 1          # a range's end (offset + length) fits a signed 64-bit off_t
 MAX_TTL_S = 30 * 86400.0            # a replica lives at most 30 days per request (renewable)
 MAX_BATCH = 100_000                 # samples in one plan_window / samples_ready call
 MAX_PARAMS_JSON = 64 << 10
@@ -36,6 +40,13 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _range_fits(offset: int, length: int) -> None:
+    """A range's end must fit an off_t: a read at 2^63 - 1 is EINVAL here, not an OverflowError
+    (EIO) deep in a store reader."""
+    if offset + length > MAX_OFFSET:
+        raise ValueError(f"offset {offset} + length {length} is past the largest file offset (2^63 - 1)")
+
+
 class ReadRequest(Request):
     op: Literal["read"] = "read"
     path: StorePath
@@ -46,6 +57,11 @@ class ReadRequest(Request):
     expect: Optional[tuple[NonNeg, NonNeg]] = None
     # also while that version is still arriving (a stream or a copy): held bytes, else fetched
     demand: bool = False
+
+    @model_validator(mode="after")
+    def _fits(self):
+        _range_fits(self.offset, self.length)
+        return self
 
 
 class SampleRequest(Request):
@@ -96,9 +112,15 @@ class LocalFdRequest(HasRequest):
     partial: bool = False
 
 
+JobName = Annotated[str, AfterValidator(lambda v: job_name(v))]
+
+
 class PlanWindowRequest(Request):
     keep: list[tuple[StorePath, Int64]] = Field(max_length=MAX_BATCH)
     want: list[tuple[StorePath, Kind, Params, Int64]] = Field(max_length=MAX_BATCH)
+    # the plan's job: its prefetched samples are freed only by its own windows (agent/samples.py);
+    # None: the mounts' shared window of older clients
+    job: Optional[JobName] = None
 
 
 class EmptyRequest(Request):
@@ -107,6 +129,13 @@ class EmptyRequest(Request):
 
 StreamId = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
 MAX_CHUNKS = 1 << 20                 # chunks of one streamed file (4 TiB at 4 MiB)
+MIN_CHUNK = 4096                     # the smallest chunk a stream may have (its open's `chunk`)
+
+
+def crcs_bound(size: int) -> int:
+    """The most CRCs a publish of a file of `size` bytes can need (one per chunk of the smallest
+    size); the tier then checks the exact count against its stream's chunk."""
+    return min(MAX_CHUNKS, -(-size // MIN_CHUNK))
 
 
 class StreamOpenRequest(Request):
@@ -126,6 +155,17 @@ class StreamPublishRequest(Request):
     crcs: list[Annotated[int, Field(ge=0, le=0xFFFFFFFF)]] = Field(max_length=MAX_CHUNKS)
     record: Optional[str] = Field(None, max_length=MAX_NAME)
     ttl_s: float = Field(86400.0, gt=0, le=MAX_TTL_S)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _crcs_fit_the_size(cls, doc):
+        """Before the list is validated item by item (a copy as large as the list itself): no
+        more CRCs than a file of `size` bytes has chunks of the smallest size."""
+        if isinstance(doc, dict):
+            size, crcs = doc.get("size"), doc.get("crcs")
+            if isinstance(size, int) and isinstance(crcs, list) and size >= 0 and len(crcs) > crcs_bound(size):
+                raise ValueError(f"{len(crcs)} CRCs for a file of {size} bytes (at most {crcs_bound(size)})")
+        return doc
 
 
 class StreamPutRequest(Request):
@@ -165,6 +205,12 @@ class PrefetchRequest(Request):
     ranges: list[tuple[NonNeg, Annotated[int, Field(ge=1, le=MAX_READ_BYTES)]]] = Field(
         min_length=1, max_length=MAX_PREFETCH_RANGES)
 
+    @model_validator(mode="after")
+    def _fits(self):
+        for off, n in self.ranges:
+            _range_fits(off, n)
+        return self
+
 
 ACTIONS: dict[str, tuple[type[Request], str]] = {
     "replicate": (ReplicateRequest, "copy a file here and keep it ttl_s (blocks until complete)"),
@@ -191,6 +237,32 @@ def rpc_error(code: int, message: str) -> fl.FlightServerError:
                                 extra_info=json.dumps({"errno": code, "message": message}).encode())
 
 
+# Request bodies: a stream's publish carries one CRC per chunk, up to MAX_CHUNKS (about 11 MiB of
+# JSON, 50-100 MiB of Python objects while parsed). Larger bodies are refused; those above
+# LARGE_BODY are parsed one at a time, so that callers arriving together cannot multiply that.
+MAX_BODY = 16 << 20
+LARGE_BODY = 1 << 20
+_large_parse = threading.Lock()
+
+
+Body = Union[bytes, "pa.Buffer"]
+
+
+@contextlib.contextmanager
+def _parsing(body: Body) -> Iterator[bytes]:
+    """Around the parse of a request body (JSON, then the model), the body as bytes: one over
+    MAX_BODY is refused, one over LARGE_BODY is copied out of Flight's buffer and parsed only
+    while no other large one is."""
+    size = body.size if isinstance(body, pa.Buffer) else len(body)
+    if size > MAX_BODY:
+        raise rpc_error(errno.EINVAL, f"request of {size} bytes (at most {MAX_BODY})")
+    if size <= LARGE_BODY:
+        yield body.to_pybytes() if isinstance(body, pa.Buffer) else body
+        return
+    with _large_parse:
+        yield body.to_pybytes() if isinstance(body, pa.Buffer) else body
+
+
 def _load(body: bytes) -> dict:
     try:
         doc = json.loads(body or b"{}")
@@ -205,38 +277,48 @@ def _validate(model: type[Request], doc: dict) -> Request:
     try:
         return model.model_validate(doc)
     except ValidationError as err:
-        e = err.errors()[0]
+        e = err.errors(include_url=False, include_input=False, include_context=False)[0]
         where = ".".join(str(p) for p in e["loc"]) or "(request)"
-        msg = e["msg"].removeprefix("Value error, ")
-        raise rpc_error(errno.EINVAL, f"{where}: {msg}") from None
+        code, message = errno.EINVAL, f"{where}: {e['msg'].removeprefix('Value error, ')}"
+        del e
     except OSError as err:   # the path rule raises HintfsError (ENAMETOOLONG keeps its errno)
-        raise rpc_error(err.errno or errno.EINVAL, err.strerror or str(err)) from None
+        code, message = err.errno or errno.EINVAL, err.strerror or str(err)
+    # Raised outside the handler, and no error detail kept: nothing refers back to the request
+    # (a refused publish of 2^20 CRCs kept its 40 MiB alive in a reference cycle through the
+    # validator's exception until a full collection: 6 callers, 300 MiB).
+    raise rpc_error(code, message)
 
 
-def parse_action(kind: str, body: bytes) -> Request:
+def _parse(model: type[Request], body: Body) -> Request:
+    with _parsing(body) as data:
+        return _validate(model, _load(data))
+
+
+def parse_action(kind: str, body: Body) -> Request:
     entry = ACTIONS.get(kind)
     if entry is None:
         raise rpc_error(errno.EINVAL, f"unknown action {kind!r}")
-    return _validate(entry[0], _load(body))
+    return _parse(entry[0], body)
 
 
-def parse_local_fd(body: bytes) -> LocalFdRequest:
+def parse_local_fd(body: Body) -> LocalFdRequest:
     """A request on the agent's local fd socket (`agent.fdserver`)."""
-    return _validate(LocalFdRequest, _load(body))  # type: ignore[return-value]
+    return _parse(LocalFdRequest, body)  # type: ignore[return-value]
 
 
-def parse_put(command: bytes) -> StreamPutRequest:
-    """The descriptor of a `do_put`: only stream chunks are accepted."""
-    return _validate(StreamPutRequest, _load(command))
+def parse_put(command: Body) -> StreamPutRequest:
+    """The descriptor of a `do_put`: only stream chunks are accepted (its publish may be large)."""
+    return _parse(StreamPutRequest, command)  # type: ignore[return-value]
 
 
-def parse_ticket(body: bytes) -> Request:
-    doc = _load(body)
-    op = doc.get("op", "read")
-    model = TICKETS.get(op) if isinstance(op, str) else None
-    if model is None:
-        raise rpc_error(errno.EINVAL, f"unknown ticket op {op!r}")
-    return _validate(model, doc)
+def parse_ticket(body: Body) -> Request:
+    with _parsing(body) as data:
+        doc = _load(data)
+        op = doc.get("op", "read")
+        model = TICKETS.get(op) if isinstance(op, str) else None
+        if model is None:
+            raise rpc_error(errno.EINVAL, f"unknown ticket op {op!r}")
+        return _validate(model, doc)
 
 
 def errno_of_flight_error(err: Exception) -> int:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import contextlib
+import resource
 import shutil
 import stat as stat_mod
 import threading
@@ -42,7 +43,7 @@ import pyarrow.flight as fl
 
 from common.errors import HintfsError
 from common.fdlimit import raise_open_file_limit
-from common.journal import Removals, later_by_same_writer, record_time_ns, streamed_record
+from common.journal import Removals, later_by_same_writer, record_time_ns, removed_record, streamed_record
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from stores import check_store, open_store
@@ -53,9 +54,9 @@ from agent.rpc import rpc_error
 from agent.demand import DemandReads, prefetch_pieces
 from agent.fdserver import ReplicaFdServer
 from agent.readmemory import ReadMemory
-from agent.streams import StreamError, StreamFinished, StreamTier
+from agent.streams import ANYONE, StreamError, StreamFinished, StreamRefused, StreamTier, VersionCheck
 from common.procs import pid_alive
-from policy.stream import chunks_touching, chunks_under
+from policy.stream import Sender, StreamLimits, chunks_touching, chunks_under
 from stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
@@ -108,16 +109,38 @@ def _made_before(rep: Replica, t_ns: int) -> bool:
     return (made if made is not None else rep.source_mtime_ns) < t_ns
 
 
+class _Caller(fl.ServerMiddleware):
+    """A call that presented the agent's token: `principal` names that token (a fingerprint,
+    never the token) for per-sender bounds and the status."""
+
+    def __init__(self, principal: str):
+        self.principal = principal
+
+
 class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
     def __init__(self, token: str):
         self.token = token
+        self.principal = "token:" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
     def start_call(self, info, headers):
         got = headers.get("authorization") or headers.get("Authorization") or []
         if not got or not hmac.compare_digest(str(got[0]).encode(), f"Bearer {self.token}".encode()):
             log.warning("refused %s call without a valid token", info.method)
             raise fl.FlightUnauthenticatedError("missing or wrong token")
-        return None
+        return _Caller(self.principal)
+
+
+def _sender(context) -> Sender:
+    """Who made a Flight call: the token it presented ("-": none configured) and its peer's host
+    (the address without its port; "unix" for a unix socket). Streams are bounded per both."""
+    caller = context.get_middleware("auth") if context is not None else None
+    token = getattr(caller, "principal", "-")
+    peer = context.peer() if context is not None else "-"
+    if peer.startswith(("ipv4:", "ipv6:")):
+        peer = peer.rsplit(":", 1)[0]
+    elif peer.startswith("unix"):
+        peer = "unix"
+    return Sender(token, peer or "-")
 
 
 MAX_FIRST = 1 << 16   # chunks a stream's open names to send first (a bounded answer)
@@ -157,6 +180,7 @@ class AgentServer(fl.FlightServerBase):
         self._lock_fd = _lock_folder(self.data_dir)
         self.budget = acfg.budget_bytes
         self.replicas: ReplicaCatalog[Replica] = ReplicaCatalog()
+        self.follower = None           # (set last; adoption may make room before it exists)
         self._partial: dict[str, dict] = {}   # interrupted copies: version, .part file, ranges done
         self.evictions = 0
         self.copies = 0                # copies made (from the store or a peer), for status
@@ -186,8 +210,13 @@ class AgentServer(fl.FlightServerBase):
         self._stop = threading.Event()
         # Write-time streams of training mounts: held apart until published (agent/streams.py);
         # `stream_cond` wakes callers waiting for a stream's publish (tier_stat, replicate).
+        # Bounded per sender and in total (each stream holds a descriptor: at most a quarter of
+        # this process's open-file limit); their bytes count in the budget (`reserve`).
+        self.stream_limits = StreamLimits(acfg.stream_max_open, acfg.stream_max_per_peer, acfg.stream_max_per_token,
+                                          int(acfg.budget_bytes * acfg.stream_peer_share)
+                                          ).capped(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.streams = StreamTier(os.path.join(self.data_dir, "streams"), time.monotonic, persistent,
-                                  idle_s=acfg.stream_idle_s)
+                                  idle_s=acfg.stream_idle_s, limits=self.stream_limits, budget=self)
         self.stream_cond = threading.Condition()
         self.streams_published = 0
         self.streams_first_chunks = 0   # chunks named to send first at stream opens (ReadMemory)
@@ -211,6 +240,11 @@ class AgentServer(fl.FlightServerBase):
         self.fd_server = None
         if acfg.local_socket:   # replica fds for mounts on this host (FUSE passthrough)
             self.fd_server = ReplicaFdServer(acfg.local_socket, self.local_replica_fd, self.streams.verified_view)
+        # A stream's version is served only once the store's word confirms it (agent/streams.py
+        # VersionCheck): the journal the follower reads, or a batched stat.
+        self.versions = VersionCheck(store, time.monotonic, self._version_confirmed, self._version_refused,
+                                     self.streams.unconfirmed, cfg.follow.journal_dir if cfg.follow.prefixes else None,
+                                     acfg.stream_record_wait_s, acfg.stream_verify_poll_s)
         self.follower = None
         if cfg.follow.prefixes:
             from agent.follower import Follower
@@ -365,12 +399,15 @@ class AgentServer(fl.FlightServerBase):
         if adopted:
             log.info("catalog rebuilt from disk: %d replicas (%d bytes)", adopted, self.used_bytes())
 
-    def _make_room(self, path: str, size: int) -> None:
-        """Evict replicas (policy/tier.py) so that `size` more bytes fit the budget, or ENOSPC."""
+    def _make_room(self, path: str, size: int, reserve: bool = False) -> None:
+        """Evict replicas (policy/tier.py) so that `size` more bytes fit the budget, or ENOSPC;
+        `reserve`: and count them (a stream's chunks, until its part is handed over)."""
         from policy.tier import TierEntry, pick_evictions
         with self.lock:
             need = self.used_bytes() + size - self.budget
             if need <= 0:
+                if reserve:
+                    self.replicas.reserve(size)
                 return
             now = time.time()
             newest = self.follower.newest_files() if self.follower is not None else set()
@@ -381,12 +418,23 @@ class AgentServer(fl.FlightServerBase):
             # EVICT_HEADROOM of the budget, not once per copy (bench/follower_queue.py)
             victims = pick_evictions(entries, need, need + int(self.budget * EVICT_HEADROOM))
             if not victims:
-                raise rpc_error(errno.ENOSPC, f"budget: {path} needs {size} bytes, "
-                                              f"{self.budget - self.used_bytes()} left and no replica may go")
+                raise HintfsError(errno.ENOSPC, f"budget: {path} needs {size} bytes, "
+                                                f"{self.budget - self.used_bytes()} left and no replica may go")
         for p in victims:
             if self.drop(p):
                 self.evictions += 1
                 log.info("evicted %s to make room for %s", p, path)
+        if reserve:
+            with self.lock:
+                self.replicas.reserve(size)
+
+    # StreamBudget (agent/streams.py): stream chunks count in the budget beside replicas.
+    def reserve(self, nbytes: int, path: str) -> None:
+        self._make_room(path, nbytes, reserve=True)
+
+    def release(self, nbytes: int) -> None:
+        with self.lock:
+            self.replicas.release(nbytes)
 
     def _adopt_partial_copies(self, folder: str) -> None:
         """Copies cut by the stop (or crash) of the agent that owned `folder`: their `.part` file
@@ -408,11 +456,13 @@ class AgentServer(fl.FlightServerBase):
         return os.path.join(self.data_dir, hashlib.sha256(path.encode()).hexdigest()[:32])
 
     def used_bytes(self) -> int:
-        return self.replicas.used_bytes   # (a running sum: asked at every copy)
+        """Replicas and stream chunks not yet replicas (running sums: asked at every copy)."""
+        return self.replicas.counted_bytes
 
     def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16,
                   priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
-                  expect: Optional[tuple[int, int]] = None, record: Optional[str] = None) -> dict:
+                  expect: Optional[tuple[int, int]] = None, record: Optional[str] = None,
+                  trusted: bool = True) -> dict:
         """Copy `path` here (from the store, or from the agent at `source`) and keep it `ttl_s`.
 
         The copy is `parallel` ranged reads of 8 MiB in flight, enough to fill the bandwidth-delay
@@ -424,9 +474,21 @@ class AgentServer(fl.FlightServerBase):
         that announced this version. Every close writes a record of its own, so a replica copied
         for another record is replaced even if size and mtime match: that is a rewrite within
         the mtime's precision (one second on S3), which size + mtime alone cannot see.
+
+        `trusted` False (a caller over the network): `expect` and `record` are that caller's
+        word, not the store's. The record is ignored, and `expect` is checked against the
+        store's own stat before anything is copied (ESTALE when it differs), never taken as the
+        version the replica holds.
         """
         if source:
             source = self._peer(source)   # before anything is evicted or reserved for the copy
+        if not trusted:
+            record = None
+            if expect is not None:
+                st = self.store.stat(path)
+                if st.identity() != tuple(expect):
+                    raise HintfsError(errno.ESTALE, f"{path}: the store has version {st.identity()}, "
+                                                    f"not {tuple(expect)}")
         # A training mount is streaming this file here: its publish makes the replica, without a
         # second copy across the link (docs/cross_dc.md, "The commit marker").
         self._wait_for_stream(path, expect, streamed_record(record))
@@ -588,16 +650,24 @@ class AgentServer(fl.FlightServerBase):
         return rep
 
     def _peer(self, source: str) -> str:
-        """A copy's `source` must be another agent on the network, and one of `[agents] locations`
-        where the agent's config lists them: never a unix socket (a mount's private agent, which
-        this agent's user could open on the caller's behalf), never an arbitrary address that
-        would receive this agent's token."""
-        if not source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-            raise HintfsError(errno.EINVAL, f"source {source!r}: only grpc:// or grpc+tls:// agents")
+        """A copy's `source` must be one of the agents this agent's config trusts, `[agents]
+        locations`: bytes at a tier come only from sources the tier trusts (a copy from a source
+        is not checked byte by byte against the store: only its size and mtime are). So never an
+        address a caller names freely (before, with no `[agents] locations`, any grpc:// address:
+        another user's Flight server answered the copy's reads with other bytes, and eval mounts
+        served them), never a unix socket (a mount's private agent), and this agent's token goes
+        only where its operator configured. With none configured, no copy names a source."""
         peers = self.cfg.agents.locations
-        if peers and source not in peers:
-            raise HintfsError(errno.EACCES, f"source {source!r} is not one of [agents] locations")
-        return source
+        if not source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+            why, code = "only grpc:// or grpc+tls:// agents", errno.EINVAL
+        elif not peers:
+            why, code = "this agent trusts no other agent ([agents] locations is empty)", errno.EACCES
+        elif source not in peers:
+            why, code = "it is not one of [agents] locations", errno.EACCES
+        else:
+            return source
+        log.warning("replicate from source %.200r refused: %s", source, why)
+        raise HintfsError(code, f"source {source!r}: {why}")
 
     def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> dict:
         """What this agent holds at `path`: a ready replica (its version), a copy in flight or a
@@ -792,19 +862,25 @@ class AgentServer(fl.FlightServerBase):
             self.stream_cond.notify_all()
 
     def _check_stream_path(self, path: str) -> None:
-        """A stream makes the replica eval mounts read: only under the prefixes this tier takes
-        streams for (`[agent] stream_prefixes`, else `[follow] prefixes`)."""
+        """A stream makes the replica eval mounts read: only strictly below the prefixes this
+        tier takes streams for (`[agent] stream_prefixes`, else `[follow] prefixes`). A stream at a
+        prefix itself would make the routed folder a file at the tier (ENOTDIR for its files)."""
         prefixes = self.cfg.agent.stream_prefixes
         if prefixes is None:
             prefixes = self.cfg.follow.prefixes
-        if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes):
-            raise rpc_error(errno.EACCES, f"{path}: this tier takes no streams there "
-                                          "([agent] stream_prefixes, else [follow] prefixes)")
+        if not any(path.startswith(p.rstrip("/") + "/") for p in prefixes):
+            at = any(path == p.rstrip("/") for p in prefixes)
+            log.warning("stream of %.300s refused: %s", path, "it is a stream prefix itself" if at
+                        else "not under [agent] stream_prefixes")
+            raise rpc_error(errno.EACCES, f"{path}: this tier takes no streams there (only below "
+                                          "[agent] stream_prefixes, else [follow] prefixes)")
 
-    def stream_open(self, req: "rpc.StreamOpenRequest") -> dict:
+    def stream_open(self, req: "rpc.StreamOpenRequest", sender: Sender = ANYONE) -> dict:
         self._check_stream_path(req.path)
         try:
-            held = self.streams.open(req.stream, req.gen, req.path, req.chunk, req.job)
+            held = self.streams.open(req.stream, req.gen, req.path, req.chunk, req.job, sender)
+        except StreamRefused as err:
+            raise rpc_error(err.errno, str(err)) from None
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         # The chunks eval jobs read of this file's previous checkpoint: the sender sends them first.
@@ -816,18 +892,19 @@ class AgentServer(fl.FlightServerBase):
                 self.streams_first_chunks += len(first)
         return {"held": sorted(held.items()), "first": first}
 
-    def stream_put(self, req: "rpc.StreamPutRequest", reader) -> dict:
+    def stream_put(self, req: "rpc.StreamPutRequest", reader, sender: Sender = ANYONE) -> dict:
         """One `do_put`: open the stream if asked, write its chunks, publish if asked. A put that
-        completes a stream published already makes it the replica, and answers "ready"."""
+        completes a stream published (and confirmed) already makes it the replica, and answers
+        "ready"."""
         result: dict = {}
         if req.open is not None:
             if (req.open.stream, req.open.gen) != (req.stream, req.gen):
                 raise rpc_error(errno.EINVAL, "open names another stream or generation")
-            result = self.stream_open(req.open)
+            result = self.stream_open(req.open, sender)
         complete = False
         try:
             if req.seen is not None:   # before the chunks land: known as soon as the call starts
-                self.streams.saw(req.stream, req.gen, req.seen)
+                self.streams.saw(req.stream, req.gen, req.seen, sender)
             for batch in reader:
                 data = batch.data
                 offsets = data.column("offset").to_pylist()
@@ -837,12 +914,14 @@ class AgentServer(fl.FlightServerBase):
                     # A view of Arrow's buffer, not a copy: `as_py()` copied each chunk (4 MiB)
                     # holding the GIL, the agent's largest CPU cost while receiving streams.
                     view = memoryview(chunks[i].as_buffer())
-                    complete |= self.streams.put(req.stream, req.gen, int(off), view, int(crc))
+                    complete |= self.streams.put(req.stream, req.gen, int(off), view, int(crc), sender)
                 self._streams_changed()   # demand reads may be waiting for these chunks
         except StreamFinished:
             for _ in reader:          # the rest of the call's chunks: the tier holds them
                 pass
             return {**result, "state": "ready"}
+        except StreamRefused as err:
+            raise rpc_error(err.errno, str(err)) from None
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except (KeyError, TypeError, ValueError) as err:
@@ -852,7 +931,7 @@ class AgentServer(fl.FlightServerBase):
         if req.publish is not None:
             if (req.publish.stream, req.publish.gen) != (req.stream, req.gen):
                 raise rpc_error(errno.EINVAL, "publish names another stream or generation")
-            result.update(self.stream_publish(req.publish))
+            result.update(self.stream_publish(req.publish, sender))
         return result
 
     def _finish_stream(self, sid: str, gen: int) -> bool:
@@ -868,32 +947,69 @@ class AgentServer(fl.FlightServerBase):
             self._streams_changed()
         return True
 
-    def stream_publish(self, req: "rpc.StreamPublishRequest") -> dict:
+    def stream_publish(self, req: "rpc.StreamPublishRequest", sender: Sender = ANYONE) -> dict:
         """The training mount published the streamed file as (size, mtime_ns): a stream holding
-        exactly those bytes (CRC of every chunk) becomes the replica of that version; otherwise
+        exactly those bytes (CRC of every chunk) becomes the replica of that version once the
+        store's word confirms the version (a journal record, else a batched stat: `VersionCheck`;
+        the sender's word is not enough: docs/cross_dc.md, "Versions the store has"). Otherwise
         the sender is told which chunks to send again (the put that brings the last of them makes
-        the replica)."""
+        the replica). A complete stream waiting for its confirmation answers "ready" with
+        `"pending": true`: the sender has nothing more to send."""
         self._check_stream_path(req.path)
+        version = (req.size, req.mtime_ns)
+        known, record = self.versions.record_of(req.path, version)
         with self.lock:
             rep = self.replicas.get(req.path)
             replica_version = (rep.size, rep.source_mtime_ns) if rep is not None else None
         try:
+            # The replica remembers the journal's record of its version, never the sender's.
             v, part = self.streams.publish(req.stream, req.gen, req.path, req.size, req.mtime_ns,
-                                           list(req.crcs), replica_version, meta=(req.record, req.ttl_s))
+                                           req.crcs, replica_version, meta=(record, req.ttl_s), sender=sender,
+                                           confirmed=known)
+        except StreamRefused as err:
+            raise rpc_error(err.errno, str(err)) from None
         except StreamError as err:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except ValueError as err:
             raise rpc_error(errno.EINVAL, str(err)) from None
-        if v.state == "fill":   # eval reads may come before the last chunks: open the store file now
-            self._demand_may_come(req.path, (req.size, req.mtime_ns))
+        self.versions.published()   # (an unconfirmed one is confirmed or refused by its thread)
+        if known and v.state == "fill":   # eval reads may come before the last chunks: open the store file now
+            self._demand_may_come(req.path, version)
         try:
             if part is not None:
-                self._adopt_stream(req.path, part, req.size, req.mtime_ns, req.record, req.ttl_s)
+                self._adopt_stream(req.path, part, req.size, req.mtime_ns, record, req.ttl_s)
         finally:
             if part is not None:
                 self.streams.handed_over(req.path)
             self._streams_changed()
-        return {"state": v.state, "fetch": list(v.fetch)}
+        out = {"state": v.state, "fetch": list(v.fetch)}
+        if not known and v.state != "stale":
+            out["pending"] = True
+        return out
+
+    def _version_confirmed(self, path: str, version: tuple[int, int], record: Optional[str]) -> None:
+        """(VersionCheck) The store has `version` of `path`: its streams are confirmed; each one
+        complete becomes the replica now, one still filling may be read on demand."""
+        done = self.streams.confirm(path, version, lambda meta: (record, meta[1] if meta else 86400.0))
+        for p, (size, mtime_ns), (rec, ttl_s), part in done:
+            try:
+                self._adopt_stream(p, part, size, mtime_ns, rec, ttl_s)
+            except Exception as err:   # the follower copies the file
+                log.warning("stream of %s not made a replica: %s", p, err)
+            finally:
+                self.streams.handed_over(p)
+        if not done and self.streams.state_of(path) == ("filling", tuple(version)):
+            self._demand_may_come(path, tuple(version))
+        self._streams_changed()
+
+    def _version_refused(self, path: str, version: tuple[int, int], why: str) -> None:
+        """(VersionCheck) The store does not have `version` of `path`: its streams go."""
+        if self.streams.refuse(path, version, why):
+            self._streams_changed()
+
+    def store_versions_seen(self, entries) -> None:
+        """The follower read journal records: (path, (size, mtime_ns), record) the store has."""
+        self.versions.learned([(p, v, r) for p, v, r in entries if v is not None and not removed_record(r)])
 
     def _adopt_stream(self, path: str, part: str, size: int, mtime_ns: int, record: Optional[str],
                       ttl_s: float) -> None:
@@ -925,15 +1041,18 @@ class AgentServer(fl.FlightServerBase):
             with self.lock:
                 self._copying.pop(path).set()
 
-    def stream_abort(self, sid: str) -> dict:
-        gone = self.streams.abort(sid)
+    def stream_abort(self, sid: str, sender: Sender = ANYONE) -> dict:
+        try:
+            gone = self.streams.abort(sid, sender)
+        except StreamRefused as err:
+            raise rpc_error(err.errno, str(err)) from None
         self._streams_changed()
         return {"dropped": gone}
 
     def do_put(self, context, descriptor, reader, writer):
         with _errors_as_rpc():
             req = rpc.parse_put(descriptor.command)
-            result = self.stream_put(req, reader)
+            result = self.stream_put(req, reader, _sender(context))
             writer.write(pa.py_buffer(json.dumps(result).encode()))
 
     def local_replica_fd(self, path: str, size: int, mtime_ns: int) -> int:
@@ -1039,19 +1158,28 @@ class AgentServer(fl.FlightServerBase):
                 "budget": {"bytes": self.budget, "used": self.used_bytes(), "evictions": self.evictions},
                 "resumed_ranges": self.resumed_ranges, "copies": self.copies,
                 "streams": {"open": len(self.streams.streams), "published": self.streams_published,
-                            "bytes_held": self.streams.bytes_held(), "first_chunks": self.streams_first_chunks,
-                            "files_read_remembered": len(self.read_memory)},
+                            "bytes_held": self.streams.bytes_held(), "bytes_counted": self.replicas.reserved_bytes,
+                            "first_chunks": self.streams_first_chunks,
+                            "files_read_remembered": len(self.read_memory),
+                            "unconfirmed": len(self.streams.unconfirmed()),
+                            "by_sender": {k: {"open": u.open, "bytes": u.bytes, "refused": u.refused}
+                                          for k, u in self.streams.usage().items()},
+                            "limits": {"open": self.stream_limits.max_streams,
+                                       "per_peer": self.stream_limits.per_peer,
+                                       "per_token": self.stream_limits.per_token,
+                                       "peer_bytes": self.stream_limits.peer_bytes},
+                            "versions": self.versions.status()},
                 "demand": self.demand.status(),
             }
 
     def do_action(self, context, action):
         with _errors_as_rpc():
             kind = action.type
-            req = rpc.parse_action(kind, action.body.to_pybytes())
-            result = self._act(kind, req)
+            req = rpc.parse_action(kind, action.body)   # (copied out of Flight's buffer there)
+            result = self._act(kind, req, _sender(context))
         yield fl.Result(json.dumps(result).encode())
 
-    def _act(self, kind: str, req) -> dict:
+    def _act(self, kind: str, req, sender: Sender = ANYONE) -> dict:
         if kind == "prefetch":
             ranges = [(int(o), int(n)) for o, n in req.ranges]
             if req.expect is None:
@@ -1059,7 +1187,7 @@ class AgentServer(fl.FlightServerBase):
             return {"fetching": self._prefetch(req.path, (int(req.expect[0]), int(req.expect[1])), ranges)}
         if kind == "replicate":
             return self.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,
-                                  importance=req.importance, expect=req.expect, record=req.record)
+                                  importance=req.importance, expect=req.expect, record=req.record, trusted=False)
         if kind == "signal":
             if self.link is None:
                 return {"applied": False}
@@ -1079,17 +1207,17 @@ class AgentServer(fl.FlightServerBase):
             if self.link is not None:
                 result["link_bytes_by_class"] = dict(self.link.sent)
             return result
-        if kind == "plan_window":   # forget + prefetch in one call: one per plan step
-            self.samples.forget({(p, s) for p, s in req.keep})
-            return {"started": self.samples.prefetch([tuple(x) for x in req.want]) if req.want else 0}
+        if kind == "plan_window":   # forget + prefetch in one call: one per plan step (per job)
+            self.samples.forget({(p, s) for p, s in req.keep}, job=req.job)
+            return {"started": self.samples.prefetch([tuple(x) for x in req.want], job=req.job) if req.want else 0}
         if kind == "tier_stat":
             return self.tier_stat(req.path, req.wait_s, req.appear_s)
         if kind == "stream_open":
-            return self.stream_open(req)
+            return self.stream_open(req, sender)
         if kind == "stream_publish":
-            return self.stream_publish(req)
+            return self.stream_publish(req, sender)
         if kind == "stream_abort":
-            return self.stream_abort(req.stream)
+            return self.stream_abort(req.stream, sender)
         if kind == "has":
             return {"has": self.has(req.path, req.size, req.mtime_ns)}
         return {"ok": True}   # ping
@@ -1099,6 +1227,7 @@ class AgentServer(fl.FlightServerBase):
 
     def shutdown(self):
         self._stop.set()
+        self.versions.close()
         if self.follower is not None:
             self.follower.stop()
         if self.link is not None:
@@ -1257,6 +1386,8 @@ def _errors_as_rpc():
     except OSError as err:
         code = err.errno or errno.EIO
         raise rpc_error(code, err.strerror or str(err)) from None
+    except OverflowError as err:    # a number past what the system call takes (rpc bounds them first)
+        raise rpc_error(errno.EINVAL, f"a number is out of range: {err}") from None
     except Exception as err:
         log.exception("agent request failed")
         raise rpc_error(errno.EIO, f"internal error: {type(err).__name__}") from None

@@ -16,6 +16,20 @@ with an optional open before and publish after: one round trip for a small file)
   chunks. Streams with no call for `idle_s` are dropped (`expire`): that is how the stream of a
   training mount that died before publishing goes away.
 
+Bounds (issue 34; docs/cross_dc.md, "What one sender may hold"): each stream belongs to the
+`Sender` (token, peer host) that opened it, and only that sender may call it. A new stream is
+refused (EAGAIN) past `StreamLimits` (in total, per peer, per token: each stream holds a
+descriptor); a chunk that would take a peer's streams past `peer_bytes`, or the tier past its
+budget (`StreamBudget`: the agent's catalog counts stream bytes beside replicas and evicts as a
+copy does) is refused (ENOSPC); a publish must name exactly one CRC per chunk (EINVAL). Each
+refusal is one errno and one log line per sender and bound every `REFUSAL_LOG_S`.
+
+Versions (`confirmed`): a publish names a version (size, mtime_ns) the sender says the store
+has. The tier serves it only once the store's own word confirms it (a journal record of that
+version, or a stat: `VersionCheck`). Until then the stream is "streaming" to eval mounts
+(`state_of`), its bytes are never read (`read_verified`, `verified_view`), and a complete one
+is not made the replica (`finish_if_complete`); `confirm` makes it so, `refuse` drops it.
+
 Thread-safe: one lock for the catalog and, per stream, `lock` for its chunk map and fd (demand
 reads hold it for a check and a `pread`) and `io_lock` for its fd's writes and syncs. An
 `fdatasync` (a progress save every `progress_every_s`, the publish) holds only `io_lock`, so a
@@ -27,16 +41,20 @@ Lock order: `io_lock`, then `lock`, then the catalog's; the fd is closed only un
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
 import threading
+import time
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Sequence
 
-from policy.stream import RangeMap, Verdict, chunk_crc, verdict
+from policy.stream import (RangeMap, Sender, StreamLimits, Verdict, chunk_crc, crc_count_refusal, stream_refusal,
+                           verdict)
 
 log = logging.getLogger("hintfs.streams")
 
@@ -45,6 +63,8 @@ _ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 FINISHED_KEPT = 4096   # finished streams remembered, so that a late call is answered "ready"
 HANDOVER_S = 10.0      # a finished part counts as arriving this long at most (`being_handed_over`)
+REFUSAL_LOG_S = 10.0   # a refusal is logged once per sender and bound in this long (with a count)
+ANYONE = Sender("-", "-")   # the sender of calls that name none (in-process callers, tests)
 
 
 class StreamError(ValueError):
@@ -54,6 +74,25 @@ class StreamError(ValueError):
 class StreamFinished(StreamError):
     """The stream became a replica already (its publish, or the put that completed it after its
     publish): a late call for it is answered "ready", not refused."""
+
+
+class StreamRefused(StreamError):
+    """A call refused by a bound or a rule, with the errno the caller gets (EAGAIN: too many
+    streams; ENOSPC: no room for its bytes; EACCES: another sender's stream; EINVAL: a publish
+    whose CRC list is not one per chunk)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.errno = code
+
+
+class StreamBudget(Protocol):
+    """Where a stream's bytes are counted: the agent's replica budget (`AgentServer`)."""
+
+    def reserve(self, nbytes: int, path: str) -> None:
+        """Count `nbytes` more (evicting replicas as a copy would), or raise OSError(ENOSPC)."""
+
+    def release(self, nbytes: int) -> None: ...
 
 
 @dataclass
@@ -72,18 +111,37 @@ class Stream:
     unsaved: bool = False                       # chunks arrived since the last progress file
     meta: Any = None                            # the caller's, given at publish (its record, TTL)
     finishing: bool = False                     # complete: being made a replica (no more writes)
+    sender: Sender = ANYONE                     # who opened it: only they may call it
+    confirmed: bool = False                     # the store's word says it has `version`
+    published_at: float = 0.0                   # when the version was published (clock)
+    extents: dict[int, int] = field(default_factory=dict)   # chunk -> bytes counted in the budget
+    reserved: int = 0                           # sum of `extents`
     lock: threading.RLock = field(default_factory=threading.RLock)
     io_lock: threading.Lock = field(default_factory=threading.Lock)   # see the module's docstring
 
 
+@dataclass
+class SenderUsage:
+    """What one sender holds and was refused (the agent's status, `by_sender`)."""
+    open: int = 0
+    bytes: int = 0
+    refused: int = 0
+
+
 class StreamTier:
     def __init__(self, folder: str, clock: Callable[[], float], persistent: bool = False,
-                 idle_s: float = 120.0, progress_every_s: float = 0.5):
+                 idle_s: float = 120.0, progress_every_s: float = 0.5,
+                 limits: Optional[StreamLimits] = None, budget: Optional[StreamBudget] = None):
         self.folder = folder
         self.clock = clock
         self.persistent = persistent
         self.idle_s = idle_s
         self.progress_every_s = progress_every_s
+        self.limits = limits or StreamLimits()
+        self.budget = budget
+        self.bytes_by_peer: dict[str, int] = {}      # stream bytes counted, per peer host
+        self.refused: dict[str, int] = {}            # refusals per sender (key)
+        self._logged: dict[tuple[str, str], tuple[float, int]] = {}   # (sender, bound) -> (logged at, since)
         self.streams: dict[str, Stream] = {}
         self.finished: OrderedDict[str, int] = OrderedDict()   # sid -> generation made a replica
         # path -> (version, when) of a finished part the caller is making the replica: between
@@ -111,7 +169,8 @@ class StreamTier:
                     return
                 s.saved_at = now
                 s.unsaved = False
-                doc = {"stream": s.sid, "gen": s.gen, "path": s.path, "job": s.job, **s.ranges.to_doc()}
+                doc = {"stream": s.sid, "gen": s.gen, "path": s.path, "job": s.job,
+                       "sender": [s.sender.token, s.sender.peer], **s.ranges.to_doc()}
                 fd = s.fd
             os.fdatasync(fd)            # demand reads (s.lock) go on meanwhile
             tmp = self._part(s.sid) + ".progress.tmp"
@@ -130,6 +189,7 @@ class StreamTier:
 
     def _remove(self, s: Stream) -> None:
         self._close_fd(s)
+        self._release_all(s)
         for name in (self._part(s.sid) + ".progress", self._part(s.sid)):
             try:
                 os.unlink(name)
@@ -137,38 +197,130 @@ class StreamTier:
                 pass
 
     # -- calls ----------------------------------------------------------------------------------
-    def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None) -> dict[int, int]:
+    def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None,
+             sender: Sender = ANYONE) -> dict[int, int]:
         """Start or resume stream `sid` at generation `gen`; the chunks already held (index -> CRC),
-        so the sender re-sends only the others. An older generation's chunks are forgotten."""
+        so the sender re-sends only the others. An older generation's chunks are forgotten. A new
+        stream past the sender's or the tier's bounds is refused (StreamRefused, EAGAIN)."""
         if not _ID.match(sid):
             raise StreamError(f"bad stream id {sid!r}")
         if chunk <= 0:
             raise StreamError("chunk must be positive")
-        with self.lock:
-            if self.finished.get(sid, -1) >= gen:
-                raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
-            s = self.streams.get(sid)
-            if s is not None and (s.gen > gen):
-                raise StreamError(f"stream {sid}: generation {gen} is older than {s.gen}")
-            if s is not None and (s.gen < gen or s.ranges.chunk != chunk):
-                self._remove(s)
-                del self.streams[sid]
-                s = None
-            if s is None:
-                fd = os.open(self._part(sid), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                s = Stream(sid, gen, path, job, RangeMap(chunk), fd, self.clock())
-                self.streams[sid] = s
-            s.path, s.job, s.last_call = path, job, self.clock()
-            self._touch(path)
-            return {i: crc for i, (_n, crc) in s.ranges.held.items()}
+        while True:
+            with self.lock:
+                if self.finished.get(sid, -1) >= gen:
+                    raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
+                s = self.streams.get(sid)
+                if s is not None:
+                    self._check_sender(s, sender)
+                if s is not None and (s.gen > gen):
+                    raise StreamError(f"stream {sid}: generation {gen} is older than {s.gen}")
+                if s is not None and (s.gen < gen or s.ranges.chunk != chunk):
+                    del self.streams[sid]      # removed below, outside the lock (its budget)
+                else:
+                    if s is None:
+                        why = stream_refusal(self.limits, (x.sender for x in self.streams.values()), sender)
+                        if why is not None:
+                            raise self._refuse(sender, "streams", errno.EAGAIN,
+                                               f"stream {sid} of {path} refused: {why}")
+                        fd = os.open(self._part(sid), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                        s = Stream(sid, gen, path, job, RangeMap(chunk), fd, self.clock(), sender=sender)
+                        self.streams[sid] = s
+                    s.path, s.job, s.last_call = path, job, self.clock()
+                    self._touch(path)
+                    return {i: crc for i, (_n, crc) in s.ranges.held.items()}
+            self._remove(s)            # an older generation: then the new one (its part anew)
 
-    def _get(self, sid: str, gen: int) -> Stream:
+    # -- bounds ----------------------------------------------------------------------------------
+    @staticmethod
+    def _check_sender(s: Stream, sender: Sender) -> None:
+        """Only the sender that opened a stream may call it (a stream adopted from a stopped
+        agent's folder without a sender, `ANYONE`, is anyone's)."""
+        if sender is not ANYONE and s.sender is not ANYONE and s.sender != sender:
+            raise StreamRefused(errno.EACCES, f"stream {s.sid} was opened by another sender")
+
+    def _refuse(self, sender: Sender, bound: str, code: int, message: str) -> StreamRefused:
+        """(under `lock`) Count a refusal; log it once per sender and bound every REFUSAL_LOG_S
+        (with how many there were since)."""
+        key = sender.key()
+        self.refused[key] = self.refused.get(key, 0) + 1
+        now = self.clock()
+        at, since = self._logged.get((key, bound), (float("-inf"), 0))
+        if now - at >= REFUSAL_LOG_S:
+            more = f" ({since} more refused since the last line)" if since else ""
+            log.warning("%s: sender %s (%s)%s", message, key, errno.errorcode.get(code, code), more)
+            self._logged[(key, bound)] = (now, 0)
+            if len(self._logged) > 4096:
+                self._logged = {k: v for k, v in self._logged.items() if now - v[0] < REFUSAL_LOG_S}
+        else:
+            self._logged[(key, bound)] = (at, since + 1)
+        return StreamRefused(code, message)
+
+    def _reserve(self, s: Stream, nbytes: int) -> None:
+        """Count `nbytes` more of stream `s` against its peer's bound and the tier's budget, or
+        StreamRefused (ENOSPC). Called without `s.lock` (the budget may evict replicas)."""
+        peer = s.sender.peer
+        with self.lock:
+            held = self.bytes_by_peer.get(peer, 0)
+            cap = self.limits.peer_bytes
+            if cap is not None and held + nbytes > cap:
+                raise self._refuse(s.sender, "peer bytes", errno.ENOSPC,
+                                   f"chunk of stream {s.sid} refused: peer {peer} holds {held} bytes of "
+                                   f"streams not yet replicas (at most {cap})")
+            self.bytes_by_peer[peer] = held + nbytes
+        if self.budget is None:
+            return
+        try:
+            self.budget.reserve(nbytes, s.path)
+        except OSError as err:
+            with self.lock:
+                self._unpeer(peer, nbytes)
+                raise self._refuse(s.sender, "budget", err.errno or errno.ENOSPC,
+                                   f"chunk of stream {s.sid} refused: {err.strerror or err}") from None
+
+    def _unpeer(self, peer: str, nbytes: int) -> None:
+        """(under `lock`)"""
+        left = self.bytes_by_peer.get(peer, 0) - nbytes
+        if left > 0:
+            self.bytes_by_peer[peer] = left
+        else:
+            self.bytes_by_peer.pop(peer, None)
+
+    def _release(self, s: Stream, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self.lock:
+            self._unpeer(s.sender.peer, nbytes)
+        if self.budget is not None:
+            self.budget.release(nbytes)
+
+    def _release_all(self, s: Stream) -> None:
+        """What stream `s` holds leaves the budget (it was dropped, or its part is handed over)."""
+        with s.lock:
+            n, s.reserved = s.reserved, 0
+            s.extents.clear()
+        self._release(s, n)
+
+    def usage(self) -> dict[str, SenderUsage]:
+        """Per sender (key): streams held, their bytes counted, refusals so far."""
+        with self.lock:
+            out: dict[str, SenderUsage] = {}
+            for st in self.streams.values():
+                u = out.setdefault(st.sender.key(), SenderUsage())
+                u.open += 1
+                u.bytes += st.reserved
+            for key, n in self.refused.items():
+                out.setdefault(key, SenderUsage()).refused = n
+            return out
+
+    def _get(self, sid: str, gen: int, sender: Sender = ANYONE) -> Stream:
         with self.lock:
             s = self.streams.get(sid)
             if s is None and self.finished.get(sid) == gen:
                 raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
             if s is None:
                 raise StreamError(f"no stream {sid} (never opened, aborted or expired)")
+            self._check_sender(s, sender)
             if s.gen != gen:
                 raise StreamError(f"stream {sid} is at generation {s.gen}, not {gen}")
             s.last_call = self.clock()
@@ -194,22 +346,40 @@ class StreamTier:
             last = self.folder_calls.get(_folder(path))
         return self.clock() - last if last is not None else float("inf")
 
-    def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int) -> bool:
-        """One aligned chunk; refused (nothing written) when its CRC is not the bytes'. True when
-        the stream is published and now holds every chunk of it (`finish_if_complete`)."""
-        s = self._get(sid, gen)
+    def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int,
+            sender: Sender = ANYONE) -> bool:
+        """One aligned chunk; refused (nothing written) when its CRC is not the bytes', or when
+        its bytes do not fit the sender's bound or the tier's budget (StreamRefused, ENOSPC).
+        True when the stream is published, confirmed, and now holds every chunk of it
+        (`finish_if_complete`)."""
+        s = self._get(sid, gen, sender)
         if chunk_crc(data) != crc & 0xFFFFFFFF:
             raise StreamError(f"stream {sid}: chunk at {offset} arrived damaged (CRC)")
         if offset % s.ranges.chunk or not 0 < len(data) <= s.ranges.chunk:
             raise StreamError(f"stream {sid}: {offset}+{len(data)} is not one aligned chunk")
         i = offset // s.ranges.chunk
+        with s.lock:
+            extra = len(data) - s.extents.get(i, 0)
+        if extra > 0:                   # counted before the bytes land (the budget may evict)
+            self._reserve(s, extra)
+        took = [0]
+        try:
+            return self._write(s, i, offset, data, crc, took)
+        finally:
+            if extra > 0:
+                self._release(s, extra - took[0])   # a chunk not written, or landed alongside
+
+    def _write(self, s: Stream, i: int, offset: int, data: bytes | memoryview, crc: int, took: list[int]) -> bool:
+        """Chunk `i` written (`put`); `took[0]`: the bytes its extent added to what the stream
+        counts in the budget."""
+        sid = s.sid
         # Checked and written under io_lock, which a publish holds while it judges the stream:
         # a chunk either lands before the verdict (and is judged) or is checked against the
         # final CRCs after it (and refused if it is not the published file's).
         with s.io_lock:
             with s.lock:
                 if s.finishing:         # complete already: this chunk is one the tier holds
-                    raise StreamFinished(f"stream {sid} generation {gen} is a replica already")
+                    raise StreamFinished(f"stream {sid} generation {s.gen} is a replica already")
                 final = s.final
             if final is not None and (i >= len(final) or final[i] & 0xFFFFFFFF != crc & 0xFFFFFFFF):
                 # Published already: a chunk that is not the published file's (sent before a
@@ -223,9 +393,15 @@ class StreamTier:
                 raise StreamError(f"stream {sid} was dropped")
             os.pwrite(s.fd, data, offset)
             with s.lock:
+                grew = len(data) - s.extents.get(i, 0)
+                if grew > 0:
+                    s.extents[i] = len(data)
+                    s.reserved += grew
+                    took[0] = grew
                 s.ranges.add(offset, len(data), crc)
                 s.unsaved = True
-                complete = s.final is not None and s.version is not None and self._complete(s)
+                complete = (s.final is not None and s.version is not None and s.confirmed
+                            and self._complete(s))
         if not complete:
             self._save(s)
         return complete
@@ -247,7 +423,8 @@ class StreamTier:
             return None
         with s.io_lock:                 # no put is writing (a put checks `finishing` under it)
             with s.lock:
-                if s.finishing or s.final is None or s.version is None or not self._complete(s):
+                if (s.finishing or s.final is None or s.version is None or not s.confirmed
+                        or not self._complete(s)):
                     return None
                 s.finishing = True
                 path, version, meta = s.path, s.version, s.meta
@@ -274,49 +451,110 @@ class StreamTier:
             while len(self.finished) > FINISHED_KEPT:
                 self.finished.popitem(last=False)
         self._close_fd(s)
+        self._release_all(s)            # the caller counts the replica it makes of the part
         try:
             os.unlink(self._part(s.sid) + ".progress")
         except FileNotFoundError:
             pass
         return done
 
-    def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
+    def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: Sequence[int],
                 replica_version: Optional[tuple[int, int]] = None,
-                meta: Any = None) -> tuple[Verdict, Optional[str]]:
-        """The sender published `path` as (size, mtime_ns) with these final chunk CRCs. Returns
-        the verdict and, when "ready", the finished part file (the caller renames it into its
-        catalog and owns it). On "fill" the stream stays, its bad chunks forgotten, to be filled
-        by `put` (from the sender: the put that completes it makes it ready,
-        `finish_if_complete`) or by the caller's copy (`part_of`); `meta` is kept for the caller
-        until then. On "stale" it is gone. A stream finished already answers "ready" with no
-        part (the replica is the caller's already)."""
+                meta: Any = None, sender: Sender = ANYONE,
+                confirmed: bool = True) -> tuple[Verdict, Optional[str]]:
+        """The sender published `path` as (size, mtime_ns) with these final chunk CRCs (exactly
+        one per chunk, else StreamRefused EINVAL). Returns the verdict and, when "ready", the
+        finished part file (the caller renames it into its catalog and owns it). On "fill" the
+        stream stays, its bad chunks forgotten, to be filled by `put` (from the sender: the put
+        that completes it makes it ready, `finish_if_complete`) or by the caller's copy
+        (`part_of`); `meta` is kept for the caller until then. On "stale" it is gone. A stream
+        finished already answers "ready" with no part (the replica is the caller's already).
+
+        `confirmed` False: the store's word for this version is still to come (`confirm`). The
+        verdict is the same, but a complete stream is not finished (no part) before it comes."""
         try:
-            s = self._get(sid, gen)
+            s = self._get(sid, gen, sender)
         except StreamFinished:
             return Verdict("ready", (), ()), None
+        why = crc_count_refusal(size, s.ranges.chunk, len(crcs))
+        if why is not None:
+            with self.lock:
+                raise self._refuse(s.sender, "crcs", errno.EINVAL, f"publish of stream {sid} refused: {why}")
+        final = array("I", crcs)        # 4 bytes a chunk while the stream fills (not a list of ints)
         with s.io_lock, s.lock:         # no put between its check and its write (see `put`)
             if s.finishing:             # a put completed it meanwhile
                 return Verdict("ready", (), ()), None
-            v = verdict(s.ranges, size, crcs, (size, mtime_ns), replica_version)
+            v = verdict(s.ranges, size, final, (size, mtime_ns), replica_version)
             if v.state != "stale":
                 s.path = path
                 for i in v.fetch:
                     s.ranges.held.pop(i, None)
+                if s.version != (size, mtime_ns):
+                    s.confirmed = confirmed
+                    s.published_at = self.clock()
+                else:
+                    s.confirmed = s.confirmed or confirmed
                 s.version = (size, mtime_ns)
-                s.final = list(crcs)
+                s.final = final
                 s.meta = meta
-                s.finishing = v.state == "ready"
+                s.finishing = v.state == "ready" and s.confirmed
         if v.state == "stale":
             self.abort(sid)
             return v, None
-        if v.state == "fill":
+        if v.state == "fill" or not s.finishing:
             self._save(s, force=True)
             return v, None
         return v, self._finish(s)
 
-    def abort(self, sid: str) -> bool:
+    # -- versions: served only once the store's word confirms them -----------------------------
+    def confirm(self, path: str, version: tuple[int, int],
+                meta: Callable[[Any], Any] = lambda m: m) -> list[tuple[str, tuple[int, int], Any, str]]:
+        """The store has `version` of `path` (a journal record, a stat): its published streams are
+        confirmed; those complete are finished, as (path, version, meta given at publish as
+        `meta` maps it, the finished part) for the caller to make replicas of."""
         with self.lock:
-            s = self.streams.pop(sid, None)
+            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)
+                       and not s.confirmed]
+        done = []
+        for s in streams:
+            with s.io_lock:
+                with s.lock:
+                    if s.confirmed or s.finishing or s.version != tuple(version):
+                        continue
+                    s.confirmed = True
+                    s.meta = meta(s.meta)
+                    if s.final is None or not self._complete(s):
+                        continue
+                    s.finishing = True
+            done.append((s.path, tuple(version), s.meta, self._finish(s)))
+        return done
+
+    def refuse(self, path: str, version: tuple[int, int], why: str) -> list[str]:
+        """The store does not have `version` of `path`: its published streams not confirmed are
+        dropped (one log line each). Their ids."""
+        with self.lock:
+            gone = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)
+                    and not s.confirmed and not s.finishing]
+            for s in gone:
+                self.streams.pop(s.sid, None)
+        for s in gone:
+            self._remove(s)
+            log.warning("stream %s of %s refused: %s; dropped (sender %s)", s.sid, path, why, s.sender.key())
+        return [s.sid for s in gone]
+
+    def unconfirmed(self) -> list[tuple[str, tuple[int, int], float]]:
+        """(path, version, published at) of the published streams whose version the store's word
+        has not confirmed yet."""
+        with self.lock:
+            return [(s.path, s.version, s.published_at) for s in self.streams.values()
+                    if s.version is not None and not s.confirmed and not s.finishing]
+
+    def abort(self, sid: str, sender: Sender = ANYONE) -> bool:
+        with self.lock:
+            s = self.streams.get(sid)
+            if s is not None:
+                self._check_sender(s, sender)
+                del self.streams[sid]
         if s is None:
             return False
         self._remove(s)
@@ -366,8 +604,9 @@ class StreamTier:
             return entry[0]
 
     def state_of(self, path: str) -> Optional[tuple[str, Optional[tuple[int, int]]]]:
-        """The newest stream headed for `path`: ("streaming", None) before its publish,
-        ("filling", (size, mtime_ns)) when published with chunks still to come; None: no stream."""
+        """The newest stream headed for `path`: ("streaming", None) before its publish, and after
+        it until the store's word confirms its version; ("filling", (size, mtime_ns)) when
+        published and confirmed with chunks still to come; None: no stream."""
         with self.lock:
             best = None
             for s in self.streams.values():
@@ -375,14 +614,17 @@ class StreamTier:
                     best = s
             if best is None:
                 return None
-            return ("streaming", None) if best.version is None else ("filling", best.version)
+            if best.version is None or not best.confirmed:
+                return ("streaming", None)
+            return ("filling", best.version)
 
     def read_verified(self, path: str, version: tuple[int, int], offset: int, length: int) -> Optional[bytes]:
         """[offset, offset + length) of `path` as published at `version` = (size, mtime_ns), from
         a stream still filling, when every chunk under the range arrived with the publish's CRC;
         None otherwise (not published, another version, or a chunk still missing)."""
         with self.lock:
-            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)]
+            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)
+                       and s.confirmed]
         for s in streams:
             with s.lock:
                 if s.fd >= 0 and s.final is not None and s.ranges.verified(offset, length, version[0], s.final):
@@ -397,7 +639,8 @@ class StreamTier:
         inode becomes the replica or is unlinked, never reused, so the runs stay that version's
         bytes for as long as the fd is open."""
         with self.lock:
-            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)]
+            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)
+                       and s.confirmed]
         for s in streams:
             with s.lock:
                 if s.fd < 0 or s.final is None or s.finishing:
@@ -407,9 +650,9 @@ class StreamTier:
                     return os.open(f"/proc/self/fd/{s.fd}", os.O_RDONLY | os.O_CLOEXEC), runs
         return -1, []
 
-    def saw(self, sid: str, gen: int, size: int) -> None:
+    def saw(self, sid: str, gen: int, size: int, sender: Sender = ANYONE) -> None:
         """The sender's file was `size` bytes when it sent its last chunks."""
-        s = self._get(sid, gen)
+        s = self._get(sid, gen, sender)
         with s.lock:
             s.seen = max(size, s.seen or 0)
 
@@ -434,6 +677,11 @@ class StreamTier:
             streams = list(self.streams.values())
         return sum(s.ranges.bytes_held() for s in streams)
 
+    def bytes_counted(self) -> int:
+        """What the streams count in the budget (every chunk written, verified or not)."""
+        with self.lock:
+            return sum(s.reserved for s in self.streams.values())
+
     def below(self, prefix: str) -> bool:
         """A stream is headed for a path below folder `prefix`."""
         with self.lock:
@@ -453,10 +701,20 @@ class StreamTier:
                 if not _ID.match(sid) or sid in self.streams:
                     continue
                 ranges = RangeMap.from_doc(doc)
+                who = doc.get("sender")
+                sender = Sender(str(who[0]), str(who[1])) if isinstance(who, list) and len(who) == 2 else ANYONE
                 src = os.path.join(folder, name[: -len(".progress")])
                 os.rename(src, self._part(sid))
                 fd = os.open(self._part(sid), os.O_RDWR | os.O_CLOEXEC)
-                s = Stream(sid, int(doc["gen"]), str(doc["path"]), doc.get("job"), ranges, fd, self.clock())
+                s = Stream(sid, int(doc["gen"]), str(doc["path"]), doc.get("job"), ranges, fd, self.clock(),
+                           sender=sender)
+                held = {i: n for i, (n, _crc) in ranges.held.items()}
+                try:
+                    self._reserve(s, sum(held.values()))   # its bytes count in the budget again
+                except StreamRefused:
+                    self._remove(s)
+                    raise
+                s.extents, s.reserved = held, sum(held.values())
                 with self.lock:
                     self.streams[sid] = s
                 self._save(s, force=True)
@@ -480,4 +738,199 @@ def _folder(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
-__all__ = ["StreamTier", "StreamError"]
+KNOWN_KEPT = 65536     # store versions learned from the journal, remembered (LRU)
+LISTS_IN_FLIGHT = 16   # journal listings of `VersionCheck` at once
+LIST_AFTER_PUBLISH_S = 2.0   # ... listed this long after each publish (the next file's is near)
+IDLE_TICK_S = 0.5      # how often `VersionCheck` looks when nothing waits
+STAT_WORKERS = 16      # store stats of one batch at once
+EDGE_NS = 2 * 10**9    # the journal slice before now is listed too within this long of its end
+
+
+class VersionCheck:
+    """Whether the store has the version a stream was published as, by the store's own word,
+    without a round trip per file where a journal is followed:
+
+    - journal records: what the follower's rounds read (`learned`), and a listing of the
+      journal's current time slice every `poll_s` while a version waits or within
+      LIST_AFTER_PUBLISH_S of a publish (a checkpoint's files close one after another: its
+      commit marker follows its data files), at most LISTS_IN_FLIGHT at once. A record's name
+      carries (path, size, mtime_ns), so one listing confirms every file the training mounts
+      closed in that slice. An honest mount writes the record before it publishes the stream,
+      and both cross the link once: a listing that reaches the store every `poll_s` sees the
+      record about `poll_s` after the publish could have reached the tier (a listing sent
+      only when the publish arrives would add a round trip);
+    - a stat of the store file, for a version no record confirmed within `record_wait_s` of
+      its publish (at once on a tier that follows no journal): the versions due are stat-ed
+      together (STAT_WORKERS at a time), one round of round trips per batch, not one per file.
+
+    `confirm(path, version, record)` and `refuse(path, version, why)` are the caller's (the
+    agent: a confirmed complete stream becomes the replica, a refused one is dropped);
+    `unconfirmed()` lists the published versions waiting (path, version, published at).
+    One thread; stats and listings run in a small pool. Time comes from `clock` (monotonic) and
+    `wall_ns` (the journal's slices are wall-clock time)."""
+
+    def __init__(self, store, clock: Callable[[], float], confirm: Callable[[str, tuple[int, int], Optional[str]], None],
+                 refuse: Callable[[str, tuple[int, int], str], None],
+                 unconfirmed: Callable[[], list[tuple[str, tuple[int, int], float]]],
+                 journal_dir: Optional[str], record_wait_s: float, poll_s: float,
+                 wall_ns: Callable[[], int] = time.time_ns, start: bool = True):
+        from concurrent.futures import ThreadPoolExecutor
+        self.store = store
+        self.clock = clock
+        self.wall_ns = wall_ns
+        self._confirm, self._refuse, self._unconfirmed = confirm, refuse, unconfirmed
+        self.journal_dir = journal_dir
+        self.record_wait_s = record_wait_s if journal_dir else 0.0
+        self.poll_s = poll_s
+        self.known: OrderedDict[tuple[str, int, int], Optional[str]] = OrderedDict()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self._stat_due: dict[tuple[str, tuple[int, int]], float] = {}   # next stat of a version
+        self._statting: set[tuple[str, tuple[int, int]]] = set()
+        self._listing = 0
+        self._next_list = 0.0
+        self._last_publish = float("-inf")
+        self.counts = {"by_record": 0, "by_stat": 0, "refused": 0, "stats": 0, "listings": 0}
+        self.pool = ThreadPoolExecutor(STAT_WORKERS + LISTS_IN_FLIGHT, thread_name_prefix="hintfs-stream-verify")
+        self.thread = threading.Thread(target=self._run, name="hintfs-stream-verify", daemon=True)
+        if start:
+            self.thread.start()
+
+    # -- what the store said ---------------------------------------------------------------------
+    def learned(self, entries) -> None:
+        """Journal records (path, (size, mtime_ns), record name): the store has those versions."""
+        with self.lock:
+            for path, version, record in entries:
+                key = (path, int(version[0]), int(version[1]))
+                self.known[key] = record
+                self.known.move_to_end(key)
+            while len(self.known) > KNOWN_KEPT:
+                self.known.popitem(last=False)
+        self.wake.set()
+
+    def record_of(self, path: str, version: tuple[int, int]) -> tuple[bool, Optional[str]]:
+        """(whether a journal record says the store has `version` of `path`, that record)."""
+        with self.lock:
+            key = (path, int(version[0]), int(version[1]))
+            return (key in self.known, self.known.get(key))
+
+    def published(self) -> None:
+        """A stream was published (a version may wait): look now, and list the journal often for
+        LIST_AFTER_PUBLISH_S."""
+        self._last_publish = self.clock()
+        self.wake.set()
+
+    def _busy(self, now: float, waiting: bool) -> bool:
+        return waiting or now - self._last_publish < LIST_AFTER_PUBLISH_S
+
+    # -- the thread ------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One look: confirm what the journal confirms, stat what waited long enough, list the
+        journal's current slice when due. (The thread calls it; tests may too.)"""
+        now = self.clock()
+        waiting = self._unconfirmed()
+        due: list[tuple[str, tuple[int, int]]] = []
+        for path, version, since in waiting:
+            known, record = self.record_of(path, version)
+            if known:
+                self.counts["by_record"] += 1
+                self._confirm(path, version, record)
+                continue
+            key = (path, tuple(version))
+            with self.lock:
+                if key in self._statting:
+                    continue
+                at = self._stat_due.get(key, since + self.record_wait_s)
+                if now >= at:
+                    self._statting.add(key)
+                    self._stat_due[key] = now + max(self.record_wait_s, 1.0)   # a failed stat: again then
+                    due.append(key)
+        live = {(p, tuple(v)) for p, v, _t in waiting}
+        with self.lock:
+            for key in [k for k in self._stat_due if k not in live and k not in self._statting]:
+                del self._stat_due[key]
+        for key in due:
+            self.pool.submit(self._stat, *key)
+        if self.journal_dir and now >= self._next_list and self._busy(now, bool(waiting)):
+            with self.lock:
+                go = self._listing < LISTS_IN_FLIGHT
+                if go:
+                    self._listing += 1
+            if go:
+                self._next_list = now + self.poll_s
+                self.pool.submit(self._list)
+
+    def _stat(self, path: str, version: tuple[int, int]) -> None:
+        key = (path, version)
+        try:
+            self.counts["stats"] += 1
+            try:
+                st = self.store.stat(path)
+            except FileNotFoundError:
+                st = None
+            except NotADirectoryError:
+                st = None
+            if st is not None and st.is_file and st.identity() == tuple(version):
+                self.counts["by_stat"] += 1
+                self._confirm(path, version, None)
+            else:
+                has = "no such file" if st is None else (
+                    f"it has ({st.size}, {st.mtime_ns})" if st.is_file else "it is not a file there")
+                self.counts["refused"] += 1
+                self._refuse(path, version, f"the store does not have version ({version[0]}, {version[1]}) ({has})")
+        except OSError as err:
+            log.info("cannot check the version of stream %s against the store (will retry): %s", path, err)
+        except Exception:
+            log.exception("checking the version of stream %s failed", path)
+        finally:
+            with self.lock:
+                self._statting.discard(key)
+
+    def _list(self) -> None:
+        from common.journal import bucket_of, decode_name, list_folder, removed_record, slice_dir
+        try:
+            now_ns = self.wall_ns()
+            slices = {bucket_of(now_ns), bucket_of(now_ns - EDGE_NS)}
+            found = []
+            for b in sorted(slices):
+                try:
+                    names = [n for n, _st in list_folder(self.store, slice_dir(self.journal_dir, b))]
+                except FileNotFoundError:
+                    continue
+                for n in names:
+                    rec = decode_name(n)
+                    if rec is not None and not removed_record(n):
+                        found.append((rec["path"], (rec["size"], rec["mtime_ns"]), n))
+            self.counts["listings"] += 1
+            if found:
+                self.learned(found)
+        except Exception as err:   # a listing that fails: the next one, or the stat, will do
+            log.debug("journal listing for stream versions failed: %s", err)
+        finally:
+            with self.lock:
+                self._listing -= 1
+
+    def _run(self) -> None:
+        busy = False
+        while not self._stop.is_set():
+            self.wake.wait(max(0.002, min(self.poll_s, 0.05)) if busy else IDLE_TICK_S)
+            self.wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.step()
+                busy = self._busy(self.clock(), bool(self._statting) or bool(self._stat_due))
+            except Exception:
+                log.exception("stream version check failed")
+
+    def status(self) -> dict:
+        return {**self.counts, "known": len(self.known)}
+
+    def close(self) -> None:
+        self._stop.set()
+        self.wake.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["StreamTier", "StreamError", "StreamRefused", "StreamFinished", "StreamBudget", "ANYONE"]

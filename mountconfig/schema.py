@@ -239,6 +239,30 @@ class AgentConfig(Section):
     stream_idle_s: float = Field(120.0, gt=0, le=86400, description="Eval tier: a stream from a training "
                                  "mount (write-time streaming) with no call for this long and not published "
                                  "is dropped: its sender died or gave up, the follower copies the file.")
+    stream_max_open: int = Field(4096, ge=4, le=1 << 20, description="Eval tier: most streams held at once "
+                                 "(each keeps a descriptor until it is a replica or dropped), and never more "
+                                 "than a quarter of the agent's open-file limit. A new stream past it is "
+                                 "refused (EAGAIN, one log line); the follower copies that file after close.")
+    stream_max_per_peer: int = Field(512, ge=1, le=1 << 20, description="Eval tier: most streams held for one "
+                                     "peer host (a training host), and never more than a quarter of the "
+                                     "streams the tier may hold, so that other hosts keep streaming (EAGAIN).")
+    stream_max_per_token: int = Field(4096, ge=1, le=1 << 20, description="Eval tier: most streams held for "
+                                      "one token. The agent has one token, which often serves a whole fleet: "
+                                      "this bounds all token holders together, beside `stream_max_per_peer`.")
+    stream_peer_share: float = Field(0.5, gt=0, le=1, description="Eval tier: the share of `budget_bytes` "
+                                     "the chunks of one peer host's streams may hold before they are replicas. "
+                                     "Stream chunks count in `budget_bytes` like replicas (a chunk past the "
+                                     "budget evicts replicas as a copy does, or is refused: ENOSPC).")
+    stream_record_wait_s: float = Field(2.0, ge=0, le=600, description="Eval tier: a published stream is "
+                                        "served only once the store's word confirms its version: a journal "
+                                        "record of it, else, after this long, a stat of the store file (the "
+                                        "versions due are stat-ed together). At once without `[follow]`.")
+    stream_verify_poll_s: float = Field(0.01, gt=0, le=60, description="Eval tier with `[follow]`: for 2 s "
+                                        "after each stream publish, and while a published version waits for "
+                                        "the store's word, the journal's current time slice is listed this often "
+                                        "(at most 16 listings in flight), so that the commit marker's version is "
+                                        "confirmed about when its publish arrives. Fewer listings (a larger "
+                                        "value) cost a marker up to this long before eval mounts see it.")
 
 
     @field_validator("stream_prefixes")

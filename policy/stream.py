@@ -16,13 +16,17 @@ decisions of both ends, no I/O and no clock.
   alike); the sender sends those as soon as they are written and holds the others back while
   the file is written.
 
+- `Sender`, `StreamLimits`, `stream_refusal`, `crc_count_refusal`: what one sender may hold at a
+  tier (issue 34): streams per peer host, per token and in total (each holds a descriptor), the
+  bytes of a peer's streams not yet replicas, and a publish's CRC list exactly one per chunk.
+
 Chunks are aligned: chunk i covers [i * chunk, min((i + 1) * chunk, size)). Only the last chunk
 of a file may be short, and a short chunk is sent only at publish (the writer may still extend it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import crc32c
 
@@ -98,7 +102,7 @@ class RangeMap:
     def bytes_held(self) -> int:
         return sum(length for length, _crc in self.held.values())
 
-    def verified_runs(self, size: int, final_crcs: list[int]) -> list[tuple[int, int]]:
+    def verified_runs(self, size: int, final_crcs: Sequence[int]) -> list[tuple[int, int]]:
         """(offset, length) runs of the published file of `size` bytes whose every chunk is held
         whole with its final CRC, in order (consecutive verified chunks joined)."""
         runs: list[list[int]] = []
@@ -113,7 +117,7 @@ class RangeMap:
                 runs.append([off, n])
         return [(o, n) for o, n in runs]
 
-    def verified(self, offset: int, length: int, size: int, final_crcs: list[int]) -> bool:
+    def verified(self, offset: int, length: int, size: int, final_crcs: Sequence[int]) -> bool:
         """Every chunk under [offset, offset + length) of the published file of `size` bytes is
         held whole with its final CRC: those bytes are the published file's (demand reads)."""
         for i in chunks_under(offset, length, size, self.chunk):
@@ -148,7 +152,7 @@ class Verdict:
     keep: tuple[int, ...]      # chunk indices whose bytes are the published file's
 
 
-def verdict(held: RangeMap, size: int, final_crcs: list[int],
+def verdict(held: RangeMap, size: int, final_crcs: Sequence[int],
             version: tuple[int, int], replica_version: Optional[tuple[int, int]] = None) -> Verdict:
     """What a tier does with a stream at its publish as `version` = (size, mtime_ns).
 
@@ -241,5 +245,60 @@ def crcs_of(chunks: Iterable[bytes]) -> list[int]:
     return [chunk_crc(c) for c in chunks]
 
 
+@dataclass(frozen=True)
+class Sender:
+    """Who sent a stream call: the token it presented ("-" without one: an agent with no token,
+    or a mount's own agent on its private socket) and the connection's peer host (the address
+    without its port: one host opens several connections)."""
+    token: str
+    peer: str
+
+    def key(self) -> str:
+        return f"{self.token}@{self.peer}"
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What a tier holds of the streams of training mounts (`[agent] stream_*`). Each stream
+    keeps a descriptor and disk space until it is a replica or dropped."""
+    max_streams: int = 4096            # streams held at once, all senders
+    per_peer: int = 512                # of one peer host
+    per_token: int = 4096              # of one token (one token often serves a whole fleet)
+    peer_bytes: Optional[int] = None   # bytes of one peer's streams not yet replicas (None: no bound)
+
+    def capped(self, open_files: int) -> "StreamLimits":
+        """These limits within an open-file limit: streams take at most a quarter of it, and one
+        peer or one token at most a quarter of what streams may take (others keep working)."""
+        total = max(4, min(self.max_streams, open_files // 4))
+        share = max(1, total // 4)
+        return StreamLimits(total, min(self.per_peer, share), min(self.per_token, total), self.peer_bytes)
+
+
+def stream_refusal(limits: StreamLimits, held: Iterable[Sender], sender: Sender) -> Optional[str]:
+    """Why one more stream of `sender` is refused, given the senders of the streams held (one
+    per stream), or None when it fits. The bounds in order: total, per peer, per token."""
+    total = by_peer = by_token = 0
+    for s in held:
+        total += 1
+        by_peer += s.peer == sender.peer
+        by_token += s.token == sender.token
+    if total >= limits.max_streams:
+        return f"the tier holds {total} streams (at most {limits.max_streams})"
+    if by_peer >= limits.per_peer:
+        return f"peer {sender.peer} holds {by_peer} streams (at most {limits.per_peer})"
+    if by_token >= limits.per_token:
+        return f"its token holds {by_token} streams (at most {limits.per_token})"
+    return None
+
+
+def crc_count_refusal(size: int, chunk: int, ncrcs: int) -> Optional[str]:
+    """A publish names exactly one CRC per chunk of the file; why not, or None."""
+    want = chunk_count(size, chunk)
+    if ncrcs != want:
+        return f"{ncrcs} CRCs for {want} chunks of {chunk} bytes in a file of {size} bytes"
+    return None
+
+
 __all__ = ["chunk_crc", "chunk_count", "chunk_span", "chunks_under", "ranges_to_send", "RangeMap", "Verdict", "verdict",
-           "crcs_of", "checkpoint_family", "merged_ranges", "chunks_touching", "send_calls"]
+           "crcs_of", "checkpoint_family", "merged_ranges", "chunks_touching", "send_calls", "Sender",
+           "StreamLimits", "stream_refusal", "crc_count_refusal"]

@@ -27,9 +27,10 @@ def _agent(tmp_path, store, name="a", **agent):
     return server, loc
 
 
-def _tcp_agent(tmp_path, store, name):
-    """A storage-node agent on loopback TCP (a copy's source must be a network agent)."""
-    cfg = parse_config({"store": {"uri": f"file://{store}"},
+def _tcp_agent(tmp_path, store, name, peers=()):
+    """A storage-node agent on loopback TCP (a copy's source must be a network agent it trusts:
+    one of its `[agents] locations`, `peers`)."""
+    cfg = parse_config({"store": {"uri": f"file://{store}"}, "agents": {"locations": list(peers)},
                         "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1}})
     server = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0")
     threading.Thread(target=server.serve, daemon=True).start()
@@ -38,7 +39,7 @@ def _tcp_agent(tmp_path, store, name):
 
 def test_ranges_replicas_fanout_and_ttl(tmp_path, store):
     s1, l1 = _tcp_agent(tmp_path, store, "a1")
-    s2, l2 = _tcp_agent(tmp_path, store, "a2")
+    s2, l2 = _tcp_agent(tmp_path, store, "a2", peers=[l1])
     c1, c2 = AgentClient(l1), AgentClient(l2)
     try:
         data = (store / "ckpt" / "a.bin").read_bytes()

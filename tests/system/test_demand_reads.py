@@ -19,7 +19,7 @@ from agent.server import AgentServer
 from mountconfig import parse_config
 from policy.stream import chunk_crc, crcs_of
 from stores.local import LocalStore
-from tests.conftest import needs_fuse
+from tests.conftest import needs_fuse, wait_for
 from tests.system.test_stream_mount import CHUNK, Tier
 
 
@@ -57,16 +57,24 @@ def _stream_unpublished(client, store, rel: str, data: bytes, sid: str,
     return version, parts
 
 
+def _confirmed(client, rel: str) -> None:
+    """Wait until the tier has confirmed the version published for `rel` with the store (these
+    tiers follow no journal: a stat, at once after the publish; agent/streams.py VersionCheck):
+    only then is it "copying" and read on demand."""
+    assert wait_for(lambda: client.tier_stat(rel)["state"] in ("copying", "ready"), timeout=10)
+
+
 def _publish_partly(client, store, rel: str, data: bytes, sid: str, send: set[int],
                     chunk: int = CHUNK) -> tuple[int, int]:
     """Write `rel` to the store, stream the chunks in `send` and publish it: the tier holds a
-    published stream still filling. Returns the version."""
+    published stream still filling (its version confirmed). Returns the version."""
     version = _to_store(store, rel, data)
     parts = _chunks(data, chunk)
     client.stream_open(sid, 0, rel, chunk)
     client.stream_put(sid, 0, [(i * chunk, parts[i], chunk_crc(parts[i])) for i in sorted(send)])
     answer = client.stream_publish(sid, 0, rel, *version, crcs_of(parts))
     assert answer["state"] == "fill"
+    _confirmed(client, rel)
     return version
 
 
@@ -163,6 +171,9 @@ def test_unpublished_streams_and_store_files_of_another_version_are_never_served
         olds = _chunks(old)
         c.stream_open("s2", 0, "ckpt/r.bin", CHUNK)
         c.stream_put("s2", 0, [(0, olds[0], chunk_crc(olds[0]))])
+        # (the journal record of that version, as a follower reads it: the store had it; without
+        # the store's word a version it does not have is never served: test_security_streams.py)
+        tier.server.store_versions_seen([("ckpt/r.bin", v_old, None)])
         assert c.stream_publish("s2", 0, "ckpt/r.bin", *v_old, crcs_of(olds))["state"] == "fill"
         assert c.read("ckpt/r.bin", 0, CHUNK, True, v_old, demand=True) == olds[0]
         with pytest.raises(OSError) as err:
@@ -497,7 +508,8 @@ def test_a_read_hint_for_a_file_not_published_yet_is_fetched_at_its_publish(moun
         assert json.loads(hint_doc.read_text())["pieces_fetching"] == 0
         assert c.status()["demand"]["prefetched"] == 0          # nothing to fetch for yet
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
-        assert c.status()["demand"]["prefetched"] == 3          # at the publish, before any open
+        _confirmed(c, rel)     # at the publish (once confirmed), before any open:
+        assert wait_for(lambda: c.status()["demand"]["prefetched"] == 3, timeout=10)
         with open(ev.mnt / rel, "rb") as f:
             for off, n in wanted:
                 f.seek(off)
@@ -561,7 +573,8 @@ def test_a_hint_without_a_version_is_held_until_the_publish_and_used_once(tmp_pa
         assert c.prefetch("ckpt/run/step_1/nothing.bin", None, [(0, 10)]) == 0   # held, never announced
         assert c.status()["demand"]["prefetched"] == 0
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
-        assert c.status()["demand"]["prefetched"] == 2
+        _confirmed(c, rel)
+        assert wait_for(lambda: c.status()["demand"]["prefetched"] == 2, timeout=10)
         assert tier.server.demand.take_hint(rel) is None                      # used once
         # after the publish: fetched at once, for the version published
         assert c.prefetch(rel, None, [(7 * big + 4096, 10)]) == 1

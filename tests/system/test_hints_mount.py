@@ -128,16 +128,17 @@ def agents(tmp_path):
     token.chmod(0o600)
     store = tmp_path / "m" / "store"
     store.mkdir(parents=True)
-    procs, locs = [], []
-    for i in range(3):
-        port = _free_port()
+    procs = []
+    locs = [f"grpc://127.0.0.1:{_free_port()}" for _ in range(3)]
+    for i, loc in enumerate(locs):
         cfg = tmp_path / f"agent{i}.toml"
-        cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "grpc://127.0.0.1:{port}"\n'
+        # each agent copies from the others (tree fan-out): they are its trusted [agents] locations
+        cfg.write_text(f'[store]\nuri = "file://{store}"\n[agent]\nlocation = "{loc}"\n'
                        f'data_dir = "{tmp_path / f"rep{i}"}"\ntoken_file = "{token}"\n'
                        f'budget_bytes = {40 << 20 if i < 2 else 1 << 20}\n'
-                       f'[agents]\ntoken_file = "{token}"\n[logging]\nfile = "{tmp_path / f"agent{i}.log"}"\n')
+                       f'[agents]\nlocations = {json.dumps([x for x in locs if x != loc])}\ntoken_file = "{token}"\n'
+                       f'[logging]\nfile = "{tmp_path / f"agent{i}.log"}"\n')
         procs.append(subprocess.Popen(HINTFS + ["agent", str(cfg)], cwd=REPO))
-        locs.append(f"grpc://127.0.0.1:{port}")
     for loc in locs:
         assert wait_for(lambda: _pings(loc), timeout=20)
     yield store, locs, procs, token

@@ -50,8 +50,11 @@ def test_a_training_mount_killed_mid_stream_leaves_nothing_servable(mount_factor
             tier.client.read(PATH, 0, 10, replica_only=True)
         # nobody calls: the tier drops the stream after stream_idle_s
         assert wait_for(lambda: tier.client.tier_stat(PATH)["state"] == "absent", 10)
-        assert tier.client.status()["streams"] == {"open": 0, "published": 0, "bytes_held": 0, "first_chunks": 0,
-                                                   "files_read_remembered": 0}
+        streams = tier.client.status()["streams"]
+        assert {k: streams[k] for k in ("open", "published", "bytes_held", "first_chunks", "files_read_remembered")} \
+            == {"open": 0, "published": 0, "bytes_held": 0, "first_chunks": 0, "files_read_remembered": 0}
+        assert streams["bytes_counted"] == 0      # its bytes left the budget with it
+        assert all(u["open"] == 0 and u["bytes"] == 0 for u in streams["by_sender"].values()), streams
         assert not [p for p in (tmp_path / "tier").rglob("stream-*")]
         ev = _eval_mount(mount_factory, store, tier.loc)
         with pytest.raises(FileNotFoundError):     # the store never got the file

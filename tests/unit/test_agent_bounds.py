@@ -1,0 +1,313 @@
+"""Bounds of the agent's requests and of what one sender may hold (issue 34, findings 6 and 12):
+read offsets, CRC lists, streams per sender and in total, stream bytes inside the budget,
+versions checked against the store before a stream is served, and the sample cache per job."""
+from __future__ import annotations
+
+import errno
+import json
+
+import pyarrow.flight as fl
+import pytest
+
+from agent import rpc
+from agent.client import AgentClient
+from agent.server import start_in_process
+from mountconfig import parse_config
+from stores.local import LocalStore
+
+LAST = (1 << 63) - 1
+
+
+def _errno(err: fl.FlightServerError) -> int:
+    return json.loads(err.extra_info)["errno"]
+
+
+@pytest.mark.parametrize("offset,length", [(LAST, 100), (LAST - 10, 100), (LAST - (1 << 27), 1 << 28)])
+def test_a_read_whose_end_is_past_the_largest_offset_is_einval(offset, length):
+    with pytest.raises(fl.FlightServerError) as exc:
+        rpc.parse_ticket(json.dumps({"path": "f", "offset": offset, "length": min(length, rpc.MAX_READ_BYTES)}).encode())
+    assert _errno(exc.value) == errno.EINVAL and "offset" in str(exc.value)
+
+
+def test_a_prefetch_range_past_the_largest_offset_is_einval():
+    with pytest.raises(fl.FlightServerError) as exc:
+        rpc.parse_action("prefetch", json.dumps({"path": "f", "expect": [10, 1], "ranges": [[LAST, 10]]}).encode())
+    assert _errno(exc.value) == errno.EINVAL
+
+
+def test_an_agent_read_at_the_largest_offset_answers_einval_not_eio(tmp_path):
+    """Before the fix: EIO (an OverflowError inside the store reader)."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "f").write_bytes(b"x" * 100)
+    cfg = parse_config({"store": {"uri": f"file://{tmp_path / 's'}"}, "agent": {"data_dir": str(tmp_path / "t")}})
+    server, loc = start_in_process(cfg, LocalStore(str(tmp_path / "s")))
+    try:
+        c = AgentClient(loc)
+        for offset in (LAST, LAST - 10):
+            with pytest.raises(OSError) as exc:
+                c.read("f", offset, 100)
+            assert exc.value.errno == errno.EINVAL, exc.value
+        assert c.read("f", 90, 100) == b"x" * 10
+        assert c.read("f", 1 << 40, 100) == b""            # past the end of the file: nothing
+    finally:
+        server.shutdown()
+
+
+# -- streams: what one sender may hold (finding 6) ---------------------------------------------------
+import logging  # noqa: E402
+import os  # noqa: E402
+
+from agent.streams import ANYONE, StreamRefused, StreamTier, VersionCheck  # noqa: E402
+from policy.stream import Sender, StreamLimits, chunk_crc, crc_count_refusal, crcs_of, stream_refusal  # noqa: E402
+from stores.base import Stat  # noqa: E402
+
+CHUNK = 8
+A, B = Sender("token:t1", "ipv4:10.0.0.1"), Sender("token:t1", "ipv4:10.0.0.2")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Budget:
+    """A StreamBudget of `room` bytes that counts what streams hold."""
+
+    def __init__(self, room: int):
+        self.room, self.used = room, 0
+
+    def reserve(self, nbytes: int, path: str) -> None:
+        if self.used + nbytes > self.room:
+            raise OSError(errno.ENOSPC, f"budget: {path} needs {nbytes} bytes")
+        self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.used -= nbytes
+
+
+def _crcs(data: bytes) -> list[int]:
+    return crcs_of([data[i:i + CHUNK] for i in range(0, len(data), CHUNK)])
+
+
+def _put_all(tier, sid, data, sender=ANYONE):
+    for off in range(0, len(data), CHUNK):
+        piece = data[off:off + CHUNK]
+        tier.put(sid, 0, off, piece, chunk_crc(piece), sender)
+
+
+def test_the_stream_bounds_are_per_peer_per_token_and_in_total():
+    limits = StreamLimits(max_streams=6, per_peer=2, per_token=4)
+    c = Sender("token:t2", "ipv4:10.0.0.3")
+    assert stream_refusal(limits, [A], A) is None
+    assert "peer" in stream_refusal(limits, [A, A], A)
+    assert stream_refusal(limits, [A, A], B) is None                  # another host of the fleet
+    assert "token" in stream_refusal(limits, [A, A, B, B], Sender("token:t1", "ipv4:10.0.0.9"))
+    assert stream_refusal(limits, [A, A, B, B], c) is None
+    assert "holds 6 streams" in stream_refusal(limits, [A, A, B, B, c, c], Sender("token:t3", "x"))
+    # within the open-file limit: streams take a quarter of it, a peer a quarter of that
+    capped = StreamLimits(4096, 512, 4096).capped(512)
+    assert (capped.max_streams, capped.per_peer, capped.per_token) == (128, 32, 128)
+    assert crc_count_refusal(10, 8, 2) is None and crc_count_refusal(10, 8, 1 << 20) is not None
+    assert crc_count_refusal(0, 8, 0) is None and crc_count_refusal(16, 8, 3) is not None
+
+
+def test_a_peer_past_its_bound_is_refused_eagain_once_logged_and_others_keep_streaming(tmp_path, caplog):
+    clock = Clock()
+    tier = StreamTier(str(tmp_path / "t"), clock, limits=StreamLimits(max_streams=8, per_peer=2, per_token=8))
+    caplog.set_level(logging.WARNING, "hintfs.streams")
+    for i in range(2):
+        tier.open(f"a{i}", 0, f"ckpt/a{i}", CHUNK, sender=A)
+    for i in range(5):
+        with pytest.raises(StreamRefused) as exc:
+            tier.open(f"x{i}", 0, f"ckpt/x{i}", CHUNK, sender=A)
+        assert exc.value.errno == errno.EAGAIN
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1     # one line, not five
+    clock.t += 11
+    with pytest.raises(StreamRefused):
+        tier.open("x9", 0, "ckpt/x9", CHUNK, sender=A)
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 2 and "4 more refused" in lines[1]
+    assert tier.open("b0", 0, "ckpt/b0", CHUNK, sender=B) == {}                   # another peer: yes
+    usage = tier.usage()
+    assert (usage[A.key()].open, usage[A.key()].refused, usage[B.key()].open) == (2, 6, 1)
+    # a stream is its opener's: another sender can neither write, publish nor abort it
+    with pytest.raises(StreamRefused) as exc:
+        tier.put("a0", 0, 0, b"x" * CHUNK, chunk_crc(b"x" * CHUNK), B)
+    assert exc.value.errno == errno.EACCES
+    with pytest.raises(StreamRefused):
+        tier.abort("a0", B)
+    assert tier.abort("a0", A)
+    assert tier.open("a2", 0, "ckpt/a2", CHUNK, sender=A) == {}                   # room again
+
+
+def test_stream_bytes_count_in_the_budget_and_leave_it_with_the_stream(tmp_path):
+    budget = Budget(room=5 * CHUNK)
+    tier = StreamTier(str(tmp_path / "t"), Clock(), budget=budget,
+                      limits=StreamLimits(peer_bytes=4 * CHUNK))
+    data = os.urandom(3 * CHUNK)
+    tier.open("s", 0, "ckpt/s", CHUNK, sender=A)
+    _put_all(tier, "s", data, A)
+    assert budget.used == 3 * CHUNK and tier.usage()[A.key()].bytes == 3 * CHUNK
+    tier.put("s", 0, 0, data[:CHUNK], chunk_crc(data[:CHUNK]), A)                # again: counted once
+    assert budget.used == 3 * CHUNK
+    tier.open("t", 0, "ckpt/t", CHUNK, sender=A)
+    tier.put("t", 0, 0, data[:CHUNK], chunk_crc(data[:CHUNK]), A)
+    with pytest.raises(StreamRefused) as exc:                                     # past the peer's share
+        tier.put("t", 0, CHUNK, data[:CHUNK], chunk_crc(data[:CHUNK]), A)
+    assert exc.value.errno == errno.ENOSPC and budget.used == 4 * CHUNK
+    tier.open("u", 0, "ckpt/u", CHUNK, sender=B)
+    tier.put("u", 0, 0, data[:CHUNK], chunk_crc(data[:CHUNK]), B)
+    with pytest.raises(StreamRefused) as exc:                                     # past the tier's budget
+        tier.put("u", 0, CHUNK, data[:CHUNK], chunk_crc(data[:CHUNK]), B)
+    assert exc.value.errno == errno.ENOSPC and budget.used == 5 * CHUNK
+    assert tier.abort("t", A) and budget.used == 4 * CHUNK                        # dropped: released
+    v, part = tier.publish("s", 0, "ckpt/s", len(data), 5, _crcs(data), sender=A)
+    assert v.state == "ready" and part is not None and budget.used == CHUNK      # handed over: released
+    assert tier.usage()[A.key()].bytes == 0 and tier.bytes_by_peer == {B.peer: CHUNK}
+
+
+def test_a_publish_names_exactly_one_crc_per_chunk(tmp_path):
+    tier = StreamTier(str(tmp_path / "t"), Clock())
+    data = os.urandom(2 * CHUNK + 1)
+    tier.open("s", 0, "ckpt/s", CHUNK)
+    _put_all(tier, "s", data)
+    for crcs in (_crcs(data) + [0], _crcs(data)[:-1], [0] * 1000):
+        with pytest.raises(StreamRefused) as exc:
+            tier.publish("s", 0, "ckpt/s", len(data), 5, crcs)
+        assert exc.value.errno == errno.EINVAL
+    v, part = tier.publish("s", 0, "ckpt/s", len(data), 5, _crcs(data))          # the stream stayed
+    assert v.state == "ready" and part is not None
+
+
+def test_the_wire_refuses_more_crcs_than_the_size_can_have_before_validating_them():
+    body = {"stream": "s", "gen": 0, "path": "ckpt/a", "size": 10, "mtime_ns": 1, "crcs": [1, 2]}
+    with pytest.raises(fl.FlightServerError) as exc:
+        rpc.parse_action("stream_publish", json.dumps(body).encode())
+    assert _errno(exc.value) == errno.EINVAL and "2 CRCs" in str(exc.value)
+    assert rpc.parse_action("stream_publish", json.dumps({**body, "crcs": [1]}).encode()).crcs == [1]
+    with pytest.raises(fl.FlightServerError) as exc:
+        rpc.parse_action("status", b" " * (rpc.MAX_BODY + 1))
+    assert _errno(exc.value) == errno.EINVAL
+
+
+def test_an_unconfirmed_version_is_never_served_until_the_store_confirms_it(tmp_path):
+    tier = StreamTier(str(tmp_path / "t"), Clock())
+    data = os.urandom(2 * CHUNK + 3)
+    version = (len(data), 5)
+    tier.open("s", 0, "ckpt/s", CHUNK)
+    _put_all(tier, "s", data[:CHUNK])
+    v, part = tier.publish("s", 0, "ckpt/s", *version, _crcs(data), meta=("rec", 60.0), confirmed=False)
+    assert v.state == "fill" and part is None
+    assert tier.state_of("ckpt/s") == ("streaming", None)                         # not "filling"
+    assert tier.read_verified("ckpt/s", version, 0, CHUNK) is None
+    assert tier.verified_view("ckpt/s", version) == (-1, [])
+    assert tier.unconfirmed() == [("ckpt/s", version, 1000.0)]
+    _put_all(tier, "s", data)
+    assert tier.finish_if_complete("s", 0) is None                                # complete, unconfirmed
+    assert tier.confirm("ckpt/s", (version[0], 6)) == []                          # another version
+    [(path, got, meta, part)] = tier.confirm("ckpt/s", version, lambda m: ("journal-rec", m[1]))
+    assert (path, got, meta) == ("ckpt/s", version, ("journal-rec", 60.0))
+    with open(part, "rb") as f:
+        assert f.read() == data
+    # a version refused: dropped, never served
+    tier.open("f", 0, "ckpt/f", CHUNK)
+    _put_all(tier, "f", data)
+    v, part = tier.publish("f", 0, "ckpt/f", len(data), 4102444800 * 10**9, _crcs(data), confirmed=False)
+    assert v.state == "ready" and part is None and tier.state_of("ckpt/f") == ("streaming", None)
+    assert tier.refuse("ckpt/f", (len(data), 4102444800 * 10**9), "the store does not have it") == ["f"]
+    assert tier.state_of("ckpt/f") is None and tier.unconfirmed() == []
+
+
+class _Store:
+    """A store whose stat answers from `files` (path -> Stat) and whose journal folder lists
+    `records` (slice folder -> names); counts the calls."""
+
+    def __init__(self):
+        self.files: dict[str, Stat] = {}
+        self.records: dict[str, list[str]] = {}
+        self.stats = self.lists = 0
+
+    def stat(self, rel):
+        self.stats += 1
+        if rel not in self.files:
+            raise FileNotFoundError(errno.ENOENT, rel)
+        return self.files[rel]
+
+    def iter_dir(self, rel):
+        self.lists += 1
+        name = rel.rsplit("/", 1)[-1]
+        if name not in self.records:
+            raise FileNotFoundError(errno.ENOENT, rel)
+        return iter([(n, Stat(0o100644, 0, 0, 0)) for n in self.records[name]])
+
+
+def _check(store, clock, journal, wait_s=2.0, wall_ns=lambda: 1_700_000_000 * 10**9):
+    got: dict = {"confirmed": [], "refused": []}
+    waiting: list = []
+    vc = VersionCheck(store, clock, lambda p, v, r: got["confirmed"].append((p, v, r)),
+                      lambda p, v, why: got["refused"].append((p, v, why)), lambda: list(waiting),
+                      journal, wait_s, 0.01, wall_ns=wall_ns, start=False)
+    return vc, got, waiting
+
+
+def _drain(vc):
+    vc.pool.shutdown(wait=True)
+    from concurrent.futures import ThreadPoolExecutor
+    vc.pool = ThreadPoolExecutor(4)
+
+
+def test_version_check_takes_the_journal_then_a_batched_stat_and_refuses_what_the_store_lacks():
+    from common.journal import bucket_of, record_name
+    store, clock = _Store(), Clock()
+    now_ns = 1_700_000_005 * 10**9      # mid-slice: one slice folder is listed
+    vc, got, waiting = _check(store, clock, ".hintfs-journal", wall_ns=lambda: now_ns)
+    rec = record_name("ckpt/a", 10, 7)
+    store.records[bucket_of(now_ns)] = [rec, record_name("ckpt/gone", 0, 0, removed=True)]
+    store.files = {"ckpt/b": Stat(0o100644, 20, 9, 9), "ckpt/c": Stat(0o100644, 5, 1, 1)}
+    waiting += [("ckpt/a", (10, 7), clock.t), ("ckpt/b", (20, 9), clock.t), ("ckpt/c", (5, 2), clock.t),
+                ("ckpt/d", (1, 1), clock.t)]
+    vc.published()
+    vc.step()              # lists the journal's current slice; nothing is stat-ed yet
+    _drain(vc)
+    assert store.lists == 1 and store.stats == 0 and vc.record_of("ckpt/a", (10, 7)) == (True, rec)
+    assert vc.record_of("ckpt/gone", (0, 0))[0] is False                     # a removal is no version
+    vc.step()
+    assert got["confirmed"] == [("ckpt/a", (10, 7), rec)]
+    waiting.pop(0)
+    clock.t += 2.5         # no record within stream_record_wait_s: the rest are stat-ed, together
+    vc.step()
+    _drain(vc)
+    assert store.stats == 3
+    assert ("ckpt/b", (20, 9), None) in got["confirmed"]
+    refused = {p: why for p, _v, why in got["refused"]}
+    assert set(refused) == {"ckpt/c", "ckpt/d"}
+    assert "does not have version (5, 2)" in refused["ckpt/c"] and "no such file" in refused["ckpt/d"]
+
+
+def test_version_check_without_a_journal_stats_at_once_and_retries_a_failed_stat():
+    store, clock = _Store(), Clock()
+    vc, got, waiting = _check(store, clock, None)
+    store.files["ckpt/a"] = Stat(0o100644, 10, 7, 7)
+    waiting.append(("ckpt/a", (10, 7), clock.t))
+    vc.step()
+    _drain(vc)
+    assert got["confirmed"] == [("ckpt/a", (10, 7), None)] and store.lists == 0
+    broken = _Store()
+    broken.stat = lambda rel: (_ for _ in ()).throw(OSError(errno.EIO, "link down"))
+    vc2, got2, waiting2 = _check(broken, clock, None)
+    waiting2.append(("ckpt/x", (1, 1), clock.t))
+    vc2.step()
+    _drain(vc2)
+    assert got2 == {"confirmed": [], "refused": []}                          # not refused on EIO
+    vc2.step()
+    _drain(vc2)
+    assert got2 == {"confirmed": [], "refused": []}                          # not again at once
+    broken.files = {"ckpt/x": Stat(0o100644, 1, 1, 1)}
+    broken.stat = _Store.stat.__get__(broken)
+    clock.t += 1.5
+    vc2.step()
+    _drain(vc2)
+    assert got2["confirmed"] == [("ckpt/x", (1, 1), None)]
