@@ -54,7 +54,8 @@ from agent.rpc import rpc_error
 from agent.demand import DemandReads, prefetch_pieces
 from agent.fdserver import ReplicaFdServer
 from agent.readmemory import ReadMemory
-from agent.streams import ANYONE, StreamError, StreamFinished, StreamRefused, StreamTier, VersionCheck
+from agent.streams import (ANYONE, REFUSAL_LOG_S, StreamError, StreamFinished, StreamRefused, StreamTier,
+                           VersionCheck)
 from common.procs import pid_alive
 from policy.stream import Sender, StreamLimits, chunks_touching, chunks_under
 from stores.base import Stat, Store
@@ -181,6 +182,7 @@ class AgentServer(fl.FlightServerBase):
         self.budget = acfg.budget_bytes
         self.replicas: ReplicaCatalog[Replica] = ReplicaCatalog()
         self.follower = None           # (set last; adoption may make room before it exists)
+        self._refusals_logged: dict[str, tuple[float, int]] = {}   # kind -> (logged at, since)
         self._partial: dict[str, dict] = {}   # interrupted copies: version, .part file, ranges done
         self.evictions = 0
         self.copies = 0                # copies made (from the store or a peer), for status
@@ -242,9 +244,10 @@ class AgentServer(fl.FlightServerBase):
             self.fd_server = ReplicaFdServer(acfg.local_socket, self.local_replica_fd, self.streams.verified_view)
         # A stream's version is served only once the store's word confirms it (agent/streams.py
         # VersionCheck): the journal the follower reads, or a batched stat.
+        takes_streams = bool(acfg.stream_prefixes if acfg.stream_prefixes is not None else cfg.follow.prefixes)
         self.versions = VersionCheck(store, time.monotonic, self._version_confirmed, self._version_refused,
                                      self.streams.unconfirmed, cfg.follow.journal_dir if cfg.follow.prefixes else None,
-                                     acfg.stream_record_wait_s, acfg.stream_verify_poll_s)
+                                     acfg.stream_record_wait_s, acfg.stream_verify_poll_s, start=takes_streams)
         self.follower = None
         if cfg.follow.prefixes:
             from agent.follower import Follower
@@ -666,8 +669,20 @@ class AgentServer(fl.FlightServerBase):
             why, code = "it is not one of [agents] locations", errno.EACCES
         else:
             return source
-        log.warning("replicate from source %.200r refused: %s", source, why)
+        self._log_refusal("source", "replicate from source %.200r refused: %s", source, why)
         raise HintfsError(code, f"source {source!r}: {why}")
+
+    def _log_refusal(self, kind: str, fmt: str, *args) -> None:
+        """One warning per kind of refusal every REFUSAL_LOG_S, with how many there were since
+        (a caller repeating a refused call cannot fill the log)."""
+        now = time.monotonic()
+        with self.lock:
+            at, since = self._refusals_logged.get(kind, (float("-inf"), 0))
+            if now - at < REFUSAL_LOG_S:
+                self._refusals_logged[kind] = (at, since + 1)
+                return
+            self._refusals_logged[kind] = (now, 0)
+        log.warning(fmt + (f" ({since} more refused since the last line)" if since else ""), *args)
 
     def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> dict:
         """What this agent holds at `path`: a ready replica (its version), a copy in flight or a
@@ -870,8 +885,8 @@ class AgentServer(fl.FlightServerBase):
             prefixes = self.cfg.follow.prefixes
         if not any(path.startswith(p.rstrip("/") + "/") for p in prefixes):
             at = any(path == p.rstrip("/") for p in prefixes)
-            log.warning("stream of %.300s refused: %s", path, "it is a stream prefix itself" if at
-                        else "not under [agent] stream_prefixes")
+            self._log_refusal("stream path", "stream of %.300s refused: %s", path,
+                              "it is a stream prefix itself" if at else "not under [agent] stream_prefixes")
             raise rpc_error(errno.EACCES, f"{path}: this tier takes no streams there (only below "
                                           "[agent] stream_prefixes, else [follow] prefixes)")
 
