@@ -22,8 +22,8 @@ made ahead of the plan, and replaced by raw bytes when the storage CPU is busy.
   that one dies too). A source whose transform failed is remembered (`bad`), so it is EIO in
   every mode: it is never handed out as a raw container later. Before a raw container is
   handed out, the checks that need no decoder run (file size, truncation, image header, a
-  video's container), and an image is decoded once in a worker (`transforms.check_decodes`,
-  at the front of the pool's queue; a source that decoded is remembered, DECODED_MAX): a
+  video's container), and an image is decoded once in a worker of its own (`checks`:
+  `transforms.check_decodes`; a source that decoded is remembered, DECODED_MAX): a
   `.tensor` never holds bytes the transform would refuse (issue 34, finding 12). A video's
   frames are not decoded for a raw container: docs/transforms.md says what that leaves.
 Everything here runs on Flight's threads or the pool, never in a trio loop.
@@ -38,7 +38,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import FIRST_COMPLETED, Future, TimeoutError as FutureTimeout, wait
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
@@ -52,6 +52,7 @@ AS_SLACK = 256 << 20        # address space a worker may use above its baseline 
 KILL_GRACE_S = 1.0          # the pool kills a worker this long after the sample's time_limit_s
 BAD_MAX = 4096              # sources remembered as failed (LRU)
 DECODED_MAX = 65536         # image sources remembered as decoding, so that a raw container skips the check
+CHECK_WORKERS = 1           # worker processes of the decode checks (`SampleService.checks`), besides the pool
 TRANSIENT_BAD_S = 60.0      # how long a time-out or a worker death is remembered
 JOB_SHARE = 0.5             # of transform_load.cache_bytes: the most one job's prefetched samples hold
 JOB_IDLE_S = 600.0          # a job with no plan window for this long has ended: its samples are freed
@@ -163,17 +164,12 @@ class TransformPool:
         for t in self.threads:
             t.start()
 
-    def submit(self, args: tuple, time_limit_s: float, label: str = "", first: bool = False) -> Future:
-        """Queue a task; `first`: ahead of the tasks queued (a reader waits for it)."""
+    def submit(self, args: tuple, time_limit_s: float, label: str = "") -> Future:
         fut: Future = Future()
         with self.cond:
             if self.closed:
                 raise RuntimeError("transform pool is closed")
-            task = (fut, args, float(time_limit_s), label)
-            if first:
-                self.queue.appendleft(task)
-            else:
-                self.queue.append(task)
+            self.queue.append((fut, args, float(time_limit_s), label))
             self.cond.notify()
         return fut
 
@@ -324,6 +320,7 @@ class SampleService:
         self.cfg = load_cfg
         self.clock = clock
         self.pool = TransformPool(load_cfg.workers)
+        self._checks: Optional[TransformPool] = None
         self.monitor = LoadMonitor(load_cfg.cpu_enter, load_cfg.cpu_leave)
         self.lock = threading.Lock()
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
@@ -517,16 +514,13 @@ class SampleService:
         fut.add_done_callback(done)
         return fut
 
-    def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict,
-                       running: Optional[Future] = None) -> Optional[bytes]:
+    def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict) -> bytes:
         """The raw-mode `.tensor` of a sample, after the checks that need no decoder (size,
         truncation, an image's header against the limits, a video's container) and, for an
         image, one decode in a worker (`_decodes`): what fails them is EIO here and remembered,
         never handed out raw. A `.tensor` holds only bytes the transform accepts; for a video,
         damage inside its frames is found by the client's transform of the raw bytes
-        (`load_sample`: EIO) and by the agent's own transform when it runs. `running`: the
-        sample's transform, late (its deadline passed); None is returned when it finishes
-        before the decode check (the caller takes its tensor)."""
+        (`load_sample`: EIO) and by the agent's own transform when it runs."""
         from transforms.container import encode_raw, make_meta
         from transforms.limits import precheck
         from transforms.params import parse_params
@@ -534,38 +528,39 @@ class SampleService:
         try:
             p = parse_params(kind, pjson)
             precheck(kind, raw, p)
-            if kind == "image" and not self._decodes(key, kind, raw, pjson, meta, p.time_limit_s, running):
-                return None
+            if kind == "image":
+                self._decodes(key, kind, raw, pjson, meta, p.time_limit_s)
         except TransformError as err:
             self._refuse(key, err)
             raise
         return encode_raw(raw, make_meta(kind, pjson, key.aug_seed, meta["source"],
                                          meta["source_size"], meta["source_mtime_ns"]))
 
-    def _decodes(self, key: SampleKey, kind: str, raw: bytes, pjson: str, meta: dict, limit: float,
-                 running: Optional[Future] = None) -> bool:
-        """True: the source decodes as the transform decodes it (a worker decodes it once, ahead
-        of the queue; remembered per source); TransformError: it does not. False: `running`
-        (the sample's own transform) finished first, which answers the same question."""
+    @property
+    def checks(self) -> "TransformPool":
+        """The decode checks' own worker(s), started at the first check: a fallback happens when
+        the transform workers are busy (a missed deadline: the sample's own transform still runs
+        in one), so a check queued behind them would wait as long as the transform."""
+        with self.lock:
+            if self._checks is None:
+                self._checks = TransformPool(CHECK_WORKERS, fn=self.pool.fn)
+            return self._checks
+
+    def _decodes(self, key: SampleKey, kind: str, raw: bytes, pjson: str, meta: dict, limit: float) -> None:
+        """The source decodes as the transform decodes it (a check worker decodes it once;
+        remembered per source), or TransformError (a timeout or a worker's death too)."""
         bk = self._bad_key(key)
         with self.lock:
             if bk in self.decoded:
                 self.decoded.move_to_end(bk)
-                return True
-        fut = self.pool.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
-                               key.path, first=True)
-        if running is not None:
-            wait([fut, running], return_when=FIRST_COMPLETED)
-            if running.done() and not running.cancelled():
-                fut.cancel()            # (if not started yet)
-                return False
-        fut.result()                    # TransformError (or a timeout, a worker's death) as a transform's
+                return
+        self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
+                           key.path).result()
         with self.lock:
             self.decoded[bk] = None
             while len(self.decoded) > DECODED_MAX:
                 self.decoded.popitem(last=False)
         self.counts["decode_checks"] += 1
-        return True
 
     def _cached(self, key: SampleKey) -> Optional[bytes]:
         """A cache hit (counted, moved to the recent end) or None; the caller holds the lock."""
@@ -600,11 +595,9 @@ class SampleService:
             try:
                 data = fut.result(timeout=self.cfg.deadline_ms / 1000.0 if fallback else None)
             except FutureTimeout:
-                raw = self._raw_container(kind, pjson, key, meta, running=fut)
-                if raw is not None:
-                    self.counts["raw_deadline"] += 1
-                    return raw, "raw_deadline"
-                data = fut.result()     # the transform finished before the decode check
+                data = self._raw_container(kind, pjson, key, meta)
+                self.counts["raw_deadline"] += 1
+                return data, "raw_deadline"
         except TransformError:
             self.counts["errors"] += 1
             raise
@@ -682,3 +675,5 @@ class SampleService:
     def close(self) -> None:
         self.monitor.stop()
         self.pool.shutdown()
+        if self._checks is not None:
+            self._checks.shutdown()
