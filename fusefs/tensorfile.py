@@ -92,6 +92,7 @@ class TensorFiles:
         self._pulling: dict[tuple[str, int], trio.Event] = {}
         self.limiter = trio.CapacityLimiter(16)
         self._send, self._recv = trio.open_memory_channel(256)
+        self._ended: set[str] = set()          # jobs whose plan ended: an empty window goes out
         if self.rules:   # plans are Parquet: import it now, not during the first registration
             import pyarrow.parquet  # noqa: F401
 
@@ -170,8 +171,11 @@ class TensorFiles:
             self._queue(plan)
 
     def _queue(self, plan: Plan) -> None:
+        self._queue_job(plan.job)
+
+    def _queue_job(self, job: str) -> None:
         try:
-            self._send.send_nowait(plan.job)
+            self._send.send_nowait(job)
         except trio.WouldBlock:
             pass
 
@@ -258,10 +262,12 @@ class TensorFiles:
         return d
 
     def remove(self, job: str) -> None:
-        """The job's plan file was removed: its plan ends (the agents free its samples at the next
-        window of any plan, or when their cache needs the room)."""
+        """The job's plan file was removed: its plan ends, and the agents free its samples (an
+        empty window for the job, sent by `run`)."""
         if self.plans.pop(job, None) is not None:
             self.stats.add("plans_removed")
+            self._ended.add(job)
+            self._queue_job(job)
 
     def _render(self, job: str) -> bytes:
         plan = self.plans.get(job)
@@ -339,6 +345,14 @@ class TensorFiles:
         async for job in self._recv:
             plan = self.plans.get(job)
             if plan is None:
+                if job in self._ended:          # its plan ended: the agents free its samples
+                    self._ended.discard(job)
+                    for loc in self.agents:
+                        try:
+                            await trio.to_thread.run_sync(self.clients[loc].plan_window, [], [], job,
+                                                          limiter=self.limiter)
+                        except OSError as err:
+                            log.warning("plan %s: agent %s: %s", job, loc, err)
                 continue
             want: dict[str, list] = {}
             keep: dict[str, list] = {}
@@ -370,7 +384,8 @@ class TensorFiles:
                 keep = {loc: [k for k in ks if plan.allowed.get(k[0])] for loc, ks in keep.items()}
             for loc in self.agents:
                 try:
+                    # per job: one job's window never frees another's samples at the agents
                     await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
-                                                  want.get(loc, []), limiter=self.limiter)
+                                                  want.get(loc, []), job, limiter=self.limiter)
                 except OSError as err:
                     log.warning("plan %s: agent %s: %s", job, loc, err)
