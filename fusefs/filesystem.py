@@ -618,6 +618,7 @@ class Filesystem:
         if inode is not None and inode.writer is not None and self.streams is not None:
             self.streams.dropped(inode.ino)   # never published: the tier drops what it was sent
         self.inodes.detach(path)
+        await self._unnamed(inode)
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx=None) -> None:
@@ -636,14 +637,42 @@ class Filesystem:
             # Not in the store yet (or stale there): commit what was written so far first, so
             # the rename moves the data the writer has produced (`mv` of a file still open).
             await self.commit(inode)
+        replaced = self.inodes.by_path_get(new)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
         self.inodes.move(old, new)
+        if replaced is not None and replaced is not inode:
+            await self._unnamed(replaced)
+        self._stagings_moved(old, new)
         if self.journal is not None or self.streams is not None:
             await self._renamed(new, inode)
         if self.journal is not None:
             # After the new name's record and stream (DCP's marker must not wait on this): the
             # old name, a file or a folder, is gone; eval tiers drop what they hold under it.
             await self.journal.removed(old)
+
+    async def keep_for_readers(self, node: Inode, staging) -> None:
+        """The last writer of `node` is gone while other handles are open on it: keep its staging
+        (the published file itself after a rename, else a copy of it) for them, nameless."""
+        if not staging.live:
+            await self.io(self.store.unname, staging, inline=self.meta_inline)
+        old, node.kept = node.kept, staging
+        if old is not None:
+            await self.io(self.store.discard, old, inline=old.inline_io)
+
+    async def _unnamed(self, inode: Optional[Inode]) -> None:
+        """`inode` left the namespace (unlinked, or renamed over) while open for writing: its
+        staging is never published, so its name goes now (rmdir of its folder works)."""
+        if inode is not None and inode.unlinked and inode.writer is not None:
+            await self.io(self.store.unname, inode.writer, inline=self.meta_inline)
+
+    def _stagings_moved(self, old: str, new: str) -> None:
+        """A folder renamed: the staging files of files open for writing under it (beside their
+        targets, on file:// stores) moved with it."""
+        prefix = old + "/"
+        for handle in self.handles.values():
+            staging = handle.inode.writer
+            if staging is not None and staging.path.startswith(prefix):
+                staging.path = new + staging.path[len(old):]
 
     async def _renamed(self, new: str, inode: Optional[Inode]) -> None:
         """A file renamed into place is a new file to followers (DCP writes `.metadata.tmp`, then
@@ -842,6 +871,12 @@ class Filesystem:
         h = self.handles.pop(fh, None)
         if h is not None:
             await h.release(self)
+            if not isinstance(h, ControlHandle):
+                kept = h.inode.kept
+                if kept is not None and h.inode.opens <= 0:
+                    h.inode.kept = None
+                    await self.io(self.store.discard, kept, inline=kept.inline_io)
+                self.stats.add("file_releases")   # (the model-based test waits for these)
 
     # -- writes: staging and publish ----------------------------------------------------------
     async def _acquire_writer(self, node: Inode, truncate: bool) -> None:
@@ -862,11 +897,18 @@ class Filesystem:
         """After a commit to a file:// store the staging fd *is* the live file: before writing
         again, stage a fresh copy so readers of the store never see a half-written file."""
         staging = node.writer
+        if staging.live and node.unlinked:
+            # The published file was unlinked since: it is this open file's alone now (nameless,
+            # as a file unlinked while open on a disk), written in place, never published.
+            staging.live, staging.path = False, ""
+            return
         if staging.live and not (node.pt_refs and node.pt_staging is staging):
             # (with passthrough the kernel writes into this very file: it cannot be swapped)
-            fresh = await self.io(self.store.new_staging, node.path, True)
+            # A copy of this open file's own content (the store may hold another file there by now)
+            fresh = await self.io(self.store.new_staging, node.path, True, staging)
             self.store.discard(staging)
             node.writer = fresh
+            await self._unnamed(node)     # (unlinked meanwhile: this copy is never published either)
             self._stream_started(node)
 
     async def commit(self, node: Inode, *, no_dir_locks: bool = False, closing: bool = False) -> None:

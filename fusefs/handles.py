@@ -62,6 +62,7 @@ class Services(Protocol):
     def writer_released(self, node: Inode) -> None: ...
     def publish_lock(self, node: Inode) -> trio.Lock: ...
     def reserved(self, path: str) -> bool: ...
+    async def keep_for_readers(self, node: Inode, staging: Staging) -> None: ...
 
 
 class Handle:
@@ -122,8 +123,9 @@ class StoreRead(Handle):
 
 
 class StagingRead(StoreRead):
-    """Opened while a writer had the file open: reads its staged data; once the writer has
-    closed, opens the store copy and reads that from then on."""
+    """Opened while a writer had the file open: reads what the file's current writer on this
+    mount has staged, else what the last one left (`Inode.kept`: the published file, kept open for
+    the handles still open on it, so a rename or unlink of the name cannot swap another file in)."""
     __slots__ = ()
 
     def __init__(self, inode: Inode):
@@ -132,7 +134,7 @@ class StagingRead(StoreRead):
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
         if self.reader is None:
-            staging = self.inode.writer
+            staging = self.inode.writer or self.inode.kept
             if staging is not None:
                 return await read_staging(fs, staging, off, size)
             # The writer closed meanwhile: fall back to the store copy.
@@ -235,7 +237,12 @@ class WriteHandle(Handle):
                         if node.writer is staging and node.writer_refs == 0:
                             node.writer = None
                             fs.writer_released(node)
-                            await fs.io(fs.store.discard, staging, inline=staging.inline_io)
+                            if node.opens > 0 and not node.pt_refs:
+                                # Handles still open on the file read (and stat) what it was written
+                                # to, whatever the name holds later (Filesystem.release drops it).
+                                await fs.keep_for_readers(node, staging)
+                            else:
+                                await fs.io(fs.store.discard, staging, inline=staging.inline_io)
         fs.inodes.maybe_drop(node)
 
     def abandon(self, store: Store) -> bool:
@@ -411,6 +418,12 @@ class DirHandle(Handle):
         if fs.reserved(path):
             return True   # a store folder named like the control dir or the journal stays hidden
         child = fs.inodes.ensure(path) if st is None else fs.inode_for(path, st)
+        staging = child.writer
+        if staging is not None and staging.fd >= 0 and child.path == path:
+            # Being written through this mount: the kernel must get the staged attributes, as
+            # lookup and getattr give them, not the store's (an O_APPEND write would land at
+            # the store file's size, over what was written since).
+            st = Stat.from_os(os.fstat(staging.fd))
         if not reply(DirEntry(os.fsencode(name), fs.attrs(child, st), next_id)):
             fs.inodes.maybe_drop(child)
             return False

@@ -18,7 +18,7 @@ from stores.base import Staging
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
-                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing")
+                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -48,12 +48,16 @@ class Inode:
         # Held while the last release publishes and drops the staging, and while a truncate by
         # path changes it: one cannot swap the staging under the other (`Filesystem.publish_lock`).
         self.publishing = None
+        # The staging of a file unlinked while open, kept after its last writer for the readers
+        # still open on it (they read what was written, as from an unlinked file on a disk).
+        self.kept: Optional[Staging] = None
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr
         and setattr use once the file has no name (unlinked while open)."""
-        if self.writer is not None and self.writer.fd >= 0:
-            return self.writer.fd
+        for staging in (self.writer, self.kept):
+            if staging is not None and staging.fd >= 0:
+                return staging.fd
         for reader in self.readers:
             fd = getattr(reader, "fd", -1)
             if fd >= 0:

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from common.errors import HintfsError
 from common.owndir import make_own_dir
-from stores.base import STAGING_PREFIX, Stat, Staging
+from stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
 
 _seq = itertools.count()
 _UPLOAD_CHUNK = 8 << 20
@@ -307,7 +307,7 @@ class ArrowStore:
         # `touch` and `tar` keep working.
         self.stat(rel)
 
-    def new_staging(self, rel: str, copy_existing: bool) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
         name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
         path = os.path.join(self.spool_dir, name)
         spool = self._spool()
@@ -322,7 +322,9 @@ class ArrowStore:
         finally:
             os.close(spool)
         try:
-            if copy_existing:
+            if copy_existing and source is not None:
+                copy_fd(source.fd, fd, os.fstat(source.fd).st_size)
+            elif copy_existing:
                 info = self.fs.get_file_info(self._p(rel))
                 if info.type == pafs.FileType.File:
                     with self.fs.open_input_stream(self._p(rel)) as src:
@@ -369,3 +371,6 @@ class ArrowStore:
 
     def discard(self, staging: Staging) -> None:
         staging.close()
+
+    def unname(self, staging: Staging) -> None:
+        """(spool files have no name)"""

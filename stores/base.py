@@ -7,6 +7,7 @@ and have already been checked not to escape it (see `common.paths`).
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_mod
 from dataclasses import dataclass
@@ -133,12 +134,18 @@ class Store(Protocol):
         """-1 leaves that id as it is (chown(2)); EPERM where the store has no owners."""
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None: ...
     def statfs(self) -> os.statvfs_result | None: ...
-    def new_staging(self, rel: str, copy_existing: bool) -> Staging: ...
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+        """A staging file for `rel`: empty, or (`copy_existing`) a copy of the store file, or of
+        `source` when given (an open file's own earlier staging: its content, whatever the store
+        holds at `rel` now)."""
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
         """Publish the staged file as `rel`, atomically. `keep`: the staging file must stay
         private afterwards (the kernel still writes into it, FUSE passthrough), so a copy of it
         is published and the staging stays as it is."""
     def discard(self, staging: Staging) -> None: ...
+    def unname(self, staging: Staging) -> None:
+        """The staging of a file unlinked while open is never published: remove its name now
+        (where it has one), keep the open file."""
     def put_small(self, rel: str, data: bytes) -> None: ...
     def check(self) -> None:
         """Raise OSError when the store root cannot be reached (used at mount time)."""
@@ -153,3 +160,30 @@ def walk_files(store: Store, rel: str) -> Iterator[tuple[str, Stat]]:
             yield from walk_files(store, path)
         elif st.is_file:
             yield path, st
+
+
+def copy_fd(src: int, dst: int, size: int) -> None:
+    """Copy `size` bytes from `src` to `dst` at the same offsets (copy_file_range: a reflink or an
+    in-kernel copy where the filesystems allow, else reads and writes)."""
+    offset = 0
+    while offset < size:
+        try:
+            n = os.copy_file_range(src, dst, size - offset, offset, offset)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            n = _copy_plain(src, dst, offset, size)
+        if n == 0:
+            break
+        offset += n
+
+
+def _copy_plain(src: int, dst: int, offset: int, size: int) -> int:
+    start = offset
+    while offset < size:
+        chunk = os.pread(src, min(8 << 20, size - offset), offset)
+        if not chunk:
+            break
+        os.pwrite(dst, chunk, offset)
+        offset += len(chunk)
+    return offset - start

@@ -654,8 +654,8 @@ class HostCachedStore:
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
         self._changing((rel,), False, self._store.utimens, rel, atime_ns, mtime_ns)
 
-    def new_staging(self, rel: str, copy_existing: bool) -> Staging:
-        return self._store.new_staging(rel, copy_existing)
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+        return self._store.new_staging(rel, copy_existing, source)
 
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
         if keep:
@@ -664,6 +664,9 @@ class HostCachedStore:
 
     def discard(self, staging: Staging) -> None:
         self._store.discard(staging)
+
+    def unname(self, staging: Staging) -> None:
+        self._store.unname(staging)
 
     def put_small(self, rel: str, data: bytes) -> None:
         self._changing((rel,), False, self._store.put_small, rel, data)

@@ -14,13 +14,13 @@ import stat as stat_mod
 import struct
 import threading
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 from common.paths import Beneath, open_beneath
 
 from common.errors import HintfsError
 from common.procs import pid_alive
-from stores.base import STAGING_PREFIX, Stat, Staging
+from stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _HOST = socket.gethostname().replace("/", "_")
@@ -340,16 +340,18 @@ class LocalStore:
         name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}"
         return f"{head}/{name}" if head else name
 
-    def new_staging(self, rel: str, copy_existing: bool) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
         """A hidden file beside the target, so the commit is one atomic rename. `Staging.path` is
-        store-relative."""
+        store-relative. `source`: the copy is of that staging file (an open file's own content,
+        whatever the store now holds at `rel`), not of the store file."""
         path = self._staging_name(rel)
         fd = open_beneath(self.root_fd, path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             # The published file keeps the target's owner and mode (chown first: it may clear
             # set-id bits), and its data when the file is opened without O_TRUNC.
             try:
-                src = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                src = (os.dup(source.fd) if source is not None else
+                       open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
             except (FileNotFoundError, NotADirectoryError):
                 src = -1
             if src >= 0:
@@ -361,7 +363,7 @@ class LocalStore:
                         os.fchown(fd, st.st_uid, st.st_gid)
                     os.fchmod(fd, st.st_mode & 0o7777)
                     if copy_existing:
-                        _copy_fd(src, fd, st.st_size)
+                        copy_fd(src, fd, st.st_size)
                         # and its times: a publish with no write (utimens, fsync) changes none
                         os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
                 finally:
@@ -395,7 +397,7 @@ class LocalStore:
         fd = open_beneath(self.root_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             st = os.fstat(staging.fd)
-            _copy_fd(staging.fd, fd, st.st_size)
+            copy_fd(staging.fd, fd, st.st_size)
             if os.geteuid() == 0:
                 os.fchown(fd, st.st_uid, st.st_gid)
             os.fchmod(fd, st.st_mode & 0o7777)
@@ -422,31 +424,14 @@ class LocalStore:
         self.rename(tmp, rel, noreplace=False)
 
     def discard(self, staging: Staging) -> None:
-        if not staging.live:
-            self._unlink_quiet(staging.path)
+        self.unname(staging)
         staging.close()
 
-
-def _copy_fd(src: int, dst: int, size: int) -> None:
-    offset = 0
-    while offset < size:
-        try:
-            n = os.copy_file_range(src, dst, size - offset, offset, offset)
-        except OSError as err:
-            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            n = _copy_plain(src, dst, offset, size)
-        if n == 0:
-            break
-        offset += n
+    def unname(self, staging: Staging) -> None:
+        """The staging of a file unlinked while open will never be published: its name goes now
+        (its folder can be removed, as on a disk), the open file stays."""
+        if not staging.live and staging.path:
+            self._unlink_quiet(staging.path)
+            staging.path = ""
 
 
-def _copy_plain(src: int, dst: int, offset: int, size: int) -> int:
-    start = offset
-    while offset < size:
-        chunk = os.pread(src, min(8 << 20, size - offset), offset)
-        if not chunk:
-            break
-        os.pwrite(dst, chunk, offset)
-        offset += len(chunk)
-    return offset - start
