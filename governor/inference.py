@@ -28,13 +28,14 @@ class InferenceClient:
     them before use. Unclaimed pages are closed at the next reserve."""
 
     def __init__(self, socket_path: str, gpu: int = 0, name: str = "inference",
-                 accept_pages: bool = False) -> None:
+                 accept_pages: bool = False, reconnect_timeout_s: float = 10.0) -> None:
         self.client = GovernorClient(socket_path, "inference", gpu=gpu, name=name,
-                                     accept_pages=accept_pages)
-        if accept_pages:   # lent pages come as fds with a grant: grow the fd table now
+                                     accept_pages=accept_pages, reconnect_timeout_s=reconnect_timeout_s)
+        if accept_pages:   # lent pages come as fds with a grant: room for them, table grown now
+            from common.fdlimit import raise_open_file_limit
             from governor.pagebroker import reserve_fd_table
+            raise_open_file_limit()
             reserve_fd_table(4096)
-        self.held: dict[str, int] = {}
         self.timings: list[dict] = []
         self._pages: list[int] = []
         self.page_bytes = 0
@@ -49,20 +50,27 @@ class InferenceClient:
             os.close(fd)
         self._pages = []
 
+    @property
+    def held(self) -> dict[str, int]:
+        """Bytes reserved by kind (the client's books, which a restart's re-registration keeps)."""
+        return self.client.held
+
     def reserve(self, nbytes: int, kind: str = "workspace", timeout_s: float = 5.0) -> dict:
-        """Block until `nbytes` of `kind` are granted; retries rejected reclaims until timeout."""
+        """Block until `nbytes` of `kind` are granted; retries rejected reclaims until timeout.
+        A reclaim that missed its deadline is asked again at once: the daemon waits for the
+        shrink already out, so its late ack is what grants it."""
         end = time.monotonic() + timeout_s
         delay = 0.001
         while True:
             try:
                 r = self.client.request({"op": "reserve", "kind": kind, "bytes": int(nbytes)})
             except GovernorError as e:
-                if "limit" in str(e) or time.monotonic() + delay > end:
+                if "limit" in str(e) or self.client.broken or time.monotonic() + delay > end:
                     raise ReservationRejected(str(e)) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+                if "deadline" not in str(e):
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.05)
                 continue
-            self.held[kind] = self.held.get(kind, 0) + int(nbytes)
             self._drop_pages()
             if r.get("fds"):
                 self._pages, self.page_bytes = r.pop("fds"), int(r["page_bytes"])
@@ -74,16 +82,15 @@ class InferenceClient:
         nbytes = min(int(nbytes), self.held.get(kind, 0))
         if nbytes:
             self.client.request({"op": "release", "kind": kind, "bytes": nbytes})
-            self.held[kind] -= nbytes
 
     @contextlib.contextmanager
     def busy(self):
         """Mark a request in flight: training yields compute at safe points meanwhile."""
-        self.client.slot.set_busy(True)
+        self.client.set_busy(True)
         try:
             yield
         finally:
-            self.client.slot.set_busy(False)
+            self.client.set_busy(False)
 
     @property
     def keepalive_params(self) -> dict:

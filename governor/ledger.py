@@ -23,6 +23,7 @@ class MemoryKind(str, Enum):
 class Role(str, Enum):
     TRAINING = "training"
     INFERENCE = "inference"
+    OBSERVER = "observer"     # holds nothing: sees the BUSY count (a trainer outside the ledger)
 
 
 class LedgerError(ValueError):
@@ -39,12 +40,26 @@ class ClientEntry:
     quota: int = 0  # training: bytes it may hold; inference: unused
     reserved: dict[MemoryKind, int] = field(default_factory=dict)  # inference grants
     reported: dict[MemoryKind, int] = field(default_factory=dict)  # what the client says it uses
+    uid: int = -1
 
     def held(self) -> int:
         """Bytes this client holds in the ledger's eyes."""
         if self.role is Role.TRAINING:
             return self.quota
         return sum(self.reserved.values())
+
+
+@dataclass
+class HeldBack:
+    """Memory a client of a previous daemon instance may still hold: counted as used until the
+    client registers again (and says what it holds) or its process is gone."""
+    client_id: int
+    role: Role
+    pid: int
+    start: int        # the process's start time (/proc/PID/stat field 22): pid reuse is not it
+    uid: int
+    name: str
+    nbytes: int
 
 
 class GpuLedger:
@@ -55,6 +70,7 @@ class GpuLedger:
         self.total_bytes = total_bytes
         self.reserve_bytes = reserve_bytes
         self.clients: dict[int, ClientEntry] = {}
+        self.held_back: dict[int, HeldBack] = {}
 
     @property
     def usable_bytes(self) -> int:
@@ -86,8 +102,18 @@ class GpuLedger:
     def training_bytes(self) -> int:
         return sum(c.held() for c in self.training())
 
+    def held_back_bytes(self) -> int:
+        return sum(h.nbytes for h in self.held_back.values())
+
     def free_bytes(self) -> int:
-        return self.usable_bytes - self.inference_bytes() - self.training_bytes()
+        return self.usable_bytes - self.inference_bytes() - self.training_bytes() - self.held_back_bytes()
+
+    # --- a previous instance's clients ------------------------------------------------------
+    def hold_back(self, h: HeldBack) -> None:
+        self.held_back[h.client_id] = h
+
+    def release_held_back(self, client_id: int) -> HeldBack | None:
+        return self.held_back.pop(client_id, None)
 
     def by_kind(self) -> dict[str, int]:
         """Bytes per kind: inference grants plus training's reported use."""
@@ -128,7 +154,11 @@ class GpuLedger:
         c = self.clients.get(client_id)
         if c is None:
             raise LedgerError(f"unknown client {client_id}")
-        c.reported = {k: max(0, int(v)) for k, v in usage.items()}
+        reported = {k: max(0, int(v)) for k, v in usage.items()}
+        if sum(reported.values()) > self.usable_bytes:
+            raise LedgerError(f"usage of {sum(reported.values())} bytes exceeds the card's "
+                              f"{self.usable_bytes} usable")
+        c.reported = reported
 
     def trim_reported(self, client_id: int, used: int) -> None:
         """A training client acknowledged a shrink holding `used` bytes: its last report (made
@@ -137,7 +167,7 @@ class GpuLedger:
         c = self.clients.get(client_id)
         if c is None:
             return
-        excess = sum(c.reported.values()) - max(0, int(used))
+        excess = sum(c.reported.values()) - min(max(0, int(used)), self.usable_bytes)
         order = [MemoryKind.ACTIVATIONS, MemoryKind.WORKSPACE, MemoryKind.KV_CACHE,
                  MemoryKind.OPTIMIZER_STATE, MemoryKind.WEIGHTS]
         for k in order:
@@ -182,6 +212,9 @@ class GpuLedger:
             "free_bytes": self.free_bytes(),
             "inference_bytes": self.inference_bytes(),
             "training_bytes": self.training_bytes(),
+            "held_back_bytes": self.held_back_bytes(),
+            "held_back": [{"client": h.client_id, "role": h.role.value, "pid": h.pid,
+                           "name": h.name, "bytes": h.nbytes} for h in self.held_back.values()],
             "by_kind": self.by_kind(),
             "clients": [
                 {"client": c.client_id, "role": c.role.value, "pid": c.pid, "name": c.name,

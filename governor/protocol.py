@@ -1,48 +1,61 @@
 """Wire formats: the shared-memory control words and the Unix-socket messages. No torch.
 
-Shared memory (one file per GPU under /dev/shm, mmap'd by daemon and clients): a header of
-HEADER_WORDS uint64 words, then `max_clients` slots of SLOT_WORDS uint64 words each. Every
-word has one writer. Aligned 8-byte stores are atomic on x86-64 and stores are seen in program
-order (TSO), which the publication protocol relies on:
+Shared memory: each client has a block of its own, an anonymous memfd the daemon creates when the
+client registers and passes to it (SCM_RIGHTS) with the reply; nobody else can map it, and each
+daemon instance creates fresh ones (no name to plant, follow or reopen). A block holds HEADER_WORDS
+uint64 header words (written by the daemon: the card, and BUSY, how many inference clients of that
+GPU run a request now) and one slot of SLOT_WORDS words. Every word has one writer. Aligned 8-byte
+stores are atomic on x86-64 and stores are seen in program order (TSO), which the publication
+protocol relies on:
 
   daemon, to command a client:  TARGET, CMD, CMD_T  then  SEQ += 1   (SEQ last: publishes)
   client, at a safe point:      reads SEQ; if SEQ != ACK: reads CMD/TARGET, stamps T_DETECT
   client, after releasing:      USED, T_DRAINED, T_RELEASED, ACK_FLAGS  then  ACK = SEQ
                                 (ACK last; a client already under TARGET acks without releasing)
-  daemon:                       sees ACK == SEQ, then trusts USED and lowers the ledger quota
+  daemon:                       sees ACK == the SEQ of a command it issued, then trusts USED
+                                (bounded) and lowers the ledger quota to that command's target
 
+SEQ starts at a random value in each new block, so an ack written into a new block for a command
+of an old one (a client that re-registered after a restart) matches no command.
 QUOTA is written by the daemon whenever a quota is committed (after an ack, or a grow).
-BUSY is written by inference clients (1 while a request runs): training may yield compute at
-safe points while any BUSY is set. HEARTBEAT is the client's last monotonic ns.
+BUSY (slot) is written by an inference client while a request runs, and announced to the daemon
+(`busy` op), which counts them into the header's BUSY word of every training client's block.
 
-Socket messages are JSON objects, one per line, request → one reply line (except `ack`,
-which is a notification without a reply, sent after the ACK word so the daemon wakes at once).
+Socket messages (governor/messages.py parses them with bounds): JSON objects, one per line,
+request → one reply line, except the notifications `ack`, `pages` and `busy`.
 
 Page handoff: a training client behind the page allocator may hand the pages it frees for a
-shrink to the daemon instead of the driver: `pages {seq, n, page_bytes}` (no reply) carries n
-file descriptors (SCM_RIGHTS), sent *before* the ACK word, whose flags then include ACK_LENT. The
-daemon passes them on with the grant: a `reserve` reply with `pages: n` carries n fds, if the
-inference client registered with `accept_pages`.
+shrink to the daemon instead of the driver: `pages {seq, n, total, page_bytes}` (no reply) carries
+n file descriptors (SCM_RIGHTS, n <= MAX_FDS_PER_MESSAGE; `total` over all the batches of that
+command), sent *before* the ACK word, whose flags then include ACK_LENT. The daemon passes them
+on with the grant: a `reserve` reply with `pages: n` carries n fds, in batches (the reply line with
+the first, a bare newline with each further one), if the inference client registered with
+`accept_pages` and runs as the same user as the trainer.
 """
 
 from __future__ import annotations
 
-import json
+import fcntl
 import mmap
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from governor.messages import (  # noqa: F401  (the wire's names, where clients look for them)
+    MAX_FDS_PER_MESSAGE, LineBuffer, ProtocolError, decode, encode,
+)
+
 MAGIC = 0x48494E5446534756  # "HINTFSGV"
-VERSION = 1
+VERSION = 2
 HEADER_WORDS = 16
 SLOT_WORDS = 16
 
-# header words
-H_MAGIC, H_VERSION, H_MAX_CLIENTS, H_SLOT_WORDS, H_TOTAL, H_USABLE = range(6)
+# header words (the daemon writes them)
+H_MAGIC, H_VERSION, H_MAX_CLIENTS, H_SLOT_WORDS, H_TOTAL, H_USABLE, H_BUSY, H_CLIENT, H_GPU = range(9)
 
 # slot words
 (W_OWNER, W_QUOTA, W_CMD, W_TARGET, W_CMD_T, W_SEQ, W_ACK, W_USED, W_T_DETECT, W_T_DRAINED,
@@ -56,7 +69,7 @@ ACK_LENT = 4      # the released pages were sent to the daemon as fds (op `pages
 ACK_FREED = 8     # the client holds fewer bytes than before (W_FREED says how many): memory moved
 ROLE_FREE, ROLE_TRAINING, ROLE_INFERENCE = 0, 1, 2
 
-MAX_LINE = 1 << 16
+F_SEAL_FUTURE_WRITE = 0x0010
 
 
 def now_ns() -> int:
@@ -64,37 +77,42 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
-def shm_path(shm_name: str, gpu: int) -> Path:
-    base = Path("/dev/shm")
-    if not base.is_dir():  # pragma: no cover - non-Linux fallback
-        base = Path(os.environ.get("TMPDIR", "/tmp"))
-    return base / f"{shm_name}-gpu{gpu}"
-
-
 def segment_bytes(max_clients: int) -> int:
     return 8 * (HEADER_WORDS + max_clients * SLOT_WORDS)
 
 
-class ControlBlock:
-    """The mmap'd words of one GPU. `words` is the header, `slots` a (max_clients, SLOT_WORDS)
-    uint64 view; both alias the shared memory."""
+def _seq_base() -> int:
+    """Where a new block's SEQ starts: random, so that no ack of another block matches."""
+    return secrets.randbelow(1 << 40) + 1
 
-    def __init__(self, path: Path, create: bool = False, max_clients: int = 64,
-                 total: int = 0, usable: int = 0) -> None:
-        self.path = Path(path)
-        if create:
-            size = segment_bytes(max_clients)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o660)
-            try:
-                os.ftruncate(fd, size)
-                self._mm = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
+
+class ControlBlock:
+    """The mmap'd words of a block. `words` is the header, `slots` a (max_clients, SLOT_WORDS)
+    uint64 view; both alias the shared memory. A client's block has one slot (its own);
+    `ControlBlock.memfd` makes one, `ControlBlock.from_fd` maps the one a client received. The
+    path form (a file, created with O_EXCL and never through a symlink) is for tests."""
+
+    def __init__(self, path: Path | None = None, create: bool = False, max_clients: int = 64,
+                 total: int = 0, usable: int = 0, *, fd: int | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        if fd is None:
+            assert self.path is not None
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL if create else flags, 0o600)
+            own = True
         else:
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                self._mm = mmap.mmap(fd, os.fstat(fd).st_size)
-            finally:
+            own = False
+        try:
+            if create:
+                size = -(-segment_bytes(max_clients) // mmap.PAGESIZE) * mmap.PAGESIZE
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+                if size < segment_bytes(1):
+                    raise ValueError(f"{self.path or 'block'}: not a governor control block")
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            if own:
                 os.close(fd)
         arr = np.frombuffer(self._mm, dtype=np.uint64)
         self.words = arr[:HEADER_WORDS]
@@ -105,18 +123,47 @@ class ControlBlock:
             self.words[H_TOTAL] = total
             self.words[H_USABLE] = usable
             self.words[H_VERSION] = VERSION
+            base = _seq_base()
+            slots = arr[HEADER_WORDS:HEADER_WORDS + max_clients * SLOT_WORDS].reshape(max_clients, SLOT_WORDS)
+            slots[:, W_SEQ] = base
+            slots[:, W_ACK] = base
             self.words[H_MAGIC] = MAGIC  # last: a reader seeing MAGIC sees the rest
-        elif int(self.words[H_MAGIC]) != MAGIC or int(self.words[H_VERSION]) != VERSION:
-            raise ValueError(f"{self.path}: not a governor control block")
+        elif (int(self.words[H_MAGIC]) != MAGIC or int(self.words[H_VERSION]) != VERSION
+              or int(self.words[H_SLOT_WORDS]) != SLOT_WORDS
+              or segment_bytes(int(self.words[H_MAX_CLIENTS])) > size):
+            self.words = None  # type: ignore[assignment]
+            del arr
+            self._mm.close()
+            raise ValueError(f"{self.path or 'block'}: not a governor control block")
         n = int(self.words[H_MAX_CLIENTS])
         self.max_clients = n
         self.slots = arr[HEADER_WORDS:HEADER_WORDS + n * SLOT_WORDS].reshape(n, SLOT_WORDS)
+
+    @classmethod
+    def memfd(cls, name: str, total: int = 0, usable: int = 0) -> tuple["ControlBlock", int]:
+        """A client's block: an anonymous memfd of one slot, sealed against resizing (a client
+        that could shrink it would make the daemon's next read of its words fault). Returns the
+        block (the daemon's mapping) and the fd to pass to the client (the caller closes it)."""
+        fd = os.memfd_create(name[:200], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            block = cls(create=True, max_clients=1, total=total, usable=usable, fd=fd)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        except BaseException:
+            os.close(fd)
+            raise
+        return block, fd
+
+    @classmethod
+    def from_fd(cls, fd: int) -> "ControlBlock":
+        """Map a block received from the daemon (the fd may be closed afterwards)."""
+        return cls(fd=fd)
 
     def slot(self, i: int) -> np.ndarray:
         return self.slots[i]
 
     def inference_busy(self) -> bool:
-        return bool(self.slots[:, W_BUSY].any())
+        """An inference client of this GPU runs a request (the daemon's count in the header)."""
+        return bool(self.words[H_BUSY])
 
     def close(self) -> None:
         # Drop numpy views before closing the map (they hold exported buffers).
@@ -143,7 +190,7 @@ class SlotWriter:
         return seq
 
     def acked(self, seq: int) -> bool:
-        return int(self.slot[W_ACK]) >= seq
+        return int(self.slot[W_ACK]) == seq
 
 
 @dataclass
@@ -188,88 +235,3 @@ class SlotReader:
 
     def set_busy(self, busy: bool) -> None:
         self.slot[W_BUSY] = 1 if busy else 0
-
-
-# --- socket messages ---------------------------------------------------------------------
-
-class ProtocolError(ValueError):
-    pass
-
-
-def encode(msg: dict) -> bytes:
-    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
-
-
-def decode(line: bytes) -> dict:
-    try:
-        msg = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"bad JSON: {e}") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-        raise ProtocolError("message must be an object with a string 'op'")
-    return msg
-
-
-class LineBuffer:
-    """Splits a byte stream into lines; refuses lines longer than MAX_LINE."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buf += data
-        lines = []
-        while True:
-            i = self._buf.find(b"\n")
-            if i < 0:
-                break
-            lines.append(bytes(self._buf[:i]))
-            del self._buf[: i + 1]
-        if len(self._buf) > MAX_LINE:
-            raise ProtocolError("line too long")
-        return lines
-
-
-OPS = {"register", "reserve", "release", "usage", "ack", "pages", "stats", "ping"}
-MAX_FDS_PER_MESSAGE = 250   # the kernel's SCM_RIGHTS limit is 253
-
-
-def validate_request(msg: dict) -> dict:
-    """Check the fields an op needs; raise ProtocolError naming the problem."""
-    op = msg["op"]
-    if op not in OPS:
-        raise ProtocolError(f"unknown op {op!r}")
-
-    def need(key: str, typ: type | tuple) -> None:
-        if not isinstance(msg.get(key), typ) or isinstance(msg.get(key), bool):
-            raise ProtocolError(f"{op}: '{key}' must be {getattr(typ, '__name__', typ)}")
-
-    if op == "register":
-        if msg.get("role") not in ("training", "inference"):
-            raise ProtocolError("register: 'role' must be 'training' or 'inference'")
-        need("gpu", int)
-        need("pid", int)
-    elif op in ("reserve", "release"):
-        need("bytes", int)
-        if msg["bytes"] < 0:
-            raise ProtocolError(f"{op}: 'bytes' must be >= 0")
-        from governor.ledger import MemoryKind
-        try:
-            MemoryKind(msg.get("kind", "workspace"))
-        except ValueError:
-            raise ProtocolError(f"{op}: unknown kind {msg.get('kind')!r}") from None
-    elif op == "usage":
-        if not isinstance(msg.get("kinds"), dict):
-            raise ProtocolError("usage: 'kinds' must be an object")
-        d = msg.get("drain_ms", 0.0)
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1e6:
-            raise ProtocolError("usage: 'drain_ms' must be a number of ms >= 0")
-    elif op == "ack":
-        need("seq", int)
-    elif op == "pages":
-        need("seq", int)
-        need("n", int)
-        need("page_bytes", int)
-        if not 0 <= msg["n"] <= MAX_FDS_PER_MESSAGE or msg["page_bytes"] <= 0:
-            raise ProtocolError(f"pages: 'n' must be 0..{MAX_FDS_PER_MESSAGE} and 'page_bytes' > 0")
-    return msg

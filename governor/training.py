@@ -935,9 +935,8 @@ def governed_trainer(socket_path: str, model: nn.Module, optimizer, loss_fn, *, 
     from governor.client import GovernorClient
 
     client = GovernorClient(socket_path, "training", gpu=gpu, name=name)
-    block = client.block
     trainer = ElasticTrainer(model, optimizer, loss_fn, control=client.slot,
                              notify=client.notify_ack, quota=client.initial_quota,
-                             yield_to_inference=block.inference_busy,
+                             yield_to_inference=client.inference_busy,
                              lend_pages=client.give_pages if handoff else None, **kwargs)
     return trainer, client

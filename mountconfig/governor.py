@@ -15,6 +15,7 @@ from common.errors import validation_message
 
 GiB = 1 << 30
 MiB = 1 << 20
+MAX_CARD_BYTES = 1 << 50        # 1 PiB: far above any GPU, far below what a uint64 word holds
 
 
 class GovernorConfigError(ValueError):
@@ -30,12 +31,14 @@ class GpuConfig(BaseModel):
     total_bytes: int = Field(
         80 * GiB,
         gt=0,
+        le=MAX_CARD_BYTES,
         description="Bytes the ledger may hand out on this GPU. Set it to the card's memory "
         "(or less, to emulate a smaller card); clients are told this number, not the driver's.",
     )
     reserve_bytes: int = Field(
         2 * GiB,
         ge=0,
+        le=MAX_CARD_BYTES,
         description="Bytes never handed out: CUDA contexts, cuBLAS/cuDNN workspaces, fragmentation.",
     )
 
@@ -53,16 +56,49 @@ class GovernorConfig(BaseModel):
 
     socket_path: str = Field(
         "/run/hintfs/governor.sock",
-        description="Unix stream socket for registration and blocking requests (reserve, release).",
+        description="Unix stream socket for registration and blocking requests (reserve, release). "
+        "Its folder holds the daemon's lock files (one per GPU, recording the running instance) "
+        "and must be owned by root or the daemon's user and writable by no one else.",
     )
     shm_name: str = Field(
         "hintfs-governor",
         pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-        description="Name of the POSIX shared-memory segment (under /dev/shm) holding the "
-        "per-client quota/command/ack words. One segment per daemon; a per-GPU suffix is added.",
+        description="Name of this governor's instance: its lock file in the socket's folder, and "
+        "the prefix of the shared-memory blocks (anonymous memfds, one per client, each instance "
+        "its own) that hold the quota/command/ack words.",
     )
     max_clients: int = Field(
-        64, ge=1, le=4096, description="Client slots in the shared-memory segment of each GPU."
+        64, ge=1, le=4096, description="Clients (registrations) per GPU."
+    )
+    # --- who may use it --------------------------------------------------------------------
+    socket_group: int | str | None = Field(
+        None,
+        description="Group (gid or name) that owns the socket (mode 0660): its members may "
+        "connect. None: only the daemon's user, and the users of allowed_uids/allowed_gids.",
+    )
+    allowed_uids: list[int] = Field(
+        default_factory=list, max_length=4096,
+        description="Users (uids) who may connect besides the daemon's own. With any (or any "
+        "allowed_gids) the socket is 0666 and the daemon checks every peer (SO_PEERCRED) at "
+        "accept; others are closed at once, with one log line.",
+    )
+    allowed_gids: list[int] = Field(
+        default_factory=list, max_length=4096,
+        description="Groups whose members (primary or supplementary group of the connecting "
+        "process) may connect.",
+    )
+    max_connections: int = Field(
+        1024, ge=1, le=1 << 20, description="Open connections, all users together."
+    )
+    max_connections_per_uid: int = Field(
+        64, ge=1, le=1 << 20, description="Open connections of one user (registered or not)."
+    )
+    max_clients_per_uid: int = Field(
+        16, ge=1, le=4096, description="Registrations of one user, all GPUs together."
+    )
+    max_reserves_in_flight_per_uid: int = Field(
+        8, ge=1, le=4096,
+        description="Reservations of one user waiting at once (one per connection at most).",
     )
     gpus: list[GpuConfig] = Field(
         default_factory=lambda: [GpuConfig()],
@@ -141,8 +177,11 @@ class GovernorConfig(BaseModel):
     # --- page pool (fast handoff) ------------------------------------------------------------
     page_bytes: int = Field(
         32 * MiB,
-        gt=0,
-        description="Physical page size of the CUDA VMM page pool (multiple of the granularity).",
+        ge=4096,
+        le=MAX_CARD_BYTES,
+        description="The smallest page a training client may lend in a page handoff (the page "
+        "allocator's default; the CUDA granularity is 2 MiB). A shrink may lend at most the "
+        "bytes it frees in such pages, which bounds the fds the daemon holds (docs/governor.md).",
     )
     # --- liveness / ops --------------------------------------------------------------------
     liveness_interval_s: float = Field(
@@ -162,7 +201,22 @@ class GovernorConfig(BaseModel):
         indexes = [g.index for g in self.gpus]
         if len(set(indexes)) != len(indexes):
             raise ValueError("gpus: each index may appear once")
+        if self.max_clients_per_uid > self.max_clients * len(self.gpus):
+            raise ValueError("max_clients_per_uid must not exceed max_clients x the number of GPUs")
         return self
+
+    def pages_bound(self, gpu: "GpuConfig") -> int:
+        """Most lent pages the daemon can hold for one GPU: every page of its usable memory, in
+        the smallest page allowed, plus one partial page per shrink command (one per client)."""
+        usable = gpu.total_bytes - gpu.reserve_bytes
+        return -(-usable // self.page_bytes) + self.max_clients
+
+    def fd_bound(self) -> int:
+        """The daemon's open files at most: a few of its own and per GPU, two per connection (the
+        socket and a pidfd of the peer) and two per page in transit (held, and in flight while it
+        is sent on), every page of every GPU at once. RLIMIT_NOFILE must be at least this."""
+        return 64 + 2 * len(self.gpus) + 2 * self.max_connections + 2 * sum(
+            self.pages_bound(g) for g in self.gpus)
 
     def gpu(self, index: int) -> GpuConfig:
         for g in self.gpus:

@@ -41,6 +41,10 @@ class RunningDaemon:
     def ledger(self, gpu: int = 0):
         return self.daemon.gpus[gpu].ledger
 
+    def alive(self) -> bool:
+        """The daemon's trio run is still going (an exception out of a task would have ended it)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         if self._token is not None:
             try:
@@ -53,10 +57,18 @@ class RunningDaemon:
 
 @pytest.fixture
 def make_daemon(tmp_path):
+    """make(**config) -> a running daemon. `world=True`: its socket in a folder every user may
+    traverse (the attack tests, whose clients run as uid 65534)."""
     running: list[RunningDaemon] = []
+    worlds: list = []
 
-    def make(**overrides) -> RunningDaemon:
-        base = dict(socket_path=str(tmp_path / "gov.sock"),
+    def make(world: bool = False, **overrides) -> RunningDaemon:
+        folder = tmp_path
+        if world:
+            from tests.helpers.security import WorldDir
+            worlds.append(WorldDir())
+            folder = worlds[-1].path
+        base = dict(socket_path=str(folder / "gov.sock"),
                     shm_name=f"hintfs-test-{uuid.uuid4().hex[:8]}",
                     gpus=[GpuConfig(index=0, total_bytes=16 * GiB, reserve_bytes=1 * GiB)],
                     min_headroom_bytes=0, grow_after_free_s=0.2, liveness_interval_s=0.1,
@@ -69,6 +81,8 @@ def make_daemon(tmp_path):
     yield make
     for d in running:
         d.stop()
+    for w in worlds:
+        w.close()
 
 
 def wait_until(pred, timeout=5.0, interval=0.005):

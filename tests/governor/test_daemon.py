@@ -132,18 +132,22 @@ def test_dead_client_returns_memory(make_daemon):
     inf.close()
 
 
-def test_protocol_errors_are_replies_not_crashes(make_daemon):
+def test_a_refused_request_is_a_reply_and_a_bad_message_drops_its_client(make_daemon):
     d = make_daemon()
-    inf = GovernorClient(d.cfg.socket_path, "inference")
-    with pytest.raises(GovernorError, match="unknown kind"):
-        inf.request({"op": "reserve", "kind": "socks", "bytes": 1})
-    with pytest.raises(GovernorError, match="already registered"):
-        inf.request({"op": "register", "role": "inference", "gpu": 0, "pid": 1})
-    with pytest.raises(GovernorError, match="not governed"):
+    with pytest.raises(GovernorError, match="not governed"):      # refused, well-formed
         GovernorClient(d.cfg.socket_path, "inference", gpu=7)
-    s = inf.stats()["gpus"][0]
-    assert s["usable_bytes"] == 15 * GiB
-    inf.close()
+    inf = GovernorClient(d.cfg.socket_path, "inference", reconnect_timeout_s=0.5)
+    with pytest.raises(GovernorError, match="limit"):             # refused: the connection stays
+        inf.request({"op": "reserve", "kind": "weights", "bytes": 15 * GiB})
+    assert inf.stats()["gpus"][0]["usable_bytes"] == 15 * GiB
+    with pytest.raises(GovernorError, match="kind"):              # malformed: answered, dropped
+        inf.request({"op": "reserve", "kind": "socks", "bytes": 1})
+    assert wait_until(lambda: d.call(lambda: len(d.ledger().clients)) == 0)
+    other = GovernorClient(d.cfg.socket_path, "inference")
+    with pytest.raises(GovernorError, match="already registered"):
+        other.request({"op": "register", "role": "inference", "gpu": 0, "pid": 1})
+    assert d.alive()
+    inf.close(); other.close()
 
 
 def test_timing_split_only_from_clients_that_acked_this_command(make_daemon):
@@ -153,7 +157,7 @@ def test_timing_split_only_from_clients_that_acked_this_command(make_daemon):
     d = make_daemon()
     trainer = SimulatedTrainer(d.cfg.socket_path, stuck=True)
     st = d.daemon.gpus[0]
-    slot = st.block.slots[trainer.client.slot_index]
+    slot = d.daemon.conns[trainer.client.client_id].words
     old = now_ns()
     slot[W_T_DETECT], slot[W_T_DRAINED], slot[W_T_RELEASED] = old, old + 10, old + 20
     t_cmd = now_ns() + 1_000_000

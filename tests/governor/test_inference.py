@@ -20,9 +20,10 @@ def test_reserve_blocks_until_training_shrank(make_daemon):
     r = inf.reserve(5 * GiB, "weights")
     assert r["granted"] == 5 * GiB and r["reclaimed"] == 5 * GiB
     assert trainer.used <= 10 * GiB and inf.timings
-    with inf.busy():
-        assert trainer.client.block.inference_busy()
-    assert not trainer.client.block.inference_busy()
+    from conftest import wait_until
+    with inf.busy():       # announced to the daemon, which counts it into the trainer's block
+        assert wait_until(trainer.client.inference_busy, 2)
+    assert wait_until(lambda: not trainer.client.inference_busy(), 2)
     trainer.close(); inf.close()
 
 
