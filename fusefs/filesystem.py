@@ -238,6 +238,14 @@ class Filesystem:
             raise Refused(errno.EACCES, "a reserved name")
         return path
 
+    def _stale_name(self, path: str) -> None:
+        """A new node was made at `path`: an inode this mount still has there is of a file another
+        host removed (the kernel asked to create, so the name was free): it keeps its open handles,
+        the name gets a new inode (else the kernel would see a file turn into another kind)."""
+        old = self.inodes.by_path_get(path)
+        if old is not None and old.writer is None:
+            self.inodes.detach(path)
+
     def _inode(self, ino: int) -> Inode:
         inode = self.inodes.get(ino)
         if inode is None:
@@ -271,7 +279,21 @@ class Filesystem:
             fd = inode.open_fd()
             if fd >= 0:
                 return Stat.from_os(os.fstat(fd))
-        return await self.io(self.store.stat, inode.path, inline=self.meta_inline)
+        try:
+            st = await self.io(self.store.stat, inode.path, inline=self.meta_inline)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (not inode.opens or st.is_file or st.is_dir):
+            return st
+        # Removed from the store by another host while open here (or the name now holds a
+        # symlink or another kind of node, which the kernel would take for a changed inode): the
+        # open file keeps working through its descriptor, as an unlinked file does (st_nlink 0).
+        fd = inode.open_fd() if inode.opens else -1
+        if fd < 0:
+            if st is None:
+                raise FileNotFoundError(errno.ENOENT, f"{inode.path} is gone")
+            return st
+        return dataclasses.replace(Stat.from_os(os.fstat(fd)), nlink=0)
 
     def inode_for(self, path: str, st: Stat) -> Inode:
         """The inode of `path`, whose store attributes are `st`: a file with several names
@@ -521,6 +543,7 @@ class Filesystem:
             raise Refused(errno.EPERM, "symlink would point outside the store")
         inline = self.meta_inline
         await self.io(self.store.symlink, path, target_s, inline=inline)
+        self._stale_name(path)
         await self._own_new(parent, path, ctx, None)
         st = await self.io(self.store.stat, path, inline=inline)
         inode = self.inode_for(path, st)
@@ -535,6 +558,7 @@ class Filesystem:
         # mkdir(2) keeps the permission bits and the sticky bit; S_ISGID comes from the parent
         bits = mode & (0o777 | stat_mod.S_ISVTX) & ~_umask(ctx)
         await self.io(self.store.mkdir, path, bits)
+        self._stale_name(path)
         await self._own_new(parent, path, ctx, bits, is_dir=True)
         st = await self.io(self.store.stat, path, inline=self.meta_inline)
         inode = self.inodes.ensure(path)
@@ -551,6 +575,7 @@ class Filesystem:
         path = self._new_name(parent, name)
         bits = stat_mod.S_IMODE(mode) & ~_umask(ctx)
         await self.io(self.store.mknod, path, stat_mod.S_IFMT(mode) | bits, rdev, inline=self.meta_inline)
+        self._stale_name(path)
         await self._own_new(parent, path, ctx, bits)
         st = await self.io(self.store.stat, path, inline=self.meta_inline)
         inode = self.inode_for(path, st)
@@ -568,7 +593,7 @@ class Filesystem:
         path = self._new_name(parent, new_name)
         if node.unlinked:
             raise Refused(errno.ENOENT, f"{node.path} was unlinked")
-        if node.writer is not None and node.writer.dirty:
+        if node.writer is not None and node.writer.changed():
             await self.commit(node)   # link what was written so far (as rename does)
         await self.io(self.store.link, node.path, path, inline=self.meta_inline)
         st = await self.io(self.store.stat, path, inline=self.meta_inline)
@@ -633,7 +658,7 @@ class Filesystem:
             raise Refused(errno.EACCES, "a reserved name")
         new = self._new_name(new_parent, name_new)
         inode = self.inodes.by_path_get(old)
-        if inode is not None and inode.writer is not None and inode.writer.dirty:
+        if inode is not None and inode.writer is not None and inode.writer.changed():
             # Not in the store yet (or stale there): commit what was written so far first, so
             # the rename moves the data the writer has produced (`mv` of a file still open).
             await self.commit(inode)
@@ -643,6 +668,8 @@ class Filesystem:
         if replaced is not None and replaced is not inode:
             await self._unnamed(replaced)
         self._stagings_moved(old, new)
+        if inode is not None and inode.writer is not None and not inode.unlinked:
+            await self.io(self.store.follow, inode.writer, new, inline=self.meta_inline)
         if self.journal is not None or self.streams is not None:
             await self._renamed(new, inode)
         if self.journal is not None:
@@ -656,6 +683,8 @@ class Filesystem:
         if not staging.live:
             await self.io(self.store.unname, staging, inline=self.meta_inline)
         old, node.kept = node.kept, staging
+        mine = os.fstat(staging.fd)
+        node.file_key = (mine.st_dev, mine.st_ino) if staging.live else (-1, -1)   # (a copy: no store file)
         if old is not None:
             await self.io(self.store.discard, old, inline=old.inline_io)
 
@@ -738,6 +767,8 @@ class Filesystem:
                 # Passthrough opens are active: this one must share their backing file.
                 if node.pt_staging is None:
                     await self._check_backing_current(node)
+                elif node.writer is None:
+                    await self._check_staging_current(node, node.pt_staging)
                 backing_id = self._pt_attach(node, -1, node.pt_staging)
                 handle: Handle = PassthroughRead(node)
                 keep_cache = True
@@ -746,6 +777,10 @@ class Filesystem:
                 keep_cache = True
             else:
                 reader, st = await self.io(self.store.open_reader, node.path, inline=self.meta_inline)
+                if self._replaced_under_open_handles(node, st):
+                    reader.close()
+                    raise self._renew(node, "was replaced in the store")
+                node.file_key = (st.dev, st.ino) if st.ino else None
                 keep_cache = self._same_as_cached(node, st)
                 if self.routing is not None:
                     await self.routing.on_open(node.path, st)
@@ -771,6 +806,16 @@ class Filesystem:
                     else:
                         handle = StoreRead(node, reader)
         else:
+            if node.pt_refs and node.writer is not None and node.writer.live and node.pt_staging is node.writer:
+                # The file was published in place and a descriptor of it (a dup) may still write
+                # there: a new open for writing gets a file of its own (this name becomes a new
+                # inode), the old one still publishes.
+                self.stats.add("passthrough_replaced")
+                raise self._renew(node, "is published in place", still_named=True)
+            if node.writer is None and node.opens and node.file_key is not None:
+                st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
+                if self._replaced_under_open_handles(node, st):
+                    raise self._renew(node, "was replaced in the store")
             if node.pt_refs and (node.pt_staging is None or node.pt_staging is not node.writer):
                 # Open for reading through passthrough from the store file: a writer would need
                 # another backing file (its staging), which the kernel refuses for one inode.
@@ -792,6 +837,39 @@ class Filesystem:
         return OpenFile(self._add_handle(handle), keep_cache=keep_cache and not backing_id, backing_id=backing_id,
                         noflush=not isinstance(handle, WriteHandle))
 
+    async def _check_staging_current(self, node: Inode, staging) -> None:
+        """Passthrough opens read what the last writer left (their backing file): a new open
+        shares it only while the store still has that very file at the name."""
+        try:
+            st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
+        except FileNotFoundError:
+            st = None
+        if st is None or staging.fd < 0 or (st.dev, st.ino) != (os.fstat(staging.fd).st_dev,
+                                                                os.fstat(staging.fd).st_ino):
+            self.stats.add("passthrough_replaced")
+            raise self._renew(node, "was replaced in the store")
+
+    def _replaced_under_open_handles(self, node: Inode, st: Stat) -> bool:
+        """Handles are open on `node` reading one store file, and the name now holds another.
+        (The kernel keeps one page cache per inode: the two files must not share one.)"""
+        return node.opens > 0 and node.writer is None and node.file_key is not None and \
+            bool(st.ino) and node.file_key != (st.dev, st.ino)
+
+    def _renew(self, node: Inode, why: str, still_named: bool = False) -> Refused:
+        """Close-to-open while handles are open on an older file: this name becomes a new inode
+        (the old one stays with its open handles), and ESTALE makes the kernel look the name up
+        again and retry the open on it, once, inside open(2). `still_named`: the old inode's
+        writer still publishes to the name (a dup of a file published in place)."""
+        self.stats.add("opens_renewed")
+        self.inodes.detach(node.path)
+        if still_named:
+            node.unlinked = False
+        head, _, name = node.path.rpartition("/")
+        parent = self.inodes.by_path_get(head)
+        if parent is not None and self.invalidate_entry is not None:
+            self.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        return Refused(errno.ESTALE, f"{node.path} {why}: open it again")
+
     async def _check_backing_current(self, node: Inode) -> None:
         """Close-to-open under passthrough: the open files of `node` read the store file they
         were opened on, and the kernel gives one inode one backing file. If the store now has
@@ -802,12 +880,7 @@ class Filesystem:
         if _backing_key(st, replica=node.pt_file[0] == "replica") == node.pt_file:
             return
         self.stats.add("passthrough_replaced")
-        self.inodes.detach(node.path)
-        head, _, name = node.path.rpartition("/")
-        parent = self.inodes.by_path_get(head)
-        if parent is not None and self.invalidate_entry is not None:
-            self.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
-        raise Refused(errno.ESTALE, f"{node.path} was replaced in the store: open it again")
+        raise self._renew(node, "was replaced in the store")
 
     def _same_as_cached(self, node: Inode, st: Stat) -> bool:
         """Close-to-open: keep the kernel's cached pages only if the file did not change."""
@@ -825,6 +898,7 @@ class Filesystem:
         if parent.control is not None:
             return await self._create_control(parent, name, flags, Caller.of(ctx))
         path = self._new_name(parent, name)
+        self._stale_name(path)
         inode = self.inodes.ensure(path)
         if inode.writer is None:
             inode.writer = await self.io(self.store.new_staging, path, False)
@@ -938,11 +1012,17 @@ class Filesystem:
         final = not closing and writers_left == 0
         if staging.live:
             # Passthrough writes after an earlier publish went into the published file itself:
-            # nothing to move, but a new version to count, journal and stream.
+            # nothing to move, but a new version to count, journal and stream. If the name holds
+            # another file by now (replaced or removed by another mount or opener), this open's
+            # file is published again, whole, by copy: the last close wins.
             staging.dirty = False
             staging.published = staging.identity()
             node.cached_identity = None
-            await self._published(node, Stat.from_os(os.fstat(staging.fd)), final)
+            if await self.io(self._still_published, node, staging, inline=self.meta_inline):
+                await self._published(node, Stat.from_os(os.fstat(staging.fd)), final)
+            else:
+                st = await self.io(self.store.commit, staging, node.path, True)
+                await self._published(node, st, final)
             return
         # (taken before an upload: a write while it runs makes the next publish send it again)
         before = staging.identity() if staging.unseen_writes else None
@@ -953,6 +1033,7 @@ class Filesystem:
         if keep:
             self.stats.add("passthrough_copy_publishes")
         st = await self.io(self.store.commit, staging, node.path, keep)
+        staging.dirty = False      # (also after a copy: what changes next is seen by the identity)
         # A rename made the staging the published file (and changed its ctime): that is the version.
         staging.published = staging.identity() if staging.live else before
         if node.aliases or node.backing is not None:
@@ -969,6 +1050,15 @@ class Filesystem:
                     self.invalidate_entry(parent.ino, raw)
         node.cached_identity = st.identity()
         await self._published(node, st, final and not keep)
+
+    def _still_published(self, node: Inode, staging) -> bool:
+        """The store's file at `node`'s name is this live staging file itself."""
+        try:
+            st = self.store.stat(node.path)
+        except OSError:
+            return False
+        mine = os.fstat(staging.fd)
+        return (st.dev, st.ino) == (mine.st_dev, mine.st_ino)
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
         """A version of `node` is in the store: count it, journal it, tell the stream."""

@@ -94,7 +94,8 @@ class Handle:
 
 # -- reads of store files ---------------------------------------------------------------------
 class StoreRead(Handle):
-    """A file read through the store's reader; page-cache hits are served inline."""
+    """A file read through the store's reader (page-cache hits served inline); while this mount
+    writes the file, what it staged (one file, one page cache per mount)."""
     __slots__ = ("reader",)
 
     def __init__(self, inode: Inode, reader: Optional[Reader]):
@@ -104,6 +105,12 @@ class StoreRead(Handle):
             inode.readers.append(reader)
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
+        node = self.inode
+        if node.writer is not None or node.kept is not None:
+            # The kernel keeps one page cache per file on a mount: while this mount writes the
+            # file (or kept what its last writer left for the handles still open), every handle
+            # reads that, as every open file of one inode does on a disk.
+            return await read_staging(fs, node.writer or node.kept, off, size)
         reader = self.reader
         data = reader.read_nowait(off, size)
         if data is None:
@@ -237,7 +244,7 @@ class WriteHandle(Handle):
                         if node.writer is staging and node.writer_refs == 0:
                             node.writer = None
                             fs.writer_released(node)
-                            if node.opens > 0 and not node.pt_refs:
+                            if node.opens > 0:
                                 # Handles still open on the file read (and stat) what it was written
                                 # to, whatever the name holds later (Filesystem.release drops it).
                                 await fs.keep_for_readers(node, staging)

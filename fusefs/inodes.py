@@ -18,7 +18,7 @@ from stores.base import Staging
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
-                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept")
+                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -51,6 +51,10 @@ class Inode:
         # The staging of a file unlinked while open, kept after its last writer for the readers
         # still open on it (they read what was written, as from an unlinked file on a disk).
         self.kept: Optional[Staging] = None
+        # (st_dev, st_ino) of the store file the open handles of this inode read (file:// stores):
+        # an open that finds another file at the name gets a new inode (close-to-open on one
+        # page cache per inode, `Filesystem._renew`); None while nothing is open.
+        self.file_key: Optional[tuple[int, int]] = None
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr
@@ -115,6 +119,7 @@ class InodeTable:
         inode.opens -= 1
         if inode.opens <= 0:
             inode.tensor_data = None   # the next open gets a fresh sample (it may differ: raw/tensor)
+            inode.file_key = None
 
     def maybe_drop(self, inode: Inode) -> None:
         if inode.lookups <= 0 and inode.opens <= 0 and inode.writer is None:

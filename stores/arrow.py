@@ -374,3 +374,6 @@ class ArrowStore:
 
     def unname(self, staging: Staging) -> None:
         """(spool files have no name)"""
+
+    def follow(self, staging: Staging, rel: str) -> None:
+        """(spool files are not beside their target)"""

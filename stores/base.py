@@ -67,8 +67,8 @@ class Staging:
     `fd` is a plain read-write fd on local disk. After a commit of a file:// store the fd refers
     to the live file, so `live` is set and the next write must stage a fresh copy first.
     `unseen_writes`: the kernel writes this file itself (a FUSE passthrough backing file), so the
-    daemon learns of writes only by comparing `identity()` with `published`, the identity taken
-    just before the last publish (docs/semantics.md, "The publish rule").
+    daemon learns of writes only by comparing `identity()` (size, mtime) with `published`, the
+    identity taken just before the last publish (docs/semantics.md, "The publish rule").
     """
 
     __slots__ = ("fd", "path", "dirty", "live", "target", "failed", "inline_io", "unseen_writes", "published")
@@ -84,17 +84,21 @@ class Staging:
         # so they may run on the event loop.
         self.inline_io = False
         self.unseen_writes = False
-        self.published: Optional[tuple[int, int, int]] = None
+        self.published: Optional[tuple[int, int]] = None
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
 
-    def identity(self) -> tuple[int, int, int]:
-        """(size, mtime_ns, ctime_ns) of the staged file: any write changes it (the kernel gives a
-        file whose times were just read a fine-grained time at its next change: multigrain
-        timestamps, Linux >= 6.13 on ext4, xfs, btrfs and tmpfs)."""
+    def identity(self) -> tuple[int, int]:
+        """(size, mtime_ns) of the staged file: any write changes it (the kernel gives a file whose
+        times were just read a fine-grained time at its next change: multigrain timestamps,
+        Linux >= 6.13 on ext4, xfs, btrfs and tmpfs); a change of mode or owner does not (ctime)."""
         st = os.fstat(self.fd)
-        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return (st.st_size, st.st_mtime_ns)
+
+    def changed(self) -> bool:
+        """Anything to publish: written through the daemon, or by the kernel (passthrough)."""
+        return self.dirty or self.changed_unseen()
 
     def changed_unseen(self) -> bool:
         """Written by the kernel (passthrough) since the last publish, or never published."""
@@ -146,6 +150,9 @@ class Store(Protocol):
     def unname(self, staging: Staging) -> None:
         """The staging of a file unlinked while open is never published: remove its name now
         (where it has one), keep the open file."""
+    def follow(self, staging: Staging, rel: str) -> None:
+        """The open file of `staging` was renamed to `rel`: a staging file kept beside its target
+        moves beside the new name."""
     def put_small(self, rel: str, data: bytes) -> None: ...
     def check(self) -> None:
         """Raise OSError when the store root cannot be reached (used at mount time)."""

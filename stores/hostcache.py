@@ -668,6 +668,9 @@ class HostCachedStore:
     def unname(self, staging: Staging) -> None:
         self._store.unname(staging)
 
+    def follow(self, staging: Staging, rel: str) -> None:
+        self._store.follow(staging, rel)
+
     def put_small(self, rel: str, data: bytes) -> None:
         self._changing((rel,), False, self._store.put_small, rel, data)
 

@@ -427,6 +427,15 @@ class LocalStore:
         self.unname(staging)
         staging.close()
 
+    def follow(self, staging: Staging, rel: str) -> None:
+        """The open file of `staging` was renamed to `rel`: its staging file moves beside it (its
+        old folder can be removed; its publish stays one rename in one folder)."""
+        if staging.live or not staging.path or staging.path.rpartition("/")[0] == rel.rpartition("/")[0]:
+            return
+        name = self._staging_name(rel)
+        self.rename(staging.path, name, noreplace=True)
+        staging.path = name
+
     def unname(self, staging: Staging) -> None:
         """The staging of a file unlinked while open will never be published: its name goes now
         (its folder can be removed, as on a disk), the open file stays."""

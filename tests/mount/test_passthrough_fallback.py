@@ -137,8 +137,8 @@ class GatedStore(LocalStore):
         self.gated, self.entered, self.go = gated, threading.Event(), threading.Event()
         self.armed = False
 
-    def new_staging(self, rel: str, copy_existing: bool):
-        staging = super().new_staging(rel, copy_existing)
+    def new_staging(self, rel: str, copy_existing: bool, source=None):
+        staging = super().new_staging(rel, copy_existing, source)
         staging.inline_io = False          # a thread, as on a disk (tmpfs would run it inline)
         return staging
 
