@@ -1,0 +1,478 @@
+"""The model-based test of docs/semantics.md: random operations by several processes on one or two
+mounts of one store, each checked against the reference model (`tests/model/fsmodel.py`).
+
+- **Generation** is seeded and online: each step draws an operation from what the model holds
+  (open descriptions, names), so one seed is one sequence. An operation names the descriptions it
+  uses by the *label* of the open that made them, so a sequence with steps removed still replays.
+- **Execution**: the harness sends each step to one worker process (`tests/model/worker.py`, its
+  own descriptors), waits for its answer, asks the model, and compares: return values, errno,
+  bytes read, sizes, listings, and now and then the whole store read directly (what a reader of
+  the store sees: the model's published state, never a staging file, a prefix or a mix).
+- **Shrinking**: a failing sequence is cut down (delta debugging: drop chunks, then single steps)
+  to a minimal one that still diverges; `save_regression` writes it to
+  `tests/model/regressions/` where `test_model.py` replays it forever after.
+- **Crashes** (`crash_every`): SIGKILL of a mount daemon at a random step, then what the model
+  says must survive is checked (everything closed or fsynced is in the store whole; what was
+  open may be lost; nothing torn), the dead mount is unmounted with `hintfs umount` and mounted
+  again, and the run goes on.
+
+Steps are interleaved at operation boundaries (one at a time), so a seed replays exactly; the
+free-running concurrent stress is `stress()`, which runs the workers at once without a model
+and checks only what holds under any interleaving.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from tests.model.fsmodel import Model
+
+WORKER = Path(__file__).with_name("worker.py")
+REGRESSIONS = Path(__file__).with_name("regressions")
+STAGING_PREFIX = ".hintfs-tmp."
+
+DIRS = ["d0", "d1", "d0/e"]
+FILES = ["f0", "f1", "d0/f0", "d0/f1", "d1/f0", "d0/e/f0"]
+OPEN_FLAGS = [
+    ("r", os.O_RDONLY), ("w", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), ("rw", os.O_RDWR),
+    ("rwc", os.O_RDWR | os.O_CREAT), ("a", os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+    ("x", os.O_RDWR | os.O_CREAT | os.O_EXCL), ("wn", os.O_WRONLY),
+]
+FLAGS = dict(OPEN_FLAGS)
+
+
+class Worker:
+    """One process with its own descriptors, running one call per request."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-I", str(WORKER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd="/", text=True, bufsize=1)
+
+    def call(self, op: str, *args) -> tuple:
+        from tests.model.worker import _dec, _enc
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, "args": _enc(list(args))}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.proc.pid} died during {op}")
+        answer = json.loads(line)
+        if "bug" in answer:
+            raise RuntimeError(f"harness bug in {op}{args}: {answer['bug']}")
+        if "err" in answer:
+            return ("err", answer["err"])
+        return ("ok", _dec(answer["ok"]))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+
+
+@dataclass
+class Step:
+    """One operation: `op`, the worker, the mount, and its arguments (labels name descriptions)."""
+    op: str
+    worker: int = 0
+    mount: int = 0
+    args: tuple = ()
+    label: int = -1         # opens: the label later steps use
+
+    def to_json(self) -> list:
+        return [self.op, self.worker, self.mount, list(self.args), self.label]
+
+    @classmethod
+    def from_json(cls, v: list) -> "Step":
+        op, worker, mount, args, label = v
+        return cls(op, worker, mount, tuple(args), label)
+
+    def __str__(self) -> str:
+        return f"{self.op}(w{self.worker}, m{self.mount}, {', '.join(map(_arg, self.args))})" + \
+            (f" -> #{self.label}" if self.label >= 0 else "")
+
+
+def _arg(v) -> str:
+    if isinstance(v, bytes) and len(v) > 8:
+        return f"{v[:1]!r}*{len(v)}" if v == v[:1] * len(v) else f"<{len(v)} bytes>"
+    return repr(v)
+
+
+class DivergenceError(AssertionError):
+    def __init__(self, index: int, step: Step, got, want, note: str = ""):
+        self.index, self.step, self.got, self.want = index, step, got, want
+        super().__init__(f"step {index} {step}: the system gave {_short(got)}, the model {_short(want)}"
+                         + (f" ({note})" if note else ""))
+
+
+def _tree_diff(got: list, want: list) -> list[str]:
+    """What differs between two store trees, one line per path: kinds, sizes, first byte that differs."""
+    g, w = {p: (k, v) for p, k, v in got}, {p: (k, v) for p, k, v in want}
+    out = []
+    for p in sorted(set(g) | set(w)):
+        if g.get(p) == w.get(p):
+            continue
+        if p not in g or p not in w:
+            out.append(f"{p}: {'only in the store' if p in g else 'missing from the store'}")
+            continue
+        (gk, gv), (wk, wv) = g[p], w[p]
+        if gk != wk or not isinstance(gv, bytes):
+            out.append(f"{p}: store {gk} {gv!r}, model {wk} {wv!r}")
+            continue
+        first = next((i for i, (a, b) in enumerate(zip(gv, wv)) if a != b), min(len(gv), len(wv)))
+        out.append(f"{p}: store {len(gv)} bytes, model {len(wv)}, first difference at {first} "
+                   f"({gv[first:first + 4]!r} vs {wv[first:first + 4]!r})")
+    return out
+
+
+def _short(v) -> str:
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], bytes):
+        return f"({v[0]!r}, {_arg(v[1])})"
+    text = repr(v)
+    return text if len(text) < 300 else text[:300] + "..."
+
+
+@dataclass
+class Rig:
+    """The mounts and the store one run works in (made by the test's fixture or the bench)."""
+    store: Path
+    mounts: list[Path]
+    passthrough: bool
+    remount: Optional[object] = None     # callable(i) -> None: restart mount i after a crash
+    daemon_pid: Optional[object] = None  # callable(i) -> int
+
+
+@dataclass
+class Run:
+    """One sequence in a fresh folder of the store, against a fresh model."""
+    rig: Rig
+    folder: str
+    workers: int = 3
+    steps: list[Step] = field(default_factory=list)
+    check_store_every: int = 25
+
+    def __post_init__(self) -> None:
+        self.model = Model(len(self.rig.mounts), self.rig.passthrough)
+        self.procs = [Worker() for _ in range(self.workers)]
+        # label -> (model handle, worker index, [fds])
+        self.open: dict[int, tuple[int, int, list[int]]] = {}
+        self._mount_of: dict[int, int] = {}     # model handle -> its mount
+        self.ops = 0
+        # The kernel sends RELEASE after close() returns: the harness waits for it after each last
+        # close, so the next step sees the writer gone, as the model does (a seed replays exactly).
+        self.released = [self._settled_releases(i) for i in range(len(self.rig.mounts))]
+
+    def close(self) -> None:
+        for w in self.procs:
+            w.close()
+
+    def _releases(self, mount: int) -> int:
+        with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
+            doc = json.loads(f.read())
+        return doc["counters"].get("file_releases", 0)
+
+    def _settled_releases(self, mount: int) -> int:
+        """The release count once no release is in flight (an earlier run's workers are gone)."""
+        last = self._releases(mount)
+        for _ in range(100):
+            time.sleep(0.02)
+            now = self._releases(mount)
+            if now == last:
+                return now
+            last = now
+        return last
+
+    def _await_release(self, mount: int) -> None:
+        self.released[mount] += 1
+        deadline = time.monotonic() + 10
+        while self._releases(mount) < self.released[mount]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mount {mount} did not answer a RELEASE within 10 s")
+            time.sleep(0.0005)
+
+    def path(self, mount: int, rel: str) -> str:
+        base = self.rig.mounts[mount] / self.folder
+        return str(base / rel) if rel else str(base)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def apply(self, i: int, step: Step) -> bool:
+        """Run `step` on the system and the model; DivergenceError if they differ. False when
+        the step does not apply (a description it names is not open)."""
+        model, w = self.model, self.procs[step.worker]
+        op, a = step.op, step.args
+        self.ops += 1
+        if op == "open":
+            rel, fl = a
+            got = w.call("open", self.path(step.mount, rel), FLAGS[fl])
+            want = model.open(step.mount, rel, FLAGS[fl])
+            self._same(i, step, got[0], want[0], got, want)
+            if got[0] == "err":
+                self._same(i, step, got, want)
+            else:
+                self.open[step.label] = (want[1], step.worker, [got[1]])
+                self._mount_of[want[1]] = step.mount
+            return True
+        if op in ("close", "dup", "write", "pwrite", "pread", "read", "ftruncate", "fsync", "fstat_size",
+                  "mmap_write"):
+            entry = self.open.get(a[0])
+            if entry is None:
+                return False
+            h, wi, fds = entry
+            w = self.procs[wi]
+            fd = fds[-1]
+            rest = a[1:]
+            got = w.call(op, fd, *rest)
+            want = getattr(model, op)(h, *rest)
+            if op == "close":
+                fds.pop()
+                if not fds:
+                    del self.open[a[0]]
+                    if got[0] == "ok" or got[1] != errno.EBADF:
+                        self._await_release(model.ofds[h].mount if h in model.ofds else self._mount_of[h])
+            elif op == "dup" and got[0] == "ok":
+                fds.append(got[1])
+                got = ("ok", h)
+            if want[0] == "any":       # out of the model's scope (see fsmodel.OFD.loose)
+                if op == "read" and got[0] == "ok":
+                    model.advance(h, len(got[1]))
+                return True
+            self._same(i, step, got, want)
+            return True
+        if op == "rename" or op == "symlink_op":
+            src, dst = a
+            got = w.call("rename", self.path(step.mount, src), self.path(step.mount, dst))
+            want = model.rename(step.mount, src, dst)
+        elif op == "symlink":
+            target, rel = a
+            got = w.call("symlink", target, self.path(step.mount, rel))
+            want = model.symlink(step.mount, target, rel)
+        elif op == "stat":
+            got = w.call("stat", self.path(step.mount, a[0]))
+            want = model.stat(step.mount, a[0])
+            if got[0] == "ok" and want[0] == "ok":
+                mode, size, _nlink = got[1]
+                import stat as st
+                kind = "dir" if st.S_ISDIR(mode) else "symlink" if st.S_ISLNK(mode) else "file"
+                wkind, wsize, wmode = want[1]
+                got = ("ok", (kind, size if kind != "dir" else None,
+                              st.S_IMODE(mode) if kind == "file" else None))
+                want = ("ok", (wkind, wsize, wmode))
+        elif op == "truncate":
+            got = w.call("truncate", self.path(step.mount, a[0]), a[1])
+            want = model.truncate(step.mount, a[0], a[1])
+        elif op == "chmod":
+            got = w.call("chmod", self.path(step.mount, a[0]), a[1])
+            want = model.chmod(step.mount, a[0], a[1])
+        elif op == "utime":
+            got = w.call("utime", self.path(step.mount, a[0]), [1_700_000_000_000_000_000, 1_700_000_000_000_000_000])
+            want = model.utime(step.mount, a[0])
+        elif op in ("mkdir", "rmdir", "unlink", "readdir", "readlink"):
+            got = w.call(op, self.path(step.mount, a[0]))
+            want = getattr(model, op)(step.mount, a[0])
+            if op == "readdir" and got[0] == "ok":
+                got = ("ok", [n for n in got[1] if not n.startswith(STAGING_PREFIX)])
+        elif op == "check_store":
+            self.check_store(i, step)
+            return True
+        else:
+            raise ValueError(f"unknown step {op}")
+        if got == ("ok", None) or (got[0] == "ok" and op in ("mkdir", "rmdir", "unlink", "rename", "symlink",
+                                                             "truncate", "chmod", "utime")):
+            got = ("ok", None)
+        self._same(i, step, got, want)
+        return True
+
+    def _same(self, i: int, step: Step, got, want, shown_got=None, shown_want=None) -> None:
+        if got != want:
+            raise DivergenceError(i, step, shown_got if shown_got is not None else got,
+                                  shown_want if shown_want is not None else want)
+
+    def check_store(self, i: int, step: Step) -> None:
+        """The store read directly equals the model's published state (no staging file shown)."""
+        root = self.rig.store / self.folder
+        got = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            rel = os.path.relpath(dirpath, root)
+            for name in sorted(dirnames + filenames):
+                if name.startswith(STAGING_PREFIX):
+                    continue
+                p = os.path.join(dirpath, name)
+                r = name if rel == "." else f"{rel}/{name}"
+                if os.path.islink(p):
+                    got.append((r, "symlink", os.readlink(p)))
+                elif os.path.isdir(p):
+                    got.append((r, "dir", None))
+                else:
+                    with open(p, "rb") as f:
+                        got.append((r, "file", f.read()))
+        got.sort()
+        want = sorted(self.model.tree())
+        if got != want:
+            raise DivergenceError(i, step, _tree_diff(got, want), "the model's store", "the store read directly")
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate(self, rng: random.Random, n: int) -> None:
+        """Generate and run `n` steps (recorded in `self.steps`)."""
+        for _ in range(n):
+            step = self.draw(rng, len(self.steps))
+            self.steps.append(step)
+            self.apply(len(self.steps) - 1, step)
+
+    def draw(self, rng: random.Random, index: int) -> Step:
+        mounts = len(self.rig.mounts)
+        worker = rng.randrange(self.workers)
+        mount = rng.randrange(mounts)
+        labels = sorted(self.open)
+        r = rng.random()
+        if labels and r < 0.5:
+            label = rng.choice(labels)
+            op = rng.choices(["close", "dup", "write", "pwrite", "pread", "read", "ftruncate", "fsync",
+                              "fstat_size", "mmap_write"], [18, 3, 16, 14, 12, 3, 3, 4, 3, 2])[0]
+            data = bytes([rng.randrange(256)]) * rng.choice([1, 3, 100, 5000, 70000])
+            off = rng.choice([0, 1, 7, 4096, 65536, 100000])
+            args: tuple = {"close": (label,), "dup": (label,), "write": (label, data),
+                           "pwrite": (label, data, off), "pread": (label, rng.choice([1, 100, 200000]), off),
+                           "read": (label, rng.choice([10, 70000])), "ftruncate": (label, rng.choice([0, 5, 70000])),
+                           "fsync": (label,), "fstat_size": (label,),
+                           "mmap_write": (label, rng.choice([0, 3]), data[:rng.choice([1, 4])])}[op]
+            return Step(op, 0, 0, args)
+        op = rng.choices(["open", "stat", "readdir", "mkdir", "rmdir", "unlink", "rename", "symlink", "chmod",
+                          "truncate", "utime", "readlink", "check_store"],
+                         [30, 6, 4, 4, 2, 5, 7, 1, 2, 2, 1, 1, 2])[0]
+        if op == "open":
+            fl = rng.choice(OPEN_FLAGS)[0]
+            return Step("open", worker, mount, (rng.choice(FILES), fl), label=index)
+        if op in ("stat", "unlink", "truncate", "chmod", "utime", "readlink"):
+            rel = rng.choice(FILES + (DIRS if op == "stat" else []) + ["s0"])
+            args = {"truncate": (rel, rng.choice([0, 3, 9000])), "chmod": (rel, rng.choice([0o600, 0o640, 0o644]))}.get(op, (rel,))
+            return Step(op, worker, mount, args)
+        if op == "readdir":
+            return Step(op, worker, mount, (rng.choice([""] + DIRS),))
+        if op in ("mkdir", "rmdir"):
+            return Step(op, worker, mount, (rng.choice(DIRS),))
+        if op == "symlink":
+            return Step(op, worker, mount, (rng.choice(["f0", "f1", "s0"]), rng.choice(["s0", "f1"])))
+        if op == "rename":
+            if rng.random() < 0.8:
+                src, dst = rng.choice(FILES), rng.choice(FILES)
+            else:
+                src, dst = rng.choice(DIRS), rng.choice(DIRS + ["d2"])
+                if self._others_write_under(mount, src):
+                    src = dst = rng.choice(FILES)   # out of the model's scope: see _others_write_under
+            return Step(op, worker, mount, (src, dst))
+        return Step("check_store", worker, mount, ())
+
+    def _others_write_under(self, mount: int, folder: str) -> bool:
+        """Another mount has a file under `folder` open for writing: a folder renamed under another
+        mount's writer is out of the model's scope (that writer's close publishes to the old name
+        or fails with EIO: docs/semantics.md, "The model-based test")."""
+        for m, ws in enumerate(self.model.writers):
+            if m != mount and any(p.startswith(folder + "/") for p in ws):
+                return True
+        return False
+
+    # -- replay ------------------------------------------------------------------------------------
+    def replay(self, steps: list[Step]) -> None:
+        for i, step in enumerate(steps):
+            if self.apply(i, step):
+                self.steps.append(step)
+
+
+def fresh_folder(rig: Rig, tag: str) -> str:
+    folder = f"{tag}-{os.getpid()}-{time.monotonic_ns()}"
+    os.makedirs(rig.store / folder)
+    return folder
+
+
+def run_seed(rig: Rig, seed: int, steps: int, workers: int = 3) -> Run:
+    """Generate and run one seed's sequence; DivergenceError (with `.run`) if it diverges."""
+    run = Run(rig, fresh_folder(rig, f"s{seed}"), workers)
+    try:
+        run.generate(random.Random(seed), steps)
+        run.check_store(len(run.steps), Step("check_store"))
+        _close_all(run)
+        run.check_store(len(run.steps), Step("check_store"))
+    except DivergenceError as err:
+        err.run = run   # type: ignore[attr-defined]
+        raise
+    finally:
+        run.close()
+    return run
+
+
+def _close_all(run: Run) -> None:
+    """Close every descriptor still open, as the model says (publishes follow)."""
+    for label in sorted(run.open):
+        while label in run.open:
+            step = Step("close", 0, 0, (label,))
+            run.steps.append(step)
+            run.apply(len(run.steps) - 1, step)
+
+
+def replays(rig: Rig, steps: list[Step], workers: int = 3) -> Optional[DivergenceError]:
+    """Run `steps` in a fresh folder; the divergence it shows, or None."""
+    run = Run(rig, fresh_folder(rig, "replay"), workers)
+    try:
+        for i, step in enumerate(steps):
+            run.apply(i, step)
+        run.check_store(len(steps), Step("check_store"))
+        _close_all(run)
+        run.check_store(len(steps), Step("check_store"))
+    except DivergenceError as err:
+        return err
+    finally:
+        run.close()
+    return None
+
+
+def shrink(rig: Rig, steps: list[Step], budget_s: float = 300.0) -> list[Step]:
+    """A shorter sequence that still diverges (delta debugging: drop chunks, then single steps;
+    checks stop after `budget_s`)."""
+    deadline = time.monotonic() + budget_s
+    err = replays(rig, steps)
+    assert err is not None, "the sequence does not diverge"
+    steps = steps[:err.index + 1]
+    kind = err.step.op      # keep the divergence of the same kind of step (not another one found on the way)
+    chunk = max(1, len(steps) // 2)
+    while chunk >= 1 and time.monotonic() < deadline:
+        i, changed = 0, False
+        while i < len(steps) and time.monotonic() < deadline:
+            trial = steps[:i] + steps[i + chunk:]
+            e = replays(rig, trial) if trial else None
+            if e is not None and e.step.op == kind:
+                steps = trial[:e.index + 1]
+                changed = True
+            else:
+                i += chunk
+        if not changed:
+            chunk //= 2
+    return steps
+
+
+def save_regression(steps: list[Step], name: str, note: str, mounts: int, passthrough: bool) -> Path:
+    REGRESSIONS.mkdir(exist_ok=True)
+    path = REGRESSIONS / f"{name}.json"
+    path.write_text(json.dumps({"note": note, "mounts": mounts, "passthrough": passthrough,
+                                "steps": [s.to_json() for s in steps]}, indent=1) + "\n")
+    return path
+
+
+def load_regression(path: Path) -> tuple[dict, list[Step]]:
+    doc = json.loads(path.read_text())
+    return doc, [Step.from_json(v) for v in doc["steps"]]
+
+
+__all__ = ["Rig", "Run", "Step", "DivergenceError", "run_seed", "replays", "shrink", "save_regression",
+           "load_regression", "errno", "signal"]

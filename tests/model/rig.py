@@ -1,0 +1,81 @@
+"""Mounts for the model-based test: one store, one or two mounts of it with the cache timeouts
+the model assumes (0: every open and stat asks the store), passthrough on or off. Used by
+tests/model/test_model.py and bench/model_test.py."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from tests.model.harness import Rig
+
+CONFIG = """[store]
+uri = "file://{store}"
+
+[cache]
+attr_timeout_s = 0
+entry_timeout_s = 0
+
+[mount]
+passthrough = "{passthrough}"
+
+[logging]
+file = "{log}"
+level = "INFO"
+"""
+
+
+def _mount(cfg: Path, mnt: Path) -> None:
+    from hintfs.cli.mount import cmd_mount
+    cmd_mount(argparse.Namespace(config=str(cfg), mountpoint=str(mnt), foreground=False, ready_fd=None))
+
+
+def _umount(mnt: Path) -> None:
+    import subprocess
+    from hintfs.cli.umount import cmd_umount
+    if os.path.ismount(mnt):
+        try:
+            cmd_umount(argparse.Namespace(mountpoint=str(mnt), timeout=None))
+        except Exception:
+            pass
+    with open("/proc/self/mounts") as f:
+        if any(line.split()[1] == str(mnt) for line in f):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+
+
+@contextlib.contextmanager
+def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = None) -> Iterator[Rig]:
+    """A store and `mounts` mounts of it; everything unmounted and removed at the end."""
+    own = base is None
+    base = Path(tempfile.mkdtemp(prefix="hintfs-model-")) if base is None else base
+    store = base / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    mnts, cfgs = [], []
+    try:
+        for i in range(mounts):
+            mnt = base / f"mnt{i}"
+            mnt.mkdir(exist_ok=True)
+            cfg = base / f"m{i}.toml"
+            cfg.write_text(CONFIG.format(store=store, passthrough="auto" if passthrough else "off",
+                                         log=base / f"m{i}.log"))
+            _mount(cfg, mnt)
+            mnts.append(mnt)
+            cfgs.append(cfg)
+
+        def remount(i: int) -> None:
+            _umount(mnts[i])
+            _mount(cfgs[i], mnts[i])
+
+        yield Rig(store, mnts, passthrough, remount=remount)
+    finally:
+        for mnt in mnts:
+            _umount(mnt)
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+__all__ = ["model_rig"]
