@@ -100,7 +100,6 @@ class Shrink:
     and the pages lent for it so far."""
     seq: int
     target: int
-    from_quota: int
     for_client: int
     pages_total: int = 0
     pages_got: int = 0
@@ -628,7 +627,7 @@ class GovernorDaemon:
         seq = SlotWriter(c.words).command(cmd, target)
         c.commands.issue(seq, cmd, target)
         if cmd == CMD_SHRINK:
-            c.shrinks[seq] = Shrink(seq, target, c.entry.quota, for_client)
+            c.shrinks[seq] = Shrink(seq, target, for_client)
             for old in sorted(c.shrinks)[:-8]:       # keep the recent ones (late pages)
                 del c.shrinks[old]
         return seq
@@ -765,8 +764,9 @@ class GovernorDaemon:
     # --- the page handoff ---------------------------------------------------------------
     def _pages_in(self, conn: Conn | None, msg: m.Pages, fds: list[int]) -> None:
         """Pages a trainer lends for one of its shrink commands: accepted only for a shrink this
-        daemon sent it, at most the pages that shrink frees (in pages of at least page_bytes), and
-        parked for the reservation that shrink serves. Anything else is refused."""
+        daemon sent it, in pages of at least page_bytes, at most every page of the GPU for one
+        command and the config's page bound for one user, and parked for the reservation that
+        shrink serves (which takes only what it covers). Anything else is refused."""
         try:
             if conn is None or conn.entry.role is not Role.TRAINING:
                 raise ProtocolError("pages: only training clients lend pages")
@@ -776,10 +776,10 @@ class GovernorDaemon:
                 raise ProtocolError(f"pages: no shrink command {msg.seq} was sent to this client")
             if not self.cfg.page_bytes <= msg.page_bytes <= st.ledger.usable_bytes:
                 raise ProtocolError(f"pages: page_bytes must be {self.cfg.page_bytes}..{st.ledger.usable_bytes}")
-            most = -(-max(0, sh.from_quota - sh.target) // msg.page_bytes)
+            most = -(-st.ledger.usable_bytes // msg.page_bytes)     # every page of the GPU
             if sh.pages_total == 0:
                 if msg.total > most:
-                    raise ProtocolError(f"pages: {msg.total} pages for a shrink that frees at most {most}")
+                    raise ProtocolError(f"pages: {msg.total} pages of {msg.page_bytes} bytes: more than the GPU holds")
                 sh.pages_total, sh.page_bytes = msg.total, msg.page_bytes
             elif (msg.total, msg.page_bytes) != (sh.pages_total, sh.page_bytes):
                 raise ProtocolError("pages: total and page_bytes must not change within a command")
