@@ -180,8 +180,8 @@ class GovernorConfig(BaseModel):
         ge=4096,
         le=MAX_CARD_BYTES,
         description="The smallest page a training client may lend in a page handoff (the page "
-        "allocator's default; the CUDA granularity is 2 MiB). A shrink may lend at most the "
-        "bytes it frees in such pages, which bounds the fds the daemon holds (docs/governor.md).",
+        "allocator's default; the CUDA granularity is 2 MiB); smaller pages are refused. It sizes "
+        "the bound on lent pages and the daemon's open files (docs/governor.md, 'Bounds').",
     )
     # --- liveness / ops --------------------------------------------------------------------
     liveness_interval_s: float = Field(
