@@ -4,6 +4,7 @@ back what the previous one's clients may hold until each re-registers or its pid
 from __future__ import annotations
 
 import inspect
+import time
 import os
 import signal
 import subprocess
@@ -199,3 +200,52 @@ def test_a_second_instance_of_the_same_config_is_refused_while_one_runs(tmp_path
         GovernorClient(sock, "inference").close()
     finally:
         d1.stop()
+
+
+def test_an_elastic_trainer_follows_its_commands_through_a_restart(tmp_path):
+    """The trainer's slot (the SlotReader ElasticTrainer holds) points at the new instance's
+    block once its client registered again; a shrink of the new instance is handled and acked."""
+    import threading
+
+    import torch
+    from torch import nn
+
+    from governor.training import governed_trainer
+    from governor_simdevice import SimulatedMemory
+
+    cfg, sock = _config(tmp_path)
+    d1 = DaemonProc(cfg)
+    d1.wait_up(sock)
+    m = nn.Linear(4, 2)
+    mem = SimulatedMemory(fixed=6 * GiB, per_sample=0)
+    trainer, client = governed_trainer(sock, m, torch.optim.SGD(m.parameters(), lr=0.1), lambda o, y: o.sum(),
+                                       device="cpu", probe=mem)
+    assert client.initial_quota == 15 * GiB
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            trainer.poll()
+            time.sleep(0.0005)
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    d2 = None
+    try:
+        slot_before = client.slot
+        d1.kill()
+        d2 = DaemonProc(cfg)
+        d2.wait_up(sock)
+        assert wait_until(lambda: client.restarts == 1, 10)
+        assert client.slot is slot_before and trainer.control is slot_before
+        inf = _client(sock, "inference", name="after")
+        r = inf.request({"op": "reserve", "kind": "kv_cache", "bytes": 8 * GiB})
+        assert r["granted"] == 8 * GiB and r["reclaimed"] == 8 * GiB
+        assert trainer.quota == 7 * GiB
+        inf.close()
+    finally:
+        stop.set()
+        t.join(5)
+        client.close()
+        d1.kill()
+        if d2 is not None:
+            d2.stop()
