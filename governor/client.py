@@ -266,6 +266,10 @@ class GovernorClient:
         self._pending.extend(line for line in self._lines.feed(data) if line)
 
     def request(self, msg: dict) -> dict:
+        if msg.get("op") in ("reserve", "release") and int(msg.get("bytes", 0)) > self.usable_bytes:
+            # never sent: a byte count beyond the card is a message the daemon drops its sender for
+            raise GovernorError(f"{msg['op']}: {msg['bytes']} bytes exceed the card's "
+                                f"{self.usable_bytes} usable (inference's limit)")
         with self._lock:
             if self.broken:
                 raise GovernorError(self.broken)
@@ -331,9 +335,11 @@ class GovernorClient:
     def report_usage(self, kinds: dict[str, int], drain_ms: float | None = None) -> None:
         """Memory held by kind; a trainer adds `drain_ms`, how long its stop can take (its
         bounded drain), which the daemon's reclaim estimate (and so the headroom) never goes under."""
-        msg: dict = {"op": "usage", "kinds": {k: int(v) for k, v in kinds.items()}}
+        cap = self.usable_bytes    # the daemon counts at most the card; beyond 2^50 it refuses
+        msg: dict = {"op": "usage", "kinds": {k: min(max(0, int(v)), cap) for k, v in kinds.items()}}
         if drain_ms is not None:
-            msg["drain_ms"] = float(drain_ms)
+            d = float(drain_ms)
+            msg["drain_ms"] = min(d, 1e6) if d >= 0 else 0.0     # (NaN: 0)
         self.request(msg)
 
     def stats(self) -> dict:

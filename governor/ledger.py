@@ -154,11 +154,9 @@ class GpuLedger:
         c = self.clients.get(client_id)
         if c is None:
             raise LedgerError(f"unknown client {client_id}")
-        reported = {k: max(0, int(v)) for k, v in usage.items()}
-        if sum(reported.values()) > self.usable_bytes:
-            raise LedgerError(f"usage of {sum(reported.values())} bytes exceeds the card's "
-                              f"{self.usable_bytes} usable")
+        reported = {k: min(max(0, int(v)), self.usable_bytes) for k, v in usage.items()}
         c.reported = reported
+        self._cut_reported(c, self.usable_bytes)    # never more than the card in all
 
     def trim_reported(self, client_id: int, used: int) -> None:
         """A training client acknowledged a shrink holding `used` bytes: its last report (made
@@ -167,7 +165,11 @@ class GpuLedger:
         c = self.clients.get(client_id)
         if c is None:
             return
-        excess = sum(c.reported.values()) - min(max(0, int(used)), self.usable_bytes)
+        self._cut_reported(c, min(max(0, int(used)), self.usable_bytes))
+
+    @staticmethod
+    def _cut_reported(c: ClientEntry, most: int) -> None:
+        excess = sum(c.reported.values()) - most
         order = [MemoryKind.ACTIVATIONS, MemoryKind.WORKSPACE, MemoryKind.KV_CACHE,
                  MemoryKind.OPTIMIZER_STATE, MemoryKind.WEIGHTS]
         for k in order:
