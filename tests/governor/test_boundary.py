@@ -120,12 +120,18 @@ def test_a_user_the_config_does_not_allow_is_refused_at_connect(make_daemon, cap
     caplog.set_level(logging.INFO, logger=LOG)
     d = make_daemon(world=True, allowed_uids=[4242])      # a socket any user may connect to...
     r = nobody_script(f"""
+        res = []
         s = conn({d.cfg.socket_path!r})
-        out({{"register": register(s, "inference"), "closed": closed(s)}})
+        res.append([register(s, "inference"), closed(s)])
+        for role, raw in {list(ATTACKS.values())!r}:      # every input of the issue, each on its own
+            s = conn({d.cfg.socket_path!r})
+            res.append([request(s, raw.encode("utf-8", "surrogateescape") + b"\\n"), closed(s)])
+        out({{"results": res}})
     """)
-    assert r["register"] is None and r["closed"], r     # ...but the daemon closes at once
+    assert all(reply is None and gone for reply, gone in r["results"]), r   # ...but closes at once
     assert d.call(lambda: d.ledger().clients) == {}
-    assert len(lines_about(caplog, f"uid {NOBODY}")) == 1
+    refused = lines_about(caplog, f"uid {NOBODY}")
+    assert len(refused) == 1 and "refused" in refused[0], refused     # one line, not one per try
     root_still_served(d)
 
 
