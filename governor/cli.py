@@ -37,7 +37,7 @@ def main(config_path: str) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        daemon.close()  # removes the socket and the shared-memory files
+        daemon.close()  # removes the socket (its lock files and restart record stay)
     return 0
 
 
