@@ -582,3 +582,16 @@ def test_the_deadline_warning_names_the_clients(make_daemon, caplog):
     msgs = lines_about(caplog, "missed")
     assert msgs and "vit-server" in msgs[0] and "sim" in msgs[0], msgs
     inf.close(); trainer.close()
+
+
+@needs_nobody
+def test_members_of_the_socket_group_may_connect(make_daemon):
+    d = make_daemon(world=True, socket_group=NOBODY)      # uid 65534's primary group
+    st = os.stat(d.cfg.socket_path)
+    assert st.st_gid == NOBODY and st.st_mode & 0o777 == 0o660
+    r = nobody_script(f"""
+        s = conn({d.cfg.socket_path!r})
+        reg = register(s, "inference")
+        out({{"ok": bool(reg and reg.get("ok")), "fds": len(FDS)}})
+    """)
+    assert r == {"ok": True, "fds": 1}, r      # registered, its block came as an fd
