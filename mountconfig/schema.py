@@ -86,7 +86,9 @@ class CacheConfig(Section):
     spool_dir: str = Field(
         "/var/cache/hintfs/spool",
         description="Remote stores only: local directory where written files are staged until close "
-        "uploads them. file:// stores stage next to the target instead, so the rename is atomic.",
+        "uploads them. file:// stores stage next to the target instead, so the rename is atomic. An "
+        "absolute path; created 0700 and owned by the daemon's user: another user's folder or a symlink "
+        "is refused at mount time (common/owndir.py).",
     )
     # The host cache of remote stores (stores/hostcache.py, docs/hostcache.md).
     dir: str = Field(
@@ -122,6 +124,15 @@ class CacheConfig(Section):
     def _cache_dir(cls, v: str) -> str:
         if v and not v.startswith("/"):
             raise ValueError("must be an absolute path (or empty: no host cache)")
+        if "\0" in v:
+            raise ValueError("contains a NUL byte")
+        return v
+
+    @field_validator("spool_dir")
+    @classmethod
+    def _spool_dir(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path")
         if "\0" in v:
             raise ValueError("contains a NUL byte")
         return v

@@ -100,9 +100,10 @@ def test_the_daemon_makes_its_spool_folder_0700_and_tightens_its_own(tmp_path, c
 
 
 def test_a_relative_spool_folder_is_refused(tmp_path):
-    with pytest.raises(MountError) as exc:
-        open_checked_store(s3_config("spool"))
-    assert "cache.spool_dir spool" in str(exc.value) and "absolute" in str(exc.value)
+    from mountconfig.load import ConfigError
+    with pytest.raises(ConfigError) as exc:      # by the config's schema, naming the key
+        s3_config("spool")
+    assert "cache.spool_dir" in str(exc.value) and "absolute" in str(exc.value)
 
 
 @needs_nobody
