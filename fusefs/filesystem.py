@@ -310,7 +310,16 @@ class Filesystem:
             if inode.writer is None:
                 self.inodes.set_backing(inode, key)
             return inode
-        return inode if inode is not None else self.inodes.ensure(path)
+        kind = stat_mod.S_IFMT(st.mode)
+        if inode is not None and inode.kind and inode.kind != kind and inode.writer is None and inode.path == path:
+            # Another host replaced the file by another kind of node (a symlink, a folder): the
+            # name gets a new inode (the kernel would make the old one, still open here, a bad inode)
+            self.inodes.detach(path)
+            inode = None
+        if inode is None:
+            inode = self.inodes.ensure(path)
+        inode.kind = kind
+        return inode
 
     def _same_file(self, path: str, key: tuple[int, int]) -> bool:
         try:
@@ -454,7 +463,15 @@ class Filesystem:
             st = await self._stat_inode(node)
             atime = attr.st_atime_ns if fields.update_atime else (st.atime_ns or st.mtime_ns)
             mtime = attr.st_mtime_ns if fields.update_mtime else st.mtime_ns
-            await self._apply(node, self.store.utimens, _futimens, atime, mtime)
+            staging = node.writer
+            if staging is not None and staging.unseen_writes and not node.unlinked and staging.fd >= 0:
+                # Open for writing under passthrough: the times go on its staging file, and its
+                # next close publishes them (the name may hold another opener's published file,
+                # whose own next publish must not take this for a write of its own).
+                _futimens(staging.fd, atime, mtime)
+                staging.dirty = True
+            else:
+                await self._apply(node, self.store.utimens, _futimens, atime, mtime)
         return self.attrs(node, await self._stat_inode(node))
 
     async def _apply(self, node: Inode, by_path: Callable, by_fd: Callable, *args) -> None:
@@ -470,8 +487,14 @@ class Filesystem:
             by_fd(node.writer.fd, *args)
             try:
                 await self.io(by_path, node.path, *args, inline=self.meta_inline)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 pass   # created through the mount, not published yet: the staged file has it
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.ELOOP, errno.EACCES, errno.EPERM):
+                    raise
+                # the name holds another kind of node by now (another host's symlink): the staged
+                # file has the change, its next publish carries it
+                log.debug("%s of %s by name: %s (kept on the open file)", by_path.__name__, node.path, err.strerror)
             return
         await self.io(by_path, node.path, *args, inline=self.meta_inline)
 
@@ -971,10 +994,14 @@ class Filesystem:
         """After a commit to a file:// store the staging fd *is* the live file: before writing
         again, stage a fresh copy so readers of the store never see a half-written file."""
         staging = node.writer
-        if staging.live and node.unlinked:
-            # The published file was unlinked since: it is this open file's alone now (nameless,
-            # as a file unlinked while open on a disk), written in place, never published.
-            staging.live, staging.path = False, ""
+        if staging.live and node.unlinked and not (node.pt_refs and node.pt_staging is staging):
+            # The published file's name went through this mount, but the file may still be in the
+            # store under another name (another host renamed it): writes go to a nameless copy,
+            # never published.
+            fresh = await self.io(self.store.nameless_copy, staging)
+            self.store.discard(staging)
+            node.writer = fresh
+            self._stream_started(node)
             return
         if staging.live and not (node.pt_refs and node.pt_staging is staging):
             # (with passthrough the kernel writes into this very file: it cannot be swapped)
@@ -998,14 +1025,16 @@ class Filesystem:
         staging = node.writer
         if staging is None:
             return
-        unseen = staging.changed_unseen()
-        if not staging.dirty and not unseen:
-            return
         if node.unlinked:
             staging.dirty = False  # written to a name that no longer exists: nothing to publish
             return
         if staging.failed:
+            # A close of this file failed: every later close and fsync fails too (a program that
+            # checks only its last close learns it), and these bytes are never published.
             raise HintfsError(errno.EIO, f"not publishing {node.path}: {staging.failed}")
+        unseen = staging.changed_unseen()
+        if not staging.dirty and not unseen:
+            return
         if staging.unseen_writes:
             await self._check_unseen_writes(node, staging)
         writers_left = node.writer_refs - (1 if closing else 0)

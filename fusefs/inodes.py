@@ -18,7 +18,7 @@ from stores.base import Staging
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
-                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key")
+                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key", "kind")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -55,6 +55,7 @@ class Inode:
         # an open that finds another file at the name gets a new inode (close-to-open on one
         # page cache per inode, `Filesystem._renew`); None while nothing is open.
         self.file_key: Optional[tuple[int, int]] = None
+        self.kind = 0             # S_IFMT of the store entry it was last looked up as (0: unknown)
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr

@@ -377,3 +377,7 @@ class ArrowStore:
 
     def follow(self, staging: Staging, rel: str) -> None:
         """(spool files are not beside their target)"""
+
+    def nameless_copy(self, staging: Staging) -> Staging:
+        """(a spool file is never the published object: nothing to copy from)"""
+        raise HintfsError(errno.EINVAL, "spool files are never live")

@@ -153,6 +153,9 @@ class Store(Protocol):
     def follow(self, staging: Staging, rel: str) -> None:
         """The open file of `staging` was renamed to `rel`: a staging file kept beside its target
         moves beside the new name."""
+    def nameless_copy(self, staging: Staging) -> Staging:
+        """A private copy of a published (live) staging file, with no name in the store: what an
+        open file whose name is gone writes into."""
     def put_small(self, rel: str, data: bytes) -> None: ...
     def check(self) -> None:
         """Raise OSError when the store root cannot be reached (used at mount time)."""

@@ -671,6 +671,9 @@ class HostCachedStore:
     def follow(self, staging: Staging, rel: str) -> None:
         self._store.follow(staging, rel)
 
+    def nameless_copy(self, staging: Staging) -> Staging:
+        return self._store.nameless_copy(staging)
+
     def put_small(self, rel: str, data: bytes) -> None:
         self._changing((rel,), False, self._store.put_small, rel, data)
 

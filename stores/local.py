@@ -427,6 +427,21 @@ class LocalStore:
         self.unname(staging)
         staging.close()
 
+    def nameless_copy(self, staging: Staging) -> Staging:
+        """A private copy of `staging`'s file with no name in the store (O_TMPFILE in the store's
+        root folder: the same filesystem), for an open file whose name is gone."""
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=self.root_fd)
+        try:
+            st = os.fstat(staging.fd)
+            copy_fd(staging.fd, fd, st.st_size)
+            os.fchmod(fd, st.st_mode & 0o7777)
+        except BaseException:
+            os.close(fd)
+            raise
+        fresh = Staging(fd, "", staging.target)
+        fresh.inline_io = staging.inline_io
+        return fresh
+
     def follow(self, staging: Staging, rel: str) -> None:
         """The open file of `staging` was renamed to `rel`: its staging file moves beside it (its
         old folder can be removed; its publish stays one rename in one folder)."""
