@@ -132,10 +132,11 @@ class Model:
     def _dir_exists(self, path: str) -> bool:
         return path == "" or self.store.get(path) == DIR
 
-    def _resolve(self, path: str) -> tuple[Optional[str], Optional[int]]:
-        """Follow a final symlink (the kernel does, in the reader's namespace) up to 8 times."""
+    def _resolve(self, path: str, m: int = 0) -> tuple[Optional[str], Optional[int]]:
+        """Follow a final symlink (the kernel does, in the reader's namespace) up to 8 times; a
+        name the mount is writing is that file, whatever the store holds there."""
         for _ in range(8):
-            e = self.store.get(path)
+            e = self.view(m, path)
             if not isinstance(e, Symlink):
                 return path, None
             path = posixpath.normpath(posixpath.join(self.parent(path), e.target))
@@ -166,13 +167,15 @@ class Model:
     def publish(self, w: Writer, closing: bool) -> None:
         """Raises _Fail(EIO) when the publish fails: the store keeps its previous version, and the
         writer's later changes are never published either (a close failed: docs/semantics.md)."""
-        if not w.dirty:
-            return
         if w.unlinked:
             w.dirty = False
             return
+        if w.failed:
+            raise _Fail(errno.EIO)   # a close failed: every later one fails too, nothing is published
+        if not w.dirty:
+            return
         path = w.path
-        if w.failed or (self.local_store and not self._dir_exists(self.parent(path))):
+        if self.local_store and not self._dir_exists(self.parent(path)):
             w.failed = True      # (its folder was removed or renamed away by another mount)
             raise _Fail(errno.EIO)
         w.dirty = False
@@ -199,8 +202,9 @@ class Model:
         """Before a write through the daemon after a publish: the staging is copied (the published
         file never changes). With passthrough the kernel writes the staging itself: not copied."""
         if w.live and not self.passthrough:
-            if self.local_store and not self._dir_exists(self.parent(w.path)):
+            if self.local_store and not w.unlinked and not self._dir_exists(self.parent(w.path)):
                 raise _Fail(errno.ENOENT)   # the copy is staged beside the target: its folder is gone
+            # (a file whose name is gone gets a nameless copy)
             w.staging = w.staging.copy()
             w.live = False
 
@@ -214,7 +218,7 @@ class Model:
         if flags & os.O_CREAT and flags & os.O_EXCL and self._dir_exists(self.parent(path)) \
                 and self.view(m, path) is not None:
             return err(errno.EEXIST)          # (a symlink there is not followed)
-        path2, code = self._resolve(path)
+        path2, code = self._resolve(path, m)
         if code:
             return err(code)
         path = path2
@@ -520,7 +524,6 @@ class Model:
         self._detach(m, path, w)
         if w is not None:
             w.unlinked = True          # never published; its descriptors keep working
-            w.live = False             # (a published file unlinked: now the open file's alone)
             del self.writers[m][path]
         return ok()
 
@@ -558,7 +561,7 @@ class Model:
         return ok(e.target)
 
     def chmod(self, m: int, path: str, mode: int) -> tuple:
-        p, code = self._resolve(path)
+        p, code = self._resolve(path, m)
         if code:
             return err(code)
         if not self._dir_exists(self.parent(p)):
@@ -584,7 +587,7 @@ class Model:
         return ok()
 
     def truncate(self, m: int, path: str, size: int) -> tuple:
-        p, code = self._resolve(path)
+        p, code = self._resolve(path, m)
         if code:
             return err(code)
         if not self._dir_exists(self.parent(p)):
@@ -664,6 +667,18 @@ class Model:
             if ofd.mount == m and (ofd.path == old or ofd.path.startswith(old + "/")):
                 ofd.path = new + ofd.path[len(old):]
         return ok()
+
+    def crash(self, m: int) -> list[int]:
+        """Mount `m`'s daemon was killed: its open files are gone (their writes never published,
+        unless published in place before, which the store keeps), its writers too. The handles
+        that died, for the harness to forget."""
+        dead = [h for h, o in self.ofds.items() if o.mount == m]
+        for h in dead:
+            del self.ofds[h]
+        for w in self.writers[m].values():
+            w.unlinked = True          # nothing more is published from it
+        self.writers[m].clear()
+        return dead
 
     def tree(self) -> list[tuple[str, str, object]]:
         """The store as the harness reads it directly: (path, kind, content or target)."""

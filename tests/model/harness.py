@@ -91,12 +91,14 @@ class Step:
     label: int = -1         # opens: the label later steps use
 
     def to_json(self) -> list:
-        return [self.op, self.worker, self.mount, list(self.args), self.label]
+        from tests.model.worker import _enc
+        return [self.op, self.worker, self.mount, _enc(list(self.args)), self.label]
 
     @classmethod
     def from_json(cls, v: list) -> "Step":
+        from tests.model.worker import _dec
         op, worker, mount, args, label = v
-        return cls(op, worker, mount, tuple(args), label)
+        return cls(op, worker, mount, tuple(_dec(args)), label)
 
     def __str__(self) -> str:
         return f"{self.op}(w{self.worker}, m{self.mount}, {', '.join(map(_arg, self.args))})" + \
@@ -172,6 +174,7 @@ class Run:
         # The kernel sends RELEASE after close() returns: the harness waits for it after each last
         # close, so the next step sees the writer gone, as the model does (a seed replays exactly).
         self.released = [self._settled_releases(i) for i in range(len(self.rig.mounts))]
+        self.crashes = 0
 
     def close(self) -> None:
         for w in self.procs:
@@ -280,8 +283,6 @@ class Run:
         elif op in ("mkdir", "rmdir", "unlink", "readdir", "readlink"):
             got = w.call(op, self.path(step.mount, a[0]))
             want = getattr(model, op)(step.mount, a[0])
-            if op == "readdir" and got[0] == "ok":
-                got = ("ok", [n for n in got[1] if not n.startswith(STAGING_PREFIX)])
         elif op == "check_store":
             self.check_store(i, step)
             return True
@@ -323,9 +324,13 @@ class Run:
             raise DivergenceError(i, step, _tree_diff(got, want), "the model's store", "the store read directly")
 
     # -- generation --------------------------------------------------------------------------------
-    def generate(self, rng: random.Random, n: int) -> None:
-        """Generate and run `n` steps (recorded in `self.steps`)."""
+    def generate(self, rng: random.Random, n: int, crash_every: int = 0) -> None:
+        """Generate and run `n` steps (recorded in `self.steps`); with `crash_every`, a SIGKILL of a
+        random mount's daemon after about that many steps (uniformly at random)."""
         for _ in range(n):
+            if crash_every and rng.random() < 1.0 / crash_every:
+                self.crash(len(self.steps), rng.randrange(len(self.rig.mounts)))
+                continue
             step = self.draw(rng, len(self.steps))
             self.steps.append(step)
             self.apply(len(self.steps) - 1, step)
@@ -383,11 +388,82 @@ class Run:
                 return True
         return False
 
+    # -- crashes -----------------------------------------------------------------------------------
+    def crash(self, i: int, mount: int) -> None:
+        """SIGKILL mount `mount`'s daemon now; then what the model says survives must be in the
+        store (everything closed or fsynced, whole), `hintfs umount` of the dead mount and a new
+        mount of it, which must leave no staging file of the dead daemon once it has looked."""
+        assert self.rig.daemon_pid is not None and self.rig.remount is not None
+        pid = self.rig.daemon_pid(mount)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.01)
+        # Close what is open on the other mounts (their publishes happen), then the workers go:
+        # their descriptors of the dead mount die with them.
+        for label in sorted(self.open):
+            h = self.open[label][0]
+            if self._mount_of.get(h) != mount:
+                while label in self.open:
+                    step = Step("close", 0, 0, (label,))
+                    self.steps.append(step)
+                    self.apply(len(self.steps) - 1, step)
+        for w in self.procs:
+            w.close()
+        for h in self.model.crash(mount):
+            self._mount_of.pop(h, None)
+        self.open.clear()
+        self.rig.remount(mount)
+        self.procs = [Worker() for _ in range(self.workers)]
+        self.released[mount] = self._settled_releases(mount)
+        self.crashes += 1
+        self.check_store(i, Step("check_store", 0, mount, ("after a crash",)))
+        self.check_no_staging_left(i, mount)
+
+    def check_no_staging_left(self, i: int, mount: int) -> None:
+        """The dead daemon's staging files are never shown, and the next mount removes them when
+        it lists their folder once they are `STALE_STAGING_AGE_S` old (their mtime is set back
+        here instead of waiting a minute)."""
+        def dead_stagings() -> list[str]:
+            return [os.path.join(d, n) for d, _s, ns in os.walk(self.rig.store / self.folder)
+                    for n in ns if n.startswith(STAGING_PREFIX) and _staging_pid(n) not in self._live_pids()]
+        past = time.time() - 3600
+        for p in dead_stagings():
+            os.utime(p, (past, past), follow_symlinks=False)
+        for dirpath, _dirs, names in os.walk(self.rig.store / self.folder):
+            rel = os.path.relpath(dirpath, self.rig.store)
+            shown = os.listdir(self.rig.mounts[mount] / rel)       # the mount looks at the folder
+            if any(n.startswith(STAGING_PREFIX) for n in shown):
+                raise DivergenceError(i, Step("readdir", 0, mount, (rel,)), shown, "no staging file listed")
+        leftover = dead_stagings()
+        if leftover:
+            raise DivergenceError(i, Step("check_store", 0, mount, ("staging after a crash",)), leftover[:4],
+                                  "no staging file of a dead daemon", "after the next mount looked")
+
+    def _live_pids(self) -> set[int]:
+        assert self.rig.daemon_pid is not None
+        return {self.rig.daemon_pid(m) for m in range(len(self.rig.mounts))}
+
     # -- replay ------------------------------------------------------------------------------------
     def replay(self, steps: list[Step]) -> None:
         for i, step in enumerate(steps):
             if self.apply(i, step):
                 self.steps.append(step)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def _staging_pid(name: str) -> int:
+    try:
+        return int(name[len(STAGING_PREFIX):].split(".")[0])
+    except ValueError:
+        return -1
 
 
 def fresh_folder(rig: Rig, tag: str) -> str:
@@ -396,11 +472,11 @@ def fresh_folder(rig: Rig, tag: str) -> str:
     return folder
 
 
-def run_seed(rig: Rig, seed: int, steps: int, workers: int = 3) -> Run:
+def run_seed(rig: Rig, seed: int, steps: int, workers: int = 3, crash_every: int = 0) -> Run:
     """Generate and run one seed's sequence; DivergenceError (with `.run`) if it diverges."""
     run = Run(rig, fresh_folder(rig, f"s{seed}"), workers)
     try:
-        run.generate(random.Random(seed), steps)
+        run.generate(random.Random(seed), steps, crash_every)
         run.check_store(len(run.steps), Step("check_store"))
         _close_all(run)
         run.check_store(len(run.steps), Step("check_store"))

@@ -70,7 +70,23 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             _umount(mnts[i])
             _mount(cfgs[i], mnts[i])
 
-        yield Rig(store, mnts, passthrough, remount=remount)
+        def daemon_pid(i: int) -> int:
+            import json
+            return json.loads((mnts[i] / ".hintfs" / "stats").read_text())["pid"]
+
+        pids: dict[int, int] = {}
+
+        def pid_of(i: int) -> int:
+            # (a dead daemon's mount cannot answer: the pid is remembered at each remount)
+            if i not in pids:
+                pids[i] = daemon_pid(i)
+            return pids[i]
+
+        def remount_and_forget(i: int) -> None:
+            remount(i)
+            pids[i] = daemon_pid(i)
+
+        yield Rig(store, mnts, passthrough, remount=remount_and_forget, daemon_pid=pid_of)
     finally:
         for mnt in mnts:
             _umount(mnt)

@@ -1,0 +1,59 @@
+"""The model-based test in CI (issue 35): fixed seeds on one and two mounts of one `file://`
+store, with and without FUSE passthrough, each checked step by step against the reference model
+of docs/semantics.md (`tests/model/fsmodel.py`); and every shrunk sequence that once diverged
+(`tests/model/regressions/`), replayed. About 20,000 operations in all; the long runs (10^6
+operations, crashes) are `bench/model_test.py`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_fuse
+from tests.model.harness import REGRESSIONS, DivergenceError, load_regression, replays, run_seed
+from tests.model.rig import model_rig
+
+pytestmark = needs_fuse
+
+# (mounts, passthrough): seeds, steps per seed. ~5,000 operations per configuration.
+CONFIGS = [(1, False), (1, True), (2, False), (2, True)]
+SEEDS = range(1, 18)
+STEPS = 300
+
+
+@pytest.mark.parametrize("mounts,passthrough", CONFIGS, ids=lambda v: str(v))
+def test_random_operations_match_the_model(mounts, passthrough):
+    with model_rig(mounts, passthrough) as rig:
+        if passthrough:
+            import json
+            state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["passthrough"]["state"]
+            if state != "on":
+                pytest.skip(f"FUSE passthrough is not available here: {state}")
+        ops = 0
+        for seed in SEEDS:
+            try:
+                ops += run_seed(rig, seed, STEPS).ops
+            except DivergenceError as err:
+                steps = err.run.steps[:err.index + 1]   # type: ignore[attr-defined]
+                tail = "\n".join(f"  {i}: {s}" for i, s in enumerate(steps) if i >= len(steps) - 12)
+                pytest.fail(f"seed {seed} ({mounts} mount(s), passthrough {passthrough}): {err}\n{tail}\n"
+                            "shrink it with bench/model_test.py --shrink and save it as a regression")
+        assert ops >= len(SEEDS) * STEPS
+
+
+def _regressions() -> list[Path]:
+    return sorted(REGRESSIONS.glob("*.json")) if REGRESSIONS.exists() else []
+
+
+@pytest.mark.parametrize("path", _regressions(), ids=lambda p: p.stem)
+def test_a_sequence_that_once_diverged_matches_the_model(path):
+    doc, steps = load_regression(path)
+    with model_rig(doc["mounts"], doc["passthrough"]) as rig:
+        err = replays(rig, steps)
+        assert err is None, f"{path.name} ({doc['note']}): {err}"
+
+
+def test_the_regressions_exist():
+    """Each product bug the model found has its shrunk sequence here (the issue's rule)."""
+    assert len(_regressions()) >= 8, os.listdir(REGRESSIONS) if REGRESSIONS.exists() else "none"
