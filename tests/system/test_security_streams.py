@@ -323,7 +323,9 @@ def test_a_publish_with_a_huge_crc_list_is_refused_and_costs_bounded_memory(worl
         assert got["errors"] == [errno.EINVAL] * callers, got
         grew = tier.peak_rss() - base_rss
         transport = callers * 2 * got["body_bytes"]
-        assert grew < transport + (128 << 20), \
+        # (slack: allocator and gRPC noise measured up to ~150 MiB on a loaded 2-vCPU VM; the code
+        # before the fix kept ~35 MiB per caller more: ~350 MiB over the buffers with 10 callers)
+        assert grew < transport + (200 << 20), \
             f"the agent's peak memory grew by {grew >> 20} MiB ({transport >> 20} MiB of it gRPC's buffers)"
         assert tier.v6.ping()
     finally:
