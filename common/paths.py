@@ -18,6 +18,7 @@ import ctypes
 import errno
 import os
 import posixpath
+from typing import Optional
 
 from common.errors import HintfsError
 
@@ -27,6 +28,19 @@ STAGING_PREFIX = ".hintfs-tmp."      # staged writes: hidden files next to their
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
 MAX_JOB_NAME_BYTES = 200             # leaves room for `.status` / `.error` siblings
+
+
+def inside(root: str, path: str) -> Optional[str]:
+    """Where `path` lies under the folder `root`: a '/'-separated path relative to it ('' for
+    `root` itself), or None when it is not inside. The one rule of "inside the mount": only a
+    `..` component leaves (a folder named `..data` is inside). Lexical: both are made absolute
+    (`os.path.abspath`); a caller that must see through symlinks passes `os.path.realpath`s."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel == os.curdir:
+        return ""
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return None
+    return rel.replace(os.sep, "/")
 
 
 def refuse(what: str, value: object, reason: str) -> HintfsError:

@@ -23,6 +23,29 @@ def test_child_joins():
     assert paths.child("a/b", b"c") == "a/b/c"
 
 
+@pytest.mark.parametrize("root, path, rel", [
+    ("/mnt/h", "/mnt/h", ""),
+    ("/mnt/h", "/mnt/h/ckpt/s1", "ckpt/s1"),
+    ("/mnt/h/", "/mnt/h/./ckpt//s1/", "ckpt/s1"),
+    ("/mnt/h", "/mnt/h/..data/x", "..data/x"),      # a folder named `..data` is inside
+    ("/mnt/h", "/mnt/h/...", "..."),
+    ("/mnt/h", "/mnt/h/a/../b", "b"),
+    ("/mnt/h", "/mnt", None),
+    ("/mnt/h", "/mnt/h/../other", None),
+    ("/mnt/h", "/mnt/hx", None),                     # a sibling with the same prefix
+    ("/", "/etc", "etc"),
+])
+def test_inside_is_the_one_rule_of_inside_the_mount(root, path, rel):
+    assert paths.inside(root, path) == rel
+
+
+def test_inside_takes_relative_paths_from_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert paths.inside(str(tmp_path), "d/f") == "d/f"
+    assert paths.inside("d", str(tmp_path / "e")) is None
+    assert paths.inside("d", "d/..e") == "..e"
+
+
 @pytest.mark.parametrize("link, target, ok", [
     ("a/l", "b", True),
     ("a/l", "../b", True),
