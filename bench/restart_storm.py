@@ -35,7 +35,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ sys.path.insert(0, REPO)
 from agent.client import AgentClient  # noqa: E402
 from policy.replicas import choose_replica, fanout_rounds, plan_replicas  # noqa: E402
 from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
+from tests.helpers.ports import free_port  # noqa: E402  (the harness of tests and benches)
 
 RESULTS = os.path.join(HERE, "results")
 WINDOW_S = 0.5
@@ -139,12 +139,6 @@ def load_plan(ckpt: str):
 
 
 # -- agents -------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Agents:
     """K `hintfs agent` processes; always stopped (terminate by pid, wait) by `stop`."""
 

@@ -1,7 +1,7 @@
 """What the stream sender costs in CPU per byte (issue 15: the training write with streaming is
 CPU-bound on the bench's VM), through the real path: `fusefs.streamtap.StreamTap` and its
 `Streamer`s in this process, Flight calls to a tier agent in a child process, across
-`bench/wan.py`'s relay (100 ms RTT, 400 Mbit/s, another child: the link is not the sender's CPU).
+`tests/helpers/wan.py`'s relay (100 ms RTT, 400 Mbit/s, another child: the link is not the sender's CPU).
 
 A writer thread of this process writes each checkpoint as `--files` files one after another in
 1 MiB `write()`s into tmpfs, paced to `--rate-mb-s`, and hooks them to the tap as the mount does
@@ -47,8 +47,7 @@ def serve_tier(folder: str) -> None:
 
 def serve_relay(port: int, delay_s: float, bytes_s: float) -> None:
     """(child) The WAN relay in front of the tier, its port on stdout; ends when stdin closes."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from wan import Relay
+    from tests.helpers.wan import Relay
     relay = Relay(("127.0.0.1", port), delay_s, bytes_s)
     print(relay.start(), flush=True)
     sys.stdin.read()

@@ -1,7 +1,6 @@
 """Elastic training on CPU: exact gradients under shrinks and data parallelism with gloo."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 from governor.protocol import CMD_GROW, CMD_SHRINK
 from governor.training import ElasticTrainer
 from governor_simdevice import ScriptedControl, SimulatedMemory
+from tests.helpers.ports import free_port
 
 MB = 1 << 20
 
@@ -143,14 +143,6 @@ def test_micro_batches_fit_the_quota_after_fitting():
     assert max(res.micro_batches) >= 7  # and not needlessly small (margin 10%)
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _dp_worker(rank, world, port, sizes, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -173,7 +165,7 @@ def test_data_parallel_uneven_local_batches_match_full_batch():
     ctx = mp.get_context("spawn")
     with ctx.Manager() as mgr:
         out = mgr.dict()
-        mp.start_processes(_dp_worker, args=(len(sizes), _free_port(), sizes, out),
+        mp.start_processes(_dp_worker, args=(len(sizes), free_port(), sizes, out),
                            nprocs=len(sizes), start_method="spawn", join=True)
         out = dict(out)
     x, y = make_data(sum(sizes))

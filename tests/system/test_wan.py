@@ -1,4 +1,4 @@
-"""bench/wan.py: the user-space WAN relay, against loopback echo and sink servers."""
+"""tests/helpers/wan.py: the user-space WAN relay, against loopback echo and sink servers."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,9 @@ import time
 import pytest
 import trio
 
-from bench.wan import Relay, run_relay
+from tests.helpers.ports import free_port
+from tests.helpers.procs import REPO
+from tests.helpers.wan import Relay, run_relay
 
 DELAY_S = 0.05
 
@@ -208,9 +210,7 @@ def test_stop_closes_open_connections_and_frees_the_port(server_factory):
 
 
 def test_unreachable_target_closes_the_client():
-    with socket.socket() as probe:          # a port with nothing listening
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()
+    dead = ("127.0.0.1", free_port())       # a port with nothing listening
     with Relay(dead, 0.0, 10e6) as relay:
         with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as s:
             s.settimeout(5)
@@ -245,19 +245,16 @@ def test_loopback_only_and_bad_values():
 def test_cli_runs_for_a_bounded_time(tmp_path, server_factory):
     import subprocess
     import sys
-    from pathlib import Path
     echo = server_factory(_Echo)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     out = tmp_path / "stats.json"
-    script = Path(__file__).resolve().parents[2] / "bench" / "wan.py"
-    proc = subprocess.run([sys.executable, str(script), "--listen", f"127.0.0.1:{port}",
+    relay = [sys.executable, "-m", "tests.helpers.wan"]
+    proc = subprocess.run([*relay, "--listen", f"127.0.0.1:{port}",
                            "--target", f"127.0.0.1:{echo[1]}", "--delay-ms", "10",
                            "--bandwidth-mbit", "100", "--duration-s", "0.5",
-                           "--stats-json", str(out)], capture_output=True, text=True, timeout=20)
+                           "--stats-json", str(out)], capture_output=True, text=True, timeout=20, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["accepted"] == 0
-    bad = subprocess.run([sys.executable, str(script), "--target", "10.1.1.1:80"],
-                         capture_output=True, text=True, timeout=20)
+    bad = subprocess.run([*relay, "--target", "10.1.1.1:80"],
+                         capture_output=True, text=True, timeout=20, cwd=REPO)
     assert bad.returncode == 2 and "loopback" in bad.stderr

@@ -15,14 +15,8 @@ import pytest
 from hintfs.cli import build_parser
 from hintfs.cli.errors import one_line
 from tests.helpers.cli import hintfs, one_clean_line
+from tests.helpers.ports import free_port as closed_port   # a loopback port nobody listens on
 
-
-
-def closed_port() -> int:
-    """A loopback port nobody listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- hints -------------------------------------------------------------------------------------

@@ -1,19 +1,14 @@
 """bench/send_floor.py, the floor sender of `cross_dc_eval.py --floor-sender`: every byte of every
 file crosses, its CRC pass runs, and the pace holds."""
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tests.helpers.ports import free_port
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "send_floor.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_floor_sender_sends_every_byte_at_its_pace(tmp_path):

@@ -1,16 +1,13 @@
-"""bench/cross_dc_eval.py's `--hold-staging` diagnostic (`StagingHolder`): it holds each staging
-file a mount opens, and only those, until released, so their pages outlive the mount's unlink."""
+"""bench/cross_dc_eval.py's `--hold-staging` diagnostic (`tests/helpers/staging_holder.py`): it holds
+each staging file a mount opens, and only those, until released, so their pages outlive the
+mount's unlink."""
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from cross_dc_eval import StagingHolder  # noqa: E402  (bench/ holds scripts, not a package)
-
-from tests.conftest import wait_for  # noqa: E402
+from tests.helpers.procs import wait_for
+from tests.helpers.staging_holder import StagingHolder
 
 
 def test_the_holder_keeps_each_staging_file_and_no_other(tmp_path):
