@@ -14,6 +14,11 @@ from typing import Optional
 
 from common.paths import printable
 
+# Marks: words of a log line that another process looks for. The mount daemon logs this (with a
+# JSON list of store paths) when it abandons files still open for writing at unmount; `hintfs
+# umount` finds the line in the daemon's log and prints those paths.
+ABANDONED_MARK = "unmount abandoned"
+
 
 class OneLineFormatter(logging.Formatter):
     """`inner`'s format, with the message escaped to one printable line."""

@@ -22,13 +22,13 @@ import sys
 import time
 from typing import Optional
 
+from common.logline import ABANDONED_MARK
 from common.mounts import MountEntry, daemon_problem, detach_lazily, mount_at, unmount
 from common.procs import pid_alive
 from hintfs.cli.base import UserError
 from hintfs.status import StatsUnavailable, read_stats
 
 GRACE_S = 15.0          # beyond the daemon's own wait: uploads in flight at close, the agent's shutdown
-ABANDONED_MARK = "unmount abandoned"    # fusefs.mount.ABANDONED_MARK (not imported: no libfuse3 here)
 
 
 def add_parser(subparsers) -> None:
