@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from common.errors import validation_message
 from governor.ledger import MemoryKind
 
 MAX_LINE = 4096            # bytes of one message (the largest, a register, is ~300)
@@ -166,10 +167,8 @@ def validate(msg: dict) -> BaseModel:
         raise ProtocolError(f"unknown op {str(op)[:40]!r}")
     try:
         return _adapter.validate_python(msg)
-    except ValidationError as err:
-        e = err.errors(include_url=False, include_input=False, include_context=False)[0]
-        where = ".".join(str(p) for p in e["loc"][1:]) or "(message)"
-        message = f"{op}: {where}: {e['msg']}"
+    except ValidationError as err:   # the first part of each key is the union's tag, the op
+        message = f"{op}: {validation_message(err, first_only=True, skip_loc=1, root='(message)')}"
     raise ProtocolError(message[:300])
 
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
+
+from common.errors import validation_message
 
 from .errors import SampleEIO, TransformError, TransformTimeout, WorkerDied
 from .params import (ImageParams, Params, TransformRule, VideoParams, default_seed,
@@ -37,7 +40,8 @@ def apply(kind: str, raw: bytes, params: Any, aug_seed: int) -> dict[str, np.nda
     except TransformError:
         raise
     except ValueError as e:  # pydantic.ValidationError is a ValueError
-        raise TransformError(f"bad {kind} transform parameters: {e}") from e
+        reason = validation_message(e, root="(parameters)") if isinstance(e, ValidationError) else str(e)
+        raise TransformError(f"bad {kind} transform parameters: {reason}") from e
     if isinstance(raw, memoryview):
         raw = raw.tobytes()
     elif not isinstance(raw, bytes):
