@@ -51,8 +51,9 @@ import os
 import socket
 import stat as stat_mod
 import time
-from collections import OrderedDict
 from typing import Optional
+
+from cachetools import FIFOCache
 
 from common.paths import relpath
 
@@ -99,13 +100,11 @@ class Removals:
 
     def __init__(self, kept: int = 65536):
         self.kept = kept
-        self._at: "OrderedDict[str, int]" = OrderedDict()
+        # FIFOCache: a path noted again moves to the end; a lookup does not (LRUCache's would).
+        self._at: FIFOCache[str, int] = FIFOCache(maxsize=kept)
 
     def note(self, path: str, removed_ns: int) -> None:
         self._at[path] = max(removed_ns, self._at.get(path, -1))
-        self._at.move_to_end(path)
-        while len(self._at) > self.kept:
-            self._at.popitem(last=False)
 
     def note_round(self, removals: list[tuple[str, int]]) -> "Removals":
         """Note a round's (path, time) removals; a `Removals` of only those, to find what they
