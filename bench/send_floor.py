@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fusefs.streamchild import nice_against_the_job  # noqa: E402  (the repo, just put on the path)
+from fusefs.stream.sender import nice_against_the_job  # noqa: E402  (the repo, just put on the path)
 from policy.stream import chunk_crc  # noqa: E402
 
 CHUNK = 1 << 20

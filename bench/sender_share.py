@@ -3,7 +3,7 @@ process"): the job, a CPU-bound loop in this process's session, shares one CPU w
 "sender", the child of a "mount" that leads a session of its own (as `hintfs mount` does).
 
 - `mount-session`: the sender at `--nice` in the mount's session, as before 2026-12-03.
-- `own-autogroup`: the sender calls `fusefs.streamchild.nice_against_the_job(nice)`, as now.
+- `own-autogroup`: the sender calls `fusefs.stream.sender.nice_against_the_job(nice)`, as now.
 
 Prints the job's share of the CPU per rep and their mean; writes bench/results/sender_share.json.
 
@@ -34,7 +34,7 @@ import os, sys, time
 sys.path.insert(0, sys.argv[1])
 os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[4]))
 if sys.argv[2] == "own-autogroup":
-    from fusefs.streamchild import nice_against_the_job
+    from fusefs.stream.sender import nice_against_the_job
     nice_against_the_job(int(sys.argv[4]))
 end = time.monotonic() + float(sys.argv[3])
 while time.monotonic() < end:

@@ -1,5 +1,5 @@
 """What streaming behind a writer costs the writer (issue 15's goal: training-side write throughput
-with streaming >= 0.95x without), for the building block `fusefs/streamer.py` on its own: no mount,
+with streaming >= 0.95x without), for the building block `fusefs/stream/streamer.py` on its own: no mount,
 no network. A writer process (the job) writes a file in 1 MiB `write()`s into a tmpfs folder; in
 the "stream" runs this process trails it with a `Streamer` stepping every `--poll-ms` (reading each
 whole chunk back with `pread` and computing its CRC, then publishing with the final CRCs) into a
@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fusefs.streamer import PublishAnswer, PutAnswer, Streamer  # noqa: E402
+from fusefs.stream.streamer import PublishAnswer, PutAnswer, Streamer  # noqa: E402
 
 MiB = 1 << 20
 WRITER = textwrap.dedent("""

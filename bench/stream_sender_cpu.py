@@ -1,5 +1,5 @@
 """What the stream sender costs in CPU per byte (issue 15: the training write with streaming is
-CPU-bound on the bench's VM), through the real path: `fusefs.streamtap.StreamTap` and its
+CPU-bound on the bench's VM), through the real path: the hooks (`fusefs.stream.hooks.StreamFront`) over a `ThreadSink` and its
 `Streamer`s in this process, Flight calls to a tier agent in a child process, across
 `tests/helpers/wan.py`'s relay (100 ms RTT, 400 Mbit/s, another child: the link is not the sender's CPU).
 
@@ -67,11 +67,13 @@ def child(*args: str) -> tuple[subprocess.Popen, int]:
 class Arm:
     def __init__(self, name: str, keys: dict, agent: str):
         from fusefs.stats import Stats
-        from fusefs.streamtap import StreamTap, build_streamers
+        from fusefs.stream.flight import build_streamers
+        from fusefs.stream.hooks import StreamFront
+        from fusefs.stream.threads import ThreadSink
         from mountconfig.schema import StreamConfig
         self.name = name
         sc = StreamConfig(prefixes=["ckpt"], agents=[agent], **keys)
-        self.tap = StreamTap(sc, build_streamers(sc, None, None), Stats())
+        self.tap = StreamFront(sc, lambda finished: ThreadSink(sc, build_streamers(sc, None, None), Stats(), finished))
         self.cpu: list[float] = []
 
     def checkpoint(self, folder: str, tag: str, files: int, size: int, rate: float, key0: int) -> float:
@@ -101,8 +103,8 @@ class Arm:
         writer = time.thread_time() - writer0
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            with self.tap.cond:
-                if not any(k in self.tap.entries for k in keys):
+            with self.tap.lock:
+                if not any(k in self.tap.live for k in keys):
                     break
             time.sleep(0.002)
         else:

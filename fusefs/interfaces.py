@@ -6,7 +6,7 @@
 | `TensorSource`  | `fusefs.tensorfile.TensorFiles`   | lookup and first open of `x.tensor` paths     |
 | `OpenRouting`   | `fusefs.routes.TierRouting`       | open of a store file (eval side, cross-DC)    |
 | `PublishJournal`| `fusefs.journal_writer.JournalWriter` | a file published by a commit, unlinked or renamed away; a folder renamed into place |
-| `StreamHooks`   | `fusefs.streamproc.StreamProcess` | staging created, published, released, dropped |
+| `StreamHooks`   | `fusefs.stream.hooks.StreamFront` | staging created, published, released, dropped, renamed |
 
 `fusefs/mount.py` builds them and hands them to the `Filesystem` constructor.
 """

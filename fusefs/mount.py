@@ -43,8 +43,7 @@ from fusefs.routes import RoutedStore, TierRouting
 from fusefs.readhints import ReadHints
 from fusefs.signals import SignalForwarder
 from fusefs.stats import Stats
-from fusefs.streamproc import StreamProcess
-from fusefs.streamtap import StreamTap, build_streamers
+from fusefs.stream import open_stream
 from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
 from stores import check_store, open_store
@@ -285,10 +284,8 @@ def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[Stre
              sc.sender)
     def read_store(path: str):
         return _read_whole(store, path)
-    if sc.sender == "process":
-        return StreamProcess(sc, token, tls_root, stats, read_store, cfg.logging.level,
-                             cfg.logging.file or os.environ.get("HINTFS_LOG_FILE"))
-    return StreamTap(sc, build_streamers(sc, token, tls_root), stats, read_store=read_store)
+    return open_stream(sc, stats, token, tls_root, read_store, cfg.logging.level,
+                       cfg.logging.file or os.environ.get("HINTFS_LOG_FILE"))
 
 
 def _agent_credentials(cfg: MountConfig, token_file: Optional[str], table: str) -> tuple[Optional[str], Optional[bytes]]:

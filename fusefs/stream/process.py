@@ -1,26 +1,25 @@
 """Write-time streaming from a child process (`[stream] sender = "process"`, the default;
-docs/cross_dc.md "The sender process"): the mount's `StreamHooks`, forwarded to
-`fusefs.streamchild`, which runs the sends.
+docs/cross_dc.md "The sender process"): the sink that forwards the hooks' commands to the sender
+child (`fusefs.stream.sender`), which runs the sends.
 
 Why a process: the sends are Python too (reads, CRCs, Arrow batches, gRPC's callbacks). As
 threads of the mount they hold its Python lock, and the FUSE loop that serves the job's writes
 waits for it; a thread's CPU niceness does not help a thread that holds the lock. As a process
 at `sender_nice` they only take CPU the job's writes and uploads leave.
 
-- Each hook records what it learned in `live` (one `_Live` per streamed inode) and queues a
-  message; one thread sends them in order (the trio loop never waits on the socket), a staging
-  file's descriptor beside a `start`. Another thread reads the child's counters and the streams
-  it is done with.
+- Each command records what the child must know again should it die in `live` (one `_Live` per
+  streamed inode) and queues a message (`fusefs.stream.wire`); one thread sends them in order
+  (the trio loop never waits on the socket), a staging file's descriptor beside a `start`.
+  Another thread reads the child's counters and the streams it is done with.
 - If the child dies, it is started again and every live stream announced anew from `live` (a
   fresh stream at the tiers: the dead child's unpublished ones expire there). Messages queued
   before that are dropped: `live` already holds what they said. More than `RESTARTS` deaths in
-  `RESTART_WINDOW_S` turn streaming off for this mount (`wants` says no: the journal then tells
-  the eval side to copy after close).
+  `RESTART_WINDOW_S` turn streaming off for this mount (`alive` says no, and so does the hooks'
+  `wants`: the journal then tells the eval side to copy after close).
 """
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import logging
 import os
@@ -28,18 +27,17 @@ import queue
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
-from common.procs import daemon_python
-from fusefs.stats import Stats
-from fusefs.streamtap import renamed_copy, restreams
-from fusefs.streamwire import next_message, send, socketpair
-from stores.base import Stat
+from common.procs import DAEMON_CWD, isolated_command
+from fusefs.stream.hooks import Counters, Finished, Version
+from fusefs.stream.wire import next_message, send, socketpair
+from mountconfig.schema import StreamConfig
 
 log = logging.getLogger("hintfs.stream")
 
+SENDER = "fusefs.stream.sender"     # the child's module: `python -I -m fusefs.stream.sender FD`, in /
 RESTARTS = 5              # deaths of the child within RESTART_WINDOW_S before streaming stops
 RESTART_WINDOW_S = 60.0
 
@@ -47,13 +45,11 @@ RESTART_WINDOW_S = 60.0
 @dataclass
 class _Live:
     """One streamed inode, as the child was told about it: enough to tell a new child again."""
-    n: int                # the stream's number in messages (inode numbers are reused)
+    seq: int              # the hooks' start of it: a `finished` of an older one does not end this one
     path: str
     fd: int               # our own dup of the staging file (a new child starts from it)
-    seq: int = 1          # `start`s sent: a `finished` of an older one does not end this one
     dropped: bool = False
-    pending: Optional[tuple[int, int, Optional[str]]] = None    # (size, mtime_ns, record) of an fsync's publish
-    version: Optional[tuple[int, int, Optional[str]]] = None    # the same, of the final publish
+    version: Optional[Version] = None     # its publish for good
 
     @property
     def final(self) -> bool:
@@ -61,31 +57,25 @@ class _Live:
         return self.version is not None or self.dropped
 
 
-class StreamProcess:
-    """`StreamHooks` (fusefs/interfaces.py) whose work runs in a child process."""
+class ProcessSink:
+    """`fusefs.stream.hooks.Sink` whose sends run in a child process."""
 
-    def __init__(self, sc, token: Optional[str], tls_root: Optional[bytes], stats: Stats,
-                 read_store: Optional[Callable[[str], tuple[bytes, Stat]]] = None,
-                 log_level: str = "INFO", log_file: Optional[str] = None):
-        self.cfg = sc
-        self.prefixes = [p.rstrip("/") for p in sc.prefixes]
+    def __init__(self, sc: StreamConfig, token: Optional[str], tls_root: Optional[bytes], stats: Counters,
+                 on_finished: Optional[Finished] = None, log_level: str = "INFO", log_file: Optional[str] = None):
         self.stats = stats
-        self.read_store = read_store
+        self.on_finished = on_finished
         self._setup = json.dumps({"stream": sc.model_dump(mode="json"), "token": token,
                                   "tls_root": base64.b64encode(tls_root).decode() if tls_root else None,
                                   "log_level": log_level, "log_file": log_file}).encode()
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()
         self.live: dict[int, _Live] = {}      # inode -> stream
-        self.numbers: dict[int, int] = {}     # stream number -> inode
-        self._ids = itertools.count(1)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()   # (child generation, doc, fd) or None
         self.gen = 0                          # children started so far, minus one
         self.failed = False                   # streaming given up (the child kept dying)
         self.closing = False
         self.deaths: list[float] = []
         self.proc, self.sock = self._spawn()
-        self.restreamer = ThreadPoolExecutor(1, thread_name_prefix="hintfs-restream")
         self.sender = threading.Thread(target=self._send_loop, name="hintfs-stream-out", daemon=True)
         self.reader = threading.Thread(target=self._read_loop, name="hintfs-stream-in", daemon=True)
         self.sender.start()
@@ -94,7 +84,7 @@ class StreamProcess:
     def _spawn(self):
         mine, theirs = socketpair()
         try:
-            proc = subprocess.Popen([*daemon_python(), "-m", "fusefs.streamchild", str(theirs.fileno())], cwd="/",
+            proc = subprocess.Popen(isolated_command(SENDER, [str(theirs.fileno())]), cwd=DAEMON_CWD,
                                     stdin=subprocess.PIPE, pass_fds=[theirs.fileno()])
         except OSError:
             mine.close()
@@ -110,9 +100,10 @@ class StreamProcess:
         log.info("stream sender process %d started", proc.pid)
         return proc, mine
 
-    # -- hooks (trio loop: record, queue, return) -------------------------------------------------
-    def wants(self, path: str) -> bool:
-        return not self.failed and any(path == p or path.startswith(p + "/") for p in self.prefixes)
+    # -- commands (trio loop: record, queue, return) ------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self.failed
 
     def _put(self, doc: dict, fd: Optional[int] = None) -> None:
         """(under `lock`)"""
@@ -122,92 +113,56 @@ class StreamProcess:
             return
         self.outbox.put((self.gen, doc, fd))
 
-    def _start(self, live: _Live) -> None:
+    def _start(self, key: int, live: _Live) -> None:
         """(under `lock`) Tell the child about this stream; what it was told before is past."""
-        self._put({"op": "start", "n": live.n, "seq": live.seq, "path": live.path}, os.dup(live.fd))
+        self._put({"op": "start", "n": key, "seq": live.seq, "path": live.path}, os.dup(live.fd))
 
-    def started(self, key: int, path: str, fd: int) -> None:
-        if not self.wants(path):
-            return
+    def _publish(self, key: int, live: _Live) -> None:
+        """(under `lock`)"""
+        assert live.version is not None
+        size, mtime_ns, record = live.version
+        self._put({"op": "publish", "n": key, "path": live.path, "size": size, "mtime_ns": mtime_ns,
+                   "record": record})
+
+    def start(self, key: int, seq: int, path: str, fd: int) -> None:
         with self.lock:
-            live = self.live.get(key)
-            if live is None:
-                live = self.live[key] = _Live(next(self._ids), path, os.dup(fd))
-                self.numbers[live.n] = key
-            else:                       # truncated or staged anew: a new generation of it
-                os.close(live.fd)
-                live.fd, live.seq = os.dup(fd), live.seq + 1
-                live.dropped = False
-                live.pending = live.version = None
-            self._start(live)
+            if self.failed:
+                return
+            old = self.live.get(key)
+            if old is not None:             # truncated or staged anew: a new generation of it
+                os.close(old.fd)
+            live = self.live[key] = _Live(seq, path, os.dup(fd))
+            self._start(key, live)
 
-    def published(self, key: int, path: str, st: Stat, record: Optional[str], final: bool) -> None:
+    def moved(self, key: int, path: str) -> None:
         with self.lock:
             live = self.live.get(key)
             if live is None:
                 return
             live.path = path
-            if final:
-                live.version, live.pending = (st.size, st.mtime_ns, record), None
-            else:
-                live.pending = (st.size, st.mtime_ns, record)
-            self._put_published(live)
+            self._put({"op": "moved", "n": key, "path": path})
 
-    def _put_published(self, live: _Live) -> None:
-        """(under `lock`) The version `live` was published as: final, or an fsync's for now."""
-        final = live.version is not None
-        size, mtime_ns, record = live.version if final else live.pending   # type: ignore[misc]
-        self._put({"op": "published", "n": live.n, "path": live.path, "size": size, "mtime_ns": mtime_ns,
-                   "record": record, "final": final})
-
-    def released(self, key: int) -> None:
+    def publish(self, key: int, path: str, version: Version) -> None:
         with self.lock:
             live = self.live.get(key)
-            if live is None or live.final:
+            if live is None:
                 return
-            if live.pending is not None:
-                live.version, live.pending = live.pending, None
-            else:
-                live.dropped = True
-            self._put({"op": "released", "n": live.n})
+            live.path, live.version = path, version
+            self._publish(key, live)
 
-    def dropped(self, key: int) -> None:
+    def drop(self, key: int) -> None:
         with self.lock:
             live = self.live.get(key)
             if live is None:
                 return
             live.dropped = True
-            self._put({"op": "dropped", "n": live.n})
+            self._put({"op": "drop", "n": key})
 
-    def will_stream_renamed(self, key: Optional[int], path: str, size: int) -> bool:
-        if not self.wants(path):
-            return False
+    def add_published(self, path: str, fd: int, version: Version) -> None:
+        size, mtime_ns, record = version
         with self.lock:
-            live = self.live.get(key) if key is not None else None
-            if live is not None and not live.final:
-                return True
-        return self.read_store is not None and restreams(self.cfg, size)
-
-    def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None:
-        if not self.wants(path):
-            return
-        with self.lock:
-            live = self.live.get(key) if key is not None else None
-            if live is not None and not live.final:
-                live.path = path        # still written: its publish will name the new path
-                self._put({"op": "renamed", "n": live.n, "path": path, "size": st.size, "mtime_ns": st.mtime_ns,
-                           "record": record})
-                return
-        if self.read_store is not None and restreams(self.cfg, st.size):
-            self.restreamer.submit(self._restream, path, st, record)
-
-    def _restream(self, path: str, st: Stat, record: Optional[str]) -> None:
-        assert self.read_store is not None
-        fd = renamed_copy(self.read_store, path, st)
-        if fd is not None:
-            with self.lock:
-                self._put({"op": "restream", "path": path, "size": st.size, "mtime_ns": st.mtime_ns,
-                           "record": record}, fd)
+            self._put({"op": "restream", "path": path, "size": size, "mtime_ns": mtime_ns, "record": record},
+                      os.dup(fd))
 
     # -- the two threads ----------------------------------------------------------------------------
     def _send_loop(self) -> None:
@@ -248,14 +203,20 @@ class StreamProcess:
             except (KeyError, TypeError, ValueError) as err:
                 log.error("stream sender: message %s refused: %s", doc.get("op"), err)
 
-    def _finished(self, n: int, seq: int) -> None:
+    def _finished(self, key: int, seq: int) -> None:
         with self.lock:
-            key = self.numbers.get(n)
-            live = self.live.get(key) if key is not None else None
+            live = self.live.get(key)
             if live is None or live.seq != seq:
                 return                  # started again since: the child has a new stream of it
-            del self.live[key], self.numbers[n]
+            del self.live[key]
             os.close(live.fd)
+        self._forgotten([(key, seq)])
+
+    def _forgotten(self, streams: list[tuple[int, int]]) -> None:
+        """(not under `lock`) Tell the hooks: these streams are gone."""
+        if self.on_finished is not None:
+            for key, seq in streams:
+                self.on_finished(key, seq)
 
     def _restart(self) -> bool:
         """The child is gone: start another and tell it every live stream (False: given up)."""
@@ -281,6 +242,7 @@ class StreamProcess:
             log.error("stream sender cannot be started again (%s): streaming off for this mount", err)
             self._give_up()
             return False
+        gone = []
         with self.lock:
             if self.closing:            # unmounting meanwhile: nothing more to send
                 proc.kill()
@@ -292,27 +254,30 @@ class StreamProcess:
             self._drain()
             for key, live in list(self.live.items()):
                 if live.dropped:        # the dead child's stream expires at the tiers
-                    del self.live[key], self.numbers[live.n]
+                    del self.live[key]
                     os.close(live.fd)
+                    gone.append((key, live.seq))
                     continue
-                self._start(live)
-                if live.pending is not None or live.version is not None:
-                    self._put_published(live)
+                self._start(key, live)
+                if live.version is not None:
+                    self._publish(key, live)
+        self._forgotten(gone)
         with self.send_lock:
             old_sock.close()
         return True
 
     def _give_up(self) -> None:
-        """Streaming off for this mount: `wants` says no from now on (the journal then tells the
+        """Streaming off for this mount: `alive` says no from now on (the journal then tells the
         eval side to copy after close); the live streams are given up."""
         with self.lock:
             self.failed = True
             self._drain()
             self.stats.add("streams_given_up", len(self.live))
+            gone = [(key, live.seq) for key, live in self.live.items()]
             for live in self.live.values():
                 os.close(live.fd)
             self.live.clear()
-            self.numbers.clear()
+        self._forgotten(gone)
 
     def _drain(self) -> None:
         """(under `lock`) Drop the queued messages (they were for the dead child)."""
@@ -342,13 +307,11 @@ class StreamProcess:
             self.proc.kill()
             self.proc.wait()
         self.reader.join(5)
-        self.restreamer.shutdown(wait=False)
         with self.lock:
             self.sock.close()
             for live in self.live.values():
                 os.close(live.fd)
             self.live.clear()
-            self.numbers.clear()
 
 
-__all__ = ["StreamProcess"]
+__all__ = ["ProcessSink", "SENDER", "RESTARTS", "RESTART_WINDOW_S"]

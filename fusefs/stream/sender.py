@@ -1,13 +1,13 @@
-"""The stream sender process (`[stream] sender = "process"`, docs/cross_dc.md "The sender
-process"): a child of the mount that runs `fusefs.streamtap.StreamTap` (the pump, the streamers,
-their Flight connections) away from the mount's CPU priority and Python lock.
+"""The stream sender child (`[stream] sender = "process"`, docs/cross_dc.md "The sender
+process"): a child of the mount that runs a `fusefs.stream.threads.ThreadSink` (the pump, the
+streamers, their Flight connections) away from the mount's CPU priority and Python lock.
 
-Started by `fusefs.streamproc.StreamProcess` as `python -I -m fusefs.streamchild FD`: its setup
-document (the `[stream]` table, the tier token, TLS roots, logging) comes on stdin; the mount's
-hooks come on the SEQPACKET socket FD (`fusefs.streamwire`), in the order the mount called them,
-a staging file's descriptor beside a `start`. It answers with counters (`stat`) and the streams
-it is done with (`finished`, with the generation it last started, so that the mount never
-forgets a file started again meanwhile).
+Started by `fusefs.stream.process.ProcessSink` as `python -I -m fusefs.stream.sender FD` in `/`:
+its setup document (the `[stream]` table, the tier token, TLS roots, logging) comes on stdin; the
+hooks' commands come on the SEQPACKET socket FD (`fusefs.stream.wire`), in the order the mount
+gave them, a staging file's descriptor beside a `start` (a renamed file's copy beside a
+`restream`). It answers with counters (`stat`) and the streams it is done with (`finished`, with
+the start it last applied, so that the mount never forgets a file started again meanwhile).
 
 When the mount goes (its end of the socket closes: unmounted, or killed) the process exits at
 once, as the mount's own send threads would; a clean unmount sends `close` first, which gives
@@ -21,20 +21,21 @@ import logging
 import os
 import socket
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 from common.logsetup import setup_logging
 from common.procs import become_isolated_daemon
-from fusefs.streamtap import StreamTap, build_streamers
-from fusefs.streamwire import WireError, next_message, send
+from fusefs.stream.flight import build_streamers
+from fusefs.stream.hooks import Version
+from fusefs.stream.threads import ThreadSink
+from fusefs.stream.wire import WireError, next_message, send
 from mountconfig.schema import StreamConfig
-from stores.base import Stat
 
 log = logging.getLogger("hintfs.streamchild")
 
 
 class ForwardedStats:
-    """`Stats.add` for the tap: each counter goes to the mount's own `Stats`."""
+    """`Stats.add` for the sink: each counter goes to the mount's own `Stats`."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -46,52 +47,41 @@ class ForwardedStats:
             pass                  # the mount is gone: the main loop exits on its end's close
 
 
-def _stat(doc: dict) -> Stat:
-    """The version the mount published (only size and mtime matter to a stream)."""
-    return Stat(mode=0o100644, size=int(doc["size"]), mtime_ns=int(doc["mtime_ns"]), ctime_ns=int(doc["mtime_ns"]))
-
-
-def _record(doc: dict) -> Optional[str]:
+def _version(doc: dict) -> Version:
+    """The version the mount published (only size and mtime matter to a stream), and its record."""
     record = doc.get("record")
-    return record if isinstance(record, str) else None
+    return Version(int(doc["size"]), int(doc["mtime_ns"]), record if isinstance(record, str) else None)
 
 
 class Child:
     def __init__(self, sock: socket.socket, sc: StreamConfig, token: Optional[str], tls_root: Optional[bytes]):
         self.sock = sock
-        self.seqs: dict[int, int] = {}      # stream number -> the last `start` applied (under tap.cond)
-        self.tap = StreamTap(sc, build_streamers(sc, token, tls_root), ForwardedStats(sock),
-                             on_finished=self._finished)
+        self.sink = ThreadSink(sc, build_streamers(sc, token, tls_root), ForwardedStats(sock),
+                               on_finished=self._finished)
 
-    def _finished(self, key: Any) -> None:
-        """(the tap calls it under its `cond`)"""
-        if isinstance(key, int):            # (a renamed file's copy is the child's own)
-            try:
-                send(self.sock, {"op": "finished", "n": key, "seq": self.seqs.pop(key, 0)})
-            except OSError:
-                pass
+    def _finished(self, key: int, seq: int) -> None:
+        """(the sink calls it under its `cond`)"""
+        try:
+            send(self.sock, {"op": "finished", "n": key, "seq": seq})
+        except OSError:
+            pass
 
     def apply(self, doc: dict, fd: Optional[int]) -> None:
-        op, tap = doc["op"], self.tap
+        op, sink = doc["op"], self.sink
         if op == "start":
             if fd is None:
                 raise WireError(22, "start without a staging file")
-            n = int(doc["n"])
-            with tap.cond:      # (an RLock) so that a stream finishing now reports the older start
-                self.seqs[n] = int(doc["seq"])
-                tap.started(n, str(doc["path"]), fd)
-        elif op == "published":
-            tap.published(int(doc["n"]), str(doc["path"]), _stat(doc), _record(doc), bool(doc["final"]))
-        elif op == "released":
-            tap.released(int(doc["n"]))
-        elif op == "dropped":
-            tap.dropped(int(doc["n"]))
-        elif op == "renamed":
-            tap.renamed(int(doc["n"]), str(doc["path"]), _stat(doc), _record(doc))
+            sink.start(int(doc["n"]), int(doc["seq"]), str(doc["path"]), fd)
+        elif op == "moved":
+            sink.moved(int(doc["n"]), str(doc["path"]))
+        elif op == "publish":
+            sink.publish(int(doc["n"]), str(doc["path"]), _version(doc))
+        elif op == "drop":
+            sink.drop(int(doc["n"]))
         elif op == "restream":
             if fd is None:
                 raise WireError(22, "restream without the file's copy")
-            tap.add_published(str(doc["path"]), fd, int(doc["size"]), int(doc["mtime_ns"]), _record(doc))
+            sink.add_published(str(doc["path"]), fd, _version(doc))
         else:
             raise WireError(22, f"unknown op {op!r}")
 
@@ -110,7 +100,7 @@ class Child:
                 log.error("stream sender: message %s refused: %s", doc.get("op"), err)
             finally:
                 if fd is not None:
-                    os.close(fd)    # the tap keeps its own dups
+                    os.close(fd)    # the sink keeps its own dups
 
 
 def pin_to(cpus: list[int]) -> bool:
@@ -178,7 +168,7 @@ def nice_against_the_job(nice: int) -> bool:
 def main(argv: list[str]) -> int:
     # Started isolated (`python -I`) by the mount, which runs in /; a child started otherwise
     # is made so before it reads anything (common.procs): the socket fd and stdin stay.
-    become_isolated_daemon("fusefs.streamchild", argv[1:])
+    become_isolated_daemon("fusefs.stream.sender", argv[1:])
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())
     setup_logging(setup.get("log_level", "INFO"), setup.get("log_file"))
@@ -194,7 +184,7 @@ def main(argv: list[str]) -> int:
         # The mount is gone without a word (killed): stop now, as its own threads would have.
         # The tiers drop the unpublished streams when they go idle; the follower copies the rest.
         os._exit(0)
-    child.tap.close(timeout_s)
+    child.sink.close(timeout_s)
     try:
         send(sock, {"op": "closed"})
     except OSError:

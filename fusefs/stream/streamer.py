@@ -1,10 +1,10 @@
 """Write-time streaming, the training mount's side (docs/cross_dc.md, "Write-time streaming"):
 send a file's bytes to the eval tier while the job writes it, reading behind the writer.
 
-Driven by `step` calls (`fusefs.streamtap.StreamTap` runs them in worker threads for a mount with
-`[stream]`; the unit tests call them directly), against a `Transport`: the tier's calls (Flight
-calls to the eval agent, `fusefs.streamtap.FlightTransport`; `agent.streams.StreamTier` in the
-unit tests).
+Driven by `step` calls (`fusefs.stream.threads.ThreadSink` runs them in worker threads for a
+mount with `[stream]`; the unit tests call them directly), against a `Transport`: the tier's calls
+(Flight calls to the eval agent, `fusefs.stream.flight.FlightTransport`; `agent.streams.StreamTier`
+in the unit tests).
 
 - While the file is written, a step sends the whole chunks below the staging file's current size
   that were not sent (`policy.stream.ranges_to_send`), read with `pread` from its own dup of the
@@ -491,9 +491,10 @@ class Streamer:
         if not calls:
             return
         tid = self._link_transfer(fs, calls, size)
+        error: Optional[BaseException] = None
         try:
             if self.pool is None or len(calls) == 1:
-                results, error = [], None
+                results = []
                 for call in calls:
                     try:
                         results.append(self._send_one(fs, call, size, tid, None, call[0] in fs.first))
@@ -519,6 +520,7 @@ class Streamer:
         """Hand `calls` to the send pool and return: each records itself when it lands."""
         if not calls:
             return
+        assert self.pool is not None            # (only with a send pool)
         tid = self._link_transfer(fs, calls, size)
         left = [len(calls)]
         gen = fs.gen

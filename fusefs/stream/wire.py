@@ -1,6 +1,12 @@
-"""The messages between the mount and its stream sender process (`fusefs.streamproc` and
-`fusefs.streamchild`): one JSON document per SOCK_SEQPACKET message (the kernel keeps their
-boundaries and their order), with at most one file descriptor beside it (a staging file).
+"""The messages between the mount and its stream sender child (`fusefs.stream.process` and
+`fusefs.stream.sender`): one JSON document per SOCK_SEQPACKET message (the kernel keeps their
+boundaries and their order), with at most one file descriptor beside it (a staging file, or a
+renamed file's copy).
+
+mount -> child: `start` (n, seq, path; the staging fd), `moved` (n, path), `publish` (n, path,
+size, mtime_ns, record), `drop` (n), `restream` (path, size, mtime_ns, record; the copy's fd),
+`close` (timeout_s). child -> mount: `stat` (name, n), `finished` (n, seq), `closed`. `n` is the
+inode number, `seq` the hooks' start of it (`fusefs.stream.hooks`).
 
 Both ends are processes of the mount's own user, started by the mount; a message that does not
 parse, is too long or carries more than one descriptor is still refused here, in one place.

@@ -190,7 +190,7 @@ def test_foreground_mount_its_transform_pool_and_stream_sender_never_import_from
             made = f"error: {err}"
 
         def sender() -> bool:
-            return any("fusefs.streamchild" in " ".join(c.cmdline()) for c in psutil.Process(p.pid).children())
+            return any("fusefs.stream.sender" in " ".join(c.cmdline()) for c in psutil.Process(p.pid).children())
         has_sender = wait_for(sender, timeout=10)
         tree = not_isolated(p.pid)
         cmdline = psutil.Process(p.pid).cmdline()

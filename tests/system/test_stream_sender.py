@@ -10,9 +10,10 @@ import signal
 import time
 from pathlib import Path
 
-import fusefs.streamproc as streamproc
 from common.procs import child_pids, pid_alive
 from fusefs.stats import Stats
+from fusefs.stream import process, sender
+from fusefs.stream.hooks import StreamFront
 from mountconfig.schema import StreamConfig
 from tests.conftest import needs_fuse, wait_for
 from tests.system.test_stream_mount import CHUNK, streaming_to_tier
@@ -21,11 +22,11 @@ PATH = "ckpt/run/step_1/__0_0.distcp"
 
 
 def sender_of(pid: int) -> list[int]:
-    """The mount's stream sender processes (its children running fusefs.streamchild)."""
+    """The mount's stream sender processes (its children running fusefs.stream.sender)."""
     out = []
     for kid in child_pids(pid):
         try:
-            if b"fusefs.streamchild" in Path(f"/proc/{kid}/cmdline").read_bytes():
+            if b"fusefs.stream.sender" in Path(f"/proc/{kid}/cmdline").read_bytes():
                 out.append(kid)
         except OSError:
             pass
@@ -46,7 +47,7 @@ def test_the_sends_run_in_a_child_at_sender_nice_on_sender_cpus_which_ends_with_
         assert wait_for(lambda: nice_of(kid) == 13, 10)   # (its first acts once it has its setup)
         assert wait_for(lambda: os.sched_getaffinity(kid) == {cpu}, 10)
         assert nice_of(train.pid) == 0            # the mount itself keeps the job's priority
-        # a session of its own, whose autogroup has the niceness (tests/unit/test_streamchild_nice.py)
+        # a session of its own, whose autogroup has the niceness (tests/unit/test_stream_sender_nice.py)
         assert wait_for(lambda: os.getsid(kid) == kid, 10) and os.getsid(train.pid) != kid
         if os.path.exists(f"/proc/{kid}/autogroup"):
             assert wait_for(lambda: Path(f"/proc/{kid}/autogroup").read_text().split()[-1:] == ["13"], 10)
@@ -98,40 +99,40 @@ def test_the_sender_ends_when_the_mount_is_killed(mount_factory, tmp_path):
 
 
 def test_a_sender_that_keeps_dying_turns_streaming_off(monkeypatch):
-    """No mount needed: the hooks' object itself, its child killed twice with RESTARTS = 1."""
-    monkeypatch.setattr(streamproc, "RESTARTS", 1)
+    """No mount needed: the hooks over the child's sink, its child killed twice with RESTARTS = 1."""
+    monkeypatch.setattr(process, "RESTARTS", 1)
     sc = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:9"])
     stats = Stats()
-    proc = streamproc.StreamProcess(sc, None, None, stats)
+    hooks = StreamFront(sc, lambda finished: process.ProcessSink(sc, None, None, stats, finished))
+    proc = hooks.sink
+    assert isinstance(proc, process.ProcessSink)
     try:
-        assert proc.wants("ckpt/run/x")
+        assert hooks.wants("ckpt/run/x")
         for deaths in (1, 2):
             pid = proc.proc.pid
             os.kill(pid, signal.SIGKILL)
             assert wait_for(lambda: proc.proc.pid != pid or proc.failed, 15)
         assert wait_for(lambda: proc.failed, 15)
         assert stats.counters["stream_sender_restarts"] == 2
-        assert not proc.wants("ckpt/run/x")       # the journal now tells the eval side to copy
+        assert not hooks.wants("ckpt/run/x")      # the journal now tells the eval side to copy
         r, w = os.pipe()
         try:
-            proc.started(1, "ckpt/run/x", r)      # a hook after that is a no-op
-            assert proc.live == {}
+            hooks.started(1, "ckpt/run/x", r)     # a hook after that is a no-op
+            assert hooks.live == {} and proc.live == {}
         finally:
             os.close(r)
             os.close(w)
     finally:
-        proc.close(1.0)
+        hooks.close(1.0)
     assert not pid_alive(proc.proc.pid)
 
 
 def test_cpus_the_kernel_refuses_leave_the_sender_where_it_was_with_a_warning(monkeypatch, caplog):
-    from fusefs import streamchild
-
     def refuse(pid, cpus):
         raise OSError(22, "Invalid argument")
 
     before = os.sched_getaffinity(0)
-    monkeypatch.setattr(streamchild.os, "sched_setaffinity", refuse)
-    assert streamchild.pin_to([0]) is False
+    monkeypatch.setattr(sender.os, "sched_setaffinity", refuse)
+    assert sender.pin_to([0]) is False
     assert os.sched_getaffinity(0) == before
     assert "cannot run on CPUs [0]" in caplog.text

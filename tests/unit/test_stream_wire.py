@@ -1,4 +1,4 @@
-"""The stream sender's messages (fusefs/streamwire.py): order, a descriptor beside a message,
+"""The stream sender's messages (fusefs/stream/wire.py): order, a descriptor beside a message,
 and each refusal (too long, not JSON, no op) in the one place that reads them."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from fusefs.streamwire import MAX_MESSAGE, WireError, receive, send, socketpair
+from fusefs.stream.wire import MAX_MESSAGE, WireError, receive, send, socketpair
 
 
 def test_messages_keep_their_order_and_a_descriptor_travels_beside_one():

@@ -1,11 +1,10 @@
-"""fusefs/streamtap.py's pump, with a real Streamer and StreamTier joined by the in-memory link of
+"""fusefs/stream/threads.py's pump, with a real Streamer and StreamTier joined by the in-memory link of
 test_streamer.py: a published stream whose rest is still in flight is stepped again when a call
 lands, not in a loop meanwhile (it was: thousands of steps per checkpoint on the writer's CPU),
 and not only at the next poll either; with nothing to stream the pump sleeps until a hook wakes it."""
 from __future__ import annotations
 
 import os
-import stat
 import threading
 import time
 
@@ -13,10 +12,10 @@ import pytest
 
 from agent.streams import StreamTier
 from fusefs.stats import Stats
-from fusefs.streamer import Streamer
-from fusefs.streamtap import StreamTap
+from fusefs.stream.hooks import Version
+from fusefs.stream.streamer import Streamer
+from fusefs.stream.threads import ThreadSink
 from mountconfig.schema import StreamConfig
-from stores.base import Stat
 from tests.conftest import wait_for
 from tests.unit.test_streamer import CHUNK, Clock, Link
 
@@ -25,7 +24,7 @@ PATH = "ckpt/run/step_1/__0_0.distcp"
 
 def tier_link(tmp_path, name: str = "tier") -> Link:
     link = Link(StreamTier(str(tmp_path / name), Clock(), persistent=False, progress_every_s=0))
-    link.client = link                     # the tap's warm-up pings each connection
+    link.client = link                     # the sink's warm-up pings each connection
     link.ping = lambda: None
     return link
 
@@ -56,19 +55,18 @@ def test_a_published_stream_waits_for_its_chunks_to_land_without_spinning(tmp_pa
     # A poll far longer than the test: only the hooks' and the landings' wakes move the stream.
     cfg = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:1"], poll_interval_s=10.0)
     finished = threading.Event()
-    tap = StreamTap(cfg, streamers, Stats(), on_finished=lambda key: finished.set())
+    tap = ThreadSink(cfg, streamers, Stats(), on_finished=lambda key, seq: finished.set())
     data = os.urandom(8 * CHUNK + 123)
     with open(tmp_path / "staging", "w+b") as f:
         try:
             f.write(data[:CHUNK])
             f.flush()
-            tap.started(1, PATH, f.fileno())   # its step sends chunk 0, which opens the stream
+            tap.start(1, 1, PATH, f.fileno())  # its step sends chunk 0, which opens the stream
             assert wait_for(lambda: all(fs.sent for fs in tap.entries[1].streams), 5, 0.01)
             f.write(data[CHUNK:])             # the rest is written, then published at once:
             f.flush()                         # its chunks go in flight at the publish
             st = os.fstat(f.fileno())
-            tap.published(1, PATH, Stat(stat.S_IFREG | 0o600, len(data), st.st_mtime_ns, st.st_ctime_ns),
-                          None, True)
+            tap.publish(1, PATH, Version(len(data), st.st_mtime_ns, None))
             time.sleep(0.2)               # the publish step has run: its chunks wait in the pool
             before = steps[0]
             release.set()
@@ -89,7 +87,7 @@ def test_an_idle_pump_sleeps_until_a_hook_wakes_it(tmp_path):
     link = tier_link(tmp_path)
     streamer = Streamer(link, CHUNK)
     cfg = StreamConfig(prefixes=["ckpt"], agents=["grpc://127.0.0.1:1"], poll_interval_s=0.01)
-    tap = StreamTap(cfg, [streamer], Stats())
+    tap = ThreadSink(cfg, [streamer], Stats())
     rounds = [0]
     plain = tap._give_up_over_budget
 
@@ -104,7 +102,7 @@ def test_an_idle_pump_sleeps_until_a_hook_wakes_it(tmp_path):
         with open(tmp_path / "staging", "w+b") as f:
             f.write(os.urandom(CHUNK))
             f.flush()
-            tap.started(1, PATH, f.fileno())  # the hook wakes it, and it polls while it streams
+            tap.start(1, 1, PATH, f.fileno())  # the command wakes it, and it polls while it streams
             wait_for(lambda: tap.entries[1].streams[0].sent, 5, 0.01)
             assert list(tap.entries[1].streams[0].sent) == [0]   # stepped: its whole chunk went
     finally:

@@ -1,4 +1,4 @@
-"""The stream sender's niceness against the job (`fusefs.streamchild.nice_against_the_job`):
+"""The stream sender's niceness against the job (`fusefs.stream.sender.nice_against_the_job`):
 a sender with `sender_nice` leads a session of its own whose autogroup carries the niceness, so
 that it counts against the job's processes and not only the mount's threads; nice 0 leaves it
 in the mount's group. docs/cross_dc.md "The sender process" says why."""
@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from fusefs.streamchild import cpu_cgroup, nice_against_the_job
+from fusefs.stream.sender import cpu_cgroup, nice_against_the_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AUTOGROUP = os.path.exists("/proc/self/autogroup")
 
 # prints: what the call returned; whether the process now leads its session; its autogroup line
-PROBE = ("import os, sys; sys.path.insert(0, sys.argv[1]); from fusefs.streamchild import nice_against_the_job; "
+PROBE = ("import os, sys; sys.path.insert(0, sys.argv[1]); from fusefs.stream.sender import nice_against_the_job; "
          "r = nice_against_the_job(int(sys.argv[2])); "
          "g = open('/proc/self/autogroup').read().strip() if os.path.exists('/proc/self/autogroup') else ''; "
          "print(r, os.getsid(0) == os.getpid(), g)")
