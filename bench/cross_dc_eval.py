@@ -27,7 +27,7 @@ merger) on the other half, so that neither side's work (the stream's tail, the m
 as the other's CPU time. The eval agent still receives the stream on the eval CPUs, as it would.
 The relay is the link, neither datacenter's CPU: it runs on whichever CPU is free
 (`--link-cpus all`, the default since 2026-12-02; `training` pins it beside the writer, as
-before, `eval` on the eval half). `--no-cpu-split` shares every CPU (bench/README.md has both).
+before, `eval` on the eval half). `--no-cpu-split` shares every CPU (bench/notes/cross_dc_eval.md has both).
 
 Second run: 16 eval jobs' checkpoints cross the link at once through the agent's link scheduler
 (`[agent] link_bytes_s` = relay bandwidth); two of them signalled as anomaly evals.
@@ -741,9 +741,9 @@ def warm_free_pages(mb: int) -> None:
     """Touch `mb` MiB of fresh memory on this CPU and free it (--warm-pages-mb). On this VM free
     memory left idle goes back to the host (virtio-balloon free page reporting); the next page
     cache write into it faults each page in on the host, about 15x slower than into memory freed
-    just before (bench/README.md, "the VM's cold free pages"). The idea: freed just now, the
+    just before (bench/notes/cross_dc_eval.md, "the VM's cold free pages"). The idea: freed just now, the
     pages are backed when the write takes them. Measured, it did not work: a 28 MiB page-cache
-    write after warming 256 MiB or 1 GiB this way cost what a cold one does (bench/README.md,
+    write after warming 256 MiB or 1 GiB this way cost what a cold one does (bench/notes/cross_dc_eval.md,
     "the order of the reps")."""
     buf = bytearray(mb << 20)
     buf[::4096] = b"\1" * (len(buf) // 4096)
@@ -761,7 +761,7 @@ def write_ratio(modes: dict) -> dict:
     a page-cache write into it costs several times one into memory freed just before
     (`bench/free_page_cost.py`); a stream rep frees its staging pages when its sender finishes,
     just before the next rep, which is the likely cause. With every pair copy-first, every copy rep had that head start and every
-    stream rep followed a copy rep: the ratio came out about 0.03 low (bench/README.md, "the
+    stream rep followed a copy rep: the ratio came out about 0.03 low (bench/notes/cross_dc_eval.md, "the
     order of the reps").
     `--pair-order abba` (the default) gives each mode as many reps after either mode;
     `--rest-s` lets every write start in cold memory."""
@@ -816,7 +816,7 @@ def main() -> int:
     ap.add_argument("--warm-pages-mb", type=int, default=0,
                     help="a diagnostic: touch and free this many MiB of anonymous memory just before each "
                          "checkpoint write (both modes). It did not make the page-cache writes warm here "
-                         "(bench/README.md, \"the order of the reps\")")
+                         "(bench/notes/cross_dc_eval.md, \"the order of the reps\")")
     ap.add_argument("--copy-mount-with-stream", action="store_true",
                     help="a diagnostic: the copy-after-close training mount gets a [stream] table for a "
                          "prefix nothing is written under (a sender process, no streams)")

@@ -3,7 +3,7 @@
 Writes a 28 MiB file (the size of `cross_dc_eval.py`'s checkpoint) in 1 MiB `write()`s, unlinks
 it, sleeps, and again, `--reps` times per pause. On a VM whose free memory goes back to the host
 (virtio-balloon free page reporting), a write into memory freed seconds ago faults every page in
-on the host; into memory freed just before, it does not. bench/README.md ("the VM's cold free
+on the host; into memory freed just before, it does not. bench/notes/cross_dc_eval.md ("the VM's cold free
 pages") has the figures and what they do to `cross_dc_eval.py`'s write ratio.
 
     python bench/free_page_cost.py [--reps 5]       # results/free_page_cost.json
