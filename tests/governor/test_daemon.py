@@ -41,7 +41,8 @@ def test_shrink_through_shared_memory_then_grow_back(make_daemon):
     t = r["timing_ms"]
     assert set(t) >= {"detect", "drain", "release", "ack", "reclaim", "released"}
     assert t["released"] is True and t["aborted"] is False
-    assert t["reclaim"] < 100 and wall_ms < 200
+    # bounded, not timed: the reclaim's latency is measured by bench/gpu_sharing.py
+    assert t["reclaim"] < 5000 and wall_ms < 5000
     assert trainer.used <= 9 * GiB
     assert d.call(lambda: d.ledger().training_bytes()) == 9 * GiB
     # memory by kind follows the ack's held bytes, not the stale report
@@ -63,7 +64,7 @@ def test_shrink_within_slack_is_acked_without_release(make_daemon):
     r = inf.request({"op": "reserve", "kind": "kv_cache", "bytes": 6 * GiB})
     t = r["timing_ms"]
     assert r["reclaimed"] == 6 * GiB and t["released"] is False
-    assert t["drain"] == 0 and t["release"] == 0 and t["reclaim"] < 40
+    assert t["drain"] == 0 and t["release"] == 0 and t["reclaim"] < 5000
     assert trainer.used == 5 * GiB
     assert d.call(lambda: d.ledger().training_bytes()) == 9 * GiB
     trainer.close(); inf.close()
@@ -86,7 +87,7 @@ def test_deadline_miss_rejects(make_daemon):
     t0 = time.perf_counter()
     with pytest.raises(GovernorError, match="deadline"):
         inf.request({"op": "reserve", "kind": "weights", "bytes": 4 * GiB})
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 5.0      # refused at the deadline, not after a hang
     assert d.call(lambda: d.ledger().inference_bytes()) == 0
     trainer.close(); inf.close()
 

@@ -22,8 +22,8 @@ def test_reserve_blocks_until_training_shrank(make_daemon):
     assert trainer.used <= 10 * GiB and inf.timings
     from conftest import wait_until
     with inf.busy():       # announced to the daemon, which counts it into the trainer's block
-        assert wait_until(trainer.client.inference_busy, 2)
-    assert wait_until(lambda: not trainer.client.inference_busy(), 2)
+        assert wait_until(trainer.client.inference_busy, 5)
+    assert wait_until(lambda: not trainer.client.inference_busy(), 5)
     trainer.close(); inf.close()
 
 

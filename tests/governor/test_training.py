@@ -224,7 +224,7 @@ def test_yield_to_inference_is_a_time_budget():
     x, y = make_data(16)
     t0 = time.monotonic()
     t.step(x, y)  # ~6 safe points, one pause
-    assert 0.03 <= time.monotonic() - t0 < 0.03 + 1.0
+    assert 0.03 <= time.monotonic() - t0 < 5.0   # paused (a loaded machine only adds time)
 
 
 def test_micro_batches_are_equal_sized():

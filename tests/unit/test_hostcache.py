@@ -426,7 +426,7 @@ def test_close_stops_fetches_in_flight(make, remote):
     time.sleep(0.3)
     t0 = time.monotonic()
     hc.close()
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 5         # the store's reads take 0.2 s each: close did not hang
     assert hc.counters["hostcache_fetches"] == 0
     assert [n for n in os.listdir(os.path.dirname(hc.root) + "/" + os.path.basename(hc.root))
             if n.endswith(".tmp")] == []
