@@ -36,13 +36,14 @@ from common.errors import HintfsError
 from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
-from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, PassthroughRead, PassthroughWrite,
-                            ReplicaRead, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle)
+from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
+                            PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
-from fusefs.interfaces import OpenRouting, PublishJournal, ReplicaSource, StreamHooks, TensorSource
+from fusefs.interfaces import KernelNotices, PublishJournal, Source, StreamHooks, TensorSource
+from fusefs.readpath import ReadPath
 from fusefs.stats import Stats
-from mountconfig import MountConfig
-from stores.base import Stat, Store
+from mountconfig.schema import CacheConfig, MountOptions
+from stores.base import Reader, Stat, Store
 
 log = logging.getLogger("hintfs.ops")
 
@@ -101,6 +102,20 @@ class _HeldFd:
             self.fd = -1
 
 
+@dataclasses.dataclass
+class _Seen:
+    """What `Filesystem._see` found for one open (the impure half of `fusefs.handles.OpenFacts`)."""
+    writing: bool
+    shared: bool = False              # passthrough opens of the inode were active
+    writer: bool = False              # a writer had the file open
+    keep_cache: bool = True
+    reader: Optional[Reader] = None   # a read of a store file: its reader and attributes
+    st: Optional[Stat] = None
+    source: Source = Source.STORE
+    local_fd: int = -1                # the fd a passthrough open would hand the kernel
+    space_ok: bool = True
+
+
 def _backing_key(st: Stat, replica: bool) -> tuple:
     """What a passthrough backing of a store file stands for: a replica holds one version of it
     ("replica", size, mtime_ns); the store file itself (st_dev, st_ino) is current whatever changes
@@ -109,47 +124,49 @@ def _backing_key(st: Stat, replica: bool) -> tuple:
 
 
 class Filesystem:
-    def __init__(self, store: Store, cfg: MountConfig, stats: Optional[Stats] = None, *,
+    """Collaborators, each optional, all given here (`fusefs/mount.py` builds them): the mount
+    options and the kernel cache settings it uses, the control files' root, where an open's reads
+    come from (`reads`), `.tensor` files, the journal, the write-time streams, the limiter of
+    store calls in worker threads and what it tells the kernel outside replies (`kernel`)."""
+
+    def __init__(self, store: Store, *, options: Optional[MountOptions] = None, cache: Optional[CacheConfig] = None,
+                 journal_dir: str = paths.JOURNAL_DIR, stats: Optional[Stats] = None,
                  control_root: Optional[ControlDir] = None,
-                 replica_reads: Optional[ReplicaSource] = None,
+                 reads: Optional[ReadPath] = None,
                  tensors: Optional[TensorSource] = None,
-                 routing: Optional[OpenRouting] = None,
                  journal: Optional[PublishJournal] = None,
                  streams: Optional[StreamHooks] = None,
-                 io_limiter: Optional[trio.CapacityLimiter] = None):
+                 io_limiter: Optional[trio.CapacityLimiter] = None,
+                 kernel: Optional[KernelNotices] = None):
+        options = options or MountOptions()
+        cache = cache or CacheConfig()
         self.store = store
-        self.cfg = cfg
         self.stats = stats or Stats()
-        self.replica_reads = replica_reads   # hinted files with ready replicas are read from agents
+        self.reads = reads or ReadPath(self.stats)   # routes and replicas: where reads come from
         self.tensors = tensors               # `x.mp4.tensor` paths
-        self.routing = routing               # eval side: routed paths from the local tier
         self.journal = journal               # a record per published file, for followers
         self.streams = streams               # training side: files sent to eval tiers as written
-        self.io_limiter = io_limiter or trio.CapacityLimiter(cfg.mount.io_threads)
+        self.io_limiter = io_limiter or trio.CapacityLimiter(options.io_threads)
         self.meta_inline = store.inline_metadata
-        self.journal_dir = cfg.journal.dir
+        self.journal_dir = journal_dir
         self.inodes = InodeTable()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
-        self._attr_timeout = cfg.cache.attr_timeout_s
-        self._entry_timeout = cfg.cache.entry_timeout_s
-        self._immutable = list(cfg.cache.immutable_globs)
-        self._immutable_timeout = cfg.cache.immutable_timeout_s
-        self.readdir_page = cfg.mount.readdir_page
+        self._attr_timeout = cache.attr_timeout_s
+        self._entry_timeout = cache.entry_timeout_s
+        self._immutable = list(cache.immutable_globs)
+        self._immutable_timeout = cache.immutable_timeout_s
+        self.readdir_page = options.readdir_page
+        self._pt_min_free = options.passthrough_min_free_mb << 20
         self.control_root = control_root or ControlDir(paths.CONTROL_DIR)
         self._control_inodes: dict[int, Inode] = {}
         self._control_ino_of: dict[int, int] = {}   # id(node) -> ino
         self.control_inode(self.control_root)
         self.own_dev = 0
-        # Set by the FUSE binding: tell the kernel to forget a cached name (parent ino, name).
-        # `invalidate_entry` queues the notice and returns (pyfuse3.invalidate_entry_async);
-        # `invalidate_entry_now` returns once the kernel has applied it (pyfuse3.invalidate_entry,
-        # blocking: run in a worker thread, and only from a request during which the kernel holds
-        # no directory lock, or it waits for itself).
-        self.invalidate_entry: Optional[Callable[[int, bytes], None]] = None
-        self.invalidate_entry_now: Optional[Callable[[int, bytes], None]] = None
+        # Names the kernel must forget (fusefs.fuse.KernelNotices); none without a kernel.
+        self.kernel = kernel
         self._root_daemon = os.geteuid() == 0
-        # FUSE passthrough: set by the binding at FUSE init when the kernel granted it.
+        # FUSE passthrough: set at FUSE init when the kernel granted it (`set_passthrough`).
         self.passthrough: Optional[Backing] = None
         self._pt_backend: Optional[Backing] = None   # kept to release ids after a late disable
         self.stats.passthrough = "off (not mounted)"
@@ -778,87 +795,115 @@ class Filesystem:
 
     # -- files ---------------------------------------------------------------------------------
     async def open(self, inode: int, flags: int, ctx=None) -> OpenFile:
+        """What the open sees (`_see`: its close-to-open checks, the reader or the staging it
+        opens) decides the kind of handle (`choose_handle`, a pure function); `_make` builds it."""
         node = self._inode(inode)
-        if node.control is not None:
+        seen = await self._see(node, flags)
+        kind = choose_handle(OpenFacts(
+            control=node.control is not None, virtual=node.virtual is not None, writing=seen.writing,
+            passthrough=self.passthrough is not None, shared_backing=seen.shared, writer=seen.writer,
+            other_opens=node.opens > 0, source=seen.source, local_fd=seen.local_fd >= 0, space_ok=seen.space_ok))
+        if kind is HandleKind.CONTROL:
             return self._open_control(node, flags, Caller.of(ctx))
-        if node.virtual is not None:
+        if kind is HandleKind.TENSOR:
             return await self._open_tensor(node, flags, ctx)
-        accmode = flags & os.O_ACCMODE
-        backing_id = 0
-        if accmode == os.O_RDONLY and not flags & os.O_TRUNC:
-            if node.pt_refs:
-                # Passthrough opens are active: this one must share their backing file.
-                if node.pt_staging is None:
-                    await self._check_backing_current(node)
-                elif node.writer is None:
-                    await self._check_staging_current(node, node.pt_staging)
-                backing_id = self._pt_attach(node, -1, node.pt_staging)
-                handle: Handle = PassthroughRead(node)
-                keep_cache = True
-            elif node.writer is not None:
-                handle = StagingRead(node)   # reads the staged data of the open writer
-                keep_cache = True
-            else:
-                reader, st = await self.io(self.store.open_reader, node.path, inline=self.meta_inline)
-                if self._replaced_under_open_handles(node, st):
-                    reader.close()
-                    raise self._renew(node, "was replaced in the store")
-                node.file_key = (st.dev, st.ino) if st.ino else None
-                keep_cache = self._same_as_cached(node, st)
-                if self.routing is not None:
-                    await self.routing.on_open(node.path, st)
-                replicas = self.replica_reads
-                if replicas is not None and replicas.has_replicas(node.path):
-                    local = await replicas.local_fd(node.path, st.identity()) if self.passthrough is not None else -1
-                    if local >= 0:
-                        backing_id = self._pt_attach(node, local, None)
-                    if backing_id:
-                        # A replica on this host (the mount's own agent): the kernel reads it.
-                        reader.close()
-                        self.stats.add("passthrough_replica_opens")
-                        handle = self._pt_read_handle(node, _backing_key(st, replica=True), _HeldFd(local))
-                    else:
-                        if local >= 0:
-                            os.close(local)
-                        handle = ReplicaRead(node, reader, st.identity(), replicas)
-                else:
-                    if self.passthrough is not None and hasattr(reader, "fd"):
-                        backing_id = self._pt_attach(node, reader.fd, None)
-                    if backing_id:
-                        handle = self._pt_read_handle(node, _backing_key(st, replica=False), reader)
-                    else:
-                        handle = StoreRead(node, reader)
-        else:
-            if node.pt_refs and node.writer is not None and node.writer.live and node.pt_staging is node.writer:
-                # The file was published in place and a descriptor of it (a dup) may still write
-                # there: a new open for writing gets a file of its own (this name becomes a new
-                # inode), the old one still publishes.
-                self.stats.add("passthrough_replaced")
-                raise self._renew(node, "is published in place", still_named=True)
-            if node.writer is None and node.opens and node.file_key is not None:
-                st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
-                if self._replaced_under_open_handles(node, st):
-                    raise self._renew(node, "was replaced in the store")
-            if node.pt_refs and (node.pt_staging is None or node.pt_staging is not node.writer):
-                # Open for reading through passthrough from the store file: a writer would need
-                # another backing file (its staging), which the kernel refuses for one inode.
-                self.stats.add("passthrough_conflicts")
-                raise Refused(errno.ETXTBSY, f"{node.path} is open for reading (passthrough): not opened for writing")
-            await self._acquire_writer(node, truncate=bool(flags & os.O_TRUNC))
-            staging = node.writer
-            if staging.fd >= 0 and (node.pt_refs or (self.passthrough is not None and self._pt_write_ok(staging))):
-                backing_id = self._pt_attach(node, staging.fd, staging)
-            if backing_id:
-                staging.unseen_writes = True   # the daemon sees no write(): compared at each publish
-                handle = PassthroughWrite(node)
-            else:
-                handle = WriteHandle(node)
-            keep_cache = True
+        handle, backing_id = self._make(kind, node, seen)
         node.opens += 1
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
         # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.
-        return OpenFile(self._add_handle(handle), keep_cache=keep_cache and not backing_id, backing_id=backing_id,
-                        noflush=not isinstance(handle, WriteHandle))
+        return OpenFile(self._add_handle(handle), keep_cache=seen.keep_cache and not backing_id,
+                        backing_id=backing_id, noflush=not isinstance(handle, WriteHandle))
+
+    async def _see(self, node: Inode, flags: int) -> _Seen:
+        """What an open of a store file sees, once its close-to-open checks passed (else ESTALE:
+        the name becomes a new inode, `_renew`; ETXTBSY for a write that passthrough reads block)."""
+        writing = flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & os.O_TRUNC)
+        if node.control is not None or node.virtual is not None:
+            return _Seen(writing)
+        if writing:
+            return await self._see_write(node, truncate=bool(flags & os.O_TRUNC))
+        if node.pt_refs:
+            # Passthrough opens are active: this one must share their backing file.
+            if node.pt_staging is None:
+                await self._check_backing_current(node)
+            elif node.writer is None:
+                await self._check_staging_current(node, node.pt_staging)
+            return _Seen(False, shared=True)
+        if node.writer is not None:
+            return _Seen(False, writer=True)   # reads the staged data of the open writer
+        reader, st = await self.io(self.store.open_reader, node.path, inline=self.meta_inline)
+        if self._replaced_under_open_handles(node, st):
+            reader.close()
+            raise self._renew(node, "was replaced in the store")
+        node.file_key = (st.dev, st.ino) if st.ino else None
+        keep_cache = self._same_as_cached(node, st)
+        reader, source = await self.reads.source(node.path, reader, st)
+        if source is Source.STORE:
+            local = getattr(reader, "fd", -1) if self.passthrough is not None else -1
+        elif self.passthrough is not None:
+            local = await self.reads.local_fd(node.path, reader, source, st.identity())
+        else:
+            local = -1
+        return _Seen(False, keep_cache=keep_cache, reader=reader, st=st, source=source, local_fd=local)
+
+    async def _see_write(self, node: Inode, truncate: bool) -> _Seen:
+        if node.pt_refs and node.writer is not None and node.writer.live and node.pt_staging is node.writer:
+            # The file was published in place and a descriptor of it (a dup) may still write
+            # there: a new open for writing gets a file of its own (this name becomes a new
+            # inode), the old one still publishes.
+            self.stats.add("passthrough_replaced")
+            raise self._renew(node, "is published in place", still_named=True)
+        if node.writer is None and node.opens and node.file_key is not None:
+            st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
+            if self._replaced_under_open_handles(node, st):
+                raise self._renew(node, "was replaced in the store")
+        if node.pt_refs and (node.pt_staging is None or node.pt_staging is not node.writer):
+            # Open for reading through passthrough from the store file: a writer would need
+            # another backing file (its staging), which the kernel refuses for one inode.
+            self.stats.add("passthrough_conflicts")
+            raise Refused(errno.ETXTBSY, f"{node.path} is open for reading (passthrough): not opened for writing")
+        await self._acquire_writer(node, truncate=truncate)
+        staging = node.writer
+        assert staging is not None
+        space_ok = True
+        if staging.fd >= 0 and not node.pt_refs and self.passthrough is not None:
+            space_ok = self._pt_write_ok(staging)
+        return _Seen(True, shared=node.pt_refs > 0, local_fd=staging.fd, space_ok=space_ok)
+
+    def _make(self, kind: HandleKind, node: Inode, seen: _Seen) -> tuple[Handle, int]:
+        """The handle of `kind` and its backing id (0: none); a passthrough kind whose backing the
+        kernel refuses is served as `kind.fallback`."""
+        if kind is HandleKind.PASSTHROUGH_SHARED:
+            return PassthroughRead(node), self._pt_attach(node, -1, node.pt_staging)
+        if kind in (HandleKind.WRITE, HandleKind.PASSTHROUGH_WRITE):
+            staging = node.writer
+            assert staging is not None
+            if kind is HandleKind.PASSTHROUGH_WRITE:
+                backing_id = self._pt_attach(node, staging.fd, staging)
+                if backing_id:
+                    staging.unseen_writes = True   # the daemon sees no write(): compared at each publish
+                    return PassthroughWrite(node), backing_id
+            return WriteHandle(node), 0
+        if kind is HandleKind.STAGING_READ:
+            return StagingRead(node), 0
+        reader, st = seen.reader, seen.st
+        assert reader is not None and st is not None
+        if kind is HandleKind.PASSTHROUGH_REPLICA:
+            backing_id = self._pt_attach(node, seen.local_fd, None)
+            if backing_id:
+                # A replica on this host (the in-process agent's, or a tier agent's): the kernel reads it.
+                reader.close()
+                self.stats.add("passthrough_replica_opens")
+                return self._pt_read_handle(node, _backing_key(st, replica=True), _HeldFd(seen.local_fd)), backing_id
+        elif kind is HandleKind.PASSTHROUGH_STORE:
+            backing_id = self._pt_attach(node, seen.local_fd, None)
+            if backing_id:
+                return self._pt_read_handle(node, _backing_key(st, replica=False), reader), backing_id
+        if seen.local_fd >= 0 and seen.source in (Source.REPLICAS, Source.TIER):
+            os.close(seen.local_fd)            # a replica's fd the kernel did not take
+        if kind.fallback is HandleKind.REPLICA_READ:
+            return self.reads.replica_handle(node, reader, seen.source, st.identity()), 0
+        return StoreRead(node, reader), 0
 
     async def _check_staging_current(self, node: Inode, staging) -> None:
         """Passthrough opens read what the last writer left (their backing file): a new open
@@ -889,8 +934,8 @@ class Filesystem:
             node.unlinked = False
         head, _, name = node.path.rpartition("/")
         parent = self.inodes.by_path_get(head)
-        if parent is not None and self.invalidate_entry is not None:
-            self.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        if parent is not None and self.kernel is not None:
+            self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
         return Refused(errno.ESTALE, f"{node.path} {why}: open it again")
 
     async def _check_backing_current(self, node: Inode) -> None:
@@ -1073,10 +1118,12 @@ class Filesystem:
                 if parent is None:
                     continue
                 raw = name.encode("utf-8", "surrogateescape")
-                if no_dir_locks and self.invalidate_entry_now is not None:
-                    await trio.to_thread.run_sync(self.invalidate_entry_now, parent.ino, raw)
-                elif self.invalidate_entry is not None:
-                    self.invalidate_entry(parent.ino, raw)
+                if self.kernel is None:
+                    continue
+                if no_dir_locks:
+                    await trio.to_thread.run_sync(self.kernel.invalidate_entry_now, parent.ino, raw)
+                else:
+                    self.kernel.invalidate_entry(parent.ino, raw)
         node.cached_identity = st.identity()
         await self._published(node, st, final and not keep)
 
@@ -1106,7 +1153,7 @@ class Filesystem:
         (`_pt_write_ok`); if it has less than 1/16 of that now, a write may have failed unseen:
         the publish is refused (ENOSPC), the previous version stays, and these bytes are never
         published later."""
-        floor = (self.cfg.mount.passthrough_min_free_mb << 20) // 16
+        floor = self._pt_min_free // 16
         if floor <= 0:
             return
         free = await self.io(_free_bytes, staging.fd, inline=staging.inline_io)
@@ -1120,7 +1167,7 @@ class Filesystem:
         """Whether a write open may be served by passthrough: its staging file's filesystem has at
         least `mount.passthrough_min_free_mb` free (below, the daemon sees every write and its
         errors). Asked once per new backing registration (one fstatvfs)."""
-        want = self.cfg.mount.passthrough_min_free_mb << 20
+        want = self._pt_min_free
         if want <= 0:
             return True
         if _free_bytes(staging.fd) >= want:

@@ -20,6 +20,7 @@ import trio
 from fusefs import attrs
 from fusefs.attrs import Attributes, FsStats, OpenFile, Refused
 from fusefs.filesystem import Filesystem
+from mountconfig.schema import MountOptions
 from stores.errors import errno_of
 
 log = logging.getLogger("hintfs.ops")
@@ -105,14 +106,24 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     return fs.readdir(fh, start_id, lambda e: pyfuse3.readdir_reply(token, e.name, _entry(e.attrs), e.next_id))
 
 
+class KernelNotices:
+    """`fusefs.interfaces.KernelNotices` over pyfuse3: names the kernel must forget."""
 
-def invalidate_entry_now(parent: int, name: bytes) -> None:
-    """pyfuse3.invalidate_entry, blocking until the kernel applied it; a name it no longer
-    caches is fine (the async form's ignore_enoent)."""
-    try:
-        pyfuse3.invalidate_entry(parent, name)
-    except FileNotFoundError:
-        pass
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+
+    def invalidate_entry_now(self, parent: int, name: bytes) -> None:
+        """pyfuse3.invalidate_entry, blocking until the kernel applied it; a name it no longer
+        caches is fine (the async form's ignore_enoent)."""
+        try:
+            pyfuse3.invalidate_entry(parent, name)
+        except FileNotFoundError:
+            pass
+
+
+# Read requests the kernel has queued for the daemon (the patched pyfuse3; None with stock).
+queued_reads: Callable[[], Optional[int]] = getattr(pyfuse3, "queued_reads", lambda: None)
+
 
 class _Backing:
     """Registers backing files with the kernel (the patched pyfuse3's ioctls on the session fd)."""
@@ -144,23 +155,20 @@ class FuseOperations(pyfuse3.Operations):
     """What `pyfuse3.init` gets: each operation is `Filesystem`'s method of the same name (the
     function, bound to `self.fs` at each call) with its arguments and result converted."""
 
-    def __init__(self, fs: Filesystem):
+    def __init__(self, fs: Filesystem, options: MountOptions):
         super().__init__()
         self.fs = fs
         self.stats = fs.stats
-        self.stats.queued_reads = getattr(pyfuse3, "queued_reads", lambda: None)
-        self.enable_writeback_cache = fs.cfg.mount.writeback_cache
+        self.options = options
+        self.enable_writeback_cache = options.writeback_cache
         # Asked for at FUSE init (a pyfuse3 without the patch ignores the attribute).
-        self.enable_passthrough = (fs.cfg.mount.passthrough != "off" and fs.passthrough_capable()
-                                   and not fs.cfg.mount.writeback_cache)
-        fs.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
-        fs.invalidate_entry_now = invalidate_entry_now
+        self.enable_passthrough = (options.passthrough != "off" and fs.passthrough_capable()
+                                   and not options.writeback_cache)
 
     def init(self) -> None:
         """FUSE init (before any request): passthrough is on if the kernel granted it."""
-        mount = self.fs.cfg.mount
-        self.fs.set_passthrough(passthrough_backend(mount.passthrough, self.fs.passthrough_capable(),
-                                                    mount.writeback_cache))
+        self.fs.set_passthrough(passthrough_backend(self.options.passthrough, self.fs.passthrough_capable(),
+                                                    self.options.writeback_cache))
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)
@@ -189,4 +197,4 @@ class FuseOperations(pyfuse3.Operations):
     release = _op("release", Filesystem.release)
 
 
-__all__ = ["FuseOperations"]
+__all__ = ["FuseOperations", "KernelNotices", "queued_reads"]

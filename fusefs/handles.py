@@ -1,10 +1,16 @@
 """Open file handles: what a handle does is decided once, at open, by its class.
 
+`choose_handle` is that decision, a pure function of what the open sees (`OpenFacts`: flags,
+control or virtual file, writer present, passthrough state, where the bytes come from — store,
+replicas, the local tier — and whether a local fd of them can back the open). Its `HandleKind`
+names the class; a passthrough kind whose backing file the kernel refuses falls back to
+`HandleKind.fallback`, served on the daemon's path.
+
 | class             | opened for                                   | read from                         |
 |-------------------|----------------------------------------------|-----------------------------------|
 | `StoreRead`       | reading a file with no writer open           | the store's reader (page cache)   |
 | `StagingRead`     | reading a file some writer has open          | the writer's staging, then store  |
-| `ReplicaRead`     | reading a hinted file with ready replicas    | the agents (`ReplicaReads`)       |
+| `ReplicaRead`     | reading a hinted file with ready replicas, or a routed one the local tier holds | the agents (`ReplicaReads`) |
 | `WriteHandle`     | writing (shares the inode's `Staging`)       | the staging                       |
 | `PassthroughRead` | reading, served by the kernel (passthrough)  | the backing file (never the daemon) |
 | `PassthroughWrite`| writing, served by the kernel (passthrough)  | the staging, as backing file      |
@@ -18,18 +24,20 @@ a page-cache hit is answered inline (`read_nowait`), a miss goes to a worker thr
 """
 from __future__ import annotations
 
+import enum
 import errno
 import itertools
 import logging
 import os
-from typing import Awaitable, Callable, Optional, Protocol
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional, Protocol, Sequence
 
 import trio
 
 from fusefs.attrs import Attributes, DirEntry, Refused
 from fusefs.control import MAX_CONTROL_WRITE, Caller, ControlDir, ControlInputError, apply_write, refuse
 from fusefs.inodes import Inode, InodeTable
-from fusefs.interfaces import ReplicaSource
+from fusefs.interfaces import ReplicaSource, Source
 from fusefs.stats import Stats
 from stores.base import Reader, Staging, Stat, Store
 from stores.errors import errno_of
@@ -42,12 +50,71 @@ EMPTY_DOCUMENT = "an empty document: nothing applied"
 Reply = Callable[[DirEntry], bool]
 
 
+# -- the choice, at open ------------------------------------------------------------------------
+class HandleKind(enum.Enum):
+    CONTROL = "control"                       # ControlHandle (`Filesystem._open_control`)
+    TENSOR = "tensor"                         # TensorHandle (`Filesystem._open_tensor`)
+    WRITE = "write"                           # WriteHandle
+    PASSTHROUGH_WRITE = "passthrough write"   # PassthroughWrite: the kernel writes the staging file
+    PASSTHROUGH_SHARED = "passthrough shared"  # PassthroughRead of the backing the inode's opens share
+    STAGING_READ = "staging read"             # StagingRead
+    REPLICA_READ = "replica read"             # ReplicaRead
+    PASSTHROUGH_REPLICA = "passthrough replica"  # PassthroughRead: the kernel reads a replica on this host
+    STORE_READ = "store read"                 # StoreRead
+    PASSTHROUGH_STORE = "passthrough store"   # PassthroughRead: the kernel reads the store file
+
+    @property
+    def fallback(self) -> "HandleKind":
+        """The kind served when the kernel refuses this kind's backing file (itself if none)."""
+        return _FALLBACK.get(self, self)
+
+
+_FALLBACK = {HandleKind.PASSTHROUGH_WRITE: HandleKind.WRITE, HandleKind.PASSTHROUGH_REPLICA: HandleKind.REPLICA_READ,
+             HandleKind.PASSTHROUGH_STORE: HandleKind.STORE_READ}
+
+
+@dataclass(frozen=True)
+class OpenFacts:
+    """What an open sees, once its close-to-open checks passed and its reader (or staging) is open."""
+    control: bool = False          # a `.hintfs/` node
+    virtual: bool = False          # an `x.tensor` path
+    writing: bool = False          # opened for writing, or with O_TRUNC
+    passthrough: bool = False      # the kernel granted FUSE passthrough on this mount (still on)
+    shared_backing: bool = False   # passthrough opens of this inode are active: one backing file for all
+    writer: bool = False           # a writer of this mount has the file open (reads see its staging)
+    other_opens: bool = False      # handles of this inode are open: a new backing file is never mixed in
+    source: Source = Source.STORE  # where a read's bytes come from (`fusefs.readpath`)
+    local_fd: bool = False         # an fd on this host can back the open: store file, replica, staging
+    space_ok: bool = True          # writing: the staging file's filesystem has passthrough_min_free_mb
+
+
+def choose_handle(f: OpenFacts) -> HandleKind:
+    """The kind of handle an open gets (docs/semantics.md, "FUSE passthrough"); pure."""
+    if f.control:
+        return HandleKind.CONTROL
+    if f.virtual:
+        return HandleKind.TENSOR
+    fresh_backing = f.passthrough and f.local_fd and not f.other_opens
+    if f.writing:
+        if f.local_fd and (f.shared_backing or (fresh_backing and f.space_ok)):
+            return HandleKind.PASSTHROUGH_WRITE
+        return HandleKind.WRITE
+    if f.shared_backing:
+        return HandleKind.PASSTHROUGH_SHARED
+    if f.writer:
+        return HandleKind.STAGING_READ
+    if f.source in (Source.REPLICAS, Source.TIER):
+        return HandleKind.PASSTHROUGH_REPLICA if fresh_backing else HandleKind.REPLICA_READ
+    if f.source is Source.STORE and fresh_backing:
+        return HandleKind.PASSTHROUGH_STORE
+    return HandleKind.STORE_READ
+
+
 class Services(Protocol):
     """What handles use of the filesystem (`fusefs.filesystem.Filesystem` provides it)."""
     store: Store
     stats: Stats
     inodes: InodeTable
-    replica_reads: Optional[ReplicaSource]
     readdir_page: int
     meta_inline: bool
 
@@ -151,17 +218,22 @@ class StagingRead(StoreRead):
 
 
 class ReplicaRead(StoreRead):
-    """A hinted file with ready replicas: blocks come from the agents (the store reader opened
-    at open is kept for the handle's life, as before)."""
-    __slots__ = ("identity", "replicas")
+    """Blocks come from replicas: a hinted file's (`locations` None: the ready ones at each read)
+    or the local tier's (`locations`: that agent). The reader opened at open is kept for the
+    handle's life: the store's copy of that version, which reads fall back to."""
+    __slots__ = ("identity", "replicas", "locations")
 
-    def __init__(self, inode: Inode, reader: Reader, identity: tuple[int, int], replicas: ReplicaSource):
+    def __init__(self, inode: Inode, reader: Reader, identity: tuple[int, int], replicas: ReplicaSource,
+                 locations: Optional[Sequence[str]] = None):
         StoreRead.__init__(self, inode, reader)
         self.identity = identity
         self.replicas = replicas
+        self.locations = locations
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
-        data = await self.replicas.read(self.inode.path, self.identity, off, size)
+        assert self.reader is not None
+        data = await self.replicas.read(self.inode.path, self.identity, off, size, fallback=self.reader,
+                                        locations=self.locations)
         fs.stats.add("bytes_read", len(data))
         return data
 
@@ -462,5 +534,5 @@ class ControlDirHandle(DirHandle):
 def _take(iterator, n: int) -> list:
     return list(itertools.islice(iterator, n))
 
-__all__ = ["Handle", "StoreRead", "StagingRead", "ReplicaRead", "WriteHandle", "PassthroughRead", "PassthroughWrite", "ControlHandle", "TensorHandle",
+__all__ = ["HandleKind", "OpenFacts", "choose_handle", "Handle", "StoreRead", "StagingRead", "ReplicaRead", "WriteHandle", "PassthroughRead", "PassthroughWrite", "ControlHandle", "TensorHandle",
            "DirHandle", "ControlDirHandle", "Services", "Reply"]

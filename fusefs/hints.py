@@ -15,13 +15,14 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import trio
 
 from common.documents import HintDocument, parse_hint
 from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
 from fusefs.control import ControlDir, ControlFile, ControlInputError
+from mountconfig.schema import ReplicasConfig
 
 log = logging.getLogger("hintfs.hints")
 
@@ -45,15 +46,17 @@ class Job:
 
 
 class ReplicaRouter:
-    """Where a hinted file's replicas are, and which one to read next (power of two choices)."""
+    """Where a hinted file's replicas are (written by the hints manager only), and which replica
+    to read next (power of two choices over the reads in flight at each agent)."""
 
     def __init__(self) -> None:
         self.replicas: dict[str, list[str]] = {}
         self.in_flight: dict[str, int] = {}
         self.rng = random.Random(0)
 
-    def pick(self, path: str, exclude: tuple[str, ...] = ()) -> Optional[str]:
-        ready = [loc for loc in self.replicas.get(path, ()) if loc not in exclude]
+    def pick(self, path: str, exclude: tuple[str, ...] = (), among: Optional[Sequence[str]] = None) -> Optional[str]:
+        """The next replica of `path` to read, of `among` (None: its hinted replicas)."""
+        ready = [loc for loc in (self.replicas.get(path, ()) if among is None else among) if loc not in exclude]
         if not ready:
             return None
         i = choose_replica([self.in_flight.get(loc, 0) for loc in ready], self.rng)
@@ -61,8 +64,9 @@ class ReplicaRouter:
 
 
 class HintsManager:
-    def __init__(self, cfg, agents: list[str], clients, stats):
-        self.cfg = cfg
+    def __init__(self, options: ReplicasConfig, agents: list[str], clients, stats, *,
+                 prefetch: Optional[Callable[[str], object]] = None):
+        self.options = options
         self.agents = agents
         self.clients = clients              # location -> AgentClient (blocking; used in threads)
         self.stats = stats
@@ -71,7 +75,7 @@ class HintsManager:
         self.limiter = trio.CapacityLimiter(max(4, 2 * len(agents)))
         self._send, self._recv = trio.open_memory_channel(1000)
         # A host cache's `prefetch` (remote stores with `[cache] dir`): hinted files fetched ahead.
-        self.prefetch: Optional[Callable[[str], object]] = None
+        self.prefetch = prefetch
 
     # -- control files ---------------------------------------------------------------------------
     def control_dir(self) -> ControlDir:
@@ -86,7 +90,7 @@ class HintsManager:
 
         d.add(ControlFile(name + ".status", render=lambda: self.status_json(name)))
         return ControlFile(name, render=render,
-                           parse=lambda doc: parse_hint(doc, self.cfg.replicas.max_hint_files),
+                           parse=lambda doc: parse_hint(doc, self.options.max_hint_files),
                            names=lambda doc: list(doc.files), apply=lambda doc: self.submit(name, doc))
 
     def replicas_held(self, name: str) -> int:
@@ -118,7 +122,7 @@ class HintsManager:
     def submit(self, name: str, doc: HintDocument) -> None:
         """Validated document in, plan recorded; the copying happens in `run` (never inline)."""
         now = time.time()
-        r = self.cfg.replicas
+        r = self.options
         safe = doc.safe_readers_per_replica or r.safe_readers_per_replica
         targets = plan_replicas(doc.files, safe, r.default_replicas, r.max_replicas, len(self.agents),
                                 now, doc.ttl_s)

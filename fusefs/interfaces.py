@@ -1,40 +1,54 @@
-"""The interfaces `Filesystem` calls its collaborators through (each one optional).
+"""The interfaces `Filesystem` calls its collaborators through (each one optional), and `Source`.
 
 | interface       | implemented by                    | called                                        |
 |-----------------|-----------------------------------|-----------------------------------------------|
-| `ReplicaSource` | `fusefs.replicaread.ReplicaReads` | open (has replicas?) and read of hinted files |
+| `ReplicaSource` | `fusefs.replicaread.ReplicaReads` | read of a file from its replicas (hinted, or the local tier's) |
 | `TensorSource`  | `fusefs.tensorfile.TensorFiles`   | lookup and first open of `x.tensor` paths     |
-| `OpenRouting`   | `fusefs.routes.TierRouting`       | open of a store file (eval side, cross-DC)    |
 | `PublishJournal`| `fusefs.journal_writer.JournalWriter` | a file published by a commit, unlinked or renamed away; a folder renamed into place |
 | `StreamHooks`   | `fusefs.stream.hooks.StreamFront` | staging created, published, released, dropped, renamed |
+| `KernelNotices` | `fusefs.fuse.KernelNotices`       | a name the kernel must forget (a publish split a hard link, close-to-open) |
 
-`fusefs/mount.py` builds them and hands them to the `Filesystem` constructor.
+Where an open's reads come from is `fusefs.readpath.ReadPath` (over `fusefs.routes.RoutedStore`
+and the replica reads). `fusefs/mount.py` builds them all and hands them to the `Filesystem`
+constructor.
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol
+import enum
+from typing import Optional, Protocol, Sequence
 
-from stores.base import Stat
+from stores.base import Reader, Stat
+
+
+class Source(enum.Enum):
+    """Where the bytes of a file opened for reading come from (decided at open)."""
+    STORE = "store"         # the store's reader (on file://, its fd can back a passthrough open)
+    REPLICAS = "replicas"   # a hinted file's replicas on the agents (`fusefs.replicaread`)
+    TIER = "tier"           # a routed file the local tier holds at this version: its replica
+    DEMAND = "demand"       # a routed file the tier is still receiving: each read asks the tier
 
 
 class ReplicaSource(Protocol):
-    def has_replicas(self, path: str) -> bool: ...
-    async def local_fd(self, path: str, identity: tuple[int, int]) -> int:
-        """A new fd of a complete replica of exactly this version held on this host (the mount's
-        own agent, or a tier agent's `local_socket`), for FUSE passthrough; -1 when there is none."""
-    async def read(self, path: str, identity: tuple[int, int], off: int, size: int) -> bytes: ...
+    async def read(self, path: str, identity: tuple[int, int], off: int, size: int, *, fallback: Reader,
+                   locations: Optional[Sequence[str]] = None) -> bytes:
+        """Bytes of this version from the replicas at `locations` (None: the hinted ones), else
+        through `fallback` (the store's copy of that version)."""
+
+
+class KernelNotices(Protocol):
+    """What the filesystem tells the kernel outside a reply (the FUSE binding's notify calls)."""
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Forget the cached name (queued: returns at once)."""
+
+    def invalidate_entry_now(self, parent: int, name: bytes) -> None:
+        """Forget the cached name, returning once the kernel has (blocking: a worker thread, and
+        only from a request during which the kernel holds no directory lock)."""
 
 
 class TensorSource(Protocol):
     def match(self, path: str) -> Optional[tuple]:
         """(source path, transform rule) when `path` is a virtual `x.tensor` file, else None."""
     async def fetch(self, source: str, rule) -> bytes: ...
-
-
-class OpenRouting(Protocol):
-    async def on_open(self, path: str, st: Stat) -> None:
-        """A store file is being opened for reading (after `open_reader`, before replicas are
-        looked up): route it to a local tier when one holds this version."""
 
 
 class PublishJournal(Protocol):
@@ -63,4 +77,4 @@ class StreamHooks(Protocol):
         """At unmount, after the trio loop: published files get `timeout_s` to reach the tiers."""
 
 
-__all__ = ["ReplicaSource", "TensorSource", "OpenRouting", "PublishJournal", "StreamHooks"]
+__all__ = ["Source", "ReplicaSource", "KernelNotices", "TensorSource", "PublishJournal", "StreamHooks"]

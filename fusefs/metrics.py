@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, REGISTRY
@@ -12,8 +13,9 @@ log = logging.getLogger("hintfs.metrics")
 
 
 class StatsCollector:
-    def __init__(self, stats: Stats):
+    def __init__(self, stats: Stats, usage: Callable[[], dict] = dict):
         self.stats = stats
+        self.usage = usage    # what each user holds (fusefs.mount.usage_by_uid)
 
     def collect(self):
         ops = CounterMetricFamily("hintfs_fuse_ops", "FUSE requests handled", labels=["op"])
@@ -33,19 +35,20 @@ class StatsCollector:
             c.add_metric([name], v)
         yield c
         jobs = GaugeMetricFamily("hintfs_job_files", "Control job files each user holds", labels=["uid", "folder"])
-        for uid, per_folder in self.stats.usage().get("job_files_by_uid", {}).items():
+        usage = self.usage()
+        for uid, per_folder in usage.get("job_files_by_uid", {}).items():
             for folder, n in per_folder.items():
                 jobs.add_metric([uid, folder], n)
         yield jobs
         reps = GaugeMetricFamily("hintfs_hint_replicas", "Ready replicas the hints of each user made", labels=["uid"])
-        for uid, n in self.stats.usage().get("replicas_by_uid", {}).items():
+        for uid, n in usage.get("replicas_by_uid", {}).items():
             reps.add_metric([uid], n)
         yield reps
 
 
-def start_metrics(stats: Stats, bind: str, port: int) -> int:
+def start_metrics(stats: Stats, usage: Callable[[], dict], bind: str, port: int) -> int:
     """Serve /metrics on bind:port in a background thread; return the bound port."""
-    REGISTRY.register(StatsCollector(stats))
+    REGISTRY.register(StatsCollector(stats, usage))
     server, _thread = start_http_server(port, addr=bind)
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", bind, bound)

@@ -11,6 +11,7 @@ still open then is abandoned (never published), named in the log, and the daemon
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -28,24 +29,29 @@ import trio
 
 from agent.client import AgentClient
 from agent.fdserver import receive_replica_fd, receive_tier_bytes
+from common import paths
 from common.fdlimit import raise_open_file_limit
+from common.journal import prune, prune_interval_s
+from common.logline import ABANDONED_MARK   # the log line `hintfs umount` looks for (_report_abandoned)
 from common.mounts import dead_mount_at, detach_lazily
 from common.secrets import read_token_file
 from common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
-from fusefs.fuse import FuseOperations
+from fusefs.fuse import FuseOperations, KernelNotices, queued_reads
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
 from fusefs.replicaread import ReplicaReads
-from fusefs.routes import RoutedStore, TierRouting
+from fusefs.readpath import ReadPath
+from fusefs.routes import RoutedStore
 from fusefs.readhints import ReadHints
 from fusefs.signals import SignalForwarder
 from fusefs.stats import Stats
 from fusefs.stream import open_stream
 from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
+from mountconfig.schema import AgentsConfig, JournalConfig, LoggingConfig, MountOptions, StreamConfig
 from stores import check_store, open_store
 from stores.base import Store
 from stores.hostcache import HostCachedStore
@@ -53,7 +59,6 @@ from stores.hostcache import HostCachedStore
 log = logging.getLogger("hintfs.mount")
 
 EXIT_ABANDONED = 3      # the daemon's status when files still open for writing were abandoned
-ABANDONED_MARK = "unmount abandoned"   # the log line `hintfs umount` looks for (see _report_abandoned)
 
 
 class MountError(Exception):
@@ -191,32 +196,31 @@ def usage_by_uid(root: ControlDir, replicas_of: Optional[Callable[[str], int]] =
     return {"job_files_by_uid": files, "replicas_by_uid": replicas}
 
 
-def build_control(cfg: MountConfig, stats: Stats) -> ControlDir:
-    root = ControlDir(".hintfs")
-    stats.usage = lambda: usage_by_uid(root)
-    root.add(ControlFile("stats", render=lambda: (json.dumps(stats.snapshot(), indent=2) + "\n").encode()))
-    config_bytes = effective_config_json(cfg)
-    root.add(ControlFile("config", render=lambda: config_bytes))
+def build_control(root: ControlDir, stats: Stats, config_json: bytes, usage: Callable[[], dict] = dict) -> ControlDir:
+    """The mount's own files in `.hintfs/`: stats (with each user's `usage`), the effective
+    config, the log level."""
+    root.add(ControlFile("stats", render=lambda: (json.dumps(stats.snapshot(usage()), indent=2) + "\n").encode()))
+    root.add(ControlFile("config", render=lambda: config_json))
     root.add(loglevel_file())
     return root
 
 
-def unmount_document(cfg: MountConfig, fs: Filesystem) -> bytes:
+def unmount_document(options: MountOptions, logging_cfg: LoggingConfig, fs: Filesystem) -> bytes:
     """`.hintfs/unmount`: what `hintfs umount` needs to know before it signals the daemon: how
     long it will wait for open writes, and the log where it names the files it abandoned. Only a
     count of open writes: the names are for the log, not for every reader of the mount."""
-    return (json.dumps({"pid": os.getpid(), "timeout_s": cfg.mount.unmount_timeout_s,
-                        "log_file": cfg.logging.file or os.environ.get("HINTFS_LOG_FILE"),
+    return (json.dumps({"pid": os.getpid(), "timeout_s": options.unmount_timeout_s,
+                        "log_file": logging_cfg.file or os.environ.get("HINTFS_LOG_FILE"),
                         "open_writes": len(fs.open_write_paths())}) + "\n").encode()
 
 
-def fuse_options(cfg: MountConfig) -> set[str]:
-    options = set(pyfuse3.default_options)
-    options.add(f"fsname={cfg.mount.fsname}")
-    options.add("subtype=hintfs")
-    if cfg.mount.allow_other:
-        options.add("allow_other")
-    return options
+def fuse_options(options: MountOptions) -> set[str]:
+    out = set(pyfuse3.default_options)
+    out.add(f"fsname={options.fsname}")
+    out.add("subtype=hintfs")
+    if options.allow_other:
+        out.add("allow_other")
+    return out
 
 
 @dataclass
@@ -227,68 +231,69 @@ class Assembly:
     store: Store                 # the store itself (the filesystem may see it through routes)
     stats: Stats
     background: list[Callable[[], Awaitable[None]]]   # tasks that run beside pyfuse3.main
+    usage: Callable[[], dict] = dict                   # what each user holds (stats, metrics)
     agent_server: Optional[object] = None              # an in-process agent, shut down at unmount
     streams: Optional[StreamHooks] = None              # [stream]: sends to eval tiers, closed at unmount
 
 
 def assemble(cfg: MountConfig, store: Store) -> Assembly:
     """The one place the mount is put together: control files, agents and hints, tensors,
-    signals, routes, replica reads, journal, the filesystem and its FUSE adapter."""
-    stats = Stats()
+    signals, routes, replica reads, journal, the filesystem and its FUSE adapter. Each part is
+    handed the slice of the config it uses, and its collaborators in its constructor."""
+    stats = Stats(queued_reads=queued_reads)
     host_cache = store if isinstance(store, HostCachedStore) else None
     if host_cache is not None:
         host_cache.attach_stats(stats)
-    control = build_control(cfg, stats)
+    control = ControlDir(paths.CONTROL_DIR)
     io_limiter = trio.CapacityLimiter(cfg.mount.io_threads)   # store calls in worker threads
-    hints, clients, agent_server = build_agents(cfg, store, stats, control)
-    if host_cache is not None:
-        hints.prefetch = host_cache.prefetch   # hinted files are fetched into the host cache ahead
-    tensors = TensorFiles(cfg, store, hints.agents, clients, stats)
+    # (with a host cache, hinted files are fetched into it ahead)
+    hints, clients, agent_server = build_agents(cfg, store, stats, control,
+                                                prefetch=host_cache.prefetch if host_cache is not None else None)
+    usage = functools.partial(usage_by_uid, control, hints.replicas_held)
+    build_control(control, stats, effective_config_json(cfg), usage)
+    tensors = TensorFiles(cfg.transforms, cfg.transform_load, store, hints.agents, clients, stats)
     control.add_dir(tensors.control_dir())
     signals = SignalForwarder(list(dict.fromkeys(r.local_agent for r in cfg.routes)), clients, stats)
     control.add_dir(signals.control_dir())
-    view: Store = store
-    routing = None
-    if cfg.routes:   # eval side: metadata of routed paths from the local tier, not across the WAN
-        view = RoutedStore(store, cfg.routes, clients, stats)
-        routing = TierRouting(cfg.routes, clients, hints.router, stats, io_limiter, view=view)
-    read_hints = ReadHints(view if isinstance(view, RoutedStore) else None, stats)
+    routes = None
+    if cfg.routes:   # eval side: routed paths from the local tier, not across the WAN
+        # (a tier agent on this host hands out fds of its replicas and of what it is receiving)
+        routes = RoutedStore(store, cfg.routes, clients, stats, io_limiter=io_limiter,
+                             fetch_fd=receive_replica_fd, tier_bytes=receive_tier_bytes)
+    read_hints = ReadHints(routes, stats)
     control.add_dir(read_hints.control_dir())
-    replica_reads = ReplicaReads(hints.router, clients, cfg, stats, store=view, io_limiter=io_limiter)
-    if agent_server is not None:   # the in-process agent's replicas are files on this host
-        replica_reads.local_copy = agent_server.local_replica_fd
-    if any(r.local_socket for r in cfg.routes):   # so are those of a tier agent on this host
-        replica_reads.local_socket_of = view.local_socket_of
-        replica_reads.fetch_fd = receive_replica_fd
-        if isinstance(view, RoutedStore):   # and the files it is still receiving
-            view.tier_bytes = receive_tier_bytes
+    # (the in-process agent's replicas are files on this host: passthrough opens)
+    replicas = ReplicaReads(hints.router, clients, cfg.replicas, stats, io_limiter=io_limiter,
+                            local_copy=agent_server.local_replica_fd if agent_server is not None else None)
     journal = JournalWriter(store, cfg.journal.dir, stats, io_limiter) if cfg.journal.enabled else None
-    streams = build_streams(cfg, stats, store)
-    fs = Filesystem(view, cfg, stats, control_root=control, replica_reads=replica_reads, tensors=tensors,
-                    routing=routing, journal=journal, streams=streams, io_limiter=io_limiter)
-    control.add(ControlFile("unmount", render=lambda: unmount_document(cfg, fs)))
+    streams = build_streams(cfg.stream, cfg.agents, cfg.logging, stats, store)
+    fs = Filesystem(routes or store, options=cfg.mount, cache=cfg.cache, journal_dir=cfg.journal.dir, stats=stats,
+                    control_root=control, reads=ReadPath(stats, routes=routes, replicas=replicas), tensors=tensors,
+                    journal=journal, streams=streams, io_limiter=io_limiter, kernel=KernelNotices())
+    control.add(ControlFile("unmount", render=lambda: unmount_document(cfg.mount, cfg.logging, fs)))
     background = [hints.run, tensors.run, signals.run, read_hints.run] + ([journal.run] if journal else [])
-    return Assembly(fs, FuseOperations(fs), store, stats, background,
+    return Assembly(fs, FuseOperations(fs, cfg.mount), store, stats, background, usage,
                     agent_server,
                     streams)
 
 
-def build_streams(cfg: MountConfig, stats: Stats, store: Store) -> Optional[StreamHooks]:
+def build_streams(sc: StreamConfig, agents: AgentsConfig, logging_cfg: LoggingConfig, stats: Stats,
+                  store: Store) -> Optional[StreamHooks]:
     """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount, in a
     child process (`sender = "process"`) or in threads of the mount."""
-    sc = cfg.stream
     if not sc.prefixes:
         return None
-    token, tls_root = _agent_credentials(cfg, sc.token_file or cfg.agents.token_file, "[stream]")
+    token, tls_root = _agent_credentials(agents, sc.token_file or agents.token_file, "[stream]")
     log.info("streaming %s to %s as they are written (sender: %s)", ", ".join(sc.prefixes), ", ".join(sc.agents),
              sc.sender)
     def read_store(path: str):
         return _read_whole(store, path)
-    return open_stream(sc, stats, token, tls_root, read_store, cfg.logging.level,
-                       cfg.logging.file or os.environ.get("HINTFS_LOG_FILE"))
+    return open_stream(sc, stats, token, tls_root, read_store, logging_cfg.level,
+                       logging_cfg.file or os.environ.get("HINTFS_LOG_FILE"))
 
 
-def _agent_credentials(cfg: MountConfig, token_file: Optional[str], table: str) -> tuple[Optional[str], Optional[bytes]]:
+def _agent_credentials(agents: AgentsConfig, token_file: Optional[str],
+                       table: str) -> tuple[Optional[str], Optional[bytes]]:
     """The token (from `token_file`, checked by `read_token_file`) and the TLS roots
     (`[agents] tls_root_file`) the mount sends to agents; a bad token file names `table`."""
     token = None
@@ -298,8 +303,8 @@ def _agent_credentials(cfg: MountConfig, token_file: Optional[str], table: str) 
         except OSError as err:
             raise MountError(f"{table} {err.strerror}") from None
     tls_root = None
-    if cfg.agents.tls_root_file:
-        with open(cfg.agents.tls_root_file, "rb") as f:
+    if agents.tls_root_file:
+        with open(agents.tls_root_file, "rb") as f:
             tls_root = f.read()
     return token, tls_root
 
@@ -323,11 +328,11 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     mount = assemble(cfg, store)
     stats = mount.stats
     if cfg.metrics.enabled:
-        from fusefs.metrics import start_metrics
-        port = start_metrics(stats, cfg.metrics.bind, cfg.metrics.port)
+        from fusefs.metrics import start_metrics   # (prometheus_client only when asked for)
+        port = start_metrics(stats, mount.usage, cfg.metrics.bind, cfg.metrics.port)
         stats.counters["metrics_port"] = port
     try:
-        pyfuse3.init(mount.ops, mp, fuse_options(cfg))
+        pyfuse3.init(mount.ops, mp, fuse_options(cfg.mount))
     except RuntimeError as err:
         raise MountError(f"cannot mount at {mp}: {err}") from None
     log.info("mounted %s at %s", store.description, mp)
@@ -335,7 +340,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
     unmount = True
     status = 0
     try:
-        trio.run(_serve, mount, mp, on_ready, cfg)
+        trio.run(_serve, mount, mp, on_ready, cfg.mount, cfg.journal)
     except BaseException:
         log.exception("mount loop failed")
         raise
@@ -370,43 +375,45 @@ def _report_abandoned(mp: str, paths: list[str]) -> None:
               "last close or fsync not published): " + ", ".join(paths), file=sys.stderr)
 
 
-def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir):
-    """Agents (configured, or one started in this process), their clients and the hints manager."""
+def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir,
+                 prefetch: Optional[Callable[[str], object]] = None):
+    """Agents (configured, or one started in this process), their clients and the hints manager
+    (`prefetch`: a host cache's, for hinted files)."""
     server = None
     locations = list(cfg.agents.locations)
     if not locations:
         from agent.server import start_in_process   # only without configured agents
         try:
-            server, loc = start_in_process(cfg, store)
+            server, loc = start_in_process(store, cfg.agent, peers=cfg.agents, follow=cfg.follow,
+                                           transform_load=cfg.transform_load)
         except PermissionError as err:
             # Not allowed to use agent.data_dir (not root?): keep replicas in a private temp dir.
             fallback = tempfile.mkdtemp(prefix="hintfs-replicas-")
             log.warning("in-process agent cannot use %s (%s); replicas go to %s", cfg.agent.data_dir,
                         err.strerror, fallback)
-            cfg = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"data_dir": fallback})})
-            server, loc = start_in_process(cfg, store)
+            server, loc = start_in_process(store, cfg.agent.model_copy(update={"data_dir": fallback}),
+                                           peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load)
         except OSError as err:
             raise MountError(f"cannot start the in-process agent in {cfg.agent.data_dir}: {err}") from None
         locations = [loc]
-    token, tls_root = _agent_credentials(cfg, cfg.agents.token_file, "[agents]")
+    token, tls_root = _agent_credentials(cfg.agents, cfg.agents.token_file, "[agents]")
     route_agents = [r.local_agent for r in cfg.routes]
     clients = {loc: AgentClient(loc, token=token, tls_root=tls_root, timeout_s=cfg.replicas.read_timeout_s * 10)
                for loc in dict.fromkeys(locations + route_agents)}
-    hints = HintsManager(cfg, locations, clients, stats)
+    hints = HintsManager(cfg.replicas, locations, clients, stats, prefetch=prefetch)
     control.add_dir(hints.control_dir())
-    stats.usage = lambda: usage_by_uid(control, hints.replicas_held)
     return hints, clients, server
 
 
-async def _serve(mount: Assembly, mp: str, on_ready, cfg: MountConfig) -> None:
+async def _serve(mount: Assembly, mp: str, on_ready, options: MountOptions, journal: JournalConfig) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, mount.fs, cfg.mount.unmount_timeout_s)
+        nursery.start_soon(_watch_signals, mount.fs, options.unmount_timeout_s)
         for task in mount.background:
             nursery.start_soon(task)
-        nursery.start_soon(_announce_ready, mp, on_ready, cfg)
-        if cfg.journal.enabled:
-            nursery.start_soon(_prune_journal, mount.store, cfg)
-        await pyfuse3.main(min_tasks=1, max_tasks=cfg.mount.max_tasks)
+        nursery.start_soon(_announce_ready, mp, on_ready, options.read_ahead_kb)
+        if journal.enabled:
+            nursery.start_soon(_prune_journal, mount.store, journal)
+        await pyfuse3.main(min_tasks=1, max_tasks=options.max_tasks)
         nursery.cancel_scope.cancel()
 
 
@@ -444,13 +451,12 @@ async def _drain_writes(fs: Filesystem, timeout_s: float, signals) -> None:
         log.info("all files open for writing were closed; unmounting")
 
 
-async def _prune_journal(store: Store, cfg: MountConfig) -> None:
-    from common.journal import prune, prune_interval_s
-    retention_ns = int(cfg.journal.retention_s * 1e9)
+async def _prune_journal(store: Store, journal: JournalConfig) -> None:
+    retention_ns = int(journal.retention_s * 1e9)
     while True:
-        await trio.sleep(prune_interval_s(cfg.journal.retention_s))
+        await trio.sleep(prune_interval_s(journal.retention_s))
         try:
-            gone = await trio.to_thread.run_sync(prune, store, cfg.journal.dir, time.time_ns() - retention_ns,
+            gone = await trio.to_thread.run_sync(prune, store, journal.dir, time.time_ns() - retention_ns,
                                                  abandon_on_cancel=True)
         except OSError as err:
             log.warning("journal pruning failed: %s", err)
@@ -470,7 +476,7 @@ def set_read_ahead(mp: str, kb: int) -> None:
         log.warning("cannot set %s to %d: %s", knob, kb, err.strerror)
 
 
-async def _announce_ready(mp: str, on_ready, cfg: MountConfig) -> None:
+async def _announce_ready(mp: str, on_ready, read_ahead_kb: int) -> None:
     # Prove the mount answers (a stat served by our own loop, from a thread) before saying so.
     # Both stats below are answered by this very loop: if a signal stops pyfuse3.main first,
     # they never return, so the threads are abandoned on cancel (closing the mount then fails
@@ -484,8 +490,8 @@ async def _announce_ready(mp: str, on_ready, cfg: MountConfig) -> None:
         log.error("mount does not answer: %s", err)
         pyfuse3.terminate()
         return
-    if cfg.mount.read_ahead_kb:
-        await trio.to_thread.run_sync(set_read_ahead, mp, cfg.mount.read_ahead_kb,
+    if read_ahead_kb:
+        await trio.to_thread.run_sync(set_read_ahead, mp, read_ahead_kb,
                                       abandon_on_cancel=True)
     sd_notify("READY=1")
     if on_ready is not None:

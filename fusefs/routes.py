@@ -1,25 +1,26 @@
 """Cross-DC routes, the eval side: routed prefixes are served from a local tier, not across the WAN.
 
-An eval mount's `[[routes]]` send paths under a prefix to a local tier agent. Two layers, both
-built by `fusefs/mount.py` only when there are routes:
+An eval mount's `[[routes]]` send paths under a prefix to a local tier agent. `RoutedStore` is the
+one layer that does it, built by `fusefs/mount.py` only when there are routes. It is a `Store` over
+the store: `stat` and `open_reader` of routed paths are answered from the tier, so that a lookup,
+a getattr or an open of a checkpoint file the tier holds costs one loopback call instead of remote
+round trips (100 ms each across datacenters; a DCP load opens a few files but walks several
+folders). Everything else is passed to the store.
 
-- `TierRouting` (the filesystem's `OpenRouting`): at each open of a routed file, ask the tier
-  whether it holds exactly this version; if so its reads go to the tier (through the replica
-  router), else they read through and the tier is asked to fetch the file (`fetch_on_read`).
-- `RoutedStore` (a `Store` over the store): answers `stat` and `open_reader` of routed paths
-  from the tier, so that a lookup, a getattr or an open of a checkpoint file the tier holds costs
-  one loopback call instead of remote round trips (100 ms each across datacenters; a DCP load
-  opens a few files but walks several folders). Everything else is passed to the store.
+What the tier said is held in one place, `TierState` (its answers, with the time they came). A
+reader of a routed file knows where its bytes come from (`fusefs.interfaces.Source`):
 
-- ready: the tier holds a verified version (size + mtime of the store's file when it was copied):
-  its attributes are served; data reads go to the tier (the lazily opened store reader is only the
-  fallback, and refuses a store file that is no longer that version).
-- copying: a copy is in flight (or a write-time stream was published and its last chunks are on
-  the way); `stat` serves the version being copied and the open does not wait for the copy: each
-  read asks the tier (`_TierDemandReader`), which answers from what it holds of that version or
-  fetches just those bytes from the store at once (agent/demand.py, "demand-first"); the copy goes
-  on, and the next open after it finished reads the tier's replica. If the tier cannot answer, the
-  reads go to the store (of that version only).
+- ready (`TierReplicaReader`, source TIER): the tier holds a verified version (size + mtime of the
+  store's file when it was copied): its attributes are served; data reads go to the tier's replica
+  (blocks through `fusefs.replicaread`), and the reader can hand over a local fd of that replica
+  when the tier agent is on this host (`local_socket`: FUSE passthrough). Its own `read` is only
+  the fallback, and refuses a store file that is no longer that version.
+- copying (`TierDemandReader`, source DEMAND): a copy is in flight (or a write-time stream was
+  published and its last chunks are on the way); `stat` serves the version being copied and the
+  open does not wait for the copy: each read asks the tier, which answers from what it holds of
+  that version or fetches just those bytes from the store at once (agent/demand.py,
+  "demand-first"); the copy goes on, and the next open after it finished reads the tier's replica.
+  If the tier cannot answer, the reads go to the store (of that version only).
 - streaming: a training mount is sending the file and has not published it: the tier is asked to
   answer when it is published (at most `stream_wait_s`), then as above; its bytes are never served
   before, and after the wait the store answers (the older version, or no file). A read hint for
@@ -29,7 +30,12 @@ built by `fusefs/mount.py` only when there are routes:
 - absent but expected (other files of its folder are being streamed in): a `stat` asks the store
   in a thread and the tier in short waits, the first answer wins (`_stat_race`; one thread per
   such stat, ended by the store's answer).
-- absent, or the tier does not answer: the store, as without routes.
+- absent, or the tier does not answer: the store's reader (source STORE), as without routes.
+
+At each open of a routed file (`at_open`, after the close-to-open check) the layer settles the
+source: a version the tier said it holds, or holds when asked now (`has`), is read from the tier
+(`route_local`); any other is read as opened (`route_remote`) and the tier is asked to fetch it
+(`fetch_on_read`). Time comes from the `clock` given (monotonic seconds).
 
 Consistency: routes are meant for write-once data (checkpoints). A routed file the tier holds is
 served at the tier's version until the tier learns of a newer one (the follower copies each new
@@ -45,36 +51,109 @@ import os
 import stat as stat_mod
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import trio
+from cachetools import LRUCache, TTLCache
 
 from agent.fdserver import TierSocket
-from fusefs.hints import ReplicaRouter
+from fusefs.interfaces import Source
 from fusefs.stats import Stats
-from stores.base import Stat, Staging, Store
+from mountconfig.schema import RouteConfig
+from stores.base import Reader, Stat, Staging, Store
 
 log = logging.getLogger("hintfs.routes")
 
 ROUTED_TTL_S = 86400.0      # a copy fetched because an eval read it lives a day at the tier
 READY_MEMORY_S = 1.0        # a "ready" answer serves the lookup, open and routing of one file open
+ANSWERS_MAX = 1 << 16       # tier answers remembered (paths)
 APPEAR_WAIT_S = 5.0         # a stat waits at most this long for a file expected at the tier ...
 APPEAR_SLICE_S = 0.02       # ... in tier calls this long, checking for the store's answer between
 LATER_HINTS_S = 60.0        # a read hint for a file the tier is not receiving yet is kept this long ...
 LATER_HINTS_MAX = 4096      # ... for at most this many files
 EVAL_IMPORTANCE = 2.0       # an eval is waiting: twice the weight of predictive copies on the link
+TIER_DOWN_LOG_S = 30.0      # "local tier unavailable" is logged once per agent this often
+LOCAL_FDS_MAX = 4           # distinct files (the stream's part; the replica, when another) one reader keeps
+
+Clock = Callable[[], float]
+Version = tuple[int, int]
+# (socket, path, size, mtime_ns) -> an fd of the tier's complete replica of that version, or -1
+ReplicaFdFetch = Callable[[TierSocket, str, int, int], int]
+# (socket, path, size, mtime_ns) -> (fd, None) of the complete replica, (fd, verified runs) of a
+# published stream still filling, or (-1, None)
+TierBytesFetch = Callable[[TierSocket, str, int, int], tuple[int, Optional[list[tuple[int, int]]]]]
 
 _DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
 
 
-class _StoreFallbackReader:
-    """Reads the store copy only if someone reads through it (replica reads failed over)."""
+def route_of(routes: Sequence[RouteConfig], path: str) -> Optional[RouteConfig]:
+    """The first route whose prefix is `path` or a folder above it, or None."""
+    return next((r for r in routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
 
-    def __init__(self, store, path: str, identity: tuple[int, int]):
+
+def _version(doc: dict) -> Version:
+    return int(doc["size"]), int(doc["mtime_ns"])
+
+
+class TierState:
+    """What the local tiers said, held once: the last answer about each path, with when it came;
+    the fetches asked for; the read hints kept for files not arriving yet. Thread-safe (stats run
+    in worker threads)."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._answers: LRUCache = LRUCache(maxsize=ANSWERS_MAX)   # path -> (tier_stat doc, when)
+        self.fetching: set[str] = set()                          # (trio loop only)
+        self._later_hints: TTLCache = TTLCache(maxsize=LATER_HINTS_MAX, ttl=LATER_HINTS_S, timer=clock)
+        self._warned: dict[str, float] = {}
+
+    def answered(self, path: str, doc: dict) -> None:
+        with self._lock:
+            self._answers[path] = (doc, self.clock())
+
+    def fresh(self, path: str) -> Optional[dict]:
+        """The tier's "ready" answer for `path` if it came within READY_MEMORY_S: one file open is
+        a lookup, an open and the routing check within milliseconds; each would be a call to the
+        tier otherwise."""
+        with self._lock:
+            hit = self._answers.get(path)
+        if hit is None or hit[0]["state"] != "ready" or self.clock() - hit[1] >= READY_MEMORY_S:
+            return None
+        return hit[0]
+
+    def holds(self, path: str, version: Version) -> bool:
+        """The tier's last answer about `path` was that it holds exactly this version."""
+        with self._lock:
+            hit = self._answers.get(path)
+        return hit is not None and hit[0]["state"] == "ready" and _version(hit[0]) == version
+
+    def hint_later(self, path: str, ranges: list[tuple[int, int]]) -> None:
+        with self._lock:
+            self._later_hints[path] = list(ranges)
+
+    def take_later_hint(self, path: str) -> Optional[list[tuple[int, int]]]:
+        with self._lock:
+            return self._later_hints.pop(path, None)
+
+    def should_warn(self, agent: str) -> bool:
+        """Whether "tier `agent` unavailable" is due in the log (not once per lookup)."""
+        now = self.clock()
+        with self._lock:
+            if now - self._warned.get(agent, -1e18) <= TIER_DOWN_LOG_S:
+                return False
+            self._warned[agent] = now
+            return True
+
+
+class StoreFallbackReader:
+    """Reads the store's copy of one version, opened only if someone reads through it (reads from
+    the tier failed over): ESTALE once the store has another version."""
+
+    def __init__(self, store: Store, path: str, identity: Version):
         self.store, self.path, self.identity = store, path, identity
-        self.reader = None
+        self.reader: Optional[Reader] = None
 
     def read(self, offset: int, size: int) -> bytes:
         if self.reader is None:
@@ -93,22 +172,48 @@ class _StoreFallbackReader:
             self.reader.close()
 
 
-LOCAL_FDS_MAX = 4   # distinct files (the stream's part; the replica, when another) one reader keeps
+class TierReplicaReader:
+    """A routed file the tier holds whole at this version (source TIER): its reads go to the tier's
+    replica (`location`, through the replica reads); `read` here is their fallback (`fallback`: the
+    store's copy of that version). With the tier agent on this host, `local_fd` hands over an fd
+    of the replica itself (blocking: a worker thread)."""
+    source = Source.TIER
+
+    def __init__(self, path: str, identity: Version, location: str, fallback: Reader,
+                 socket: Optional[TierSocket] = None, fetch_fd: Optional[ReplicaFdFetch] = None):
+        self.path, self.identity, self.location, self.fallback = path, identity, location, fallback
+        self._socket, self._fetch_fd = socket, fetch_fd
+
+    def local_fd(self) -> int:
+        if self._socket is None or self._fetch_fd is None:
+            return -1
+        return self._fetch_fd(self._socket, self.path, *self.identity)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.fallback.read(offset, size)
+
+    def read_nowait(self, offset: int, size: int):
+        return None
+
+    def close(self) -> None:
+        self.fallback.close()
 
 
-class _TierDemandReader:
-    """Reads of a routed file the tier is still receiving: each read is one call to the tier
-    (demand read of the version opened); if the tier cannot answer, the store copy of that version.
+class TierDemandReader:
+    """Reads of a routed file the tier is still receiving (source DEMAND): each read is one call to
+    the tier (demand read of the version opened); if the tier cannot answer, the store copy of that
+    version.
 
     With a tier agent on this host (`local`: its fd socket), a read first looks at the tier's
     bytes itself: the replica once it is complete, or the runs of the published stream verified
     so far (`agent.fdserver`). Those are read with `pread`, not one Flight call each; a read they
     do not cover asks the socket again (one unix round trip), then the tier by Flight."""
+    source = Source.DEMAND
 
-    def __init__(self, client, store, path: str, identity: tuple[int, int], stats: Stats,
+    def __init__(self, client, store: Store, path: str, identity: Version, stats: Stats,
                  local: Optional[Callable[[], tuple[int, Optional[list[tuple[int, int]]]]]] = None):
         self.client, self.path, self.identity, self.stats = client, path, identity, stats
-        self.fallback = _StoreFallbackReader(store, path, identity)
+        self.fallback = StoreFallbackReader(store, path, identity)
         self.tier_failed = False
         self.local = local
         self._lock = threading.Lock()     # reads of one open file run in several threads
@@ -116,6 +221,9 @@ class _TierDemandReader:
         self._current = -1                # the fd of the newest answer, and what it covers:
         self._runs: list[tuple[int, int]] = []
         self._whole = False               # the complete replica
+
+    def local_fd(self) -> int:
+        return -1                         # not complete: nothing the kernel may read by itself
 
     def _covered(self, offset: int, end: int) -> Optional[int]:
         """(under _lock) An fd holding [offset, end) of the version opened, or None."""
@@ -169,7 +277,8 @@ class _TierDemandReader:
                 return data
         if not self.tier_failed:
             try:
-                data = self.client.read(self.path, offset, size, True, self.identity, demand=True)
+                data = self.client.read(self.path, offset, size, replica_only=True, expect=self.identity,
+                                        demand=True)
                 self.stats.add("route_demand_reads")
                 return data
             except OSError as err:
@@ -189,99 +298,34 @@ class _TierDemandReader:
             os.close(fd)
 
 
-def route_of(routes, path: str):
-    """The first route whose prefix is `path` or a folder above it, or None."""
-    return next((r for r in routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
-
-
-class TierRouting:
-    """At open: serve a routed path from the local tier when it holds exactly this version
-    (size and mtime verified by the agent); otherwise read through and ask it to fetch."""
-
-    def __init__(self, routes, clients: dict, router: ReplicaRouter, stats: Stats,
-                 io_limiter: trio.CapacityLimiter, view: Optional["RoutedStore"] = None):
-        self.routes = list(routes)
-        self.view = view                # its recent "ready" answers spare a `has` call per open
-        self.clients = clients          # location -> agent.client.AgentClient
-        self.router = router            # the replica router that replica reads follow
-        self.stats = stats
-        self.io_limiter = io_limiter    # the filesystem's: tier calls are store-like blocking I/O
-        self._checked: dict[tuple, bool] = {}
-        self._fetching: set[str] = set()
-
-    async def _io(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
-
-    async def on_open(self, path: str, st: Stat) -> None:
-        route = route_of(self.routes, path)
-        if route is None:
-            return
-        key = (path, st.identity())
-        if self._checked.get(key):
-            return
-        client = self.clients[route.local_agent]
-        if self.view is not None and self.view.recently_ready(path, st.identity()):
-            local = True
-        else:
-            try:
-                local = await self._io(client.has, path, st.size, st.mtime_ns)
-            except OSError as err:
-                log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
-                local = False
-        if local:
-            self._checked[key] = True
-            self.router.replicas[path] = [route.local_agent]
-            self.stats.add("route_local")
-            return
-        self.router.replicas.pop(path, None)
-        self.stats.add("route_remote")
-        if route.fetch_on_read and path not in self._fetching:
-            self._fetching.add(path)
-            trio.lowlevel.spawn_system_task(self._fetch_to_local_tier, client, path)
-
-    async def _fetch_to_local_tier(self, client, path: str) -> None:
-        try:
-            # An eval is waiting for this file: eval class, twice the weight of predictive copies.
-            job = "/".join(path.split("/")[:-2])
-            await self._io(functools.partial(client.replicate, path, ttl_s=ROUTED_TTL_S, priority="eval",
-                                             job=job, importance=EVAL_IMPORTANCE))
-            self.stats.add("route_fetches")
-        except OSError as err:
-            log.warning("local tier fetch of %s failed: %s", path, err)
-        finally:
-            self._fetching.discard(path)
-
-
 class RoutedStore:
-    """A `Store`: routed paths' `stat` and `open_reader` from the local tier, the rest the store's."""
+    """A `Store`: routed paths' `stat` and `open_reader` from the local tier, the rest the store's;
+    `at_open` settles where an open's reads go. Collaborators: the agent clients by location, the
+    fd fetches of a tier agent on this host (`agent.fdserver`), the filesystem's limiter of
+    blocking calls, and the clock."""
 
-    def __init__(self, store: Store, routes, clients: dict, stats: Stats):
+    def __init__(self, store: Store, routes: Sequence[RouteConfig], clients: dict, stats: Stats, *,
+                 io_limiter: Optional[trio.CapacityLimiter] = None,
+                 fetch_fd: Optional[ReplicaFdFetch] = None, tier_bytes: Optional[TierBytesFetch] = None,
+                 clock: Clock = time.monotonic):
         self._store = store
         self.routes = list(routes)
-        self.clients = clients
+        self.clients = clients            # location -> agent.client.AgentClient (blocking)
         self.stats = stats
+        self.io_limiter = io_limiter or trio.CapacityLimiter(8)   # tier calls are store-like blocking I/O
+        self.fetch_fd = fetch_fd          # a complete replica's fd from a tier agent on this host
+        self.tier_bytes = tier_bytes      # the bytes it holds so far of a file still arriving
+        self.clock = clock
+        self.state = TierState(clock)
         # A stat may be a call to the tier agent: never inline in the trio loop.
         self.inline_metadata = False
         # A routed file is read from the tier's replica: by passthrough when the tier agent is on
         # this host and hands its fds out (`local_socket`); other files as the store allows.
         self.passthrough_capable = store.passthrough_capable or any(r.local_socket for r in self.routes)
         self.description = store.description
-        self._warned: dict[str, float] = {}
-        # path -> (tier_stat "ready" answer, when): one file open is a lookup, an open and the
-        # routing check within milliseconds; each would be a call to the tier otherwise.
-        self._ready: dict[str, tuple[dict, float]] = {}
-        # Read hints for routed files the tier was not receiving yet (an unpublished stream, or
-        # not there yet): path -> (ranges, when); forwarded when the file is opened as arriving.
-        self._later_hints: "OrderedDict[str, tuple[list[tuple[int, int]], float]]" = OrderedDict()
-        self._hints_lock = threading.Lock()
-        # (socket, path, size, mtime_ns) -> the tier's bytes on this host (`agent.fdserver`
-        # `receive_tier_bytes`); set by `fusefs.mount.assemble` when a route has a local socket.
-        self.tier_bytes: Optional[Callable[[TierSocket, str, int, int],
-                                           tuple[int, Optional[list[tuple[int, int]]]]]] = None
 
-    # -- not routed: the store's --------------------------------------------------------------
-    def check(self) -> None:
-        self._store.check()
+    def routes_path(self, path: str) -> bool:
+        return route_of(self.routes, path) is not None
 
     def local_socket_of(self, path: str) -> Optional[TierSocket]:
         """The fd socket of the tier agent on this host for `path`, with the uid that agent runs
@@ -290,6 +334,10 @@ class RoutedStore:
         if route is None or not route.local_socket:
             return None
         return TierSocket(route.local_socket, route.local_socket_uid)
+
+    # -- not routed: the store's --------------------------------------------------------------
+    def check(self) -> None:
+        self._store.check()
 
     def refuse_device(self, st_dev: int) -> None:
         self._store.refuse_device(st_dev)
@@ -333,8 +381,8 @@ class RoutedStore:
     def statfs(self):
         return self._store.statfs()
 
-    def new_staging(self, rel: str, copy_existing: bool) -> Staging:
-        return self._store.new_staging(rel, copy_existing)
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+        return self._store.new_staging(rel, copy_existing, source)
 
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
         return self._store.commit(staging, rel, keep)
@@ -342,43 +390,38 @@ class RoutedStore:
     def discard(self, staging: Staging) -> None:
         self._store.discard(staging)
 
+    def unname(self, staging: Staging) -> None:
+        self._store.unname(staging)
+
+    def follow(self, staging: Staging, rel: str) -> None:
+        self._store.follow(staging, rel)
+
+    def nameless_copy(self, staging: Staging) -> Staging:
+        return self._store.nameless_copy(staging)
+
     def put_small(self, rel: str, data: bytes) -> None:
         self._store.put_small(rel, data)
 
     # -- routed ---------------------------------------------------------------------------------
-
-    def recently_ready(self, path: str, identity: tuple[int, int]) -> bool:
-        """The tier said "ready" for exactly this version of `path` within READY_MEMORY_S."""
-        hit = self._ready.get(path)
-        return (hit is not None and time.monotonic() - hit[1] < READY_MEMORY_S
-                and (int(hit[0]["size"]), int(hit[0]["mtime_ns"])) == identity)
-
     def _tier(self, path: str, appear_s: float = 0.0) -> tuple[Optional[object], dict]:
         route = route_of(self.routes, path)
         if route is None:
             return None, {"state": "absent"}
         client = self.clients[route.local_agent]
-        hit = self._ready.get(path)
-        if hit is not None and time.monotonic() - hit[1] < READY_MEMORY_S:
-            return client, hit[0]
+        doc = self.state.fresh(path)
+        if doc is not None:
+            return client, doc
         try:
             doc = client.tier_stat(path, route.stream_wait_s, appear_s)
-            if doc["state"] == "streaming":
-                self.stats.add("route_stream_unpublished")
-            if doc["state"] == "ready":
-                if len(self._ready) > 4096:
-                    self._ready.clear()
-                self._ready[path] = (doc, time.monotonic())
-            else:
-                self._ready.pop(path, None)
-            return client, doc
         except OSError as err:
-            now = time.monotonic()
-            if now - self._warned.get(route.local_agent, -1e9) > 30:   # not once per lookup
-                self._warned[route.local_agent] = now
+            if self.state.should_warn(route.local_agent):
                 log.warning("local tier %s unavailable (reading the store): %s", route.local_agent, err)
             self.stats.add("route_tier_down")
             return None, {"state": "absent"}
+        if doc["state"] == "streaming":
+            self.stats.add("route_stream_unpublished")
+        self.state.answered(path, doc)
+        return client, doc
 
     @staticmethod
     def _file(doc: dict) -> Stat:
@@ -405,10 +448,10 @@ class RoutedStore:
                 store_stat.set_exception(err)
 
         threading.Thread(target=ask_store, name="route-stat", daemon=True).start()
-        deadline = time.monotonic() + APPEAR_WAIT_S
+        deadline = self.clock() + APPEAR_WAIT_S
         doc: dict = {"state": "absent", "expected": True}
         while not store_stat.done() and doc["state"] == "absent" and doc.get("expected") \
-                and time.monotonic() < deadline:
+                and self.clock() < deadline:
             _client, doc = self._tier(rel, APPEAR_SLICE_S)
         if doc["state"] not in ("absent", "streaming"):
             self.stats.add("route_stat_race_tier")
@@ -441,42 +484,32 @@ class RoutedStore:
             try:
                 doc = client.tier_stat(path)   # no wait: an unpublished stream has no version yet
                 if doc["state"] in ("copying", "ready"):
-                    n += client.prefetch(path, (int(doc["size"]), int(doc["mtime_ns"])), ranges)
+                    n += client.prefetch(path, _version(doc), ranges)
                 elif doc["state"] in ("streaming", "absent"):
                     # No version there yet: the tier holds the hint and fetches when the publish
                     # (or the journal record) announces one; and it is sent again when the file
                     # is opened still arriving (a tier that dropped it still gets it then).
-                    self._hint_later(path, ranges)
+                    self.state.hint_later(path, ranges)
                     n += client.prefetch(path, None, ranges)
             except OSError as err:
                 log.info("read hint for %s not forwarded to the tier: %s", path, err)
         return n
 
-    def _hint_later(self, path: str, ranges: list[tuple[int, int]]) -> None:
-        now = time.monotonic()
-        with self._hints_lock:
-            self._later_hints[path] = (list(ranges), now)
-            self._later_hints.move_to_end(path)
-            while self._later_hints and (len(self._later_hints) > LATER_HINTS_MAX
-                                         or now - next(iter(self._later_hints.values()))[1] > LATER_HINTS_S):
-                self._later_hints.popitem(last=False)
-
-    def _forward_later_hint(self, client, path: str, identity: tuple[int, int]) -> None:
+    def _forward_later_hint(self, client, path: str, identity: Version) -> None:
         """A file hinted before the tier was receiving it is opened: while arriving, the hint's
         ranges are fetched now, all at once, instead of one read after another; complete, the
         tier only learns them. (A hint dropped here was lost for the next checkpoint's order:
         files completed sooner once the publish stopped waiting for its last chunks.)"""
-        with self._hints_lock:
-            hint = self._later_hints.pop(path, None)
-        if hint is None or time.monotonic() - hint[1] > LATER_HINTS_S:
+        ranges = self.state.take_later_hint(path)
+        if ranges is None:
             return
         try:
-            client.prefetch(path, identity, hint[0])
+            client.prefetch(path, identity, ranges)
             self.stats.add("route_hints_at_open")
         except OSError as err:
             log.info("read hint for %s not forwarded to the tier: %s", path, err)
 
-    def open_reader(self, rel: str):
+    def open_reader(self, rel: str) -> tuple[Reader, Stat]:
         client, doc = self._tier(rel)
         if doc["state"] == "copying":
             # Demand-first: reads do not wait for the whole file (agent/demand.py).
@@ -486,11 +519,60 @@ class RoutedStore:
             sock = self.local_socket_of(rel) if self.tier_bytes is not None else None
             local = (functools.partial(self.tier_bytes, sock, rel, *st.identity())
                      if sock is not None and self.tier_bytes is not None else None)
-            return _TierDemandReader(client, self._store, rel, st.identity(), self.stats, local), st
+            return TierDemandReader(client, self._store, rel, st.identity(), self.stats, local), st
         if doc["state"] == "ready":
             st = self._file(doc)
             # complete by now: nothing to fetch, but the tier learns what eval jobs read of it,
             # and sends those chunks of the next checkpoint's file first (agent/readmemory.py)
             self._forward_later_hint(client, rel, st.identity())
-            return _StoreFallbackReader(self._store, rel, st.identity()), st
+            return self._tier_replica(rel, st.identity(), StoreFallbackReader(self._store, rel, st.identity())), st
         return self._store.open_reader(rel)
+
+    def _tier_replica(self, path: str, identity: Version, fallback: Reader) -> TierReplicaReader:
+        route = route_of(self.routes, path)
+        assert route is not None
+        return TierReplicaReader(path, identity, route.local_agent, fallback, self.local_socket_of(path), self.fetch_fd)
+
+    # -- at open --------------------------------------------------------------------------------
+    async def at_open(self, path: str, reader: Reader, st: Stat) -> Reader:
+        """A routed file is being opened for reading (after `open_reader` and the close-to-open
+        check): the reader its reads go through. A version the tier holds is read from the tier
+        (a `TierReplicaReader`: the one just opened, or one over it when the tier holds the
+        version by now); any other as opened, and the tier is asked to fetch it."""
+        route = route_of(self.routes, path)
+        if route is None:
+            return reader
+        identity = st.identity()
+        local = isinstance(reader, TierReplicaReader) or self.state.holds(path, identity)
+        if not local:
+            try:
+                local = await trio.to_thread.run_sync(self.clients[route.local_agent].has, path, *identity,
+                                                      limiter=self.io_limiter)
+            except OSError as err:
+                log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
+            if local:
+                self.state.answered(path, {"state": "ready", "size": identity[0], "mtime_ns": identity[1]})
+        if local:
+            self.stats.add("route_local")
+            return reader if isinstance(reader, TierReplicaReader) else self._tier_replica(path, identity, reader)
+        self.stats.add("route_remote")
+        if route.fetch_on_read and path not in self.state.fetching:
+            self.state.fetching.add(path)
+            trio.lowlevel.spawn_system_task(self._fetch_to_local_tier, self.clients[route.local_agent], path)
+        return reader
+
+    async def _fetch_to_local_tier(self, client, path: str) -> None:
+        try:
+            # An eval is waiting for this file: eval class, twice the weight of predictive copies.
+            job = "/".join(path.split("/")[:-2])
+            await trio.to_thread.run_sync(functools.partial(client.replicate, path, ttl_s=ROUTED_TTL_S,
+                                                            priority="eval", job=job, importance=EVAL_IMPORTANCE),
+                                          limiter=self.io_limiter)
+            self.stats.add("route_fetches")
+        except OSError as err:
+            log.warning("local tier fetch of %s failed: %s", path, err)
+        finally:
+            self.state.fetching.discard(path)
+
+
+__all__ = ["RoutedStore", "TierState", "TierReplicaReader", "TierDemandReader", "StoreFallbackReader", "route_of"]

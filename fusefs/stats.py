@@ -59,15 +59,13 @@ class OpStats:
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, queued_reads: Optional[Callable[[], Optional[int]]] = None) -> None:
         self.started = time.time()
         self.ops: dict[str, OpStats] = defaultdict(OpStats)
         self.counters: dict[str, int] = defaultdict(int)
         self.passthrough = "off"   # FUSE passthrough: "on", or why not (set by the filesystem)
-        # Requests the FUSE loop read while queued, without a wait (patched pyfuse3; set by fuse.py)
-        self.queued_reads: Callable[[], Optional[int]] = lambda: None
-        # What each user holds of what users may create (job files per uid; set by fusefs/mount.py)
-        self.usage: Callable[[], dict] = lambda: {}
+        # Requests the FUSE loop read while queued, without a wait (patched pyfuse3: fusefs.fuse)
+        self.queued_reads: Callable[[], Optional[int]] = queued_reads or (lambda: None)
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -79,7 +77,9 @@ class Stats:
     def add(self, counter: str, n: int = 1) -> None:
         self.counters[counter] += n
 
-    def snapshot(self) -> dict:
+    def snapshot(self, usage: Optional[dict] = None) -> dict:
+        """Everything `.hintfs/stats` shows; `usage`: what each user holds of what users may
+        create (`fusefs.mount.usage_by_uid`)."""
         ops = {}
         for name, s in sorted(self.ops.items()):
             ops[name] = {
@@ -108,7 +108,7 @@ class Stats:
                             **{k[len("passthrough_"):]: v for k, v in sorted(c.items())
                                if k.startswith("passthrough_")}},
             "requests_read_queued": self.queued_reads(),
-            "usage": self.usage(),
+            "usage": usage or {},
             "errors": {k.split(".", 1)[1]: v for k, v in sorted(c.items()) if k.startswith("errno.")},
             "counters": {k: v for k, v in sorted(c.items()) if not k.startswith("errno.")},
         }

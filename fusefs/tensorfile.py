@@ -15,19 +15,21 @@ that tell the agents which samples come next.
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict
 import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import trio
+from cachetools import LRUCache
 
 from common import access
 from common.access import Principal
 from common.documents import parse_plan_registration
 from fusefs.control import ControlDir, ControlFile, ControlInputError
+from mountconfig.schema import TransformLoadConfig
+from transforms.params import TransformRule, default_seed, match_rule, params_json
 
 log = logging.getLogger("hintfs.tensorfile")
 
@@ -77,18 +79,19 @@ def _load_plan_rows(store, rel: str):
 
 
 class TensorFiles:
-    def __init__(self, cfg, store, agents: list[str], clients, stats):
-        self.rules = list(cfg.transforms)
-        self.lookahead_default = cfg.transform_load.lookahead_steps
+    def __init__(self, rules: Sequence[TransformRule], load: TransformLoadConfig, store, agents: list[str], clients,
+                 stats):
+        self.rules = list(rules)
+        self.lookahead_default = load.lookahead_steps
         self.store = store
         self.agents = agents
         self.clients = clients
         self.stats = stats
         self.plans: dict[str, Plan] = {}
         self._pjson: dict[int, str] = {}
-        self.pull_bytes = cfg.transform_load.mount_pull_bytes
-        self._pulled: "OrderedDict[tuple[str, int], bytes]" = OrderedDict()
-        self._pulled_bytes = 0
+        self.pull_bytes = load.mount_pull_bytes
+        # (sample, seed) -> tensor pulled ahead, at most `pull_bytes` in all (taken at its open)
+        self._pulled: LRUCache = LRUCache(maxsize=max(self.pull_bytes, 1), getsizeof=len)
         self._pulling: dict[tuple[str, int], trio.Event] = {}
         self.limiter = trio.CapacityLimiter(16)
         self._send, self._recv = trio.open_memory_channel(256)
@@ -101,7 +104,6 @@ class TensorFiles:
         """The (source relpath, rule) of a `.tensor` path, or None."""
         if not self.rules or not path.endswith(SUFFIX):
             return None
-        from transforms.params import match_rule
         source = path[: -len(SUFFIX)]
         rule = match_rule(self.rules, source)
         return (source, rule) if rule is not None else None
@@ -110,7 +112,6 @@ class TensorFiles:
         """The canonical JSON of a rule's parameters, computed once per rule."""
         pj = self._pjson.get(id(rule))
         if pj is None:
-            from transforms.params import params_json
             pj = self._pjson[id(rule)] = params_json(rule.params)
         return pj
 
@@ -151,7 +152,6 @@ class TensorFiles:
                 plan.read.add((source, steps[i], ranks[i]))
                 self._advance(plan, ranks[i], steps[i])
                 return seeds[i], plan
-        from transforms.params import default_seed
         return default_seed(source), None
 
     def _advance(self, plan: Plan, rank: int, step: int) -> None:
@@ -190,7 +190,6 @@ class TensorFiles:
                 await pending.wait()
             data = self._pulled.pop(key, None)
             if data is not None:
-                self._pulled_bytes -= len(data)
                 self.stats.add("tensor_opens")
                 self.stats.add("tensor_pulled_hits")
                 return data
@@ -230,7 +229,7 @@ class TensorFiles:
         plan.pulled = {s for s in plan.pulled if s >= plan.step - 1}
         live = {(sa, se) for st in (plan.step, plan.step + 1) for sa, se, _r in plan.by_step.get(st, ())}
         for key in [k for k in self._pulled if k not in live and k[0] in plan.seeds]:
-            self._pulled_bytes -= len(self._pulled.pop(key))
+            del self._pulled[key]
 
     async def _pull(self, loc: str, samples: list) -> None:
         try:
@@ -239,13 +238,9 @@ class TensorFiles:
             log.warning("pulling ready tensors from %s failed: %s", loc, err)
             got = []
         for path, seed, data in got:
-            if self._pulled_bytes + len(data) > self.pull_bytes:
-                break
+            if self._pulled.currsize + len(data) > self.pull_bytes:
+                break    # full: what is pulled stays until opened or its step is over
             self._pulled[(path, seed)] = data
-            self._pulled_bytes += len(data)
-        while len(self._pulled) > 0 and self._pulled_bytes > self.pull_bytes:
-            _k, old = self._pulled.popitem(last=False)
-            self._pulled_bytes -= len(old)
         for sample, _kind, _params, seed in samples:
             ev = self._pulling.pop((sample, seed), None)
             if ev is not None:

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from fusefs.attrs import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, DirEntry, Refused
+from fusefs.control import ControlDir
 from fusefs.filesystem import Filesystem
 from fusefs.hints import HintsManager
 from fusefs.mount import build_control
@@ -30,10 +31,11 @@ def make_fs(tmp_path, **cfg_extra) -> Filesystem:
     root.mkdir(exist_ok=True)
     cfg = parse_config({"store": {"uri": f"file://{root}"}, **cfg_extra})
     stats = Stats()
-    control = build_control(cfg, stats)
-    hints = HintsManager(cfg, ["grpc://127.0.0.1:1"], {}, stats)
+    control = build_control(ControlDir(".hintfs"), stats, b"{}\n")
+    hints = HintsManager(cfg.replicas, ["grpc://127.0.0.1:1"], {}, stats)
     control.add_dir(hints.control_dir())
-    return Filesystem(LocalStore(str(root)), cfg, stats, control_root=control)
+    return Filesystem(LocalStore(str(root)), options=cfg.mount, cache=cfg.cache, journal_dir=cfg.journal.dir,
+                      stats=stats, control_root=control)
 
 
 def run(tmp_path, test, **cfg_extra):

@@ -14,7 +14,6 @@ import trio
 from fusefs.attrs import ROOT_INODE
 from fusefs.filesystem import Filesystem
 from fusefs.inodes import InodeTable
-from mountconfig import parse_config
 from stores.arrow import ArrowStore
 from tests.fs.test_filesystem_api import CTX, make_fs, write_file
 
@@ -23,8 +22,7 @@ def object_fs(tmp_path) -> Filesystem:
     """A Filesystem over an object store (pyarrow's in-memory mock filesystem, as S3 is used)."""
     mock = pafs._MockFileSystem()
     mock.create_dir("bucket")
-    cfg = parse_config({"store": {"uri": "file:///unused"}})
-    return Filesystem(ArrowStore(mock, "bucket", str(tmp_path / "spool"), "mem://bucket"), cfg)
+    return Filesystem(ArrowStore(mock, "bucket", str(tmp_path / "spool"), "mem://bucket"))
 
 
 def setattr_fields(**set_) -> SimpleNamespace:

@@ -14,7 +14,6 @@ import trio
 from fusefs import fuse as fuse_mod
 from fusefs.filesystem import Filesystem
 from fusefs.handles import PassthroughRead, PassthroughWrite, StoreRead
-from mountconfig import MountConfig
 from stores.local import LocalStore
 
 
@@ -48,8 +47,7 @@ class CountingBacking:
 
 def make_fs(tmp_path) -> Filesystem:
     (tmp_path / "f").write_bytes(b"hello")
-    cfg = MountConfig.model_validate({"store": {"uri": f"file://{tmp_path}"}})
-    return Filesystem(LocalStore(str(tmp_path)), cfg)
+    return Filesystem(LocalStore(str(tmp_path)))
 
 
 async def lookup_open(fs: Filesystem, flags=os.O_RDONLY):
@@ -158,8 +156,7 @@ class GatedStore(LocalStore):
 
 def gated_fs(tmp_path, gated: str) -> Filesystem:
     (tmp_path / "f").write_bytes(b"hello")
-    cfg = MountConfig.model_validate({"store": {"uri": f"file://{tmp_path}"}})
-    return Filesystem(GatedStore(str(tmp_path), gated), cfg)
+    return Filesystem(GatedStore(str(tmp_path), gated))
 
 
 async def while_released(fs: Filesystem, fh: int, then) -> None:
