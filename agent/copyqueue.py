@@ -9,7 +9,8 @@ job, took 9.6 s of the follower's lock to drain one checkpoint of 4,096 files
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+import posixpath
+from collections import Counter, OrderedDict
 from typing import Callable, Iterator, Optional
 
 
@@ -21,6 +22,7 @@ class CopyQueue:
         self._jobs: dict[str, "OrderedDict[str, int]"] = {}
         self._order = itertools.count()
         self._n = 0
+        self._folders: Counter[str] = Counter()   # queued files per folder (`folders`)
 
     def __len__(self) -> int:
         return self._n
@@ -38,12 +40,14 @@ class CopyQueue:
         if path not in paths:
             paths[path] = next(self._order)
             self._n += 1
+            self._folders[posixpath.dirname(path)] += 1
 
     def discard(self, path: str) -> None:
         job = self._job_of(path)
         paths = self._jobs.get(job)
         if paths is not None and paths.pop(path, None) is not None:
             self._n -= 1
+            self._left(path)
             if not paths:
                 del self._jobs[job]
 
@@ -61,9 +65,20 @@ class CopyQueue:
         paths = self._jobs[best_job]
         path, _order = paths.popitem(last=False)
         self._n -= 1
+        self._left(path)
         if not paths:
             del self._jobs[best_job]
         return path
+
+    def _left(self, path: str) -> None:
+        folder = posixpath.dirname(path)
+        self._folders[folder] -= 1
+        if self._folders[folder] <= 0:
+            del self._folders[folder]
+
+    def folders(self) -> set[str]:
+        """The folders of the queued files (kept as counts: no pass over the queue)."""
+        return set(self._folders)
 
 
 __all__ = ["CopyQueue"]

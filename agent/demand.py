@@ -35,12 +35,15 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
+from cachetools import FIFOCache, TTLCache
+
+from agent.lru import EvictingLRU
+from agent.readmemory import ReadMemory
 from agent.rpc import rpc_error
+from common.clock import SYSTEM_CLOCK, Clock
 from policy.stream import merged_ranges
 from stores.base import Store
 
@@ -94,8 +97,10 @@ class DemandReads:
     def __init__(self, store: Store, cond: threading.Condition,
                  held: Callable[[str, Version, int, int], Optional[bytes]],
                  arriving: Callable[[str, Version], bool], timeout_s: float = 60.0, parallel: int = 16,
-                 stream_behind_s: Optional[Callable[[str, Version], Optional[float]]] = None):
+                 stream_behind_s: Optional[Callable[[str, Version], Optional[float]]] = None,
+                 clock: Clock = SYSTEM_CLOCK):
         self.store = store
+        self.clock = clock
         self.cond = cond            # notified when chunks land or copies finish ranges
         self.held = held            # bytes of exactly this version the tier holds, or None
         self.arriving = arriving    # a stream or a copy of this version is on its way here
@@ -109,13 +114,16 @@ class DemandReads:
         # ever run (seen: a merge stalled 51 s, until `timeout_s`, with 20 pieces hinted at once).
         self._opener = ThreadPoolExecutor(4, thread_name_prefix="hintfs-demand-open")
         self._lock = threading.Lock()
-        self._readers: "OrderedDict[tuple[str, Version], Future]" = OrderedDict()
+        self._readers: EvictingLRU[tuple[str, Version], Future] = self._new_readers()
         self._retired: list[tuple[float, Future]] = []   # evicted readers a fetch may still use
-        # prefetched pieces: (path, version) -> [(offset, length, future of the bytes)]
-        self._pieces: "OrderedDict[tuple[str, Version], list[tuple[int, int, Future]]]" = OrderedDict()
-        self._piece_bytes = 0
-        # hints of files whose version is not known here yet: path -> (when, ranges)
-        self._pending: "OrderedDict[str, tuple[float, list[tuple[int, int]]]]" = OrderedDict()
+        # prefetched pieces: (path, version) -> [(offset, length, future of the bytes)], at most
+        # CACHE_BYTES of them; a file's list is set again (to its end) when it grows
+        self._pieces: FIFOCache[tuple[str, Version], list[tuple[int, int, Future]]] = FIFOCache(
+            CACHE_BYTES, getsizeof=lambda pieces: min(CACHE_BYTES, sum(m for _o, m, _f in pieces)))
+        # hints of files whose version is not known here yet: path -> ranges, at most
+        # PENDING_HINT_FILES files and PENDING_HINT_RANGES ranges in all, each PENDING_HINT_S
+        self._pending: TTLCache[str, list[tuple[int, int]]] = TTLCache(
+            PENDING_HINT_RANGES, PENDING_HINT_S, timer=clock.monotonic, getsizeof=len)
         # reads; answered from held bytes at once; fetched from the store; answered by bytes that
         # landed while the fetch was in flight; and the milliseconds those last two waited
         self.counts = {"reads": 0, "held": 0, "fetched": 0, "bytes_fetched": 0, "raced": 0, "wait_ms": 0,
@@ -126,20 +134,20 @@ class DemandReads:
     def prepare(self, path: str, version: Version) -> None:
         """Open the store reader of this version now, in the background (a publish says demand
         reads of it may come: the open's round trip is paid before the first one)."""
-        self._reader(path, tuple(version))
+        self._reader(path, (int(version[0]), int(version[1])))
+
+    def _new_readers(self) -> EvictingLRU[tuple[str, Version], Future]:
+        return EvictingLRU(_READERS, lambda _key, fut: self._retired.append((self.clock.monotonic(), fut)))
 
     def _reader(self, path: str, version: Version) -> Future:
         key = (path, version)
         with self._lock:
             fut = self._readers.get(key)
             if fut is not None:
-                self._readers.move_to_end(key)
                 return fut
             fut = self._opener.submit(self._open, path, version)
             self._readers[key] = fut
-            now = time.monotonic()
-            while len(self._readers) > _READERS:
-                self._retired.append((now, self._readers.popitem(last=False)[1]))
+            now = self.clock.monotonic()
             # closed once no fetch that took them before their eviction can still be reading
             old = [f for t, f in self._retired if now - t > 2 * self.timeout_s]
             self._retired = [(t, f) for t, f in self._retired if now - t <= 2 * self.timeout_s]
@@ -180,7 +188,7 @@ class DemandReads:
             return 0
         key = (path, version)
         with self._lock:
-            known = [(o, n) for o, n, _f in self._pieces.get(key, [])]
+            known = [(o, n) for o, n, _f in self._pieces.get(key, ())]
         n = 0
         for off, length in prefetch_pieces(ranges, version[0]):
             if any(o <= off and off + length <= o + m for o, m in known):
@@ -189,12 +197,7 @@ class DemandReads:
                 continue
             fut = self._pool.submit(self._fetch, path, version, off, length)
             with self._lock:
-                self._pieces.setdefault(key, []).append((off, length, fut))
-                self._pieces.move_to_end(key)
-                self._piece_bytes += length
-                while self._piece_bytes > CACHE_BYTES and len(self._pieces) > 1:
-                    _k, gone = self._pieces.popitem(last=False)
-                    self._piece_bytes -= sum(m for _o, m, _f in gone)
+                self._pieces[key] = [*self._pieces.get(key, ()), (off, length, fut)]
             self._count("prefetched")
             self._count("bytes_prefetched", length)
             n += 1
@@ -204,29 +207,23 @@ class DemandReads:
         """Keep the hinted ranges of a file whose version this tier does not know yet, for
         `take_hint` when it is announced (at most `PENDING_HINT_S`; the newest hint of a file
         replaces an older one)."""
-        now = time.monotonic()
         with self._lock:
-            self._pending[path] = (now, list(ranges))
-            self._pending.move_to_end(path)
-            held = sum(len(r) for _t, r in self._pending.values())
-            while self._pending and (len(self._pending) > PENDING_HINT_FILES or held > PENDING_HINT_RANGES
-                                     or now - next(iter(self._pending.values()))[0] > PENDING_HINT_S):
-                held -= len(self._pending.popitem(last=False)[1][1])
+            self._pending.pop(path, None)              # (the newest hint goes last)
+            self._pending[path] = list(ranges)
+            while len(self._pending) > PENDING_HINT_FILES:
+                self._pending.popitem()
 
     def take_hint(self, path: str) -> Optional[list[tuple[int, int]]]:
         """The ranges held for `path` (once: a second call answers None), unless too old."""
         with self._lock:
-            held = self._pending.pop(path, None)
-        if held is None or time.monotonic() - held[0] > PENDING_HINT_S:
-            return None
-        return held[1]
+            return self._pending.pop(path, None)      # (one older than PENDING_HINT_S is gone)
 
     def _pieces_for(self, path: str, version: Version, offset: int, length: int) -> Optional[list]:
         """Prefetched pieces that together hold [offset, offset + length) (cut at the end of the
         file), in order; None if they do not cover it all."""
         end = min(offset + length, version[0])
         with self._lock:
-            found = sorted((o, m, f) for o, m, f in self._pieces.get((path, version), []) if o < end and o + m > offset)
+            found = sorted((o, m, f) for o, m, f in self._pieces.get((path, version), ()) if o < end and o + m > offset)
         pos = offset
         for o, m, _f in found:
             if o > pos:
@@ -258,14 +255,14 @@ class DemandReads:
                 return b"".join(parts)
             except Exception as err:   # (a failed prefetch: read as without it)
                 log.debug("prefetch of %s at %d failed: %s", path, offset, err)
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         behind = self._stream_soon(path, version)
         if behind is not None:
             # the stream's short backlog brings these bytes about as soon as a fetch would
             data = self._wait_held(path, version, offset, length, t0 + 2 * behind + STREAM_GRACE_S)
             if data is not None:
                 self._count("stream_waits")
-                self._count("wait_ms", round((time.monotonic() - t0) * 1000))
+                self._count("wait_ms", round((self.clock.monotonic() - t0) * 1000))
                 return data
         fetch = self._pool.submit(self._fetch, path, version, offset, length)
         deadline = t0 + self.timeout_s
@@ -274,14 +271,14 @@ class DemandReads:
                 data = fetch.result()          # the fetch's error, if it failed
                 self._count("fetched")
                 self._count("bytes_fetched", len(data))
-                self._count("wait_ms", round((time.monotonic() - t0) * 1000))
+                self._count("wait_ms", round((self.clock.monotonic() - t0) * 1000))
                 return data
             data = self.held(path, version, offset, length)
             if data is not None:               # the stream or the copy was first
                 self._count("raced")
-                self._count("wait_ms", round((time.monotonic() - t0) * 1000))
+                self._count("wait_ms", round((self.clock.monotonic() - t0) * 1000))
                 return data
-            if time.monotonic() > deadline:
+            if self.clock.monotonic() > deadline:
                 raise rpc_error(errno.ETIMEDOUT, f"{path}: no bytes at {offset} within {self.timeout_s:.0f} s")
             with self.cond:
                 self.cond.wait(_WAKE_S)
@@ -295,10 +292,10 @@ class DemandReads:
     def _wait_held(self, path: str, version: Version, offset: int, length: int, until: float) -> Optional[bytes]:
         while True:
             data = self.held(path, version, offset, length)
-            if data is not None or time.monotonic() >= until:
+            if data is not None or self.clock.monotonic() >= until:
                 return data
             with self.cond:
-                self.cond.wait(min(_WAKE_S, max(0.0, until - time.monotonic())))
+                self.cond.wait(min(_WAKE_S, max(0.0, until - self.clock.monotonic())))
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -313,9 +310,52 @@ class DemandReads:
         self._opener.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             readers = list(self._readers.values()) + [f for _t, f in self._retired]
-            self._readers, self._retired = OrderedDict(), []
+            self._readers, self._retired = self._new_readers(), []
         for fut in readers:
             fut.add_done_callback(_close_reader)
+
+
+class ReadHints:
+    """What the tier does with an eval's read hints and with each version it learns is on its
+    way: a hint of a known version is remembered for the next checkpoint's streams (`memory`) and
+    its pieces the tier does not hold are fetched at once (`DemandReads.prefetch`); a hint of a
+    file whose version is not known here yet is held (`hold_hint`) until the version is announced
+    (`announce`: a publish, a journal record, a copy's start), and fetched then."""
+
+    def __init__(self, demand: DemandReads, memory: ReadMemory,
+                 announced_version: Callable[[str], Optional[Version]]) -> None:
+        self.demand = demand
+        self.memory = memory
+        self.announced_version = announced_version   # (TierView) the version on its way, or None
+
+    def prefetch(self, path: str, version: Version, ranges: list[tuple[int, int]]) -> int:
+        """An eval's read hint of `version` of `path`: remembered for the next checkpoint's stream,
+        and the ranges the tier does not hold fetched at once; how many pieces."""
+        self.memory.remember(path, prefetch_pieces(ranges, version[0]), hinted=True)
+        return self.demand.prefetch(path, version, ranges)
+
+    def hint_unversioned(self, path: str, ranges: list[tuple[int, int]]) -> int:
+        """A read hint of a file the eval mount found without a version here (a stream not yet
+        published): held until the version is announced (`announce`). Held first, then looked
+        at: a publish between the mount's look and this call is not missed."""
+        self.demand.hold_hint(path, ranges)
+        version = self.announced_version(path)
+        return 0 if version is None else self._fetch_held(path, version)
+
+    def _fetch_held(self, path: str, version: Version) -> int:
+        """The pieces a hint held for `path` asks for (if one is), fetched for `version`; how many."""
+        held = self.demand.take_hint(path)
+        return self.prefetch(path, version, held) if held else 0
+
+    def announce(self, path: str, version: Version, open_reader: bool = True) -> None:
+        """This version of `path` was announced (a publish, a journal record, a copy's start)
+        while its bytes are still on their way: open its store reader now (unless the caller
+        reads the store itself), and fetch what a held hint asks for."""
+        if open_reader:
+            self.demand.prepare(path, version)
+        n = self._fetch_held(path, version)
+        if n:
+            log.debug("read hint of %s held until its version was announced: %d pieces fetching", path, n)
 
 
 def _close_reader(fut: Future) -> None:
@@ -326,4 +366,4 @@ def _close_reader(fut: Future) -> None:
             pass
 
 
-__all__ = ["DemandReads"]
+__all__ = ["DemandReads", "ReadHints", "prefetch_pieces"]

@@ -37,10 +37,10 @@ import socket
 import stat as stat_mod
 import struct
 import threading
-import time
 from typing import Callable, NamedTuple, Optional, Union
 
 from agent import rpc
+from agent.refusals import RefusalLog
 
 log = logging.getLogger("hintfs.agent")
 
@@ -57,21 +57,13 @@ class TierSocket(NamedTuple):
     uid: int = 0
 
 
-_refusals: dict[tuple[str, str], float] = {}
-_refusals_lock = threading.Lock()
+_refusals = RefusalLog(REFUSAL_LOG_S, keep=1024)
 
 
 def _refused(sock: TierSocket, why: str) -> None:
     """One log line per socket and reason (again after REFUSAL_LOG_S): no fd is taken from it."""
-    now = time.monotonic()
-    with _refusals_lock:
-        last = _refusals.get((sock.path, why))
-        if last is not None and now - last < REFUSAL_LOG_S:
-            return
-        if len(_refusals) > 1024:
-            _refusals.clear()
-        _refusals[(sock.path, why)] = now
-    log.warning("not taking replica fds from %s (the read goes to the tier or store instead): %s", sock.path, why)
+    if _refusals.note((sock.path, why)) is not None:
+        log.warning("not taking replica fds from %s (the read goes to the tier or store instead): %s", sock.path, why)
 
 
 def socket_problem(sock: TierSocket) -> Optional[str]:

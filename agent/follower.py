@@ -17,15 +17,21 @@ from __future__ import annotations
 import logging
 import posixpath
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+from agent.catalog import Catalog
+from agent.copier import Copier
 from agent.copyqueue import CopyQueue
+from agent.linkgate import LinkGate
+from agent.rpc import FollowStatus
+from agent.versions import VersionCheck
+from common.clock import SYSTEM_CLOCK, Clock
 from common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, bucket_of, bucket_start_ns, decode_name,
                             decode_record, journal_problem, list_folder, record_time_ns, refusal, removed_record,
                             slice_dir, Removals)
-from stores.base import Stat, walk_files
+from mountconfig.schema import FollowConfig
+from stores.base import Stat, Store, walk_files
 
 log = logging.getLogger("hintfs.follower")
 
@@ -41,9 +47,21 @@ SWEEP_S = 30.0
 SWEEP_BACK_NS = 300 * 10**9
 
 class Follower:
-    def __init__(self, agent, cfg):
-        self.agent = agent
+    """Follows `cfg.prefixes` of `store`: copies by `copier` into `catalog`, drops what the store
+    removed and what `keep_last` lets go, and tells the catalog which checkpoint folders eviction
+    spares (`Catalog.keep`). `versions`: told the versions journal records say the store has
+    (write-time streams wait for that word); `link`: whose signals put a job's copies first."""
+
+    def __init__(self, cfg: FollowConfig, store: Store, catalog: Catalog, copier: Copier, *,
+                 versions: Optional[VersionCheck] = None, link: Optional[LinkGate] = None,
+                 clock: Clock = SYSTEM_CLOCK):
         self.cfg = cfg
+        self.store = store
+        self.catalog = catalog
+        self.copier = copier
+        self.versions = versions
+        self.link = link
+        self.clock = clock
         # record names seen, per slice folder of the journal ("" for records directly in it)
         self.seen_records: dict[str, set[str]] = {}
         self.swept_at: Optional[float] = None     # monotonic time of the last sweep; None: never
@@ -96,14 +114,14 @@ class Follower:
     def _folders_to_list(self) -> Optional[list[str]]:
         """The journal folders this poll lists: slice names, and "" for the journal folder's own
         records (older mounts'); None if there is no journal. See SWEEP_S."""
-        store = self.agent.store
-        now_ns = time.time_ns()
+        store = self.store
+        now_ns = self.clock.time_ns()
         into = now_ns % BUCKET_NS
         recent = [bucket_of(now_ns - BUCKET_NS)] if into < SLACK_NS else []
         recent.append(bucket_of(now_ns))
         if BUCKET_NS - into < SLACK_NS:
             recent.append(bucket_of(now_ns + BUCKET_NS))
-        if self.swept_at is not None and time.monotonic() - self.swept_at < self.sweep_s:
+        if self.swept_at is not None and self.clock.monotonic() - self.swept_at < self.sweep_s:
             return None if self.journal_refused else recent
         try:
             entries = list(store.iter_dir(self.cfg.journal_dir))
@@ -113,7 +131,7 @@ class Follower:
         except OSError as err:    # (an agent whose user may not read the journal, a store error)
             why = f"cannot be read: {err}"
         if why:                   # not followed until a sweep finds it fit: the listing instead
-            self.swept_at = time.monotonic()
+            self.swept_at = self.clock.monotonic()
             if why != self.journal_refused:
                 log.warning("journal %s not followed (the listing of %s is, meanwhile): %s",
                             self.cfg.journal_dir, ", ".join(self.cfg.prefixes), why)
@@ -129,14 +147,14 @@ class Follower:
                     if st.is_dir and bucket_start_ns(n) is not None]
         else:
             kept = [bucket_of(t) for t in range(now_ns - SWEEP_BACK_NS, now_ns, BUCKET_NS)]
-        self.swept_at = time.monotonic()
+        self.swept_at = self.clock.monotonic()
         for b in list(self.seen_records):
             if b and b < back:
                 del self.seen_records[b]   # never listed again
         return [""] + sorted(set(kept) | set(recent))
 
     def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]], Optional[str]]]]:
-        store = self.agent.store
+        store = self.store
         folders = self._folders_to_list()
         if folders is None:
             return None
@@ -161,7 +179,7 @@ class Follower:
             listed_st.update(((folder, n), listed[n]) for n in new)
         # A record dated past the store's clock, in another time's folder, or too large is not
         # acted on (common.journal.refusal): one line, once (its name is seen now).
-        now_ns = time.time_ns()
+        now_ns = self.clock.time_ns()
         accepted = []
         for key in names:
             why = refusal(key[1], listed_st[key], key[0] or None, now_ns)
@@ -197,7 +215,7 @@ class Follower:
         return out
 
     def _walk(self, rel: str):
-        return walk_files(self.agent.store, rel)
+        return walk_files(self.store, rel)
 
     def _new_from_listing(self) -> list[tuple[str, Optional[tuple[int, int]], Optional[str]]]:
         new = []
@@ -225,8 +243,7 @@ class Follower:
         return self._signalled(self._job(path))
 
     def _signalled(self, job: str) -> bool:
-        link = self.agent.link
-        return link is not None and link.is_signalled(job)
+        return self.link is not None and self.link.is_signalled(job)
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -243,16 +260,17 @@ class Follower:
             finally:
                 with self.cond:
                     self.running.discard(path)
+                    self._publish_kept()
                     self.cond.notify_all()
 
     def _copy(self, path: str) -> bool:
         expect, record = self.journaled.get(path, (None, None))
         try:
-            done = self.agent.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
-                                        job=self._job(path), expect=expect, record=record)
+            done = self.copier.replicate(path, self.cfg.ttl_s, None, parallel=self.cfg.parallel, priority="eval",
+                                         job=self._job(path), expect=expect, record=record)
             with self.cond:
                 # (a removal this round may reach the agent after the copy: not copied either)
-                if not done.get("removed") and not self._removed_since(path, record):
+                if not done.removed and not self._removed_since(path, record):
                     self.copied.add(path)
                 self.errors.pop(path, None)
             return True
@@ -318,17 +336,19 @@ class Follower:
                 files = (listed | self.folder_files.get(folder, set())) - {marker}
                 for p in files:
                     self._enqueue(p)
-                deadline = time.monotonic() + FINISH_WAIT_S
+                self._publish_kept()
+                deadline = self.clock.monotonic() + FINISH_WAIT_S
                 # a file removed since (a removal record of a later round) is not waited for
                 while not all(self._removed_since(p, self.journaled.get(p, (None, None))[1])
                               for p in files - self.copied):   # (a set difference: woken per copy)
-                    if self._stop.is_set() or time.monotonic() > deadline:
+                    if self._stop.is_set() or self.clock.monotonic() > deadline:
                         return
                     self.cond.wait(0.5)
             if self._copy(marker):
                 with self.cond:
                     self.pending_markers.discard(marker)
-                    self.complete[folder] = time.time()
+                    self.complete[folder] = self.clock.time()
+                    self._publish_kept()
                 log.info("checkpoint %s complete in the local tier", folder)
                 self._keep_last(posixpath.dirname(folder))
         except Exception:
@@ -354,29 +374,25 @@ class Follower:
             # what the journal said of them too: kept, it grew with every file ever followed
             for p in [p for p in self.journaled if p.startswith(under)]:
                 del self.journaled[p]
+            self._publish_kept()
         for p in drop:
-            self.agent.drop(p)
+            self.catalog.drop(p)
         for f in old:
             log.info("checkpoint %s dropped from the local tier (keep_last=%d)", f, self.cfg.keep_last)
 
     # -- what eviction must respect (policy/tier.py) ----------------------------------------------
-    def newest_files(self) -> set[str]:
-        """Copied files of each job's newest complete checkpoint (the likely next eval)."""
-        with self.cond:
-            newest: dict[str, tuple[float, str]] = {}
-            for folder, t in self.complete.items():
-                job = posixpath.dirname(folder)
-                if job not in newest or t > newest[job][0]:
-                    newest[job] = (t, folder)
-            keep = {f + "/" for _t, f in newest.values()}
-            return {p for p in self.copied if any(p.startswith(k) for k in keep)}
-
-    def pinned_files(self) -> set[str]:
-        """Copied files of checkpoints still being copied: evicting them would stall completion."""
-        with self.cond:
-            folders = {posixpath.dirname(m) + "/" for m in self.pending_markers}
-            folders |= {posixpath.dirname(p) + "/" for p in list(self.queued) + list(self.running)}
-            return {p for p in self.copied if any(p.startswith(f) for f in folders)}
+    def _publish_kept(self) -> None:
+        """(under cond) Tell the catalog which checkpoint folders eviction spares: each job's newest
+        complete one (the likely next eval), and those still being copied (evicting their files
+        would stall their completion). Said again whenever either changes; never asked back."""
+        newest: dict[str, tuple[float, str]] = {}
+        for folder, t in self.complete.items():
+            job = posixpath.dirname(folder)
+            if job not in newest or t > newest[job][0]:
+                newest[job] = (t, folder)
+        pinned = {posixpath.dirname(m) for m in self.pending_markers} | self.queued.folders()
+        pinned |= {posixpath.dirname(p) for p in self.running}
+        self.catalog.keep(frozenset(f for _t, f in newest.values()), frozenset(pinned))
 
     # -- rounds ----------------------------------------------------------------------------------
     def step(self, wait: bool = False) -> None:
@@ -385,8 +401,8 @@ class Follower:
         new = self._new_from_journal()
         if new is None:
             new = self._new_from_listing()
-        else:   # the store's word for the versions of streams published here (agent/streams.py VersionCheck)
-            self.agent.store_versions_seen(new)
+        elif self.versions is not None:   # the store's word for the versions of streams published here
+            self.versions.learned([(p, v, r) for p, v, r in new if v is not None and not removed_record(r)])
         removals: list[tuple[str, int]] = []
         with self.cond:
             for path, version, record in new:
@@ -411,8 +427,9 @@ class Follower:
                     self._enqueue(path)
             start = sorted(self.pending_markers - self.finishing, key=lambda m: not self._urgent(m))
             self.finishing.update(start)
-        if removals:                  # (the agent's lock after ours, never inside it)
-            self.agent.removed_from_store(removals)
+            self._publish_kept()
+        if removals:                  # (the catalog's lock after ours, never inside it)
+            self.catalog.removed_from_store(removals)
         for marker in start:
             self.finishers.submit(self._finish, marker)
         if wait:
@@ -420,10 +437,10 @@ class Follower:
 
     def drain(self, timeout_s: float = 120.0) -> bool:
         """Wait until no copy is queued or running and no finisher is working."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         with self.cond:
             while self.queued or self.running or self.finishing:
-                if time.monotonic() > deadline:
+                if self.clock.monotonic() > deadline:
                     return False
                 self.cond.wait(0.05)
         return True
@@ -437,8 +454,8 @@ class Follower:
                     return
                 log.exception("follower round failed")
 
-    def status(self) -> dict:
+    def status(self) -> FollowStatus:
         with self.cond:
-            return {"complete": sorted(self.complete), "complete_at": dict(self.complete), "copied": len(self.copied),
-                    "queued": len(self.queued), "copying": sorted(self.running),
-                    "pending_markers": sorted(self.pending_markers), "errors": dict(self.errors)}
+            return FollowStatus(complete=sorted(self.complete), complete_at=dict(self.complete),
+                                copied=len(self.copied), queued=len(self.queued), copying=sorted(self.running),
+                                pending_markers=sorted(self.pending_markers), errors=dict(self.errors))

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections import defaultdict
 from typing import Hashable, Optional
 
+from common.clock import SYSTEM_CLOCK, Clock
 from policy.link import LinkScheduler
 
 _ids = itertools.count()
 
 
 class LinkGate:
-    def __init__(self, budget_bytes_s: float, quantum_bytes: int):
+    def __init__(self, budget_bytes_s: float, quantum_bytes: int, clock: Clock = SYSTEM_CLOCK):
+        self.clock = clock
         self.sched = LinkScheduler(budget_bytes_s, quantum_bytes)
         self.cond = threading.Condition()
         self.grants: dict[Hashable, int] = defaultdict(int)
@@ -33,10 +34,10 @@ class LinkGate:
 
     def acquire(self, tid: Hashable, timeout_s: float = 3600.0) -> None:
         """Block until the scheduler grants this transfer its next chunk."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         with self.cond:
             while self.grants[tid] == 0:
-                if self._stop or time.monotonic() > deadline:
+                if self._stop or self.clock.monotonic() > deadline:
                     raise TimeoutError("link gate closed or timed out")
                 self.cond.wait(0.05)
             self.grants[tid] -= 1
@@ -62,7 +63,7 @@ class LinkGate:
     def _dispatch(self) -> None:
         with self.cond:
             while not self._stop:
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 pick = self.sched.next_chunk(now)
                 if pick is not None:
                     tid, n = pick

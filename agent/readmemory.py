@@ -19,8 +19,9 @@ and `max_total` ranges and `max_files` families in all (the least recently used 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Iterable
+
+from cachetools import FIFOCache
 
 from policy.stream import checkpoint_family, merged_ranges
 
@@ -30,9 +31,10 @@ class ReadMemory:
         self.max_files = max_files
         self.max_ranges = max_ranges
         self.max_total = max_total
-        self._total = 0
-        # family -> (path, ranges, whether they came from read hints)
-        self._by_family: OrderedDict[tuple[str, str], tuple[str, list[tuple[int, int]], bool]] = OrderedDict()
+        # family -> (path, ranges, whether they came from read hints); sized by its ranges (at most
+        # `max_total` in all); what is remembered again moves to the end, what is predicted does not
+        self._by_family: FIFOCache[tuple[str, str], tuple[str, list[tuple[int, int]], bool]] = FIFOCache(
+            max_total, getsizeof=lambda known: min(max_total, len(known[1])))
         self._lock = threading.Lock()
 
     def remember(self, path: str, ranges: Iterable[tuple[int, int]], hinted: bool = False) -> None:
@@ -49,12 +51,9 @@ class ReadMemory:
             kept = merged_ranges([*old, *ranges])[: self.max_ranges]
             if not kept:
                 return
-            self._total += len(kept) - (len(known[1]) if known is not None else 0)
             self._by_family[key] = (path, kept, hinted)
-            self._by_family.move_to_end(key)
-            while len(self._by_family) > 1 and (len(self._by_family) > self.max_files or self._total > self.max_total):
-                _key, (_path, gone, _hinted) = self._by_family.popitem(last=False)
-                self._total -= len(gone)
+            while len(self._by_family) > self.max_files:
+                self._by_family.popitem()
 
     def predict(self, path: str) -> list[tuple[int, int]]:
         """The ranges eval jobs read of the last checkpoint's file of `path`'s name (empty: none

@@ -1,5 +1,6 @@
-"""The agent's wire messages: one typed, bounded request model per RPC, and errors that carry
-an errno across the wire.
+"""The agent's wire messages: one typed, bounded request model and one typed reply model per
+RPC, and errors that carry an errno across the wire. Which action takes which request, runs which
+handler and answers which reply: the dispatch table beside these models, `agent.actions`.
 
 Every request from a client is hostile until it parses here: paths go through the one resolver's
 lexical rule (`common.paths.relpath`; the store then resolves them beneath its root), numbers
@@ -14,7 +15,8 @@ import contextlib
 import errno
 import json
 import threading
-from typing import Annotated, Iterator, Literal, Optional, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -212,22 +214,155 @@ class PrefetchRequest(Request):
         return self
 
 
-ACTIONS: dict[str, tuple[type[Request], str]] = {
-    "replicate": (ReplicateRequest, "copy a file here and keep it ttl_s (blocks until complete)"),
-    "drop": (PathRequest, "remove a replica"),
-    "signal": (SignalRequest, "move a job's copies on the link into the anomaly class (or clear)"),
-    "plan_window": (PlanWindowRequest, "free transformed samples not in keep, start making want"),
-    "tier_stat": (TierStatRequest, "what this agent holds at a path: ready, copying, streaming, dir or absent"),
-    "stream_open": (StreamOpenRequest, "start or resume a write-time stream; answers the chunks held"),
-    "stream_publish": (StreamPublishRequest, "a streamed file was published as (size, mtime_ns): verify it"),
-    "stream_abort": (StreamAbortRequest, "drop a stream (its file was unlinked or abandoned)"),
-    "prefetch": (PrefetchRequest, "fetch at once the ranges of a file still arriving that an eval will read"),
-    "has": (HasRequest, "whether a complete replica of exactly this version is here"),
-    "status": (EmptyRequest, "replicas, load, budget, samples, follow, link"),
-    "ping": (EmptyRequest, "liveness"),
-}
-TICKETS: dict[str, type[Request]] = {"read": ReadRequest, "sample": SampleRequest,
-                                     "samples_ready": SamplesReadyRequest}
+# -- replies ----------------------------------------------------------------------------------------
+class Reply(BaseModel):
+    """A typed reply. It crosses the wire as JSON without its unset (None) fields, so an optional
+    key is absent, as in the dicts replies were before; `AgentClient` parses it with the same
+    model (unknown keys of a newer agent are ignored).
+
+    Callers written for those dicts read a reply the same way meanwhile (`reply["state"]`,
+    `reply.get("expected")`, `"size" in reply`, `reply == {"state": "absent"}`); new code reads
+    attributes."""
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def wire(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+    def __getitem__(self, key: str) -> Any:
+        value = getattr(self, key) if key in type(self).model_fields else None
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self.model_dump(exclude_none=True) == dict(other)
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class PrefetchReply(Reply):
+    fetching: int = 0                  # pieces the tier started fetching
+
+
+class ReplicateReply(Reply):
+    path: str
+    size: int
+    already: bool                      # the replica was here (its TTL is renewed)
+    newer: Optional[bool] = None       # a newer version than the one asked for is here
+    removed: Optional[bool] = None     # copied, but the store removed the file since: not kept
+
+
+class SignalReply(Reply):
+    applied: bool                      # False: this agent schedules no link
+
+
+class DropReply(Reply):
+    dropped: bool
+
+
+class PlanWindowReply(Reply):
+    started: int = 0
+
+
+TierState = Literal["ready", "copying", "streaming", "dir", "absent"]
+
+
+class TierStatReply(Reply):
+    """What the tier holds at a path: "ready" (a replica) or "copying" (a copy, a published
+    stream or a journaled version on its way) with the version; "streaming" (an unpublished
+    stream: never served); "dir"; "absent", `expected` while its folder is being streamed in."""
+    state: TierState
+    size: Optional[int] = None
+    mtime_ns: Optional[int] = None
+    expected: Optional[bool] = None
+
+
+class StreamOpenReply(Reply):
+    held: list[tuple[int, int]] = Field(default_factory=list)   # (chunk index, CRC) the tier holds
+    first: list[int] = Field(default_factory=list)              # chunks eval reads will want first
+
+
+PublishState = Literal["ready", "fill", "stale"]
+
+
+class StreamPublishReply(Reply):
+    state: PublishState
+    fetch: list[int] = Field(default_factory=list)   # chunks to send (again)
+    pending: Optional[bool] = None                   # the store's word for the version is to come
+
+
+class StreamPutReply(Reply):
+    """A `do_put`: its open's answer (when it opened), "ready" when the stream is the replica,
+    and its publish's answer (when it published)."""
+    held: Optional[list[tuple[int, int]]] = None
+    first: Optional[list[int]] = None
+    state: Optional[PublishState] = None
+    fetch: Optional[list[int]] = None
+    pending: Optional[bool] = None
+
+
+class StreamAbortReply(Reply):
+    dropped: bool
+
+
+class HasReply(Reply):
+    has: bool
+
+
+class PingReply(Reply):
+    ok: bool = True
+
+
+class ReplicaStatus(Reply):
+    size: int
+    expires_in_s: float
+
+
+class LoadStatus(Reply):
+    reads_in_flight: int = 0
+    reads_served: int = 0
+    bytes_served: int = 0
+    bytes_per_s: float = 0.0
+
+
+class BudgetStatus(Reply):
+    bytes: int = 0
+    used: int = 0
+    evictions: int = 0
+
+
+class FollowStatus(Reply):
+    complete: list[str] = Field(default_factory=list)
+    complete_at: dict[str, float] = Field(default_factory=dict)
+    copied: int = 0
+    queued: int = 0
+    copying: list[str] = Field(default_factory=list)
+    pending_markers: list[str] = Field(default_factory=list)
+    errors: dict[str, str] = Field(default_factory=dict)
+
+
+class StatusReply(Reply):
+    replicas: dict[str, ReplicaStatus] = Field(default_factory=dict)
+    load: LoadStatus = Field(default_factory=LoadStatus)
+    budget: BudgetStatus = Field(default_factory=BudgetStatus)
+    resumed_ranges: int = 0
+    copies: int = 0
+    streams: dict[str, Any] = Field(default_factory=dict)
+    demand: dict[str, int] = Field(default_factory=dict)
+    samples: Optional[dict[str, Any]] = None
+    follow: Optional[FollowStatus] = None
+    link_bytes_by_class: Optional[dict[str, int]] = None
 
 
 def rpc_error(code: int, message: str) -> fl.FlightServerError:
@@ -289,36 +424,38 @@ def _validate(model: type[Request], doc: dict) -> Request:
     raise rpc_error(code, message)
 
 
-def _parse(model: type[Request], body: Body) -> Request:
+def parse(model: type[Request], body: Body) -> Request:
+    """A request body parsed into `model` (EINVAL with a one-line reason if it does not)."""
     with _parsing(body) as data:
         return _validate(model, _load(data))
 
 
-def parse_action(kind: str, body: Body) -> Request:
-    entry = ACTIONS.get(kind)
-    if entry is None:
-        raise rpc_error(errno.EINVAL, f"unknown action {kind!r}")
-    return _parse(entry[0], body)
-
-
 def parse_local_fd(body: Body) -> LocalFdRequest:
     """A request on the agent's local fd socket (`agent.fdserver`)."""
-    return _parse(LocalFdRequest, body)  # type: ignore[return-value]
+    return parse(LocalFdRequest, body)  # type: ignore[return-value]
 
 
 def parse_put(command: Body) -> StreamPutRequest:
     """The descriptor of a `do_put`: only stream chunks are accepted (its publish may be large)."""
-    return _parse(StreamPutRequest, command)  # type: ignore[return-value]
+    return parse(StreamPutRequest, command)  # type: ignore[return-value]
 
 
-def parse_ticket(body: Body) -> Request:
+def parse_ticket(body: Body, models: Mapping[str, type[Request]]) -> Request:
+    """A `do_get` ticket: its `op` ("read" when none) names its model in `models`."""
     with _parsing(body) as data:
         doc = _load(data)
         op = doc.get("op", "read")
-        model = TICKETS.get(op) if isinstance(op, str) else None
+        model = models.get(op) if isinstance(op, str) else None
         if model is None:
             raise rpc_error(errno.EINVAL, f"unknown ticket op {op!r}")
         return _validate(model, doc)
+
+
+def encode(req: Request) -> bytes:
+    """A request as the client sends it: JSON of the fields not at their default (an older agent
+    never sees a key it does not know unless the caller set it). Built with `model_construct`
+    by the client: the agent validates, the client only types."""
+    return json.dumps(req.model_dump(exclude_defaults=True, warnings=False)).encode()
 
 
 def errno_of_flight_error(err: Exception) -> int:

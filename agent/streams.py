@@ -47,12 +47,13 @@ import logging
 import os
 import re
 import threading
-import time
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+from cachetools import FIFOCache
+
+from agent.refusals import RefusalLog
 from policy.stream import (RangeMap, Sender, StreamLimits, Verdict, chunk_crc, crc_count_refusal, stream_refusal,
                            verdict)
 
@@ -141,9 +142,9 @@ class StreamTier:
         self.budget = budget
         self.bytes_by_peer: dict[str, int] = {}      # stream bytes counted, per peer host
         self.refused: dict[str, int] = {}            # refusals per sender (key)
-        self._logged: dict[tuple[str, str], tuple[float, int]] = {}   # (sender, bound) -> (logged at, since)
+        self._refusals = RefusalLog(REFUSAL_LOG_S, clock)   # one line per (sender, bound) and period
         self.streams: dict[str, Stream] = {}
-        self.finished: OrderedDict[str, int] = OrderedDict()   # sid -> generation made a replica
+        self.finished: FIFOCache[str, int] = FIFOCache(FINISHED_KEPT)   # sid -> generation made a replica
         # path -> (version, when) of a finished part the caller is making the replica: between
         # the stream leaving the catalog and the replica entering the caller's, that version is
         # still arriving (demand reads wait for it instead of sending the reader to the store)
@@ -244,16 +245,9 @@ class StreamTier:
         (with how many there were since)."""
         key = sender.key()
         self.refused[key] = self.refused.get(key, 0) + 1
-        now = self.clock()
-        at, since = self._logged.get((key, bound), (float("-inf"), 0))
-        if now - at >= REFUSAL_LOG_S:
-            more = f" ({since} more refused since the last line)" if since else ""
-            log.warning("%s: sender %s (%s)%s", message, key, errno.errorcode.get(code, code), more)
-            self._logged[(key, bound)] = (now, 0)
-            if len(self._logged) > 4096:
-                self._logged = {k: v for k, v in self._logged.items() if now - v[0] < REFUSAL_LOG_S}
-        else:
-            self._logged[(key, bound)] = (at, since + 1)
+        since = self._refusals.note((key, bound))
+        if since is not None:
+            log.warning("%s: sender %s (%s)%s", message, key, errno.errorcode.get(code, code), RefusalLog.more(since))
         return StreamRefused(code, message)
 
     def _reserve(self, s: Stream, nbytes: int) -> None:
@@ -447,9 +441,6 @@ class StreamTier:
             self.streams.pop(s.sid, None)
             self.handing_over[s.path] = (s.version, self.clock())
             self.finished[s.sid] = s.gen
-            self.finished.move_to_end(s.sid)
-            while len(self.finished) > FINISHED_KEPT:
-                self.finished.popitem(last=False)
         self._close_fd(s)
         self._release_all(s)            # the caller counts the replica it makes of the part
         try:
@@ -736,201 +727,6 @@ class StreamTier:
 
 def _folder(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
-
-
-KNOWN_KEPT = 65536     # store versions learned from the journal, remembered (LRU)
-LISTS_IN_FLIGHT = 16   # journal listings of `VersionCheck` at once
-LIST_AFTER_PUBLISH_S = 2.0   # ... listed this long after each publish (the next file's is near)
-IDLE_TICK_S = 0.5      # how often `VersionCheck` looks when nothing waits
-STAT_WORKERS = 16      # store stats of one batch at once
-EDGE_NS = 2 * 10**9    # the journal slice before now is listed too within this long of its end
-
-
-class VersionCheck:
-    """Whether the store has the version a stream was published as, by the store's own word,
-    without a round trip per file where a journal is followed:
-
-    - journal records: what the follower's rounds read (`learned`), and a listing of the
-      journal's current time slice every `poll_s` while a version waits or within
-      LIST_AFTER_PUBLISH_S of a publish (a checkpoint's files close one after another: its
-      commit marker follows its data files), at most LISTS_IN_FLIGHT at once. A record's name
-      carries (path, size, mtime_ns), so one listing confirms every file the training mounts
-      closed in that slice. An honest mount writes the record before it publishes the stream,
-      and both cross the link once: a listing that reaches the store every `poll_s` sees the
-      record about `poll_s` after the publish could have reached the tier (a listing sent
-      only when the publish arrives would add a round trip);
-    - a stat of the store file, for a version no record confirmed within `record_wait_s` of
-      its publish (at once on a tier that follows no journal): the versions due are stat-ed
-      together (STAT_WORKERS at a time), one round of round trips per batch, not one per file.
-
-    `confirm(path, version, record)` and `refuse(path, version, why)` are the caller's (the
-    agent: a confirmed complete stream becomes the replica, a refused one is dropped);
-    `unconfirmed()` lists the published versions waiting (path, version, published at).
-    One thread; stats and listings run in a small pool. Time comes from `clock` (monotonic) and
-    `wall_ns` (the journal's slices are wall-clock time)."""
-
-    def __init__(self, store, clock: Callable[[], float], confirm: Callable[[str, tuple[int, int], Optional[str]], None],
-                 refuse: Callable[[str, tuple[int, int], str], None],
-                 unconfirmed: Callable[[], list[tuple[str, tuple[int, int], float]]],
-                 journal_dir: Optional[str], record_wait_s: float, poll_s: float,
-                 wall_ns: Callable[[], int] = time.time_ns, start: bool = True):
-        from concurrent.futures import ThreadPoolExecutor
-        self.store = store
-        self.clock = clock
-        self.wall_ns = wall_ns
-        self._confirm, self._refuse, self._unconfirmed = confirm, refuse, unconfirmed
-        self.journal_dir = journal_dir
-        self.record_wait_s = record_wait_s if journal_dir else 0.0
-        self.poll_s = poll_s
-        self.known: OrderedDict[tuple[str, int, int], Optional[str]] = OrderedDict()
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
-        self._stop = threading.Event()
-        self._stat_due: dict[tuple[str, tuple[int, int]], float] = {}   # next stat of a version
-        self._statting: set[tuple[str, tuple[int, int]]] = set()
-        self._listing = 0
-        self._next_list = 0.0
-        self._last_publish = float("-inf")
-        self.counts = {"by_record": 0, "by_stat": 0, "refused": 0, "stats": 0, "listings": 0}
-        self.pool = ThreadPoolExecutor(STAT_WORKERS + LISTS_IN_FLIGHT, thread_name_prefix="hintfs-stream-verify")
-        self.thread = threading.Thread(target=self._run, name="hintfs-stream-verify", daemon=True)
-        if start:
-            self.thread.start()
-
-    # -- what the store said ---------------------------------------------------------------------
-    def learned(self, entries) -> None:
-        """Journal records (path, (size, mtime_ns), record name): the store has those versions."""
-        with self.lock:
-            for path, version, record in entries:
-                key = (path, int(version[0]), int(version[1]))
-                self.known[key] = record
-                self.known.move_to_end(key)
-            while len(self.known) > KNOWN_KEPT:
-                self.known.popitem(last=False)
-        self.wake.set()
-
-    def record_of(self, path: str, version: tuple[int, int]) -> tuple[bool, Optional[str]]:
-        """(whether a journal record says the store has `version` of `path`, that record)."""
-        with self.lock:
-            key = (path, int(version[0]), int(version[1]))
-            return (key in self.known, self.known.get(key))
-
-    def published(self) -> None:
-        """A stream was published (a version may wait): look now, and list the journal often for
-        LIST_AFTER_PUBLISH_S."""
-        self._last_publish = self.clock()
-        self.wake.set()
-
-    def _busy(self, now: float, waiting: bool) -> bool:
-        return waiting or now - self._last_publish < LIST_AFTER_PUBLISH_S
-
-    # -- the thread ------------------------------------------------------------------------------
-    def step(self) -> None:
-        """One look: confirm what the journal confirms, stat what waited long enough, list the
-        journal's current slice when due. (The thread calls it; tests may too.)"""
-        now = self.clock()
-        waiting = self._unconfirmed()
-        due: list[tuple[str, tuple[int, int]]] = []
-        for path, version, since in waiting:
-            known, record = self.record_of(path, version)
-            if known:
-                self.counts["by_record"] += 1
-                self._confirm(path, version, record)
-                continue
-            key = (path, tuple(version))
-            with self.lock:
-                if key in self._statting:
-                    continue
-                at = self._stat_due.get(key, since + self.record_wait_s)
-                if now >= at:
-                    self._statting.add(key)
-                    self._stat_due[key] = now + max(self.record_wait_s, 1.0)   # a failed stat: again then
-                    due.append(key)
-        live = {(p, tuple(v)) for p, v, _t in waiting}
-        with self.lock:
-            for key in [k for k in self._stat_due if k not in live and k not in self._statting]:
-                del self._stat_due[key]
-        for key in due:
-            self.pool.submit(self._stat, *key)
-        if self.journal_dir and now >= self._next_list and self._busy(now, bool(waiting)):
-            with self.lock:
-                go = self._listing < LISTS_IN_FLIGHT
-                if go:
-                    self._listing += 1
-            if go:
-                self._next_list = now + self.poll_s
-                self.pool.submit(self._list)
-
-    def _stat(self, path: str, version: tuple[int, int]) -> None:
-        key = (path, version)
-        try:
-            self.counts["stats"] += 1
-            try:
-                st = self.store.stat(path)
-            except FileNotFoundError:
-                st = None
-            except NotADirectoryError:
-                st = None
-            if st is not None and st.is_file and st.identity() == tuple(version):
-                self.counts["by_stat"] += 1
-                self._confirm(path, version, None)
-            else:
-                has = "no such file" if st is None else (
-                    f"it has ({st.size}, {st.mtime_ns})" if st.is_file else "it is not a file there")
-                self.counts["refused"] += 1
-                self._refuse(path, version, f"the store does not have version ({version[0]}, {version[1]}) ({has})")
-        except OSError as err:
-            log.info("cannot check the version of stream %s against the store (will retry): %s", path, err)
-        except Exception:
-            log.exception("checking the version of stream %s failed", path)
-        finally:
-            with self.lock:
-                self._statting.discard(key)
-
-    def _list(self) -> None:
-        from common.journal import bucket_of, decode_name, list_folder, removed_record, slice_dir
-        try:
-            now_ns = self.wall_ns()
-            slices = {bucket_of(now_ns), bucket_of(now_ns - EDGE_NS)}
-            found = []
-            for b in sorted(slices):
-                try:
-                    names = [n for n, _st in list_folder(self.store, slice_dir(self.journal_dir, b))]
-                except FileNotFoundError:
-                    continue
-                for n in names:
-                    rec = decode_name(n)
-                    if rec is not None and not removed_record(n):
-                        found.append((rec["path"], (rec["size"], rec["mtime_ns"]), n))
-            self.counts["listings"] += 1
-            if found:
-                self.learned(found)
-        except Exception as err:   # a listing that fails: the next one, or the stat, will do
-            log.debug("journal listing for stream versions failed: %s", err)
-        finally:
-            with self.lock:
-                self._listing -= 1
-
-    def _run(self) -> None:
-        busy = False
-        while not self._stop.is_set():
-            self.wake.wait(max(0.002, min(self.poll_s, 0.05)) if busy else IDLE_TICK_S)
-            self.wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.step()
-                busy = self._busy(self.clock(), bool(self._statting) or bool(self._stat_due))
-            except Exception:
-                log.exception("stream version check failed")
-
-    def status(self) -> dict:
-        return {**self.counts, "known": len(self.known)}
-
-    def close(self) -> None:
-        self._stop.set()
-        self.wake.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 __all__ = ["StreamTier", "StreamError", "StreamRefused", "StreamFinished", "StreamBudget", "ANYONE"]

@@ -50,8 +50,9 @@ def main() -> None:
         cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": agent,
                             "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600,
                                        "keep_last": args.keep_last}})
-        server, _loc = start_in_process(cfg, LocalStore(str(store)))
-        follower = server.follower
+        server, _loc = start_in_process(LocalStore(str(store)), cfg.agent, peers=cfg.agents, follow=cfg.follow,
+                                        transform_load=cfg.transform_load)
+        follower = server.agent.follower
         rounds = []
         try:
             for k in range(args.reps):
@@ -67,7 +68,7 @@ def main() -> None:
                 rounds.append(time.perf_counter() - t0)
                 assert follower.status()["complete"][-1] == f"ckpt/job/step_{k}", follower.status()
                 print(f"checkpoint {k + 1}: {args.files + 1} files copied and complete in {rounds[-1]:.2f} s")
-            evictions = server.evictions
+            evictions = server.agent.catalog.evictions
         finally:
             server.shutdown()
     result = {"files_per_checkpoint": args.files, "keep_last": args.keep_last,

@@ -50,13 +50,14 @@ def main() -> None:
             write_record(store, f"ckpt/job/step_{k}/.metadata")
         cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": f"{tmp}/tier"},
                             "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600, "keep_last": steps}})
-        server, _loc = start_in_process(cfg, LocalStore(str(store)))
-        follower = server.follower
+        server, _loc = start_in_process(LocalStore(str(store)), cfg.agent, peers=cfg.agents, follow=cfg.follow,
+                                        transform_load=cfg.transform_load)
+        follower = server.agent.follower
         try:
             t0 = time.perf_counter()
             follower.step(wait=True)
             copy_s = time.perf_counter() - t0
-            held = len(server.replicas)
+            held = len(server.agent.catalog.replicas)
             assert held == steps * (args.files + 1), held
             rounds = []
             for k in range(args.reps):
@@ -68,7 +69,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 follower.step(wait=True)
                 rounds.append(time.perf_counter() - t0)
-                left = len(server.replicas)
+                left = len(server.agent.catalog.replicas)
                 assert left == (steps - k - 1) * (args.files + 1), left
                 assert f"ckpt/job/step_{k}" not in follower.status()["complete"]
                 print(f"round {k + 1}: {args.files + 1} removal records, {left + args.files + 1} replicas "

@@ -40,7 +40,9 @@ def serve_tier(folder: str) -> None:
     from stores.local import LocalStore
     cfg = {"store": {"uri": f"file://{folder}/store"},
            "agent": {"data_dir": f"{folder}/tier", "auth": "none", "stream_prefixes": ["ckpt"]}}
-    server = AgentServer(parse_config(cfg), LocalStore(f"{folder}/store"), location="grpc://127.0.0.1:0")
+    parsed = parse_config(cfg)
+    server = AgentServer(LocalStore(f"{folder}/store"), parsed.agent, peers=parsed.agents, follow=parsed.follow,
+                         transform_load=parsed.transform_load, location="grpc://127.0.0.1:0")
     print(server.port, flush=True)
     server.serve()
 

@@ -53,6 +53,7 @@ def cmd_agent(args) -> int:
     check_port_free(cfg.agent.location)
     setup_logging(cfg.logging.level, cfg.logging.file)
     try:
-        return run_agent(cfg)
+        return run_agent(cfg.agent, store=cfg.store, spool_dir=cfg.cache.spool_dir, peers=cfg.agents,
+                         follow=cfg.follow, transform_load=cfg.transform_load)
     except OSError as err:
         raise UserError(f"agent: {err.strerror or err}") from None

@@ -1,13 +1,13 @@
 """The storage agent over Flight on loopback: ranges, replicas, fan-out, TTL, budget, auth."""
 import errno
 import threading
-import time
 
 import pytest
 
 from agent.server import AgentServer, start_in_process
 from agent.client import AgentClient
 from stores.local import LocalStore
+from common.clock import SYSTEM_CLOCK, FakeClock
 from mountconfig import parse_config
 
 
@@ -20,25 +20,31 @@ def store(tmp_path):
     return root
 
 
-def _agent(tmp_path, store, name="a", **agent):
+def _parts(cfg) -> dict:
+    """The config slices an agent takes besides `[agent]`."""
+    return {"peers": cfg.agents, "follow": cfg.follow, "transform_load": cfg.transform_load}
+
+
+def _agent(tmp_path, store, name="a", clock=SYSTEM_CLOCK, **agent):
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1, **agent}})
-    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    server, loc = start_in_process(LocalStore(str(store)), cfg.agent, clock=clock, **_parts(cfg))
     return server, loc
 
 
-def _tcp_agent(tmp_path, store, name, peers=()):
+def _tcp_agent(tmp_path, store, name, peers=(), clock=SYSTEM_CLOCK):
     """A storage-node agent on loopback TCP (a copy's source must be a network agent it trusts:
     one of its `[agents] locations`, `peers`)."""
     cfg = parse_config({"store": {"uri": f"file://{store}"}, "agents": {"locations": list(peers)},
                         "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1}})
-    server = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0")
+    server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc://127.0.0.1:0", clock=clock, **_parts(cfg))
     threading.Thread(target=server.serve, daemon=True).start()
     return server, f"grpc://127.0.0.1:{server.port}"
 
 
 def test_ranges_replicas_fanout_and_ttl(tmp_path, store):
-    s1, l1 = _tcp_agent(tmp_path, store, "a1")
+    clock = FakeClock()                                            # the first agent's TTLs
+    s1, l1 = _tcp_agent(tmp_path, store, "a1", clock=clock)
     s2, l2 = _tcp_agent(tmp_path, store, "a2", peers=[l1])
     c1, c2 = AgentClient(l1), AgentClient(l2)
     try:
@@ -52,7 +58,10 @@ def test_ranges_replicas_fanout_and_ttl(tmp_path, store):
         assert c2.read("ckpt/a.bin", 0, len(data), replica_only=True) == data
         assert c1.status()["load"]["bytes_served"] >= len(data)
         assert "ckpt/a.bin" in c1.status()["replicas"]
-        time.sleep(1.0)
+        clock.advance(0.4)
+        assert s1.agent.catalog.expire() == []                    # not before its TTL
+        clock.advance(0.2)
+        s1.agent.catalog.expire()                                 # (what the reclaim loop does)
         assert c1.status()["replicas"] == {}                      # reclaimed at TTL
         assert "ckpt/a.bin" in c2.status()["replicas"]
         with pytest.raises(OSError) as exc:
@@ -93,15 +102,30 @@ def test_token_required_when_configured(tmp_path, store, caplog):
 
 
 def test_bandwidth_limit_binds(tmp_path, store):
-    s, loc = _agent(tmp_path, store, bandwidth_bytes_s=2 << 20)
+    clock = FakeClock()
+    s, loc = _agent(tmp_path, store, clock=clock, bandwidth_bytes_s=2 << 20)
     c = AgentClient(loc)
     try:
-        t0 = time.monotonic()
         for i in range(4):
-            c.read("ckpt/a.bin", 0, 1 << 20)   # 4 MiB at 2 MiB/s with a 1 s burst: >= ~1 s
-        assert time.monotonic() - t0 >= 0.9
+            c.read("ckpt/a.bin", 0, 1 << 20)   # 4 MiB at 2 MiB/s with a 1 s burst: 1 s of waits
+        assert clock.slept == pytest.approx(1.0)
     finally:
         s.shutdown()
+
+
+def test_the_token_bucket_paces_by_its_clock():
+    from agent.reads import TokenBucket
+    clock = FakeClock()
+    bucket = TokenBucket(1000, clock)
+    bucket.take(1000)                          # the burst: no wait
+    assert clock.slept == 0
+    bucket.take(500)                           # 500 bytes more than the tokens: half a second
+    assert clock.slept == pytest.approx(0.5)
+    clock.advance(10)                          # idle: the tokens refill to one second's worth only
+    bucket.take(1500)
+    assert clock.slept == pytest.approx(1.0)
+    TokenBucket(0, clock).take(1 << 30)        # no limit
+    assert clock.slept == pytest.approx(1.0)
 
 
 def test_calibration_finds_the_knee(tmp_path, store):
@@ -144,7 +168,7 @@ def test_tls(tmp_path, store):
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tls"), "tls_cert_file": str(tmp_path / "cert.pem"),
                                   "tls_key_file": str(tmp_path / "key.pem")}})
-    server = AgentServer(cfg, LocalStore(str(store)), location="grpc+tls://localhost:0")
+    server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc+tls://localhost:0", **_parts(cfg))
     threading.Thread(target=server.serve, daemon=True).start()
     try:
         c = AgentClient(f"grpc+tls://localhost:{server.port}", tls_root=(tmp_path / "cert.pem").read_bytes())

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from agent.server import start_in_process
+from common.clock import SYSTEM_CLOCK, FakeClock
 from agent.client import AgentClient
 from common.journal import BUCKET_NS, TIMED, bucket_of, encode_record, record_key, record_name
 from stores.local import LocalStore
@@ -13,11 +14,17 @@ from mountconfig import parse_config
 from tests.conftest import needs_fuse, wait_for
 
 
+def _start(cfg, store, clock=SYSTEM_CLOCK):
+    """The in-process agent of `cfg`'s slices over `store`."""
+    return start_in_process(store, cfg.agent, peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load,
+                            clock=clock)
+
+
 def _agent(tmp_path, store, **follow):
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tier")},
                         "follow": {"poll_interval_s": 3600, **follow}})   # rounds driven by the test
-    return start_in_process(cfg, LocalStore(str(store)))
+    return _start(cfg, LocalStore(str(store)))
 
 
 def _journal(store, path, legacy=False, removed=False):
@@ -52,7 +59,7 @@ def test_marker_is_copied_last_and_keep_last(tmp_path):
     ck1 = store / "ckpt" / "job" / "step_1"
     ck1.mkdir(parents=True)
     server, loc = _agent(tmp_path, store, prefixes=["ckpt"], keep_last=1)
-    f = server.follower
+    f = server.agent.follower
     try:
         (ck1 / "__0_0.distcp").write_bytes(b"a" * 100_000)
         _journal(store, "ckpt/job/step_1/__0_0.distcp")
@@ -85,7 +92,7 @@ def test_a_long_running_follower_holds_only_what_keep_last_keeps(tmp_path):
     it grew with every file ever followed (a month of 4,096-rank checkpoints is millions)."""
     store = tmp_path / "store"
     server, loc = _agent(tmp_path, store, prefixes=["ckpt"], keep_last=2)
-    f = server.follower
+    f = server.agent.follower
     try:
         for k in range(12):
             ck = store / "ckpt" / "job" / f"step_{k}"
@@ -112,13 +119,13 @@ def test_listing_fallback_without_journal(tmp_path):
     (ck / ".metadata").write_bytes(b"m")
     server, loc = _agent(tmp_path, store, prefixes=["ckpt"])
     try:
-        server.follower.step(wait=True)
-        assert server.follower.status()["complete"] == ["ckpt/j/s1"]
+        server.agent.follower.step(wait=True)
+        assert server.agent.follower.status()["complete"] == ["ckpt/j/s1"]
         assert AgentClient(loc).has("ckpt/j/s1/x.distcp", 10, os.stat(ck / "x.distcp").st_mtime_ns)
         for p in ck.iterdir():                 # deleted from the store: the follower forgets it
             p.unlink()
-        server.follower.step(wait=True)
-        assert server.follower.seen_files == {}
+        server.agent.follower.step(wait=True)
+        assert server.agent.follower.seen_files == {}
     finally:
         server.shutdown()
 
@@ -129,7 +136,7 @@ def test_training_mount_journal_to_eval_mount_local_reads(mount_factory, tmp_pat
     store = train.store
     cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": str(tmp_path / "tier")},
                         "follow": {"prefixes": ["ckpt"], "poll_interval_s": 0.1}})
-    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    server, loc = _start(cfg, LocalStore(str(store)))
     try:
         ck = train.mnt / "ckpt" / "run" / "step_10"
         ck.mkdir(parents=True)
@@ -162,35 +169,60 @@ def test_training_mount_journal_to_eval_mount_local_reads(mount_factory, tmp_pat
 
 
 def test_anomaly_signal_takes_the_link_first(tmp_path):
+    """The link's time is a fake clock moved a chunk's worth at a time: once the urgent job is
+    signalled, every chunk the link grants is the urgent copy's until it has all of them, while
+    the big copy that held the link waits."""
     import threading
     store = tmp_path / "store"
     (store / "ckpt" / "big" / "s1").mkdir(parents=True)
     (store / "ckpt" / "urgent" / "s1").mkdir(parents=True)
     (store / "ckpt" / "big" / "s1" / "w.distcp").write_bytes(os.urandom(6 << 20))
     (store / "ckpt" / "urgent" / "s1" / "w.distcp").write_bytes(os.urandom(1 << 20))
+    chunk = 256 << 10
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tier"), "link_bytes_s": 4 << 20,
-                                  "link_chunk_bytes": 256 << 10}})
-    server, loc = start_in_process(cfg, LocalStore(str(store)))
-    done = {}
+                                  "link_chunk_bytes": chunk}})
+    clock = FakeClock()
+    server, loc = _start(cfg, LocalStore(str(store)), clock=clock)
+    gate = server.agent.link
+    finished: list[str] = []
 
     def copy(name, priority):
         AgentClient(loc).replicate(f"ckpt/{name}/s1/w.distcp", 600, None, priority=priority, job=f"ckpt/{name}")
-        done[name] = time.monotonic()
+        finished.append(name)
+
+    def sent(*classes) -> int:
+        with gate.cond:
+            return sum(gate.sent.get(c, 0) for c in classes)
+
+    def grant_until(done) -> None:
+        """Move the clock one chunk's time at a time (4 MiB/s), each time until the gate granted
+        the chunk, until `done()`."""
+        while not done():
+            before = sent("anomaly", "eval", "done")
+            clock.advance(1.1 * chunk / (4 << 20))
+            assert wait_for(lambda: sent("anomaly", "eval", "done") > before or done(), timeout=20)
 
     try:
-        t0 = time.monotonic()
         big = threading.Thread(target=copy, args=("big", "eval"))
         big.start()
-        time.sleep(0.3)                                   # the big copy holds the link
+        assert wait_for(lambda: sent("eval") >= chunk)            # the big copy holds the link
+        grant_until(lambda: sent("eval") >= 4 * chunk)
         assert AgentClient(loc).signal("ckpt/urgent", severity=3.0)["applied"]
         urgent = threading.Thread(target=copy, args=("urgent", "eval"))
         urgent.start()
-        urgent.join(30)
+
+        def urgent_queued() -> bool:
+            with gate.cond:
+                return bool(gate.sched.pending("anomaly"))
+        assert wait_for(urgent_queued)
+        big_before = sent("eval")
+        grant_until(lambda: sent("anomaly", "done") >= 1 << 20)   # the urgent copy's 4 chunks
+        assert sent("eval") == big_before                         # none of the big copy's meanwhile
+        grant_until(lambda: not big.is_alive() and not urgent.is_alive())
         big.join(30)
-        # 1 MiB at 4 MiB/s takes ~0.25 s once it has the link; the 6 MiB copy ~1.5 s in all.
-        assert done["urgent"] < done["big"]
-        assert done["urgent"] - t0 < 1.2
+        urgent.join(30)
+        assert finished == ["urgent", "big"]
         by_class = AgentClient(loc).status()["link_bytes_by_class"]
         assert by_class.get("anomaly", 0) + by_class.get("done", 0) >= 1 << 20
     finally:
@@ -202,16 +234,16 @@ def test_signals_control_file(mount_factory, tmp_path):
     from hintfs import client
     cfg = parse_config({"store": {"uri": f"file://{tmp_path}"}, "agent": {"data_dir": str(tmp_path / "tier"),
                                                                         "link_bytes_s": 1 << 30}})
-    server, loc = start_in_process(cfg, LocalStore(str(tmp_path)))
+    server, loc = _start(cfg, LocalStore(str(tmp_path)))
     try:
         m = mount_factory(extra=f'\n[[routes]]\nprefix = "ckpt"\nlocal_agent = "{loc}"\n')
         client.signal_anomaly(str(m.mnt), "eval7", "ckpt/run7", "loss_spike", 2.5)
         assert wait_for(lambda: json.loads((m.mnt / ".hintfs" / "signals" / "eval7").read_text())["forwarded"])
-        assert server.link.sched._signals == {"ckpt/run7": 2.5}
+        assert server.agent.link.sched._signals == {"ckpt/run7": 2.5}
         with pytest.raises(ValueError, match="kind"):
             client.signal_anomaly(str(m.mnt), "eval7", "ckpt/run7", "bogus", 1)
         client.signal_anomaly(str(m.mnt), "eval7", "ckpt/run7", "clear")
-        assert wait_for(lambda: server.link.sched._signals == {})
+        assert wait_for(lambda: server.agent.link.sched._signals == {})
     finally:
         server.shutdown()
 
@@ -234,7 +266,7 @@ def test_journal_records_in_names_and_content():
 
 def test_a_removal_record_drops_the_replica_and_a_file_made_again_since_is_kept(tmp_path):
     store, ck, server, loc = _following_agent(tmp_path)
-    f, c = server.follower, AgentClient(loc)
+    f, c = server.agent.follower, AgentClient(loc)
     try:
         for name in ("a.distcp", "b.distcp"):
             (ck / name).write_bytes(name.encode() * 100)
@@ -284,7 +316,7 @@ def test_a_file_removed_before_its_copy_is_not_retried_and_its_checkpoint_comple
     followed by its removal, so the copy is neither made nor retried, and the marker does not wait
     for it."""
     store, ck, server, loc = _following_agent(tmp_path)
-    f, c = server.follower, AgentClient(loc)
+    f, c = server.agent.follower, AgentClient(loc)
     try:
         _dcp_save_with_renamed_marker(store, ck)
         _journal(store, "ckpt/job/step_1/.metadata.tmp", removed=True)
@@ -302,7 +334,7 @@ def test_a_marker_seen_a_round_before_the_removal_of_a_file_it_waits_for_still_c
     `.metadata.tmp`, and the next round's removal record releases it (it waited 600 s before:
     seen once in CI)."""
     store, ck, server, loc = _following_agent(tmp_path)
-    f = server.follower
+    f = server.agent.follower
     try:
         _dcp_save_with_renamed_marker(store, ck)
         f.step()                                   # the finisher waits for .metadata.tmp's copy
@@ -324,11 +356,11 @@ def test_a_copy_that_finishes_after_the_removal_of_its_file_is_not_kept(tmp_path
         (ck / "late.distcp").write_bytes(b"l" * 100)
         _journal(store, "ckpt/job/step_1/late.distcp")
         (record,) = [p.name for p in _records(store)]
-        server.removed_from_store([("ckpt/job/step_1", time.time_ns() + 10**9)])   # a removal after that record
+        server.agent.catalog.removed_from_store([("ckpt/job/step_1", time.time_ns() + 10**9)])   # a removal after that record
         st = os.stat(ck / "late.distcp")
-        done = server.replicate("ckpt/job/step_1/late.distcp", 60, None, expect=(st.st_size, st.st_mtime_ns),
-                                record=record)
-        assert done["removed"] is True
+        done = server.agent.copier.replicate("ckpt/job/step_1/late.distcp", 60, None,
+                                             expect=(st.st_size, st.st_mtime_ns), record=record)
+        assert done.removed is True
         assert c.status()["replicas"] == {}
         assert not [p for p in (tmp_path / "tier").rglob("*") if p.is_file() and "late" in p.name]
     finally:
@@ -337,7 +369,7 @@ def test_a_copy_that_finishes_after_the_removal_of_its_file_is_not_kept(tmp_path
 
 def test_follower_copies_journaled_version_and_recopies_a_rewrite(tmp_path):
     store, ck, server, loc = _following_agent(tmp_path)
-    f, c = server.follower, AgentClient(loc)
+    f, c = server.agent.follower, AgentClient(loc)
     try:
         (ck / "w.distcp").write_bytes(b"a" * 100)
         _journal(store, "ckpt/job/step_1/w.distcp")             # a record whose name carries it
@@ -374,15 +406,15 @@ def test_follower_serves_a_signalled_job_before_a_backlog(tmp_path):
         (store / "ckpt" / j / "s1").mkdir(parents=True)
         (store / "ckpt" / j / "s1" / "w.distcp").write_bytes(os.urandom(1 << 20))
         (store / "ckpt" / j / "s1" / ".metadata").write_bytes(b"m")
-    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    server, loc = _start(cfg, LocalStore(str(store)))
     try:
-        server.link.signal("ckpt/urgent", 3.0)
+        server.agent.link.signal("ckpt/urgent", 3.0)
         for j in jobs:                                     # the urgent job's records come last
             _journal(store, f"ckpt/{j}/s1/w.distcp")
         for j in jobs:
             _journal(store, f"ckpt/{j}/s1/.metadata")
-        server.follower.step(wait=True)
-        done = server.follower.status()["complete_at"]
+        server.agent.follower.step(wait=True)
+        done = server.agent.follower.status()["complete_at"]
         assert len(done) == len(jobs)
         # 13 MiB at 8 MiB/s: the urgent checkpoint is among the first few, not the last.
         order = sorted(done, key=done.get)
@@ -404,12 +436,12 @@ def test_eval_mount_takes_routed_metadata_from_the_tier(mount_factory, tmp_path)
     slow_cfg = parse_config({"store": {"uri": f"file://{store}"},
                              "agent": {"data_dir": str(tmp_path / "tier2"), "link_bytes_s": 2 << 20,
                                        "link_chunk_bytes": 256 << 10}})
-    slow, slow_loc = start_in_process(slow_cfg, LocalStore(str(store)))
+    slow, slow_loc = _start(slow_cfg, LocalStore(str(store)))
     try:
         for name in payload:
             _journal(store, f"ckpt/run/step_1/{name}")
-        server.follower.step(wait=True)
-        assert server.follower.status()["complete"] == ["ckpt/run/step_1"]
+        server.agent.follower.step(wait=True)
+        assert server.agent.follower.status()["complete"] == ["ckpt/run/step_1"]
         ev = mount_factory(name="eval", store_uri=f"file://{store}",
                            extra=f'\n[[routes]]\nprefix = "ckpt/run"\nlocal_agent = "{loc}"\n'
                                  f'\n[[routes]]\nprefix = "ckpt/big.bin"\nlocal_agent = "{slow_loc}"\n')
@@ -475,7 +507,7 @@ def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
 def test_follower_forgets_pruned_record_names(tmp_path):
     store, ck, server, loc = _following_agent(tmp_path)
     try:
-        f = server.follower
+        f = server.agent.follower
         (ck / "a.distcp").write_bytes(b"a" * 1000)
         _journal(store, "ckpt/job/step_1/a.distcp")
         _journal(store, "ckpt/job/step_1/a.distcp", legacy=True)   # as older mounts wrote them
@@ -508,7 +540,7 @@ def test_a_rewrite_with_the_same_size_and_mtime_is_copied_again(tmp_path):
     # S3's Last-Modified has one-second precision: a same-size rewrite within that second has the
     # same (size, mtime). Its journal record is new, and that is what the replica is tied to.
     store, ck, server, loc = _following_agent(tmp_path)
-    f, c = server.follower, AgentClient(loc)
+    f, c = server.agent.follower, AgentClient(loc)
     path = "ckpt/job/step_1/w.distcp"
     try:
         (ck / "w.distcp").write_bytes(b"a" * 100)
@@ -517,7 +549,7 @@ def test_a_rewrite_with_the_same_size_and_mtime_is_copied_again(tmp_path):
         f.step(wait=True)
         assert c.read(path, 0, 200, replica_only=True) == b"a" * 100
         f.step(wait=True)                                   # no new record: nothing copied again
-        assert server.replicas[path].record is not None
+        assert server.agent.catalog.replicas[path].record is not None
         (ck / "w.distcp").write_bytes(b"b" * 100)
         os.utime(ck / "w.distcp", ns=(first.st_atime_ns, first.st_mtime_ns))   # same size and mtime
         _journal(store, path)
@@ -552,9 +584,9 @@ def test_a_poll_lists_only_the_current_journal_slice_however_many_records_it_hol
     cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": str(tmp_path / "tier")},
                         "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600}})
     counting = _CountingStore(str(store))
-    server, _loc = start_in_process(cfg, counting)
+    server, _loc = _start(cfg, counting)
     try:
-        f = server.follower
+        f = server.agent.follower
         f.step(wait=True)                                  # the first poll lists everything once
         assert len(counting.listed) > len(os.listdir(jdir / TIMED))   # the folders and each slice
         (store / "ckpt/job/step_1/a.distcp").write_bytes(b"a" * 100)
@@ -585,7 +617,7 @@ def test_records_of_older_mounts_directly_in_the_journal_folder_are_followed(tmp
     try:
         (ck / "a.distcp").write_bytes(b"a" * 1000)
         _journal(store, "ckpt/job/step_1/a.distcp", legacy=True)
-        server.follower.step(wait=True)                    # the first poll is a sweep
-        assert "ckpt/job/step_1/a.distcp" in server.follower.copied
+        server.agent.follower.step(wait=True)                    # the first poll is a sweep
+        assert "ckpt/job/step_1/a.distcp" in server.agent.follower.copied
     finally:
         server.shutdown()

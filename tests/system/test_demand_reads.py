@@ -16,6 +16,7 @@ import pytest
 
 from agent.client import AgentClient
 from agent.server import AgentServer
+from common.clock import SYSTEM_CLOCK, FakeClock
 from mountconfig import parse_config
 from policy.stream import chunk_crc, crcs_of
 from stores.local import LocalStore
@@ -119,27 +120,29 @@ def test_a_demand_read_while_a_finished_stream_becomes_the_replica_waits_for_it(
         c = tier.client
         data = os.urandom(3 * CHUNK)
         version = _publish_partly(c, store, "ckpt/a.bin", data, "s1", send={0, 1})
-        entered, plain = threading.Event(), tier.server._adopt_stream
+        entered, plain = threading.Event(), tier.server.agent.intake._adopt_stream
+        answered = threading.Event()
 
-        def slow_adopt(*args):
+        def slow_adopt(*args):                # held until the read below was answered
             entered.set()
-            time.sleep(0.4)
+            answered.wait(30)
             plain(*args)
 
-        monkeypatch.setattr(tier.server, "_adopt_stream", slow_adopt)
+        monkeypatch.setattr(tier.server.agent.intake, "_adopt_stream", slow_adopt)
         last = data[2 * CHUNK:]
         t = threading.Thread(target=c.stream_put, args=("s1", 0, [(2 * CHUNK, last, chunk_crc(last))]))
         t.start()
         try:
             assert entered.wait(10)
-            assert not tier.server.streams.streaming("ckpt/a.bin")     # out of the stream catalog
-            assert tier.server.streams.being_handed_over("ckpt/a.bin") == version
+            assert not tier.server.agent.streams.streaming("ckpt/a.bin")     # out of the stream catalog
+            assert tier.server.agent.streams.being_handed_over("ckpt/a.bin") == version
             # answered (after a short wait, then a fetch of just these bytes: the adoption here
             # is made slower than the wait), not refused
             assert AgentClient(tier.loc).read("ckpt/a.bin", 2 * CHUNK, CHUNK, True, version, demand=True) == last
         finally:
+            answered.set()
             t.join(10)
-        assert tier.server.streams.being_handed_over("ckpt/a.bin") is None
+        assert tier.server.agent.streams.being_handed_over("ckpt/a.bin") is None
         assert c.read("ckpt/a.bin", 0, 3 * CHUNK, True, version, demand=True) == data   # the replica
     finally:
         tier.close()
@@ -173,7 +176,7 @@ def test_unpublished_streams_and_store_files_of_another_version_are_never_served
         c.stream_put("s2", 0, [(0, olds[0], chunk_crc(olds[0]))])
         # (the journal record of that version, as a follower reads it: the store had it; without
         # the store's word a version it does not have is never served: test_security_streams.py)
-        tier.server.store_versions_seen([("ckpt/r.bin", v_old, None)])
+        tier.server.agent.intake.versions.learned([("ckpt/r.bin", v_old, None)])
         assert c.stream_publish("s2", 0, "ckpt/r.bin", *v_old, crcs_of(olds))["state"] == "fill"
         assert c.read("ckpt/r.bin", 0, CHUNK, True, v_old, demand=True) == olds[0]
         with pytest.raises(OSError) as err:
@@ -184,19 +187,23 @@ def test_unpublished_streams_and_store_files_of_another_version_are_never_served
 
 
 class _SlowStore(LocalStore):
-    """A store whose reads take `delay` seconds (a long link)."""
+    """A store whose reads wait until the test lets them go (`go`): a long link. `reading` is
+    set when one has started."""
 
-    delay = 3.0
+    def __init__(self, root):
+        super().__init__(root)
+        self.go, self.reading = threading.Event(), threading.Event()
 
     def open_reader(self, rel):
         reader, st = super().open_reader(rel)
-        inner, delay = reader.read, self.delay
+        inner, go, reading = reader.read, self.go, self.reading
 
         class Slow:
             fd = reader.fd
 
             def read(self, off, n):
-                time.sleep(delay)
+                reading.set()
+                go.wait(60)
                 return inner(off, n)
 
             def read_nowait(self, off, n):
@@ -212,30 +219,31 @@ def test_a_chunk_that_lands_while_the_store_fetch_is_in_flight_answers_first(tmp
     (store / "ckpt").mkdir(parents=True)
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", "stream_prefixes": ["ckpt"]}})
-    server = AgentServer(cfg, _SlowStore(str(store)), location="grpc://127.0.0.1:0")
+    slow = _SlowStore(str(store))
+    server = AgentServer(slow, cfg.agent, peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load,
+                         location="grpc://127.0.0.1:0")
     threading.Thread(target=server.serve, daemon=True).start()
-    from agent.client import AgentClient
     c = AgentClient(f"grpc://127.0.0.1:{server.port}")
     try:
         data = os.urandom(3 * CHUNK)
         version = _publish_partly(c, store, "ckpt/s.bin", data, "s1", send={0})
         got: dict = {}
-        t0 = time.monotonic()
         reader = threading.Thread(target=lambda: got.update(
-            data=c.read("ckpt/s.bin", 2 * CHUNK + 7, 100, True, version, demand=True), t=time.monotonic() - t0))
+            data=c.read("ckpt/s.bin", 2 * CHUNK + 7, 100, True, version, demand=True)))
         reader.start()
-        time.sleep(0.3)
+        assert slow.reading.wait(30)                  # the fetch from the store is in flight
         parts = _chunks(data)
         c.stream_put("s1", 0, [(2 * CHUNK, parts[2], chunk_crc(parts[2]))])
-        reader.join(10)
-        assert got["data"] == data[2 * CHUNK + 7:2 * CHUNK + 107]
-        assert got["t"] < _SlowStore.delay, got       # the stream's chunk, not the slow store
+        reader.join(30)
+        assert got["data"] == data[2 * CHUNK + 7:2 * CHUNK + 107]   # the stream's chunk: the store waits
         assert c.status()["demand"]["raced"] == 1
+        slow.go.set()
         # The last chunk completes the stream: the same reads now come from the replica.
         c.stream_put("s1", 0, [(CHUNK, parts[1], chunk_crc(parts[1]))])
         assert c.stream_publish("s1", 0, "ckpt/s.bin", *version, crcs_of(parts))["state"] == "ready"
         assert c.read("ckpt/s.bin", 0, 3 * CHUNK, True, version, demand=True) == data
     finally:
+        slow.go.set()
         server.shutdown()
 
 
@@ -450,32 +458,51 @@ def test_a_hinted_range_is_left_to_the_stream_when_its_backlog_is_short(tmp_path
 
 def test_a_read_waits_for_a_stream_with_a_short_backlog_and_fetches_if_it_stalls(tmp_path):
     """With a short backlog, a read of a chunk not held yet waits for the stream instead of
-    fetching the bytes a second time; if the stream stalls, it fetches after about twice the
-    backlog's link time plus STREAM_GRACE_S."""
+    fetching the bytes a second time; if the stream stalls, it fetches after twice the backlog's
+    link time plus STREAM_GRACE_S. The tier's clock is a fake one: the stream's chunk lands while
+    it stands still, and the stalled read fetches only once it is moved past that wait."""
     from agent.demand import PREFETCH_BEHIND_S, STREAM_GRACE_S
     store = tmp_path / "store"
     store.mkdir()
     big = 1 << 20
     data = os.urandom(8 * big)
     rate = 7 * big / (PREFETCH_BEHIND_S / 2)        # 7 MiB missing: a quarter second of link
-    tier = Tier(tmp_path, store, follow=False, link_bytes_s=int(rate))
+    clock = FakeClock()
+    tier = Tier(tmp_path, store, follow=False, clock=clock, link_bytes_s=int(rate))
+    looks: dict[int, int] = {}                      # offset -> how often a read looked for held bytes
+    demand = tier.server.agent.demand
+    held = demand.held
+
+    def counting(path, version, offset, length):
+        looks[offset] = looks.get(offset, 0) + 1
+        return held(path, version, offset, length)
+    demand.held = counting
     try:
         c = tier.client
         rel = "ckpt/run/step_1/__0_0.distcp"
         version = _publish_partly(c, store, rel, data, "s1", send={0}, chunk=big)
         parts = _chunks(data, big)
-        later = threading.Timer(0.15, lambda: AgentClient(tier.loc).stream_put("s1", 0, [(3 * big, parts[3], chunk_crc(parts[3]))]))
-        later.start()
-        assert c.read(rel, 3 * big + 10, 1000, True, version, demand=True) == data[3 * big + 10:3 * big + 1010]
-        later.join()
+        got: dict = {}
+        reader = threading.Thread(target=lambda: got.update(
+            third=c.read(rel, 3 * big + 10, 1000, True, version, demand=True)))
+        reader.start()
+        assert wait_for(lambda: looks.get(3 * big + 10, 0) >= 2)   # waiting for the stream
+        c.stream_put("s1", 0, [(3 * big, parts[3], chunk_crc(parts[3]))])
+        reader.join(30)
+        assert got["third"] == data[3 * big + 10:3 * big + 1010]
         d = c.status()["demand"]
         assert (d["stream_waits"], d["fetched"], d["raced"]) == (1, 0, 0), d
         # chunk 5 never comes: the read fetches it from the store once the wait is over
-        t0 = time.monotonic()
-        assert c.read(rel, 5 * big, 100, True, version, demand=True) == data[5 * big:5 * big + 100]
-        waited = time.monotonic() - t0
+        reader = threading.Thread(target=lambda: got.update(fifth=c.read(rel, 5 * big, 100, True, version, demand=True)))
+        reader.start()
+        assert wait_for(lambda: looks.get(5 * big, 0) >= 2)
         backlog_s = 6 * big / rate
-        assert waited < 2 * backlog_s + STREAM_GRACE_S + 5, waited
+        clock.advance(2 * backlog_s + STREAM_GRACE_S - 0.05)
+        assert wait_for(lambda: looks.get(5 * big, 0) >= 4)         # still waiting, not fetching
+        assert c.status()["demand"]["fetched"] == 0
+        clock.advance(0.1)
+        reader.join(30)
+        assert got["fifth"] == data[5 * big:5 * big + 100]
         assert c.status()["demand"]["fetched"] == 1
     finally:
         tier.close()
@@ -543,12 +570,12 @@ def test_a_read_hint_kept_for_later_reaches_the_tier_when_the_file_is_complete_a
         deadline = time.monotonic() + 10
         while json.loads(hint_doc.read_text())["pieces_fetching"] is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert tier.server.read_memory.predict("ckpt/run/step_2/__0_0.distcp") == []
+        assert tier.server.agent.memory.predict("ckpt/run/step_2/__0_0.distcp") == []
         c.stream_put("s1", 0, [(i * big, parts[i], chunk_crc(parts[i])) for i in range(1, 8)])
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "ready"
         assert (ev.mnt / rel).read_bytes() == data
         assert ev.stats()["counters"].get("route_hints_at_open") == 1
-        learned = tier.server.read_memory.predict("ckpt/run/step_2/__0_0.distcp")
+        learned = tier.server.agent.memory.predict("ckpt/run/step_2/__0_0.distcp")
         assert learned and all(any(o <= off and off + n <= o + m for o, m in learned) for off, n in wanted)
         assert c.status()["demand"]["fetched"] == 0
     finally:
@@ -575,7 +602,7 @@ def test_a_hint_without_a_version_is_held_until_the_publish_and_used_once(tmp_pa
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
         _confirmed(c, rel)
         assert wait_for(lambda: c.status()["demand"]["prefetched"] == 2, timeout=10)
-        assert tier.server.demand.take_hint(rel) is None                      # used once
+        assert tier.server.agent.demand.take_hint(rel) is None                      # used once
         # after the publish: fetched at once, for the version published
         assert c.prefetch(rel, None, [(7 * big + 4096, 10)]) == 1
         assert c.read(rel, 7 * big + 4096, 10, True, version, demand=True) == data[7 * big + 4096:7 * big + 4106]
@@ -602,7 +629,7 @@ def test_a_hint_without_a_version_is_fetched_when_a_copy_of_the_file_starts(tmp_
         assert c.status()["demand"]["prefetched"] == 0
         c.replicate(rel, 600)
         assert c.status()["demand"]["prefetched"] == 1
-        assert tier.server.demand.take_hint(rel) is None
+        assert tier.server.agent.demand.take_hint(rel) is None
         assert c.read(rel, 0, len(data), True) == data
     finally:
         tier.close()
@@ -610,21 +637,35 @@ def test_a_hint_without_a_version_is_fetched_when_a_copy_of_the_file_starts(tmp_
 
 def test_held_hints_are_bounded_in_number_and_age(monkeypatch):
     import agent.demand as demand_mod
-    d = demand_mod.DemandReads(LocalStore.__new__(LocalStore), threading.Condition(),
-                               held=lambda *a: None, arriving=lambda *a: False)
+
+    def demand_reads(clock=SYSTEM_CLOCK):
+        return demand_mod.DemandReads(LocalStore.__new__(LocalStore), threading.Condition(),
+                                      held=lambda *a: None, arriving=lambda *a: False, clock=clock)
+    monkeypatch.setattr(demand_mod, "PENDING_HINT_FILES", 3)
+    d = demand_reads()
     try:
-        monkeypatch.setattr(demand_mod, "PENDING_HINT_FILES", 3)
         for i in range(5):
             d.hold_hint(f"f{i}", [(i, 1)])
         assert [d.take_hint(f"f{i}") for i in range(5)] == [None, None, [(2, 1)], [(3, 1)], [(4, 1)]]
-        monkeypatch.setattr(demand_mod, "PENDING_HINT_RANGES", 4)      # ranges in all, too
+    finally:
+        d.close()
+    monkeypatch.setattr(demand_mod, "PENDING_HINT_RANGES", 4)      # ranges in all, too
+    d = demand_reads()
+    try:
         d.hold_hint("two", [(0, 1), (5, 1)])
         d.hold_hint("three", [(0, 1), (5, 1), (9, 1)])
         assert (d.take_hint("two"), d.take_hint("three")) == (None, [(0, 1), (5, 1), (9, 1)])
+    finally:
+        d.close()
+    clock = FakeClock()
+    d = demand_reads(clock)
+    try:
         d.hold_hint("old", [(0, 1)])
-        monkeypatch.setattr(demand_mod, "PENDING_HINT_S", 0.0)
-        time.sleep(0.01)
-        assert d.take_hint("old") is None
+        d.hold_hint("new", [(0, 1)])
+        clock.advance(demand_mod.PENDING_HINT_S - 1)
+        assert d.take_hint("new") == [(0, 1)]                      # in time
+        clock.advance(2)
+        assert d.take_hint("old") is None                          # too old
     finally:
         d.close()
 
@@ -655,6 +696,7 @@ def test_a_stream_of_unknown_size_makes_the_hint_fetch_at_once(tmp_path):
         tier.close()
 
 
+@pytest.mark.timeout(120)
 def test_many_pieces_hinted_before_the_store_reader_is_open_do_not_wait_for_each_other(tmp_path):
     """More hinted pieces than fetch threads, before the store reader of that version is open:
     the fetches wait for the open, which must not queue behind them in the same pool (it did,
@@ -667,24 +709,28 @@ def test_many_pieces_hinted_before_the_store_reader_is_open_do_not_wait_for_each
     (store / "f").write_bytes(data)
     version = _version(store / "f")
 
+    opened = th.Event()
+
     class SlowOpen(LocalStore):
-        def open_reader(self, rel):
-            time.sleep(0.2)
+        def open_reader(self, rel):              # open once the pieces are queued
+            opened.wait(60)
             return super().open_reader(rel)
 
+    # With the open queued behind the fetches in one pool, every piece waited out the timeout:
+    # it is past the test's own, so that the bug shows as a failure, not as a slow pass.
     demand = DemandReads(SlowOpen(str(store)), th.Condition(), lambda *a: None, lambda *a: True,
-                         timeout_s=5.0, parallel=2)
+                         timeout_s=600.0, parallel=2)
     busy = th.Event()
     try:
         for _ in range(2):                      # both fetch threads busy while the pieces queue up
-            demand._pool.submit(busy.wait, 10)
-        t0 = time.monotonic()
+            demand._pool.submit(busy.wait, 60)
         assert demand.prefetch("f", version, [(i << 20, 100) for i in range(6)]) == 6
+        opened.set()
         busy.set()
         for i in range(6):
             assert demand.read("f", version, i << 20, 100) == data[i << 20:(i << 20) + 100]
         assert demand.status()["prefetch_hits"] == 6
-        assert time.monotonic() - t0 < 4.0      # not the 5 s timeout per piece
     finally:
+        opened.set()
         busy.set()
         demand.close()

@@ -22,7 +22,8 @@ av = pytest.importorskip("av")
 
 import transforms  # noqa: E402
 from stores.local import LocalStore  # noqa: E402
-from agent.samples import SampleService, TransformPool, transform_to_container  # noqa: E402
+from agent.samples import SampleService  # noqa: E402
+from agent.transformpool import TransformPool, transform_to_container  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
 from transforms import SampleEIO, TransformError, TransformTimeout  # noqa: E402
 from transforms.container import decode, encode_raw, load_sample, make_meta  # noqa: E402
@@ -240,14 +241,15 @@ def test_pixel_bomb_through_a_real_agent(tmp_path, store):
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "agent")},
                         "transform_load": {"workers": 1, "fallback": False}})
-    server, loc = start_in_process(cfg, LocalStore(str(store)))
+    server, loc = start_in_process(LocalStore(str(store)), cfg.agent, peers=cfg.agents, follow=cfg.follow,
+                                   transform_load=cfg.transform_load)
     client = AgentClient(loc)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     try:
         pjson = json.dumps(PARAMS)
         ok = client.sample("png.png", "image", pjson, 1)
         assert decode(ok)[0].mode == "tensor"
-        pid = server.samples.pool.pids()[0]
+        pid = server.agent.reads.samples.pool.pids()[0]
         t0 = time.monotonic()
         with pytest.raises(OSError) as exc:
             client.sample("bomb.png", "image", pjson, 1)

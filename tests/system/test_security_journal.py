@@ -36,7 +36,8 @@ YEAR_NS = 365 * 86400 * 10**9
 def _agent(data_dir: Path, store: Path):
     cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": str(data_dir)},
                         "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600}})   # rounds driven here
-    return start_in_process(cfg, LocalStore(str(store)))
+    return start_in_process(LocalStore(str(store)), cfg.agent, peers=cfg.agents, follow=cfg.follow,
+                            transform_load=cfg.transform_load)
 
 
 def _journal(store: Path, path: str, removed: bool = False) -> None:
@@ -64,7 +65,7 @@ def _copied_checkpoint(tmp_path: Path, store: Path):
     for name in ("a.distcp", "b.distcp"):
         (ck / name).write_bytes(name.encode() * 100)
         _journal(store, f"ckpt/job/step_1/{name}")
-    server.follower.step(wait=True)
+    server.agent.follower.step(wait=True)
     c = AgentClient(loc)
     assert set(c.status()["replicas"]) == {"ckpt/job/step_1/a.distcp", "ckpt/job/step_1/b.distcp"}
     return server, c
@@ -92,13 +93,13 @@ def test_a_record_of_200000_brackets_or_of_the_wrong_shape_is_skipped_and_the_ro
         (ck / "a.distcp").write_bytes(b"a" * 1000)
         _journal(store, "ckpt/job/step_1/a.distcp")         # a good record in the same round
         with caplog.at_level(logging.WARNING, logger="hintfs.follower"):
-            server.follower.step(wait=True)                 # (raised RecursionError before)
+            server.agent.follower.step(wait=True)                 # (raised RecursionError before)
         assert AgentClient(loc).read("ckpt/job/step_1/a.distcp", 0, 4, replica_only=True) == b"aaaa"
         for name in names:                                  # one line each, naming the record
             assert len([r for r in caplog.records if name in r.getMessage()]) == 1, name
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="hintfs.follower"):
-            server.follower.step(wait=True)                 # seen: not read or logged again
+            server.agent.follower.step(wait=True)                 # seen: not read or logged again
         assert not [r for r in caplog.records if any(n in r.getMessage() for n in names)]
     finally:
         server.shutdown()
@@ -107,7 +108,7 @@ def test_a_record_of_200000_brackets_or_of_the_wrong_shape_is_skipped_and_the_ro
 def test_a_record_dated_far_past_the_store_clock_removes_nothing_and_is_pruned(tmp_path, caplog):
     store = tmp_path / "store"
     server, c = _copied_checkpoint(tmp_path, store)
-    f = server.follower
+    f = server.agent.follower
     try:
         now = time.time_ns()
         future = now + YEAR_NS
@@ -168,7 +169,7 @@ def test_another_user_cannot_plant_a_journal_in_a_world_writable_store_root(tmp_
         server, loc = _agent(tmp_path / "tier", store)
         c = AgentClient(loc)
         try:
-            server.follower.step(wait=True)                 # no journal: the listing of ckpt
+            server.agent.follower.step(wait=True)                 # no journal: the listing of ckpt
             assert len(c.status()["replicas"]) == 2
             rel = f"{JDIR}/{record_key(_forged_removal(time.time_ns()))}"
             out = as_nobody(f"""
@@ -178,10 +179,10 @@ def test_another_user_cannot_plant_a_journal_in_a_world_writable_store_root(tmp_
                 print(json.dumps({{"planted": True}}))
             """)
             assert out == {"planted": True} and os.stat(store / JDIR).st_uid == NOBODY
-            server.follower.sweep_s = 0                      # every round lists the journal folder
+            server.agent.follower.sweep_s = 0                      # every round lists the journal folder
             with caplog.at_level(logging.WARNING, logger="hintfs.follower"):
-                server.follower.step(wait=True)
-                server.follower.step(wait=True)
+                server.agent.follower.step(wait=True)
+                server.agent.follower.step(wait=True)
             assert set(c.status()["replicas"]) == {"ckpt/job/step_1/a.distcp", "ckpt/job/step_1/b.distcp"}
             lines = [r.getMessage() for r in caplog.records if f"uid {NOBODY}" in r.getMessage()]
             assert len(lines) == 1, lines                   # said once, not at every round

@@ -14,6 +14,7 @@ import pytest
 
 from agent.client import AgentClient
 from agent.server import AgentServer
+from common.clock import SYSTEM_CLOCK, Clock
 from mountconfig import parse_config
 from stores.local import LocalStore
 from tests.conftest import needs_fuse, wait_for
@@ -26,12 +27,15 @@ CHUNK = 64 << 10
 class Tier:
     """An eval tier agent on a loopback TCP port (streams need a network agent), following `ckpt`."""
 
-    def __init__(self, tmp_path, store, follow: bool = True, follow_options: Optional[dict] = None, **agent):
+    def __init__(self, tmp_path, store, follow: bool = True, follow_options: Optional[dict] = None,
+                 clock: Clock = SYSTEM_CLOCK, **agent):
         cfg = {"store": {"uri": f"file://{store}"},
                "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", "stream_prefixes": ["ckpt"], **agent}}
         if follow:
             cfg["follow"] = {"prefixes": ["ckpt"], "poll_interval_s": 0.05, **(follow_options or {})}
-        self.server = AgentServer(parse_config(cfg), LocalStore(str(store)), location="grpc://127.0.0.1:0")
+        parsed = parse_config(cfg)
+        self.server = AgentServer(LocalStore(str(store)), parsed.agent, peers=parsed.agents, follow=parsed.follow,
+                                  transform_load=parsed.transform_load, location="grpc://127.0.0.1:0", clock=clock)
         self.loc = f"grpc://127.0.0.1:{self.server.port}"
         threading.Thread(target=self.server.serve, daemon=True).start()
         # A connection of its own: gRPC shares connections per address within a process, and a
@@ -103,9 +107,9 @@ def test_a_file_streamed_while_written_is_a_replica_at_close_without_a_copy(moun
             f.write(data[: 6 * CHUNK])
             f.flush()
             # whole chunks leave while the file is open, and are not a replica yet
-            assert wait_for(lambda: tier.server.streams.state_of("ckpt/run/step_1/__0_0.distcp") is not None
-                            and tier.server.streams.streams and any(
-                                s.ranges.bytes_held() >= 6 * CHUNK for s in tier.server.streams.streams.values()),
+            assert wait_for(lambda: tier.server.agent.streams.state_of("ckpt/run/step_1/__0_0.distcp") is not None
+                            and tier.server.agent.streams.streams and any(
+                                s.ranges.bytes_held() >= 6 * CHUNK for s in tier.server.agent.streams.streams.values()),
                             timeout=10)
             assert tier.client.tier_stat("ckpt/run/step_1/__0_0.distcp")["state"] == "streaming"
             with pytest.raises(OSError):
@@ -326,8 +330,8 @@ def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of
         record = record_name("ckpt/s1/__0_0.distcp", st.st_size, st.st_mtime_ns, streamed=True)
         assert streamed_record(record) and not streamed_record(record_name("ckpt/s1/x", 1, 2))
         answer: dict = {}
-        t = threading.Thread(target=lambda: answer.update(tier.server.replicate(
-            "ckpt/s1/__0_0.distcp", 600, None, expect=(st.st_size, st.st_mtime_ns), record=record)))
+        t = threading.Thread(target=lambda: answer.update(tier.server.agent.copier.replicate(
+            "ckpt/s1/__0_0.distcp", 600, None, expect=(st.st_size, st.st_mtime_ns), record=record).model_dump()))
         t.start()
         time.sleep(0.5)          # the stream's first call comes late
         assert t.is_alive() and tier.client.status()["copies"] == 0
@@ -356,17 +360,17 @@ def test_a_fetch_without_a_version_waits_while_a_finished_stream_becomes_the_rep
         c.stream_put("s", 0, [(0, parts[0], chunk_crc(parts[0])), (CHUNK, parts[1], chunk_crc(parts[1]))])
         assert c.stream_publish("s", 0, rel, st.st_size, st.st_mtime_ns, crcs_of(parts))["state"] == "fill"
         answer: dict = {}
-        fetch = threading.Thread(target=lambda: answer.update(tier.server.replicate(rel, 600, None)))
+        fetch = threading.Thread(target=lambda: answer.update(tier.server.agent.copier.replicate(rel, 600, None).model_dump()))
         fetch.start()
         time.sleep(0.1)
         assert fetch.is_alive()                  # waiting for the stream
-        adopt = tier.server._adopt_stream
+        adopt = tier.server.agent.intake._adopt_stream
 
         def slow_adopt(*args, **kw):             # the window, widened: finished, not yet the replica
             time.sleep(0.3)
             return adopt(*args, **kw)
 
-        tier.server._adopt_stream = slow_adopt
+        tier.server.agent.intake._adopt_stream = slow_adopt
         assert c.stream_put("s", 0, [(2 * CHUNK, parts[2], chunk_crc(parts[2]))]).get("state") == "ready"
         fetch.join(10)
         assert answer.get("already") is True, answer
@@ -479,9 +483,9 @@ def test_an_older_record_of_the_same_writer_and_version_needs_no_copy(tmp_path):
         other = "-".join(parts)
         assert not later_by_same_writer(r1, other) and not later_by_same_writer(r1, "junk")
         send_whole(tier.client, "w", store, "ckpt/s1/w.bin", record=r1)
-        assert tier.server.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r0)["already"] is True
+        assert tier.server.agent.copier.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r0)["already"] is True
         assert tier.client.status()["copies"] == 0
-        assert tier.server.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r2)["already"] is False
+        assert tier.server.agent.copier.replicate("ckpt/s1/w.bin", 600, None, expect=version, record=r2)["already"] is False
         assert tier.client.status()["copies"] == 1
 
 
@@ -512,7 +516,7 @@ def test_the_chunks_an_eval_read_of_the_last_checkpoint_are_named_first_for_the_
         with open(train.mnt / "ckpt" / "run" / "step_2" / "__0_0.distcp", "wb") as f:
             f.write(data[:CHUNK])               # the stream opens with its first whole chunk
             f.flush()
-            assert wait_for(lambda: tier.server.streams.state_of(rel2) is not None, 10)
+            assert wait_for(lambda: tier.server.agent.streams.state_of(rel2) is not None, 10)
             f.write(data[CHUNK:])
         assert wait_for(lambda: tier.client.tier_stat(rel2)["state"] == "ready", 10)
         assert tier.client.read(rel2, 0, len(data) + 1, replica_only=True) == data

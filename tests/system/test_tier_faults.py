@@ -1,8 +1,8 @@
 """Cross-DC faults (issue 5): a cut link resumes, a changing file is copied again, a full tier
 evicts by policy, and a restarted agent rebuilds its catalog from disk."""
+import json
 import os
 import threading
-import time
 
 import pytest
 
@@ -55,23 +55,34 @@ def _cfg(tmp_path, store, **agent):
                                    "link_chunk_bytes": CHUNK, **agent}})
 
 
+def _start(cfg, store):
+    """The in-process agent of `cfg`'s slices over `store`."""
+    return start_in_process(store, cfg.agent, peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load)
+
+
+def _tcp(cfg, store) -> AgentServer:
+    """A persistent agent (`hintfs agent`'s kind) of `cfg`'s slices over `store`, on loopback."""
+    return AgentServer(store, cfg.agent, peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load,
+                       location="grpc://127.0.0.1:0", persistent=True)
+
+
 def test_cut_link_resumes_from_offsets_and_never_serves_a_torn_copy(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     data = os.urandom(16 * CHUNK)
     (store / "w.bin").write_bytes(data)
     fs = FlakyStore(str(store))
-    server, loc = start_in_process(_cfg(tmp_path, store), fs)
+    server, loc = _start(_cfg(tmp_path, store), fs)
     c = AgentClient(loc)
     try:
         fs.fail_after = 5
         with pytest.raises(ConnectionResetError):
-            server.replicate("w.bin", 600, None, parallel=1)
+            server.agent.copier.replicate("w.bin", 600, None, parallel=1)
         assert c.tier_stat("w.bin")["state"] == "absent"          # the .part file is not served
         with pytest.raises(AgentError):
             c.read("w.bin", 0, 10, replica_only=True)
         fs.reads = 0
-        server.replicate("w.bin", 600, None, parallel=1)
+        server.agent.copier.replicate("w.bin", 600, None, parallel=1)
         assert fs.reads == 16 - 5                                   # only the ranges not yet here
         assert c.status()["resumed_ranges"] == 5
         assert c.read("w.bin", 0, len(data) + 1, replica_only=True) == data
@@ -84,7 +95,7 @@ def test_file_changing_during_copy_is_detected_and_copied_again(tmp_path):
     store.mkdir()
     (store / "w.bin").write_bytes(b"a" * (8 * CHUNK))
     fs = FlakyStore(str(store))
-    server, loc = start_in_process(_cfg(tmp_path, store), fs)
+    server, loc = _start(_cfg(tmp_path, store), fs)
     try:
         def rewrite(n):
             if n == 3:
@@ -92,10 +103,10 @@ def test_file_changing_during_copy_is_detected_and_copied_again(tmp_path):
         fs.on_read = rewrite
         import pyarrow.flight as fl
         with pytest.raises(fl.FlightServerError, match="changed"):
-            server.replicate("w.bin", 600, None, parallel=1)
+            server.agent.copier.replicate("w.bin", 600, None, parallel=1)
         assert AgentClient(loc).tier_stat("w.bin")["state"] == "absent"
         fs.on_read = None
-        server.replicate("w.bin", 600, None, parallel=1)
+        server.agent.copier.replicate("w.bin", 600, None, parallel=1)
         assert AgentClient(loc).read("w.bin", 0, 1 << 20, replica_only=True) == b"b" * (8 * CHUNK + 10)
     finally:
         server.shutdown()
@@ -125,7 +136,7 @@ def test_full_tier_evicts_least_recently_used_and_reads_stay_correct(tmp_path):
     files = {f"f{i}": os.urandom(1 << 20) for i in range(4)}
     for n, d in files.items():
         (store / n).write_bytes(d)
-    server, loc = start_in_process(_cfg(tmp_path, store, budget_bytes=3 << 20), LocalStore(str(store)))
+    server, loc = _start(_cfg(tmp_path, store, budget_bytes=3 << 20), LocalStore(str(store)))
     c = AgentClient(loc)
     try:
         for n in ("f0", "f1", "f2"):
@@ -153,16 +164,16 @@ def test_persistent_agent_rebuilds_its_catalog_after_a_stop(tmp_path):
     (store / "a").write_bytes(b"a" * 1000)
     (store / "b").write_bytes(b"b" * 3000)
     cfg = _cfg(tmp_path, store)
-    first = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0", persistent=True)
-    first.replicate("a", 600, None)
-    first.replicate("b", 600, None)
+    first = _tcp(cfg, LocalStore(str(store)))
+    first.agent.copier.replicate("a", 600, None)
+    first.agent.copier.replicate("b", 600, None)
     first.shutdown()
-    second = AgentServer(cfg, LocalStore(str(store)), location="grpc://127.0.0.1:0", persistent=True)
+    second = _tcp(cfg, LocalStore(str(store)))
     try:
-        assert set(second.replicas) == {"a", "b"}
-        assert second.read_range("b", 0, 5000, replica_only=True) == b"b" * 3000
+        assert set(second.agent.catalog.replicas) == {"a", "b"}
+        assert second.agent.reads.read_range("b", 0, 5000, replica_only=True) == b"b" * 3000
         st = os.stat(store / "a")
-        assert second.has("a", 1000, st.st_mtime_ns)
+        assert second.agent.catalog.has("a", 1000, st.st_mtime_ns)
     finally:
         second.shutdown()
 
@@ -196,18 +207,18 @@ def test_a_cut_copy_resumes_after_the_agent_restarts(tmp_path):
     (store / "w.bin").write_bytes(data)
     cfg = _cfg(tmp_path, store)
     fs = FlakyStore(str(store))
-    first = AgentServer(cfg, fs, location="grpc://127.0.0.1:0", persistent=True)
+    first = _tcp(cfg, fs)
     fs.fail_after = 5
     with pytest.raises(ConnectionResetError):
-        first.replicate("w.bin", 600, None, parallel=1)
+        first.agent.copier.replicate("w.bin", 600, None, parallel=1)
     first.shutdown()                      # the cut copy and its progress stay on disk
     fs2 = FlakyStore(str(store))
-    second = AgentServer(cfg, fs2, location="grpc://127.0.0.1:0", persistent=True)
+    second = _tcp(cfg, fs2)
     try:
-        assert "w.bin" not in second.replicas   # a cut copy is not a replica
-        second.replicate("w.bin", 600, None, parallel=1)
-        assert fs2.reads == 16 - 5 and second.resumed_ranges == 5
-        assert second.read_range("w.bin", 0, len(data) + 1, replica_only=True) == data
+        assert "w.bin" not in second.agent.catalog.replicas   # a cut copy is not a replica
+        second.agent.copier.replicate("w.bin", 600, None, parallel=1)
+        assert fs2.reads == 16 - 5 and second.agent.copier.resumed_ranges == 5
+        assert second.agent.reads.read_range("w.bin", 0, len(data) + 1, replica_only=True) == data
         assert not list((tmp_path / "tier").glob("*/*.progress"))
     finally:
         second.shutdown()
@@ -228,8 +239,12 @@ def test_a_copy_cut_by_sigkill_resumes_from_its_saved_progress(tmp_path):
                 pass                      # the agent is killed under it
         t = threading.Thread(target=copy, daemon=True)
         t.start()
-        assert wait_for(lambda: list((tmp_path / "tier").glob("*/*.part.progress")), timeout=20)
-        time.sleep(0.6)
+        def saved_ranges() -> int:
+            try:
+                return sum(len(json.loads(p.read_text())["done"]) for p in (tmp_path / "tier").glob("*/*.part.progress"))
+            except (OSError, ValueError):
+                return 0                  # (renamed over while read: the next look)
+        assert wait_for(lambda: saved_ranges() > 0, timeout=20)
         agent.kill()
         t.join(10)
         c = agent.start()

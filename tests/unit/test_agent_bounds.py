@@ -9,7 +9,7 @@ import json
 import pyarrow.flight as fl
 import pytest
 
-from agent import rpc
+from agent import actions, rpc
 from agent.client import AgentClient
 from agent.server import start_in_process
 from mountconfig import parse_config
@@ -25,13 +25,13 @@ def _errno(err: fl.FlightServerError) -> int:
 @pytest.mark.parametrize("offset,length", [(LAST, 100), (LAST - 10, 100), (LAST - (1 << 27), 1 << 28)])
 def test_a_read_whose_end_is_past_the_largest_offset_is_einval(offset, length):
     with pytest.raises(fl.FlightServerError) as exc:
-        rpc.parse_ticket(json.dumps({"path": "f", "offset": offset, "length": min(length, rpc.MAX_READ_BYTES)}).encode())
+        actions.parse_ticket(json.dumps({"path": "f", "offset": offset, "length": min(length, rpc.MAX_READ_BYTES)}).encode())
     assert _errno(exc.value) == errno.EINVAL and "offset" in str(exc.value)
 
 
 def test_a_prefetch_range_past_the_largest_offset_is_einval():
     with pytest.raises(fl.FlightServerError) as exc:
-        rpc.parse_action("prefetch", json.dumps({"path": "f", "expect": [10, 1], "ranges": [[LAST, 10]]}).encode())
+        actions.parse_action("prefetch", json.dumps({"path": "f", "expect": [10, 1], "ranges": [[LAST, 10]]}).encode())
     assert _errno(exc.value) == errno.EINVAL
 
 
@@ -40,7 +40,7 @@ def test_an_agent_read_at_the_largest_offset_answers_einval_not_eio(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "f").write_bytes(b"x" * 100)
     cfg = parse_config({"store": {"uri": f"file://{tmp_path / 's'}"}, "agent": {"data_dir": str(tmp_path / "t")}})
-    server, loc = start_in_process(cfg, LocalStore(str(tmp_path / "s")))
+    server, loc = start_in_process(LocalStore(str(tmp_path / "s")), cfg.agent)
     try:
         c = AgentClient(loc)
         for offset in (LAST, LAST - 10):
@@ -57,20 +57,15 @@ def test_an_agent_read_at_the_largest_offset_answers_einval_not_eio(tmp_path):
 import logging  # noqa: E402
 import os  # noqa: E402
 
-from agent.streams import ANYONE, StreamRefused, StreamTier, VersionCheck  # noqa: E402
+from agent.streams import ANYONE, StreamRefused, StreamTier  # noqa: E402
+from agent.versions import VersionCheck  # noqa: E402
+from common.clock import FakeClock  # noqa: E402
 from policy.stream import Sender, StreamLimits, chunk_crc, crc_count_refusal, crcs_of, stream_refusal  # noqa: E402
 from stores.base import Stat  # noqa: E402
 
 CHUNK = 8
 A, B = Sender("token:t1", "ipv4:10.0.0.1"), Sender("token:t1", "ipv4:10.0.0.2")
 
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Budget:
@@ -115,7 +110,7 @@ def test_the_stream_bounds_are_per_peer_per_token_and_in_total():
 
 
 def test_a_peer_past_its_bound_is_refused_eagain_once_logged_and_others_keep_streaming(tmp_path, caplog):
-    clock = Clock()
+    clock = FakeClock()
     tier = StreamTier(str(tmp_path / "t"), clock, limits=StreamLimits(max_streams=8, per_peer=2, per_token=8))
     caplog.set_level(logging.WARNING, "hintfs.streams")
     for i in range(2):
@@ -125,7 +120,7 @@ def test_a_peer_past_its_bound_is_refused_eagain_once_logged_and_others_keep_str
             tier.open(f"x{i}", 0, f"ckpt/x{i}", CHUNK, sender=A)
         assert exc.value.errno == errno.EAGAIN
     assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1     # one line, not five
-    clock.t += 11
+    clock.advance(11)
     with pytest.raises(StreamRefused):
         tier.open("x9", 0, "ckpt/x9", CHUNK, sender=A)
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
@@ -145,7 +140,7 @@ def test_a_peer_past_its_bound_is_refused_eagain_once_logged_and_others_keep_str
 
 def test_stream_bytes_count_in_the_budget_and_leave_it_with_the_stream(tmp_path):
     budget = Budget(room=5 * CHUNK)
-    tier = StreamTier(str(tmp_path / "t"), Clock(), budget=budget,
+    tier = StreamTier(str(tmp_path / "t"), FakeClock(), budget=budget,
                       limits=StreamLimits(peer_bytes=4 * CHUNK))
     data = os.urandom(3 * CHUNK)
     tier.open("s", 0, "ckpt/s", CHUNK, sender=A)
@@ -170,7 +165,7 @@ def test_stream_bytes_count_in_the_budget_and_leave_it_with_the_stream(tmp_path)
 
 
 def test_a_publish_names_exactly_one_crc_per_chunk(tmp_path):
-    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier = StreamTier(str(tmp_path / "t"), FakeClock())
     data = os.urandom(2 * CHUNK + 1)
     tier.open("s", 0, "ckpt/s", CHUNK)
     _put_all(tier, "s", data)
@@ -185,16 +180,16 @@ def test_a_publish_names_exactly_one_crc_per_chunk(tmp_path):
 def test_the_wire_refuses_more_crcs_than_the_size_can_have_before_validating_them():
     body = {"stream": "s", "gen": 0, "path": "ckpt/a", "size": 10, "mtime_ns": 1, "crcs": [1, 2]}
     with pytest.raises(fl.FlightServerError) as exc:
-        rpc.parse_action("stream_publish", json.dumps(body).encode())
+        actions.parse_action("stream_publish", json.dumps(body).encode())
     assert _errno(exc.value) == errno.EINVAL and "2 CRCs" in str(exc.value)
-    assert rpc.parse_action("stream_publish", json.dumps({**body, "crcs": [1]}).encode()).crcs == [1]
+    assert actions.parse_action("stream_publish", json.dumps({**body, "crcs": [1]}).encode())[1].crcs == [1]
     with pytest.raises(fl.FlightServerError) as exc:
-        rpc.parse_action("status", b" " * (rpc.MAX_BODY + 1))
+        actions.parse_action("status", b" " * (rpc.MAX_BODY + 1))
     assert _errno(exc.value) == errno.EINVAL
 
 
 def test_an_unconfirmed_version_is_never_served_until_the_store_confirms_it(tmp_path):
-    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier = StreamTier(str(tmp_path / "t"), FakeClock())
     data = os.urandom(2 * CHUNK + 3)
     version = (len(data), 5)
     tier.open("s", 0, "ckpt/s", CHUNK)
@@ -261,14 +256,14 @@ def _drain(vc):
 
 def test_version_check_takes_the_journal_then_a_batched_stat_and_refuses_what_the_store_lacks():
     from common.journal import bucket_of, record_name
-    store, clock = _Store(), Clock()
+    store, clock = _Store(), FakeClock()
     now_ns = 1_700_000_005 * 10**9      # mid-slice: one slice folder is listed
     vc, got, waiting = _check(store, clock, ".hintfs-journal", wall_ns=lambda: now_ns)
     rec = record_name("ckpt/a", 10, 7)
     store.records[bucket_of(now_ns)] = [rec, record_name("ckpt/gone", 0, 0, removed=True)]
     store.files = {"ckpt/b": Stat(0o100644, 20, 9, 9), "ckpt/c": Stat(0o100644, 5, 1, 1)}
-    waiting += [("ckpt/a", (10, 7), clock.t), ("ckpt/b", (20, 9), clock.t), ("ckpt/c", (5, 2), clock.t),
-                ("ckpt/d", (1, 1), clock.t)]
+    waiting += [("ckpt/a", (10, 7), clock()), ("ckpt/b", (20, 9), clock()), ("ckpt/c", (5, 2), clock()),
+                ("ckpt/d", (1, 1), clock())]
     vc.published()
     vc.step()              # lists the journal's current slice; nothing is stat-ed yet
     _drain(vc)
@@ -277,7 +272,7 @@ def test_version_check_takes_the_journal_then_a_batched_stat_and_refuses_what_th
     vc.step()
     assert got["confirmed"] == [("ckpt/a", (10, 7), rec)]
     waiting.pop(0)
-    clock.t += 2.5         # no record within stream_record_wait_s: the rest are stat-ed, together
+    clock.advance(2.5)         # no record within stream_record_wait_s: the rest are stat-ed, together
     vc.step()
     _drain(vc)
     assert store.stats == 3
@@ -288,17 +283,17 @@ def test_version_check_takes_the_journal_then_a_batched_stat_and_refuses_what_th
 
 
 def test_version_check_without_a_journal_stats_at_once_and_retries_a_failed_stat():
-    store, clock = _Store(), Clock()
+    store, clock = _Store(), FakeClock()
     vc, got, waiting = _check(store, clock, None)
     store.files["ckpt/a"] = Stat(0o100644, 10, 7, 7)
-    waiting.append(("ckpt/a", (10, 7), clock.t))
+    waiting.append(("ckpt/a", (10, 7), clock()))
     vc.step()
     _drain(vc)
     assert got["confirmed"] == [("ckpt/a", (10, 7), None)] and store.lists == 0
     broken = _Store()
     broken.stat = lambda rel: (_ for _ in ()).throw(OSError(errno.EIO, "link down"))
     vc2, got2, waiting2 = _check(broken, clock, None)
-    waiting2.append(("ckpt/x", (1, 1), clock.t))
+    waiting2.append(("ckpt/x", (1, 1), clock()))
     vc2.step()
     _drain(vc2)
     assert got2 == {"confirmed": [], "refused": []}                          # not refused on EIO
@@ -307,7 +302,7 @@ def test_version_check_without_a_journal_stats_at_once_and_retries_a_failed_stat
     assert got2 == {"confirmed": [], "refused": []}                          # not again at once
     broken.files = {"ckpt/x": Stat(0o100644, 1, 1, 1)}
     broken.stat = _Store.stat.__get__(broken)
-    clock.t += 1.5
+    clock.advance(1.5)
     vc2.step()
     _drain(vc2)
     assert got2["confirmed"] == [("ckpt/x", (1, 1), None)]

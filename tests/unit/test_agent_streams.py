@@ -8,17 +8,11 @@ import os
 import pytest
 
 from agent.streams import StreamError, StreamFinished, StreamTier
+from common.clock import FakeClock
 from policy.stream import chunk_crc, crcs_of
 
 CHUNK = 8
 
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def put_all(tier, sid, gen, data, skip=()):
@@ -33,7 +27,7 @@ def crcs(data: bytes) -> list[int]:
 
 
 def test_a_verified_publish_hands_over_the_exact_bytes(tmp_path):
-    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier = StreamTier(str(tmp_path / "t"), FakeClock())
     data = os.urandom(30)
     assert tier.open("s1", 0, "ckpt/a", CHUNK) == {}
     put_all(tier, "s1", 0, data)
@@ -50,7 +44,7 @@ def test_the_put_that_brings_a_published_streams_last_chunk_makes_it_ready(tmp_p
     and the put of the last missing chunk completes the stream (once, with the exact bytes).
     Later calls of that generation are answered as finished, not refused; a new generation of
     the same stream (the file rewritten after its publish) is a stream of its own."""
-    tier = StreamTier(str(tmp_path / "t"), Clock(), persistent=True, progress_every_s=0)
+    tier = StreamTier(str(tmp_path / "t"), FakeClock(), persistent=True, progress_every_s=0)
     data = os.urandom(4 * CHUNK + 3)
     tier.open("s1", 0, "ckpt/a", CHUNK)
     put_all(tier, "s1", 0, data, skip={1, 4})
@@ -75,7 +69,7 @@ def test_the_put_that_brings_a_published_streams_last_chunk_makes_it_ready(tmp_p
 
 
 def test_damaged_and_unaligned_chunks_are_refused(tmp_path):
-    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier = StreamTier(str(tmp_path / "t"), FakeClock())
     tier.open("s", 0, "p", CHUNK)
     with pytest.raises(StreamError, match="damaged"):
         tier.put("s", 0, 0, b"12345678", chunk_crc(b"12345679"))
@@ -88,7 +82,7 @@ def test_damaged_and_unaligned_chunks_are_refused(tmp_path):
 
 
 def test_a_rewrite_in_place_is_not_trusted_and_a_new_generation_starts_over(tmp_path):
-    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier = StreamTier(str(tmp_path / "t"), FakeClock())
     old = b"a" * 24
     tier.open("s", 0, "p", CHUNK)
     put_all(tier, "s", 0, old)
@@ -108,7 +102,7 @@ def test_a_rewrite_in_place_is_not_trusted_and_a_new_generation_starts_over(tmp_
 
 
 def test_a_newer_replica_wins_and_idle_streams_expire(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     tier = StreamTier(str(tmp_path / "t"), clock, idle_s=60)
     tier.open("s", 0, "p", CHUNK)
     put_all(tier, "s", 0, b"x" * 8)
@@ -116,7 +110,7 @@ def test_a_newer_replica_wins_and_idle_streams_expire(tmp_path):
     assert v.state == "stale" and part is None and not tier.streaming("p")
     tier.open("dead", 0, "p2", CHUNK)
     put_all(tier, "dead", 0, b"y" * 16)
-    clock.t += 61
+    clock.advance(61)
     assert tier.expire() == ["dead"]
     assert os.listdir(tmp_path / "t") == []                     # nothing of it is left
     with pytest.raises(StreamError, match="no stream"):
@@ -124,7 +118,7 @@ def test_a_newer_replica_wins_and_idle_streams_expire(tmp_path):
 
 
 def test_a_restarted_agent_adopts_the_streams_and_their_progress(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     old = StreamTier(str(tmp_path / "old"), clock, persistent=True, progress_every_s=0)
     data = os.urandom(40)
     old.open("s", 3, "ckpt/x", CHUNK, job="ckpt")
@@ -145,21 +139,21 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
     arriving; demand reads of the published chunks must not queue behind it (they did, under the
     stream's lock: 10-25 ms per read in bench/cross_dc_eval.py)."""
     import threading
-    import time
 
     import agent.streams as streams_mod
-    tier = StreamTier(str(tmp_path / "t"), Clock(), persistent=True, progress_every_s=0)
+    tier = StreamTier(str(tmp_path / "t"), FakeClock(), persistent=True, progress_every_s=0)
     data = os.urandom(4 * CHUNK)
     tier.open("s1", 0, "ckpt/a", CHUNK)
     put_all(tier, "s1", 0, data, skip={2, 3})
     assert tier.publish("s1", 0, "ckpt/a", len(data), 5, crcs(data))[0].state == "fill"
-    syncing, release = threading.Event(), threading.Event()
+    syncing, release, synced = threading.Event(), threading.Event(), threading.Event()
     real = os.fdatasync
 
     def slow_fdatasync(fd):
         syncing.set()
-        release.wait(10)
+        release.wait(60)
         real(fd)
+        synced.set()
 
     monkeypatch.setattr(streams_mod.os, "fdatasync", slow_fdatasync)
     third = data[2 * CHUNK:3 * CHUNK]           # not the last missing chunk: a progress save follows
@@ -167,9 +161,8 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
     t.start()
     try:
         assert syncing.wait(10)                  # the put's progress save is in its sync
-        t0 = time.monotonic()
         assert tier.read_verified("ckpt/a", (len(data), 5), 0, 2 * CHUNK) == data[:2 * CHUNK]
-        assert time.monotonic() - t0 < 1.0
+        assert not synced.is_set()               # answered while the sync still runs
     finally:
         release.set()
         t.join(10)
@@ -179,7 +172,7 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
 def test_the_backlog_counts_every_stream_by_the_best_size_known_or_is_unknown(tmp_path):
     """What is still to come: a published stream by its size, an unpublished one by the journal's
     size or else the size its sender last saw; one with none of them makes the backlog unknown."""
-    tier = StreamTier(str(tmp_path / "t"), Clock())
+    tier = StreamTier(str(tmp_path / "t"), FakeClock())
     a, b = os.urandom(40), os.urandom(24)
     tier.open("a", 0, "ckpt/a", CHUNK)
     put_all(tier, "a", 0, a, skip={2, 3, 4})                      # 16 of 40 bytes held
