@@ -99,7 +99,7 @@ class ReplicaFdServer:
     def __init__(self, path: str, lookup: Callable[[str, int, int], int],
                  partial: Optional[Callable[[str, tuple[int, int]], tuple[int, list[tuple[int, int]]]]] = None):
         self.path = path
-        self.lookup = lookup            # AgentServer.local_replica_fd: a new fd, or -1
+        self.lookup = lookup            # Catalog.local_fd: a new fd, or -1
         self.partial = partial          # StreamTier.verified_view: (a new fd, runs), or (-1, [])
         self._stop = threading.Event()
         folder = os.path.dirname(os.path.abspath(path)) or "."

@@ -1,9 +1,11 @@
 """The eval tier's side of write-time streaming (docs/cross_dc.md, "Write-time streaming"):
 the streams a training mount sends while it writes, held apart from replicas until published.
 
-`AgentServer` calls it from the `stream_open` and `stream_publish` actions, from `do_put` (chunks,
-with an optional open before and publish after: one round trip for a small file) and from
-`stream_abort`; it moves a verified part into its replica catalog.
+`agent.intake.StreamIntake` calls it for the `stream_open` and `stream_publish` actions, for
+`do_put` (chunks, with an optional open before and publish after: one round trip for a small
+file) and for `stream_abort`; it moves a verified part into the replica catalog. A stream's
+record, its errors and what each sender may hold: agent/streamparts.py; what the streams tell
+readers (state, verified bytes, backlog): agent/streamreads.py.
 
 - Each stream is `<id>.part` (bytes at their offsets) and, when `persistent`, a
   `<id>.part.progress` JSON (generation, path, job, the chunks held with their CRCs), written
@@ -48,14 +50,14 @@ import os
 import re
 import threading
 from array import array
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from cachetools import FIFOCache
 
-from agent.refusals import RefusalLog
-from policy.stream import (RangeMap, Sender, StreamLimits, Verdict, chunk_crc, crc_count_refusal, stream_refusal,
-                           verdict)
+from agent.streamreads import StreamReads, folder_of
+from agent.streamparts import (ANYONE, REFUSAL_LOG_S, SenderBounds, Stream, StreamBudget, StreamError,
+                               StreamFinished, StreamRefused)
+from policy.stream import RangeMap, Sender, StreamLimits, Verdict, chunk_crc, crc_count_refusal, stream_refusal, verdict
 
 log = logging.getLogger("hintfs.streams")
 
@@ -63,73 +65,9 @@ _ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 FINISHED_KEPT = 4096   # finished streams remembered, so that a late call is answered "ready"
-HANDOVER_S = 10.0      # a finished part counts as arriving this long at most (`being_handed_over`)
-REFUSAL_LOG_S = 10.0   # a refusal is logged once per sender and bound in this long (with a count)
-ANYONE = Sender("-", "-")   # the sender of calls that name none (in-process callers, tests)
 
 
-class StreamError(ValueError):
-    pass
-
-
-class StreamFinished(StreamError):
-    """The stream became a replica already (its publish, or the put that completed it after its
-    publish): a late call for it is answered "ready", not refused."""
-
-
-class StreamRefused(StreamError):
-    """A call refused by a bound or a rule, with the errno the caller gets (EAGAIN: too many
-    streams; ENOSPC: no room for its bytes; EACCES: another sender's stream; EINVAL: a publish
-    whose CRC list is not one per chunk)."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.errno = code
-
-
-class StreamBudget(Protocol):
-    """Where a stream's bytes are counted: the agent's replica budget (`AgentServer`)."""
-
-    def reserve(self, nbytes: int, path: str) -> None:
-        """Count `nbytes` more (evicting replicas as a copy would), or raise OSError(ENOSPC)."""
-
-    def release(self, nbytes: int) -> None: ...
-
-
-@dataclass
-class Stream:
-    sid: str
-    gen: int
-    path: str
-    job: Optional[str]
-    ranges: RangeMap
-    fd: int
-    last_call: float
-    saved_at: float = 0.0
-    version: Optional[tuple[int, int]] = None   # published as (size, mtime_ns), chunks still missing
-    final: Optional[list[int]] = None           # the published file's chunk CRCs (with `version`)
-    seen: Optional[int] = None                  # the sender's file size at its last put (unpublished)
-    unsaved: bool = False                       # chunks arrived since the last progress file
-    meta: Any = None                            # the caller's, given at publish (its record, TTL)
-    finishing: bool = False                     # complete: being made a replica (no more writes)
-    sender: Sender = ANYONE                     # who opened it: only they may call it
-    confirmed: bool = False                     # the store's word says it has `version`
-    published_at: float = 0.0                   # when the version was published (clock)
-    extents: dict[int, int] = field(default_factory=dict)   # chunk -> bytes counted in the budget
-    reserved: int = 0                           # sum of `extents`
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    io_lock: threading.Lock = field(default_factory=threading.Lock)   # see the module's docstring
-
-
-@dataclass
-class SenderUsage:
-    """What one sender holds and was refused (the agent's status, `by_sender`)."""
-    open: int = 0
-    bytes: int = 0
-    refused: int = 0
-
-
-class StreamTier:
+class StreamTier(StreamReads):
     def __init__(self, folder: str, clock: Callable[[], float], persistent: bool = False,
                  idle_s: float = 120.0, progress_every_s: float = 0.5,
                  limits: Optional[StreamLimits] = None, budget: Optional[StreamBudget] = None):
@@ -139,10 +77,7 @@ class StreamTier:
         self.idle_s = idle_s
         self.progress_every_s = progress_every_s
         self.limits = limits or StreamLimits()
-        self.budget = budget
-        self.bytes_by_peer: dict[str, int] = {}      # stream bytes counted, per peer host
-        self.refused: dict[str, int] = {}            # refusals per sender (key)
-        self._refusals = RefusalLog(REFUSAL_LOG_S, clock)   # one line per (sender, bound) and period
+        self.bounds = SenderBounds(self.limits, budget, clock)
         self.streams: dict[str, Stream] = {}
         self.finished: FIFOCache[str, int] = FIFOCache(FINISHED_KEPT)   # sid -> generation made a replica
         # path -> (version, when) of a finished part the caller is making the replica: between
@@ -190,7 +125,7 @@ class StreamTier:
 
     def _remove(self, s: Stream) -> None:
         self._close_fd(s)
-        self._release_all(s)
+        self.bounds.release_all(s)
         for name in (self._part(s.sid) + ".progress", self._part(s.sid)):
             try:
                 os.unlink(name)
@@ -222,7 +157,7 @@ class StreamTier:
                     if s is None:
                         why = stream_refusal(self.limits, (x.sender for x in self.streams.values()), sender)
                         if why is not None:
-                            raise self._refuse(sender, "streams", errno.EAGAIN,
+                            raise self.bounds.refuse(sender, "streams", errno.EAGAIN,
                                                f"stream {sid} of {path} refused: {why}")
                         fd = os.open(self._part(sid), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                         s = Stream(sid, gen, path, job, RangeMap(chunk), fd, self.clock(), sender=sender)
@@ -240,73 +175,6 @@ class StreamTier:
         if sender is not ANYONE and s.sender is not ANYONE and s.sender != sender:
             raise StreamRefused(errno.EACCES, f"stream {s.sid} was opened by another sender")
 
-    def _refuse(self, sender: Sender, bound: str, code: int, message: str) -> StreamRefused:
-        """(under `lock`) Count a refusal; log it once per sender and bound every REFUSAL_LOG_S
-        (with how many there were since)."""
-        key = sender.key()
-        self.refused[key] = self.refused.get(key, 0) + 1
-        since = self._refusals.note((key, bound))
-        if since is not None:
-            log.warning("%s: sender %s (%s)%s", message, key, errno.errorcode.get(code, code), RefusalLog.more(since))
-        return StreamRefused(code, message)
-
-    def _reserve(self, s: Stream, nbytes: int) -> None:
-        """Count `nbytes` more of stream `s` against its peer's bound and the tier's budget, or
-        StreamRefused (ENOSPC). Called without `s.lock` (the budget may evict replicas)."""
-        peer = s.sender.peer
-        with self.lock:
-            held = self.bytes_by_peer.get(peer, 0)
-            cap = self.limits.peer_bytes
-            if cap is not None and held + nbytes > cap:
-                raise self._refuse(s.sender, "peer bytes", errno.ENOSPC,
-                                   f"chunk of stream {s.sid} refused: peer {peer} holds {held} bytes of "
-                                   f"streams not yet replicas (at most {cap})")
-            self.bytes_by_peer[peer] = held + nbytes
-        if self.budget is None:
-            return
-        try:
-            self.budget.reserve(nbytes, s.path)
-        except OSError as err:
-            with self.lock:
-                self._unpeer(peer, nbytes)
-                raise self._refuse(s.sender, "budget", err.errno or errno.ENOSPC,
-                                   f"chunk of stream {s.sid} refused: {err.strerror or err}") from None
-
-    def _unpeer(self, peer: str, nbytes: int) -> None:
-        """(under `lock`)"""
-        left = self.bytes_by_peer.get(peer, 0) - nbytes
-        if left > 0:
-            self.bytes_by_peer[peer] = left
-        else:
-            self.bytes_by_peer.pop(peer, None)
-
-    def _release(self, s: Stream, nbytes: int) -> None:
-        if nbytes <= 0:
-            return
-        with self.lock:
-            self._unpeer(s.sender.peer, nbytes)
-        if self.budget is not None:
-            self.budget.release(nbytes)
-
-    def _release_all(self, s: Stream) -> None:
-        """What stream `s` holds leaves the budget (it was dropped, or its part is handed over)."""
-        with s.lock:
-            n, s.reserved = s.reserved, 0
-            s.extents.clear()
-        self._release(s, n)
-
-    def usage(self) -> dict[str, SenderUsage]:
-        """Per sender (key): streams held, their bytes counted, refusals so far."""
-        with self.lock:
-            out: dict[str, SenderUsage] = {}
-            for st in self.streams.values():
-                u = out.setdefault(st.sender.key(), SenderUsage())
-                u.open += 1
-                u.bytes += st.reserved
-            for key, n in self.refused.items():
-                out.setdefault(key, SenderUsage()).refused = n
-            return out
-
     def _get(self, sid: str, gen: int, sender: Sender = ANYONE) -> Stream:
         with self.lock:
             s = self.streams.get(sid)
@@ -323,22 +191,10 @@ class StreamTier:
 
     def _touch(self, path: str) -> None:
         """(under `lock`) A call for a stream of `path`: its folder's streams are alive."""
-        self.folder_calls[_folder(path)] = self.clock()
+        self.folder_calls[folder_of(path)] = self.clock()
         if len(self.folder_calls) > 4096:
             cutoff = self.clock() - self.idle_s
             self.folder_calls = {k: t for k, t in self.folder_calls.items() if t > cutoff}
-
-    def quiet_s(self, path: str) -> float:
-        """Seconds since the last call of the newest stream headed for `path` (inf: none)."""
-        with self.lock:
-            calls = [s.last_call for s in self.streams.values() if s.path == path]
-        return self.clock() - max(calls) if calls else float("inf")
-
-    def folder_quiet_s(self, path: str) -> float:
-        """Seconds since the last stream call for any file in `path`'s folder (inf: never)."""
-        with self.lock:
-            last = self.folder_calls.get(_folder(path))
-        return self.clock() - last if last is not None else float("inf")
 
     def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int,
             sender: Sender = ANYONE) -> bool:
@@ -355,13 +211,13 @@ class StreamTier:
         with s.lock:
             extra = len(data) - s.extents.get(i, 0)
         if extra > 0:                   # counted before the bytes land (the budget may evict)
-            self._reserve(s, extra)
+            self.bounds.reserve(s, extra)
         took = [0]
         try:
             return self._write(s, i, offset, data, crc, took)
         finally:
             if extra > 0:
-                self._release(s, extra - took[0])   # a chunk not written, or landed alongside
+                self.bounds.release(s, extra - took[0])   # a chunk not written, or landed alongside
 
     def _write(self, s: Stream, i: int, offset: int, data: bytes | memoryview, crc: int, took: list[int]) -> bool:
         """Chunk `i` written (`put`); `took[0]`: the bytes its extent added to what the stream
@@ -442,7 +298,7 @@ class StreamTier:
             self.handing_over[s.path] = (s.version, self.clock())
             self.finished[s.sid] = s.gen
         self._close_fd(s)
-        self._release_all(s)            # the caller counts the replica it makes of the part
+        self.bounds.release_all(s)            # the caller counts the replica it makes of the part
         try:
             os.unlink(self._part(s.sid) + ".progress")
         except FileNotFoundError:
@@ -470,7 +326,7 @@ class StreamTier:
         why = crc_count_refusal(size, s.ranges.chunk, len(crcs))
         if why is not None:
             with self.lock:
-                raise self._refuse(s.sender, "crcs", errno.EINVAL, f"publish of stream {sid} refused: {why}")
+                raise self.bounds.refuse(s.sender, "crcs", errno.EINVAL, f"publish of stream {sid} refused: {why}")
         final = array("I", crcs)        # 4 bytes a chunk while the stream fills (not a list of ints)
         with s.io_lock, s.lock:         # no put between its check and its write (see `put`)
             if s.finishing:             # a put completed it meanwhile
@@ -533,13 +389,6 @@ class StreamTier:
             log.warning("stream %s of %s refused: %s; dropped (sender %s)", s.sid, path, why, s.sender.key())
         return [s.sid for s in gone]
 
-    def unconfirmed(self) -> list[tuple[str, tuple[int, int], float]]:
-        """(path, version, published at) of the published streams whose version the store's word
-        has not confirmed yet."""
-        with self.lock:
-            return [(s.path, s.version, s.published_at) for s in self.streams.values()
-                    if s.version is not None and not s.confirmed and not s.finishing]
-
     def abort(self, sid: str, sender: Sender = ANYONE) -> bool:
         with self.lock:
             s = self.streams.get(sid)
@@ -574,109 +423,16 @@ class StreamTier:
             log.info("stream %s dropped: no call for %.0f s (its sender died or gave up)", sid, self.idle_s)
         return gone
 
-    def streaming(self, path: str) -> bool:
-        """An unpublished stream is headed for `path` (eval reads of it wait or go to the store,
-        never to these bytes)."""
-        with self.lock:
-            return any(s.path == path for s in self.streams.values())
-
     def handed_over(self, path: str) -> None:
         """The caller's replica of `path` is in place (or its adoption failed)."""
         with self.lock:
             self.handing_over.pop(path, None)
-
-    def being_handed_over(self, path: str) -> Optional[tuple[int, int]]:
-        """The version of `path` whose finished part the caller is making its replica (for at
-        most HANDOVER_S, should a caller never say it is done), or None."""
-        with self.lock:
-            entry = self.handing_over.get(path)
-            if entry is None or self.clock() - entry[1] > HANDOVER_S:
-                return None
-            return entry[0]
-
-    def state_of(self, path: str) -> Optional[tuple[str, Optional[tuple[int, int]]]]:
-        """The newest stream headed for `path`: ("streaming", None) before its publish, and after
-        it until the store's word confirms its version; ("filling", (size, mtime_ns)) when
-        published and confirmed with chunks still to come; None: no stream."""
-        with self.lock:
-            best = None
-            for s in self.streams.values():
-                if s.path == path and (best is None or s.last_call >= best.last_call):
-                    best = s
-            if best is None:
-                return None
-            if best.version is None or not best.confirmed:
-                return ("streaming", None)
-            return ("filling", best.version)
-
-    def read_verified(self, path: str, version: tuple[int, int], offset: int, length: int) -> Optional[bytes]:
-        """[offset, offset + length) of `path` as published at `version` = (size, mtime_ns), from
-        a stream still filling, when every chunk under the range arrived with the publish's CRC;
-        None otherwise (not published, another version, or a chunk still missing)."""
-        with self.lock:
-            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)
-                       and s.confirmed]
-        for s in streams:
-            with s.lock:
-                if s.fd >= 0 and s.final is not None and s.ranges.verified(offset, length, version[0], s.final):
-                    return os.pread(s.fd, max(0, min(length, version[0] - offset)), offset)
-        return None
-
-    def verified_view(self, path: str, version: tuple[int, int]) -> tuple[int, list[tuple[int, int]]]:
-        """A new read-only fd of the part of a published stream of `path` at `version` still
-        filling, with the runs (offset, length) of it verified so far; (-1, []) when there is
-        none. For a mount on this host (`agent.fdserver`), which reads those runs itself: a
-        verified chunk of a published stream is never written again (`put`), and the part's
-        inode becomes the replica or is unlinked, never reused, so the runs stay that version's
-        bytes for as long as the fd is open."""
-        with self.lock:
-            streams = [s for s in self.streams.values() if s.path == path and s.version == tuple(version)
-                       and s.confirmed]
-        for s in streams:
-            with s.lock:
-                if s.fd < 0 or s.final is None or s.finishing:
-                    continue
-                runs = s.ranges.verified_runs(version[0], s.final)
-                if runs:
-                    return os.open(f"/proc/self/fd/{s.fd}", os.O_RDONLY | os.O_CLOEXEC), runs
-        return -1, []
 
     def saw(self, sid: str, gen: int, size: int, sender: Sender = ANYONE) -> None:
         """The sender's file was `size` bytes when it sent its last chunks."""
         s = self._get(sid, gen, sender)
         with s.lock:
             s.seen = max(size, s.seen or 0)
-
-    def backlog_bytes(self, expected: Optional[dict[str, int]] = None) -> Optional[int]:
-        """Bytes still to arrive (size less what is held) for every stream: what the link must
-        carry before the last of them is complete. A stream's size is its publish's, else the
-        journal's (`expected`: path -> size), else what its sender last saw; None when a stream
-        has none of them (its backlog could be anything)."""
-        expected = expected or {}
-        with self.lock:
-            streams = list(self.streams.values())
-        total = 0
-        for s in streams:
-            size = s.version[0] if s.version is not None else expected.get(s.path, s.seen)
-            if size is None:
-                return None
-            total += max(0, size - s.ranges.bytes_held())
-        return total
-
-    def bytes_held(self) -> int:
-        with self.lock:
-            streams = list(self.streams.values())
-        return sum(s.ranges.bytes_held() for s in streams)
-
-    def bytes_counted(self) -> int:
-        """What the streams count in the budget (every chunk written, verified or not)."""
-        with self.lock:
-            return sum(s.reserved for s in self.streams.values())
-
-    def below(self, prefix: str) -> bool:
-        """A stream is headed for a path below folder `prefix`."""
-        with self.lock:
-            return any(s.path.startswith(prefix) for s in self.streams.values())
 
     def adopt(self, folder: str) -> int:
         """Take over the streams of a stopped agent's folder (part + progress); others are left
@@ -701,7 +457,7 @@ class StreamTier:
                            sender=sender)
                 held = {i: n for i, (n, _crc) in ranges.held.items()}
                 try:
-                    self._reserve(s, sum(held.values()))   # its bytes count in the budget again
+                    self.bounds.reserve(s, sum(held.values()))   # its bytes count in the budget again
                 except StreamRefused:
                     self._remove(s)
                     raise
@@ -725,8 +481,5 @@ class StreamTier:
                 self._remove(s)
 
 
-def _folder(path: str) -> str:
-    return path.rsplit("/", 1)[0] if "/" in path else ""
-
-
-__all__ = ["StreamTier", "StreamError", "StreamRefused", "StreamFinished", "StreamBudget", "ANYONE"]
+__all__ = ["StreamTier", "StreamError", "StreamRefused", "StreamFinished", "StreamBudget", "ANYONE", "REFUSAL_LOG_S",
+           "Stream"]

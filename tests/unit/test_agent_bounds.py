@@ -161,7 +161,7 @@ def test_stream_bytes_count_in_the_budget_and_leave_it_with_the_stream(tmp_path)
     assert tier.abort("t", A) and budget.used == 4 * CHUNK                        # dropped: released
     v, part = tier.publish("s", 0, "ckpt/s", len(data), 5, _crcs(data), sender=A)
     assert v.state == "ready" and part is not None and budget.used == CHUNK      # handed over: released
-    assert tier.usage()[A.key()].bytes == 0 and tier.bytes_by_peer == {B.peer: CHUNK}
+    assert tier.usage()[A.key()].bytes == 0 and tier.bounds.bytes_by_peer == {B.peer: CHUNK}
 
 
 def test_a_publish_names_exactly_one_crc_per_chunk(tmp_path):
