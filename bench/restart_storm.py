@@ -147,12 +147,13 @@ class Agents:
         self.root = os.path.join(root, tag)
         os.makedirs(self.root)
         try:
-            for i in range(k):
-                port = free_port()
-                loc = f"grpc://127.0.0.1:{port}"
+            # every agent trusts the others as copy sources (tree fan-out: `[agents] locations`)
+            locations = [f"grpc://127.0.0.1:{free_port()}" for _ in range(k)]
+            for i, loc in enumerate(locations):
                 cfg = os.path.join(self.root, f"agent{i}.toml")
                 with open(cfg, "w") as f:
                     f.write(f'[store]\nuri = "file://{store_dir}"\n\n[logging]\nlevel = "WARNING"\n\n'
+                            f'[agents]\nlocations = {json.dumps(locations)}\n\n'
                             f'[agent]\nlocation = "{loc}"\nauth = "none"\ndata_dir = "{self.root}/data{i}"\n'
                             f'budget_bytes = {8 << 30}\nmax_concurrent_reads = {max_reads}\n'
                             f'bandwidth_bytes_s = {bandwidth}\nreclaim_interval_s = 5.0\n')

@@ -15,7 +15,7 @@ before the stream has opened waits for the stream instead of copying the file a 
 A record may also say that the file is gone from the store (a `-r`: `removed_record`), written
 when a mount unlinks a file or renames it away (DCP's `.metadata.tmp`): followers drop what their
 tier holds of that path, or of anything under it for a folder, from before the record's time
-(`agent.server.AgentServer.removed_from_store`). Its size and mtime are 0: the mount does not
+(`agent.catalog.Catalog.removed_from_store`). Its size and mtime are 0: the mount does not
 stat a file to remove it.
 
 Records go into one folder per 10 s of their time (`<journal>/by-time/<slice>/<name>`, the slice
