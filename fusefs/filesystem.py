@@ -27,7 +27,7 @@ import os
 import re
 import stat as stat_mod
 import time
-from typing import Awaitable, Callable, Optional, Protocol
+from typing import Awaitable, Callable, Optional
 
 import trio
 
@@ -40,6 +40,7 @@ from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, 
                             PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
 from fusefs.interfaces import KernelNotices, PublishJournal, Source, StreamHooks, TensorSource
+from fusefs.passthrough import Backing, HeldFd, Passthrough, backing_key
 from fusefs.readpath import ReadPath
 from fusefs.stats import Stats
 from mountconfig.schema import CacheConfig, MountOptions
@@ -54,12 +55,6 @@ def _umask(ctx) -> int:
 
 def _futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
     os.utime(fd, ns=(atime_ns, mtime_ns))
-
-
-def _free_bytes(fd: int) -> int:
-    """Free bytes of the filesystem of `fd`, as this daemon may use them (root: the reserve too)."""
-    sv = os.fstatvfs(fd)
-    return (sv.f_bfree if os.geteuid() == 0 else sv.f_bavail) * sv.f_frsize
 
 
 def fuse_device_of(mountpoint: str) -> int:
@@ -77,29 +72,7 @@ def fuse_device_of(mountpoint: str) -> int:
     return dev
 
 
-class Backing(Protocol):
-    """Registers backing files with the kernel for FUSE passthrough (`fusefs/fuse.py`)."""
-    def open(self, fd: int) -> int: ...
-    def close(self, backing_id: int) -> None: ...
-
-
-# Errors of the first registration that mean "never on this mount" (no privilege, no support).
-_PT_UNAVAILABLE = {errno.EPERM, errno.EACCES, errno.ENOTTY, errno.ENOSYS, errno.EOPNOTSUPP}
-
 _CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
-
-
-class _HeldFd:
-    """An fd the filesystem holds beside a passthrough backing (a replica's): fstat after unlink."""
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 @dataclasses.dataclass
@@ -114,13 +87,6 @@ class _Seen:
     source: Source = Source.STORE
     local_fd: int = -1                # the fd a passthrough open would hand the kernel
     space_ok: bool = True
-
-
-def _backing_key(st: Stat, replica: bool) -> tuple:
-    """What a passthrough backing of a store file stands for: a replica holds one version of it
-    ("replica", size, mtime_ns); the store file itself (st_dev, st_ino) is current whatever changes
-    in place. An open that finds another key than the backing's must not share it."""
-    return ("replica", *st.identity()) if replica else (st.dev, st.ino)
 
 
 class Filesystem:
@@ -157,7 +123,6 @@ class Filesystem:
         self._immutable = list(cache.immutable_globs)
         self._immutable_timeout = cache.immutable_timeout_s
         self.readdir_page = options.readdir_page
-        self._pt_min_free = options.passthrough_min_free_mb << 20
         self.control_root = control_root or ControlDir(paths.CONTROL_DIR)
         self._control_inodes: dict[int, Inode] = {}
         self._control_ino_of: dict[int, int] = {}   # id(node) -> ino
@@ -166,10 +131,8 @@ class Filesystem:
         # Names the kernel must forget (fusefs.fuse.KernelNotices); none without a kernel.
         self.kernel = kernel
         self._root_daemon = os.geteuid() == 0
-        # FUSE passthrough: set at FUSE init when the kernel granted it (`set_passthrough`).
-        self.passthrough: Optional[Backing] = None
-        self._pt_backend: Optional[Backing] = None   # kept to release ids after a late disable
-        self.stats.passthrough = "off (not mounted)"
+        # FUSE passthrough: on at FUSE init when the kernel granted it (`set_passthrough`).
+        self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
 
     # -- passthrough ------------------------------------------------------------------------------
     def passthrough_capable(self) -> bool:
@@ -177,62 +140,12 @@ class Filesystem:
         return self.store.passthrough_capable
 
     def set_passthrough(self, result: tuple[Optional[Backing], str]) -> None:
-        """Turn passthrough on (a backend) or off (None), with the reason shown in the stats."""
-        backend, state = result
-        self.passthrough = backend
-        if backend is not None:
-            self._pt_backend = backend
-        self.stats.passthrough = state
-        level = logging.WARNING if state.startswith("unavailable") else logging.INFO
-        log.log(level, "FUSE passthrough: %s", state)
-
-    def _pt_attach(self, node: Inode, fd: int, staging) -> int:
-        """A backing id for one more open of `node` served by the kernel from `fd` (the store file,
-        or `staging`'s file), registered once per inode; 0: serve this open on today's path."""
-        if node.pt_refs:
-            node.pt_refs += 1      # all opens of an inode share one backing file (the kernel's rule)
-            self.stats.add("passthrough_opens")
-            return node.pt_id
-        if self.passthrough is None or node.opens:
-            return 0               # handles open on today's path: the kernel refuses to mix the two
-        try:
-            backing_id = self.passthrough.open(fd)
-        except OSError as err:
-            self.stats.add("passthrough_failed")
-            if err.errno in _PT_UNAVAILABLE:
-                self.set_passthrough((None, f"unavailable (registering a backing file failed: {err.strerror})"))
-            else:
-                log.debug("passthrough for %s refused (%s): today's path", node.path, err.strerror)
-            return 0
-        node.pt_id, node.pt_refs, node.pt_staging = backing_id, 1, staging
-        self.stats.add("passthrough_backing_open")
-        self.stats.add("passthrough_opens")
-        return backing_id
-
-    def _pt_read_handle(self, node: Inode, key: tuple, holder) -> PassthroughRead:
-        """A read open served by the kernel from the backing just registered for `node`. The
-        kernel holds its own reference to that file; `holder` (a reader or `_HeldFd` of it) stays
-        open until the last passthrough close, for getattr once the name is unlinked."""
-        node.pt_file, node.pt_reader = key, holder
-        node.readers.append(holder)
-        return PassthroughRead(node)
+        """At FUSE init: passthrough on (a backend) or off (None), and why (`fusefs.fuse`)."""
+        self.pt.set(result)
 
     def passthrough_detach(self, node: Inode) -> None:
-        """One passthrough handle of `node` released; the last one releases the backing id."""
-        node.pt_refs -= 1
-        if node.pt_refs > 0 or not node.pt_id:
-            return
-        backing_id, node.pt_id, node.pt_staging = node.pt_id, 0, None
-        if node.pt_reader is not None:
-            node.readers.remove(node.pt_reader)
-            node.pt_reader.close()
-            node.pt_reader = None
-        try:
-            if self._pt_backend is not None:
-                self._pt_backend.close(backing_id)
-            self.stats.add("passthrough_backing_close")
-        except OSError as err:
-            log.warning("releasing passthrough backing id %d of %s failed: %s", backing_id, node.path, err.strerror)
+        """One passthrough handle of `node` released (`fusefs.passthrough.Passthrough.detach`)."""
+        self.pt.detach(node)
 
     # -- services (also used by handles) --------------------------------------------------------
     async def io(self, fn: Callable, *args, inline: bool = False):
@@ -801,7 +714,7 @@ class Filesystem:
         seen = await self._see(node, flags)
         kind = choose_handle(OpenFacts(
             control=node.control is not None, virtual=node.virtual is not None, writing=seen.writing,
-            passthrough=self.passthrough is not None, shared_backing=seen.shared, writer=seen.writer,
+            passthrough=self.pt.on, shared_backing=seen.shared, writer=seen.writer,
             other_opens=node.opens > 0, source=seen.source, local_fd=seen.local_fd >= 0, space_ok=seen.space_ok))
         if kind is HandleKind.CONTROL:
             return self._open_control(node, flags, Caller.of(ctx))
@@ -839,8 +752,8 @@ class Filesystem:
         keep_cache = self._same_as_cached(node, st)
         reader, source = await self.reads.source(node.path, reader, st)
         if source is Source.STORE:
-            local = getattr(reader, "fd", -1) if self.passthrough is not None else -1
-        elif self.passthrough is not None:
+            local = getattr(reader, "fd", -1) if self.pt.on else -1
+        elif self.pt.on:
             local = await self.reads.local_fd(node.path, reader, source, st.identity())
         else:
             local = -1
@@ -866,20 +779,20 @@ class Filesystem:
         staging = node.writer
         assert staging is not None
         space_ok = True
-        if staging.fd >= 0 and not node.pt_refs and self.passthrough is not None:
-            space_ok = self._pt_write_ok(staging)
+        if staging.fd >= 0 and not node.pt_refs and self.pt.on:
+            space_ok = self.pt.write_ok(staging)
         return _Seen(True, shared=node.pt_refs > 0, local_fd=staging.fd, space_ok=space_ok)
 
     def _make(self, kind: HandleKind, node: Inode, seen: _Seen) -> tuple[Handle, int]:
         """The handle of `kind` and its backing id (0: none); a passthrough kind whose backing the
         kernel refuses is served as `kind.fallback`."""
         if kind is HandleKind.PASSTHROUGH_SHARED:
-            return PassthroughRead(node), self._pt_attach(node, -1, node.pt_staging)
+            return PassthroughRead(node), self.pt.attach(node, -1, node.pt_staging)
         if kind in (HandleKind.WRITE, HandleKind.PASSTHROUGH_WRITE):
             staging = node.writer
             assert staging is not None
             if kind is HandleKind.PASSTHROUGH_WRITE:
-                backing_id = self._pt_attach(node, staging.fd, staging)
+                backing_id = self.pt.attach(node, staging.fd, staging)
                 if backing_id:
                     staging.unseen_writes = True   # the daemon sees no write(): compared at each publish
                     return PassthroughWrite(node), backing_id
@@ -889,16 +802,16 @@ class Filesystem:
         reader, st = seen.reader, seen.st
         assert reader is not None and st is not None
         if kind is HandleKind.PASSTHROUGH_REPLICA:
-            backing_id = self._pt_attach(node, seen.local_fd, None)
+            backing_id = self.pt.attach(node, seen.local_fd, None)
             if backing_id:
                 # A replica on this host (the in-process agent's, or a tier agent's): the kernel reads it.
                 reader.close()
                 self.stats.add("passthrough_replica_opens")
-                return self._pt_read_handle(node, _backing_key(st, replica=True), _HeldFd(seen.local_fd)), backing_id
+                return self.pt.read_handle(node, backing_key(st, replica=True), HeldFd(seen.local_fd)), backing_id
         elif kind is HandleKind.PASSTHROUGH_STORE:
-            backing_id = self._pt_attach(node, seen.local_fd, None)
+            backing_id = self.pt.attach(node, seen.local_fd, None)
             if backing_id:
-                return self._pt_read_handle(node, _backing_key(st, replica=False), reader), backing_id
+                return self.pt.read_handle(node, backing_key(st, replica=False), reader), backing_id
         if seen.local_fd >= 0 and seen.source in (Source.REPLICAS, Source.TIER):
             os.close(seen.local_fd)            # a replica's fd the kernel did not take
         if kind.fallback is HandleKind.REPLICA_READ:
@@ -945,7 +858,7 @@ class Filesystem:
         becomes a new inode: the old one stays with its open files, and ESTALE makes the kernel
         look the name up again and retry the open on the new inode (once, in open(2) itself)."""
         st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
-        if _backing_key(st, replica=node.pt_file[0] == "replica") == node.pt_file:
+        if backing_key(st, replica=node.pt_file[0] == "replica") == node.pt_file:
             return
         self.stats.add("passthrough_replaced")
         raise self._renew(node, "was replaced in the store")
@@ -979,8 +892,8 @@ class Filesystem:
         inode.writer.dirty = True   # an empty new file is still a file to create on close
         backing_id = 0
         if (inode.pt_staging is inode.writer and inode.pt_refs) or (
-                self.passthrough is not None and not inode.pt_refs and self._pt_write_ok(inode.writer)):
-            backing_id = self._pt_attach(inode, inode.writer.fd, inode.writer)
+                self.pt.on and not inode.pt_refs and self.pt.write_ok(inode.writer)):
+            backing_id = self.pt.attach(inode, inode.writer.fd, inode.writer)
         if backing_id:
             inode.writer.unseen_writes = True
         inode.writer_refs += 1
@@ -1081,7 +994,7 @@ class Filesystem:
         if not staging.dirty and not unseen:
             return
         if staging.unseen_writes:
-            await self._check_unseen_writes(node, staging)
+            await self.pt.check_unseen_writes(node, staging, self.io)
         writers_left = node.writer_refs - (1 if closing else 0)
         final = not closing and writers_left == 0
         if staging.live:
@@ -1146,34 +1059,6 @@ class Filesystem:
                                                   and self.streams.wants(node.path))
         if self.streams is not None:
             self.streams.published(node.ino, node.path, st, record, final=final)
-
-    async def _check_unseen_writes(self, node: Inode, staging) -> None:
-        """Under passthrough a failed write() never reaches the daemon. A write open is served by
-        passthrough only while the staging file's filesystem has `passthrough_min_free_mb` free
-        (`_pt_write_ok`); if it has less than 1/16 of that now, a write may have failed unseen:
-        the publish is refused (ENOSPC), the previous version stays, and these bytes are never
-        published later."""
-        floor = self._pt_min_free // 16
-        if floor <= 0:
-            return
-        free = await self.io(_free_bytes, staging.fd, inline=staging.inline_io)
-        if free < floor:
-            staging.failed = (f"its filesystem has {free >> 20} MiB free (under {floor >> 20} MiB): "
-                              "a write may have failed unseen (passthrough)")
-            self.stats.add("passthrough_full_refusals")
-            raise HintfsError(errno.ENOSPC, f"not publishing {node.path}: {staging.failed}")
-
-    def _pt_write_ok(self, staging) -> bool:
-        """Whether a write open may be served by passthrough: its staging file's filesystem has at
-        least `mount.passthrough_min_free_mb` free (below, the daemon sees every write and its
-        errors). Asked once per new backing registration (one fstatvfs)."""
-        want = self._pt_min_free
-        if want <= 0:
-            return True
-        if _free_bytes(staging.fd) >= want:
-            return True
-        self.stats.add("passthrough_low_space_opens")
-        return False
 
     def _stream_started(self, node: Inode) -> None:
         if self.streams is not None and node.writer is not None and node.writer.fd >= 0:

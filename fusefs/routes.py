@@ -35,7 +35,7 @@ reader of a routed file knows where its bytes come from (`fusefs.interfaces.Sour
 At each open of a routed file (`at_open`, after the close-to-open check) the layer settles the
 source: a version the tier said it holds, or holds when asked now (`has`), is read from the tier
 (`route_local`); any other is read as opened (`route_remote`) and the tier is asked to fetch it
-(`fetch_on_read`). Time comes from the `clock` given (monotonic seconds).
+(`fetch_on_read`). Time comes from the `clock` given (`common.clock`: its monotonic seconds).
 
 Consistency: routes are meant for write-once data (checkpoints). A routed file the tier holds is
 served at the tier's version until the tier learns of a newer one (the follower copies each new
@@ -50,7 +50,6 @@ import logging
 import os
 import stat as stat_mod
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -58,6 +57,7 @@ import trio
 from cachetools import LRUCache, TTLCache
 
 from agent.fdserver import TierSocket
+from common.clock import SYSTEM_CLOCK, Clock
 from fusefs.interfaces import Source
 from fusefs.stats import Stats
 from mountconfig.schema import RouteConfig
@@ -76,7 +76,6 @@ EVAL_IMPORTANCE = 2.0       # an eval is waiting: twice the weight of predictive
 TIER_DOWN_LOG_S = 30.0      # "local tier unavailable" is logged once per agent this often
 LOCAL_FDS_MAX = 4           # distinct files (the stream's part; the replica, when another) one reader keeps
 
-Clock = Callable[[], float]
 Version = tuple[int, int]
 # (socket, path, size, mtime_ns) -> an fd of the tier's complete replica of that version, or -1
 ReplicaFdFetch = Callable[[TierSocket, str, int, int], int]
@@ -102,11 +101,11 @@ class TierState:
     in worker threads)."""
 
     def __init__(self, clock: Clock):
-        self.clock = clock
+        self.clock = clock.monotonic
         self._lock = threading.Lock()
         self._answers: LRUCache = LRUCache(maxsize=ANSWERS_MAX)   # path -> (tier_stat doc, when)
         self.fetching: set[str] = set()                          # (trio loop only)
-        self._later_hints: TTLCache = TTLCache(maxsize=LATER_HINTS_MAX, ttl=LATER_HINTS_S, timer=clock)
+        self._later_hints: TTLCache = TTLCache(maxsize=LATER_HINTS_MAX, ttl=LATER_HINTS_S, timer=clock.monotonic)
         self._warned: dict[str, float] = {}
 
     def answered(self, path: str, doc: dict) -> None:
@@ -307,7 +306,7 @@ class RoutedStore:
     def __init__(self, store: Store, routes: Sequence[RouteConfig], clients: dict, stats: Stats, *,
                  io_limiter: Optional[trio.CapacityLimiter] = None,
                  fetch_fd: Optional[ReplicaFdFetch] = None, tier_bytes: Optional[TierBytesFetch] = None,
-                 clock: Clock = time.monotonic):
+                 clock: Clock = SYSTEM_CLOCK):
         self._store = store
         self.routes = list(routes)
         self.clients = clients            # location -> agent.client.AgentClient (blocking)
@@ -315,7 +314,7 @@ class RoutedStore:
         self.io_limiter = io_limiter or trio.CapacityLimiter(8)   # tier calls are store-like blocking I/O
         self.fetch_fd = fetch_fd          # a complete replica's fd from a tier agent on this host
         self.tier_bytes = tier_bytes      # the bytes it holds so far of a file still arriving
-        self.clock = clock
+        self.clock = clock.monotonic
         self.state = TierState(clock)
         # A stat may be a call to the tier agent: never inline in the trio loop.
         self.inline_metadata = False
