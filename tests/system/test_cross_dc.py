@@ -612,6 +612,40 @@ def test_a_poll_lists_only_the_current_journal_slice_however_many_records_it_hol
         server.shutdown()
 
 
+def test_a_finisher_gives_up_after_finish_wait_s_and_a_later_round_finishes_the_checkpoint(tmp_path):
+    """The follower's clock is a fake one: a checkpoint whose file cannot be copied (gone from the
+    store) keeps its finisher waiting FINISH_WAIT_S, not longer; a later round starts it again,
+    and once the file is there the checkpoint completes."""
+    from agent.follower import FINISH_WAIT_S
+    store = tmp_path / "store"
+    ck = store / "ckpt" / "job" / "step_1"
+    ck.mkdir(parents=True)
+    clock = FakeClock(wall=time.time())
+    cfg = parse_config({"store": {"uri": f"file://{store}"}, "agent": {"data_dir": str(tmp_path / "tier")},
+                        "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600}})
+    server, _loc = _start(cfg, LocalStore(str(store)), clock=clock)
+    f = server.agent.follower
+    marker = "ckpt/job/step_1/.metadata"
+    try:
+        for name in ("a.distcp", "b.distcp", ".metadata"):
+            (ck / name).write_bytes(name.encode())
+            _journal(store, f"ckpt/job/step_1/{name}")
+        (ck / "b.distcp").unlink()                        # journaled, then lost: its copy fails
+        f.step()
+        assert wait_for(lambda: "ckpt/job/step_1/b.distcp" in f.errors and marker in f.finishing)
+        clock.advance(FINISH_WAIT_S - 1)
+        f.step()                                          # (a round: the copy fails again)
+        assert wait_for(lambda: "ckpt/job/step_1/b.distcp" in f.errors) and marker in f.finishing
+        clock.advance(2)
+        assert wait_for(lambda: marker not in f.finishing)   # gave up, the checkpoint not complete
+        assert f.status().complete == []
+        (ck / "b.distcp").write_bytes(b"b.distcp")
+        f.step(wait=True)                                 # started again: the file is there now
+        assert f.status().complete == ["ckpt/job/step_1"]
+    finally:
+        server.shutdown()
+
+
 def test_records_of_older_mounts_directly_in_the_journal_folder_are_followed(tmp_path):
     store, ck, server, _loc = _following_agent(tmp_path)
     try:
