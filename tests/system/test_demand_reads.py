@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -408,12 +407,7 @@ def test_read_hints_need_routes(mount_factory, tmp_path):
 
 
 def wait_for_value(fn, want, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn() >= want:
-            return True
-        time.sleep(0.02)
-    return False
+    return wait_for(lambda: fn() >= want, timeout=timeout)
 
 
 def test_prefetch_pieces_cover_the_kernels_reads_and_are_cut_at_mib_boundaries():
@@ -529,9 +523,7 @@ def test_a_read_hint_for_a_file_not_published_yet_is_fetched_at_its_publish(moun
         wanted = [(3 * big + 100, 3000), (5 * big + 7, 20), (7 * big + 4096, 10)]
         hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
         hint_doc = ev.mnt / ".hintfs" / "reads" / "merge"
-        deadline = time.monotonic() + 10                        # the mount has looked at the tier
-        while json.loads(hint_doc.read_text())["pieces_fetching"] is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert wait_for(lambda: json.loads(hint_doc.read_text())["pieces_fetching"] is not None, timeout=10)
         assert json.loads(hint_doc.read_text())["pieces_fetching"] == 0
         assert c.status()["demand"]["prefetched"] == 0          # nothing to fetch for yet
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "fill"
@@ -567,9 +559,7 @@ def test_a_read_hint_kept_for_later_reaches_the_tier_when_the_file_is_complete_a
         wanted = [(3 * big + 100, 3000), (5 * big + 7, 20)]
         hint_reads(str(ev.mnt), "merge", [(rel, off, n) for off, n in wanted])
         hint_doc = ev.mnt / ".hintfs" / "reads" / "merge"
-        deadline = time.monotonic() + 10
-        while json.loads(hint_doc.read_text())["pieces_fetching"] is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert wait_for(lambda: json.loads(hint_doc.read_text())["pieces_fetching"] is not None, timeout=10)
         assert tier.server.agent.memory.predict("ckpt/run/step_2/__0_0.distcp") == []
         c.stream_put("s1", 0, [(i * big, parts[i], chunk_crc(parts[i])) for i in range(1, 8)])
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "ready"

@@ -1,5 +1,4 @@
 """The agent's sample service: cache, prefetch, single-flight, load-aware fallback."""
-import time
 
 import numpy as np
 import pytest
@@ -7,6 +6,7 @@ import pytest
 from stores.local import LocalStore
 from agent.samples import LoadMonitor, SampleService
 from mountconfig import parse_config
+from tests.conftest import wait_for
 
 av = pytest.importorskip("av")
 PARAMS = {"size": 32, "crop": [24, 24]}
@@ -39,9 +39,7 @@ def service(tmp_path, request):
 def test_prefetch_then_cache_hit_and_forget(service):
     from transforms.container import decode
     assert service.prefetch([(f"{i}.jpg", "image", PARAMS, 7) for i in range(3)]) == 3
-    deadline = time.monotonic() + 60
-    while service.status()["cached"] < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: service.status()["cached"] >= 3, timeout=60)   # made by the worker processes
     data, how = service.get("1.jpg", "image", PARAMS, 7)
     assert how == "cache" and decode(data)[0].mode == "tensor"
     assert service.prefetch([("1.jpg", "image", PARAMS, 7)]) == 0     # nothing to redo
@@ -118,9 +116,7 @@ def test_one_jobs_plan_window_never_frees_another_jobs_prefetched_samples(servic
     want_b = [("2.jpg", "image", PARAMS, 50)]
     service.forget({(p, s) for p, _k, _x, s in want_a}, job="job-a")
     assert service.prefetch(want_a, job="job-a") == 2
-    deadline = time.monotonic() + 60
-    while service.status()["cached"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: service.status()["cached"] >= 2, timeout=60)
     # job B registers its plan and moves its window: job A's samples stay
     service.forget({(p, s) for p, _k, _x, s in want_b}, job="job-b")
     service.prefetch(want_b, job="job-b")

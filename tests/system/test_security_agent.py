@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -142,8 +141,11 @@ def test_agent_refuses_every_path_form_on_every_rpc(real_agent):
             elif path in LEXICAL or name not in CATALOG_ONLY or not CATALOG_ONLY[name](got):
                 wrong.append(f"{name}({path!r}) accepted: {got!r:.200}")
     assert not wrong, "\n".join(wrong)
-    # plan_window may have queued a transform of dirlink/secret: give it time, then look.
-    time.sleep(0.5)
+    # plan_window may have queued a transform of dirlink/secret: once none is queued or running, look.
+    def transforms_idle() -> bool:
+        samples = c.status().get("samples") or {}
+        return not samples.get("running") and not samples.get("backlog")
+    assert wait_for(transforms_idle, timeout=30)
     for path in ESCAPES:
         assert c.samples_ready([[path, "image", "{}", 0]]) == []
     assert files_holding(real_agent["tier"], secret) == [], "the outside file was copied into data_dir"

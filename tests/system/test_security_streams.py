@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -354,8 +353,9 @@ def test_a_streamed_version_the_store_does_not_have_is_never_served(world):
                 out[sid] = put(desc, [(0, crc32c(fake), fake)])
         """), timeout=120)
         assert got["prefix"][0] is None and got["prefix"][1] in (errno.EACCES, errno.EINVAL), got
-        # Give the tier time to verify (its batched stat); neither version becomes ready.
-        time.sleep(2.0)
+        # Once the tier has verified both (its batched stat refuses them), neither is ready.
+        assert wait_for(lambda: len(tier.log_lines("the store does not have")) >= 2, timeout=30), \
+            tier.log.read_text()[-3000:]
         for path in (rel, "ckpt/run/step_1/ghost.bin", "ckpt"):
             state = tier.v6.tier_stat(path)["state"]
             assert state not in ("ready", "copying"), (path, state)
