@@ -75,7 +75,7 @@ def fuse_device_of(mountpoint: str) -> int:
 _CONTROL_KEY = "\0control"  # prefix of control inode keys; cannot collide with a store path
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Seen:
     """What `Filesystem._see` found for one open (the impure half of `fusefs.handles.OpenFacts`)."""
     writing: bool
@@ -814,7 +814,7 @@ class Filesystem:
                 return self.pt.read_handle(node, backing_key(st, replica=False), reader), backing_id
         if seen.local_fd >= 0 and seen.source in (Source.REPLICAS, Source.TIER):
             os.close(seen.local_fd)            # a replica's fd the kernel did not take
-        if kind.fallback is HandleKind.REPLICA_READ:
+        if kind is HandleKind.REPLICA_READ or kind is HandleKind.PASSTHROUGH_REPLICA:   # (or its fallback)
             return self.reads.replica_handle(node, reader, seen.source, st.identity()), 0
         return StoreRead(node, reader), 0
 
