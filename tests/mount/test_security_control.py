@@ -192,5 +192,6 @@ def test_no_plan_update_can_stall_the_mount(shared_mount):
     finally:
         stop.set()
         t.join(5)
-    assert slowest[0] < 1.0, f"the mount took {slowest[0]:.2f} s to answer a stat"
+    # (a stall is a window of 10^14 samples computed in the loop: minutes; 5 s is no latency claim)
+    assert slowest[0] < 5.0, f"the mount took {slowest[0]:.2f} s to answer a stat"
     assert wait_for(lambda: json.loads(ctl.read_text())["step"] == 1999, timeout=5)
