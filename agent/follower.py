@@ -323,7 +323,7 @@ class Follower:
         self.cond.notify_all()        # a finisher waiting for one of them goes on
 
     # -- completing checkpoints ------------------------------------------------------------------
-    def _finish(self, marker: str) -> None:
+    def _finish(self, marker: str, deadline: float) -> None:
         """Copy every other file of the marker's folder, then the marker: the checkpoint is complete.
         The folder is listed too, so a file that was closed without a journal record still counts."""
         folder = posixpath.dirname(marker)
@@ -337,7 +337,6 @@ class Follower:
                 for p in files:
                     self._enqueue(p)
                 self._publish_kept()
-                deadline = self.clock.monotonic() + FINISH_WAIT_S
                 # a file removed since (a removal record of a later round) is not waited for
                 while not all(self._removed_since(p, self.journaled.get(p, (None, None))[1])
                               for p in files - self.copied):   # (a set difference: woken per copy)
@@ -430,8 +429,11 @@ class Follower:
             self._publish_kept()
         if removals:                  # (the catalog's lock after ours, never inside it)
             self.catalog.removed_from_store(removals)
+        # The wait is counted from the round that starts a finisher, not from whenever its thread
+        # gets to run (a clock that moves meanwhile must not move its deadline).
+        deadline = self.clock.monotonic() + FINISH_WAIT_S
         for marker in start:
-            self.finishers.submit(self._finish, marker)
+            self.finishers.submit(self._finish, marker, deadline)
         if wait:
             self.drain()
 
