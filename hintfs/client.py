@@ -11,6 +11,7 @@ import os
 import time
 from typing import Mapping, Optional
 
+from common import paths
 from common.paths import job_name
 from hintfs.hintsource import dcp_read_ranges, hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
@@ -96,8 +97,8 @@ def hint_reads(mount: str, job: str, ranges) -> None:
 def hint_dcp_reads(mount: str, job: str, ckpt_dir: str, keys) -> int:
     """`hint_reads` for a DCP load of the tensors `keys` from `ckpt_dir` (a folder under `mount`);
     how many ranges. Call it after the commit marker is there, just before `dcp.load`."""
-    rel = os.path.relpath(os.path.realpath(ckpt_dir), os.path.realpath(mount))
-    if rel.startswith(".."):
+    rel = paths.inside(os.path.realpath(mount), os.path.realpath(ckpt_dir))
+    if rel is None:
         raise ValueError(f"{ckpt_dir} is not under {mount}")
     ranges = [(f"{rel}/{name}", off, n) for name, off, n in dcp_read_ranges(ckpt_dir, keys)]
     if ranges:

@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from common import paths
 from common.paths import user_relpath
 from policy.plan import CostModel, PlanSpec, build_chunks, features, fill_missing, listing_hash, summarize_ratios
 from common.documents import MAX_LOOKAHEAD, PlanRegistration, parse_plan_registration  # noqa: F401
@@ -332,10 +333,10 @@ def plan_relpath(mount: str, plan: str) -> str:
     """`plan` as a relpath inside the mount: relative paths are taken as is, absolute ones
     must lie under `mount`."""
     if os.path.isabs(plan):
-        rel = os.path.relpath(os.path.abspath(plan), os.path.abspath(mount))
-        if rel == ".." or rel.startswith(".." + os.sep):
+        rel = paths.inside(mount, plan)
+        if rel is None:
             raise ValueError(f"plan {plan!r} is not inside the mount {mount}")
-        plan = rel.replace(os.sep, "/")
+        plan = rel
     return normalize_relpath(plan, "plan")
 
 

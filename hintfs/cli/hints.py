@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+from common import paths
 from hintfs import client
 from hintfs.cli.base import UserError, hintfs_mount, read_json_file
 from hintfs.cli.calibrate import add_options as add_calibrate_options, cmd_calibrate
@@ -44,8 +45,8 @@ def cmd_hints(args) -> int:
     if args.action == "set":
         if args.from_dcp:
             files = client.hints_from_dcp(args.from_dcp, args.world_size)
-            prefix = os.path.relpath(os.path.abspath(args.from_dcp), mp)
-            if prefix.startswith(".."):
+            prefix = paths.inside(mp, args.from_dcp)
+            if prefix is None:
                 raise UserError(f"{args.from_dcp} is not inside the mount {mp}")
             files = {os.path.normpath(os.path.join(prefix, p)): n for p, n in files.items()}
         elif files is None:
