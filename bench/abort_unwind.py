@@ -41,15 +41,15 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="a small MLP on the CPU (checks the script)")
     args = ap.parse_args()
     if args.paged:
-        from governor import pagealloc
+        from hintfs.governor import pagealloc
         pagealloc.install(0)
     import torch
     from torch import nn
 
-    from governor.protocol import (
+    from hintfs.governor.protocol import (
         CMD_GROW, CMD_SHRINK, W_QUOTA, W_T_DETECT, ControlBlock, SlotReader, SlotWriter, now_ns,
     )
-    from governor.training import ElasticTrainer, ShrinkRequested
+    from hintfs.governor.training import ElasticTrainer, ShrinkRequested
 
     dev = "cpu" if args.cpu_smoke else "cuda"
     if args.cpu_smoke:

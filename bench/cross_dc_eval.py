@@ -59,7 +59,7 @@ from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from common.procs import child_pids  # noqa: E402  (the repo, just put on the path)
+from hintfs.common.procs import child_pids  # noqa: E402  (the repo, just put on the path)
 from tests.helpers.ports import free_port, wait_port  # noqa: E402  (the harness of tests and benches)
 from tests.helpers.s3server import ACCESS_KEY, SECRET_KEY, JuiceFSGateway  # noqa: E402
 from tests.helpers.staging_holder import StagingHolder  # noqa: E402
@@ -308,7 +308,7 @@ class Bench:
         if a.seed_journal:
             # records of files nobody follows, one every 10 s back from now, where the training
             # mounts write them: what a journal holds after many checkpoints
-            from common.journal import record_key, record_name
+            from hintfs.common.journal import record_key, record_name
             fs3 = self.s3.filesystem()
             now_ns = time.time_ns()
             for k in range(a.seed_journal):
@@ -358,7 +358,7 @@ class Bench:
         self.spawn(self.on_eval_side([PY, "-m", "hintfs.cli", "agent", str(acfg)]), stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, preexec_fn=(lambda: os.nice(nice)) if nice else None)
         wait_port(aport)
-        from agent.client import AgentClient
+        from hintfs.agent.client import AgentClient
         self.agent = AgentClient(self.agent_loc)
         # training side with write-time streaming: its sends cross the link's second listener
         self.train_stream = self.mount("train-stream", s3_store_toml(s3_port, self.tmp / "spool-ts",
@@ -635,7 +635,7 @@ class Bench:
             r["staging_files_held"], self.last_held = self.last_held, None
         if self.floor_result is not None and mode == "hintfs_stream":
             r["floor_sender"], self.floor_result = self.floor_result, None
-        if d1:   # the tier's demand reads during the merge (agent/demand.py)
+        if d1:   # the tier's demand reads during the merge (hintfs/agent/demand.py)
             r["tier_demand"] = {k: v - d0.get(k, 0) for k, v in d1.items()}
         if c1:
             r["mount_counters"] = {k: v - c0.get(k, 0) for k, v in c1.items()

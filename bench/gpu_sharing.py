@@ -58,7 +58,7 @@ MODES = ["inference_alone", "training_alone", "static_50", "static_75", "governo
 # reclaims must physically release memory (and may abort a micro-batch).
 LONG_KV = ("governor_mid_backward_long_kv", "governor_paged_long_kv", "governor_handoff_long_kv",
            "governor_handoff_12g")
-# Training through the page allocator (governor/pagealloc.py as torch's allocator): a release
+# Training through the page allocator (hintfs/governor/pagealloc.py as torch's allocator): a release
 # unmaps only the empty 32 MiB pages needed to get under the target, no empty_cache.
 # Handoff: those pages go (as fds, through the daemon) to the inference server being granted,
 # which maps and zeroes them for its KV cache instead of allocating new memory.
@@ -177,7 +177,7 @@ class DaemonThread:
     def __init__(self, cfg) -> None:
         import trio
 
-        from governor.daemon import GovernorDaemon
+        from hintfs.governor.daemon import GovernorDaemon
 
         self.daemon = GovernorDaemon(cfg)
         self.daemon.open()
@@ -255,7 +255,7 @@ def role_infer(args) -> None:
     import torch
     from torch.func import functional_call
 
-    from governor.inference import InferenceClient, KVCache, ModelCache, ReservationRejected
+    from hintfs.governor.inference import InferenceClient, KVCache, ModelCache, ReservationRejected
 
     dev = torch.device("cuda")
     dtype = torch.bfloat16
@@ -298,11 +298,11 @@ def role_infer(args) -> None:
                 events.append((what, t0 - args.t0, time.monotonic() - args.t0))
         return wrapped
     if args.diag:
-        import governor.inference as ginf
+        import hintfs.governor.inference as ginf
         client.reserve = timed_event("reserve", client.reserve)
         ginf._free_device_cache = timed_event("empty_cache", ginf._free_device_cache)
     if args.mode in HANDOFF:   # load cuda-python and bind its context now, not inside a timed map
-        from governor import vmm_pool
+        from hintfs.governor import vmm_pool
         vmm_pool.ensure_context(0)
     lent_maps: list = []        # PagePools of KV chunks built on lent pages (released after use)
     lent_pages: list[int] = []  # pages used per KV chunk (0: allocated by torch)
@@ -333,7 +333,7 @@ def role_infer(args) -> None:
         t0 = time.perf_counter()
         fds, page = client.pop_pages()
         if fds:   # training's pages, lent with the grant: map them, then zero (owner changed)
-            from governor import vmm_pool as vp
+            from hintfs.governor import vmm_pool as vp
             try:
                 need = -(-nbytes // page)
                 pool = vp.PagePool.import_fds(0, fds[:need], page)
@@ -391,7 +391,7 @@ def role_infer(args) -> None:
             torch.cuda.synchronize()
 
     if args.infer_priority == "high":   # warm-up on the stream the trace runs on
-        from governor.inference import priority_stream
+        from hintfs.governor.inference import priority_stream
         torch.cuda.set_stream(priority_stream(dev))
     # warm the kernels (not counted), then evict so the trace starts cold. Training is starting
     # too: a reclaim that misses its deadline (the batch-end baseline) is retried, not fatal.
@@ -415,7 +415,7 @@ def role_infer(args) -> None:
     trace = [(t, n) for t, n in json.loads(Path(args.trace).read_text())
              if n.rsplit("-", 1)[0] in my_kinds]
     if args.infer_priority == "high":   # inference's kernels ahead of training's on the GPU
-        from governor.inference import priority_stream
+        from hintfs.governor.inference import priority_stream
         torch.cuda.set_stream(priority_stream(dev))
     while time.monotonic() < args.t0:
         time.sleep(0.001)
@@ -474,8 +474,8 @@ class _Diag:
         sys.path.insert(0, str(ROOT / "bench"))
         from stackwatch import StackWatch
 
-        from governor.protocol import W_CMD_T, W_T_DETECT, now_ns
-        from governor.training import ShrinkRequested
+        from hintfs.governor.protocol import W_CMD_T, W_T_DETECT, now_ns
+        from hintfs.governor.training import ShrinkRequested
 
         self.args = args
         self.thresh_ms = args.diag_thresh_ms
@@ -555,7 +555,7 @@ def _diag_trainer(trainer, client, args) -> _Diag:
 # ============================================================== role: training
 
 def role_train(args) -> None:
-    from governor import pagealloc
+    from hintfs.governor import pagealloc
     if args.mode in PAGED:   # before CUDA starts: torch cannot swap an allocator in use
         # handoff: pages exported once, at creation, so lending costs no export on the shrink
         alloc = pagealloc.install(0, page_bytes=args.page_mib * MiB, export_fds=args.mode in HANDOFF)
@@ -564,8 +564,8 @@ def role_train(args) -> None:
     import torch
     from torch import nn
 
-    from governor.client import GovernorClient
-    from governor.training import ElasticTrainer, governed_trainer
+    from hintfs.governor.client import GovernorClient
+    from hintfs.governor.training import ElasticTrainer, governed_trainer
 
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = False
@@ -631,7 +631,7 @@ def role_train(args) -> None:
     trainer.step(x[:48], y[:48])
     warm = None
     if args.warm_sizes:
-        # the library's warm-up (governor/training.py, ElasticTrainer.warm_up): each micro-batch
+        # the library's warm-up (hintfs/governor/training.py, ElasticTrainer.warm_up): each micro-batch
         # size a step splits into, one abort per pass when governed, the libraries prefetched.
         # --diag found every late safe point over 7 ms inside cuBLAS's first GEMM of a new shape
         w = trainer.warm_up(x, y, splits=args.warm_sizes, aborts=governed, prefetch=True,
@@ -692,7 +692,7 @@ def role_handoff(args) -> None:
 
     import torch
 
-    from governor import vmm_pool as vp
+    from hintfs.governor import vmm_pool as vp
 
     out = {"available": vp.available()}
     if not vp.available():
@@ -1005,7 +1005,7 @@ def role_prio_probe(args) -> None:
     import torch
     import torchvision.models as tvm
 
-    from governor.inference import priority_stream
+    from hintfs.governor.inference import priority_stream
 
     dev = torch.device("cuda")
     with torch.device("cuda"):

@@ -127,8 +127,8 @@ def params_of(rel):
 
 def measure_costs(store, names):
     """Single-threaded transform time of each sample on the storage core (ms)."""
-    import transforms
-    from transforms.params import default_seed
+    from hintfs import transforms
+    from hintfs.transforms.params import default_seed
     os.sched_setaffinity(0, {STORAGE_CORE})
     costs = []
     for rel in names:
@@ -159,10 +159,10 @@ class _DS:
         with open(os.path.join(self.root, rel + self.suffix), "rb") as f:
             blob = f.read()
         if self.raw:
-            import transforms
+            from hintfs import transforms
             arrays, mode = transforms.apply(kind_of(rel), blob, params_of(rel), seed), "client"
         else:
-            from transforms.container import load_sample
+            from hintfs.transforms.container import load_sample
             mode = _mode_of(blob)
             arrays = load_sample(blob)
         return {k: torch.from_numpy(v) for k, v in arrays.items()}, mode, len(blob)

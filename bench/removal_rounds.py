@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.server import start_in_process  # noqa: E402
+from hintfs.agent.server import start_in_process  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
-from stores.local import LocalStore  # noqa: E402
+from hintfs.stores.local import LocalStore  # noqa: E402
 from tier_rounds import save_run, write_record  # noqa: E402  (bench/ is the script dir)
 
 

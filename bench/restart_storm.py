@@ -47,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from agent.client import AgentClient  # noqa: E402
+from hintfs.agent.client import AgentClient  # noqa: E402
 from policy.replicas import choose_replica, fanout_rounds, plan_replicas  # noqa: E402
 from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 from tests.helpers.ports import free_port  # noqa: E402  (the harness of tests and benches)

@@ -35,9 +35,9 @@ MiB = 1 << 20
 
 def serve_tier(folder: str) -> None:
     """(child) A tier agent over `folder`/store, its port on stdout."""
-    from agent.server import AgentServer
+    from hintfs.agent.server import AgentServer
     from mountconfig import parse_config
-    from stores.local import LocalStore
+    from hintfs.stores.local import LocalStore
     cfg = {"store": {"uri": f"file://{folder}/store"},
            "agent": {"data_dir": f"{folder}/tier", "auth": "none", "stream_prefixes": ["ckpt"]}}
     parsed = parse_config(cfg)
@@ -80,7 +80,7 @@ class Arm:
 
     def checkpoint(self, folder: str, tag: str, files: int, size: int, rate: float, key0: int) -> float:
         """Write one checkpoint behind the tap; the sender's CPU seconds for it."""
-        from stores.base import Stat
+        from hintfs.stores.base import Stat
         block = os.urandom(MiB)
         per = max(1, size // files // MiB)
         keys = list(range(key0, key0 + files))

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from common.journal import encode_record, record_key, record_name
+from hintfs.common.journal import encode_record, record_key, record_name
 
 
 def write_record(store: Path, path: str, removed: bool = False) -> None:

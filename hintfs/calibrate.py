@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Optional
 
-from agent.client import AgentClient
+from hintfs.agent.client import AgentClient
 
 
 def measure(location: str, path: str, size: int, readers: int, seconds: float, block: int,

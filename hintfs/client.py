@@ -11,8 +11,8 @@ import os
 import time
 from typing import Mapping, Optional
 
-from common import paths
-from common.paths import job_name
+from hintfs.common import paths
+from hintfs.common.paths import job_name
 from hintfs.hintsource import dcp_read_ranges, hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
 __all__ = ["signal_anomaly", "hint_reads", "hint_dcp_reads", "dcp_read_ranges", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
@@ -21,7 +21,7 @@ __all__ = ["signal_anomaly", "hint_reads", "hint_dcp_reads", "dcp_read_ranges", 
 
 def job_file(mount: str, folder: str, job: str, suffix: str = "") -> str:
     """`<mount>/.hintfs/<folder>/<job><suffix>`, once `job` passes the mount's own rule for job
-    names (common.paths.job_name: one printable path component ...); ValueError otherwise, before
+    names (hintfs.common.paths.job_name: one printable path component ...); ValueError otherwise, before
     anything is written."""
     try:
         job_name(job)

@@ -5,7 +5,7 @@
     for step, batch in zip(ds.steps, loader): ...
 
 Item i is this rank's i-th row of the plan from `start_step` on (rows sorted by step, slot);
-it loads `<mount>/<sample>.tensor` with `loader` (default: `transforms.container.load_sample`,
+it loads `<mount>/<sample>.tensor` with `loader` (default: `hintfs.transforms.container.load_sample`,
 imported when first needed, so the mount's `.tensor` view and its raw-bytes fallback give the
 same tensor). Resume state is `(plan, step)`: only the plan's row groups from `start_step` on
 are read.
@@ -29,7 +29,7 @@ except ImportError as _err:   # pragma: no cover
 
 
 def _default_loader(path: str):
-    from transforms.container import load_sample   # written alongside; imported lazily
+    from hintfs.transforms.container import load_sample   # written alongside; imported lazily
     return load_sample(path)
 
 

@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from common.procs import daemon_python
+from hintfs.common.procs import daemon_python
 from hintfs.status import format_status
 from mountconfig.schema import TransformLoadConfig
 
@@ -89,9 +89,9 @@ def _tensor_samples(store: str, mnt: str) -> None:
     transform, and say how each was made (tensor or raw) and why."""
     import numpy as np
 
-    import transforms
-    from transforms.container import decode, load_sample
-    from transforms.params import default_seed
+    from hintfs import transforms
+    from hintfs.transforms.container import decode, load_sample
+    from hintfs.transforms.params import default_seed
 
     load = TransformLoadConfig(cpu_enter=DEMO_CPU_ENTER, cpu_leave=DEMO_CPU_LEAVE)
     idle = _settle(load.cpu_leave)

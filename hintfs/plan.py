@@ -30,10 +30,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from common import paths
-from common.paths import user_relpath
+from hintfs.common import paths
+from hintfs.common.paths import user_relpath
 from policy.plan import CostModel, PlanSpec, build_chunks, features, fill_missing, listing_hash, summarize_ratios
-from common.documents import MAX_LOOKAHEAD, PlanRegistration, parse_plan_registration  # noqa: F401
+from hintfs.common.documents import MAX_LOOKAHEAD, PlanRegistration, parse_plan_registration  # noqa: F401
 
 log = logging.getLogger("hintfs.plan")
 
@@ -50,7 +50,7 @@ def _schema():
 
 # -- relpaths ------------------------------------------------------------------------------------
 def normalize_relpath(path: str, what: str = "path") -> str:
-    """A store path a plan names, by the one path rule (`common.paths.user_relpath`); ValueError
+    """A store path a plan names, by the one path rule (`hintfs.common.paths.user_relpath`); ValueError
     with the reason otherwise."""
     try:
         return user_relpath(path, what=what)
@@ -319,7 +319,7 @@ def read_steps(path: str, start: int = 0, stop: Optional[int] = None, rank: Opti
 
 # -- registration ---------------------------------------------------------------------------------
 def _plan_file(mount: str, job: str) -> str:
-    """`.hintfs/plans/<job>`; ValueError for a job name the mount refuses (common.paths.job_name)."""
+    """`.hintfs/plans/<job>`; ValueError for a job name the mount refuses (hintfs.common.paths.job_name)."""
     return job_file(mount, "plans", job)
 
 

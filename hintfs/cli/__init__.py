@@ -8,10 +8,10 @@ one line too (exit 2).
 
 A verb that runs a daemon in this process (`agent`, `governor`, `mount --foreground`: each sets
 `daemon` in its parser's defaults) never runs it in the interpreter the command was started in,
-nor in the caller's folder (common.procs.become_isolated_daemon, docs/security.md "Processes"):
+nor in the caller's folder (hintfs.common.procs.become_isolated_daemon, docs/security.md "Processes"):
 `main` first re-executes `python -I -m hintfs.cli ...` (ISOLATED_VERBS: also the verbs root runs
 to start or stop a mount), before it imports any verb (this module imports only the standard
-library and common.procs up to there), so that neither the caller's folder nor PYTHONPATH
+library and hintfs.common.procs up to there), so that neither the caller's folder nor PYTHONPATH
 reaches the daemon or any interpreter it starts; once parsed, a daemon makes its paths absolute
 and moves to `/`."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ import importlib
 import os
 import sys
 
-from common.procs import become_isolated_daemon
+from hintfs.common.procs import become_isolated_daemon
 
 __all__ = ["UserError", "build_parser", "main"]
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             # first step did not run, e.g. `main([...])` called from Python, or if the words
             # differ, so that `ps` shows the absolute paths)
             # (--debug after the verb's words: the command line reads `hintfs.cli VERB ...`, as
-            # `hintfs umount` expects of a mount daemon's, common.mounts)
+            # `hintfs umount` expects of a mount daemon's, hintfs.common.mounts)
             become_isolated_daemon("hintfs.cli", daemon_argv + (["--debug"] if args.debug else []))
         return args.func(args)
     except KeyboardInterrupt:

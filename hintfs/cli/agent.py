@@ -8,7 +8,7 @@ import errno
 import socket
 from urllib.parse import urlparse
 
-from common.logsetup import setup_logging
+from hintfs.common.logsetup import setup_logging
 from hintfs.cli.base import UserError, absolute_args, load_config
 
 
@@ -47,7 +47,7 @@ def check_port_free(location: str) -> None:
 
 
 def cmd_agent(args) -> int:
-    from agent.server import run_agent
+    from hintfs.agent.server import run_agent
 
     cfg = load_config(args.config)
     check_port_free(cfg.agent.location)

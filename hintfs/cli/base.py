@@ -6,7 +6,7 @@ import json
 import logging
 import os
 
-from common.logline import one_line_logs
+from hintfs.common.logline import one_line_logs
 from mountconfig import ConfigError, MountConfig
 from mountconfig import load_config as _load_config
 
@@ -24,7 +24,7 @@ def load_config(path: str) -> MountConfig:
 
 def absolute_args(args, *names: str) -> list[str]:
     """Make the path arguments `names` of a daemon verb absolute in `args`, and return them: the
-    daemon leaves the caller's folder before it reads them (`hintfs.cli.main`, common.procs)."""
+    daemon leaves the caller's folder before it reads them (`hintfs.cli.main`, hintfs.common.procs)."""
     for name in names:
         setattr(args, name, os.path.abspath(getattr(args, name)))
     return [getattr(args, name) for name in names]

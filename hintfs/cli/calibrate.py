@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import errno
 
-from agent.client import AgentClient
-from agent.rpc import MAX_READ_BYTES
-from common.secrets import read_token_file
+from hintfs.agent.client import AgentClient
+from hintfs.agent.rpc import MAX_READ_BYTES
+from hintfs.common.secrets import read_token_file
 from hintfs.calibrate import calibrate
 from hintfs.cli.base import UserError
 from hintfs.cli.errors import squash

@@ -13,7 +13,7 @@ import json
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from common.errors import HintfsError
+from hintfs.common.errors import HintfsError
 from hintfs.cli.base import UserError
 from mountconfig import ConfigError
 
@@ -76,7 +76,7 @@ def one_line(err: BaseException) -> str:
     if flight is not None:
         return flight
     if isinstance(err, OSError):
-        # AgentError (agent.client) is an OSError whose message names the agent and the call.
+        # AgentError (hintfs.agent.client) is an OSError whose message names the agent and the call.
         if err.strerror is None and err.args:
             return squash(str(err.args[-1]))
         return squash(_os_error(err))

@@ -1,4 +1,4 @@
-"""`hintfs governor CONFIG`: run the GPU-memory governor (governor.cli) in this process,
+"""`hintfs governor CONFIG`: run the GPU-memory governor (hintfs.governor.cli) in this process,
 isolated (`python -I` in `/`: hintfs.cli.main re-executes it first). The governor is optional:
 without it, the verb says so in one line."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ def daemon_argv(args) -> list[str]:
 
 def cmd_governor(args) -> int:
     try:
-        from governor.cli import main as governor_main
+        from hintfs.governor.cli import main as governor_main
     except ImportError as err:
         raise UserError(f"the governor is not available: {err}") from None
     return governor_main(args.config)

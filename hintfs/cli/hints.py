@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from common import paths
+from hintfs.common import paths
 from hintfs import client
 from hintfs.cli.base import UserError, hintfs_mount, read_json_file
 from hintfs.cli.calibrate import add_options as add_calibrate_options, cmd_calibrate

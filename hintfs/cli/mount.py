@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from common.procs import daemon_python
+from hintfs.common.procs import daemon_python
 from hintfs.cli.base import UserError, absolute_args, load_config
 
 

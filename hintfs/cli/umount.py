@@ -8,7 +8,7 @@ the path works again. Only hintfs mounts (type fuse.hintfs in /proc/self/mountin
 
 The pid comes from the mount's own `.hintfs/stats`, which any FUSE filesystem of type
 `fuse.hintfs` can answer (issue 34, finding 11: a fake one got a root process killed). So it is
-signalled only if it is the hintfs daemon of that mount (`common.mounts.daemon_problem`: its uid
+signalled only if it is the hintfs daemon of that mount (`hintfs.common.mounts.daemon_problem`: its uid
 is the mount's `user_id`, it is a Python running hintfs's mount entry point, its command line
 names this mountpoint), through a pidfd opened before those checks; otherwise the mount is
 unmounted without a signal (`fusermount3 -u`) and one line says why.
@@ -22,9 +22,9 @@ import sys
 import time
 from typing import Optional
 
-from common.logline import ABANDONED_MARK
-from common.mounts import MountEntry, daemon_problem, detach_lazily, mount_at, unmount
-from common.procs import pid_alive
+from hintfs.common.logline import ABANDONED_MARK
+from hintfs.common.mounts import MountEntry, daemon_problem, detach_lazily, mount_at, unmount
+from hintfs.common.procs import pid_alive
 from hintfs.cli.base import UserError
 from hintfs.status import StatsUnavailable, read_stats
 

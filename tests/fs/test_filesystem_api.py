@@ -21,7 +21,7 @@ from fusefs.hints import HintsManager
 from fusefs.mount import build_control
 from fusefs.stats import Stats
 from mountconfig import parse_config
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 
 CTX = SimpleNamespace(uid=os.getuid(), gid=os.getgid(), pid=os.getpid(), umask=0o022)
 

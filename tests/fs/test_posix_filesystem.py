@@ -14,7 +14,7 @@ import trio
 from fusefs.attrs import ROOT_INODE
 from fusefs.filesystem import Filesystem
 from fusefs.inodes import InodeTable
-from stores.arrow import ArrowStore
+from hintfs.stores.arrow import ArrowStore
 from tests.fs.test_filesystem_api import CTX, make_fs, write_file
 
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 import trio
 
-from common.clock import FakeClock
+from hintfs.common.clock import FakeClock
 from fusefs.attrs import ROOT_INODE
 from fusefs.filesystem import Filesystem
 from fusefs.handles import ReplicaRead, StoreRead
@@ -24,13 +24,13 @@ from fusefs.routes import (APPEAR_SLICE_S, APPEAR_WAIT_S, LATER_HINTS_S, READY_M
                            RoutedStore, TierDemandReader, TierReplicaReader)
 from fusefs.stats import Stats
 from mountconfig.schema import ReplicasConfig, RouteConfig
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 
 TIER = "grpc://tier.test:1"
 
 
 class FakeTier:
-    """The calls the mount makes of a tier agent (agent.client.AgentClient), answered from a
+    """The calls the mount makes of a tier agent (hintfs.agent.client.AgentClient), answered from a
     table: path -> tier_stat document; `holds` -> the bytes of each complete replica."""
 
     def __init__(self, clock: FakeClock):

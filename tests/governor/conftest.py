@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from mountconfig.governor import GiB, GovernorConfig, GpuConfig
-from governor.daemon import GovernorDaemon
+from hintfs.governor.daemon import GovernorDaemon
 
 
 class RunningDaemon:

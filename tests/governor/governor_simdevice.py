@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
-from governor.client import GovernorClient
-from governor.protocol import ACK_RELEASED, CMD_GROW, CMD_SHRINK, W_T_DETECT, now_ns
+from hintfs.governor.client import GovernorClient
+from hintfs.governor.protocol import ACK_RELEASED, CMD_GROW, CMD_SHRINK, W_T_DETECT, now_ns
 
 
 class SimulatedTrainer:
@@ -91,7 +91,7 @@ class ScriptedControl:
     script: `script[k] = (cmd, target)` is posted just before the k-th safe-point check."""
 
     def __init__(self, block_path, script: dict[int, tuple[int, int]], quota: int) -> None:
-        from governor.protocol import W_QUOTA, ControlBlock, SlotReader, SlotWriter
+        from hintfs.governor.protocol import W_QUOTA, ControlBlock, SlotReader, SlotWriter
         self.block = ControlBlock(block_path, create=True, max_clients=2)
         self.writer = SlotWriter(self.block.slot(0))
         self.reader = SlotReader(self.block.slot(0))

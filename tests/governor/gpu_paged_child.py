@@ -13,15 +13,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from governor import pagealloc  # noqa: E402
+from hintfs.governor import pagealloc  # noqa: E402
 
 alloc = pagealloc.install(0, export_fds=True)   # pages exported at creation: lending is cheap
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from governor.protocol import CMD_SHRINK  # noqa: E402
-from governor.training import ElasticTrainer, PagedMemoryProbe  # noqa: E402
+from hintfs.governor.protocol import CMD_SHRINK  # noqa: E402
+from hintfs.governor.training import ElasticTrainer, PagedMemoryProbe  # noqa: E402
 from governor_simdevice import ScriptedControl  # noqa: E402
 
 GiB = 1 << 30
@@ -46,7 +46,7 @@ BORROWER = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-from governor import vmm_pool as vp
+from hintfs.governor import vmm_pool as vp
 fds = [int(f) for f in sys.argv[2].split(",")]
 page = int(sys.argv[3])
 vp.ensure_context(0)

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from conftest import wait_until
-from governor.client import GovernorClient, GovernorError
-from governor.inference import InferenceClient
-from governor.protocol import W_ACK, W_SEQ, W_USED
+from hintfs.governor.client import GovernorClient, GovernorError
+from hintfs.governor.inference import InferenceClient
+from hintfs.governor.protocol import W_ACK, W_SEQ, W_USED
 from governor_attack import NobodyProc, needs_nobody, nobody_script
 from governor_simdevice import SimulatedTrainer
 from mountconfig.governor import GiB
@@ -398,7 +398,7 @@ def test_a_client_cannot_write_another_clients_words(make_daemon):
 
 TRAINER_PROC = """
 import sys, time
-from governor.client import GovernorClient
+from hintfs.governor.client import GovernorClient
 c = GovernorClient(sys.argv[1], "training", name="stuck")
 print(c.initial_quota, flush=True)
 time.sleep(60)
@@ -411,7 +411,7 @@ def _spawn(code: str, *args: str) -> subprocess.Popen:
 
 
 def test_a_pid_the_client_claims_is_never_signalled(make_daemon, monkeypatch):
-    import governor.daemon as gd
+    import hintfs.governor.daemon as gd
     victim = subprocess.Popen(["sleep", "60"])
     calls = [0]
 
@@ -481,13 +481,13 @@ def test_a_signal_the_daemon_may_not_send_does_not_stop_it(make_daemon, monkeypa
 # --- finding 9: one governor per GPU set; a socket_path that is no socket is kept -------------
 
 def _second(d, **kw):
-    from governor.daemon import GovernorDaemon
+    from hintfs.governor.daemon import GovernorDaemon
     cfg = d.cfg.model_copy(update=kw)
     return GovernorDaemon(cfg)
 
 
 def test_a_second_governor_with_the_same_shm_name_is_refused(make_daemon):
-    from governor.daemon import DaemonStartError
+    from hintfs.governor.daemon import DaemonStartError
     d = make_daemon()
     other = _second(d, socket_path=d.cfg.socket_path + ".2")
     with pytest.raises(DaemonStartError, match="in use"):
@@ -497,7 +497,7 @@ def test_a_second_governor_with_the_same_shm_name_is_refused(make_daemon):
 
 
 def test_a_second_governor_of_the_same_gpu_is_refused(make_daemon):
-    from governor.daemon import DaemonStartError
+    from hintfs.governor.daemon import DaemonStartError
     d = make_daemon()
     other = _second(d, socket_path=d.cfg.socket_path + ".2", shm_name=d.cfg.shm_name + "-b")
     with pytest.raises(DaemonStartError, match="in use"):
@@ -507,7 +507,7 @@ def test_a_second_governor_of_the_same_gpu_is_refused(make_daemon):
 
 
 def test_a_socket_path_that_is_no_socket_is_an_error_and_kept(tmp_path):
-    from governor.daemon import DaemonStartError, GovernorDaemon
+    from hintfs.governor.daemon import DaemonStartError, GovernorDaemon
     from mountconfig.governor import GovernorConfig
     f = tmp_path / "notes.txt"
     f.write_text("keep me\n")
@@ -523,8 +523,8 @@ def test_a_non_root_client_works_when_the_config_allows_it(make_daemon):
     d = allowed(make_daemon)
     p = NobodyProc(f"""
         import time
-        from governor.client import GovernorClient
-        from governor.protocol import ACK_RELEASED
+        from hintfs.governor.client import GovernorClient
+        from hintfs.governor.protocol import ACK_RELEASED
         c = GovernorClient({d.cfg.socket_path!r}, "training", name="nobody-trainer")
         out({{"quota": c.initial_quota}})
         end = time.monotonic() + 20
@@ -549,7 +549,7 @@ def test_a_non_root_client_works_when_the_config_allows_it(make_daemon):
 # --- finding 10 ---------------------------------------------------------------------------
 
 def test_a_card_too_large_is_one_config_line_and_leaves_nothing(tmp_path, capsys):
-    from governor.cli import main as cli_main
+    from hintfs.governor.cli import main as cli_main
     sock = tmp_path / "gov.sock"
     name = f"hintfs-test-huge-{os.getpid()}"
     p = tmp_path / "c.toml"

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from governor.cli import main as cli_main
+from hintfs.governor.cli import main as cli_main
 from mountconfig.governor import GovernorConfig, GovernorConfigError, load_governor_config
 
 

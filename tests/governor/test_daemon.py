@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from governor.client import GovernorClient, GovernorError
+from hintfs.governor.client import GovernorClient, GovernorError
 from mountconfig.governor import GiB
 from governor_simdevice import SimulatedTrainer
 from conftest import wait_until
@@ -94,7 +94,7 @@ def test_deadline_miss_rejects(make_daemon):
 
 TRAINER_PROC = textwrap.dedent("""
     import sys, time
-    from governor.client import GovernorClient
+    from hintfs.governor.client import GovernorClient
     c = GovernorClient(sys.argv[1], "training", name="stuck")
     print(c.initial_quota, flush=True)
     time.sleep(60)   # never reaches a safe point
@@ -154,7 +154,7 @@ def test_a_refused_request_is_a_reply_and_a_bad_message_drops_its_client(make_da
 def test_timing_split_only_from_clients_that_acked_this_command(make_daemon):
     # A reclaim satisfied without this command's ack (e.g. an earlier command's late ack freed
     # the memory) must not report the stale stamps of an older command as its split.
-    from governor.protocol import W_T_DETECT, W_T_DRAINED, W_T_RELEASED, now_ns
+    from hintfs.governor.protocol import W_T_DETECT, W_T_DRAINED, W_T_RELEASED, now_ns
     d = make_daemon()
     trainer = SimulatedTrainer(d.cfg.socket_path, stuck=True)
     st = d.daemon.gpus[0]

@@ -13,11 +13,11 @@ import pytest
 import trio
 import trio.testing
 
-from governor import messages as m
-from governor.daemon import GovernorDaemon, Peer
-from governor.ledger import MemoryKind
-from governor.protocol import W_ACK, W_SEQ, W_TARGET, W_USED
-from governor.record import process_start
+from hintfs.governor import messages as m
+from hintfs.governor.daemon import GovernorDaemon, Peer
+from hintfs.governor.ledger import MemoryKind
+from hintfs.governor.protocol import W_ACK, W_SEQ, W_TARGET, W_USED
+from hintfs.governor.record import process_start
 from mountconfig.governor import GiB, GovernorConfig, GpuConfig
 from policy.governor_deadline import Commands
 

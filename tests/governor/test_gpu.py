@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from governor.protocol import CMD_SHRINK
-from governor.training import ElasticTrainer
+from hintfs.governor.protocol import CMD_SHRINK
+from hintfs.governor.training import ElasticTrainer
 from governor_simdevice import ScriptedControl
 
 pytestmark = [pytest.mark.gpu,

@@ -16,9 +16,9 @@ from torch import nn
 
 from conftest import wait_until
 from mountconfig.governor import GpuConfig
-from governor.inference import InferenceClient
-from governor.pagealloc import PageAllocator
-from governor.training import ElasticTrainer, PagedMemoryProbe, governed_trainer
+from hintfs.governor.inference import InferenceClient
+from hintfs.governor.pagealloc import PageAllocator
+from hintfs.governor.training import ElasticTrainer, PagedMemoryProbe, governed_trainer
 
 MiB = 1 << 20
 PAGE = 2 * MiB
@@ -111,8 +111,8 @@ def test_fds_with_a_bad_or_misplaced_pages_message_are_closed(make_daemon):
     sent it; anything else is closed at once and its sender dropped (issue 41, findings 5-6)."""
     import socket
 
-    from governor.client import GovernorClient
-    from governor.protocol import encode
+    from hintfs.governor.client import GovernorClient
+    from hintfs.governor.protocol import encode
 
     d = make_daemon()
 
@@ -163,7 +163,7 @@ def test_the_fd_table_is_grown_up_front_for_lent_pages():
     """Growing the fd table of a process with threads waits for an RCU grace period (13-14 ms
     on the first large lend, measured on the H200 host): daemon and page-accepting inference
     clients grow it when they start."""
-    from governor.pagebroker import reserve_fd_table
+    from hintfs.governor.pagebroker import reserve_fd_table
 
     def fd_size():
         with open("/proc/self/status") as f:
@@ -185,7 +185,7 @@ def test_a_handoff_of_1000_pages_goes_through_in_batches(make_daemon):
     """More pages than the kernel passes in one message (253 fds): the trainer sends them to the
     daemon, and the daemon to the inference client, in batches (issue 41, finding 2: one sendmsg
     of every page failed with EINVAL and stopped the daemon)."""
-    from common.fdlimit import raise_open_file_limit
+    from hintfs.common.fdlimit import raise_open_file_limit
     if raise_open_file_limit() < 8192:
         pytest.skip("needs an RLIMIT_NOFILE of 8192 (a page may cost two fds, in one process here)")
     page, n = 2 * MiB, 1000                       # the host backend's smallest page

@@ -1,7 +1,7 @@
 import torch
 
 from mountconfig.governor import GiB
-from governor.inference import InferenceClient, KVCache, ModelCache
+from hintfs.governor.inference import InferenceClient, KVCache, ModelCache
 from governor_simdevice import SimulatedTrainer
 
 

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
+from hintfs.governor.ledger import ClientEntry, GpuLedger, LedgerError, MemoryKind, Role
 
 
 def make():

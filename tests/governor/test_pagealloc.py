@@ -1,4 +1,4 @@
-"""The page allocator (governor/csrc/pagealloc.c) on its host-memory backend: the same C code
+"""The page allocator (hintfs/governor/csrc/pagealloc.c) on its host-memory backend: the same C code
 torch calls on the GPU, with memfd pages instead of CUDA ones."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from governor.pagealloc import PageAllocError, PageAllocator
+from hintfs.governor.pagealloc import PageAllocError, PageAllocator
 
 MiB = 1 << 20
 PAGE = 2 * MiB
@@ -201,7 +201,7 @@ def test_install_without_a_cuda_driver_fails_with_a_clear_error():
 
     import torch
 
-    from governor import pagealloc
+    from hintfs.governor import pagealloc
     if torch.cuda.is_available() or ctypes.util.find_library("cuda"):
         pytest.skip("a CUDA driver is present: install() would succeed")
     with pytest.raises(PageAllocError, match="libcuda"):

@@ -1,8 +1,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from governor.messages import parse
-from governor.protocol import (
+from hintfs.governor.messages import parse
+from hintfs.governor.protocol import (
     CMD_SHRINK, H_BUSY, W_ACK, W_SEQ, W_USED, ControlBlock, LineBuffer, ProtocolError, SlotReader,
     SlotWriter, decode, encode,
 )

@@ -1,5 +1,5 @@
 """A governor restart grants nothing twice (issue 41, finding 3): the daemon is a real process
-(`python -m governor.cli CONFIG`), SIGKILLed while clients hold memory; the next instance holds
+(`python -m hintfs.governor.cli CONFIG`), SIGKILLed while clients hold memory; the next instance holds
 back what the previous one's clients may hold until each re-registers or its pid is gone."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import wait_until
-from governor.client import GovernorClient, GovernorError
+from hintfs.governor.client import GovernorClient, GovernorError
 from mountconfig.governor import GiB
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,7 +23,7 @@ ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH
 class DaemonProc:
     def __init__(self, cfg_path) -> None:
         self.cfg_path = cfg_path
-        self.p = subprocess.Popen([sys.executable, "-m", "governor.cli", str(cfg_path)], env=ENV,
+        self.p = subprocess.Popen([sys.executable, "-m", "hintfs.governor.cli", str(cfg_path)], env=ENV,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_up(self, sock: str) -> None:
@@ -55,8 +55,8 @@ class DaemonProc:
 # A training process that obeys its commands: releases down to the target, acks, notifies.
 TRAINER = """
 import sys, time
-from governor.client import GovernorClient
-from governor.protocol import ACK_RELEASED, CMD_SHRINK
+from hintfs.governor.client import GovernorClient
+from hintfs.governor.protocol import ACK_RELEASED, CMD_SHRINK
 c = GovernorClient(sys.argv[1], "training", name="held", want_bytes=int(sys.argv[2]))
 print(c.initial_quota, flush=True)
 while True:
@@ -155,7 +155,7 @@ def test_an_inference_client_re_registers_with_what_it_holds(tmp_path):
     cfg, sock = _config(tmp_path)
     d1 = DaemonProc(cfg)
     d1.wait_up(sock)
-    from governor.inference import InferenceClient
+    from hintfs.governor.inference import InferenceClient
     inf = InferenceClient(sock, name="holder")
     inf.reserve(4 * GiB, "weights")
     d1.kill()
@@ -210,7 +210,7 @@ def test_an_elastic_trainer_follows_its_commands_through_a_restart(tmp_path):
     import torch
     from torch import nn
 
-    from governor.training import governed_trainer
+    from hintfs.governor.training import governed_trainer
     from governor_simdevice import SimulatedMemory
 
     cfg, sock = _config(tmp_path)

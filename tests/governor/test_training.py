@@ -8,8 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from governor.protocol import CMD_GROW, CMD_SHRINK
-from governor.training import ElasticTrainer
+from hintfs.governor.protocol import CMD_GROW, CMD_SHRINK
+from hintfs.governor.training import ElasticTrainer
 from governor_simdevice import ScriptedControl, SimulatedMemory
 from tests.helpers.ports import free_port
 
@@ -88,7 +88,7 @@ def test_shrink_mid_backward_keeps_exact_gradient(tmp_path):
 
 
 def test_shrink_under_held_memory_acks_without_drain_or_release(tmp_path):
-    from governor.protocol import ACK_RELEASED, W_ACK_FLAGS
+    from hintfs.governor.protocol import ACK_RELEASED, W_ACK_FLAGS
     x, y = make_data(32)
     mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
     m = make_model()
@@ -291,7 +291,7 @@ def test_drain_budget_bounds_the_gpu_work_queued_at_a_safe_point():
 
 
 def test_ack_says_how_many_bytes_a_shrink_freed(tmp_path):
-    from governor.protocol import ACK_FREED, ACK_RELEASED, W_ACK_FLAGS, W_FREED
+    from hintfs.governor.protocol import ACK_FREED, ACK_RELEASED, W_ACK_FLAGS, W_FREED
     x, y = make_data(32)
     mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
     m = make_model()
@@ -313,7 +313,7 @@ def test_ack_says_how_many_bytes_a_shrink_freed(tmp_path):
 def test_abort_that_frees_nothing_is_not_flagged_freed(tmp_path):
     # the micro-batch is dropped (its fitted peak is over the target) but nothing was held
     # above the fixed part: the ack must not claim that memory moved
-    from governor.protocol import ACK_FREED, W_ACK_FLAGS
+    from hintfs.governor.protocol import ACK_FREED, W_ACK_FLAGS
     x, y = make_data(32)
     mem = SimulatedMemory(fixed=10 * MB, per_sample=1 * MB)
     m = make_model()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from governor.protocol import CMD_SHRINK
-from governor.training import ElasticTrainer, micro_batch_sizes, prefetch_mapped_libraries
+from hintfs.governor.protocol import CMD_SHRINK
+from hintfs.governor.training import ElasticTrainer, micro_batch_sizes, prefetch_mapped_libraries
 from governor_simdevice import ScriptedControl, SimulatedMemory
 
 MB = 1 << 20

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from agent.client import AgentClient, AgentError
+from hintfs.agent.client import AgentClient, AgentError
 from tests.helpers.ports import free_port
 from tests.helpers.procs import REPO, wait_for
 

@@ -95,7 +95,7 @@ def mount_in_process(cfg: Path, mnt: Path, log: Path) -> None:
     the daemon in a session of its own and waits for its "ok"; tests of the command itself run
     it), without an interpreter start per mount (~0.6 s each here). The daemon is then this
     process's child: once it exits it is a zombie until reaped, which `hintfs umount` counts as
-    gone (common.procs.pid_alive), and the subprocess module reaps it later. MountError (with
+    gone (hintfs.common.procs.pid_alive), and the subprocess module reaps it later. MountError (with
     the mount's log) if the command fails."""
     from hintfs.cli.base import UserError
     from hintfs.cli.mount import cmd_mount

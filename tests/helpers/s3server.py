@@ -14,7 +14,7 @@ Measured here (2 vCPUs): a HEAD costs ~2 ms, moto's server ~7 ms; pyarrow 26's m
 to it need `AWS_REQUEST_CHECKSUM_CALCULATION=when_required` (`[store] request_checksum`; the
 default for stores with `endpoint_override`). Used by `tests/helpers/s3.py` (the tests' fixture),
 `bench/fuse_throughput.py` and `bench/cross_dc_eval.py`; it imports neither pytest nor anything
-of hintfs but `stores.arrow` for the client.
+of hintfs but `hintfs.stores.arrow` for the client.
 """
 from __future__ import annotations
 
@@ -156,9 +156,9 @@ class JuiceFSGateway:
     def filesystem(self, endpoint: Optional[str] = None):
         """A pyarrow S3 client of this server (or of `endpoint`, e.g. a relay in front of it) that
         may create buckets, with the request checksums a mount of it would use
-        (stores.arrow.request_checksum_of: "when_required" for an endpoint_override store)."""
+        (hintfs.stores.arrow.request_checksum_of: "when_required" for an endpoint_override store)."""
         from mountconfig.schema import StoreConfig
-        from stores.arrow import request_checksum_of, s3_filesystem
+        from hintfs.stores.arrow import request_checksum_of, s3_filesystem
         endpoint = endpoint or self.endpoint
         cfg = StoreConfig(uri="s3://", endpoint_override=endpoint, scheme="http")
         return s3_filesystem(request_checksum_of(cfg), endpoint_override=endpoint, scheme="http",

@@ -137,7 +137,7 @@ class AgentProc:
             return None, ""
 
     def wait_up(self, client, timeout: float = 30) -> None:
-        from agent.client import AgentError
+        from hintfs.agent.client import AgentError
 
         def up():
             if self.p.poll() is not None:

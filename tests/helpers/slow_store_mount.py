@@ -2,7 +2,7 @@
 import sys
 import time
 
-from stores.local import LocalReader, LocalStore
+from hintfs.stores.local import LocalReader, LocalStore
 from fusefs.mount import run_mount
 from mountconfig import load_config
 

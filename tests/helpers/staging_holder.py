@@ -30,7 +30,7 @@ class StagingHolder:
                 return
             for n in names:
                 try:
-                    if "/.hintfs-tmp." not in os.readlink(f"{fd_dir}/{n}"):   # common.paths.STAGING_PREFIX
+                    if "/.hintfs-tmp." not in os.readlink(f"{fd_dir}/{n}"):   # hintfs.common.paths.STAGING_PREFIX
                         continue
                     fd = os.open(f"{fd_dir}/{n}", os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:

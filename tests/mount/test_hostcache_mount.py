@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from stores.hostcache import cache_name
+from hintfs.stores.hostcache import cache_name
 from tests.conftest import Mounted, needs_fuse, wait_for
 from tests.helpers.s3 import s3_server as _s3_server
 from tests.helpers.s3 import s3fs, store_extra

@@ -154,7 +154,7 @@ def test_kill_mid_write_leaves_no_partial_file_and_restart_serves_same_data(tmp_
 
 
 def test_stale_staging_of_a_dead_daemon_is_reaped(tmp_path):
-    from stores import local as localstore
+    from hintfs.stores import local as localstore
     store, mnt, cfg = _dirs(tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()

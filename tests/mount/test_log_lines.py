@@ -1,6 +1,6 @@
 """No user writes a line into the mount's log (issue 34, finding 12): a job name with a control
 character is refused (EINVAL) when its control file is created, and every message the daemon
-logs is one line whatever path, name or symlink target a user gave it (common.logline).
+logs is one line whatever path, name or symlink target a user gave it (hintfs.common.logline).
 
 The attacks run as uid 65534 against a real mount whose store has a folder every user may write.
 Before the fix a hint named `j\\n<forged line>` was accepted and its job name, like a refused

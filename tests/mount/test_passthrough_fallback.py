@@ -14,7 +14,7 @@ import trio
 from fusefs import fuse as fuse_mod
 from fusefs.filesystem import Filesystem
 from fusefs.handles import PassthroughRead, PassthroughWrite, StoreRead
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 
 
 class RefusingBacking:

@@ -105,7 +105,7 @@ def test_cp_r_and_diff_r_through_s3(s3_mount, tmp_path):
 def test_open_reader_stat_matches_stat_in_one_request(s3_server, tmp_path):
     """An S3 open takes size and mtime from the open's own HEAD (one round trip, not two); the
     Stat must be the one `stat` gives, or close-to-open would see every file as changed."""
-    from stores.arrow import ArrowStore
+    from hintfs.stores.arrow import ArrowStore
     fs = _s3fs(s3_server)
     fs.create_dir(BUCKET)
     with fs.open_output_stream(f"{BUCKET}/d/x.bin") as f:

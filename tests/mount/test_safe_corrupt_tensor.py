@@ -40,7 +40,7 @@ def _eio(path) -> None:
 
 
 def test_corrupt_sources_are_eio_also_when_served_raw(mount_factory, tmp_path):
-    from transforms.container import decode, load_sample
+    from hintfs.transforms.container import decode, load_sample
     if not has_encoder("libx264"):
         pytest.skip("PyAV has no libx264 encoder")
     m = mount_factory(extra=f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n{RULES}')

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.mounts import mount_at
+from hintfs.common.mounts import mount_at
 from tests.conftest import REPO, force_unmount, needs_fuse, run_hintfs, wait_for, write_config
 
 pytestmark = needs_fuse

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from common.mounts import mount_at
+from hintfs.common.mounts import mount_at
 from tests.conftest import HINTFS, REPO, needs_fuse, wait_for
 
 pytestmark = needs_fuse

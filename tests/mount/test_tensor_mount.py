@@ -55,13 +55,13 @@ def media_mount(mount_factory, tmp_path):
 
 
 def _local(m, rel, kind, params, seed=None):
-    import transforms
-    from transforms.params import default_seed
+    from hintfs import transforms
+    from hintfs.transforms.params import default_seed
     return transforms.apply(kind, (m.store / rel).read_bytes(), params, default_seed(rel) if seed is None else seed)
 
 
 def test_tensor_files_match_local_transforms(media_mount):
-    from transforms.container import decode, load_sample
+    from hintfs.transforms.container import decode, load_sample
     # Fallback off: a busy test machine must not turn these samples into raw ones.
     m = media_mount('\n[transform_load]\nfallback = false\n')
     p = m.mnt / "imgs" / "1.jpg.tensor"
@@ -86,7 +86,7 @@ def test_tensor_files_match_local_transforms(media_mount):
 
 
 def test_fallback_gives_raw_bytes_and_the_same_tensor(media_mount):
-    from transforms.container import decode, load_sample
+    from hintfs.transforms.container import decode, load_sample
     m = media_mount('\n[transform_load]\ndeadline_ms = 0.001\n')   # every sample misses its deadline
     data = (m.mnt / "imgs" / "2.jpg.tensor").read_bytes()
     meta, arrays = decode(data)
@@ -108,7 +108,7 @@ def test_corrupt_media_is_eio_and_the_raw_file_stays_readable(media_mount):
 def test_plan_seeds_and_inferred_progress(media_mount):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from transforms.container import decode
+    from hintfs.transforms.container import decode
     m = media_mount('\n[transform_load]\nfallback = false\n')
     rows = {"step": [0, 0, 1, 1, 2], "rank": [0, 1, 0, 1, 0], "slot": [0] * 5,
             "sample": ["imgs/0.jpg", "imgs/1.jpg", "imgs/2.jpg", "imgs/0.jpg", "imgs/1.jpg"],
@@ -134,7 +134,7 @@ def test_plan_steps_pulled_ahead_give_the_same_tensors(media_mount):
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from transforms.container import decode, load_sample
+    from hintfs.transforms.container import decode, load_sample
     m = media_mount('\n[transform_load]\nfallback = false\nlookahead_steps = 3\n')
     imgs = ["imgs/0.jpg", "imgs/1.jpg", "imgs/2.jpg"]
     steps = 8
@@ -169,7 +169,7 @@ def test_ranks_reading_at_different_paces_get_their_own_steps_seeds(media_mount)
     occurrence at its own rank's step, not of a later epoch's occurrence."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from transforms.container import decode
+    from hintfs.transforms.container import decode
     m = media_mount('\n[transform_load]\nfallback = false\nlookahead_steps = 1\n')
     imgs = [f"imgs/e{i}.jpg" for i in range(8)]
     for i, rel in enumerate(imgs):

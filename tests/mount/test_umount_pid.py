@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from common.mounts import mount_at
+from hintfs.common.mounts import mount_at
 from tests.conftest import force_unmount, needs_fuse, run_hintfs, wait_for
 from tests.helpers.security import NOBODY, SETPRIV
 
@@ -187,5 +187,5 @@ def test_the_daemon_of_a_foreground_mount_started_with_relative_paths_is_signall
     (["sleep", "300"], None),
 ])
 def test_the_mountpoint_a_daemons_command_line_names(argv, mp):
-    from common.mounts import _daemon_mountpoint
+    from hintfs.common.mounts import _daemon_mountpoint
     assert _daemon_mountpoint(argv) == mp

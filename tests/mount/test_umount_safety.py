@@ -5,7 +5,7 @@ import os
 import signal
 import subprocess
 
-from common.mounts import mount_at
+from hintfs.common.mounts import mount_at
 from tests.conftest import needs_fuse, run_hintfs, wait_for
 
 pytestmark = needs_fuse

@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from agent.server import AgentServer, start_in_process
-from agent.client import AgentClient
-from stores.local import LocalStore
-from common.clock import SYSTEM_CLOCK, FakeClock
+from hintfs.agent.server import AgentServer, start_in_process
+from hintfs.agent.client import AgentClient
+from hintfs.stores.local import LocalStore
+from hintfs.common.clock import SYSTEM_CLOCK, FakeClock
 from mountconfig import parse_config
 
 
@@ -114,7 +114,7 @@ def test_bandwidth_limit_binds(tmp_path, store):
 
 
 def test_the_token_bucket_paces_by_its_clock():
-    from agent.reads import TokenBucket
+    from hintfs.agent.reads import TokenBucket
     clock = FakeClock()
     bucket = TokenBucket(1000, clock)
     bucket.take(1000)                          # the burst: no wait
@@ -163,7 +163,7 @@ def test_tls(tmp_path, store):
     (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                          serialization.PrivateFormat.PKCS8,
                                                          serialization.NoEncryption()))
-    from agent.server import AgentServer
+    from hintfs.agent.server import AgentServer
     import threading
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tls"), "tls_cert_file": str(tmp_path / "cert.pem"),

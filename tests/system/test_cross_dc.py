@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from agent.server import start_in_process
-from common.clock import SYSTEM_CLOCK, FakeClock
-from agent.client import AgentClient
-from common.journal import BUCKET_NS, TIMED, bucket_of, encode_record, record_key, record_name
-from stores.local import LocalStore
+from hintfs.agent.server import start_in_process
+from hintfs.common.clock import SYSTEM_CLOCK, FakeClock
+from hintfs.agent.client import AgentClient
+from hintfs.common.journal import BUCKET_NS, TIMED, bucket_of, encode_record, record_key, record_name
+from hintfs.stores.local import LocalStore
 from mountconfig import parse_config
 from tests.conftest import needs_fuse, wait_for
 
@@ -249,7 +249,7 @@ def test_signals_control_file(mount_factory, tmp_path):
 
 
 def test_journal_records_in_names_and_content():
-    from common.journal import decode_name
+    from hintfs.common.journal import decode_name
     name = record_name("ckpt/run/step_1/__0_0.distcp", 123, 456)
     assert name.endswith(".rec") and len(name.encode()) <= 255
     assert decode_name(name) == {"path": "ckpt/run/step_1/__0_0.distcp", "size": 123, "mtime_ns": 456}
@@ -257,7 +257,7 @@ def test_journal_records_in_names_and_content():
     assert record_name(long, 1, 2).endswith(".json")       # too long for a name: the content says it
     assert decode_name("00000000000000000001-h-1-0.json") is None
     assert decode_name("garbage~x.rec") is None
-    from common.journal import removed_record, streamed_record
+    from hintfs.common.journal import removed_record, streamed_record
     gone = record_name("ckpt/run/step_1/.metadata.tmp", removed=True)
     assert removed_record(gone) and not streamed_record(gone)
     assert decode_name(gone) == {"path": "ckpt/run/step_1/.metadata.tmp", "size": 0, "mtime_ns": 0}
@@ -477,7 +477,7 @@ def test_eval_mount_takes_routed_metadata_from_the_tier(mount_factory, tmp_path)
 
 
 def test_journal_prune_deletes_only_records_older_than_the_cutoff(tmp_path):
-    from common.journal import prune, record_time_ns
+    from hintfs.common.journal import prune, record_time_ns
     store = tmp_path / "store"
     jdir = store / ".hintfs-journal"
     jdir.mkdir(parents=True)
@@ -616,7 +616,7 @@ def test_a_finisher_gives_up_after_finish_wait_s_and_a_later_round_finishes_the_
     """The follower's clock is a fake one: a checkpoint whose file cannot be copied (gone from the
     store) keeps its finisher waiting FINISH_WAIT_S, not longer; a later round starts it again,
     and once the file is there the checkpoint completes."""
-    from agent.follower import FINISH_WAIT_S
+    from hintfs.agent.follower import FINISH_WAIT_S
     store = tmp_path / "store"
     ck = store / "ckpt" / "job" / "step_1"
     ck.mkdir(parents=True)

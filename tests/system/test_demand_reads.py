@@ -1,4 +1,4 @@
-"""Demand-first reads at the eval tier (issue 15, agent/demand.py, docs/cross_dc.md): a file the
+"""Demand-first reads at the eval tier (issue 15, hintfs/agent/demand.py, docs/cross_dc.md): a file the
 tier is still receiving is read at once, from the chunks it holds of exactly the version opened
 (verified against the publish's CRCs) or fetched from the store, never from unpublished or
 unverified bytes, and never from a store file of another version."""
@@ -13,12 +13,12 @@ import threading
 
 import pytest
 
-from agent.client import AgentClient
-from agent.server import AgentServer
-from common.clock import SYSTEM_CLOCK, FakeClock
+from hintfs.agent.client import AgentClient
+from hintfs.agent.server import AgentServer
+from hintfs.common.clock import SYSTEM_CLOCK, FakeClock
 from mountconfig import parse_config
 from policy.stream import chunk_crc, crcs_of
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 from tests.conftest import needs_fuse, wait_for
 from tests.system.test_stream_mount import CHUNK, Tier
 
@@ -59,7 +59,7 @@ def _stream_unpublished(client, store, rel: str, data: bytes, sid: str,
 
 def _confirmed(client, rel: str) -> None:
     """Wait until the tier has confirmed the version published for `rel` with the store (these
-    tiers follow no journal: a stat, at once after the publish; agent/streams.py VersionCheck):
+    tiers follow no journal: a stat, at once after the publish; hintfs/agent/streams.py VersionCheck):
     only then is it "copying" and read on demand."""
     assert wait_for(lambda: client.tier_stat(rel)["state"] in ("copying", "ready"), timeout=10)
 
@@ -277,10 +277,10 @@ def test_an_eval_mount_reads_a_file_still_arriving_without_waiting_for_all_of_it
 
 
 def test_the_fd_socket_hands_a_filling_streams_verified_runs_and_nothing_else(tmp_path):
-    """`partial` requests (agent/fdserver.py): the part of a published stream still filling, read
+    """`partial` requests (hintfs/agent/fdserver.py): the part of a published stream still filling, read
     only, with the runs verified so far; nothing for an unpublished stream or another version;
     the complete replica once the last chunk landed; another user gets nothing."""
-    from agent.fdserver import receive_tier_bytes
+    from hintfs.agent.fdserver import receive_tier_bytes
     store = tmp_path / "store"
     store.mkdir()
     sock = tmp_path / "tier.sock"
@@ -296,7 +296,7 @@ def test_the_fd_socket_hands_a_filling_streams_verified_runs_and_nothing_else(tm
         assert receive_tier_bytes(str(sock), "ckpt/a.bin", version[0], version[1] + 1) == (-1, None)
         # another user: refused (the 0600 socket, and SO_PEERCRED)
         os.chmod(tmp_path, 0o755)
-        probe = ("from agent.fdserver import receive_tier_bytes; "
+        probe = ("from hintfs.agent.fdserver import receive_tier_bytes; "
                  f"print(receive_tier_bytes({str(sock)!r}, 'ckpt/a.bin', {version[0]}, {version[1]}))")
         r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe],
                            capture_output=True, text=True, timeout=60, cwd=os.getcwd(),
@@ -411,7 +411,7 @@ def wait_for_value(fn, want, timeout: float = 10.0) -> bool:
 
 
 def test_prefetch_pieces_cover_the_kernels_reads_and_are_cut_at_mib_boundaries():
-    from agent.demand import FIRST_READ_BYTES, PIECE_BYTES, PREFETCH_PAD, prefetch_pieces
+    from hintfs.agent.demand import FIRST_READ_BYTES, PIECE_BYTES, PREFETCH_PAD, prefetch_pieces
     mib = PIECE_BYTES
     # page-aligned start, readahead after, overlaps merged, cut at the end of the file
     assert prefetch_pieces([(8192 + 100, 3000), (8192 + 5000, 10)], 10 * mib) == [(8192, 5000 + 10 + PREFETCH_PAD)]
@@ -430,7 +430,7 @@ def test_a_hinted_range_is_left_to_the_stream_when_its_backlog_is_short(tmp_path
     """With `[agent] link_bytes_s`, a hinted range of a file arriving by stream is fetched from
     the store only when the streams' backlog needs at least PREFETCH_BEHIND_S of link: against a
     short backlog a fetch arrives no sooner and sends the bytes twice."""
-    from agent.demand import PREFETCH_BEHIND_S
+    from hintfs.agent.demand import PREFETCH_BEHIND_S
     store = tmp_path / "store"
     store.mkdir()
     big = 1 << 20
@@ -455,7 +455,7 @@ def test_a_read_waits_for_a_stream_with_a_short_backlog_and_fetches_if_it_stalls
     fetching the bytes a second time; if the stream stalls, it fetches after twice the backlog's
     link time plus STREAM_GRACE_S. The tier's clock is a fake one: the stream's chunk lands while
     it stands still, and the stalled read fetches only once it is moved past that wait."""
-    from agent.demand import PREFETCH_BEHIND_S, STREAM_GRACE_S
+    from hintfs.agent.demand import PREFETCH_BEHIND_S, STREAM_GRACE_S
     store = tmp_path / "store"
     store.mkdir()
     big = 1 << 20
@@ -626,7 +626,7 @@ def test_a_hint_without_a_version_is_fetched_when_a_copy_of_the_file_starts(tmp_
 
 
 def test_held_hints_are_bounded_in_number_and_age(monkeypatch):
-    import agent.demand as demand_mod
+    import hintfs.agent.demand as demand_mod
 
     def demand_reads(clock=SYSTEM_CLOCK):
         return demand_mod.DemandReads(LocalStore.__new__(LocalStore), threading.Condition(),
@@ -692,7 +692,7 @@ def test_many_pieces_hinted_before_the_store_reader_is_open_do_not_wait_for_each
     the fetches wait for the open, which must not queue behind them in the same pool (it did,
     and every piece waited out the timeout)."""
     import threading as th
-    from agent.demand import DemandReads
+    from hintfs.agent.demand import DemandReads
     store = tmp_path / "store"
     store.mkdir()
     data = os.urandom(8 << 20)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from hintfs import client
-from agent.client import AgentClient
+from hintfs.agent.client import AgentClient
 from tests.conftest import DAEMON_DATA_PATH, HINTFS, REPO, needs_fuse, wait_for
 from tests.helpers.ports import free_port
 

@@ -124,8 +124,8 @@ def jpegs(store: Path, n: int = 2) -> None:
 
 @pytest.mark.parametrize("pythonpath", [False, True], ids=["cwd", "cwd+PYTHONPATH"])
 def test_agent_and_its_transform_pool_never_import_from_the_callers_folder(planted, tmp_path, pythonpath):
-    from agent.client import AgentClient, AgentError
-    from transforms.container import decode
+    from hintfs.agent.client import AgentClient, AgentError
+    from hintfs.transforms.container import decode
 
     store = tmp_path / "store"
     jpegs(store)
@@ -194,7 +194,7 @@ def test_foreground_mount_its_transform_pool_and_stream_sender_never_import_from
         has_sender = wait_for(sender, timeout=10)
         tree = not_isolated(p.pid)
         cmdline = psutil.Process(p.pid).cmdline()
-        # `hintfs umount` knows it for the mount's daemon (common.mounts: its command line names
+        # `hintfs umount` knows it for the mount's daemon (hintfs.common.mounts: its command line names
         # the mountpoint) and stops it
         umount = subprocess.run(console_script() + ["umount", str(mnt)], capture_output=True, text=True, timeout=60)
         p.wait(30)

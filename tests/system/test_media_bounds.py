@@ -20,13 +20,13 @@ import pytest
 
 av = pytest.importorskip("av")
 
-import transforms  # noqa: E402
-from stores.local import LocalStore  # noqa: E402
-from agent.samples import SampleService  # noqa: E402
-from agent.transformpool import TransformPool, transform_to_container  # noqa: E402
+from hintfs import transforms  # noqa: E402
+from hintfs.stores.local import LocalStore  # noqa: E402
+from hintfs.agent.samples import SampleService  # noqa: E402
+from hintfs.agent.transformpool import TransformPool, transform_to_container  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
-from transforms import SampleEIO, TransformError, TransformTimeout  # noqa: E402
-from transforms.container import decode, encode_raw, load_sample, make_meta  # noqa: E402
+from hintfs.transforms import SampleEIO, TransformError, TransformTimeout  # noqa: E402
+from hintfs.transforms.container import decode, encode_raw, load_sample, make_meta  # noqa: E402
 
 PARAMS = {"size": 32, "crop": [24, 24]}
 MiB = 1 << 20
@@ -192,7 +192,7 @@ def test_time_limit_is_checked_between_decode_steps(media):
 
 
 def test_raw_container_of_corrupt_media_is_eio_on_the_client(media):
-    from transforms.container import encode_raw, make_meta
+    from hintfs.transforms.container import encode_raw, make_meta
     for name in ("damaged", "truncated"):
         blob = encode_raw(media[name], make_meta("image", PARAMS, 1, f"{name}.png", len(media[name])))
         with pytest.raises(SampleEIO) as exc:
@@ -236,8 +236,8 @@ def test_pixel_bomb_through_the_sample_service(store, caplog):
 
 
 def test_pixel_bomb_through_a_real_agent(tmp_path, store):
-    from agent.server import start_in_process
-    from agent.client import AgentClient
+    from hintfs.agent.server import start_in_process
+    from hintfs.agent.client import AgentClient
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "agent")},
                         "transform_load": {"workers": 1, "fallback": False}})

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from stores.local import LocalStore
-from agent.samples import LoadMonitor, SampleService
+from hintfs.stores.local import LocalStore
+from hintfs.agent.samples import LoadMonitor, SampleService
 from mountconfig import parse_config
 from tests.conftest import wait_for
 
@@ -37,7 +37,7 @@ def service(tmp_path, request):
 
 
 def test_prefetch_then_cache_hit_and_forget(service):
-    from transforms.container import decode
+    from hintfs.transforms.container import decode
     assert service.prefetch([(f"{i}.jpg", "image", PARAMS, 7) for i in range(3)]) == 3
     assert wait_for(lambda: service.status()["cached"] >= 3, timeout=60)   # made by the worker processes
     data, how = service.get("1.jpg", "image", PARAMS, 7)
@@ -51,7 +51,7 @@ def test_prefetch_then_cache_hit_and_forget(service):
 
 @pytest.mark.parametrize("service", [True], indirect=True)
 def test_busy_storage_serves_raw(service):
-    from transforms.container import decode, load_sample
+    from hintfs.transforms.container import decode, load_sample
     service.monitor.update(0.99)          # as if the CPU were saturated
     data, how = service.get("2.jpg", "image", PARAMS, 3)
     assert how == "raw_busy" and decode(data)[0].mode == "raw"
@@ -76,8 +76,8 @@ def _corrupt_png(path, w=64, h=48):
     """A PNG whose header, size and end pass every check that needs no decoder, with one byte of
     its compressed picture flipped (FFmpeg's CRC check refuses it)."""
     from tests.helpers.media import make_image
-    from transforms.limits import precheck
-    from transforms.params import parse_params
+    from hintfs.transforms.limits import precheck
+    from hintfs.transforms.params import parse_params
     data = bytearray(make_image("png", w, h, seed=3))
     idat = data.index(b"IDAT")
     data[idat + 4 + 20] ^= 0x55
@@ -90,8 +90,8 @@ def test_a_corrupt_image_that_passes_the_header_checks_is_never_served_raw(servi
     """Issue 34, finding 12: under load-aware fallback a corrupt PNG was handed out as a raw
     `.tensor` (the header checks passed; only a decoder finds the damage). Now the image is
     decoded once in a worker before its raw container goes out: EIO, as the transform's."""
-    from transforms import TransformError
-    from transforms.container import decode
+    from hintfs.transforms import TransformError
+    from hintfs.transforms.container import decode
     root = tmp_path / "s"
     _corrupt_png(root / "bad.png")
     service.monitor.update(0.99)            # as if the CPU were saturated: fallback to raw
@@ -134,7 +134,7 @@ def test_a_job_holds_at_most_its_share_of_the_cache(tmp_path):
     """The bounds of the per-job cache, without transforms: a job holds at most JOB_SHARE of
     `cache_bytes`; past it (or past the total) its samples are cached unheld and evicted first,
     and never another job's held samples."""
-    from agent.samples import JOB_SHARE, SampleKey
+    from hintfs.agent.samples import JOB_SHARE, SampleKey
     cfg = parse_config({"transform_load": {"workers": 1, "cache_bytes": 1000}})
     svc = SampleService(LocalStore(str(tmp_path)), cfg.transform_load)
     svc.monitor.stop()

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.client import AgentClient, AgentError
-from agent.rpc import PlanWindowReply
+from hintfs.agent.client import AgentClient, AgentError
+from hintfs.agent.rpc import PlanWindowReply
 from tests.conftest import REPO, force_unmount, needs_fuse, wait_for
 from tests.helpers.security import (NOBODY, AgentProc, WorldDir, agent_config, can_run_as_nobody,
                                     files_holding, free_port, nobody_connect_unix, nobody_flight_get,

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.client import AgentClient
-from agent.server import start_in_process
-from common.journal import BUCKET_NS, TIMED, bucket_of, encode_record, prune, record_key, record_name
+from hintfs.agent.client import AgentClient
+from hintfs.agent.server import start_in_process
+from hintfs.common.journal import BUCKET_NS, TIMED, bucket_of, encode_record, prune, record_key, record_name
 from mountconfig import parse_config
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 from tests.conftest import needs_fuse, wait_for
 from tests.helpers.security import NOBODY, WorldDir, as_nobody, can_run_as_nobody, nobody_read_files
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.client import AgentClient, AgentError
+from hintfs.agent.client import AgentClient, AgentError
 from policy.stream import crcs_of
 from tests.conftest import REPO, wait_for
 from tests.helpers.security import NOBODY, SETPRIV, WorldDir, as_nobody, can_run_as_nobody, free_port

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.fdserver import receive_replica_fd, receive_tier_bytes
+from hintfs.agent.fdserver import receive_replica_fd, receive_tier_bytes
 from tests.conftest import needs_fuse, wait_for
 from tests.helpers.security import NOBODY, SETPRIV, WorldDir, can_run_as_nobody
 from tests.system.test_stream_mount import Tier

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent.client import AgentClient
+from hintfs.agent.client import AgentClient
 from tests.conftest import needs_fuse, wait_for
 from tests.helpers.agent_process import AgentProcess
 from tests.system.test_stream_mount import CHUNK, Tier, stream_toml, streaming_to_tier

@@ -12,11 +12,11 @@ from typing import Iterator, Optional
 
 import pytest
 
-from agent.client import AgentClient
-from agent.server import AgentServer
-from common.clock import SYSTEM_CLOCK, Clock
+from hintfs.agent.client import AgentClient
+from hintfs.agent.server import AgentServer
+from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from mountconfig import parse_config
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 from tests.conftest import needs_fuse, wait_for
 
 pytestmark = needs_fuse
@@ -182,7 +182,7 @@ def test_an_eval_mount_serves_tier_replicas_by_passthrough_through_the_agents_fd
 def test_the_fd_socket_refuses_other_users_and_other_versions(tmp_path):
     import subprocess
     import sys
-    from agent.fdserver import receive_replica_fd
+    from hintfs.agent.fdserver import receive_replica_fd
     store = tmp_path / "store"
     (store / "ckpt").mkdir(parents=True)
     (store / "ckpt/w.bin").write_bytes(b"w" * 1000)
@@ -203,7 +203,7 @@ def test_the_fd_socket_refuses_other_users_and_other_versions(tmp_path):
         assert receive_replica_fd(str(sock), "../etc/passwd", 1, 1) == -1
         # another user: the 0600 socket refuses the connection (and SO_PEERCRED would too)
         os.chmod(tmp_path, 0o755)
-        probe = ("import sys; from agent.fdserver import receive_replica_fd; "
+        probe = ("import sys; from hintfs.agent.fdserver import receive_replica_fd; "
                  f"print(receive_replica_fd({str(sock)!r}, 'ckpt/w.bin', {st.st_size}, {st.st_mtime_ns}))")
         r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe],
                            capture_output=True, text=True, timeout=60, cwd=os.getcwd(),
@@ -322,7 +322,7 @@ def test_a_record_that_says_streamed_makes_the_copy_wait_for_the_first_stream_of
     """The record of a folder's first file can overtake its stream's first call (a loaded host):
     a record flagged `streamed` by the writing mount makes the follower wait for that stream
     (bounded) instead of copying the file a second time; an unflagged one is copied at once."""
-    from common.journal import record_name, streamed_record
+    from hintfs.common.journal import record_name, streamed_record
     with tier_over(tmp_path, "s1") as (store, tier):
         data = os.urandom(3 * CHUNK)
         (store / "ckpt/s1/__0_0.distcp").write_bytes(data)
@@ -471,7 +471,7 @@ def test_an_older_record_of_the_same_writer_and_version_needs_no_copy(tmp_path):
     A replica made for the later one holds what a copy for the earlier one would fetch now, so
     the follower does not copy again; a later record than the replica's is copied as before
     (it may be a rewrite within the mtime's precision), and so is one of another writer."""
-    from common.journal import later_by_same_writer, record_name
+    from hintfs.common.journal import later_by_same_writer, record_name
     with tier_over(tmp_path, "s1") as (store, tier):
         (store / "ckpt/s1/w.bin").write_bytes(os.urandom(3 * CHUNK))
         st = os.stat(store / "ckpt/s1/w.bin")

@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from common.procs import child_pids, pid_alive
+from hintfs.common.procs import child_pids, pid_alive
 from fusefs.stats import Stats
 from fusefs.stream import process, sender
 from fusefs.stream.hooks import StreamFront

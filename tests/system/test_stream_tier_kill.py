@@ -1,4 +1,4 @@
-"""agent/streams.py in a process that is SIGKILLed while chunks arrive (a building block of
+"""hintfs/agent/streams.py in a process that is SIGKILLed while chunks arrive (a building block of
 write-time streaming, not wired into the agent yet): a new tier adopts the stream; every chunk the
 killed one acknowledged is listed as held with its bytes on disk, so the sender re-sends only the
 rest, and the publish is verified against the whole file."""
@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 
-from agent.streams import StreamTier
+from hintfs.agent.streams import StreamTier
 from policy.stream import chunk_crc, crcs_of
 from tests.conftest import REPO
 
@@ -19,7 +19,7 @@ CHUNK = 64 << 10
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from agent.streams import StreamTier
+    from hintfs.agent.streams import StreamTier
     from policy.stream import chunk_crc
     folder, src, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3])
     tier = StreamTier(folder, time.monotonic, persistent=True, progress_every_s=0)

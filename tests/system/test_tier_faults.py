@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from agent.server import AgentServer, start_in_process
-from agent.client import AgentClient, AgentError
-from stores.local import LocalStore
+from hintfs.agent.server import AgentServer, start_in_process
+from hintfs.agent.client import AgentClient, AgentError
+from hintfs.stores.local import LocalStore
 from mountconfig import parse_config
 from policy.tier import TierEntry, pick_evictions
 from tests.conftest import wait_for

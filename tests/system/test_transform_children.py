@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from common.mounts import mount_at
+from hintfs.common.mounts import mount_at
 from tests.conftest import needs_fuse, run_hintfs, wait_for
 from tests.helpers.media import jpeg_file
 

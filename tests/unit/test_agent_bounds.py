@@ -9,11 +9,11 @@ import json
 import pyarrow.flight as fl
 import pytest
 
-from agent import actions, rpc
-from agent.client import AgentClient
-from agent.server import start_in_process
+from hintfs.agent import actions, rpc
+from hintfs.agent.client import AgentClient
+from hintfs.agent.server import start_in_process
 from mountconfig import parse_config
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 
 LAST = (1 << 63) - 1
 
@@ -57,11 +57,11 @@ def test_an_agent_read_at_the_largest_offset_answers_einval_not_eio(tmp_path):
 import logging  # noqa: E402
 import os  # noqa: E402
 
-from agent.streams import ANYONE, StreamRefused, StreamTier  # noqa: E402
-from agent.versions import VersionCheck  # noqa: E402
-from common.clock import FakeClock  # noqa: E402
+from hintfs.agent.streams import ANYONE, StreamRefused, StreamTier  # noqa: E402
+from hintfs.agent.versions import VersionCheck  # noqa: E402
+from hintfs.common.clock import FakeClock  # noqa: E402
 from policy.stream import Sender, StreamLimits, chunk_crc, crc_count_refusal, crcs_of, stream_refusal  # noqa: E402
-from stores.base import Stat  # noqa: E402
+from hintfs.stores.base import Stat  # noqa: E402
 
 CHUNK = 8
 A, B = Sender("token:t1", "ipv4:10.0.0.1"), Sender("token:t1", "ipv4:10.0.0.2")
@@ -255,7 +255,7 @@ def _drain(vc):
 
 
 def test_version_check_takes_the_journal_then_a_batched_stat_and_refuses_what_the_store_lacks():
-    from common.journal import bucket_of, record_name
+    from hintfs.common.journal import bucket_of, record_name
     store, clock = _Store(), FakeClock()
     now_ns = 1_700_000_005 * 10**9      # mid-slice: one slice folder is listed
     vc, got, waiting = _check(store, clock, ".hintfs-journal", wall_ns=lambda: now_ns)

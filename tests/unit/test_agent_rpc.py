@@ -1,4 +1,4 @@
-"""The agent's dispatch table and wire models (agent/actions.py, agent/rpc.py): every action has a
+"""The agent's dispatch table and wire models (hintfs/agent/actions.py, hintfs/agent/rpc.py): every action has a
 typed request, a handler and a typed reply; what `AgentClient` sends parses back into the same
 request; a reply crosses the wire without its unset fields (the JSON of the dicts it replaced) and
 reads like them meanwhile."""
@@ -10,7 +10,7 @@ import json
 import pyarrow.flight as fl
 import pytest
 
-from agent import actions, rpc
+from hintfs.agent import actions, rpc
 from policy.stream import Sender
 
 ANYONE = Sender("-", "-")

@@ -1,4 +1,4 @@
-"""agent/streams.py, the tier's side of write-time streaming (a building block, not wired into the
+"""hintfs/agent/streams.py, the tier's side of write-time streaming (a building block, not wired into the
 agent yet): chunks kept apart until a verified publish, damaged chunks refused, generations,
 idle expiry, and adoption of a stopped agent's streams with their progress."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from agent.streams import StreamError, StreamFinished, StreamTier
-from common.clock import FakeClock
+from hintfs.agent.streams import StreamError, StreamFinished, StreamTier
+from hintfs.common.clock import FakeClock
 from policy.stream import chunk_crc, crcs_of
 
 CHUNK = 8
@@ -140,7 +140,7 @@ def test_a_demand_read_does_not_wait_for_a_progress_sync(tmp_path, monkeypatch):
     stream's lock: 10-25 ms per read in bench/cross_dc_eval.py)."""
     import threading
 
-    import agent.streams as streams_mod
+    import hintfs.agent.streams as streams_mod
     tier = StreamTier(str(tmp_path / "t"), FakeClock(), persistent=True, progress_every_s=0)
     data = os.urandom(4 * CHUNK)
     tier.open("s1", 0, "ckpt/a", CHUNK)

@@ -1,4 +1,4 @@
-"""The agent's timing logic on a fake clock (common.clock.FakeClock), without a Flight server and
+"""The agent's timing logic on a fake clock (hintfs.common.clock.FakeClock), without a Flight server and
 without sleeping: a replica's TTL and the eviction order, `tier_stat`'s waits for a publish and for
 a file expected in a folder being streamed, and a copy's wait for a stream that would make it
 needless. Each test moves the clock by hand and looks at what the part decided."""
@@ -9,13 +9,13 @@ import threading
 
 import pytest
 
-from agent.catalog import Catalog
-from agent.copier import STREAM_ALIVE_WAIT_S, STREAM_PUBLISH_WAIT_S, Copier
-from agent.refusals import RefusalLog
-from agent.streams import StreamTier
-from agent.tier import STREAM_QUIET_S, Arrivals, TierView
-from common.clock import FakeClock
-from common.errors import HintfsError
+from hintfs.agent.catalog import Catalog
+from hintfs.agent.copier import STREAM_ALIVE_WAIT_S, STREAM_PUBLISH_WAIT_S, Copier
+from hintfs.agent.refusals import RefusalLog
+from hintfs.agent.streams import StreamTier
+from hintfs.agent.tier import STREAM_QUIET_S, Arrivals, TierView
+from hintfs.common.clock import FakeClock
+from hintfs.common.errors import HintfsError
 from tests.conftest import wait_for
 
 CHUNK = 4096

@@ -1,11 +1,11 @@
-"""The agent's replica catalog keeps the bytes it holds as a running sum (agent/catalog.py)."""
+"""The agent's replica catalog keeps the bytes it holds as a running sum (hintfs/agent/catalog.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
 
-from agent.catalog import ReplicaCatalog
+from hintfs.agent.catalog import ReplicaCatalog
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""The follower's copy queue (agent/copyqueue.py): oldest first, a signalled job's files first."""
+"""The follower's copy queue (hintfs/agent/copyqueue.py): oldest first, a signalled job's files first."""
 from __future__ import annotations
 
 import posixpath
 
-from agent.copyqueue import CopyQueue
+from hintfs.agent.copyqueue import CopyQueue
 
 
 def _job(path: str) -> str:

@@ -1,4 +1,4 @@
-"""A long-running process raises its soft open-file limit to the hard one (common/fdlimit.py)."""
+"""A long-running process raises its soft open-file limit to the hard one (hintfs/common/fdlimit.py)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import resource
 import subprocess
 import sys
 
-PROBE = ("import resource; from common.fdlimit import raise_open_file_limit; "
+PROBE = ("import resource; from hintfs.common.fdlimit import raise_open_file_limit; "
          "got = raise_open_file_limit(); print(got, *resource.getrlimit(resource.RLIMIT_NOFILE))")
 
 

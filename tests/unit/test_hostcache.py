@@ -1,4 +1,4 @@
-"""The host cache of remote stores (stores/hostcache.py) over an in-memory remote store: served
+"""The host cache of remote stores (hintfs/stores/hostcache.py) over an in-memory remote store: served
 only at the store's exact version, fetched once, never served partial, bounded by its budget,
 and never a path outside its directory."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from common.errors import HintfsError
+from hintfs.common.errors import HintfsError
 from mountconfig.load import ConfigError, parse_config
 from mountconfig.schema import CacheConfig
-from stores.base import Stat, Staging
-from stores.hostcache import XATTR, CachedReader, HostCachedStore, cache_name
+from hintfs.stores.base import Stat, Staging
+from hintfs.stores.hostcache import XATTR, CachedReader, HostCachedStore, cache_name
 from tests.conftest import wait_for
 
 MiB = 1 << 20
@@ -492,7 +492,7 @@ def test_config_errors_name_the_key(table, error):
 
 def test_open_store_wraps_remote_stores_only(tmp_path):
     from mountconfig.schema import StoreConfig
-    from stores import open_store
+    from hintfs.stores import open_store
     local = open_store(StoreConfig(uri=f"file://{tmp_path}"), str(tmp_path / "spool"), cfg(tmp_path))
     assert not isinstance(local, HostCachedStore)
     s3 = StoreConfig(uri="s3://bucket/prefix", endpoint_override="127.0.0.1:9", scheme="http", region="us-east-1",

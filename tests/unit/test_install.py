@@ -8,6 +8,7 @@ import configparser
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,22 @@ def test_installed_unit_verifies(installed, name):
     r = subprocess.run([analyze, "verify", str(instance)], capture_output=True, text=True, timeout=60)
     problems = [line for line in (r.stdout + r.stderr).splitlines() if name in line]
     assert r.returncode == 0 and not problems, r.stdout + r.stderr
+
+
+def test_the_wheel_installs_only_names_of_our_own(tmp_path):
+    """An installed hintfs adds to a job's environment only `hintfs` and the design card's
+    `fusefs`, `policy` and `mountconfig` as top-level import names (issue 36): no `common`,
+    `agent`, `stores`, `transforms` or `governor` to clash with a training image's packages."""
+    import zipfile
+    src = tmp_path / "src"
+    # (a copy: the build writes build/ and *.egg-info beside the sources)
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info",
+                                                              "__pycache__", "bench", "tests", "docs"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("hintfs-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"hintfs", "fusefs", "policy", "mountconfig"}, sorted(top)
+    assert "hintfs/agent/server.py" in names and "hintfs/common/paths.py" in names

@@ -1,4 +1,4 @@
-"""One rule for job names (common.paths.job_name), used by the mount when a control file is
+"""One rule for job names (hintfs.common.paths.job_name), used by the mount when a control file is
 created and by the job-side API (hintfs.client, hintfs.plan) before it touches the mount: one
 path component, not hidden, bounded, and printable (no control character: it is logged and
 shown in status). tests/mount/test_log_lines.py runs the attack through a mount."""
@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from common.paths import job_name, printable
+from hintfs.common.paths import job_name, printable
 from hintfs import client, plan
 
 BAD = ["", ".hidden", "a/b", "a\0b", "x.status", "x.error", "n" * 201,
@@ -72,7 +72,7 @@ def test_printable_escapes_every_line_separator_and_control_character():
 def test_a_daemon_log_record_is_one_line_whatever_its_arguments(tmp_path):
     import logging
 
-    from common.logline import OneLineFormatter, one_line_logs
+    from hintfs.common.logline import OneLineFormatter, one_line_logs
 
     handler = logging.FileHandler(tmp_path / "d.log")
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

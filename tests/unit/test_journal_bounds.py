@@ -1,6 +1,6 @@
 """Journal records are input (issue 34, finding 9): parsed with bounds, refused when dated past the
 store's clock or out of their time folder, pruned; the journal's folders private on the store
-(common/journal.py). The attacks themselves: tests/system/test_security_journal.py."""
+(hintfs/common/journal.py). The attacks themselves: tests/system/test_security_journal.py."""
 from __future__ import annotations
 
 import base64
@@ -10,13 +10,13 @@ import stat
 import pytest
 import trio
 
-from common.journal import (BUCKET_NS, MAX_RECORD_BYTES, MAX_SKEW_NS, TIMED, JournalRefused, bucket_of,
+from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, MAX_SKEW_NS, TIMED, JournalRefused, bucket_of,
                             decode_name, decode_record, encode_record, journal_problem, prepare_journal, prune,
                             record_key, record_name, refusal)
 from fusefs.journal_writer import JournalWriter
 from fusefs.stats import Stats
-from stores.base import Stat
-from stores.local import LocalStore
+from hintfs.stores.base import Stat
+from hintfs.stores.local import LocalStore
 
 NOW = 1_800_000_000 * 10**9
 

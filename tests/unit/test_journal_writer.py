@@ -5,11 +5,11 @@ import os
 
 import trio
 
-from common.journal import decode_record
+from hintfs.common.journal import decode_record
 from fusefs import journal_writer
 from fusefs.journal_writer import JournalWriter
 from fusefs.stats import Stats
-from stores.local import LocalStore
+from hintfs.stores.local import LocalStore
 
 
 def _journaled(store_root) -> dict[str, dict]:

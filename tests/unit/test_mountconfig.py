@@ -99,7 +99,7 @@ def test_request_checksum_defaults_to_when_required_for_endpoint_override_stores
     """`[store] request_checksum`: explicit wins; unset, S3-compatible servers (endpoint_override)
     get "when_required" unless the environment already says; AWS itself keeps the SDK default."""
     from mountconfig.schema import StoreConfig
-    from stores.arrow import CHECKSUM_ENV, request_checksum_of
+    from hintfs.stores.arrow import CHECKSUM_ENV, request_checksum_of
     monkeypatch.delenv(CHECKSUM_ENV, raising=False)
     assert StoreConfig().request_checksum is None
     other = StoreConfig(uri="s3://b", endpoint_override="127.0.0.1:9")
@@ -117,7 +117,7 @@ def test_request_checksum_defaults_to_when_required_for_endpoint_override_stores
 
 def test_request_checksum_is_set_for_the_s3_client_only_while_it_is_built(monkeypatch):
     from mountconfig.schema import StoreConfig
-    from stores.arrow import CHECKSUM_ENV, filesystem_from_config
+    from hintfs.stores.arrow import CHECKSUM_ENV, filesystem_from_config
     import os
     monkeypatch.delenv(CHECKSUM_ENV, raising=False)
     fs, root = filesystem_from_config(StoreConfig(uri="s3://bucket/pre", endpoint_override="127.0.0.1:9",

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from common import paths
-from common.errors import HintfsError
-from stores.errors import errno_of
+from hintfs.common import paths
+from hintfs.common.errors import HintfsError
+from hintfs.stores.errors import errno_of
 from fusefs.stats import OpStats, Stats
 
 

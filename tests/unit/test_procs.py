@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from common import procs
-from common.procs import pid_alive
+from hintfs.common import procs
+from hintfs.common.procs import pid_alive
 from hintfs.cli import runs_isolated
 
 

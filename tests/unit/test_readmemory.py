@@ -1,8 +1,8 @@
-"""agent/readmemory.py: what eval jobs read of one checkpoint's file predicts the next one's,
+"""hintfs/agent/readmemory.py: what eval jobs read of one checkpoint's file predicts the next one's,
 bounded, and a newer checkpoint's reads replace an older one's."""
 from __future__ import annotations
 
-from agent.readmemory import ReadMemory
+from hintfs.agent.readmemory import ReadMemory
 from policy.stream import merged_ranges
 
 

@@ -6,7 +6,7 @@ import stat
 import subprocess
 import sys
 
-from agent import socketdir
+from hintfs.agent import socketdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,7 +36,7 @@ def test_a_made_folder_is_private_locked_and_removed_at_stop(tmp_path):
 
 
 def test_the_folder_of_a_killed_mount_is_reaped_by_the_next_one(tmp_path):
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from agent import socketdir; "
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from hintfs.agent import socketdir; "
             "d = socketdir.make(sys.argv[2]); open(d.socket, 'w').close(); print(d.path, flush=True); "
             "time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, REPO, str(tmp_path)], stdout=subprocess.PIPE, text=True)

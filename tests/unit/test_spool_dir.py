@@ -1,5 +1,5 @@
 """The spool folder of a remote store (`[cache] spool_dir`: where writes stage until close uploads
-them, stores/arrow.py) is the daemon's own, as `[cache] dir` is (common.owndir, issue 34 finding
+them, hintfs/stores/arrow.py) is the daemon's own, as `[cache] dir` is (hintfs.common.owndir, issue 34 finding
 12): a folder owned by the daemon's user, not a symlink, not open to others. The daemon makes it
 0700; one made by another user, or a symlink, is refused at mount time with one line; a folder
 swapped in later is refused at the next write, and nothing is staged in it.
@@ -16,10 +16,10 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from common.errors import HintfsError
+from hintfs.common.errors import HintfsError
 from fusefs.mount import MountError, open_checked_store
 from mountconfig import parse_config
-from stores.arrow import ArrowStore
+from hintfs.stores.arrow import ArrowStore
 from tests.helpers.security import NOBODY, WorldDir, as_nobody, can_run_as_nobody
 
 needs_nobody = pytest.mark.skipif(not can_run_as_nobody(), reason="needs root, setpriv and a Python uid 65534 can run")

@@ -10,7 +10,7 @@ import pytest
 
 from fusefs.stream.hooks import StreamFront
 from mountconfig.schema import StreamConfig
-from stores.base import Stat
+from hintfs.stores.base import Stat
 
 CHUNK = 1 << 20
 PATH = "ckpt/run/step_1/__0_0.distcp"

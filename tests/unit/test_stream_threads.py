@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent.streams import StreamTier
+from hintfs.agent.streams import StreamTier
 from fusefs.stats import Stats
 from fusefs.stream.hooks import Version
 from fusefs.stream.streamer import Streamer

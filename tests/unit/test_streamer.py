@@ -1,4 +1,4 @@
-"""fusefs/stream/streamer.py against agent/streams.py (the two ends of write-time streaming, building
+"""fusefs/stream/streamer.py against hintfs/agent/streams.py (the two ends of write-time streaming, building
 without a mount or an agent), joined by an in-memory transport that can be cut: bytes sent behind a writer, each once on the happy path; in-place rewrites caught at
 publish; a cut link and a restarted tier resume from what the tier holds; a truncate starts a new
 generation; an unlinked file leaves nothing at the tier; nothing is ready before publish."""
@@ -8,7 +8,7 @@ import errno
 import os
 import time
 
-from agent.streams import StreamError, StreamTier
+from hintfs.agent.streams import StreamError, StreamTier
 from fusefs.stream.streamer import PublishAnswer, PutAnswer, Streamer
 from policy.stream import chunk_crc
 

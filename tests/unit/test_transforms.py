@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-import transforms  # noqa: E402
-from transforms import TransformError, apply  # noqa: E402
-from transforms import container as tc  # noqa: E402
-from transforms.image import crop_offset, target_size  # noqa: E402
-from transforms.params import (ImageParams, TransformRule, VideoParams, default_seed,  # noqa: E402
+from hintfs import transforms  # noqa: E402
+from hintfs.transforms import TransformError, apply  # noqa: E402
+from hintfs.transforms import container as tc  # noqa: E402
+from hintfs.transforms.image import crop_offset, target_size  # noqa: E402
+from hintfs.transforms.params import (ImageParams, TransformRule, VideoParams, default_seed,  # noqa: E402
                                match_rule, params_hash)
-from transforms.video import build_index, sample_frames  # noqa: E402
+from hintfs.transforms.video import build_index, sample_frames  # noqa: E402
 
 from tests.helpers.media import VIDEO_CASES, has_decoder, has_encoder, make_image, make_video, pattern  # noqa: E402,F401
 
@@ -329,7 +329,7 @@ def test_raw_and_tensor_modes_agree_video(video, tmp_path):
 # ---------------------------------------------------------------- resource bounds (see also test_media_bounds)
 
 def test_image_header_reads_the_size_every_supported_format_announces(images):
-    from transforms.limits import image_header
+    from hintfs.transforms.limits import image_header
     for name, raw in images.items():
         fmt, size = name.split("-")
         w, h = (int(x) for x in size.split("x"))

@@ -1,0 +1,381 @@
+"""The agent's catalog: the replicas it holds, within its byte budget (eviction), their TTLs,
+and what the store removed.
+
+`Catalog` is the role: a replica is added (a finished copy or stream, `replica_from` +
+`add_unless_removed`), read (`get`, `pread`, `local_fd`), renewed, dropped (`drop`, at its TTL by
+`expire`, by a journal removal record: `removed_from_store`) or evicted to make room for a copy or
+a stream's chunks (`make_room`, by `policy.tier`). The follower says which checkpoint folders
+eviction must spare (`keep`): it is never asked back. `lock` is the agent's state lock; the
+arrivals (`hintfs.agent.tier.Arrivals`) share it.
+
+`ReplicaCatalog` is its table: every copy asks how much of the budget is used (`make_room`).
+Summing the catalog each time made a copy cost more the more replicas the tier held, under the
+agent's lock: quadratic over a checkpoint of thousands of files (bench/follower_queue.py). Bytes
+on the agent's disk that are not replicas yet, the chunks of write-time streams, count in the
+same budget (`reserved_bytes`, `reserve`/`release`; issue 34: unpublished streams filled the
+data folder past `budget_bytes`). `counted_bytes` is what the budget compares.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, Optional, Protocol, TypeVar
+
+from hintfs.agent import persist
+from hintfs.agent.rpc import BudgetStatus, ReplicaStatus
+from hintfs.common.clock import SYSTEM_CLOCK, Clock
+from hintfs.common.errors import HintfsError
+from hintfs.common.journal import Removals, record_time_ns
+from policy.tier import TierEntry, pick_evictions
+
+log = logging.getLogger("hintfs.agent")
+EVICT_HEADROOM = 0.02          # a full tier evicts this share of its budget beyond what a copy needs
+
+
+class _Sized(Protocol):
+    size: int
+
+
+R = TypeVar("R", bound=_Sized)
+
+
+class ReplicaCatalog(dict[str, R], Generic[R]):
+    """path -> replica; `used_bytes` is the sum of their sizes. Changed only by item assignment,
+    `del`, `pop` and `clear` (the others would bypass the sum: they raise). Not thread-safe: the
+    agent's lock guards it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used_bytes = 0
+        self.reserved_bytes = 0     # counted for what is not a replica (yet): stream chunks
+
+    @property
+    def counted_bytes(self) -> int:
+        """Replicas and reservations: what the budget holds."""
+        return self.used_bytes + self.reserved_bytes
+
+    def reserve(self, nbytes: int) -> None:
+        self.reserved_bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.reserved_bytes = max(0, self.reserved_bytes - nbytes)
+
+    def __setitem__(self, path: str, rep: R) -> None:
+        old = self.get(path)
+        if old is not None:
+            self.used_bytes -= old.size
+        super().__setitem__(path, rep)
+        self.used_bytes += rep.size
+
+    def __delitem__(self, path: str) -> None:
+        self.used_bytes -= self[path].size
+        super().__delitem__(path)
+
+    def pop(self, path: str, *default: Any) -> Any:   # type: ignore[override]
+        if path in self:
+            rep = super().pop(path)
+            self.used_bytes -= rep.size
+            return rep
+        return super().pop(path, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self.used_bytes = 0
+
+    def _bypass(self, *_args: Any, **_kwargs: Any) -> NoReturn:
+        raise TypeError("ReplicaCatalog changes only by [], del, pop and clear (used_bytes is kept by them)")
+
+    update = setdefault = popitem = __ior__ = _bypass   # type: ignore[assignment]
+
+
+
+
+@dataclass
+class Replica:
+    path: str
+    local: str
+    size: int
+    expires_at: float          # wall-clock time (kept in the sidecar across restarts)
+    fd: int = -1               # kept open: a read is one pread, not open+read+close
+    source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
+    last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
+    record: Optional[str] = None   # the journal record this copy answered (one per close)
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.size, self.source_mtime_ns)
+
+
+def made_before(rep: Replica, t_ns: int) -> bool:
+    """The replica holds a version written before `t_ns`: by the time of the journal record it was
+    made for, else (a copy found by listing or fetched for a read) by the store's mtime."""
+    made = record_time_ns(rep.record) if rep.record else None
+    return (made if made is not None else rep.source_mtime_ns) < t_ns
+
+
+def _under(path: str, folders: frozenset[str]) -> bool:
+    """`path` is in one of `folders` or below one."""
+    while "/" in path:
+        path = path.rsplit("/", 1)[0]
+        if path in folders:
+            return True
+    return False
+
+
+class Catalog:
+    """The replicas of one agent instance (in `folder`), `budget` bytes at most with the stream
+    chunks counted beside them. `persistent`: each replica has a sidecar (`persist.write_sidecar`)."""
+
+    def __init__(self, folder: str, budget: int, persistent: bool, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.folder = folder
+        self.budget = budget
+        self.persistent = persistent
+        self.clock = clock
+        self.replicas: ReplicaCatalog[Replica] = ReplicaCatalog()
+        self.lock = threading.Lock()
+        self.evictions = 0
+        # path (a file or a folder) -> the time of the newest journal record saying it left the
+        # store: a replica of it from before then is dropped, and not cataloged when a copy or
+        # stream of it finishes later (`removed_from_store`; a restarted agent reads the journal again)
+        self._removed = Removals()
+        self._retired_fds: list[int] = []    # fds of replicas gone while reads may still use them
+        # checkpoint folders eviction spares, as the follower last said: (newest complete, being copied)
+        self._kept: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+
+    # -- what is here ----------------------------------------------------------------------------
+    def local_name(self, path: str) -> str:
+        return os.path.join(self.folder, hashlib.sha256(path.encode()).hexdigest()[:32])
+
+    def used_bytes(self) -> int:
+        """Replicas and stream chunks not yet replicas (running sums: asked at every copy)."""
+        return self.replicas.counted_bytes
+
+    def get(self, path: str) -> Optional[Replica]:
+        with self.lock:
+            return self.replicas.get(path)
+
+    def has(self, path: str, size: int, mtime_ns: int) -> bool:
+        """A complete replica of exactly this version of `path` is here."""
+        with self.lock:
+            rep = self.replicas.get(path)
+            return rep is not None and rep.size == size and rep.source_mtime_ns == mtime_ns
+
+    def touch(self, rep: Replica) -> None:
+        rep.last_used = self.clock.monotonic()
+
+    def pread(self, path: str, version: tuple[int, int], offset: int, n: int) -> Optional[bytes]:
+        """(under `lock`) `n` bytes at `offset` of the replica of exactly `version`, or None."""
+        rep = self.replicas.get(path)
+        if rep is not None and rep.version == version and rep.fd >= 0:
+            rep.last_used = self.clock.monotonic()
+            return os.pread(rep.fd, n, offset)
+        return None
+
+    def local_fd(self, path: str, size: int, mtime_ns: int) -> int:
+        """A new fd of a complete, unexpired replica of exactly this version of `path`, or -1: for
+        the mount in this process, whose kernel then reads the replica file itself (passthrough).
+        The fd keeps the file's data should the replica be evicted meanwhile."""
+        with self.lock:
+            rep = self.replicas.get(path)
+            if (rep is None or rep.fd < 0 or rep.size != size or rep.source_mtime_ns != mtime_ns
+                    or rep.expires_at <= self.clock.time()):
+                return -1
+            rep.last_used = self.clock.monotonic()
+            return os.dup(rep.fd)
+
+    def renew(self, rep: Replica, ttl_s: float) -> None:
+        """(under `lock`) A copy asked for again: kept at least `ttl_s` more."""
+        rep.expires_at = max(rep.expires_at, self.clock.time() + ttl_s)
+        rep.last_used = self.clock.monotonic()
+        if self.persistent:
+            self.write_sidecar(rep)
+
+    def write_sidecar(self, rep: Replica) -> None:
+        persist.write_sidecar(rep.local, rep.path, rep.size, rep.source_mtime_ns, rep.expires_at, rep.record)
+
+    # -- in and out ------------------------------------------------------------------------------
+    def replica_from(self, part: str, path: str, size: int, mtime_ns: int, ttl_s: float,
+                     record: Optional[str]) -> Replica:
+        """A complete, verified part file (a copy's or a stream's) renamed to the replica of
+        (size, mtime_ns) of `path`, with its sidecar in a persistent agent; `add_unless_removed`
+        catalogs it."""
+        local = self.local_name(path)
+        os.rename(part, local)
+        rep = Replica(path, local, size, self.clock.time() + ttl_s, os.open(local, os.O_RDONLY | os.O_CLOEXEC),
+                      mtime_ns, self.clock.monotonic(), record)
+        if self.persistent:
+            self.write_sidecar(rep)
+        return rep
+
+    def add_unless_removed(self, rep: Replica) -> bool:
+        """A finished copy's or stream's replica joins the catalog, unless a removal record newer
+        than its version came meanwhile: then it is retired, and False."""
+        with self.lock:
+            removed = self._removed_since(rep)
+            if not removed:
+                self.replicas[rep.path] = rep
+        if removed:
+            self.retire(rep)
+        return not removed
+
+    def drop(self, path: str, only: Optional[Replica] = None) -> bool:
+        """Drop the replica of `path` (`only` that one: not a newer one cataloged since)."""
+        with self.lock:
+            rep = self.replicas.get(path)
+            if rep is None or (only is not None and rep is not only):
+                return False
+            del self.replicas[path]
+        self.retire(rep)
+        return True
+
+    def retire(self, rep: Replica) -> None:
+        """Remove a replica's files; its fd is closed a reclaim round later (a read running on
+        another thread may still hold it)."""
+        self._retired_fds.append(rep.fd)
+        for name in (rep.local + ".meta", rep.local):   # the description first: no orphan data is trusted
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+
+    def take_retired_fds(self) -> list[int]:
+        with self.lock:
+            fds, self._retired_fds = self._retired_fds, []
+        return fds
+
+    def expire(self) -> list[str]:
+        """Drop the replicas whose TTL ran out; their paths."""
+        now = self.clock.time()
+        with self.lock:
+            gone = [p for p, r in self.replicas.items() if r.expires_at <= now]
+        for p in gone:
+            self.drop(p)
+            log.info("replica of %s reclaimed at TTL", p)
+        return gone
+
+    # -- the budget --------------------------------------------------------------------------------
+    def keep(self, newest: frozenset[str], pinned: frozenset[str]) -> None:
+        """The follower's word on its checkpoint folders: each job's newest complete one
+        (`newest`, the likely next eval) and those still being copied (`pinned`: evicting their
+        files would stall their completion). Eviction spares replicas below them (policy/tier.py)."""
+        self._kept = (newest, pinned)
+
+    def make_room(self, path: str, size: int, reserve: bool = False) -> None:
+        """Evict replicas (policy/tier.py) so that `size` more bytes fit the budget, or ENOSPC;
+        `reserve`: and count them (a stream's chunks, until its part is handed over)."""
+        with self.lock:
+            need = self.used_bytes() + size - self.budget
+            if need <= 0:
+                if reserve:
+                    self.replicas.reserve(size)
+                return
+            now = self.clock.time()
+            newest, pinned = self._kept
+            entries = [TierEntry(p, r.size, r.last_used, r.expires_at <= now, _under(p, newest), _under(p, pinned))
+                       for p, r in self.replicas.items() if p != path]
+            # a little more than this copy needs: a full tier then sorts its catalog once per
+            # EVICT_HEADROOM of the budget, not once per copy (bench/follower_queue.py)
+            victims = pick_evictions(entries, need, need + int(self.budget * EVICT_HEADROOM))
+            if not victims:
+                raise HintfsError(errno.ENOSPC, f"budget: {path} needs {size} bytes, "
+                                                f"{self.budget - self.used_bytes()} left and no replica may go")
+        for p in victims:
+            if self.drop(p):
+                self.evictions += 1
+                log.info("evicted %s to make room for %s", p, path)
+        if reserve:
+            with self.lock:
+                self.replicas.reserve(size)
+
+    # StreamBudget (hintfs/agent/streams.py): stream chunks count in the budget beside replicas.
+    def reserve(self, nbytes: int, path: str) -> None:
+        self.make_room(path, nbytes, reserve=True)
+
+    def release(self, nbytes: int) -> None:
+        with self.lock:
+            self.replicas.release(nbytes)
+
+    # -- removals --------------------------------------------------------------------------------
+    def removed_from_store(self, removals: list[tuple[str, int]]) -> list[str]:
+        """Journal records (`hintfs.common.journal.removed_record`) say each path, a file or a folder,
+        left the store at its time (unlinked, renamed away): drop the replicas of it and under it
+        made from an earlier version, and remember it, so that a copy or stream of such a version
+        finishing later is not cataloged either. One pass over the replicas for all of them (a
+        deleted checkpoint is a record per file). The paths dropped."""
+        with self.lock:
+            batch = self._removed.note_round(removals)
+            gone = []
+            for p, rep in self.replicas.items():
+                t = batch.newest(p)
+                if t is not None and made_before(rep, t):
+                    gone.append(rep)
+        dropped = [rep.path for rep in gone if self.drop(rep.path, only=rep)]
+        for p in dropped:
+            log.info("replica of %s dropped: the store removed it", p)
+        return dropped
+
+    def _removed_since(self, rep: Replica) -> bool:
+        """(under `lock`) A removal record of the replica's path or a folder above it is newer
+        than the version it holds."""
+        t = self._removed.newest(rep.path)
+        return t is not None and made_before(rep, t)
+
+    # -- restarts ----------------------------------------------------------------------------------
+    def adopt(self, folder: str) -> int:
+        """The replicas of a stopped agent's `folder` (`persist.adopt_stopped_instances`): every
+        one with a sidecar, the right size and time left moves here, unless this catalog has its
+        version or a newer one. How many."""
+        now = self.clock.time()
+        adopted = 0
+        for name, data, meta in persist.descriptions(folder, ".meta"):
+            try:
+                if os.path.getsize(data) != int(meta["size"]) or float(meta["expires_at"]) <= now:
+                    continue
+                path = str(meta["path"])
+                old = self.replicas.get(path)
+                if old is not None and old.source_mtime_ns >= int(meta["mtime_ns"]):
+                    continue
+                local = self.local_name(path)
+                # opened before the move: a failed open (EMFILE) leaves it with the old folder
+                fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.rename(data, local)
+                except OSError:
+                    os.close(fd)
+                    raise
+                rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]), fd,
+                              int(meta["mtime_ns"]), self.clock.monotonic(), meta.get("record"))
+                self.write_sidecar(rep)
+                if old is not None:
+                    os.close(old.fd)
+                with self.lock:
+                    self.replicas[path] = rep
+                adopted += 1
+            except (OSError, ValueError, KeyError) as err:
+                log.warning("not adopting %s from %s: %s", name, folder, err)
+        return adopted
+
+    def close(self) -> None:
+        """A persistent agent closes its replicas' fds (the files stay for the next agent);
+        another leaves them to its folder's removal."""
+        if self.persistent:
+            with self.lock:
+                for r in self.replicas.values():
+                    os.close(r.fd)
+                self.replicas.clear()
+
+    # -- status ----------------------------------------------------------------------------------
+    def status(self) -> "tuple[dict[str, ReplicaStatus], BudgetStatus]":
+        now = self.clock.time()
+        with self.lock:
+            replicas = {p: ReplicaStatus(size=r.size, expires_in_s=round(r.expires_at - now, 3))
+                        for p, r in self.replicas.items()}
+            budget = BudgetStatus(bytes=self.budget, used=self.used_bytes(), evictions=self.evictions)
+        return replicas, budget
+
+
+__all__ = ["ReplicaCatalog", "Catalog", "Replica", "made_before", "EVICT_HEADROOM"]

@@ -1,0 +1,201 @@
+"""Blocking client of a storage agent (Arrow Flight). Used from worker threads of the mount,
+from other agents (tree fan-out) and from the benchmarks.
+
+Requests are the agent's own models (hintfs/agent/rpc.py), built with `model_construct` (the agent
+validates them; an invalid one comes back as its EINVAL) and sent without their default fields;
+replies are parsed into the reply models the dispatch table names (hintfs/agent/actions.py)."""
+from __future__ import annotations
+
+import errno
+import struct
+from typing import Optional, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as fl
+from pydantic import ValidationError
+
+from hintfs.agent import rpc
+from hintfs.agent.rpc import errno_of_flight_error
+
+
+class AgentError(OSError):
+    pass
+
+
+def _errno_of(err: Exception) -> int:
+    return errno_of_flight_error(err)
+
+
+R = TypeVar("R", bound=rpc.Reply)
+
+
+def _binary_array(items: list[bytes]) -> pa.Array:
+    """A large_binary array over the bytes without copying them when there is one (a chunk)."""
+    if len(items) != 1:
+        return pa.array(items, pa.large_binary())
+    offsets = pa.py_buffer(struct.pack("<qq", 0, len(items[0])))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(items[0])])
+
+
+class AgentClient:
+    def __init__(self, location: str, token: Optional[str] = None, tls_root: Optional[bytes] = None,
+                 timeout_s: float = 30.0, own_connection: bool = False):
+        """`own_connection`: a TCP connection of its own, not shared with other clients of the
+        same agent in this process (gRPC shares them otherwise): small control calls then do not
+        queue behind another client's bulk transfers on a long link."""
+        self.location = location
+        kwargs: dict = {}
+        if tls_root:
+            kwargs["tls_root_certs"] = tls_root
+        if own_connection:
+            kwargs["generic_options"] = [("grpc.use_local_subchannel_pool", 1)]
+        self._client = fl.FlightClient(location, **kwargs)
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
+
+    def _action(self, kind: str, body: bytes) -> bytes:
+        """One action with this body; the reply's bytes (b"" when the agent sent none)."""
+        try:
+            results = list(self._client.do_action(fl.Action(kind, body), self._opts))
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: {kind} failed: {err}") from None
+        return results[0].body.to_pybytes() if results else b""
+
+    def _reply(self, model: type[R], data: bytes, what: str) -> R:
+        try:
+            return model.model_validate_json(data) if data else model.model_validate({})
+        except ValidationError as err:
+            raise AgentError(errno.EIO, f"agent {self.location}: {what}: unexpected reply: "
+                                        f"{err.errors(include_url=False)[0]['msg']}") from None
+
+    def _call(self, kind: str, req: rpc.Request, reply: type[R]) -> R:
+        return self._reply(reply, self._action(kind, rpc.encode(req)), kind)
+
+    def _ticket(self, body: bytes, what: str) -> pa.Table:
+        """One do_get stream, read whole; Flight errors become AgentError naming `what`."""
+        try:
+            return self._client.do_get(fl.Ticket(body), self._opts).read_all()
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: {what} failed: {err}") from None
+
+    def read(self, path: str, offset: int, length: int, replica_only: bool = False,
+             expect: Optional[tuple[int, int]] = None, demand: bool = False) -> bytes:
+        """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another
+        version; with `demand` too, also while that version is still arriving (hintfs/agent/demand.py)."""
+        req = rpc.ReadRequest.model_construct(path=path, offset=offset, length=length, replica_only=replica_only,
+                                              expect=tuple(expect) if expect is not None else None, demand=demand)
+        table = self._ticket(rpc.encode(req), f"read {path}")
+        col = table.column(0)
+        return col[0].as_py() if len(col) else b""
+
+    def sample(self, path: str, kind: str, params_json: str, aug_seed: int, allow_raw: bool = True) -> bytes:
+        """The bytes of `path`'s `.tensor` file, transformed on the agent (or raw, see samples.py)."""
+        req = rpc.SampleRequest.model_construct(op="sample", path=path, kind=kind, params=params_json,
+                                                aug_seed=aug_seed, allow_raw=allow_raw)
+        return self._ticket(rpc.encode(req), f"sample {path}").column(0)[0].as_py()
+
+    def samples_ready(self, samples: list) -> list[tuple[str, int, bytes]]:
+        """Of [path, kind, params_json, aug_seed] items, the `.tensor` bytes the agent has ready,
+        as (path, aug_seed, bytes), in one call; samples not ready are left out."""
+        req = rpc.SamplesReadyRequest.model_construct(op="samples_ready", samples=[tuple(x) for x in samples])
+        table = self._ticket(rpc.encode(req), "samples_ready")
+        return list(zip(table.column("path").to_pylist(), table.column("seed").to_pylist(),
+                        table.column("data").to_pylist()))
+
+    def plan_window(self, keep: list, want: list, job: Optional[str] = None) -> rpc.PlanWindowReply:
+        """`job`'s plan window: free its transformed samples not in `keep`, start making `want`
+        (one call per plan step). Another job's samples are never freed by it; None: the window
+        shared by every plan that names no job (older agents know no job)."""
+        req = rpc.PlanWindowRequest.model_construct(keep=[tuple(x) for x in keep], want=[tuple(x) for x in want],
+                                                    job=job)
+        return self._call("plan_window", req, rpc.PlanWindowReply)
+
+    def replicate(self, path: str, ttl_s: float, source: Optional[str] = None, priority: str = "background",
+                  job: Optional[str] = None, importance: float = 1.0,
+                  expect: Optional[tuple[int, int]] = None) -> rpc.ReplicateReply:
+        req = rpc.ReplicateRequest.model_construct(path=path, ttl_s=ttl_s, source=source, priority=priority, job=job,
+                                                   importance=importance,
+                                                   expect=tuple(expect) if expect is not None else None)
+        return self._call("replicate", req, rpc.ReplicateReply)
+
+    def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> rpc.TierStatReply:
+        """{"state": "ready"|"copying", "size", "mtime_ns"} | {"state": "streaming"|"dir"|"absent"};
+        `wait_s`: the agent waits that long for an unpublished stream of `path` to be published;
+        `appear_s`: that long for an absent file whose folder is being streamed in ("expected")."""
+        req = rpc.TierStatRequest.model_construct(path=path, wait_s=wait_s, appear_s=appear_s)
+        return self._call("tier_stat", req, rpc.TierStatReply)
+
+    # -- write-time streams (the training mount's side) ------------------------------------------
+    _CHUNKS = pa.schema([("offset", pa.int64()), ("crc", pa.int64()), ("data", pa.large_binary())])
+
+    def stream_open(self, sid: str, gen: int, path: str, chunk: int,
+                    job: Optional[str] = None) -> tuple[dict[int, int], list[int]]:
+        """Start or resume a stream; the chunks the tier holds (index -> CRC) and those eval reads
+        will want first (an older agent names none)."""
+        req = rpc.StreamOpenRequest.model_construct(stream=sid, gen=gen, path=path, chunk=chunk, job=job)
+        reply = self._call("stream_open", req, rpc.StreamOpenReply)
+        return {int(i): int(c) for i, c in reply.held}, [int(i) for i in reply.first]
+
+    def stream_put(self, sid: str, gen: int, chunks, opening: Optional[dict] = None,
+                   publish: Optional[dict] = None, seen: Optional[int] = None) -> rpc.StreamPutReply:
+        """One `do_put`: the stream's open (if given: the fields of `stream_open` but the stream's),
+        its chunks [(offset, data, crc)], its publish (if given: those of `stream_publish`), the
+        sender's file size (`seen`); the agent's answer."""
+        req = rpc.StreamPutRequest.model_construct(
+            op="stream", stream=sid, gen=gen, seen=seen,
+            open=None if opening is None else rpc.StreamOpenRequest.model_construct(stream=sid, gen=gen, **opening),
+            publish=None if publish is None else rpc.StreamPublishRequest.model_construct(stream=sid, gen=gen,
+                                                                                          **publish))
+        try:
+            writer, reader = self._client.do_put(fl.FlightDescriptor.for_command(rpc.encode(req)),
+                                                 self._CHUNKS, self._opts)
+            try:
+                for off, data, crc in chunks:   # a batch each: no copy of the chunk's bytes
+                    writer.write_batch(pa.record_batch(
+                        [pa.array([off], pa.int64()), pa.array([crc], pa.int64()), _binary_array([data])],
+                        schema=self._CHUNKS))
+                writer.done_writing()
+                buf = reader.read()
+            finally:
+                writer.close()
+        except fl.FlightError as err:
+            raise AgentError(_errno_of(err), f"agent {self.location}: stream {sid} failed: {err}") from None
+        return self._reply(rpc.StreamPutReply, buf.to_pybytes() if buf is not None else b"", f"stream {sid}")
+
+    def stream_publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
+                       record: Optional[str] = None) -> rpc.StreamPublishReply:
+        req = rpc.StreamPublishRequest.model_construct(stream=sid, gen=gen, path=path, size=size, mtime_ns=mtime_ns,
+                                                       crcs=crcs, record=record)
+        return self._call("stream_publish", req, rpc.StreamPublishReply)
+
+    def stream_abort(self, sid: str) -> bool:
+        return self._call("stream_abort", rpc.StreamAbortRequest.model_construct(stream=sid),
+                          rpc.StreamAbortReply).dropped
+
+    def signal(self, job: str, severity: float = 1.0, clear: bool = False) -> rpc.SignalReply:
+        req = rpc.SignalRequest.model_construct(job=job, severity=severity, clear=clear)
+        return self._call("signal", req, rpc.SignalReply)
+
+    def prefetch(self, path: str, version: Optional[tuple[int, int]], ranges: list[tuple[int, int]]) -> int:
+        """Ask the tier to fetch these (offset, length) ranges of a file still arriving, at once;
+        how many pieces it started (hintfs/agent/demand.py). `version` None: the tier knows no version
+        of the file yet; it holds the hint until one is announced (and answers 0 meanwhile)."""
+        req = rpc.PrefetchRequest.model_construct(path=path, expect=None if version is None else tuple(version),
+                                                  ranges=[tuple(r) for r in ranges])
+        return self._call("prefetch", req, rpc.PrefetchReply).fetching
+
+    def has(self, path: str, size: int, mtime_ns: int) -> bool:
+        return self._call("has", rpc.HasRequest.model_construct(path=path, size=size, mtime_ns=mtime_ns),
+                          rpc.HasReply).has
+
+    def drop(self, path: str) -> rpc.DropReply:
+        return self._call("drop", rpc.PathRequest.model_construct(path=path), rpc.DropReply)
+
+    def status(self) -> rpc.StatusReply:
+        return self._call("status", rpc.EmptyRequest.model_construct(), rpc.StatusReply)
+
+    def ping(self) -> bool:
+        return self._call("ping", rpc.EmptyRequest.model_construct(), rpc.PingReply).ok
+
+    def close(self) -> None:
+        self._client.close()

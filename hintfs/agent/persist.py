@@ -1,0 +1,196 @@
+"""What an agent keeps on disk, and what a restarted one finds there.
+
+Each agent instance keeps its replicas in a folder of its own under `[agent] data_dir`,
+`<kind>-<pid>-<n>`, locked (flock) while it runs, so two agents (or a mount's in-process agent)
+sharing `data_dir` never serve each other's files. A persistent agent (`hintfs agent`, kind
+"agent") keeps its folder when it stops, and the next one adopts the folders of stopped or
+crashed ones (`adopt_stopped_instances`): the catalog takes the replicas described by a sidecar
+(`<replica>.meta`, written after the data: `write_sidecar`), the copier the copies cut short with
+their progress (`<part>.progress`: `Progress`, `CutCopy`), the stream tier its streams. A mount's
+in-process agent (kind "mount") removes its folder on exit, and those of dead mounts at start.
+Replicas are copies of files whose permissions the agent cannot carry over: only the agent's user
+may open them (the folder is 0700, the files 0600).
+"""
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+from hintfs.common.clock import SYSTEM_CLOCK, Clock
+from hintfs.common.procs import pid_alive
+
+log = logging.getLogger("hintfs.agent")
+_instances = itertools.count()
+
+
+class InstanceFolder:
+    """This instance's folder under `data_dir`, made 0700 and locked for the life of the instance;
+    the folders of dead mounts' agents are removed first."""
+
+    def __init__(self, data_dir: str, persistent: bool) -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        self.data_dir = data_dir
+        self.persistent = persistent
+        kind = "agent" if persistent else "mount"
+        self.path = os.path.join(data_dir, f"{kind}-{os.getpid()}-{next(_instances)}")
+        os.makedirs(self.path, mode=0o700)
+        os.chmod(self.path, 0o700)
+        self._lock_fd: Optional[int] = lock_folder(self.path)
+        reap_dead_instances(data_dir, "mount")
+
+    def close(self) -> None:
+        """Unlock; a mount's in-process agent removes its folder (a persistent one keeps it for
+        the next agent on this data_dir to adopt)."""
+        if not self.persistent:
+            shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def lock_folder(folder: str) -> int:
+    """Hold an exclusive flock on `folder/.lock` for the life of this instance (the kernel drops it
+    when the process dies, however it dies)."""
+    fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def stopped_instances(data_dir: str, kind: str) -> list[str]:
+    """Folders of `kind` whose owner is gone: nobody holds their lock (an owner holds it from
+    start to exit, and the kernel drops it when the owner dies). Folders without a lock file (older
+    versions) count as gone when their pid is."""
+    out = []
+    for name in sorted(os.listdir(data_dir)):
+        if not name.startswith(kind + "-"):
+            continue
+        folder = os.path.join(data_dir, name)
+        lock = os.path.join(folder, ".lock")
+        if os.path.exists(lock):
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue          # its owner runs
+            os.close(fd)          # free: the owner stopped (a racing adopter finds it gone)
+            out.append(folder)
+        else:
+            try:
+                pid = int(name.split("-")[1])
+            except (ValueError, IndexError):
+                continue
+            if not pid_alive(pid):
+                out.append(folder)
+    return out
+
+
+def reap_dead_instances(data_dir: str, kind: str) -> None:
+    for folder in stopped_instances(data_dir, kind):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def adopt_stopped_instances(data_dir: str, adopt: Callable[[str], None]) -> None:
+    """Each folder of a stopped persistent agent is handed to `adopt` (which moves what it can
+    use into this instance's folder), then removed with whatever is left in it."""
+    for folder in stopped_instances(data_dir, "agent"):
+        adopt(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def descriptions(folder: str, suffix: str) -> Iterator[tuple[str, str, dict]]:
+    """(name, the file it describes, its JSON) for each `*suffix` file of a stopped agent's
+    folder: replica sidecars (`.meta`) and cut-copy progress (`.part.progress`). An unreadable
+    description is logged and skipped; its file goes with the folder."""
+    for name in os.listdir(folder):
+        if not name.endswith(suffix):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as err:
+            log.warning("unreadable %s in %s: %s", name, folder, err)
+            continue
+        yield name, os.path.join(folder, name[: -len(suffix)]), doc
+
+
+def write_sidecar(local: str, path: str, size: int, mtime_ns: int, expires_at: float,
+                  record: Optional[str]) -> None:
+    """`<replica>.meta`: what the replica is a copy of, written after the data (tmp + rename), so
+    a restarted agent trusts only complete, described copies."""
+    tmp = local + ".meta.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"path": path, "size": size, "mtime_ns": mtime_ns, "expires_at": expires_at,
+                   "record": record}, f)
+    os.rename(tmp, local + ".meta")
+
+
+@dataclass
+class CutCopy:
+    """A copy that was cut (the link dropped, the agent stopped): the version it was copying, its
+    range size, and the ranges on disk in its `.part` file (offset -> length). The next copy of
+    the same version resumes from them."""
+    version: tuple[int, int]
+    chunk: int
+    done: dict[int, int]
+
+
+class Progress:
+    """The ranges of a copy that are on disk, in `<part>.progress` (JSON, tmp + rename). What it
+    lists was fdatasync'ed first: after a crash, the listed ranges of the `.part` hold real data."""
+
+    EVERY_S = 0.5
+
+    def __init__(self, part: str, path: str, version: tuple[int, int], chunk: int, fd: int,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.file = part + ".progress"
+        self.doc = {"path": path, "size": version[0], "mtime_ns": version[1], "chunk": chunk}
+        self.fd = fd
+        self.clock = clock
+        self.last = clock.monotonic()
+        self.saving = threading.Lock()
+
+    def due(self) -> bool:
+        return self.clock.monotonic() - self.last >= self.EVERY_S
+
+    def save(self, done: dict, force: bool = False) -> None:
+        if not self.saving.acquire(blocking=force):
+            return   # another range's thread is saving right now
+        try:
+            self.last = self.clock.monotonic()
+            os.fdatasync(self.fd)
+            tmp = self.file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({**self.doc, "done": {str(k): v for k, v in done.items()}}, f)
+            os.rename(tmp, self.file)
+        except OSError as err:
+            log.warning("cannot save the progress of %s: %s", self.doc["path"], err)
+        finally:
+            self.saving.release()
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.file)
+        except FileNotFoundError:
+            pass
+
+    @staticmethod
+    def read(doc: dict) -> tuple[str, CutCopy]:
+        """(path, the cut copy) a progress file describes (KeyError, ValueError: not one)."""
+        path, size, chunk = str(doc["path"]), int(doc["size"]), int(doc["chunk"])
+        done = {int(k): int(v) for k, v in doc["done"].items()}
+        return path, CutCopy((size, int(doc["mtime_ns"])), chunk, done)
+
+
+__all__ = ["InstanceFolder", "adopt_stopped_instances", "descriptions", "write_sidecar", "CutCopy", "Progress",
+           "stopped_instances", "reap_dead_instances", "lock_folder"]

@@ -1,0 +1,383 @@
+"""A store over any `pyarrow.fs` filesystem: S3 (with endpoint override), HDFS in production.
+
+Every call may cross the network, so the operations layer runs all of them in worker threads.
+Writes are staged in a local spool file and uploaded on close: S3 makes the object visible only
+when the upload completes (atomic for readers); other filesystems get a temporary name and an
+atomic rename.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat as stat_mod
+import threading
+from typing import Iterator, Optional
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from hintfs.common.errors import HintfsError
+from hintfs.common.owndir import make_own_dir
+from hintfs.stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
+
+_seq = itertools.count()
+_UPLOAD_CHUNK = 8 << 20
+_FILE_MODE = stat_mod.S_IFREG | 0o644
+_DIR_MODE = stat_mod.S_IFDIR | 0o755
+
+
+class ArrowReader:
+    __slots__ = ("_file", "_lock")
+
+    def __init__(self, f):
+        self._file = f
+        self._lock = threading.Lock()
+
+    def read(self, offset: int, size: int) -> bytes:
+        # read_at is positional and thread-safe in Arrow; no seek state is shared.
+        return self._file.read_at(size, offset)
+
+    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+        return None
+
+    @property
+    def etag(self) -> str:
+        """The object's ETag from the open's own HEAD (no request); "" where the filesystem has
+        none (HDFS, a closed reader)."""
+        f = self._file
+        try:
+            raw = f.metadata().get("ETag") if f is not None else None
+        except Exception:   # pyarrow raises for filesystems without metadata
+            raw = None
+        return (raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw) or ""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def _last_modified_ns(meta) -> Optional[int]:
+    """Last-Modified of an S3 object's HEAD (`2026-11-29T17:02:24Z`, seconds) in ns, or None."""
+    raw = meta.get("Last-Modified") if meta is not None else None
+    if not raw:
+        return None
+    from datetime import datetime, timezone
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        dt = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return int(dt.timestamp()) * 1_000_000_000
+
+
+def _stat_of(info: pafs.FileInfo) -> Stat:
+    mtime = info.mtime_ns or 0
+    if info.type == pafs.FileType.Directory:
+        return Stat(_DIR_MODE, 0, mtime, mtime, 2)
+    if info.type == pafs.FileType.File:
+        return Stat(_FILE_MODE, info.size or 0, mtime, mtime, 1)
+    raise FileNotFoundError(errno.ENOENT, "not found", info.path)
+
+
+_ROOT_STAT = Stat(_DIR_MODE, 0, 0, 0, 2)
+
+CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
+_checksum_lock = threading.Lock()
+
+
+def request_checksum_of(store_cfg) -> Optional[str]:
+    """The request checksum policy an S3 store runs with: `[store] request_checksum` when given,
+    else "when_required" for a store with `endpoint_override` (S3-compatible servers: MinIO-based
+    gateways, many on-site servers refuse the SDK's default, which sends multipart parts with a
+    CRC trailer in aws-chunked encoding: `MissingContentLength`), else None (the AWS SDK's own
+    default, or whatever the environment already says)."""
+    explicit = getattr(store_cfg, "request_checksum", None)
+    if explicit:
+        return explicit
+    if store_cfg.endpoint_override and not os.environ.get(CHECKSUM_ENV):
+        return "when_required"
+    return None
+
+
+def s3_filesystem(policy: Optional[str], **kwargs) -> pafs.S3FileSystem:
+    """An S3FileSystem whose AWS client reads `policy` as AWS_REQUEST_CHECKSUM_CALCULATION.
+
+    The AWS SDK has no pyarrow option for it: it reads the environment variable when a client's
+    configuration is built, i.e. in the S3FileSystem constructor. The variable is set for the
+    construction and put back afterwards (under a lock, so two stores built at once in one
+    process cannot mix their settings); the daemons build their store once, at start."""
+    if policy is None:
+        return pafs.S3FileSystem(**kwargs)
+    with _checksum_lock:
+        before = os.environ.get(CHECKSUM_ENV)
+        os.environ[CHECKSUM_ENV] = policy
+        try:
+            return pafs.S3FileSystem(**kwargs)
+        finally:
+            if before is None:
+                os.environ.pop(CHECKSUM_ENV, None)
+            else:
+                os.environ[CHECKSUM_ENV] = before
+
+
+def filesystem_from_config(store_cfg) -> tuple[pafs.FileSystem, str]:
+    """Build the pyarrow filesystem and the root path inside it from the [store] section."""
+    uri = store_cfg.uri
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        kwargs = dict(
+            scheme=store_cfg.scheme,
+            connect_timeout=store_cfg.connect_timeout_s,
+            request_timeout=store_cfg.request_timeout_s,
+        )
+        if store_cfg.endpoint_override:
+            kwargs["endpoint_override"] = store_cfg.endpoint_override
+        if store_cfg.region:
+            kwargs["region"] = store_cfg.region
+        if store_cfg.access_key:
+            kwargs["access_key"] = store_cfg.access_key
+            kwargs["secret_key"] = store_cfg.secret_key or ""
+        fs = s3_filesystem(request_checksum_of(store_cfg), **kwargs)
+        root = (parsed.netloc + parsed.path).rstrip("/")
+        return fs, root
+    fs, root = pafs.FileSystem.from_uri(uri)
+    return fs, root.rstrip("/")
+
+
+class ArrowStore:
+    inline_metadata = False
+    passthrough_capable = False   # objects are not local files
+
+    def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str):
+        self.fs = fs
+        self.root = root
+        self.spool_dir = spool_dir
+        self.description = description
+        self._is_s3 = isinstance(fs, pafs.S3FileSystem)
+        os.close(self._spool())      # at mount time: one line if the spool is not the daemon's own
+
+    def _spool(self) -> int:
+        """An fd of the spool folder, the daemon's own (hintfs.common.owndir: made 0700; another user's
+        folder or a symlink refused, HintfsError). Opened and checked again for each staging
+        file: a folder swapped in after the mount is refused, never written into."""
+        return make_own_dir(self.spool_dir, f"cache.spool_dir {self.spool_dir}", "stage writes there")
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def refuse_device(self, st_dev: int) -> None:
+        """Objects live on no device: nothing of the mount can appear in the store."""
+
+    def check(self) -> None:
+        info = self.fs.get_file_info(self.root)
+        if info.type == pafs.FileType.NotFound:
+            raise HintfsError(errno.ENOENT, f"store root {self.description} does not exist")
+        if info.type != pafs.FileType.Directory:
+            raise HintfsError(errno.ENOTDIR, f"store root {self.description} is not a directory")
+        os.close(self._spool())
+
+    def stat(self, rel: str) -> Stat:
+        if rel == "" and self._is_s3:
+            # A bucket (or prefix) has no attributes of its own (no mtime): the root checked at
+            # mount time is a directory. No request: the kernel asks for the root's attributes
+            # whenever they expire, and each request is a round trip on a long link.
+            return _ROOT_STAT
+        info = self.fs.get_file_info(self._p(rel))
+        return _stat_of(info)
+
+    def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
+        path = self._p(rel)
+        infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
+        for info in infos:
+            name = info.base_name
+            if not name or name.startswith(STAGING_PREFIX):
+                continue
+            try:
+                yield name, _stat_of(info)
+            except FileNotFoundError:
+                continue
+
+    def open_reader(self, rel: str) -> tuple[ArrowReader, Stat]:
+        if self._is_s3:
+            # One request instead of two: opening sends a HEAD whose Last-Modified is the mtime
+            # a stat would give (each request is a round trip on a long link).
+            try:
+                f = self.fs.open_input_file(self._p(rel))
+            except FileNotFoundError:
+                f = None   # missing, or a "directory" (a prefix): the stat below says which
+            if f is not None:
+                mtime = _last_modified_ns(f.metadata())
+                if mtime is not None:
+                    return ArrowReader(f), Stat(_FILE_MODE, f.size(), mtime, mtime, 1)
+                f.close()
+        info = self.fs.get_file_info(self._p(rel))
+        st = _stat_of(info)
+        if st.is_dir:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+        return ArrowReader(self.fs.open_input_file(self._p(rel))), st
+
+    def open_data(self, rel: str) -> ArrowReader:
+        """A reader without a Stat: one request less than `open_reader` on an object store (for
+        copies whose version the caller knows already)."""
+        return ArrowReader(self.fs.open_input_file(self._p(rel)))
+
+    def readlink(self, rel: str) -> str:
+        raise HintfsError(errno.EINVAL, "this store has no symlinks")
+
+    def symlink(self, rel: str, target: str) -> None:
+        raise HintfsError(errno.EPERM, "this store has no symlinks")
+
+    def mknod(self, rel: str, mode: int, rdev: int) -> None:
+        raise HintfsError(errno.EPERM, "this store has no FIFOs, sockets or device nodes")
+
+    def link(self, src: str, dst: str) -> None:
+        raise HintfsError(errno.EPERM, "this store has no hard links")
+
+    def statfs(self):
+        return None
+
+    def mkdir(self, rel: str, mode: int) -> None:
+        if self.fs.get_file_info(self._p(rel)).type != pafs.FileType.NotFound:
+            raise FileExistsError(errno.EEXIST, "exists", rel)
+        self.fs.create_dir(self._p(rel), recursive=False)
+
+    def rmdir(self, rel: str) -> None:
+        path = self._p(rel)
+        info = self.fs.get_file_info(path)
+        if info.type != pafs.FileType.Directory:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", rel)
+        if self.fs.get_file_info(pafs.FileSelector(path, recursive=False)):
+            raise OSError(errno.ENOTEMPTY, "directory not empty", rel)
+        self.fs.delete_dir(path)
+
+    def unlink(self, rel: str) -> None:
+        info = self.fs.get_file_info(self._p(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, "not found", rel)
+        if info.type == pafs.FileType.Directory:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+        self.fs.delete_file(self._p(rel))
+
+    def rename(self, src: str, dst: str, noreplace: bool) -> None:
+        dst_info = self.fs.get_file_info(self._p(dst))
+        if noreplace and dst_info.type != pafs.FileType.NotFound:
+            raise FileExistsError(errno.EEXIST, "target exists", dst)
+        src_info = self.fs.get_file_info(self._p(src))
+        if src_info.type == pafs.FileType.Directory and self._is_s3:
+            self._rename_tree(src, dst)
+        else:
+            self.fs.move(self._p(src), self._p(dst))
+
+    def _rename_tree(self, src: str, dst: str) -> None:
+        """S3 has no directory rename: copy each object, then delete the originals (not atomic)."""
+        if self.fs.get_file_info(self._p(dst)).type == pafs.FileType.Directory:
+            if self.fs.get_file_info(pafs.FileSelector(self._p(dst), recursive=False)):
+                raise OSError(errno.ENOTEMPTY, "target directory not empty", dst)
+        self.fs.create_dir(self._p(dst), recursive=True)
+        infos = self.fs.get_file_info(pafs.FileSelector(self._p(src), recursive=True))
+        prefix = self._p(src) + "/"
+        for info in sorted(infos, key=lambda i: i.path):
+            tail = info.path[len(prefix):]
+            if info.type == pafs.FileType.Directory:
+                self.fs.create_dir(self._p(f"{dst}/{tail}"), recursive=True)
+            else:
+                self.fs.copy_file(info.path, self._p(f"{dst}/{tail}"))
+        # One DeleteObject per object, deepest first, each folder when it is empty: pyarrow's
+        # delete_dir of a folder with objects sends DeleteObjects, which MinIO-based servers (JuiceFS's
+        # gateway among them) refuse from current AWS SDKs (`MissingContentMD5`: the SDK sends a CRC32
+        # checksum, no Content-MD5, whatever request_checksum says).
+        for info in sorted(infos, key=lambda i: i.path.count("/"), reverse=True):
+            if info.type == pafs.FileType.Directory:
+                self.fs.delete_dir(info.path)
+            else:
+                self.fs.delete_file(info.path)
+        self.fs.delete_dir(self._p(src))
+
+    def chmod(self, rel: str, mode: int) -> None:
+        raise HintfsError(errno.EPERM, "this store has no permissions to change")
+
+    def chown(self, rel: str, uid: int, gid: int) -> None:
+        raise HintfsError(errno.EPERM, "this store has no owners to change")
+
+    def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
+        # Object stores set mtime at upload; accept and ignore (as s3fs-fuse does) so `cp -p`,
+        # `touch` and `tar` keep working.
+        self.stat(rel)
+
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+        name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
+        path = os.path.join(self.spool_dir, name)
+        spool = self._spool()
+        try:      # (in the folder just checked, by its fd: not in one swapped in meanwhile)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=spool)
+            try:
+                os.unlink(name, dir_fd=spool)  # the spool file needs no name: nothing can leak if we die
+            except BaseException:
+                os.close(fd)
+                raise
+        finally:
+            os.close(spool)
+        try:
+            if copy_existing and source is not None:
+                copy_fd(source.fd, fd, os.fstat(source.fd).st_size)
+            elif copy_existing:
+                info = self.fs.get_file_info(self._p(rel))
+                if info.type == pafs.FileType.File:
+                    with self.fs.open_input_stream(self._p(rel)) as src:
+                        offset = 0
+                        while True:
+                            chunk = src.read(_UPLOAD_CHUNK)
+                            if not chunk:
+                                break
+                            os.pwrite(fd, chunk, offset)
+                            offset += len(chunk)
+        except BaseException:
+            os.close(fd)
+            raise
+        from hintfs.stores.local import read_mode
+        staging = Staging(fd, path, rel)
+        staging.inline_io = read_mode(os.fstat(fd).st_dev) == "memory"
+        return staging
+
+    def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
+        # (an upload never changes the staging file: `keep` needs nothing more)
+        target = self._p(rel)
+        dest = target if self._is_s3 else f"{os.path.dirname(target)}/{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
+        size = os.fstat(staging.fd).st_size
+        with self.fs.open_output_stream(dest) as out:
+            offset = 0
+            while offset < size:
+                chunk = os.pread(staging.fd, min(_UPLOAD_CHUNK, size - offset), offset)
+                if not chunk:
+                    break
+                out.write(chunk)
+                offset += len(chunk)
+        if dest != target:
+            self.fs.move(dest, target)
+        staging.dirty = False
+        return self.stat(rel)
+
+    def put_small(self, rel: str, data: bytes) -> None:
+        """Write a small file whole (journal records); one PUT on S3."""
+        parent = os.path.dirname(self._p(rel))
+        if not self._is_s3:
+            self.fs.create_dir(parent, recursive=True)
+        with self.fs.open_output_stream(self._p(rel)) as out:
+            out.write(data)
+
+    def discard(self, staging: Staging) -> None:
+        staging.close()
+
+    def unname(self, staging: Staging) -> None:
+        """(spool files have no name)"""
+
+    def follow(self, staging: Staging, rel: str) -> None:
+        """(spool files are not beside their target)"""
+
+    def nameless_copy(self, staging: Staging) -> Staging:
+        """(a spool file is never the published object: nothing to copy from)"""
+        raise HintfsError(errno.EINVAL, "spool files are never live")

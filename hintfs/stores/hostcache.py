@@ -1,0 +1,754 @@
+"""A host cache for remote stores: whole files on a local disk, served at kernel speed.
+
+`HostCachedStore` wraps a remote store (S3, HDFS). Every call goes to that store, except reads:
+
+- `open_reader` asks the store for the file (one request on S3: the open's HEAD gives size,
+  Last-Modified and ETag: its *version*). If the cache holds a complete copy of exactly that
+  version, the open is answered with a local reader that has an `fd` (so the mount can hand the
+  file to the kernel: FUSE passthrough) and the store reader is closed. Otherwise the store's
+  reader is returned, and its first read asks for a whole-file fetch of that version in the
+  background; once the fetch completes, later reads of the same open switch to the local copy.
+- A fetch is ranged parallel reads (`fetch_block_bytes` each, `fetch_threads` in flight over all
+  files) into a temporary file, its size checked, the store's version checked again at the end
+  (a file replaced meanwhile is dropped), then one rename makes it complete. A fetch that fails or
+  is overtaken by a change through the mount is never served. At most one fetch per path runs at
+  once; a failed path+version is not tried again for `RETRY_AFTER_S`.
+- Writes through the mount (commit, put_small), unlink, rename, rmdir, and attribute changes drop
+  the cached copies of the paths they touch and cancel their fetches. A change made by anyone else
+  is caught at the next open by the version check (close-to-open).
+- The index is a `cachetools.LRUCache` sized in bytes (`budget_bytes`); making room evicts the least
+  recently opened files. An evicted file that is still open keeps its bytes (the open fd holds
+  them) until it is closed.
+
+The cache directory is created 0700 and must be owned by the daemon's user. Each store gets a
+subdirectory named by a hash of the store's URI, locked (flock) by one daemon at a time. Files are
+named by a hash of their store path: no path in the cache is ever built from a remote name. Each
+file carries its path and version in an extended attribute, so a restarted daemon finds its cache
+again (every entry is still verified against the store at its next open).
+
+Counters (`hostcache_*`) are kept in `self.counters`; `attach_stats(stats)` makes them part of the
+mount's stats. `close()` stops the fetches and must be called at unmount. docs/hostcache.md.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import errno
+import fcntl
+import hashlib
+import itertools
+import json
+import logging
+import os
+import queue
+import stat as stat_mod
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from cachetools import LRUCache, TTLCache
+
+from hintfs.common.errors import HintfsError
+from hintfs.common.owndir import make_own_dir, open_own_dir
+from hintfs.stores.base import Reader, Stat, Staging, Store
+from hintfs.stores.local import LocalReader
+
+log = logging.getLogger("hintfs.hostcache")
+
+RETRY_AFTER_S = 30.0          # a fetch of a path+version that failed is not tried again before this
+XATTR = "user.hintfs.hostcache"   # {"path": rel, "version": [size, mtime_ns, etag]} of a complete file
+_NAME_LEN = 64                # sha256 hex
+_TMP_SUFFIX = ".tmp"
+_LOCK_NAME = ".lock"
+_FILE_WORKERS = 2             # files fetched at once (each with up to fetch_threads ranged reads)
+_seq = itertools.count()
+
+COUNTERS = ("hostcache_hits", "hostcache_misses", "hostcache_stale", "hostcache_switched",
+            "hostcache_fetches", "hostcache_fetched_bytes", "hostcache_fetch_failed",
+            "hostcache_fetch_dropped", "hostcache_fetch_skipped", "hostcache_evictions",
+            "hostcache_evicted_bytes", "hostcache_invalidations", "hostcache_bytes", "hostcache_files",
+            "hostcache_restored")
+
+Version = tuple[int, int, str]   # (size, mtime_ns, etag or "")
+
+
+def version_of(reader: Any, st: Stat) -> Version:
+    """The store's version of an open file: size, mtime and, where the store has one, the ETag
+    (S3's Last-Modified has whole seconds: a rewrite of the same size within a second differs only
+    in its ETag). The ETag comes from the open's own HEAD, no extra request."""
+    etag = getattr(reader, "etag", "")   # hintfs.stores.arrow.ArrowReader.etag; local readers have none
+    return (st.size, st.mtime_ns, str(etag or ""))
+
+
+def cache_name(rel: str) -> str:
+    """The cache file of a store path: a hash, so no remote name ever becomes a local path."""
+    return hashlib.sha256(rel.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@dataclass
+class _Entry:
+    name: str
+    version: Version
+    size: int
+
+
+@dataclass
+class _Job:
+    version: Optional[Version]     # None: a prefetch (the version is whatever the store has)
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    # While the fetch runs (under the cache's lock): its file and the blocks already in it, so
+    # reads of those ranges are local before the whole file is (`read_partial`).
+    fd: int = -1
+    size: int = 0
+    blocks: set = field(default_factory=set)
+
+
+class _Index(LRUCache):
+    """The in-memory index: store path -> complete cached file, sized in bytes, least recently
+    used evicted first (its file unlinked by `on_evict`)."""
+
+    def __init__(self, budget: int, on_evict: Callable[[str, _Entry], None]):
+        super().__init__(maxsize=budget, getsizeof=lambda e: e.size)
+        self._on_evict = on_evict
+
+    def popitem(self):
+        key, entry = super().popitem()
+        self._on_evict(key, entry)
+        return key, entry
+
+
+class _Pool:
+    """Daemon worker threads (a fetch in flight never holds up the daemon's exit), started at the
+    first submit; `close` cancels what has not started."""
+
+    def __init__(self, n: int, name: str):
+        self._n = n
+        self._name = name
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable, *args) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        with self._lock:
+            if self._closed:
+                fut.cancel()
+                fut.set_running_or_notify_cancel()
+                return fut
+            if not self._threads:
+                for i in range(self._n):
+                    t = threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
+                    t.start()
+                    self._threads.append(t)
+            self._q.put((fut, fn, args))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as err:
+                fut.set_exception(err)
+
+    def close(self, timeout: float) -> bool:
+        """True when every thread has stopped."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+                item[0].set_running_or_notify_cancel()   # (cancel alone does not wake a cf.wait)
+        for _ in threads:
+            self._q.put(None)
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
+
+
+class _Stale(Exception):
+    """The fetch no longer matches the store (or was cancelled): dropped, not an error."""
+
+
+class CachedReader:
+    """A store reader whose first read asks for the whole file to be fetched; once the fetch of
+    this version is complete, reads go to the local copy (page-cache hits then served inline)."""
+
+    __slots__ = ("_cache", "_rel", "_version", "_reader", "_asked", "_local", "_seen", "_switch")
+
+    def __init__(self, cache: "HostCachedStore", rel: str, version: Version, reader: Reader):
+        self._cache = cache
+        self._rel = rel
+        self._version = version
+        self._reader = reader
+        self._asked = False
+        self._local: Optional[LocalReader] = None
+        self._seen = -1
+        self._switch = threading.Lock()   # reads of one open may run in several threads at once
+
+    def read(self, offset: int, size: int) -> bytes:
+        local = self._local
+        if local is None and (not self._asked or self._cache.completed != self._seen):
+            with self._switch:
+                local = self._local
+                if local is None:
+                    if not self._asked:
+                        self._asked = True
+                        self._cache.want(self._rel, self._version)
+                    done = self._cache.completed
+                    if done != self._seen:     # a fetch finished since the last look: ours?
+                        self._seen = done
+                        local = self._local = self._cache.open_local(self._rel, self._version)
+                        if local is not None:
+                            self._cache.count("hostcache_switched")
+        if local is not None:
+            return local.read(offset, size)
+        if self._asked:
+            data = self._cache.read_partial(self._rel, self._version, offset, size)
+            if data is not None:
+                return data
+        return self._reader.read(offset, size)
+
+    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+        local = self._local
+        return local.read_nowait(offset, size) if local is not None else None
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+        self._reader.close()
+
+
+class HostCachedStore:
+    """A `Store` over a remote store, with whole files cached on this host (see the module doc)."""
+
+    def __init__(self, store: Store, cache_cfg, *, store_id: Optional[str] = None):
+        self._store = store
+        self.inline_metadata = store.inline_metadata
+        self.description = store.description
+        # Complete cached files are local files (and so are the staging files of a remote store's
+        # writes: a plain read-write fd in the spool), so FUSE passthrough may serve both.
+        self.passthrough_capable = True
+        self.budget = cache_cfg.budget_bytes
+        self.min_bytes = cache_cfg.min_file_bytes
+        self.max_bytes = min(cache_cfg.max_file_bytes or cache_cfg.budget_bytes, cache_cfg.budget_bytes)
+        self.block = cache_cfg.fetch_block_bytes
+        self.counters: dict[str, int] = defaultdict(int)
+        for key in COUNTERS:
+            self.counters[key] = 0
+        self._lock = threading.Lock()
+        self._index = _Index(self.budget, self._evicted)
+        self._fetching: dict[str, _Job] = {}
+        self._failed: TTLCache = TTLCache(maxsize=10_000, ttl=RETRY_AFTER_S)
+        self._reserved = 0
+        self.completed = 0          # fetches completed (readers look for their file when it moves)
+        self._closed = False
+        self._files = _Pool(_FILE_WORKERS, "hostcache-file")
+        self._blocks = _Pool(cache_cfg.fetch_threads, "hostcache-read")
+        self.root, self.dir_fd, self._lock_fd = _open_cache_dir(cache_cfg.dir, store_id or store.description)
+        try:
+            self._restore()
+        except BaseException:
+            self._release_dir()
+            raise
+
+    # -- counters --------------------------------------------------------------------------------
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[key] += n
+
+    def attach_stats(self, stats) -> None:
+        """Keep the counters in the mount's `Stats` (its `counters` dict) from now on, so they show
+        in `.hintfs/stats`, `hintfs status` and the metrics. Idempotent."""
+        target = stats.counters
+        with self._lock:
+            if target is self.counters:
+                return
+            for key, value in self.counters.items():
+                target[key] = target.get(key, 0) + value
+            self.counters = target
+
+    def _gauges(self) -> None:   # under self._lock
+        self.counters["hostcache_bytes"] = int(self._index.currsize)
+        self.counters["hostcache_files"] = len(self._index)
+
+    # -- the cache directory ---------------------------------------------------------------------
+    def _restore(self) -> None:
+        """Index the complete files a previous daemon left (oldest first, so the LRU order is
+        roughly kept); remove temporary files and anything unknown."""
+        found = []
+        for name in os.listdir(self.dir_fd):
+            if name == _LOCK_NAME:
+                continue
+            entry = None
+            rel = None
+            if len(name) == _NAME_LEN and all(c in "0123456789abcdef" for c in name):
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.dir_fd)
+                except OSError:
+                    fd = -1
+                if fd >= 0:
+                    try:
+                        st = os.fstat(fd)
+                        meta = json.loads(os.getxattr(fd, XATTR))
+                        rel, version = meta["path"], tuple(meta["version"])
+                        if (stat_mod.S_ISREG(st.st_mode) and isinstance(rel, str) and cache_name(rel) == name
+                                and len(version) == 3 and version[0] == st.st_size):
+                            entry = (st.st_ctime_ns, rel, _Entry(name, (int(version[0]), int(version[1]),
+                                                                        str(version[2])), st.st_size))
+                    except (OSError, ValueError, KeyError, TypeError):
+                        entry = None
+                    finally:
+                        os.close(fd)
+            if entry is not None and entry[2].size <= self.max_bytes:
+                found.append(entry)
+            else:
+                _unlink_quiet(self.dir_fd, name)
+        for _ctime, rel, e in sorted(found, key=lambda t: t[0]):
+            with self._lock:
+                self._index[rel] = e        # over the budget (a smaller one now): the oldest go
+                self.counters["hostcache_restored"] += 1
+                self._gauges()
+        if found:
+            log.info("host cache %s: %d files (%d bytes) kept from before", self.root, len(self._index),
+                     self._index.currsize)
+
+    def _evicted(self, rel: str, entry: _Entry) -> None:   # under self._lock
+        _unlink_quiet(self.dir_fd, entry.name)
+        self.counters["hostcache_evictions"] += 1
+        self.counters["hostcache_evicted_bytes"] += entry.size
+
+    def _drop(self, rel: str) -> None:   # under self._lock
+        entry = self._index.pop(rel, None)
+        if entry is not None:
+            _unlink_quiet(self.dir_fd, entry.name)
+
+    def open_local(self, rel: str, version: Version) -> Optional[LocalReader]:
+        """A reader of the complete cached copy of exactly `version`, or None."""
+        with self._lock:
+            if self._closed:
+                return None
+            entry = self._index.get(rel)      # (a get makes it the most recently used)
+            if entry is None:
+                return None
+            if entry.version != version:
+                self.counters["hostcache_stale"] += 1
+                self._drop(rel)
+                self._gauges()
+                return None
+            try:
+                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+            except OSError as err:
+                log.warning("host cache: the copy of %s cannot be opened (%s): dropped", rel, err.strerror)
+                self._index.pop(rel, None)
+                self._gauges()
+                return None
+        st = os.fstat(fd)
+        if st.st_size != entry.size:
+            os.close(fd)
+            log.warning("host cache: the copy of %s has %d bytes, not %d: dropped", rel, st.st_size, entry.size)
+            self.invalidate(rel)
+            return None
+        return LocalReader(fd, st.st_dev)
+
+    # -- fetching --------------------------------------------------------------------------------
+    def want(self, rel: str, version: Optional[Version]) -> bool:
+        """Fetch `rel` (at `version`; None: whatever the store has) in the background unless it is
+        cached, being fetched, out of bounds or failed lately. Never blocks on the store."""
+        with self._lock:
+            if self._closed:
+                return False
+            if version is not None:
+                entry = self._index.get(rel)
+                if entry is not None and entry.version == version:
+                    return False
+                if not self.min_bytes <= version[0] <= self.max_bytes or version[0] == 0:
+                    self.counters["hostcache_fetch_skipped"] += 1
+                    return False
+                if (rel, version) in self._failed:
+                    return False
+            running = self._fetching.get(rel)
+            if running is not None:
+                if version is None or running.version in (None, version):
+                    return False
+                running.cancelled = True   # an older version: it would be dropped at its end anyway
+            job = self._fetching[rel] = _Job(version)
+        self._files.submit(self._fetch, rel, job)
+        return True
+
+    def prefetch(self, rel: str) -> bool:
+        """Fetch a file ahead of its first read (a hint said it will be read): non-blocking."""
+        return self.want(rel, None)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no fetch is in flight (tests and benchmarks); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                jobs = list(self._fetching.values())
+            if not jobs:
+                return True
+            for job in jobs:
+                if not job.done.wait(max(0.0, deadline - time.monotonic())):
+                    return False
+
+    def _fetch(self, rel: str, job: _Job) -> None:
+        reader = None
+        fd = -1
+        tmp = ""
+        reserved = 0
+        version = job.version
+        try:
+            reader, st = self._store.open_reader(rel)
+            now = version_of(reader, st)
+            if version is None:   # a prefetch: this version, unless it is cached already
+                version = now
+                with self._lock:
+                    entry = self._index.get(rel)
+                    if entry is not None and entry.version == version:
+                        return
+                if not self.min_bytes <= st.size <= self.max_bytes or st.size == 0:
+                    self.count("hostcache_fetch_skipped")
+                    return
+            if now != version:
+                raise _Stale("the store has another version than the one opened")
+            size = st.size
+            with self._lock:
+                if not self._make_room(size):
+                    self.counters["hostcache_fetch_skipped"] += 1
+                    log.debug("host cache: no room for %s (%d bytes) while other fetches run", rel, size)
+                    return
+                self._reserved += size
+                reserved = size
+            name = cache_name(rel)
+            tmp = f"{name}.{os.getpid()}.{next(_seq)}{_TMP_SUFFIX}"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.dir_fd)
+            try:
+                os.posix_fallocate(fd, 0, size)   # ENOSPC now, not halfway through
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+            with self._lock:
+                job.fd, job.size, job.version = fd, size, version
+            futures = [self._blocks.submit(self._fetch_block, job, reader, fd, off, min(self.block, size - off))
+                       for off in range(0, size, self.block)]
+            done, pending = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
+            for fut in pending:
+                fut.cancel()
+            cf.wait(pending)   # none may still write into fd once it is closed
+            for fut in futures:
+                if fut.cancelled():
+                    raise _Stale("stopped")
+                fut.result()   # raises the first failure
+            if os.fstat(fd).st_size != size:
+                raise OSError(errno.EIO, f"fetched file has {os.fstat(fd).st_size} bytes, not {size}")
+            # The store's version again: a file replaced during the fetch may have mixed its bytes.
+            check, st2 = self._store.open_reader(rel)
+            try:
+                after = version_of(check, st2)
+            finally:
+                check.close()
+            if after != version:
+                raise _Stale("the file changed in the store during the fetch")
+            try:   # what a restarted daemon indexes the file by (no xattrs here: it starts empty)
+                os.setxattr(fd, XATTR, json.dumps({"path": rel, "version": list(version)}).encode())
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EPERM):
+                    raise
+            os.utime(fd, ns=(st.mtime_ns, st.mtime_ns))   # what an fstat of an unlinked open file shows
+            with self._lock:
+                if self._closed or job.cancelled:
+                    raise _Stale("changed through the mount during the fetch")
+                os.rename(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                tmp = ""
+                self._index.pop(rel, None)   # the same name: the rename replaced its file
+                self._reserved -= reserved
+                reserved = 0
+                self._make_room(size)
+                self._index[rel] = _Entry(name, version, size)
+                self.counters["hostcache_fetches"] += 1
+                self.counters["hostcache_fetched_bytes"] += size
+                self.completed += 1
+                self._gauges()
+            log.debug("host cache: %s fetched (%d bytes)", rel, size)
+        except _Stale as why:
+            self.count("hostcache_fetch_dropped")
+            log.debug("host cache: fetch of %s dropped: %s", rel, why)
+        except Exception as err:
+            with self._lock:
+                self.counters["hostcache_fetch_failed"] += 1
+                if version is not None:
+                    self._failed[(rel, version)] = True
+            if not self._closed:
+                log.warning("host cache: fetch of %s failed (read from the store meanwhile): %s", rel, err)
+        finally:
+            with self._lock:
+                job.fd = -1                    # no new partial read takes it (they dup it)
+            if fd >= 0:
+                os.close(fd)
+            if tmp:
+                _unlink_quiet(self.dir_fd, tmp)
+            if reader is not None:
+                try:
+                    reader.close()
+                except Exception:
+                    pass
+            with self._lock:
+                self._reserved -= reserved
+                if self._fetching.get(rel) is job:
+                    del self._fetching[rel]
+            job.done.set()
+
+    def _fetch_block(self, job: _Job, reader: Reader, fd: int, off: int, n: int) -> None:
+        if self._closed or job.cancelled:
+            raise _Stale("stopped")
+        data = memoryview(reader.read(off, n))
+        if len(data) != n:
+            raise OSError(errno.EIO, f"short read from the store: {len(data)} of {n} bytes at {off}")
+        start = off
+        while data:
+            w = os.pwrite(fd, data, off)
+            data, off = data[w:], off + w
+        with self._lock:
+            job.blocks.add(start // self.block)
+
+    def read_partial(self, rel: str, version: Version, offset: int, size: int) -> Optional[bytes]:
+        """Bytes of `rel` at `version` from a fetch still running, when every block they lie in
+        is already in its file (read from the same version as the store reader would); None
+        otherwise. A file replaced in the store meanwhile is the store reader's case too."""
+        with self._lock:
+            job = self._fetching.get(rel)
+            if job is None or job.fd < 0 or job.version != version or job.cancelled:
+                return None
+            end = min(offset + size, job.size)
+            if end <= offset:
+                return None
+            if any(b not in job.blocks for b in range(offset // self.block, (end - 1) // self.block + 1)):
+                return None
+            fd = os.dup(job.fd)
+            self.counters["hostcache_partial_reads"] += 1
+        try:
+            return os.pread(fd, end - offset, offset)
+        finally:
+            os.close(fd)
+
+    def _make_room(self, size: int) -> bool:   # under self._lock
+        """Evict least recently used files until `size` more bytes fit beside the complete files
+        and the fetches in flight; False if the fetches in flight alone leave no room."""
+        if self._reserved + size > self.budget:
+            return False
+        while self._index.currsize + self._reserved + size > self.budget and len(self._index):
+            self._index.popitem()
+        self._gauges()
+        return True
+
+    # -- invalidation ----------------------------------------------------------------------------
+    def invalidate(self, rel: str, tree: bool = False) -> None:
+        """Forget `rel` (and with `tree`, everything below it): its cached copy is removed and a
+        fetch of it in flight is never made complete."""
+        prefix = rel.rstrip("/") + "/" if rel else ""
+
+        def hit(k: str) -> bool:
+            return k == rel or (tree and k.startswith(prefix))
+
+        with self._lock:
+            if tree:
+                touched = [k for k in self._index if hit(k)]
+            else:
+                touched = [rel] if rel in self._index else []
+            for k in touched:
+                self._drop(k)
+            for k, job in self._fetching.items():
+                if hit(k):
+                    job.cancelled = True
+            if touched:
+                self.counters["hostcache_invalidations"] += len(touched)
+                self._gauges()
+
+    # -- the Store interface: reads ---------------------------------------------------------------
+    def open_reader(self, rel: str) -> tuple[Reader, Stat]:
+        reader, st = self._store.open_reader(rel)
+        try:
+            version = version_of(reader, st)
+            local = self.open_local(rel, version)
+        except BaseException:
+            reader.close()
+            raise
+        if local is not None:
+            reader.close()
+            self.count("hostcache_hits")
+            return local, st
+        self.count("hostcache_misses")
+        return CachedReader(self, rel, version, reader), st
+
+    def stat(self, rel: str) -> Stat:
+        return self._store.stat(rel)
+
+    def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
+        return self._store.iter_dir(rel)
+
+    def readlink(self, rel: str) -> str:
+        return self._store.readlink(rel)
+
+    def statfs(self) -> os.statvfs_result | None:
+        return self._store.statfs()
+
+    def check(self) -> None:
+        self._store.check()
+
+    def refuse_device(self, st_dev: int) -> None:
+        self._store.refuse_device(st_dev)
+
+    # -- the Store interface: changes (each forgets what it touches, before and after) -----------
+    def _changing(self, rels: tuple[str, ...], tree: bool, fn: Callable, *args):
+        for rel in rels:
+            self.invalidate(rel, tree)
+        try:
+            return fn(*args)
+        finally:
+            for rel in rels:
+                self.invalidate(rel, tree)
+
+    def symlink(self, rel: str, target: str) -> None:
+        self._changing((rel,), False, self._store.symlink, rel, target)
+
+    def mknod(self, rel: str, mode: int, rdev: int) -> None:
+        self._changing((rel,), False, self._store.mknod, rel, mode, rdev)
+
+    def link(self, src: str, dst: str) -> None:
+        self._changing((dst,), False, self._store.link, src, dst)
+
+    def mkdir(self, rel: str, mode: int) -> None:
+        self._store.mkdir(rel, mode)
+
+    def rmdir(self, rel: str) -> None:
+        self._changing((rel,), True, self._store.rmdir, rel)
+
+    def unlink(self, rel: str) -> None:
+        self._changing((rel,), False, self._store.unlink, rel)
+
+    def rename(self, src: str, dst: str, noreplace: bool) -> None:
+        self._changing((src, dst), True, self._store.rename, src, dst, noreplace)
+
+    def chmod(self, rel: str, mode: int) -> None:
+        self._changing((rel,), False, self._store.chmod, rel, mode)
+
+    def chown(self, rel: str, uid: int, gid: int) -> None:
+        self._changing((rel,), False, self._store.chown, rel, uid, gid)
+
+    def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
+        self._changing((rel,), False, self._store.utimens, rel, atime_ns, mtime_ns)
+
+    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+        return self._store.new_staging(rel, copy_existing, source)
+
+    def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
+        if keep:
+            return self._changing((rel,), False, self._store.commit, staging, rel, keep)
+        return self._changing((rel,), False, self._store.commit, staging, rel)
+
+    def discard(self, staging: Staging) -> None:
+        self._store.discard(staging)
+
+    def unname(self, staging: Staging) -> None:
+        self._store.unname(staging)
+
+    def follow(self, staging: Staging, rel: str) -> None:
+        self._store.follow(staging, rel)
+
+    def nameless_copy(self, staging: Staging) -> Staging:
+        return self._store.nameless_copy(staging)
+
+    def put_small(self, rel: str, data: bytes) -> None:
+        self._changing((rel,), False, self._store.put_small, rel, data)
+
+    def __getattr__(self, name: str):
+        # Extras of the wrapped store (ArrowStore.open_data, spool_dir, ...), unchanged.
+        if name.startswith("__") or name == "_store":
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop fetching (at unmount): fetches in flight are dropped, their temporary files removed;
+        complete files stay for the next daemon. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for job in self._fetching.values():
+                job.cancelled = True
+        joined = self._blocks.close(timeout)
+        joined = self._files.close(timeout) and joined
+        if joined:
+            self._release_dir()
+        else:   # a thread still runs (a store read that does not return): it may still use the fds
+            log.warning("host cache: fetch threads did not stop within %gs", timeout)
+
+    def _release_dir(self) -> None:
+        for fd in (self._lock_fd, self.dir_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._lock_fd = self.dir_fd = -1
+
+
+def _unlink_quiet(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("host cache: cannot remove %s: %s", name, err.strerror)
+
+
+def _open_cache_dir(path: str, store_id: str) -> tuple[str, int, int]:
+    """(the store's cache subdirectory, an fd of it, the fd holding its lock). The directory and
+    the subdirectory are the daemon's own (hintfs.common.owndir, the rule `cache.spool_dir` follows too):
+    made 0700; a directory of another user, or a symlink, is refused (HintfsError, one line)."""
+    top = make_own_dir(path, f"cache.dir {path}", _PURPOSE)
+    try:
+        sub = hashlib.sha256(store_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        try:
+            os.mkdir(sub, 0o700, dir_fd=top)
+        except FileExistsError:
+            pass
+        where = os.path.join(path, sub)
+        fd = open_own_dir(sub, top, f"cache.dir {where}", _PURPOSE)
+    finally:
+        os.close(top)
+    try:
+        lock_fd = os.open(_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise HintfsError(errno.EBUSY, f"cache.dir {where} is in use by another hintfs daemon of the same "
+                              "store: give each mount its own cache.dir") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return where, fd, lock_fd
+
+
+_PURPOSE = "keep cached files there"
+
+
+__all__ = ["HostCachedStore", "CachedReader", "version_of", "cache_name"]
