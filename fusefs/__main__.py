@@ -3,7 +3,7 @@
 `hintfs mount` starts it in the background (its own session, cwd /, output to the log file) and
 waits on the ready fd for one line: `ok` once the mount answers, or `error: <reason>`. Started
 any other way (without `-I`, or elsewhere than in `/`), it re-executes itself so first
-(common.procs.become_isolated_daemon).
+(hintfs.common.procs.become_isolated_daemon).
 `hintfs mount --foreground` (systemd) calls `serve` in its own process. A refusal is one line on
 stderr (and on the ready fd), exit 1.
 """
@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Optional
 
-from common.logsetup import setup_logging
-from common.procs import absolute_paths, become_isolated_daemon
+from hintfs.common.logsetup import setup_logging
+from hintfs.common.procs import absolute_paths, become_isolated_daemon
 from fusefs.mount import MountError, run_mount
 from mountconfig import ConfigError, MountConfig, load_config
 
@@ -45,7 +45,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("mountpoint")
     p.add_argument("--ready-fd", type=int, default=None, help="write `ok` or `error: ...` here")
     args = p.parse_args(argv)
-    if argv is None:      # this process's own command line: run isolated, in / (common.procs)
+    if argv is None:      # this process's own command line: run isolated, in / (hintfs.common.procs)
         args.config, args.mountpoint = absolute_paths(args.config, args.mountpoint)
         ready = ["--ready-fd", str(args.ready_fd)] if args.ready_fd is not None else []
         become_isolated_daemon("fusefs", [args.config, args.mountpoint, *ready])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import HintfsError
+from hintfs.common.errors import HintfsError
 
 ROOT_INODE = 1           # the kernel's inode number of the mount's root (pyfuse3.ROOT_INODE)
 RENAME_NOREPLACE = 1     # rename(2) flags as FUSE passes them (linux/fs.h)

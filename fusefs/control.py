@@ -27,10 +27,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from common import access
-from common.access import Principal
-from common.errors import HintfsError
-from common.documents import DocumentError
+from hintfs.common import access
+from hintfs.common.access import Principal
+from hintfs.common.errors import HintfsError
+from hintfs.common.documents import DocumentError
 
 log = logging.getLogger("hintfs.control")
 
@@ -44,7 +44,7 @@ MAX_JOB_FILES_PER_UID = 64    # of which one user who is neither root nor the mo
 ControlInputError = DocumentError
 
 
-# Who wrote a control document: the one principal type of `common.access`.
+# Who wrote a control document: the one principal type of `hintfs.common.access`.
 Caller = Principal
 
 
@@ -215,7 +215,7 @@ def parse_json_document(data: bytes) -> object:
 
 def check_readable(store, paths: list[str], caller: Caller) -> None:
     """Blocking (a worker thread): `caller` may read every named store path, by the one access rule
-    (`common.access`: search permission on every folder, read permission on the path); a refusal
+    (`hintfs.common.access`: search permission on every folder, read permission on the path); a refusal
     does not say whether the path exists."""
     try:
         access.check_readable(store, paths, caller)

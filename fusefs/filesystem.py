@@ -31,8 +31,8 @@ from typing import Awaitable, Callable, Optional
 
 import trio
 
-from common import access, paths
-from common.errors import HintfsError
+from hintfs.common import access, paths
+from hintfs.common.errors import HintfsError
 from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
@@ -44,7 +44,7 @@ from fusefs.passthrough import Backing, HeldFd, Passthrough, backing_key
 from fusefs.readpath import ReadPath
 from fusefs.stats import Stats
 from mountconfig.schema import CacheConfig, MountOptions
-from stores.base import Reader, Stat, Store
+from hintfs.stores.base import Reader, Stat, Store
 
 log = logging.getLogger("hintfs.ops")
 
@@ -156,7 +156,7 @@ class Filesystem:
 
     def reserved(self, path: str) -> bool:
         """Names no request may create, rename, link or look up: `.hintfs` at the root, the journal
-        folders (the configured one and the default) and what is under them (`common.paths`)."""
+        folders (the configured one and the default) and what is under them (`hintfs.common.paths`)."""
         return paths.reserved(path, self.journal_dir)
 
     def _new_name(self, parent: Inode, name: bytes) -> str:
@@ -302,7 +302,7 @@ class Filesystem:
         return self.control_inode(node)
 
     def _virtual_attrs(self, inode: Inode, source: Stat) -> Attributes:
-        """A `.tensor` grants exactly what its source grants (`common.access.attrs_of_derived`): the
+        """A `.tensor` grants exactly what its source grants (`hintfs.common.access.attrs_of_derived`): the
         source's owner and group and its read bits, read-only. The kernel checks opens against
         these (`default_permissions`); the size is known only while the file is open."""
         mode, uid, gid = access.attrs_of_derived(source.mode, source.uid, source.gid)

@@ -21,7 +21,7 @@ from fusefs import attrs
 from fusefs.attrs import Attributes, FsStats, OpenFile, Refused
 from fusefs.filesystem import Filesystem
 from mountconfig.schema import MountOptions
-from stores.errors import errno_of
+from hintfs.stores.errors import errno_of
 
 log = logging.getLogger("hintfs.ops")
 

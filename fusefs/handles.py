@@ -38,8 +38,8 @@ from fusefs.control import MAX_CONTROL_WRITE, Caller, ControlDir, ControlInputEr
 from fusefs.inodes import Inode, InodeTable
 from fusefs.interfaces import ReplicaSource, Source
 from fusefs.stats import Stats
-from stores.base import Reader, Staging, Stat, Store
-from stores.errors import errno_of
+from hintfs.stores.base import Reader, Staging, Stat, Store
+from hintfs.stores.errors import errno_of
 
 log = logging.getLogger("hintfs.ops")
 

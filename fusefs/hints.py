@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import trio
 
-from common.documents import HintDocument, parse_hint
+from hintfs.common.documents import HintDocument, parse_hint
 from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import ReplicasConfig

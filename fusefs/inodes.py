@@ -12,7 +12,7 @@ import itertools
 from typing import Optional
 
 from fusefs.attrs import ROOT_INODE
-from stores.base import Staging
+from hintfs.stores.base import Staging
 
 
 class Inode:

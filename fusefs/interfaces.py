@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from typing import Optional, Protocol, Sequence
 
-from stores.base import Reader, Stat
+from hintfs.stores.base import Reader, Stat
 
 
 class Source(enum.Enum):

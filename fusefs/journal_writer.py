@@ -1,7 +1,7 @@
 """The publish journal, writer side: one small record in the store per published file.
 
 Followers in other datacenters list the journal folder instead of walking the store
-(`common.journal` has the record format, `agent.follower` the reader, docs/cross_dc.md the
+(`hintfs.common.journal` has the record format, `hintfs.agent.follower` the reader, docs/cross_dc.md the
 design). The filesystem calls `published` after each commit (`PublishJournal`); a record
 that cannot be written is logged, never an error of the close: the file is published and
 followers fall back to listing.
@@ -25,9 +25,9 @@ from typing import Optional
 
 import trio
 
-from common.journal import JournalRefused, encode_record, has_modes, prepare_journal, record_key, record_name
+from hintfs.common.journal import JournalRefused, encode_record, has_modes, prepare_journal, record_key, record_name
 from fusefs.stats import Stats
-from stores.base import Stat, Store, walk_files
+from hintfs.stores.base import Stat, Store, walk_files
 
 log = logging.getLogger("hintfs.ops")
 

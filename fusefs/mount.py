@@ -27,15 +27,15 @@ from urllib.parse import urlparse
 import pyfuse3
 import trio
 
-from agent.client import AgentClient
-from agent.fdserver import receive_replica_fd, receive_tier_bytes
-from common import paths
-from common.fdlimit import raise_open_file_limit
-from common.journal import prune, prune_interval_s
-from common.logline import ABANDONED_MARK   # the log line `hintfs umount` looks for (_report_abandoned)
-from common.mounts import dead_mount_at, detach_lazily
-from common.secrets import read_token_file
-from common.systemd import sd_notify
+from hintfs.agent.client import AgentClient
+from hintfs.agent.fdserver import receive_replica_fd, receive_tier_bytes
+from hintfs.common import paths
+from hintfs.common.fdlimit import raise_open_file_limit
+from hintfs.common.journal import prune, prune_interval_s
+from hintfs.common.logline import ABANDONED_MARK   # the log line `hintfs umount` looks for (_report_abandoned)
+from hintfs.common.mounts import dead_mount_at, detach_lazily
+from hintfs.common.secrets import read_token_file
+from hintfs.common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
@@ -52,9 +52,9 @@ from fusefs.stream import open_stream
 from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
 from mountconfig.schema import AgentsConfig, JournalConfig, LoggingConfig, MountOptions, StreamConfig
-from stores import check_store, open_store
-from stores.base import Store
-from stores.hostcache import HostCachedStore
+from hintfs.stores import check_store, open_store
+from hintfs.stores.base import Store
+from hintfs.stores.hostcache import HostCachedStore
 
 log = logging.getLogger("hintfs.mount")
 
@@ -382,7 +382,7 @@ def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlD
     server = None
     locations = list(cfg.agents.locations)
     if not locations:
-        from agent.server import start_in_process   # only without configured agents
+        from hintfs.agent.server import start_in_process   # only without configured agents
         try:
             server, loc = start_in_process(store, cfg.agent, peers=cfg.agents, follow=cfg.follow,
                                            transform_load=cfg.transform_load)

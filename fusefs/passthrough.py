@@ -15,11 +15,11 @@ import logging
 import os
 from typing import Awaitable, Callable, Optional, Protocol
 
-from common.errors import HintfsError
+from hintfs.common.errors import HintfsError
 from fusefs.handles import PassthroughRead
 from fusefs.inodes import Inode
 from fusefs.stats import Stats
-from stores.base import Staging, Stat
+from hintfs.stores.base import Staging, Stat
 
 log = logging.getLogger("hintfs.ops")
 

@@ -3,7 +3,7 @@
 A job writes `{"ranges": [[path, offset, length], ...]}` (e.g. `hintfs.client.hint_dcp_reads`:
 the tensors its DCP load takes, from the `.metadata` it reads anyway). For each routed file the
 local tier is still receiving (a stream filling, a copy in flight), the mount asks the tier to
-fetch those ranges at once, in parallel (agent/demand.py): the reads that follow wait one round
+fetch those ranges at once, in parallel (hintfs/agent/demand.py): the reads that follow wait one round
 trip in all, not one per tensor. Files the tier holds whole, or that are not routed, need nothing.
 Forwarding runs in a background task, never in the write itself; who may write which paths is
 the control files' rule (docs/security.md): only paths the writer may read."""
@@ -15,7 +15,7 @@ import time
 
 import trio
 
-from common.documents import ReadHint, parse_read_hint
+from hintfs.common.documents import ReadHint, parse_read_hint
 
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 

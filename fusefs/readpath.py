@@ -28,7 +28,7 @@ from fusefs.interfaces import Source
 from fusefs.replicaread import ReplicaReads
 from fusefs.routes import RoutedStore, TierReplicaReader
 from fusefs.stats import Stats
-from stores.base import Reader, Stat
+from hintfs.stores.base import Reader, Stat
 
 
 def source_of(reader: Reader) -> Source:

@@ -26,7 +26,7 @@ from cachetools import LRUCache
 from fusefs.hints import ReplicaRouter
 from fusefs.stats import Stats
 from mountconfig.schema import ReplicasConfig
-from stores.base import Reader
+from hintfs.stores.base import Reader
 
 log = logging.getLogger("hintfs.replicaread")
 

@@ -18,7 +18,7 @@ reader of a routed file knows where its bytes come from (`fusefs.interfaces.Sour
 - copying (`TierDemandReader`, source DEMAND): a copy is in flight (or a write-time stream was
   published and its last chunks are on the way); `stat` serves the version being copied and the
   open does not wait for the copy: each read asks the tier, which answers from what it holds of
-  that version or fetches just those bytes from the store at once (agent/demand.py,
+  that version or fetches just those bytes from the store at once (hintfs/agent/demand.py,
   "demand-first"); the copy goes on, and the next open after it finished reads the tier's replica.
   If the tier cannot answer, the reads go to the store (of that version only).
 - streaming: a training mount is sending the file and has not published it: the tier is asked to
@@ -35,7 +35,7 @@ reader of a routed file knows where its bytes come from (`fusefs.interfaces.Sour
 At each open of a routed file (`at_open`, after the close-to-open check) the layer settles the
 source: a version the tier said it holds, or holds when asked now (`has`), is read from the tier
 (`route_local`); any other is read as opened (`route_remote`) and the tier is asked to fetch it
-(`fetch_on_read`). Time comes from the `clock` given (`common.clock`: its monotonic seconds).
+(`fetch_on_read`). Time comes from the `clock` given (`hintfs.common.clock`: its monotonic seconds).
 
 Consistency: routes are meant for write-once data (checkpoints). A routed file the tier holds is
 served at the tier's version until the tier learns of a newer one (the follower copies each new
@@ -56,12 +56,12 @@ from typing import Callable, Iterator, Optional, Sequence
 import trio
 from cachetools import LRUCache, TTLCache
 
-from agent.fdserver import TierSocket
-from common.clock import SYSTEM_CLOCK, Clock
+from hintfs.agent.fdserver import TierSocket
+from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from fusefs.interfaces import Source
 from fusefs.stats import Stats
 from mountconfig.schema import RouteConfig
-from stores.base import Reader, Stat, Staging, Store
+from hintfs.stores.base import Reader, Stat, Staging, Store
 
 log = logging.getLogger("hintfs.routes")
 
@@ -205,7 +205,7 @@ class TierDemandReader:
 
     With a tier agent on this host (`local`: its fd socket), a read first looks at the tier's
     bytes itself: the replica once it is complete, or the runs of the published stream verified
-    so far (`agent.fdserver`). Those are read with `pread`, not one Flight call each; a read they
+    so far (`hintfs.agent.fdserver`). Those are read with `pread`, not one Flight call each; a read they
     do not cover asks the socket again (one unix round trip), then the tier by Flight."""
     source = Source.DEMAND
 
@@ -300,7 +300,7 @@ class TierDemandReader:
 class RoutedStore:
     """A `Store`: routed paths' `stat` and `open_reader` from the local tier, the rest the store's;
     `at_open` settles where an open's reads go. Collaborators: the agent clients by location, the
-    fd fetches of a tier agent on this host (`agent.fdserver`), the filesystem's limiter of
+    fd fetches of a tier agent on this host (`hintfs.agent.fdserver`), the filesystem's limiter of
     blocking calls, and the clock."""
 
     def __init__(self, store: Store, routes: Sequence[RouteConfig], clients: dict, stats: Stats, *,
@@ -309,7 +309,7 @@ class RoutedStore:
                  clock: Clock = SYSTEM_CLOCK):
         self._store = store
         self.routes = list(routes)
-        self.clients = clients            # location -> agent.client.AgentClient (blocking)
+        self.clients = clients            # location -> hintfs.agent.client.AgentClient (blocking)
         self.stats = stats
         self.io_limiter = io_limiter or trio.CapacityLimiter(8)   # tier calls are store-like blocking I/O
         self.fetch_fd = fetch_fd          # a complete replica's fd from a tier agent on this host
@@ -328,7 +328,7 @@ class RoutedStore:
 
     def local_socket_of(self, path: str) -> Optional[TierSocket]:
         """The fd socket of the tier agent on this host for `path`, with the uid that agent runs
-        as (`agent.fdserver` checks both before it takes an fd); None without one."""
+        as (`hintfs.agent.fdserver` checks both before it takes an fd); None without one."""
         route = route_of(self.routes, path)
         if route is None or not route.local_socket:
             return None
@@ -473,7 +473,7 @@ class RoutedStore:
         ranges at once (blocking: a worker thread). How many pieces the tiers started (a file
         without a version at the tier yet counts 0: its pieces start at its publish). A file the
         tier holds whole is told too: the tier remembers what eval jobs read, and the next
-        checkpoint's stream sends those chunks first (agent/readmemory.py)."""
+        checkpoint's stream sends those chunks first (hintfs/agent/readmemory.py)."""
         n = 0
         for path, ranges in files.items():
             route = route_of(self.routes, path)
@@ -511,7 +511,7 @@ class RoutedStore:
     def open_reader(self, rel: str) -> tuple[Reader, Stat]:
         client, doc = self._tier(rel)
         if doc["state"] == "copying":
-            # Demand-first: reads do not wait for the whole file (agent/demand.py).
+            # Demand-first: reads do not wait for the whole file (hintfs/agent/demand.py).
             self.stats.add("route_demand_opens")
             st = self._file(doc)
             self._forward_later_hint(client, rel, st.identity())
@@ -522,7 +522,7 @@ class RoutedStore:
         if doc["state"] == "ready":
             st = self._file(doc)
             # complete by now: nothing to fetch, but the tier learns what eval jobs read of it,
-            # and sends those chunks of the next checkpoint's file first (agent/readmemory.py)
+            # and sends those chunks of the next checkpoint's file first (hintfs/agent/readmemory.py)
             self._forward_later_hint(client, rel, st.identity())
             return self._tier_replica(rel, st.identity(), StoreFallbackReader(self._store, rel, st.identity())), st
         return self._store.open_reader(rel)

@@ -12,7 +12,7 @@ import time
 
 import trio
 
-from common.documents import Signal, parse_signal
+from hintfs.common.documents import Signal, parse_signal
 
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 

@@ -24,12 +24,12 @@ from typing import Optional, Sequence
 import trio
 from cachetools import LRUCache
 
-from common import access
-from common.access import Principal
-from common.documents import parse_plan_registration
+from hintfs.common import access
+from hintfs.common.access import Principal
+from hintfs.common.documents import parse_plan_registration
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import TransformLoadConfig
-from transforms.params import TransformRule, default_seed, match_rule, params_json
+from hintfs.transforms.params import TransformRule, default_seed, match_rule, params_json
 
 log = logging.getLogger("hintfs.tensorfile")
 
@@ -56,7 +56,7 @@ class Plan:
     pulled: set[int] = field(default_factory=set)        # steps whose ready tensors were pulled here
     read: set[tuple[str, int, int]] = field(default_factory=set)   # (sample, step, rank) occurrences read
     # Who registered it, when that is neither root nor the mount's owner: every sample is checked
-    # against them (`common.access`) before an agent is asked to transform it.
+    # against them (`hintfs.common.access`) before an agent is asked to transform it.
     reader: Optional[Principal] = None
     allowed: dict[str, bool] = field(default_factory=dict)   # sample -> may `reader` read it (checked)
 

@@ -15,7 +15,7 @@ from typing import Iterator
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from transforms.params import PARAMS_BY_KIND
+from hintfs.transforms.params import PARAMS_BY_KIND
 
 from .schema import MountConfig
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from common.errors import validation_message
+from hintfs.common.errors import validation_message
 
 GiB = 1 << 30
 MiB = 1 << 20

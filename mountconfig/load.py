@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from common.errors import validation_message
+from hintfs.common.errors import validation_message
 
 from .schema import MountConfig
 

@@ -11,9 +11,9 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.paths import relpath
+from hintfs.common.paths import relpath
 from mountconfig.governor import GovernorConfig
-from transforms.params import TransformRule
+from hintfs.transforms.params import TransformRule
 
 
 def _store_path(v: str) -> str:
@@ -88,9 +88,9 @@ class CacheConfig(Section):
         description="Remote stores only: local directory where written files are staged until close "
         "uploads them. file:// stores stage next to the target instead, so the rename is atomic. An "
         "absolute path; created 0700 and owned by the daemon's user: another user's folder or a symlink "
-        "is refused at mount time (common/owndir.py).",
+        "is refused at mount time (hintfs/common/owndir.py).",
     )
-    # The host cache of remote stores (stores/hostcache.py, docs/hostcache.md).
+    # The host cache of remote stores (hintfs/stores/hostcache.py, docs/hostcache.md).
     dir: str = Field(
         "", description="Remote stores (s3://, hdfs://) only: a local directory where whole files read "
         "through the mount are kept, so a second open is served from local disk (by the kernel, with FUSE "

@@ -1,17 +1,17 @@
 """The stream sender's calls to the eval tier agents (`[stream] agents`): a streamer's
-`Transport` over Flight (`agent.client`), and one streamer per tier agent behind one link gate."""
+`Transport` over Flight (`hintfs.agent.client`), and one streamer per tier agent behind one link gate."""
 from __future__ import annotations
 
 from typing import Optional
 
-from agent.client import AgentClient
-from agent.linkgate import LinkGate
+from hintfs.agent.client import AgentClient
+from hintfs.agent.linkgate import LinkGate
 from fusefs.stream.streamer import PublishAnswer, PutAnswer, Streamer
 from mountconfig.schema import StreamConfig
 
 
 class FlightTransport:
-    """`fusefs.stream.streamer.Transport` over an eval tier agent's Flight calls (`agent.client`)."""
+    """`fusefs.stream.streamer.Transport` over an eval tier agent's Flight calls (`hintfs.agent.client`)."""
 
     SMALL = 256 << 10    # a publish carrying at most this many bytes goes by the control connection
 

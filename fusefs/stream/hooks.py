@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Protocol
 
 from mountconfig.schema import StreamConfig
-from stores.base import Stat
+from hintfs.stores.base import Stat
 
 log = logging.getLogger("hintfs.stream")
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from common.procs import DAEMON_CWD, isolated_command
+from hintfs.common.procs import DAEMON_CWD, isolated_command
 from fusefs.stream.hooks import Counters, Finished, Version
 from fusefs.stream.wire import next_message, send, socketpair
 from mountconfig.schema import StreamConfig

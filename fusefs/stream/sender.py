@@ -23,8 +23,8 @@ import socket
 import sys
 from typing import Optional
 
-from common.logsetup import setup_logging
-from common.procs import become_isolated_daemon
+from hintfs.common.logsetup import setup_logging
+from hintfs.common.procs import become_isolated_daemon
 from fusefs.stream.flight import build_streamers
 from fusefs.stream.hooks import Version
 from fusefs.stream.threads import ThreadSink
@@ -167,7 +167,7 @@ def nice_against_the_job(nice: int) -> bool:
 
 def main(argv: list[str]) -> int:
     # Started isolated (`python -I`) by the mount, which runs in /; a child started otherwise
-    # is made so before it reads anything (common.procs): the socket fd and stdin stay.
+    # is made so before it reads anything (hintfs.common.procs): the socket fd and stdin stay.
     become_isolated_daemon("fusefs.stream.sender", argv[1:])
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())

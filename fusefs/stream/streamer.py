@@ -3,7 +3,7 @@ send a file's bytes to the eval tier while the job writes it, reading behind the
 
 Driven by `step` calls (`fusefs.stream.threads.ThreadSink` runs them in worker threads for a
 mount with `[stream]`; the unit tests call them directly), against a `Transport`: the tier's calls
-(Flight calls to the eval agent, `fusefs.stream.flight.FlightTransport`; `agent.streams.StreamTier`
+(Flight calls to the eval agent, `fusefs.stream.flight.FlightTransport`; `hintfs.agent.streams.StreamTier`
 in the unit tests).
 
 - While the file is written, a step sends the whole chunks below the staging file's current size
@@ -18,13 +18,13 @@ in the unit tests).
   "fill" gets the chunks it names.
 - Chunks go in calls of consecutive chunks (at most `call_bytes` each), `parallel` calls at a
   time (a long link needs several in flight), each after the optional link gate grants it
-  (`agent.linkgate.LinkGate`: the mount's share of the link, by class).
+  (`hintfs.agent.linkgate.LinkGate`: the mount's share of the link, by class).
   While the file is written they leave without a barrier: a step hands the new whole chunks to
   the send pool and returns, so the link stays full between steps. Only the publish waits for
   the chunks in flight (`idle` says when none are; the caller changes a stream's generation or
   closes it only then, and `close` of a stream with chunks in flight waits for them to land).
 - Eval reads first (`first_by_reads`): the tier's answer to a stream's open names the chunks eval
-  jobs read of the previous checkpoint's file of the same name (`agent.readmemory`). The open
+  jobs read of the previous checkpoint's file of the same name (`hintfs.agent.readmemory`). The open
   rides on the stream's first calls (no round trip of its own), so the streamer starts from the
   chunks named for the last file of that name it sent (`policy.stream.checkpoint_family`) and
   takes the tier's answer when it comes. Named chunks leave as soon as they are written, as
