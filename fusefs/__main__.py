@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional
 
 from hintfs.common.logsetup import setup_logging
 from hintfs.common.procs import absolute_paths, become_isolated_daemon
@@ -20,7 +19,7 @@ from fusefs.mount import MountError, run_mount
 from mountconfig import ConfigError, MountConfig, load_config
 
 
-def serve(cfg: MountConfig, mountpoint: str, ready_fd: Optional[int] = None) -> int:
+def serve(cfg: MountConfig, mountpoint: str, ready_fd: int | None = None) -> int:
     """Set up logging, mount and serve until unmounted. A MountError is reported on `ready_fd`
     (`error: ...`), then raised."""
     setup_logging(cfg.logging.level, cfg.logging.file)
@@ -38,7 +37,7 @@ def serve(cfg: MountConfig, mountpoint: str, ready_fd: Optional[int] = None) -> 
         raise
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusefs", description="the hintfs mount daemon "
                                 "(started by `hintfs mount`)")
     p.add_argument("config", help="mount config (TOML)")

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from hintfs.common import access
 from hintfs.common.access import Principal
@@ -51,26 +51,26 @@ Caller = Principal
 @dataclass
 class ControlFile:
     name: str
-    render: Optional[Callable[[], bytes]] = None          # read side
-    apply: Optional[Callable[[object], None]] = None       # write side: takes what parse/prepare gave
-    parse: Optional[Callable[[object], object]] = None     # JSON -> typed document; ControlInputError
+    render: Callable[[], bytes] | None = None          # read side
+    apply: Callable[[object], None] | None = None       # write side: takes what parse/prepare gave
+    parse: Callable[[object], object] | None = None     # JSON -> typed document; ControlInputError
     # Blocking step before `apply` (reading a file the document names), run in a worker thread;
     # it gets the parsed document and the writer, and returns what `apply` gets. Raises ControlInputError.
-    prepare: Optional[Callable[[object, Caller], object]] = None
-    names: Optional[Callable[[object], list[str]]] = None  # store paths the document names
+    prepare: Callable[[object, Caller], object] | None = None
+    names: Callable[[object], list[str]] | None = None  # store paths the document names
     owner_only: bool = False        # only the mount's owner (and root) may write it at all
     uid: int = field(default_factory=os.getuid)            # who created it (owns its job)
     gid: int = field(default_factory=os.getgid)
     last_error: str = ""
     where: str = ".hintfs/"   # its folder, for log lines (set when it is added to a ControlDir)
-    _error_view: Optional["ErrorView"] = field(default=None, repr=False)
+    _error_view: ErrorView | None = field(default=None, repr=False)
 
     @property
     def writable(self) -> bool:
         return self.apply is not None
 
     @property
-    def error_view(self) -> "ErrorView":
+    def error_view(self) -> ErrorView:
         if self._error_view is None:
             self._error_view = ErrorView(self)
         return self._error_view
@@ -88,21 +88,21 @@ class ControlDir:
     """A directory of control files; `make_file(name, caller)` creates entries written into it."""
     name: str
     files: dict[str, ControlFile] = field(default_factory=dict)
-    dirs: dict[str, "ControlDir"] = field(default_factory=dict)
-    make_file: Optional[Callable[[str], ControlFile]] = None
+    dirs: dict[str, ControlDir] = field(default_factory=dict)
+    make_file: Callable[[str], ControlFile] | None = None
     # A job file's owner (or root, or the mount's owner) removed it: forget what it registered.
-    on_remove: Optional[Callable[[str], None]] = None
+    on_remove: Callable[[str], None] | None = None
 
     def add(self, f: ControlFile) -> ControlFile:
         self.files[f.name] = f
         f.where = ".hintfs/" if self.name == ".hintfs" else f".hintfs/{self.name}/"
         return f
 
-    def add_dir(self, d: "ControlDir") -> "ControlDir":
+    def add_dir(self, d: ControlDir) -> ControlDir:
         self.dirs[d.name] = d
         return d
 
-    def job_files(self, uid: Optional[int] = None) -> int:
+    def job_files(self, uid: int | None = None) -> int:
         """Job files in this folder (of `uid` alone, when given)."""
         return sum(1 for f in self.files.values() if f.writable and (uid is None or f.uid == uid))
 
@@ -114,7 +114,7 @@ class ControlDir:
                 out[f.uid] = out.get(f.uid, 0) + 1
         return out
 
-    def room_for(self, caller: "Caller") -> Optional[str]:
+    def room_for(self, caller: Caller) -> str | None:
         """None if `caller` may create one more job file here, else why not (the bounds are per
         user, so one user cannot take every name from the others; root and the mount's owner
         are bounded only by what they themselves run)."""
@@ -126,7 +126,7 @@ class ControlDir:
             return f"{MAX_JOB_FILES} job files exist here"
         return None
 
-    def remove(self, name: str, caller: "Caller") -> None:
+    def remove(self, name: str, caller: Caller) -> None:
         """Remove the job file `name` (and its `.status`): its owner, root or the mount's owner
         may; what it registered is forgotten (`on_remove`). HintfsError(EACCES/ENOENT/EPERM)."""
         f = self.files.get(name)
@@ -223,7 +223,7 @@ def check_readable(store, paths: list[str], caller: Caller) -> None:
         raise ControlInputError(err.strerror or str(err)) from None
 
 
-def refuse(f: ControlFile, reason: str, caller: Optional[Caller] = None) -> None:
+def refuse(f: ControlFile, reason: str, caller: Caller | None = None) -> None:
     """Record and log one refusal; the reason replaces whatever the previous write left.
 
     Every refusal of a written document goes through here, once: the writer learns of it only

@@ -27,7 +27,7 @@ import os
 import re
 import stat as stat_mod
 import time
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -82,8 +82,8 @@ class _Seen:
     shared: bool = False              # passthrough opens of the inode were active
     writer: bool = False              # a writer had the file open
     keep_cache: bool = True
-    reader: Optional[Reader] = None   # a read of a store file: its reader and attributes
-    st: Optional[Stat] = None
+    reader: Reader | None = None   # a read of a store file: its reader and attributes
+    st: Stat | None = None
     source: Source = Source.STORE
     local_fd: int = -1                # the fd a passthrough open would hand the kernel
     space_ok: bool = True
@@ -95,15 +95,15 @@ class Filesystem:
     come from (`reads`), `.tensor` files, the journal, the write-time streams, the limiter of
     store calls in worker threads and what it tells the kernel outside replies (`kernel`)."""
 
-    def __init__(self, store: Store, *, options: Optional[MountOptions] = None, cache: Optional[CacheConfig] = None,
-                 journal_dir: str = paths.JOURNAL_DIR, stats: Optional[Stats] = None,
-                 control_root: Optional[ControlDir] = None,
-                 reads: Optional[ReadPath] = None,
-                 tensors: Optional[TensorSource] = None,
-                 journal: Optional[PublishJournal] = None,
-                 streams: Optional[StreamHooks] = None,
-                 io_limiter: Optional[trio.CapacityLimiter] = None,
-                 kernel: Optional[KernelNotices] = None):
+    def __init__(self, store: Store, *, options: MountOptions | None = None, cache: CacheConfig | None = None,
+                 journal_dir: str = paths.JOURNAL_DIR, stats: Stats | None = None,
+                 control_root: ControlDir | None = None,
+                 reads: ReadPath | None = None,
+                 tensors: TensorSource | None = None,
+                 journal: PublishJournal | None = None,
+                 streams: StreamHooks | None = None,
+                 io_limiter: trio.CapacityLimiter | None = None,
+                 kernel: KernelNotices | None = None):
         options = options or MountOptions()
         cache = cache or CacheConfig()
         self.store = store
@@ -139,7 +139,7 @@ class Filesystem:
         """Whether this store's files can be backing files (a file:// store seen without routes)."""
         return self.store.passthrough_capable
 
-    def set_passthrough(self, result: tuple[Optional[Backing], str]) -> None:
+    def set_passthrough(self, result: tuple[Backing | None, str]) -> None:
         """At FUSE init: passthrough on (a backend) or off (None), and why (`fusefs.fuse`)."""
         self.pt.set(result)
 
@@ -368,7 +368,7 @@ class Filesystem:
             return self._virtual_attrs(node, await self._source_stat(node))
         return self.attrs(node, await self._stat_inode(node))
 
-    async def setattr(self, inode: int, attr, fields, fh: Optional[int], ctx) -> Attributes:
+    async def setattr(self, inode: int, attr, fields, fh: int | None, ctx) -> Attributes:
         node = self._inode(inode)
         if node.control is not None:
             if fields.update_size:  # `echo x > .hintfs/loglevel` truncates first
@@ -466,7 +466,7 @@ class Filesystem:
             raise Refused(errno.EACCES, "symlink points outside the store")
         return os.fsencode(target)
 
-    async def _own_new(self, parent: Inode, path: str, ctx, mode: Optional[int], is_dir: bool = False) -> None:
+    async def _own_new(self, parent: Inode, path: str, ctx, mode: int | None, is_dir: bool = False) -> None:
         """A node just made by this daemon (root) belongs to the caller: uid from ctx, gid from
         ctx unless the parent directory is set-group-ID (then the backing filesystem already gave
         it the parent's group, and a new directory S_ISGID). Its mode is set exactly (the
@@ -641,7 +641,7 @@ class Filesystem:
         if old is not None:
             await self.io(self.store.discard, old, inline=old.inline_io)
 
-    async def _unnamed(self, inode: Optional[Inode]) -> None:
+    async def _unnamed(self, inode: Inode | None) -> None:
         """`inode` left the namespace (unlinked, or renamed over) while open for writing: its
         staging is never published, so its name goes now (rmdir of its folder works)."""
         if inode is not None and inode.unlinked and inode.writer is not None:
@@ -656,7 +656,7 @@ class Filesystem:
             if staging is not None and staging.path.startswith(prefix):
                 staging.path = new + staging.path[len(old):]
 
-    async def _renamed(self, new: str, inode: Optional[Inode]) -> None:
+    async def _renamed(self, new: str, inode: Inode | None) -> None:
         """A file renamed into place is a new file to followers (DCP writes `.metadata.tmp`, then
         renames it: the commit marker appears by a rename): journal it, and stream it again when
         no write handle is streaming it (a small file: one round trip). A folder's files are

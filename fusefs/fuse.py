@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import trio
@@ -29,7 +29,7 @@ assert pyfuse3.ROOT_INODE == attrs.ROOT_INODE
 assert (pyfuse3.RENAME_EXCHANGE, pyfuse3.RENAME_NOREPLACE) == (attrs.RENAME_EXCHANGE, attrs.RENAME_NOREPLACE)
 
 
-def _op(name: str, method: Callable, result: Optional[Callable] = None):
+def _op(name: str, method: Callable, result: Callable | None = None):
     """The handler pyfuse3 calls for operation `name`: `method(fs, *args)`, its result converted
     by `result`. It times the call, counts errors and turns any exception into an errno for
     the kernel (one coroutine frame: `method`'s; `read`/`write` return the handle's)."""
@@ -122,7 +122,7 @@ class KernelNotices:
 
 
 # Read requests the kernel has queued for the daemon (the patched pyfuse3; None with stock).
-queued_reads: Callable[[], Optional[int]] = getattr(pyfuse3, "queued_reads", lambda: None)
+queued_reads: Callable[[], int | None] = getattr(pyfuse3, "queued_reads", lambda: None)
 
 
 class _Backing:
@@ -136,7 +136,7 @@ class _Backing:
 
 
 def passthrough_backend(setting: str, store_capable: bool,
-                        writeback_cache: bool = False) -> tuple[Optional[_Backing], str]:
+                        writeback_cache: bool = False) -> tuple[_Backing | None, str]:
     """(the backend, or None) and why: what `hintfs status` shows."""
     if setting == "off":
         return None, "off (mount.passthrough = \"off\")"

@@ -29,7 +29,8 @@ import errno
 import itertools
 import logging
 import os
-from typing import Awaitable, Callable, NamedTuple, Optional, Protocol, Sequence
+from typing import NamedTuple, Protocol
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -63,7 +64,7 @@ class HandleKind(enum.Enum):
     PASSTHROUGH_STORE = "passthrough store"   # PassthroughRead: the kernel reads the store file
 
     @property
-    def fallback(self) -> "HandleKind":
+    def fallback(self) -> HandleKind:
         """The kind served when the kernel refuses this kind's backing file (itself if none)."""
         return _FALLBACK.get(self, self)
 
@@ -164,7 +165,7 @@ class StoreRead(Handle):
     writes the file, what it staged (one file, one page cache per mount)."""
     __slots__ = ("reader",)
 
-    def __init__(self, inode: Inode, reader: Optional[Reader]):
+    def __init__(self, inode: Inode, reader: Reader | None):
         self.inode = inode
         self.reader = reader
         if reader is not None:
@@ -223,7 +224,7 @@ class ReplicaRead(StoreRead):
     __slots__ = ("identity", "replicas", "locations")
 
     def __init__(self, inode: Inode, reader: Reader, identity: tuple[int, int], replicas: ReplicaSource,
-                 locations: Optional[Sequence[str]] = None):
+                 locations: Sequence[str] | None = None):
         StoreRead.__init__(self, inode, reader)
         self.identity = identity
         self.replicas = replicas
@@ -448,7 +449,7 @@ class DirHandle(Handle):
 
     def __init__(self, inode: Inode):
         self.inode = inode
-        self.entries: list[tuple[str, Optional[Stat]]] = []
+        self.entries: list[tuple[str, Stat | None]] = []
         self.source = None
         self.done = False
 
@@ -488,7 +489,7 @@ class DirHandle(Handle):
             if not self.reply_one(fs, name, st, i, reply):
                 return
 
-    def reply_one(self, fs: Services, name: str, st: Optional[Stat], next_id: int, reply: Reply) -> bool:
+    def reply_one(self, fs: Services, name: str, st: Stat | None, next_id: int, reply: Reply) -> bool:
         """Offer one entry; False when the kernel took no more. An entry the kernel took counts
         as a lookup of its inode (it may `forget` it later)."""
         parent = self.inode.path
@@ -525,7 +526,7 @@ class ControlDirHandle(DirHandle):
             self.entries.extend((name, None) for name in ctl.entries())
             self.done = True
 
-    def reply_one(self, fs: Services, name: str, st: Optional[Stat], next_id: int, reply: Reply) -> bool:
+    def reply_one(self, fs: Services, name: str, st: Stat | None, next_id: int, reply: Reply) -> bool:
         child = fs.control_lookup(self.inode, name)
         return reply(DirEntry(name.encode(), fs.control_attrs(child), next_id))
 

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -54,7 +54,7 @@ class ReplicaRouter:
         self.in_flight: dict[str, int] = {}
         self.rng = random.Random(0)
 
-    def pick(self, path: str, exclude: tuple[str, ...] = (), among: Optional[Sequence[str]] = None) -> Optional[str]:
+    def pick(self, path: str, exclude: tuple[str, ...] = (), among: Sequence[str] | None = None) -> str | None:
         """The next replica of `path` to read, of `among` (None: its hinted replicas)."""
         ready = [loc for loc in (self.replicas.get(path, ()) if among is None else among) if loc not in exclude]
         if not ready:
@@ -65,7 +65,7 @@ class ReplicaRouter:
 
 class HintsManager:
     def __init__(self, options: ReplicasConfig, agents: list[str], clients, stats, *,
-                 prefetch: Optional[Callable[[str], object]] = None):
+                 prefetch: Callable[[str], object] | None = None):
         self.options = options
         self.agents = agents
         self.clients = clients              # location -> AgentClient (blocking; used in threads)
@@ -175,7 +175,7 @@ class HintsManager:
         job.done = True
         log.info("hint %s: %d files planned, replication finished", job.name, len(targets))
 
-    async def _copy(self, job: Job, path: str, dest: str, source: Optional[str]) -> None:
+    async def _copy(self, job: Job, path: str, dest: str, source: str | None) -> None:
         client = self.clients[dest]
         state = job.files[path]
         try:

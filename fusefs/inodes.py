@@ -9,7 +9,6 @@ it or a handle is open on it; `forget` drops it. Rename moves a whole subtree of
 from __future__ import annotations
 
 import itertools
-from typing import Optional
 
 from fusefs.attrs import ROOT_INODE
 from hintfs.stores.base import Staging
@@ -25,23 +24,23 @@ class Inode:
         self.path = path
         self.lookups = 0
         self.opens = 0
-        self.writer: Optional[Staging] = None   # staged writes shared by all write handles
+        self.writer: Staging | None = None   # staged writes shared by all write handles
         self.writer_refs = 0
         self.unlinked = False
         # (size, mtime) of the file when the kernel's page cache was last known to match it;
         # an open that sees another identity drops the cache (close-to-open consistency).
-        self.cached_identity: Optional[tuple[int, int]] = None
+        self.cached_identity: tuple[int, int] | None = None
         self.control = control                  # a control node for `.hintfs/...`, else None
         self.virtual = None                     # (source, rule) of an `x.tensor` path, else None
-        self.tensor_data: Optional[bytes] = None  # its bytes while any handle has it open
+        self.tensor_data: bytes | None = None  # its bytes while any handle has it open
         self.aliases: list[str] = []             # other names of a hard-linked file
-        self.backing: Optional[tuple[int, int]] = None   # (st_dev, st_ino) while it has several names
+        self.backing: tuple[int, int] | None = None   # (st_dev, st_ino) while it has several names
         self.readers: list = []                 # store readers open on it (their fds outlive an unlink)
         # FUSE passthrough: the backing id the kernel serves this inode's open files from (0: none),
         # how many handles use it, and the staging it names (None: the store file).
         self.pt_id = 0
         self.pt_refs = 0
-        self.pt_staging: Optional[Staging] = None
+        self.pt_staging: Staging | None = None
         # what backs it: (st_dev, st_ino) of the store file, or ("replica", size, mtime_ns) of a replica
         self.pt_file: tuple = (0, 0)
         self.pt_reader = None     # that store file's reader (in `readers`: fstat after an unlink)
@@ -50,11 +49,11 @@ class Inode:
         self.publishing = None
         # The staging of a file unlinked while open, kept after its last writer for the readers
         # still open on it (they read what was written, as from an unlinked file on a disk).
-        self.kept: Optional[Staging] = None
+        self.kept: Staging | None = None
         # (st_dev, st_ino) of the store file the open handles of this inode read (file:// stores):
         # an open that finds another file at the name gets a new inode (close-to-open on one
         # page cache per inode, `Filesystem._renew`); None while nothing is open.
-        self.file_key: Optional[tuple[int, int]] = None
+        self.file_key: tuple[int, int] | None = None
         self.kind = 0             # S_IFMT of the store entry it was last looked up as (0: unknown)
 
     def open_fd(self) -> int:
@@ -82,10 +81,10 @@ class InodeTable:
     def __getitem__(self, ino: int) -> Inode:
         return self.by_ino[ino]
 
-    def get(self, ino: int) -> Optional[Inode]:
+    def get(self, ino: int) -> Inode | None:
         return self.by_ino.get(ino)
 
-    def by_path_get(self, path: str) -> Optional[Inode]:
+    def by_path_get(self, path: str) -> Inode | None:
         return self.by_path.get(path)
 
     def ensure(self, path: str) -> Inode:
@@ -131,7 +130,7 @@ class InodeTable:
             self.unlink_backing(inode)
 
     # -- hard links ----------------------------------------------------------------------------
-    def linked(self, key: tuple[int, int]) -> Optional[Inode]:
+    def linked(self, key: tuple[int, int]) -> Inode | None:
         """The known inode of the backing file `key`, if it has several names."""
         inode = self.by_backing.get(key)
         return inode if inode is not None and inode.ino in self.by_ino else None
@@ -170,7 +169,7 @@ class InodeTable:
         return gone
 
     # -- namespace changes ---------------------------------------------------------------------
-    def detach(self, path: str) -> Optional[Inode]:
+    def detach(self, path: str) -> Inode | None:
         """The path is gone from the namespace (unlink/rmdir/replaced by rename)."""
         inode = self.by_path.pop(path, None)
         if inode is not None:

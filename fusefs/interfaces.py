@@ -15,7 +15,8 @@ constructor.
 from __future__ import annotations
 
 import enum
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 from hintfs.stores.base import Reader, Stat
 
@@ -30,7 +31,7 @@ class Source(enum.Enum):
 
 class ReplicaSource(Protocol):
     async def read(self, path: str, identity: tuple[int, int], off: int, size: int, *, fallback: Reader,
-                   locations: Optional[Sequence[str]] = None) -> bytes:
+                   locations: Sequence[str] | None = None) -> bytes:
         """Bytes of this version from the replicas at `locations` (None: the hinted ones), else
         through `fallback` (the store's copy of that version)."""
 
@@ -46,13 +47,13 @@ class KernelNotices(Protocol):
 
 
 class TensorSource(Protocol):
-    def match(self, path: str) -> Optional[tuple]:
+    def match(self, path: str) -> tuple | None:
         """(source path, transform rule) when `path` is a virtual `x.tensor` file, else None."""
     async def fetch(self, source: str, rule) -> bytes: ...
 
 
 class PublishJournal(Protocol):
-    async def published(self, path: str, st: Stat, streamed: bool = False) -> Optional[str]:
+    async def published(self, path: str, st: Stat, streamed: bool = False) -> str | None:
         """`path` was just published with attributes `st` (`streamed`: the mount streams it to the
         eval tiers too): the record's name, None when it could not be written (never raises for a
         failed record)."""
@@ -67,12 +68,12 @@ class PublishJournal(Protocol):
 class StreamHooks(Protocol):
     """Write-time streaming (training side): each call only records an event, from the trio loop."""
     def wants(self, path: str) -> bool: ...
-    def will_stream_renamed(self, key: Optional[int], path: str, size: int) -> bool: ...
+    def will_stream_renamed(self, key: int | None, path: str, size: int) -> bool: ...
     def started(self, key: int, path: str, fd: int) -> None: ...
-    def published(self, key: int, path: str, st: Stat, record: Optional[str], final: bool) -> None: ...
+    def published(self, key: int, path: str, st: Stat, record: str | None, final: bool) -> None: ...
     def released(self, key: int) -> None: ...
     def dropped(self, key: int) -> None: ...
-    def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None: ...
+    def renamed(self, key: int | None, path: str, st: Stat, record: str | None) -> None: ...
     def close(self, timeout_s: float = 10.0) -> None:
         """At unmount, after the trio loop: published files get `timeout_s` to reach the tiers."""
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
 
 import trio
 
@@ -49,13 +48,13 @@ class JournalWriter:
         self._folder_limiter = trio.CapacityLimiter(FOLDER_PARALLEL)
         self._modes = has_modes(store)
         # (folder mode, record mode) once the journal folder is checked (`prepare_journal`)
-        self._private: Optional[tuple[int, int]] = None
+        self._private: tuple[int, int] | None = None
         self._prepare_lock = trio.Lock()
         self._refused_until = 0.0
-        self._refused_why: Optional[str] = None
+        self._refused_why: str | None = None
         self._slices: list[str] = []      # time folders made (or found) by this writer, newest last
 
-    async def published(self, path: str, st: Stat, streamed: bool = False) -> Optional[str]:
+    async def published(self, path: str, st: Stat, streamed: bool = False) -> str | None:
         """Write the record of `path` at version `st`; `streamed`: this mount streams the file to
         the eval tiers too (followers wait for the stream instead of copying). Its name, or None."""
         name = record_name(path, st.size, st.mtime_ns, streamed)
@@ -106,7 +105,7 @@ class JournalWriter:
             except Exception:   # (OSError is logged inside): never the mount's end, as in `run`
                 log.exception("journal record for %s (a renamed folder's file) failed", path)
 
-    def _files_under(self, folder: str) -> Optional[list[tuple[str, Stat]]]:
+    def _files_under(self, folder: str) -> list[tuple[str, Stat]] | None:
         """(thread) Every regular file under `folder` with its store stat (the version a close
         would journal); None past FOLDER_FILES_MAX. Files gone while listing are left out."""
         files: list[tuple[str, Stat]] = []

@@ -21,7 +21,7 @@ import tempfile
 import stat as stat_mod
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlparse
 
 import pyfuse3
@@ -65,7 +65,7 @@ class MountError(Exception):
     """A problem the user can fix (mountpoint, /dev/fuse, store); one line, no traceback."""
 
 
-def open_checked_store(cfg: MountConfig, store: Optional[Store] = None) -> Store:
+def open_checked_store(cfg: MountConfig, store: Store | None = None) -> Store:
     """The config's store (or `store`, given by a test), checked per `[store] startup_check`."""
     try:
         if store is None:
@@ -76,8 +76,8 @@ def open_checked_store(cfg: MountConfig, store: Optional[Store] = None) -> Store
         raise MountError(err.strerror or str(err)) from None
 
 
-def check_mountpoint(mountpoint: str, cfg: Optional[MountConfig] = None,
-                     on_replace: Optional[Callable[[str], None]] = None) -> str:
+def check_mountpoint(mountpoint: str, cfg: MountConfig | None = None,
+                     on_replace: Callable[[str], None] | None = None) -> str:
     """The absolute mountpoint, once it is fit to mount on; else MountError (one line).
 
     A dead hintfs mount there (its daemon killed: stat fails with ENOTCONN) is detached lazily
@@ -113,7 +113,7 @@ def check_mountpoint(mountpoint: str, cfg: Optional[MountConfig] = None,
     return mp
 
 
-def _identity(path: str) -> Optional[tuple[int, int]]:
+def _identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -161,7 +161,7 @@ def check_layout(mp: str, cfg: MountConfig) -> None:
                     raise MountError(f"mountpoint {mp} is inside {what} {path}{via}: the mount would have to "
                                      "serve its own requests and hang; mount it outside the store")
         if mp_id is not None:
-            for ancestor, ident in _lineage(path):
+            for _ancestor, ident in _lineage(path):
                 if ident == mp_id:
                     raise MountError(f"{what} {path} is inside mountpoint {mp}: the mount would hide it "
                                      "from the daemon that serves it; mount it elsewhere")
@@ -180,7 +180,7 @@ def check_fuse_device() -> None:
     os.close(fd)
 
 
-def usage_by_uid(root: ControlDir, replicas_of: Optional[Callable[[str], int]] = None) -> dict:
+def usage_by_uid(root: ControlDir, replicas_of: Callable[[str], int] | None = None) -> dict:
     """`usage` of `.hintfs/stats`: what each uid holds of what users may create: job files per
     control folder (bounded per user: docs/security.md), and the replicas their hints made."""
     files: dict[str, dict[str, int]] = {}
@@ -232,8 +232,8 @@ class Assembly:
     stats: Stats
     background: list[Callable[[], Awaitable[None]]]   # tasks that run beside pyfuse3.main
     usage: Callable[[], dict] = dict                   # what each user holds (stats, metrics)
-    agent_server: Optional[object] = None              # an in-process agent, shut down at unmount
-    streams: Optional[StreamHooks] = None              # [stream]: sends to eval tiers, closed at unmount
+    agent_server: object | None = None              # an in-process agent, shut down at unmount
+    streams: StreamHooks | None = None              # [stream]: sends to eval tiers, closed at unmount
 
 
 def assemble(cfg: MountConfig, store: Store) -> Assembly:
@@ -278,7 +278,7 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
 
 
 def build_streams(sc: StreamConfig, agents: AgentsConfig, logging_cfg: LoggingConfig, stats: Stats,
-                  store: Store) -> Optional[StreamHooks]:
+                  store: Store) -> StreamHooks | None:
     """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount, in a
     child process (`sender = "process"`) or in threads of the mount."""
     if not sc.prefixes:
@@ -292,8 +292,8 @@ def build_streams(sc: StreamConfig, agents: AgentsConfig, logging_cfg: LoggingCo
                        logging_cfg.file or os.environ.get("HINTFS_LOG_FILE"))
 
 
-def _agent_credentials(agents: AgentsConfig, token_file: Optional[str],
-                       table: str) -> tuple[Optional[str], Optional[bytes]]:
+def _agent_credentials(agents: AgentsConfig, token_file: str | None,
+                       table: str) -> tuple[str | None, bytes | None]:
     """The token (from `token_file`, checked by `read_token_file`) and the TLS roots
     (`[agents] tls_root_file`) the mount sends to agents; a bad token file names `table`."""
     token = None
@@ -317,8 +317,8 @@ def _read_whole(store: Store, path: str):
         reader.close()
 
 
-def run_mount(cfg: MountConfig, mountpoint: str, store: Optional[Store] = None,
-              on_ready: Optional[Callable[[], None]] = None) -> int:
+def run_mount(cfg: MountConfig, mountpoint: str, store: Store | None = None,
+              on_ready: Callable[[], None] | None = None) -> int:
     """Mount and serve until unmounted or signalled; return an exit status: 0, or
     EXIT_ABANDONED when files still open for writing were abandoned at unmount."""
     mp = check_mountpoint(mountpoint, cfg)
@@ -376,7 +376,7 @@ def _report_abandoned(mp: str, paths: list[str]) -> None:
 
 
 def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlDir,
-                 prefetch: Optional[Callable[[str], object]] = None):
+                 prefetch: Callable[[str], object] | None = None):
     """Agents (configured, or one started in this process), their clients and the hints manager
     (`prefetch`: a host cache's, for hinted files)."""
     server = None

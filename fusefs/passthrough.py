@@ -13,7 +13,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import Awaitable, Callable, Optional, Protocol
+from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from hintfs.common.errors import HintfsError
 from fusefs.handles import PassthroughRead
@@ -66,15 +67,15 @@ class Passthrough:
     def __init__(self, stats: Stats, min_free_bytes: int):
         self.stats = stats
         self.min_free = min_free_bytes         # mount.passthrough_min_free_mb, in bytes
-        self.backend: Optional[Backing] = None
-        self._closer: Optional[Backing] = None  # kept to release ids after a late disable
+        self.backend: Backing | None = None
+        self._closer: Backing | None = None  # kept to release ids after a late disable
         stats.passthrough = "off (not mounted)"
 
     @property
     def on(self) -> bool:
         return self.backend is not None
 
-    def set(self, result: tuple[Optional[Backing], str]) -> None:
+    def set(self, result: tuple[Backing | None, str]) -> None:
         """Turn passthrough on (a backend) or off (None), with the reason shown in the stats."""
         backend, state = result
         self.backend = backend
@@ -84,7 +85,7 @@ class Passthrough:
         level = logging.WARNING if state.startswith("unavailable") else logging.INFO
         log.log(level, "FUSE passthrough: %s", state)
 
-    def attach(self, node: Inode, fd: int, staging: Optional[Staging]) -> int:
+    def attach(self, node: Inode, fd: int, staging: Staging | None) -> int:
         """A backing id for one more open of `node` served by the kernel from `fd` (the store file,
         or `staging`'s file), registered once per inode; 0: serve this open on today's path."""
         if node.pt_refs:

@@ -18,7 +18,6 @@ fall back to the reader opened here: the store's copy of that version.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import trio
 
@@ -39,8 +38,8 @@ def source_of(reader: Reader) -> Source:
 class ReadPath:
     """Routes (the eval side's tier) and replicas (hints), each optional, decide an open's source."""
 
-    def __init__(self, stats: Stats, *, routes: Optional[RoutedStore] = None,
-                 replicas: Optional[ReplicaReads] = None):
+    def __init__(self, stats: Stats, *, routes: RoutedStore | None = None,
+                 replicas: ReplicaReads | None = None):
         self.stats = stats
         self.routes = routes
         self.replicas = replicas

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 from cachetools import LRUCache
@@ -35,7 +35,7 @@ _CACHE_BLOCKS = 16
 
 class ReplicaReads:
     def __init__(self, router: ReplicaRouter, clients: dict, options: ReplicasConfig, stats: Stats, *,
-                 io_limiter: trio.CapacityLimiter, local_copy: Optional[Callable[[str, int, int], int]] = None):
+                 io_limiter: trio.CapacityLimiter, local_copy: Callable[[str, int, int], int] | None = None):
         self.router = router
         self.clients = clients
         self.block = options.block_bytes
@@ -62,7 +62,7 @@ class ReplicaReads:
         return self.local_copy(path, *identity) if self.local_copy is not None else -1
 
     async def read(self, path: str, identity, off: int, size: int, *, fallback: Reader,
-                   locations: Optional[Sequence[str]] = None) -> bytes:
+                   locations: Sequence[str] | None = None) -> bytes:
         """Bytes of `path` at version `identity` from the replicas at `locations` (None: the hinted
         ones), the store's copy through `fallback` when none answers."""
         out = []
@@ -81,7 +81,7 @@ class ReplicaReads:
         return b"".join(out)
 
     async def _get_block(self, path: str, identity, b: int, fallback: Reader,
-                         locations: Optional[Sequence[str]]) -> bytes:
+                         locations: Sequence[str] | None) -> bytes:
         key = (path, identity, b)
         while True:
             data = self._blocks.get(key)
@@ -117,7 +117,7 @@ class ReplicaReads:
             self.router.in_flight[loc] -= 1
 
     async def _fetch(self, path: str, identity, off: int, length: int, fallback: Reader,
-                     locations: Optional[Sequence[str]]) -> bytes:
+                     locations: Sequence[str] | None) -> bytes:
         tried: list[str] = []
         while True:
             loc = self.router.pick(path, exclude=tuple(tried), among=locations)
@@ -135,13 +135,13 @@ class ReplicaReads:
         return await self.store_read(fallback, off, length)
 
     async def _hedged(self, path: str, identity, off: int, length: int, loc: str, tried: list[str],
-                      fallback: Reader, locations: Optional[Sequence[str]]) -> bytes:
+                      fallback: Reader, locations: Sequence[str] | None) -> bytes:
         if self.hedge_s <= 0:
             return await self._from_agent(loc, path, identity, off, length)
         result: dict = {}
         failures: list[BaseException] = []
 
-        async def attempt(source: Optional[str], delay: float, scope_box: list) -> None:
+        async def attempt(source: str | None, delay: float, scope_box: list) -> None:
             if delay:
                 await trio.sleep(delay)
                 if result:

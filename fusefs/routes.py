@@ -51,7 +51,7 @@ import os
 import stat as stat_mod
 import threading
 from concurrent.futures import Future
-from typing import Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import trio
 from cachetools import LRUCache, TTLCache
@@ -81,12 +81,12 @@ Version = tuple[int, int]
 ReplicaFdFetch = Callable[[TierSocket, str, int, int], int]
 # (socket, path, size, mtime_ns) -> (fd, None) of the complete replica, (fd, verified runs) of a
 # published stream still filling, or (-1, None)
-TierBytesFetch = Callable[[TierSocket, str, int, int], tuple[int, Optional[list[tuple[int, int]]]]]
+TierBytesFetch = Callable[[TierSocket, str, int, int], tuple[int, list[tuple[int, int]] | None]]
 
 _DIR = Stat(stat_mod.S_IFDIR | 0o755, 0, 0, 0, 2)
 
 
-def route_of(routes: Sequence[RouteConfig], path: str) -> Optional[RouteConfig]:
+def route_of(routes: Sequence[RouteConfig], path: str) -> RouteConfig | None:
     """The first route whose prefix is `path` or a folder above it, or None."""
     return next((r for r in routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
 
@@ -112,7 +112,7 @@ class TierState:
         with self._lock:
             self._answers[path] = (doc, self.clock())
 
-    def fresh(self, path: str) -> Optional[dict]:
+    def fresh(self, path: str) -> dict | None:
         """The tier's "ready" answer for `path` if it came within READY_MEMORY_S: one file open is
         a lookup, an open and the routing check within milliseconds; each would be a call to the
         tier otherwise."""
@@ -132,7 +132,7 @@ class TierState:
         with self._lock:
             self._later_hints[path] = list(ranges)
 
-    def take_later_hint(self, path: str) -> Optional[list[tuple[int, int]]]:
+    def take_later_hint(self, path: str) -> list[tuple[int, int]] | None:
         with self._lock:
             return self._later_hints.pop(path, None)
 
@@ -152,7 +152,7 @@ class StoreFallbackReader:
 
     def __init__(self, store: Store, path: str, identity: Version):
         self.store, self.path, self.identity = store, path, identity
-        self.reader: Optional[Reader] = None
+        self.reader: Reader | None = None
 
     def read(self, offset: int, size: int) -> bytes:
         if self.reader is None:
@@ -179,7 +179,7 @@ class TierReplicaReader:
     source = Source.TIER
 
     def __init__(self, path: str, identity: Version, location: str, fallback: Reader,
-                 socket: Optional[TierSocket] = None, fetch_fd: Optional[ReplicaFdFetch] = None):
+                 socket: TierSocket | None = None, fetch_fd: ReplicaFdFetch | None = None):
         self.path, self.identity, self.location, self.fallback = path, identity, location, fallback
         self._socket, self._fetch_fd = socket, fetch_fd
 
@@ -210,7 +210,7 @@ class TierDemandReader:
     source = Source.DEMAND
 
     def __init__(self, client, store: Store, path: str, identity: Version, stats: Stats,
-                 local: Optional[Callable[[], tuple[int, Optional[list[tuple[int, int]]]]]] = None):
+                 local: Callable[[], tuple[int, list[tuple[int, int]] | None]] | None = None):
         self.client, self.path, self.identity, self.stats = client, path, identity, stats
         self.fallback = StoreFallbackReader(store, path, identity)
         self.tier_failed = False
@@ -224,7 +224,7 @@ class TierDemandReader:
     def local_fd(self) -> int:
         return -1                         # not complete: nothing the kernel may read by itself
 
-    def _covered(self, offset: int, end: int) -> Optional[int]:
+    def _covered(self, offset: int, end: int) -> int | None:
         """(under _lock) An fd holding [offset, end) of the version opened, or None."""
         if self._current < 0:
             return None
@@ -251,7 +251,7 @@ class TierDemandReader:
                 self._fds[inode] = fd
             self._current, self._whole, self._runs = fd, runs is None, runs or []
 
-    def _read_local(self, offset: int, size: int) -> Optional[bytes]:
+    def _read_local(self, offset: int, size: int) -> bytes | None:
         end = min(offset + size, self.identity[0])
         if end <= offset:
             return b""
@@ -304,8 +304,8 @@ class RoutedStore:
     blocking calls, and the clock."""
 
     def __init__(self, store: Store, routes: Sequence[RouteConfig], clients: dict, stats: Stats, *,
-                 io_limiter: Optional[trio.CapacityLimiter] = None,
-                 fetch_fd: Optional[ReplicaFdFetch] = None, tier_bytes: Optional[TierBytesFetch] = None,
+                 io_limiter: trio.CapacityLimiter | None = None,
+                 fetch_fd: ReplicaFdFetch | None = None, tier_bytes: TierBytesFetch | None = None,
                  clock: Clock = SYSTEM_CLOCK):
         self._store = store
         self.routes = list(routes)
@@ -326,7 +326,7 @@ class RoutedStore:
     def routes_path(self, path: str) -> bool:
         return route_of(self.routes, path) is not None
 
-    def local_socket_of(self, path: str) -> Optional[TierSocket]:
+    def local_socket_of(self, path: str) -> TierSocket | None:
         """The fd socket of the tier agent on this host for `path`, with the uid that agent runs
         as (`hintfs.agent.fdserver` checks both before it takes an fd); None without one."""
         route = route_of(self.routes, path)
@@ -380,7 +380,7 @@ class RoutedStore:
     def statfs(self):
         return self._store.statfs()
 
-    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Staging | None = None) -> Staging:
         return self._store.new_staging(rel, copy_existing, source)
 
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
@@ -402,7 +402,7 @@ class RoutedStore:
         self._store.put_small(rel, data)
 
     # -- routed ---------------------------------------------------------------------------------
-    def _tier(self, path: str, appear_s: float = 0.0) -> tuple[Optional[object], dict]:
+    def _tier(self, path: str, appear_s: float = 0.0) -> tuple[object | None, dict]:
         route = route_of(self.routes, path)
         if route is None:
             return None, {"state": "absent"}

@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from typing import Callable, Optional
+from collections.abc import Callable
 
 _SUB = 4                       # buckets per power of two
 _NBUCKETS = 40 * _SUB          # 1 µs .. ~2^40 µs
@@ -59,13 +59,13 @@ class OpStats:
 
 
 class Stats:
-    def __init__(self, queued_reads: Optional[Callable[[], Optional[int]]] = None) -> None:
+    def __init__(self, queued_reads: Callable[[], int | None] | None = None) -> None:
         self.started = time.time()
         self.ops: dict[str, OpStats] = defaultdict(OpStats)
         self.counters: dict[str, int] = defaultdict(int)
         self.passthrough = "off"   # FUSE passthrough: "on", or why not (set by the filesystem)
         # Requests the FUSE loop read while queued, without a wait (patched pyfuse3: fusefs.fuse)
-        self.queued_reads: Callable[[], Optional[int]] = queued_reads or (lambda: None)
+        self.queued_reads: Callable[[], int | None] = queued_reads or (lambda: None)
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -77,7 +77,7 @@ class Stats:
     def add(self, counter: str, n: int = 1) -> None:
         self.counters[counter] += n
 
-    def snapshot(self, usage: Optional[dict] = None) -> dict:
+    def snapshot(self, usage: dict | None = None) -> dict:
         """Everything `.hintfs/stats` shows; `usage`: what each user holds of what users may
         create (`fusefs.mount.usage_by_uid`)."""
         ops = {}

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import trio
 from cachetools import LRUCache
@@ -57,7 +57,7 @@ class Plan:
     read: set[tuple[str, int, int]] = field(default_factory=set)   # (sample, step, rank) occurrences read
     # Who registered it, when that is neither root nor the mount's owner: every sample is checked
     # against them (`hintfs.common.access`) before an agent is asked to transform it.
-    reader: Optional[Principal] = None
+    reader: Principal | None = None
     allowed: dict[str, bool] = field(default_factory=dict)   # sample -> may `reader` read it (checked)
 
 
@@ -122,7 +122,7 @@ class TensorFiles:
     def seed_for(self, source: str) -> int:
         return self._locate(source)[0]
 
-    def _locate(self, source: str) -> tuple[int, Optional[Plan]]:
+    def _locate(self, source: str) -> tuple[int, Plan | None]:
         """The sample's seed, and the plan it is read under (None without one).
 
         Progress is kept per rank: a read is the sample's occurrence nearest (at or after) the step
@@ -272,7 +272,7 @@ class TensorFiles:
                             "rank_steps": {str(r): s for r, s in sorted(plan.rank_step.items())},
                             "lookahead": plan.lookahead, "steps": len(plan.steps)}) + "\n").encode()
 
-    def prepare(self, job: str, reg, caller: Optional[Principal] = None):
+    def prepare(self, job: str, reg, caller: Principal | None = None):
         """Read a registration's plan (blocking: a worker thread); nothing changes. `reg` is a
         validated `plan.PlanRegistration`: a step-only update carries no plan. A plan registered by
         a user who is neither root nor the mount's owner acts for them: its samples are checked

@@ -13,13 +13,12 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Optional
 
 from hintfs.agent.client import AgentClient
 
 
 def measure(location: str, path: str, size: int, readers: int, seconds: float, block: int,
-            token: Optional[str]) -> list[float]:
+            token: str | None) -> list[float]:
     latencies: list[float] = []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
@@ -50,7 +49,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def calibrate(location: str, path: str, size: int, max_readers: int = 256, seconds: float = 2.0,
-              block: int = 1 << 20, token: Optional[str] = None) -> dict:
+              block: int = 1 << 20, token: str | None = None) -> dict:
     rows = []
     safe = 1
     n = 1

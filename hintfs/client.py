@@ -9,7 +9,7 @@ import errno
 import json
 import os
 import time
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from hintfs.common import paths
 from hintfs.common.paths import job_name
@@ -46,7 +46,7 @@ def _write_control(path: str, doc: dict) -> None:
 
 
 def set_replication_hints(mount: str, job: str, files: Mapping[str, int], *, ttl_s: float = 600.0,
-                          deadline_s: float = 300.0, safe_readers_per_replica: Optional[int] = None) -> None:
+                          deadline_s: float = 300.0, safe_readers_per_replica: int | None = None) -> None:
     """Tell the mount which files `job` will read and by how many readers; returns at once.
     Raises ValueError with the mount's reason if the hint is refused (nothing is applied then)."""
     doc = {"files": dict(files), "ttl_s": ttl_s, "deadline_s": deadline_s}
@@ -61,7 +61,7 @@ def replica_status(mount: str, job: str) -> dict:
     return json.loads(text) if text.strip() else {}
 
 
-def wait_for_replicas(mount: str, job: str, timeout_s: Optional[float] = None, poll_s: float = 0.1) -> dict:
+def wait_for_replicas(mount: str, job: str, timeout_s: float | None = None, poll_s: float = 0.1) -> dict:
     """Block until every hinted file has its target replicas, or the hint's deadline (or
     `timeout_s`) passes: then TimeoutError, carrying the last status."""
     start = time.monotonic()

@@ -16,7 +16,7 @@ its batch is requested (the mount then prepares steps N+1..N+W).
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class PlanDataset(Dataset):
     exclusive, if given)."""
 
     def __init__(self, mount: str, plan_path: str, rank: int, start_step: int = 0,
-                 loader: Optional[Callable[[str], object]] = None, end_step: Optional[int] = None,
+                 loader: Callable[[str], object] | None = None, end_step: int | None = None,
                  suffix: str = ".tensor", with_meta: bool = False):
         self.mount = mount
         self.plan_path = plan_path if os.path.isabs(plan_path) else os.path.join(mount, plan_path)
@@ -77,8 +77,8 @@ class PlanDataset(Dataset):
                     "aug_seed": int(self.aug_seeds[i])}
         return item
 
-    def batch_sampler(self, job: Optional[str] = None, lookahead: Optional[int] = None,
-                      plan_relpath: Optional[str] = None) -> "PlanBatchSampler":
+    def batch_sampler(self, job: str | None = None, lookahead: int | None = None,
+                      plan_relpath: str | None = None) -> PlanBatchSampler:
         """One batch of indices per step, in step order. With `job`, registers the plan with the
         mount (at `start_step`) and reports each step as its batch is drawn."""
         on_step = None
@@ -94,7 +94,7 @@ class PlanDataset(Dataset):
                     update_step(self.mount, job, step, rel)
         return PlanBatchSampler(self, on_step=on_step)
 
-    def dataloader(self, job: Optional[str] = None, lookahead: Optional[int] = None, **kwargs) -> DataLoader:
+    def dataloader(self, job: str | None = None, lookahead: int | None = None, **kwargs) -> DataLoader:
         """A DataLoader yielding the plan's batches in order (`kwargs` go to DataLoader, e.g.
         num_workers, collate_fn, pin_memory; not batch_size/shuffle/sampler)."""
         return DataLoader(self, batch_sampler=self.batch_sampler(job, lookahead), **kwargs)
@@ -104,7 +104,7 @@ class PlanBatchSampler(Sampler):
     """Yields the dataset's indices step by step. `on_step(step)` runs as each batch is drawn
     (in the main process, a few batches ahead of training when workers prefetch)."""
 
-    def __init__(self, dataset: PlanDataset, on_step: Optional[Callable[[int], None]] = None):
+    def __init__(self, dataset: PlanDataset, on_step: Callable[[int], None] | None = None):
         self.dataset = dataset
         self.on_step = on_step
 

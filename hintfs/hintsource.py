@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
-def hints_from_dcp(ckpt_dir: str, world_size: int, replicated_readers: Optional[int] = None,
-                   readers_of: Optional[Callable[[str, int], int]] = None,
+def hints_from_dcp(ckpt_dir: str, world_size: int, replicated_readers: int | None = None,
+                   readers_of: Callable[[str, int], int] | None = None,
                    metadata_name: str = ".metadata") -> dict[str, int]:
     """Hints for a `torch.distributed.checkpoint` directory; reads only its `.metadata`."""
     if world_size < 1:
@@ -60,7 +60,7 @@ def dcp_read_ranges(ckpt_dir: str, keys) -> list[tuple[str, int, int]]:
             for index, info in meta.storage_data.items() if index.fqn in wanted and info.length > 0]
 
 
-def hints_from_safetensors(model_dir: str, world_size: int, readers_per_shard: Optional[int] = None) -> dict[str, int]:
+def hints_from_safetensors(model_dir: str, world_size: int, readers_per_shard: int | None = None) -> dict[str, int]:
     """Hints for safetensors shards: the index is read by all ranks, each shard by
     `readers_per_shard` ranks (default: all, as when every rank loads the whole model).
     Only the headers are read (to check the files are safetensors)."""

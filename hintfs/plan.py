@@ -26,7 +26,7 @@ import os
 import posixpath
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -173,9 +173,9 @@ class BuildResult:
 
 
 def build_plan(samples: Sequence[str], out_path: str, *, seed: int, world_size: int, batch_per_rank: int,
-               steps: int, costs: Optional[Sequence[float]] = None, cost_aware: bool = False,
-               drop_last: bool = False, steps_per_row_group: Optional[int] = None,
-               cost_model: Optional[CostModel] = None) -> BuildResult:
+               steps: int, costs: Sequence[float] | None = None, cost_aware: bool = False,
+               drop_last: bool = False, steps_per_row_group: int | None = None,
+               cost_model: CostModel | None = None) -> BuildResult:
     """Write the plan of `samples` (relpaths, index order) to `out_path` (atomically: a temp
     file then rename). Same inputs, same file."""
     import pyarrow as pa
@@ -232,10 +232,10 @@ def build_plan(samples: Sequence[str], out_path: str, *, seed: int, world_size: 
 
 
 def build_plan_from_listing(listing: str, out_path: str, *, seed: int, world_size: int, batch_per_rank: int,
-                            steps: int, globs: Optional[Sequence[str]] = None, cost_aware: bool = False,
-                            catalog: Optional[str] = None, timings: Optional[str] = None,
-                            cost_model: Optional[str] = None, drop_last: bool = False,
-                            steps_per_row_group: Optional[int] = None) -> BuildResult:
+                            steps: int, globs: Sequence[str] | None = None, cost_aware: bool = False,
+                            catalog: str | None = None, timings: str | None = None,
+                            cost_model: str | None = None, drop_last: bool = False,
+                            steps_per_row_group: int | None = None) -> BuildResult:
     """`hintfs plan build`: the samples of `listing` (a file of relpaths, or a directory walked
     with `globs`), their costs estimated from `catalog` (per-sample metadata) with a cost model
     read from `cost_model` (JSON) or fitted to `timings` (default: the catalog's own measured_ms),
@@ -271,7 +271,7 @@ def read_plan_meta(path: str) -> dict:
     return json.loads(md[META_KEY])
 
 
-def row_groups_for_steps(path_or_file, start: int, stop: Optional[int] = None) -> list[int]:
+def row_groups_for_steps(path_or_file, start: int, stop: int | None = None) -> list[int]:
     """Indices of the row groups that may hold steps in [start, stop), from the step column's
     min/max statistics (every row group when statistics are missing)."""
     import pyarrow.parquet as pq
@@ -293,8 +293,8 @@ def row_groups_for_steps(path_or_file, start: int, stop: Optional[int] = None) -
     return out
 
 
-def read_steps(path: str, start: int = 0, stop: Optional[int] = None, rank: Optional[int] = None,
-               columns: Optional[Sequence[str]] = None):
+def read_steps(path: str, start: int = 0, stop: int | None = None, rank: int | None = None,
+               columns: Sequence[str] | None = None):
     """The rows of steps [start, stop) (optionally of one rank) as a pyarrow Table sorted by
     (step, rank, slot). Reads only the row groups that hold those steps."""
     import pyarrow.compute as pc
@@ -340,7 +340,7 @@ def plan_relpath(mount: str, plan: str) -> str:
     return normalize_relpath(plan, "plan")
 
 
-def register_plan(mount: str, job: str, plan: str, step: int = 0, lookahead: Optional[int] = None) -> PlanRegistration:
+def register_plan(mount: str, job: str, plan: str, step: int = 0, lookahead: int | None = None) -> PlanRegistration:
     """Tell the mount that `job` follows `plan` (a relpath inside the mount, or an absolute path
     under it) and is at `step`. Raises ValueError with the reason if refused."""
     doc = {"plan": plan_relpath(mount, plan), "step": step}
@@ -353,7 +353,7 @@ def register_plan(mount: str, job: str, plan: str, step: int = 0, lookahead: Opt
     return reg
 
 
-def update_step(mount: str, job: str, step: int, plan: Optional[str] = None) -> PlanRegistration:
+def update_step(mount: str, job: str, step: int, plan: str | None = None) -> PlanRegistration:
     """Report `job`'s current step. The plan is the one this process registered (or `plan`, or
     what the mount shows in `.hintfs/plans/<job>` when it can be read)."""
     key = (os.path.abspath(mount), job)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from typing import Iterator
+from collections.abc import Iterator
 
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python

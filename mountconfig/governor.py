@@ -43,7 +43,7 @@ class GpuConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _reserve_below_total(self) -> "GpuConfig":
+    def _reserve_below_total(self) -> GpuConfig:
         if self.reserve_bytes >= self.total_bytes:
             raise ValueError("reserve_bytes must be smaller than total_bytes")
         return self
@@ -195,7 +195,7 @@ class GovernorConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "GovernorConfig":
+    def _consistent(self) -> GovernorConfig:
         if self.keepalive_min_s > self.keepalive_max_s:
             raise ValueError("keepalive_min_s must not exceed keepalive_max_s")
         indexes = [g.index for g in self.gpus]
@@ -205,7 +205,7 @@ class GovernorConfig(BaseModel):
             raise ValueError("max_clients_per_uid must not exceed max_clients x the number of GPUs")
         return self
 
-    def pages_bound(self, gpu: "GpuConfig") -> int:
+    def pages_bound(self, gpu: GpuConfig) -> int:
         """Most lent pages the daemon can hold for one GPU: every page of its usable memory, in
         the smallest page allowed, plus one partial page per shrink command (one per client)."""
         usable = gpu.total_bytes - gpu.reserve_bytes

@@ -6,7 +6,7 @@ descriptions (``hintfs config-doc``) so the two cannot drift apart.
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,16 +34,16 @@ class StoreConfig(Section):
         description="The existing store, as a pyarrow.fs URI: file:///path (default), "
         "s3://bucket/prefix, hdfs://namenode:port/path (production).",
     )
-    endpoint_override: Optional[str] = Field(
+    endpoint_override: str | None = Field(
         None, description="S3 only: host:port of an S3-compatible server (MinIO, Ceph RGW, JuiceFS's gateway)."
     )
     scheme: Literal["https", "http"] = Field("https", description="S3 only: protocol to the endpoint.")
-    region: Optional[str] = Field(None, description="S3 only: region; pyarrow's default resolution when unset.")
-    access_key: Optional[str] = Field(
+    region: str | None = Field(None, description="S3 only: region; pyarrow's default resolution when unset.")
+    access_key: str | None = Field(
         None, description="S3 only: access key; unset means the AWS default chain (env, profile, instance role)."
     )
-    secret_key: Optional[str] = Field(None, description="S3 only: secret key, together with access_key.")
-    request_checksum: Optional[Literal["when_required", "when_supported"]] = Field(
+    secret_key: str | None = Field(None, description="S3 only: secret key, together with access_key.")
+    request_checksum: Literal["when_required", "when_supported"] | None = Field(
         None, description="S3 only: when the AWS SDK adds a checksum to a request (its "
         "AWS_REQUEST_CHECKSUM_CALCULATION, set for the daemon's S3 client only). \"when_supported\" (the "
         "SDK's own default) sends multipart parts with a CRC trailer in aws-chunked encoding, which "
@@ -138,7 +138,7 @@ class CacheConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _file_bounds(self) -> "CacheConfig":
+    def _file_bounds(self) -> CacheConfig:
         if self.max_file_bytes and self.max_file_bytes > self.budget_bytes:
             raise ValueError(f"max_file_bytes ({self.max_file_bytes}) is larger than budget_bytes "
                              f"({self.budget_bytes}): such a file could never be cached")
@@ -205,7 +205,7 @@ class MetricsConfig(Section):
 
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
-    file: Optional[str] = Field(
+    file: str | None = Field(
         None, description="Log file; unset means stderr (the journal under systemd)."
     )
 
@@ -219,7 +219,7 @@ class AgentConfig(Section):
                               "a copy beyond it evicts replicas by policy (expired, then older "
                               "checkpoints, least recently used first), with up to 2% of the budget "
                               "more from those for the next copies, or is refused (ENOSPC).")
-    token_file: Optional[str] = Field(None, description="File holding the shared token clients must send "
+    token_file: str | None = Field(None, description="File holding the shared token clients must send "
                                       "(mode 0600, owned by the agent's user). `hintfs agent` refuses to start "
                                       "without one unless `auth = \"none\"`. A mount's own in-process agent "
                                       "needs none: it listens on a unix socket only its user can reach.")
@@ -227,8 +227,8 @@ class AgentConfig(Section):
                                            "`token_file`; \"none\" serves anyone who can reach `location` "
                                            "(logged as a warning at start): only where every such user may "
                                            "read every file of the store.")
-    tls_cert_file: Optional[str] = Field(None, description="PEM certificate for TLS.")
-    tls_key_file: Optional[str] = Field(None, description="PEM private key for TLS.")
+    tls_cert_file: str | None = Field(None, description="PEM certificate for TLS.")
+    tls_key_file: str | None = Field(None, description="PEM private key for TLS.")
     max_concurrent_reads: int = Field(64, ge=1, description="Reads served at once; more wait their turn.")
     bandwidth_bytes_s: int = Field(0, ge=0, description="Cap on bytes served per second (0: none). "
                                    "Benchmarks use it to emulate a data node's disk or NIC.")
@@ -238,11 +238,11 @@ class AgentConfig(Section):
                               "(anomaly > eval > background) and weight. 0: no scheduling.")
     link_chunk_bytes: int = Field(4 << 20, ge=4096, description="Unit of scheduling on the link: a higher "
                                   "class takes the link at the next chunk boundary.")
-    local_socket: Optional[str] = Field(None, description="A unix socket (created 0600) where mounts on "
+    local_socket: str | None = Field(None, description="A unix socket (created 0600) where mounts on "
                                         "this host, run by the agent's user or root, receive a read-only fd "
                                         "of a complete replica, so an eval mount with `[[routes]] local_socket` "
                                         "serves it by FUSE passthrough (kernel reads). Unset: none.")
-    stream_prefixes: Optional[list[str]] = Field(None, description="Eval tier: store prefixes a training "
+    stream_prefixes: list[str] | None = Field(None, description="Eval tier: store prefixes a training "
                                                  "mount may stream files into (write-time streaming). A "
                                                  "stream's bytes become the replica the eval side reads, so "
                                                  "its sender (any holder of the token) is trusted for them; "
@@ -278,7 +278,7 @@ class AgentConfig(Section):
 
     @field_validator("stream_prefixes")
     @classmethod
-    def _stream_prefixes(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+    def _stream_prefixes(cls, v: list[str] | None) -> list[str] | None:
         return None if v is None else [_store_path(p) for p in v]
 
 
@@ -286,9 +286,9 @@ class AgentsConfig(Section):
     """The storage agents a mount talks to."""
     locations: list[str] = Field(default_factory=list, description="Flight locations of the agents; "
                                  "empty starts one agent inside the mount over `agent.data_dir`.")
-    token_file: Optional[str] = Field(None, description="Token sent to the agents (a 0600 file owned by "
+    token_file: str | None = Field(None, description="Token sent to the agents (a 0600 file owned by "
                                       "the mount's user).")
-    tls_root_file: Optional[str] = Field(None, description="PEM root certificate(s) to verify agents' TLS.")
+    tls_root_file: str | None = Field(None, description="PEM root certificate(s) to verify agents' TLS.")
 
 
 class ReplicasConfig(Section):
@@ -370,7 +370,7 @@ class StreamConfig(Section):
                                 "streamed (empty: off).")
     agents: list[str] = Field(default_factory=list, description="Flight locations of the eval tiers' "
                               "agents (grpc:// or grpc+tls://); every file goes to each of them.")
-    token_file: Optional[str] = Field(None, description="Token sent to the tier agents (a 0600 file owned "
+    token_file: str | None = Field(None, description="Token sent to the tier agents (a 0600 file owned "
                                       "by the mount's user); unset: `[agents] token_file`.")
     link_bytes_s: int = Field(0, ge=0, description="Budget of this mount's sends on the link (bytes/s; "
                               "0: none). The eval agent's pulls have their own `[agent] link_bytes_s`: "
@@ -413,7 +413,7 @@ class StreamConfig(Section):
                              "leads a session of its own whose autogroup gets this niceness, so that it "
                              "counts against the job's processes too; in a cpu cgroup (systemd) it orders "
                              "the sends against the mount's threads only.")
-    sender_cpus: Optional[list[int]] = Field(None, description="CPUs the sender process runs on (Linux "
+    sender_cpus: list[int] | None = Field(None, description="CPUs the sender process runs on (Linux "
                                              "CPU numbers, as `taskset -c` takes them; unset: the mount's). On "
                                              "a host with cores the job leaves free, put it there: its reads, "
                                              "checksums and sends then never take the writer's CPU. Needs "
@@ -421,7 +421,7 @@ class StreamConfig(Section):
 
     @field_validator("sender_cpus")
     @classmethod
-    def _cpus(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+    def _cpus(cls, v: list[int] | None) -> list[int] | None:
         if v is None:
             return v
         if not v:
@@ -462,7 +462,7 @@ class RouteConfig(Section):
     local_agent: str = Field(description="Flight location of the local tier's agent.")
     fetch_on_read: bool = Field(True, description="A read of a file the local tier lacks asks it to fetch "
                                 "that file first (the read itself goes to the store meanwhile).")
-    local_socket: Optional[str] = Field(None, description="The tier agent's `[agent] local_socket` when it "
+    local_socket: str | None = Field(None, description="The tier agent's `[agent] local_socket` when it "
                                         "runs on this host: its replicas are then opened by FUSE passthrough.")
     local_socket_uid: int = Field(0, ge=0, lt=2**32 - 1, description="The uid the tier agent of "
                                   "`local_socket` runs as. An fd is taken from the socket only if its peer "

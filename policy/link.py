@@ -39,7 +39,7 @@ import collections
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 GIB = 1 << 30
 SEVERITY_CAP = 10.0
@@ -54,7 +54,7 @@ class LinkClass(enum.IntEnum):
     BACKGROUND = 2
 
     @classmethod
-    def parse(cls, value: "LinkClass | str | int") -> "LinkClass":
+    def parse(cls, value: LinkClass | str | int) -> LinkClass:
         if isinstance(value, str):
             try:
                 return cls[value.upper()]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class _PermCache:
 
 
 def step_positions(spec: PlanSpec, start: int, stop: int,
-                   cache: Optional[_PermCache] = None) -> tuple[np.ndarray, np.ndarray]:
+                   cache: _PermCache | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(epoch, index) arrays of shape (stop-start, G): the samples of steps [start, stop) in
     position order."""
     G, n = spec.global_batch, spec.n_samples
@@ -196,7 +196,7 @@ def balance(costs: np.ndarray, world_size: int, batch_per_rank: int) -> np.ndarr
 
 
 def balance_report(costs: np.ndarray, world_size: int, batch_per_rank: int,
-                   rank_of: Optional[np.ndarray] = None) -> dict:
+                   rank_of: np.ndarray | None = None) -> dict:
     """Per-step max/mean cost ratio before (plain layout) and after balancing (`rank_of`, or
     `balance(costs)` when not given): arrays `before`, `after`, and their mean/p99/max."""
     costs = np.atleast_2d(np.asarray(costs, dtype=np.float64))
@@ -236,7 +236,7 @@ class StepChunk:
     ratio_after: np.ndarray
 
 
-def build_chunks(spec: PlanSpec, costs: Optional[np.ndarray] = None, cost_aware: bool = False,
+def build_chunks(spec: PlanSpec, costs: np.ndarray | None = None, cost_aware: bool = False,
                  steps_per_chunk: int = 1024) -> Iterator[StepChunk]:
     """The whole plan, `steps_per_chunk` steps at a time. `costs` (one per sample index, ms)
     fills est_cost_ms; `cost_aware` also balances ranks by it."""
@@ -301,7 +301,7 @@ class CostModel:
 
     @classmethod
     def fit(cls, kinds: Sequence[str], codecs: Sequence[str], X: np.ndarray, measured_ms: np.ndarray,
-            min_samples: Optional[int] = None, floor_ms: float = 0.01) -> "CostModel":
+            min_samples: int | None = None, floor_ms: float = 0.01) -> CostModel:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(measured_ms, dtype=np.float64)
         if X.ndim != 2 or X.shape[0] != y.shape[0] or X.shape[0] == 0:
@@ -333,7 +333,7 @@ class CostModel:
                 "floor_ms": self.floor_ms}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "CostModel":
+    def from_dict(cls, d: Mapping) -> CostModel:
         if list(d.get("features", FEATURES)) != list(FEATURES):
             raise ValueError("cost model features differ from this version's")
         return cls(coefs={k: list(v) for k, v in d.get("coefs", {}).items()},

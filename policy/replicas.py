@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 
 def replica_count(readers: int, safe_readers_per_replica: int, default: int, max_replicas: int,

@@ -26,7 +26,7 @@ of a file may be short, and a short chunk is sent only at publish (the writer ma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import crc32c
 
@@ -56,8 +56,8 @@ def chunks_under(offset: int, length: int, size: int, chunk: int) -> range:
     return range(offset // chunk, (end - 1) // chunk + 1)
 
 
-def ranges_to_send(size: int, chunk: int, sent: dict[int, int], final_crcs: Optional[list[int]] = None,
-                   limit: Optional[int] = None, only: Optional[frozenset[int]] = None) -> list[int]:
+def ranges_to_send(size: int, chunk: int, sent: dict[int, int], final_crcs: list[int] | None = None,
+                   limit: int | None = None, only: frozenset[int] | None = None) -> list[int]:
     """Chunk indices to send next, in order.
 
     While writing (`final_crcs` None): the whole chunks below `size` not in `sent` (index -> CRC
@@ -135,7 +135,7 @@ class RangeMap:
         return {"chunk": self.chunk, "held": {str(i): [n, c] for i, (n, c) in sorted(self.held.items())}}
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "RangeMap":
+    def from_doc(cls, doc: dict) -> RangeMap:
         chunk = int(doc["chunk"])
         if chunk <= 0:
             raise ValueError("chunk must be positive")
@@ -153,7 +153,7 @@ class Verdict:
 
 
 def verdict(held: RangeMap, size: int, final_crcs: Sequence[int],
-            version: tuple[int, int], replica_version: Optional[tuple[int, int]] = None) -> Verdict:
+            version: tuple[int, int], replica_version: tuple[int, int] | None = None) -> Verdict:
     """What a tier does with a stream at its publish as `version` = (size, mtime_ns).
 
     - "stale": the tier already holds a replica of a newer version (mtime later): the stream's
@@ -215,7 +215,7 @@ def chunks_touching(ranges: Iterable[tuple[int, int]], chunk: int, limit: int = 
 
 
 def send_calls(todo: list[int], first: Iterable[int], chunk: int, call_bytes: int,
-               others: Optional[int] = None, growing_end: Optional[int] = None) -> list[list[int]]:
+               others: int | None = None, growing_end: int | None = None) -> list[list[int]]:
     """The chunks of `todo` to send now, as calls: runs of consecutive chunks of at most
     `call_bytes` (at least one chunk). The chunks in `first` (eval reads come for them) go first;
     then the others in at most `others` calls (None: all of them). `growing_end` (the file is
@@ -264,9 +264,9 @@ class StreamLimits:
     max_streams: int = 4096            # streams held at once, all senders
     per_peer: int = 512                # of one peer host
     per_token: int = 4096              # of one token (one token often serves a whole fleet)
-    peer_bytes: Optional[int] = None   # bytes of one peer's streams not yet replicas (None: no bound)
+    peer_bytes: int | None = None   # bytes of one peer's streams not yet replicas (None: no bound)
 
-    def capped(self, open_files: int) -> "StreamLimits":
+    def capped(self, open_files: int) -> StreamLimits:
         """These limits within an open-file limit: streams take at most a quarter of it, and one
         peer or one token at most a quarter of what streams may take (others keep working)."""
         total = max(4, min(self.max_streams, open_files // 4))
@@ -274,7 +274,7 @@ class StreamLimits:
         return StreamLimits(total, min(self.per_peer, share), min(self.per_token, total), self.peer_bytes)
 
 
-def stream_refusal(limits: StreamLimits, held: Iterable[Sender], sender: Sender) -> Optional[str]:
+def stream_refusal(limits: StreamLimits, held: Iterable[Sender], sender: Sender) -> str | None:
     """Why one more stream of `sender` is refused, given the senders of the streams held (one
     per stream), or None when it fits. The bounds in order: total, per peer, per token."""
     total = by_peer = by_token = 0
@@ -291,7 +291,7 @@ def stream_refusal(limits: StreamLimits, held: Iterable[Sender], sender: Sender)
     return None
 
 
-def crc_count_refusal(size: int, chunk: int, ncrcs: int) -> Optional[str]:
+def crc_count_refusal(size: int, chunk: int, ncrcs: int) -> str | None:
     """A publish names exactly one CRC per chunk of the file; why not, or None."""
     want = chunk_count(size, chunk)
     if ncrcs != want:

@@ -15,7 +15,7 @@ from tests.helpers.procs import HINTFS, REPO, run_hintfs, wait_for  # noqa: F401
 needs_fuse = pytest.mark.skipif(not have_fuse(), reason="needs root and /dev/fuse")
 
 
-def check_fsync_publishes_a_whole_file(m: "Mounted", name: str = "s.bin") -> None:
+def check_fsync_publishes_a_whole_file(m: Mounted, name: str = "s.bin") -> None:
     """fsync publishes what was written; writes after it are staged again (the published file
     stays whole) until close publishes them too."""
     with open(m.mnt / name, "wb") as f:

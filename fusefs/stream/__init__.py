@@ -20,8 +20,6 @@ a way to read a file back from the store; never the whole mount config.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from fusefs.stream.flight import build_streamers
 from fusefs.stream.hooks import Counters, Finished, ReadStore, Sink, StreamFront
 from fusefs.stream.process import ProcessSink
@@ -29,9 +27,9 @@ from fusefs.stream.threads import ThreadSink
 from mountconfig.schema import StreamConfig
 
 
-def open_stream(sc: StreamConfig, stats: Counters, token: Optional[str], tls_root: Optional[bytes],
-                read_store: Optional[ReadStore] = None, log_level: str = "INFO",
-                log_file: Optional[str] = None) -> StreamFront:
+def open_stream(sc: StreamConfig, stats: Counters, token: str | None, tls_root: bytes | None,
+                read_store: ReadStore | None = None, log_level: str = "INFO",
+                log_file: str | None = None) -> StreamFront:
     """The hooks over the sink `sc.sender` names: the sender child (`"process"`, logging as told)
     or threads of this process (`"threads"`)."""
     def make_sink(finished: Finished) -> Sink:

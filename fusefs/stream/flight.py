@@ -2,7 +2,6 @@
 `Transport` over Flight (`hintfs.agent.client`), and one streamer per tier agent behind one link gate."""
 from __future__ import annotations
 
-from typing import Optional
 
 from hintfs.agent.client import AgentClient
 from hintfs.agent.linkgate import LinkGate
@@ -49,7 +48,7 @@ class FlightTransport:
         self.control.stream_abort(sid)
 
 
-def build_streamers(sc: StreamConfig, token: Optional[str], tls_root: Optional[bytes]) -> list[Streamer]:
+def build_streamers(sc: StreamConfig, token: str | None, tls_root: bytes | None) -> list[Streamer]:
     """`[stream]`: one streamer per eval tier agent, behind one link gate for this mount."""
     link = LinkGate(sc.link_bytes_s, sc.chunk_bytes) if sc.link_bytes_s else None
 

@@ -34,7 +34,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Protocol
+from typing import NamedTuple, Protocol
+from collections.abc import Callable
 
 from mountconfig.schema import StreamConfig
 from hintfs.stores.base import Stat
@@ -48,7 +49,7 @@ class Version(NamedTuple):
     """A published version of a streamed file, as the tier is told of it."""
     size: int
     mtime_ns: int
-    record: Optional[str]     # the journal record of that publish
+    record: str | None     # the journal record of that publish
 
 
 class Counters(Protocol):
@@ -84,7 +85,7 @@ def restreams(sc: StreamConfig, size: int) -> bool:
     return size <= sc.chunk_bytes
 
 
-def renamed_copy(read_store: ReadStore, path: str, st: Stat) -> Optional[int]:
+def renamed_copy(read_store: ReadStore, path: str, st: Stat) -> int | None:
     """A renamed file's bytes at version `st`, read back from the store, in a memory file (its
     stream's source; the caller closes it); None when the store no longer has that version."""
     try:
@@ -108,7 +109,7 @@ class _Stream:
     """Where one streamed inode stands."""
     seq: int                              # its last start (`Sink.start`)
     path: str
-    pending: Optional[Version] = None     # an fsync's publish: more writes may come
+    pending: Version | None = None     # an fsync's publish: more writes may come
     final: bool = False                   # published for good, or dropped: no more writes will come
 
 
@@ -117,7 +118,7 @@ class StreamFront:
     published or dropped, and what a rename does."""
 
     def __init__(self, sc: StreamConfig, make_sink: Callable[[Finished], Sink],
-                 read_store: Optional[ReadStore] = None):
+                 read_store: ReadStore | None = None):
         self.sc = sc
         self.prefixes = [p.rstrip("/") for p in sc.prefixes]
         self.read_store = read_store
@@ -146,7 +147,7 @@ class StreamFront:
             self.live[key] = _Stream(seq, path)      # (truncated or staged anew: a new generation)
         self.sink.start(key, seq, path, fd)
 
-    def published(self, key: int, path: str, st: Stat, record: Optional[str], final: bool) -> None:
+    def published(self, key: int, path: str, st: Stat, record: str | None, final: bool) -> None:
         version = Version(st.size, st.mtime_ns, record)
         with self.lock:
             s = self.live.get(key)
@@ -182,7 +183,7 @@ class StreamFront:
             s.final = True
         self.sink.drop(key)
 
-    def _following(self, key: Optional[int]) -> Optional[_Stream]:
+    def _following(self, key: int | None) -> _Stream | None:
         """(under `lock`) The stream of the inode renamed when it is still written: it follows
         the inode (its publish names the new path)."""
         s = self.live.get(key) if key is not None else None
@@ -191,7 +192,7 @@ class StreamFront:
     def _restreams(self, size: int) -> bool:
         return self.read_store is not None and restreams(self.sc, size)
 
-    def will_stream_renamed(self, key: Optional[int], path: str, size: int) -> bool:
+    def will_stream_renamed(self, key: int | None, path: str, size: int) -> bool:
         """A file renamed to `path` will reach the tiers by stream (see `renamed`)."""
         if not self.wants(path):
             return False
@@ -200,7 +201,7 @@ class StreamFront:
                 return True
         return self._restreams(size)
 
-    def renamed(self, key: Optional[int], path: str, st: Stat, record: Optional[str]) -> None:
+    def renamed(self, key: int | None, path: str, st: Stat, record: str | None) -> None:
         if not self.wants(path):
             return
         with self.lock:
@@ -212,7 +213,7 @@ class StreamFront:
         elif self._restreams(st.size):
             self.restreamer.submit(self._restream, path, st, record)
 
-    def _restream(self, path: str, st: Stat, record: Optional[str]) -> None:
+    def _restream(self, path: str, st: Stat, record: str | None) -> None:
         """(the restream thread) Stream a small published file from the store under its new name."""
         assert self.read_store is not None
         fd = renamed_copy(self.read_store, path, st)

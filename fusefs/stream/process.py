@@ -28,7 +28,6 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from hintfs.common.procs import DAEMON_CWD, isolated_command
 from fusefs.stream.hooks import Counters, Finished, Version
@@ -49,7 +48,7 @@ class _Live:
     path: str
     fd: int               # our own dup of the staging file (a new child starts from it)
     dropped: bool = False
-    version: Optional[Version] = None     # its publish for good
+    version: Version | None = None     # its publish for good
 
     @property
     def final(self) -> bool:
@@ -60,8 +59,8 @@ class _Live:
 class ProcessSink:
     """`fusefs.stream.hooks.Sink` whose sends run in a child process."""
 
-    def __init__(self, sc: StreamConfig, token: Optional[str], tls_root: Optional[bytes], stats: Counters,
-                 on_finished: Optional[Finished] = None, log_level: str = "INFO", log_file: Optional[str] = None):
+    def __init__(self, sc: StreamConfig, token: str | None, tls_root: bytes | None, stats: Counters,
+                 on_finished: Finished | None = None, log_level: str = "INFO", log_file: str | None = None):
         self.stats = stats
         self.on_finished = on_finished
         self._setup = json.dumps({"stream": sc.model_dump(mode="json"), "token": token,
@@ -105,7 +104,7 @@ class ProcessSink:
     def alive(self) -> bool:
         return not self.failed
 
-    def _put(self, doc: dict, fd: Optional[int] = None) -> None:
+    def _put(self, doc: dict, fd: int | None = None) -> None:
         """(under `lock`)"""
         if self.failed:
             if fd is not None:

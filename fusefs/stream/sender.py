@@ -21,7 +21,6 @@ import logging
 import os
 import socket
 import sys
-from typing import Optional
 
 from hintfs.common.logsetup import setup_logging
 from hintfs.common.procs import become_isolated_daemon
@@ -54,7 +53,7 @@ def _version(doc: dict) -> Version:
 
 
 class Child:
-    def __init__(self, sock: socket.socket, sc: StreamConfig, token: Optional[str], tls_root: Optional[bytes]):
+    def __init__(self, sock: socket.socket, sc: StreamConfig, token: str | None, tls_root: bytes | None):
         self.sock = sock
         self.sink = ThreadSink(sc, build_streamers(sc, token, tls_root), ForwardedStats(sock),
                                on_finished=self._finished)
@@ -66,7 +65,7 @@ class Child:
         except OSError:
             pass
 
-    def apply(self, doc: dict, fd: Optional[int]) -> None:
+    def apply(self, doc: dict, fd: int | None) -> None:
         op, sink = doc["op"], self.sink
         if op == "start":
             if fd is None:
@@ -115,7 +114,7 @@ def pin_to(cpus: list[int]) -> bool:
         return False
 
 
-def cpu_cgroup(proc_cgroup: str) -> Optional[str]:
+def cpu_cgroup(proc_cgroup: str) -> str | None:
     """The cgroup of the CPU controller ("/" at the root) in a `/proc/PID/cgroup` text, None if
     it names none: cgroup v1's cpu hierarchy if mounted, else v2's unified one."""
     unified = None

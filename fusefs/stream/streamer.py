@@ -51,7 +51,8 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Sequence
 
 from policy.link import transfer_weight
 from policy.stream import checkpoint_family, chunk_count, chunk_crc, chunk_span, ranges_to_send, send_calls
@@ -68,7 +69,7 @@ _HOST = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40] or
 @dataclass(frozen=True)
 class PutAnswer:
     """The tier's answer to one put."""
-    named: Optional[Sequence[int]] = None   # the stream's open rode on it: the chunks to send first
+    named: Sequence[int] | None = None   # the stream's open rode on it: the chunks to send first
     ready: bool = False                     # the stream is the published file's replica now
 
 
@@ -77,15 +78,15 @@ class PublishAnswer:
     """The tier's answer to a publish."""
     state: str                              # "ready": the replica; else "fill": `fetch` is missing
     fetch: tuple[int, ...] = ()             # chunks the tier lacks (or holds with another CRC)
-    named: Optional[Sequence[int]] = None   # the stream's open rode on it: the chunks to send first
+    named: Sequence[int] | None = None   # the stream's open rode on it: the chunks to send first
 
 
 class Transport(Protocol):
     def open(self, sid: str, gen: int, path: str, chunk: int,
-             job: Optional[str] = None) -> tuple[dict[int, int], Sequence[int]]:
+             job: str | None = None) -> tuple[dict[int, int], Sequence[int]]:
         """(the chunks the tier holds: index -> CRC, the chunks to send first)"""
     def put(self, sid: str, gen: int, chunks: Sequence[tuple[int, bytes | memoryview, int]],
-            opening: Optional[tuple[str, int, Optional[str]]] = None, seen: Optional[int] = None,
+            opening: tuple[str, int, str | None] | None = None, seen: int | None = None,
             urgent: bool = False) -> PutAnswer:
         """Chunks (offset, data, crc) in one call; `opening` = (path, chunk, job): open the stream
         first if the tier lacks it (`named`: the chunks to send first, None when not opened);
@@ -94,8 +95,8 @@ class Transport(Protocol):
         these were its last missing chunks (or it was complete already): the tier made it the
         replica."""
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
-                record: Optional[str] = None, chunks: Sequence[tuple[int, bytes, int]] = (),
-                opening: Optional[tuple[str, int, Optional[str]]] = None) -> PublishAnswer:
+                record: str | None = None, chunks: Sequence[tuple[int, bytes, int]] = (),
+                opening: tuple[str, int, str | None] | None = None) -> PublishAnswer:
         """Write `chunks` (offset, data, crc), then publish; `opening` = (path, chunk, job): open
         the stream first (it is new to the tier; `named` as for a put). One call."""
     def abort(self, sid: str) -> None: ...
@@ -107,13 +108,13 @@ class FileStream:
     path: str
     fd: int                      # the streamer's own dup of the staging fd
     chunk: int
-    job: Optional[str] = None
+    job: str | None = None
     gen: int = 0
     opened: bool = False         # the tier knows this generation (an `open` answered)
     sent: dict[int, int] = field(default_factory=dict)   # chunk -> CRC the tier holds
-    version: Optional[tuple[int, int]] = None             # (size, mtime_ns) once published
-    record: Optional[str] = None                          # the journal record of that publish
-    final: Optional[list[int]] = None                     # the final file's chunk CRCs
+    version: tuple[int, int] | None = None             # (size, mtime_ns) once published
+    record: str | None = None                          # the journal record of that publish
+    final: list[int] | None = None                     # the final file's chunk CRCs
     state: str = "writing"       # writing | published | done | dropped
     errors: int = 0
     bytes_sent: int = 0
@@ -140,7 +141,7 @@ def background_thread(nice: int) -> None:
 
 class Streamer:
     def __init__(self, transport: Transport, chunk_bytes: int = 4 << 20, max_chunks_per_step: int = 256,
-                 parallel: int = 1, link=None, call_bytes: Optional[int] = None, first_by_reads: bool = False,
+                 parallel: int = 1, link=None, call_bytes: int | None = None, first_by_reads: bool = False,
                  others_in_flight: int = 1, nice: int = 5, others_while_writing: bool = True):
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
@@ -160,21 +161,21 @@ class Streamer:
         self._named: OrderedDict[tuple[str, str], frozenset[int]] = OrderedDict()
         self._busy = {True: 0, False: 0}  # calls in flight: of named chunks (True), of others
         self.landings = 0           # calls landed so far (under _busy_lock)
-        self.on_landed: Optional[Callable[[], None]] = None   # after each call lands (the pump's wake)
+        self.on_landed: Callable[[], None] | None = None   # after each call lands (the pump's wake)
         self.parallel = parallel
         self.pool = (ThreadPoolExecutor(parallel, thread_name_prefix="hintfs-stream-send",
                                         initializer=functools.partial(background_thread, nice))
                      if parallel > 1 else None)
 
     # -- the mount's hooks (each a cheap call: the work happens in `step`) ----------------------
-    def start(self, path: str, fd: int, job: Optional[str] = None) -> FileStream:
+    def start(self, path: str, fd: int, job: str | None = None) -> FileStream:
         fs = FileStream(f"{_HOST}-{os.getpid()}-{next(_ids)}", path, os.dup(fd), self.chunk, job)
         if self.first_by_reads:
             with self._busy_lock:
                 fs.first = self._named.get(checkpoint_family(path), frozenset())
         return fs
 
-    def _tier_named(self, fs: FileStream, gen: int, first: Optional[Sequence[int]]) -> None:
+    def _tier_named(self, fs: FileStream, gen: int, first: Sequence[int] | None) -> None:
         """The tier's answer to this stream's open: the chunks eval reads want first."""
         if first is None or not self.first_by_reads:
             return
@@ -189,7 +190,7 @@ class Streamer:
             while len(self._named) > NAMED_FILES:
                 self._named.popitem(last=False)
 
-    def restart(self, fs: FileStream, fd: Optional[int] = None) -> None:
+    def restart(self, fs: FileStream, fd: int | None = None) -> None:
         """The file was truncated or staged anew: a new generation (the tier forgets the old)."""
         if fd is not None:
             if fs.fd >= 0:                      # (a finished stream has closed its fd)
@@ -200,7 +201,7 @@ class Streamer:
         fs.announced, fs.last_size, fs.still = False, -1, 0     # (`first` stays: the same file)
         fs.tier_ready = False
 
-    def published(self, fs: FileStream, size: int, mtime_ns: int, record: Optional[str] = None) -> None:
+    def published(self, fs: FileStream, size: int, mtime_ns: int, record: str | None = None) -> None:
         """The store committed the file with these attributes (no writer can change it now)."""
         fs.version = (size, mtime_ns)
         fs.record = record
@@ -380,7 +381,7 @@ class Streamer:
             self._hand_to_pool(fs, todo, size)
         return bool(todo)
 
-    def _hand_to_pool(self, fs: FileStream, todo: list[int], size: int, growing_end: Optional[int] = None) -> None:
+    def _hand_to_pool(self, fs: FileStream, todo: list[int], size: int, growing_end: int | None = None) -> None:
         """`todo` to the send pool, named chunks first; while named chunks of any file are on
         their way, other chunks only up to `others_in_flight` calls in flight (the rest waits for
         a later step), so that named chunks never queue behind a file's bulk. `growing_end`: the
@@ -428,8 +429,8 @@ class Streamer:
         fs.sent, fs.opened = dict(held), True
         self._tier_named(fs, fs.gen, first)
 
-    def _calls(self, fs: FileStream, chunks: list[int], others: Optional[int] = None,
-               growing_end: Optional[int] = None) -> list[list[int]]:
+    def _calls(self, fs: FileStream, chunks: list[int], others: int | None = None,
+               growing_end: int | None = None) -> list[list[int]]:
         """`chunks` as calls, this stream's named ones first (`policy.stream.send_calls`)."""
         return send_calls(chunks, fs.first, fs.chunk, self.call_bytes, others, growing_end)
 
@@ -444,7 +445,7 @@ class Streamer:
         return out
 
     def _send_one(self, fs: FileStream, call: list[int], size: int, tid,
-                  gen: Optional[int] = None, urgent: bool = False) -> list[tuple[int, int, int]]:
+                  gen: int | None = None, urgent: bool = False) -> list[tuple[int, int, int]]:
         """One call: consecutive chunks, read with one `pread`; (index, CRC, length) of each sent."""
         off = chunk_span(call[0], size, fs.chunk)[0]
         spans = [chunk_span(i, size, fs.chunk)[1] for i in call]
@@ -491,7 +492,7 @@ class Streamer:
         if not calls:
             return
         tid = self._link_transfer(fs, calls, size)
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         try:
             if self.pool is None or len(calls) == 1:
                 results = []

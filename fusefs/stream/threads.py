@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from fusefs.stream.hooks import Counters, Finished, Version
 from fusefs.stream.streamer import FileStream, Streamer, background_thread
@@ -33,17 +33,17 @@ class _Entry:
     """One streamed file: one FileStream per tier agent, and the events not applied yet."""
     path: str
     streams: list[FileStream]
-    seq: Optional[int] = None            # the hooks' start of it (None: a renamed file's copy)
+    seq: int | None = None            # the hooks' start of it (None: a renamed file's copy)
     events: list = field(default_factory=list)
     busy: bool = False
     final: bool = False                  # published for good, or dropped: only sending is left
-    failing_since: Optional[float] = None
+    failing_since: float | None = None
     errors_seen: int = 0
     next_try: float = 0.0
     held_since: float = 0.0
 
 
-def job_of(path: str) -> Optional[str]:
+def job_of(path: str) -> str | None:
     """The job a checkpoint file belongs to: its path without the step folder and the name
     (`ckpt/run-7/step_100/__0_0.distcp` -> `ckpt/run-7`), as the eval side names it."""
     parts = path.split("/")
@@ -56,7 +56,7 @@ class ThreadSink:
     alive = True
 
     def __init__(self, sc: StreamConfig, streamers: list[Streamer], stats: Counters,
-                 on_finished: Optional[Finished] = None):
+                 on_finished: Finished | None = None):
         self.cfg = sc
         self.streamers = streamers
         self.stats = stats

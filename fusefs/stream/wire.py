@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import socket
-from typing import Optional
 
 log = logging.getLogger("hintfs.stream")
 
@@ -33,14 +32,14 @@ def socketpair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-def send(sock: socket.socket, doc: dict, fd: Optional[int] = None) -> None:
+def send(sock: socket.socket, doc: dict, fd: int | None = None) -> None:
     data = json.dumps(doc, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:
         raise WireError(7, f"stream sender message of {len(data)} bytes (at most {MAX_MESSAGE})")   # E2BIG
     socket.send_fds(sock, [data], [fd] if fd is not None else [])
 
 
-def receive(sock: socket.socket) -> Optional[tuple[dict, Optional[int]]]:
+def receive(sock: socket.socket) -> tuple[dict, int | None] | None:
     """The next message and its descriptor (the caller owns it), or None: the other end is gone."""
     data, fds, flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
     if not data and not fds:
@@ -59,7 +58,7 @@ def receive(sock: socket.socket) -> Optional[tuple[dict, Optional[int]]]:
     return doc, fd
 
 
-def next_message(sock: socket.socket) -> Optional[tuple[dict, Optional[int]]]:
+def next_message(sock: socket.socket) -> tuple[dict, int | None] | None:
     """The next message that parses (a refused one is logged and skipped), or None: the other
     end is gone or the socket failed."""
     while True:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 

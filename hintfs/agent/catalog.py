@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, Optional, Protocol, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from hintfs.agent import persist
 from hintfs.agent.rpc import BudgetStatus, ReplicaStatus
@@ -103,7 +103,7 @@ class Replica:
     fd: int = -1               # kept open: a read is one pread, not open+read+close
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
     last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
-    record: Optional[str] = None   # the journal record this copy answered (one per close)
+    record: str | None = None   # the journal record this copy answered (one per close)
 
     @property
     def version(self) -> tuple[int, int]:
@@ -154,7 +154,7 @@ class Catalog:
         """Replicas and stream chunks not yet replicas (running sums: asked at every copy)."""
         return self.replicas.counted_bytes
 
-    def get(self, path: str) -> Optional[Replica]:
+    def get(self, path: str) -> Replica | None:
         with self.lock:
             return self.replicas.get(path)
 
@@ -167,7 +167,7 @@ class Catalog:
     def touch(self, rep: Replica) -> None:
         rep.last_used = self.clock.monotonic()
 
-    def pread(self, path: str, version: tuple[int, int], offset: int, n: int) -> Optional[bytes]:
+    def pread(self, path: str, version: tuple[int, int], offset: int, n: int) -> bytes | None:
         """(under `lock`) `n` bytes at `offset` of the replica of exactly `version`, or None."""
         rep = self.replicas.get(path)
         if rep is not None and rep.version == version and rep.fd >= 0:
@@ -199,7 +199,7 @@ class Catalog:
 
     # -- in and out ------------------------------------------------------------------------------
     def replica_from(self, part: str, path: str, size: int, mtime_ns: int, ttl_s: float,
-                     record: Optional[str]) -> Replica:
+                     record: str | None) -> Replica:
         """A complete, verified part file (a copy's or a stream's) renamed to the replica of
         (size, mtime_ns) of `path`, with its sidecar in a persistent agent; `add_unless_removed`
         catalogs it."""
@@ -222,7 +222,7 @@ class Catalog:
             self.retire(rep)
         return not removed
 
-    def drop(self, path: str, only: Optional[Replica] = None) -> bool:
+    def drop(self, path: str, only: Replica | None = None) -> bool:
         """Drop the replica of `path` (`only` that one: not a newer one cataloged since)."""
         with self.lock:
             rep = self.replicas.get(path)
@@ -369,7 +369,7 @@ class Catalog:
                 self.replicas.clear()
 
     # -- status ----------------------------------------------------------------------------------
-    def status(self) -> "tuple[dict[str, ReplicaStatus], BudgetStatus]":
+    def status(self) -> tuple[dict[str, ReplicaStatus], BudgetStatus]:
         now = self.clock.time()
         with self.lock:
             replicas = {p: ReplicaStatus(size=r.size, expires_in_s=round(r.expires_at - now, 3))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from typing import Optional, TypeVar
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -38,7 +38,7 @@ def _binary_array(items: list[bytes]) -> pa.Array:
 
 
 class AgentClient:
-    def __init__(self, location: str, token: Optional[str] = None, tls_root: Optional[bytes] = None,
+    def __init__(self, location: str, token: str | None = None, tls_root: bytes | None = None,
                  timeout_s: float = 30.0, own_connection: bool = False):
         """`own_connection`: a TCP connection of its own, not shared with other clients of the
         same agent in this process (gRPC shares them otherwise): small control calls then do not
@@ -79,7 +79,7 @@ class AgentClient:
             raise AgentError(_errno_of(err), f"agent {self.location}: {what} failed: {err}") from None
 
     def read(self, path: str, offset: int, length: int, replica_only: bool = False,
-             expect: Optional[tuple[int, int]] = None, demand: bool = False) -> bytes:
+             expect: tuple[int, int] | None = None, demand: bool = False) -> bytes:
         """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another
         version; with `demand` too, also while that version is still arriving (hintfs/agent/demand.py)."""
         req = rpc.ReadRequest.model_construct(path=path, offset=offset, length=length, replica_only=replica_only,
@@ -102,7 +102,7 @@ class AgentClient:
         return list(zip(table.column("path").to_pylist(), table.column("seed").to_pylist(),
                         table.column("data").to_pylist()))
 
-    def plan_window(self, keep: list, want: list, job: Optional[str] = None) -> rpc.PlanWindowReply:
+    def plan_window(self, keep: list, want: list, job: str | None = None) -> rpc.PlanWindowReply:
         """`job`'s plan window: free its transformed samples not in `keep`, start making `want`
         (one call per plan step). Another job's samples are never freed by it; None: the window
         shared by every plan that names no job (older agents know no job)."""
@@ -110,9 +110,9 @@ class AgentClient:
                                                     job=job)
         return self._call("plan_window", req, rpc.PlanWindowReply)
 
-    def replicate(self, path: str, ttl_s: float, source: Optional[str] = None, priority: str = "background",
-                  job: Optional[str] = None, importance: float = 1.0,
-                  expect: Optional[tuple[int, int]] = None) -> rpc.ReplicateReply:
+    def replicate(self, path: str, ttl_s: float, source: str | None = None, priority: str = "background",
+                  job: str | None = None, importance: float = 1.0,
+                  expect: tuple[int, int] | None = None) -> rpc.ReplicateReply:
         req = rpc.ReplicateRequest.model_construct(path=path, ttl_s=ttl_s, source=source, priority=priority, job=job,
                                                    importance=importance,
                                                    expect=tuple(expect) if expect is not None else None)
@@ -129,15 +129,15 @@ class AgentClient:
     _CHUNKS = pa.schema([("offset", pa.int64()), ("crc", pa.int64()), ("data", pa.large_binary())])
 
     def stream_open(self, sid: str, gen: int, path: str, chunk: int,
-                    job: Optional[str] = None) -> tuple[dict[int, int], list[int]]:
+                    job: str | None = None) -> tuple[dict[int, int], list[int]]:
         """Start or resume a stream; the chunks the tier holds (index -> CRC) and those eval reads
         will want first (an older agent names none)."""
         req = rpc.StreamOpenRequest.model_construct(stream=sid, gen=gen, path=path, chunk=chunk, job=job)
         reply = self._call("stream_open", req, rpc.StreamOpenReply)
         return {int(i): int(c) for i, c in reply.held}, [int(i) for i in reply.first]
 
-    def stream_put(self, sid: str, gen: int, chunks, opening: Optional[dict] = None,
-                   publish: Optional[dict] = None, seen: Optional[int] = None) -> rpc.StreamPutReply:
+    def stream_put(self, sid: str, gen: int, chunks, opening: dict | None = None,
+                   publish: dict | None = None, seen: int | None = None) -> rpc.StreamPutReply:
         """One `do_put`: the stream's open (if given: the fields of `stream_open` but the stream's),
         its chunks [(offset, data, crc)], its publish (if given: those of `stream_publish`), the
         sender's file size (`seen`); the agent's answer."""
@@ -163,7 +163,7 @@ class AgentClient:
         return self._reply(rpc.StreamPutReply, buf.to_pybytes() if buf is not None else b"", f"stream {sid}")
 
     def stream_publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],
-                       record: Optional[str] = None) -> rpc.StreamPublishReply:
+                       record: str | None = None) -> rpc.StreamPublishReply:
         req = rpc.StreamPublishRequest.model_construct(stream=sid, gen=gen, path=path, size=size, mtime_ns=mtime_ns,
                                                        crcs=crcs, record=record)
         return self._call("stream_publish", req, rpc.StreamPublishReply)
@@ -176,7 +176,7 @@ class AgentClient:
         req = rpc.SignalRequest.model_construct(job=job, severity=severity, clear=clear)
         return self._call("signal", req, rpc.SignalReply)
 
-    def prefetch(self, path: str, version: Optional[tuple[int, int]], ranges: list[tuple[int, int]]) -> int:
+    def prefetch(self, path: str, version: tuple[int, int] | None, ranges: list[tuple[int, int]]) -> int:
         """Ask the tier to fetch these (offset, length) ranges of a file still arriving, at once;
         how many pieces it started (hintfs/agent/demand.py). `version` None: the tier knows no version
         of the file yet; it holds the hint until one is announced (and answers 0 meanwhile)."""

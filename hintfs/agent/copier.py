@@ -13,7 +13,7 @@ import os
 import stat as stat_mod
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from hintfs.agent.catalog import Catalog, Replica
 from hintfs.agent.client import AgentClient
@@ -43,7 +43,7 @@ class Copier:
     at, each `link_chunk_bytes`; `stream_idle_s`: the longest wait for a stream."""
 
     def __init__(self, store: Store, catalog: Catalog, arrivals: Arrivals, streams: StreamTier, hints: ReadHints, *,
-                 peers: list[str], token: Optional[str], link: Optional[LinkGate], link_chunk_bytes: int,
+                 peers: list[str], token: str | None, link: LinkGate | None, link_chunk_bytes: int,
                  stream_idle_s: float, refusals: RefusalLog, clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
         self.catalog = catalog
@@ -65,9 +65,9 @@ class Copier:
     def stop(self) -> None:
         self._stop.set()
 
-    def replicate(self, path: str, ttl_s: float, source: Optional[str], parallel: int = 16,
-                  priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
-                  expect: Optional[Version] = None, record: Optional[str] = None,
+    def replicate(self, path: str, ttl_s: float, source: str | None, parallel: int = 16,
+                  priority: str = "background", job: str | None = None, importance: float = 1.0,
+                  expect: Version | None = None, record: str | None = None,
                   trusted: bool = True) -> ReplicateReply:
         """Copy `path` here (from the store, or from the agent at `source`) and keep it `ttl_s`.
 
@@ -126,9 +126,9 @@ class Copier:
         finally:
             self.arrivals.release(path)
 
-    def _copy_in(self, path: str, ttl_s: float, source: Optional[str], parallel: int,
-                 priority: str = "background", job: Optional[str] = None, importance: float = 1.0,
-                 expect: Optional[Version] = None, record: Optional[str] = None) -> ReplicateReply:
+    def _copy_in(self, path: str, ttl_s: float, source: str | None, parallel: int,
+                 priority: str = "background", job: str | None = None, importance: float = 1.0,
+                 expect: Version | None = None, record: str | None = None) -> ReplicateReply:
         if expect is not None and not source:
             st = Stat(stat_mod.S_IFREG | 0o644, int(expect[0]), int(expect[1]), int(expect[1]))
         else:
@@ -139,7 +139,7 @@ class Copier:
         self.catalog.make_room(path, st.size)
         tmp = self.catalog.local_name(path) + ".part"
         read: Callable[[int, int], bytes]
-        src: Optional[AgentClient] = None
+        src: AgentClient | None = None
         if source:
             src = AgentClient(source, token=self.token)
             peer = src
@@ -257,7 +257,7 @@ class Copier:
             log.warning("replicate from source %.200r refused: %s%s", source, why, RefusalLog.more(since))
         raise HintfsError(code, f"source {source!r}: {why}")
 
-    def wait_for_stream(self, path: str, expect: Optional[Version], announced: bool = False) -> None:
+    def wait_for_stream(self, path: str, expect: Version | None, announced: bool = False) -> None:
         """Wait while a stream may bring this version of `path` instead of a copy:
 
         - a published stream still filling, of version `expect`, a newer one (it supersedes the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import posixpath
 from collections import Counter, OrderedDict
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 
 class CopyQueue:
@@ -19,7 +19,7 @@ class CopyQueue:
 
     def __init__(self, job_of: Callable[[str], str]):
         self._job_of = job_of
-        self._jobs: dict[str, "OrderedDict[str, int]"] = {}
+        self._jobs: dict[str, OrderedDict[str, int]] = {}
         self._order = itertools.count()
         self._n = 0
         self._folders: Counter[str] = Counter()   # queued files per folder (`folders`)
@@ -51,10 +51,10 @@ class CopyQueue:
             if not paths:
                 del self._jobs[job]
 
-    def take(self, signalled: Callable[[str], bool]) -> Optional[str]:
+    def take(self, signalled: Callable[[str], bool]) -> str | None:
         """Remove and return the oldest path of a `signalled` job, else the oldest of all; None
         when empty. One look per job."""
-        best: Optional[tuple[bool, int]] = None
+        best: tuple[bool, int] | None = None
         best_job = ""
         for job, paths in self._jobs.items():
             key = (not signalled(job), next(iter(paths.values())))

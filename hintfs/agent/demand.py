@@ -36,7 +36,7 @@ import errno
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from cachetools import FIFOCache, TTLCache
 
@@ -95,9 +95,9 @@ def prefetch_pieces(ranges: list[tuple[int, int]], size: int) -> list[tuple[int,
 
 class DemandReads:
     def __init__(self, store: Store, cond: threading.Condition,
-                 held: Callable[[str, Version, int, int], Optional[bytes]],
+                 held: Callable[[str, Version, int, int], bytes | None],
                  arriving: Callable[[str, Version], bool], timeout_s: float = 60.0, parallel: int = 16,
-                 stream_behind_s: Optional[Callable[[str, Version], Optional[float]]] = None,
+                 stream_behind_s: Callable[[str, Version], float | None] | None = None,
                  clock: Clock = SYSTEM_CLOCK):
         self.store = store
         self.clock = clock
@@ -213,12 +213,12 @@ class DemandReads:
             while len(self._pending) > PENDING_HINT_FILES:
                 self._pending.popitem()
 
-    def take_hint(self, path: str) -> Optional[list[tuple[int, int]]]:
+    def take_hint(self, path: str) -> list[tuple[int, int]] | None:
         """The ranges held for `path` (once: a second call answers None), unless too old."""
         with self._lock:
             return self._pending.pop(path, None)      # (one older than PENDING_HINT_S is gone)
 
-    def _pieces_for(self, path: str, version: Version, offset: int, length: int) -> Optional[list]:
+    def _pieces_for(self, path: str, version: Version, offset: int, length: int) -> list | None:
         """Prefetched pieces that together hold [offset, offset + length) (cut at the end of the
         file), in order; None if they do not cover it all."""
         end = min(offset + length, version[0])
@@ -283,13 +283,13 @@ class DemandReads:
             with self.cond:
                 self.cond.wait(_WAKE_S)
 
-    def _stream_soon(self, path: str, version: Version) -> Optional[float]:
+    def _stream_soon(self, path: str, version: Version) -> float | None:
         """The link time of the streams' backlog when this version comes by a stream and that
         backlog is under PREFETCH_BEHIND_S (leave it to the stream); None: fetch as usual."""
         behind = self.stream_behind_s(path, version) if self.stream_behind_s is not None else None
         return behind if behind is not None and behind < PREFETCH_BEHIND_S else None
 
-    def _wait_held(self, path: str, version: Version, offset: int, length: int, until: float) -> Optional[bytes]:
+    def _wait_held(self, path: str, version: Version, offset: int, length: int, until: float) -> bytes | None:
         while True:
             data = self.held(path, version, offset, length)
             if data is not None or self.clock.monotonic() >= until:
@@ -323,7 +323,7 @@ class ReadHints:
     (`announce`: a publish, a journal record, a copy's start), and fetched then."""
 
     def __init__(self, demand: DemandReads, memory: ReadMemory,
-                 announced_version: Callable[[str], Optional[Version]]) -> None:
+                 announced_version: Callable[[str], Version | None]) -> None:
         self.demand = demand
         self.memory = memory
         self.announced_version = announced_version   # (TierView) the version on its way, or None

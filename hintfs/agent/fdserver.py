@@ -37,7 +37,8 @@ import socket
 import stat as stat_mod
 import struct
 import threading
-from typing import Callable, NamedTuple, Optional, Union
+from typing import NamedTuple
+from collections.abc import Callable
 
 from hintfs.agent import rpc
 from hintfs.agent.refusals import RefusalLog
@@ -66,7 +67,7 @@ def _refused(sock: TierSocket, why: str) -> None:
         log.warning("not taking replica fds from %s (the read goes to the tier or store instead): %s", sock.path, why)
 
 
-def socket_problem(sock: TierSocket) -> Optional[str]:
+def socket_problem(sock: TierSocket) -> str | None:
     """Why the socket `sock.path` may have been put there by someone other than root or the tier
     agent's user `sock.uid`: a folder from / to it (symlinks resolved) or the socket itself owned
     by another user, or a folder others may write that is not sticky. None if it is fit."""
@@ -97,7 +98,7 @@ def socket_problem(sock: TierSocket) -> Optional[str]:
 
 class ReplicaFdServer:
     def __init__(self, path: str, lookup: Callable[[str, int, int], int],
-                 partial: Optional[Callable[[str, tuple[int, int]], tuple[int, list[tuple[int, int]]]]] = None):
+                 partial: Callable[[str, tuple[int, int]], tuple[int, list[tuple[int, int]]]] | None = None):
         self.path = path
         self.lookup = lookup            # Catalog.local_fd: a new fd, or -1
         self.partial = partial          # StreamTier.verified_view: (a new fd, runs), or (-1, [])
@@ -126,7 +127,7 @@ class ReplicaFdServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 continue
             except OSError:
                 if self._stop.is_set():
@@ -173,7 +174,7 @@ class ReplicaFdServer:
             pass
 
 
-def receive_replica_fd(socket_path: Union[str, TierSocket], path: str, size: int, mtime_ns: int) -> int:
+def receive_replica_fd(socket_path: str | TierSocket, path: str, size: int, mtime_ns: int) -> int:
     """The mount's side: an fd of the agent's replica of exactly this version, or -1 (none, the
     agent does not answer, or the socket is not the agent's: `TierSocket`; a plain path is
     expected to be root's). Blocking (a few syscalls): call it from a worker thread."""
@@ -181,8 +182,8 @@ def receive_replica_fd(socket_path: Union[str, TierSocket], path: str, size: int
     return fd
 
 
-def receive_tier_bytes(socket_path: Union[str, TierSocket], path: str, size: int,
-                       mtime_ns: int) -> tuple[int, Optional[list[tuple[int, int]]]]:
+def receive_tier_bytes(socket_path: str | TierSocket, path: str, size: int,
+                       mtime_ns: int) -> tuple[int, list[tuple[int, int]] | None]:
     """The mount's side for a file the tier is still receiving: (fd, None) of the complete
     replica of exactly this version, (fd, runs verified so far) of its stream still filling, or
     (-1, None). Blocking: call it from a worker thread."""
@@ -200,7 +201,7 @@ def receive_tier_bytes(socket_path: Union[str, TierSocket], path: str, size: int
     return fd, runs
 
 
-def _ask(socket_path: Union[str, TierSocket], doc: dict) -> tuple[int, dict]:
+def _ask(socket_path: str | TierSocket, doc: dict) -> tuple[int, dict]:
     sock = socket_path if isinstance(socket_path, TierSocket) else TierSocket(socket_path)
     why = socket_problem(sock)
     if why:

@@ -18,7 +18,6 @@ import logging
 import posixpath
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.copier import Copier
@@ -53,7 +52,7 @@ class Follower:
     (write-time streams wait for that word); `link`: whose signals put a job's copies first."""
 
     def __init__(self, cfg: FollowConfig, store: Store, catalog: Catalog, copier: Copier, *,
-                 versions: Optional[VersionCheck] = None, link: Optional[LinkGate] = None,
+                 versions: VersionCheck | None = None, link: LinkGate | None = None,
                  clock: Clock = SYSTEM_CLOCK):
         self.cfg = cfg
         self.store = store
@@ -64,11 +63,11 @@ class Follower:
         self.clock = clock
         # record names seen, per slice folder of the journal ("" for records directly in it)
         self.seen_records: dict[str, set[str]] = {}
-        self.swept_at: Optional[float] = None     # monotonic time of the last sweep; None: never
+        self.swept_at: float | None = None     # monotonic time of the last sweep; None: never
         self.sweep_s = SWEEP_S
         self._root_records: dict[str, Stat] = {}  # records of older mounts, at the last sweep
         # why the journal is not followed (the listing is, meanwhile), as of the last sweep
-        self.journal_refused: Optional[str] = None
+        self.journal_refused: str | None = None
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
         # journaled version of each file, (size, mtime_ns), and the record that announced it
@@ -89,7 +88,7 @@ class Follower:
                         for i in range(COPY_WORKERS)]
         self.thread = threading.Thread(target=self._run, name="hintfs-follower", daemon=True)
 
-    def start(self) -> "Follower":
+    def start(self) -> Follower:
         for w in self.workers:
             w.start()
         self.thread.start()
@@ -111,7 +110,7 @@ class Follower:
         return posixpath.dirname(posixpath.dirname(path))
 
     # -- discovering new files -------------------------------------------------------------------
-    def _folders_to_list(self) -> Optional[list[str]]:
+    def _folders_to_list(self) -> list[str] | None:
         """The journal folders this poll lists: slice names, and "" for the journal folder's own
         records (older mounts'); None if there is no journal. See SWEEP_S."""
         store = self.store
@@ -153,7 +152,7 @@ class Follower:
                 del self.seen_records[b]   # never listed again
         return [""] + sorted(set(kept) | set(recent))
 
-    def _new_from_journal(self) -> Optional[list[tuple[str, Optional[tuple[int, int]], Optional[str]]]]:
+    def _new_from_journal(self) -> list[tuple[str, tuple[int, int] | None, str | None]] | None:
         store = self.store
         folders = self._folders_to_list()
         if folders is None:
@@ -217,7 +216,7 @@ class Follower:
     def _walk(self, rel: str):
         return walk_files(self.store, rel)
 
-    def _new_from_listing(self) -> list[tuple[str, Optional[tuple[int, int]], Optional[str]]]:
+    def _new_from_listing(self) -> list[tuple[str, tuple[int, int] | None, str | None]]:
         new = []
         listed: dict[str, tuple[int, int]] = {}   # only what is there now: deleted files are forgotten
         for prefix in self.cfg.prefixes:
@@ -284,7 +283,7 @@ class Follower:
             log.warning("predictive copy of %s failed (will retry): %s", path, err)
             return False
 
-    def _removed_since(self, path: str, record: Optional[str]) -> bool:
+    def _removed_since(self, path: str, record: str | None) -> bool:
         """(under cond) A removal record of `path` or a folder above it is newer than `record`
         (any removal when the version copied had no record)."""
         made = record_time_ns(record) if record else None

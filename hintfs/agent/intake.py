@@ -9,7 +9,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import Iterable, Optional, cast
+from typing import cast
+from collections.abc import Iterable
 
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.demand import ReadHints
@@ -35,7 +36,7 @@ class StreamIntake:
     `record_wait_s`, `verify_poll_s`: `VersionCheck`'s."""
 
     def __init__(self, store: Store, streams: StreamTier, catalog: Catalog, arrivals: Arrivals, hints: ReadHints,
-                 memory: ReadMemory, *, prefixes: list[str], journal_dir: Optional[str], record_wait_s: float,
+                 memory: ReadMemory, *, prefixes: list[str], journal_dir: str | None, record_wait_s: float,
                  verify_poll_s: float, refusals: RefusalLog, clock: Clock = SYSTEM_CLOCK) -> None:
         self.streams = streams
         self.catalog = catalog
@@ -90,14 +91,14 @@ class StreamIntake:
         """One `do_put`: open the stream if asked, write its chunks, publish if asked. A put that
         completes a stream published (and confirmed) already makes it the replica, and answers
         "ready"."""
-        opened: Optional[StreamOpenReply] = None
+        opened: StreamOpenReply | None = None
         if req.open is not None:
             if (req.open.stream, req.open.gen) != (req.stream, req.gen):
                 raise rpc_error(errno.EINVAL, "open names another stream or generation")
             opened = self.open(req.open, sender)
 
-        def reply(state: Optional[PublishState], fetch: Optional[list[int]] = None,
-                  pending: Optional[bool] = None) -> StreamPutReply:
+        def reply(state: PublishState | None, fetch: list[int] | None = None,
+                  pending: bool | None = None) -> StreamPutReply:
             """The open's answer (when it opened), then the chunks' and the publish's."""
             return StreamPutReply(held=opened.held if opened is not None else None,
                                   first=opened.first if opened is not None else None,
@@ -127,7 +128,7 @@ class StreamIntake:
             raise rpc_error(errno.ESTALE, str(err)) from None
         except (KeyError, TypeError, ValueError) as err:
             raise rpc_error(errno.EINVAL, f"stream chunks: {err}") from None
-        state: Optional[PublishState] = "ready" if complete and self._finish_stream(req.stream, req.gen) else None
+        state: PublishState | None = "ready" if complete and self._finish_stream(req.stream, req.gen) else None
         if req.publish is None:
             return reply(state)
         if (req.publish.stream, req.publish.gen) != (req.stream, req.gen):
@@ -185,7 +186,7 @@ class StreamIntake:
         return StreamPublishReply(state=cast(PublishState, v.state), fetch=list(v.fetch),
                                   pending=True if not known and v.state != "stale" else None)
 
-    def _version_confirmed(self, path: str, version: Version, record: Optional[str]) -> None:
+    def _version_confirmed(self, path: str, version: Version, record: str | None) -> None:
         """(VersionCheck) The store has `version` of `path`: its streams are confirmed; each one
         complete becomes the replica now, one still filling may be read on demand."""
         done = self.streams.confirm(path, version, lambda meta: (record, meta[1] if meta else 86400.0))
@@ -205,7 +206,7 @@ class StreamIntake:
         if self.streams.refuse(path, version, why):
             self.arrivals.notify()
 
-    def _adopt_stream(self, path: str, part: str, size: int, mtime_ns: int, record: Optional[str],
+    def _adopt_stream(self, path: str, part: str, size: int, mtime_ns: int, record: str | None,
                       ttl_s: float) -> None:
         """A verified stream becomes the replica of (size, mtime_ns), as a finished copy would."""
         with self.arrivals.claim(path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
-from typing import Hashable, Optional
+from collections.abc import Hashable
 
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from policy.link import LinkScheduler
@@ -25,7 +25,7 @@ class LinkGate:
         self.thread = threading.Thread(target=self._dispatch, name="hintfs-link", daemon=True)
         self.thread.start()
 
-    def open(self, name: str, cls: str, weight: float, chunks: list[int], job: Optional[str]) -> Hashable:
+    def open(self, name: str, cls: str, weight: float, chunks: list[int], job: str | None) -> Hashable:
         tid = (name, next(_ids))
         with self.cond:
             self.sched.add(tid, cls, weight, chunks, job=job)

@@ -2,7 +2,8 @@
 use is retired, not closed, when it leaves the cache). Not thread-safe: its owner's lock guards it."""
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable
 
 from cachetools import LRUCache
 

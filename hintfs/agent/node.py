@@ -21,7 +21,6 @@ import logging
 import os
 import resource
 import threading
-from typing import Optional
 
 from hintfs.agent import persist
 from hintfs.agent.catalog import Catalog
@@ -77,7 +76,7 @@ class Agent:
         # What eval jobs read of each checkpoint file: the next checkpoint's streams send it first.
         self.memory = ReadMemory()
         self.hints = ReadHints(self.demand, self.memory, self.view.announced_version)
-        self.link: Optional[LinkGate] = (LinkGate(config.link_bytes_s, config.link_chunk_bytes, clock=clock)
+        self.link: LinkGate | None = (LinkGate(config.link_bytes_s, config.link_chunk_bytes, clock=clock)
                                          if config.link_bytes_s else None)
         refusals = RefusalLog(REFUSAL_LOG_S, clock.monotonic)
         self.copier = Copier(store, self.catalog, self.arrivals, self.streams, self.hints,
@@ -92,7 +91,7 @@ class Agent:
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reclaim_loop, name="hintfs-agent-reclaim", daemon=True)
         self._reaper.start()
-        self.fd_server: Optional[ReplicaFdServer] = None
+        self.fd_server: ReplicaFdServer | None = None
         if config.local_socket:   # replica fds for mounts on this host (FUSE passthrough)
             self.fd_server = ReplicaFdServer(config.local_socket, self.catalog.local_fd, self.streams.verified_view)
         self.intake = StreamIntake(store, self.streams, self.catalog, self.arrivals, self.hints, self.memory,
@@ -101,7 +100,7 @@ class Agent:
                                    journal_dir=follow.journal_dir if follow.prefixes else None,
                                    record_wait_s=config.stream_record_wait_s,
                                    verify_poll_s=config.stream_verify_poll_s, refusals=refusals, clock=clock)
-        self.follower: Optional[Follower] = None
+        self.follower: Follower | None = None
         if follow.prefixes:
             self.follower = Follower(follow, store, self.catalog, self.copier, versions=self.intake.versions,
                                      link=self.link, clock=clock).start()

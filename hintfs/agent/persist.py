@@ -21,7 +21,7 @@ import os
 import shutil
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.procs import pid_alive
@@ -42,7 +42,7 @@ class InstanceFolder:
         self.path = os.path.join(data_dir, f"{kind}-{os.getpid()}-{next(_instances)}")
         os.makedirs(self.path, mode=0o700)
         os.chmod(self.path, 0o700)
-        self._lock_fd: Optional[int] = lock_folder(self.path)
+        self._lock_fd: int | None = lock_folder(self.path)
         reap_dead_instances(data_dir, "mount")
 
     def close(self) -> None:
@@ -125,7 +125,7 @@ def descriptions(folder: str, suffix: str) -> Iterator[tuple[str, str, dict]]:
 
 
 def write_sidecar(local: str, path: str, size: int, mtime_ns: int, expires_at: float,
-                  record: Optional[str]) -> None:
+                  record: str | None) -> None:
     """`<replica>.meta`: what the replica is a copy of, written after the data (tmp + rename), so
     a restarted agent trusts only complete, described copies."""
     tmp = local + ".meta.tmp"

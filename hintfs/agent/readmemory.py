@@ -19,7 +19,7 @@ and `max_total` ranges and `max_files` families in all (the least recently used 
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from cachetools import FIFOCache
 

@@ -7,7 +7,7 @@ import errno
 import logging
 import os
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 
@@ -69,10 +69,10 @@ class Reads:
         # open store readers, path -> (reader, identity); closed a reclaim round after they leave
         self._readers: EvictingLRU[str, tuple[Any, tuple]] = EvictingLRU(
             STORE_READERS, lambda _path, entry: self._retired.append(entry[0]))
-        self._samples: Optional[SampleService] = None
+        self._samples: SampleService | None = None
 
     def read_range(self, path: str, offset: int, length: int, replica_only: bool = False,
-                   expect: Optional[tuple[int, int]] = None, demand: bool = False) -> bytes:
+                   expect: tuple[int, int] | None = None, demand: bool = False) -> bytes:
         """Bytes of `path`: from its replica (of version `expect` when given); with `demand`
         (and `expect`), also while the replica is still arriving (hintfs/agent/demand.py)."""
         if demand:
@@ -167,7 +167,7 @@ class Reads:
                          "seed": pa.array([r[1] for r in rows], type=pa.int64()),
                          "data": pa.array([r[2] for r in rows], type=pa.large_binary())})
 
-    def samples_status(self) -> Optional[dict]:
+    def samples_status(self) -> dict | None:
         return self._samples.status() if self._samples is not None else None
 
     def status(self) -> LoadStatus:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Hashable, Optional
+from collections.abc import Callable, Hashable
 
 
 class RefusalLog:
@@ -20,7 +20,7 @@ class RefusalLog:
         self._logged: dict[Hashable, tuple[float, int]] = {}   # key -> (logged at, refused since)
         self._lock = threading.Lock()
 
-    def note(self, key: Hashable) -> Optional[int]:
+    def note(self, key: Hashable) -> int | None:
         now = self.clock()
         with self._lock:
             at, since = self._logged.get(key, (float("-inf"), 0))

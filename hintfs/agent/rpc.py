@@ -16,7 +16,8 @@ import errno
 import json
 import threading
 from collections.abc import Mapping
-from typing import Annotated, Any, Iterator, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Union
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -56,7 +57,7 @@ class ReadRequest(Request):
     length: int = Field(ge=0, le=MAX_READ_BYTES)
     replica_only: bool = False
     # (size, mtime_ns) the reader opened: a replica of another version is never read (ESTALE)
-    expect: Optional[tuple[NonNeg, NonNeg]] = None
+    expect: tuple[NonNeg, NonNeg] | None = None
     # also while that version is still arriving (a stream or a copy): held bytes, else fetched
     demand: bool = False
 
@@ -83,12 +84,12 @@ class SamplesReadyRequest(Request):
 class ReplicateRequest(Request):
     path: StorePath
     ttl_s: float = Field(600.0, gt=0, le=MAX_TTL_S)
-    source: Optional[str] = Field(None, max_length=MAX_NAME)
+    source: str | None = Field(None, max_length=MAX_NAME)
     priority: Literal["anomaly", "eval", "background"] = "background"
-    job: Optional[str] = Field(None, max_length=MAX_NAME)
+    job: str | None = Field(None, max_length=MAX_NAME)
     importance: float = Field(1.0, ge=0, le=1e6)
-    expect: Optional[tuple[NonNeg, NonNeg]] = None
-    record: Optional[str] = Field(None, max_length=MAX_NAME)
+    expect: tuple[NonNeg, NonNeg] | None = None
+    record: str | None = Field(None, max_length=MAX_NAME)
 
 
 class SignalRequest(Request):
@@ -122,7 +123,7 @@ class PlanWindowRequest(Request):
     want: list[tuple[StorePath, Kind, Params, Int64]] = Field(max_length=MAX_BATCH)
     # the plan's job: its prefetched samples are freed only by its own windows (hintfs/agent/samples.py);
     # None: the mounts' shared window of older clients
-    job: Optional[JobName] = None
+    job: JobName | None = None
 
 
 class EmptyRequest(Request):
@@ -145,7 +146,7 @@ class StreamOpenRequest(Request):
     gen: NonNeg
     path: StorePath
     chunk: int = Field(ge=4096, le=MAX_READ_BYTES)
-    job: Optional[str] = Field(None, max_length=MAX_NAME)
+    job: str | None = Field(None, max_length=MAX_NAME)
 
 
 class StreamPublishRequest(Request):
@@ -155,7 +156,7 @@ class StreamPublishRequest(Request):
     size: NonNeg
     mtime_ns: Int64
     crcs: list[Annotated[int, Field(ge=0, le=0xFFFFFFFF)]] = Field(max_length=MAX_CHUNKS)
-    record: Optional[str] = Field(None, max_length=MAX_NAME)
+    record: str | None = Field(None, max_length=MAX_NAME)
     ttl_s: float = Field(86400.0, gt=0, le=MAX_TTL_S)
 
     @model_validator(mode="before")
@@ -177,11 +178,11 @@ class StreamPutRequest(Request):
     op: Literal["stream"]
     stream: StreamId
     gen: NonNeg
-    open: Optional[StreamOpenRequest] = None
-    publish: Optional[StreamPublishRequest] = None
+    open: StreamOpenRequest | None = None
+    publish: StreamPublishRequest | None = None
     # the sender's file size when it sent these chunks (at most the final size): the tier's
     # estimate of what is still to come before the publish tells the size
-    seen: Optional[NonNeg] = None
+    seen: NonNeg | None = None
 
 
 class StreamAbortRequest(Request):
@@ -203,7 +204,7 @@ class PrefetchRequest(Request):
     path: StorePath
     # (size, mtime_ns): the version the eval mount opened; None: the mount saw no version at the
     # tier yet (a stream not published), so the tier holds the hint until one is announced
-    expect: Optional[tuple[NonNeg, NonNeg]] = None
+    expect: tuple[NonNeg, NonNeg] | None = None
     ranges: list[tuple[NonNeg, Annotated[int, Field(ge=1, le=MAX_READ_BYTES)]]] = Field(
         min_length=1, max_length=MAX_PREFETCH_RANGES)
 
@@ -259,8 +260,8 @@ class ReplicateReply(Reply):
     path: str
     size: int
     already: bool                      # the replica was here (its TTL is renewed)
-    newer: Optional[bool] = None       # a newer version than the one asked for is here
-    removed: Optional[bool] = None     # copied, but the store removed the file since: not kept
+    newer: bool | None = None       # a newer version than the one asked for is here
+    removed: bool | None = None     # copied, but the store removed the file since: not kept
 
 
 class SignalReply(Reply):
@@ -283,9 +284,9 @@ class TierStatReply(Reply):
     stream or a journaled version on its way) with the version; "streaming" (an unpublished
     stream: never served); "dir"; "absent", `expected` while its folder is being streamed in."""
     state: TierState
-    size: Optional[int] = None
-    mtime_ns: Optional[int] = None
-    expected: Optional[bool] = None
+    size: int | None = None
+    mtime_ns: int | None = None
+    expected: bool | None = None
 
 
 class StreamOpenReply(Reply):
@@ -299,17 +300,17 @@ PublishState = Literal["ready", "fill", "stale"]
 class StreamPublishReply(Reply):
     state: PublishState
     fetch: list[int] = Field(default_factory=list)   # chunks to send (again)
-    pending: Optional[bool] = None                   # the store's word for the version is to come
+    pending: bool | None = None                   # the store's word for the version is to come
 
 
 class StreamPutReply(Reply):
     """A `do_put`: its open's answer (when it opened), "ready" when the stream is the replica,
     and its publish's answer (when it published)."""
-    held: Optional[list[tuple[int, int]]] = None
-    first: Optional[list[int]] = None
-    state: Optional[PublishState] = None
-    fetch: Optional[list[int]] = None
-    pending: Optional[bool] = None
+    held: list[tuple[int, int]] | None = None
+    first: list[int] | None = None
+    state: PublishState | None = None
+    fetch: list[int] | None = None
+    pending: bool | None = None
 
 
 class StreamAbortReply(Reply):
@@ -360,9 +361,9 @@ class StatusReply(Reply):
     copies: int = 0
     streams: dict[str, Any] = Field(default_factory=dict)
     demand: dict[str, int] = Field(default_factory=dict)
-    samples: Optional[dict[str, Any]] = None
-    follow: Optional[FollowStatus] = None
-    link_bytes_by_class: Optional[dict[str, int]] = None
+    samples: dict[str, Any] | None = None
+    follow: FollowStatus | None = None
+    link_bytes_by_class: dict[str, int] | None = None
 
 
 def rpc_error(code: int, message: str) -> fl.FlightServerError:

@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 import psutil
 from cachetools import FIFOCache, LRUCache
@@ -115,7 +115,7 @@ class SampleService:
         self.cfg = load_cfg
         self.clock = clock
         self.pool = TransformPool(load_cfg.workers)
-        self._checks: Optional[TransformPool] = None
+        self._checks: TransformPool | None = None
         self.monitor = LoadMonitor(load_cfg.cpu_enter, load_cfg.cpu_leave)
         self.lock = threading.Lock()
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
@@ -155,7 +155,7 @@ class SampleService:
                     break           # (cannot happen: held samples fit cache_bytes)
                 self.cache_bytes -= len(self.cache.pop(victim))
 
-    def _hold(self, hold: "JobHold", job: str, key: SampleKey, size: int) -> None:
+    def _hold(self, hold: JobHold, job: str, key: SampleKey, size: int) -> None:
         """(under lock) `job` holds `key`, if its share and the total allow."""
         if key in hold.held:
             return
@@ -168,7 +168,7 @@ class SampleService:
         if new:
             self.held_bytes += size
 
-    def _unhold(self, hold: "JobHold", job: str, key: SampleKey) -> None:
+    def _unhold(self, hold: JobHold, job: str, key: SampleKey) -> None:
         """(under lock) `job` no longer holds `key`: freed, unless another job holds it too."""
         hold.held.discard(key)
         size = len(self.cache.get(key, b""))
@@ -181,7 +181,7 @@ class SampleService:
                 self.held_bytes -= size
                 self.cache_bytes -= len(self.cache.pop(key, b""))
 
-    def _job(self, job: Optional[str]) -> tuple[str, "JobHold"]:
+    def _job(self, job: str | None) -> tuple[str, JobHold]:
         """(under lock) The hold of `job` (None: SHARED_JOB), made if new; jobs idle for
         JOB_IDLE_S end here (their samples become unheld)."""
         name = SHARED_JOB if job is None else job
@@ -204,7 +204,7 @@ class SampleService:
             for key in list(hold.held):
                 self._unhold(hold, job, key)
 
-    def forget(self, keep: set, job: Optional[str] = None) -> None:
+    def forget(self, keep: set, job: str | None = None) -> None:
         """`job`'s plan window is now `keep` ((path, aug_seed) pairs): what it held outside them is
         freed (unless another job holds it too), and its prefetches outside them are dropped.
         Other jobs' samples and prefetches are not touched, nor samples no job holds (made for a
@@ -226,7 +226,7 @@ class SampleService:
     def _bad_key(key: SampleKey) -> tuple:
         return (key.path, key.size, key.mtime_ns, key.params_hash)    # any seed: a source property
 
-    def _bad_reason(self, key: SampleKey) -> Optional[str]:
+    def _bad_reason(self, key: SampleKey) -> str | None:
         """Why this source (at this size/mtime, with these params) failed before, or None; the
         caller holds the lock."""
         entry = self.bad.get(self._bad_key(key))
@@ -331,7 +331,7 @@ class SampleService:
                                          meta["source_size"], meta["source_mtime_ns"]))
 
     @property
-    def checks(self) -> "TransformPool":
+    def checks(self) -> TransformPool:
         """The decode checks' own worker(s), started at the first check: a fallback happens when
         the transform workers are busy (a missed deadline: the sample's own transform still runs
         in one), so a check queued behind them would wait as long as the transform."""
@@ -354,7 +354,7 @@ class SampleService:
             self.decoded[bk] = None
         self.counts["decode_checks"] += 1
 
-    def _cached(self, key: SampleKey) -> Optional[bytes]:
+    def _cached(self, key: SampleKey) -> bytes | None:
         """A cache hit (counted, moved to the recent end) or None; the caller holds the lock."""
         data = self.cache.get(key)
         if data is not None:
@@ -400,13 +400,13 @@ class SampleService:
         self.counts["tensor"] += 1
         return data, "tensor"
 
-    def peek(self, path: str, kind: str, params, aug_seed: int) -> Optional[bytes]:
+    def peek(self, path: str, kind: str, params, aug_seed: int) -> bytes | None:
         """The cached `.tensor` bytes of this sample, or None (nothing is started)."""
         key, _meta, _pjson = self._key_and_meta(path, kind, params, aug_seed)
         with self.lock:
             return self._cached(key)
 
-    def prefetch(self, samples: list[tuple[str, str, object, int]], job: Optional[str] = None) -> int:
+    def prefetch(self, samples: list[tuple[str, str, object, int]], job: str | None = None) -> int:
         """Start transforms for (path, kind, params, aug_seed) not cached or running yet, for
         `job`'s plan (None: the shared job of older mounts): it holds them once made (`_put`)."""
         started = 0

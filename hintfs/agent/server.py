@@ -27,7 +27,7 @@ import hmac
 import logging
 import signal
 import threading
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -88,9 +88,9 @@ class AgentServer(fl.FlightServerBase):
     `[transform_load]` (hintfs/agent/node.py says what each part takes). `require_token`: refuse to start
     without `[agent] token_file` unless `auth = "none"` (`hintfs agent`)."""
 
-    def __init__(self, store: Store, config: AgentConfig, *, peers: Optional[AgentsConfig] = None,
-                 follow: Optional[FollowConfig] = None, transform_load: Optional[TransformLoadConfig] = None,
-                 location: Optional[str] = None, persistent: bool = False, require_token: bool = False,
+    def __init__(self, store: Store, config: AgentConfig, *, peers: AgentsConfig | None = None,
+                 follow: FollowConfig | None = None, transform_load: TransformLoadConfig | None = None,
+                 location: str | None = None, persistent: bool = False, require_token: bool = False,
                  clock: Clock = SYSTEM_CLOCK):
         tls = None
         if config.tls_cert_file and config.tls_key_file:
@@ -107,7 +107,7 @@ class AgentServer(fl.FlightServerBase):
         self.agent = Agent(store, config, peers=peers or AgentsConfig(), follow=follow or FollowConfig(),
                            transform_load=transform_load or TransformLoadConfig(), persistent=persistent,
                            clock=clock)
-        self.socket_dir: Optional[socketdir.SocketDir] = None   # the in-process agent's socket folder
+        self.socket_dir: socketdir.SocketDir | None = None   # the in-process agent's socket folder
 
     def local_replica_fd(self, path: str, size: int, mtime_ns: int) -> int:
         """(the mount in this process) A new fd of the replica of exactly this version, or -1."""
@@ -157,8 +157,8 @@ def _errors_as_rpc() -> Iterator[None]:
         raise rpc_error(errno.EIO, f"internal error: {type(err).__name__}") from None
 
 
-def start_in_process(store: Store, config: AgentConfig, *, peers: Optional[AgentsConfig] = None,
-                     follow: Optional[FollowConfig] = None, transform_load: Optional[TransformLoadConfig] = None,
+def start_in_process(store: Store, config: AgentConfig, *, peers: AgentsConfig | None = None,
+                     follow: FollowConfig | None = None, transform_load: TransformLoadConfig | None = None,
                      clock: Clock = SYSTEM_CLOCK) -> tuple[AgentServer, str]:
     """The mount's own agent when no agents are configured: a thread serving a unix socket in a
     private 0700 folder (hintfs/agent/socketdir.py), so only the mount's own user can reach it."""

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Optional
 
 from hintfs.common.procs import pid_alive
 
@@ -30,7 +29,7 @@ class SocketDir:
 
     def __init__(self, path: str, lock_fd: int):
         self.path = path
-        self.lock_fd: Optional[int] = lock_fd
+        self.lock_fd: int | None = lock_fd
 
     @property
     def socket(self) -> str:
@@ -43,7 +42,7 @@ class SocketDir:
             self.lock_fd = None
 
 
-def make(tmp: Optional[str] = None) -> SocketDir:
+def make(tmp: str | None = None) -> SocketDir:
     """A fresh locked folder in `tmp` (the temp dir by default), after reaping dead ones there."""
     tmp = tmp or tempfile.gettempdir()
     reap_dead(tmp)
@@ -58,7 +57,7 @@ def make(tmp: Optional[str] = None) -> SocketDir:
     return SocketDir(path, fd)
 
 
-def _maker_pid(name: str) -> Optional[int]:
+def _maker_pid(name: str) -> int | None:
     rest = name[len(PREFIX):]
     pid, sep, _suffix = rest.partition("-")
     return int(pid) if sep and pid.isdigit() else None

@@ -8,7 +8,8 @@ import errno
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from hintfs.agent.refusals import RefusalLog
 from policy.stream import RangeMap, Sender, StreamLimits
@@ -52,14 +53,14 @@ class Stream:
     sid: str
     gen: int
     path: str
-    job: Optional[str]
+    job: str | None
     ranges: RangeMap
     fd: int
     last_call: float
     saved_at: float = 0.0
-    version: Optional[tuple[int, int]] = None   # published as (size, mtime_ns), chunks still missing
-    final: Optional[list[int]] = None           # the published file's chunk CRCs (with `version`)
-    seen: Optional[int] = None                  # the sender's file size at its last put (unpublished)
+    version: tuple[int, int] | None = None   # published as (size, mtime_ns), chunks still missing
+    final: list[int] | None = None           # the published file's chunk CRCs (with `version`)
+    seen: int | None = None                  # the sender's file size at its last put (unpublished)
     unsaved: bool = False                       # chunks arrived since the last progress file
     meta: Any = None                            # the caller's, given at publish (its record, TTL)
     finishing: bool = False                     # complete: being made a replica (no more writes)
@@ -87,7 +88,7 @@ class SenderBounds:
     logged once per sender and bound every REFUSAL_LOG_S (with how many there were since).
     Thread-safe (a lock of its own, taken after the tier's, never before it)."""
 
-    def __init__(self, limits: StreamLimits, budget: Optional[StreamBudget], clock: Callable[[], float]):
+    def __init__(self, limits: StreamLimits, budget: StreamBudget | None, clock: Callable[[], float]):
         self.limits = limits
         self.budget = budget
         self.bytes_by_peer: dict[str, int] = {}      # stream bytes counted, per peer host

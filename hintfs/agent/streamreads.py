@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from hintfs.agent.streamparts import SenderBounds, SenderUsage, Stream
 
@@ -65,7 +65,7 @@ class StreamReads:
         with self.lock:
             return any(s.path == path for s in self.streams.values())
 
-    def being_handed_over(self, path: str) -> Optional[tuple[int, int]]:
+    def being_handed_over(self, path: str) -> tuple[int, int] | None:
         """The version of `path` whose finished part the caller is making its replica (for at
         most HANDOVER_S, should a caller never say it is done), or None."""
         with self.lock:
@@ -74,7 +74,7 @@ class StreamReads:
                 return None
             return entry[0]
 
-    def state_of(self, path: str) -> Optional[tuple[str, Optional[tuple[int, int]]]]:
+    def state_of(self, path: str) -> tuple[str, tuple[int, int] | None] | None:
         """The newest stream headed for `path`: ("streaming", None) before its publish, and after
         it until the store's word confirms its version; ("filling", (size, mtime_ns)) when
         published and confirmed with chunks still to come; None: no stream."""
@@ -89,7 +89,7 @@ class StreamReads:
                 return ("streaming", None)
             return ("filling", best.version)
 
-    def read_verified(self, path: str, version: tuple[int, int], offset: int, length: int) -> Optional[bytes]:
+    def read_verified(self, path: str, version: tuple[int, int], offset: int, length: int) -> bytes | None:
         """[offset, offset + length) of `path` as published at `version` = (size, mtime_ns), from
         a stream still filling, when every chunk under the range arrived with the publish's CRC;
         None otherwise (not published, another version, or a chunk still missing)."""
@@ -121,7 +121,7 @@ class StreamReads:
                     return os.open(f"/proc/self/fd/{s.fd}", os.O_RDONLY | os.O_CLOEXEC), runs
         return -1, []
 
-    def backlog_bytes(self, expected: Optional[dict[str, int]] = None) -> Optional[int]:
+    def backlog_bytes(self, expected: dict[str, int] | None = None) -> int | None:
         """Bytes still to arrive (size less what is held) for every stream: what the link must
         carry before the last of them is complete. A stream's size is its publish's, else the
         journal's (`expected`: path -> size), else what its sender last saw; None when a stream

@@ -50,7 +50,8 @@ import os
 import re
 import threading
 from array import array
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from cachetools import FIFOCache
 
@@ -70,7 +71,7 @@ FINISHED_KEPT = 4096   # finished streams remembered, so that a late call is ans
 class StreamTier(StreamReads):
     def __init__(self, folder: str, clock: Callable[[], float], persistent: bool = False,
                  idle_s: float = 120.0, progress_every_s: float = 0.5,
-                 limits: Optional[StreamLimits] = None, budget: Optional[StreamBudget] = None):
+                 limits: StreamLimits | None = None, budget: StreamBudget | None = None):
         self.folder = folder
         self.clock = clock
         self.persistent = persistent
@@ -133,7 +134,7 @@ class StreamTier(StreamReads):
                 pass
 
     # -- calls ----------------------------------------------------------------------------------
-    def open(self, sid: str, gen: int, path: str, chunk: int, job: Optional[str] = None,
+    def open(self, sid: str, gen: int, path: str, chunk: int, job: str | None = None,
              sender: Sender = ANYONE) -> dict[int, int]:
         """Start or resume stream `sid` at generation `gen`; the chunks already held (index -> CRC),
         so the sender re-sends only the others. An older generation's chunks are forgotten. A new
@@ -262,7 +263,7 @@ class StreamTier(StreamReads):
         assert s.version is not None and s.final is not None
         return verdict(s.ranges, s.version[0], s.final, s.version).state == "ready"
 
-    def finish_if_complete(self, sid: str, gen: int) -> Optional[tuple[str, tuple[int, int], Any, str]]:
+    def finish_if_complete(self, sid: str, gen: int) -> tuple[str, tuple[int, int], Any, str] | None:
         """A published stream whose last missing chunks came after its publish (the sender sends
         them behind the publish instead of publishing again): (path, version, meta given at
         publish, the finished part file, which the caller renames into its catalog and owns), or
@@ -306,9 +307,9 @@ class StreamTier(StreamReads):
         return done
 
     def publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: Sequence[int],
-                replica_version: Optional[tuple[int, int]] = None,
+                replica_version: tuple[int, int] | None = None,
                 meta: Any = None, sender: Sender = ANYONE,
-                confirmed: bool = True) -> tuple[Verdict, Optional[str]]:
+                confirmed: bool = True) -> tuple[Verdict, str | None]:
         """The sender published `path` as (size, mtime_ns) with these final chunk CRCs (exactly
         one per chunk, else StreamRefused EINVAL). Returns the verdict and, when "ready", the
         finished part file (the caller renames it into its catalog and owns it). On "fill" the

@@ -17,7 +17,7 @@ import contextlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.rpc import TierStatReply
@@ -142,7 +142,7 @@ class TierView:
         return TierStatReply(state="absent")
 
     # -- demand reads (hintfs/agent/demand.py): the bytes of a version still arriving -----------------
-    def held_bytes(self, path: str, version: Version, offset: int, length: int) -> Optional[bytes]:
+    def held_bytes(self, path: str, version: Version, offset: int, length: int) -> bytes | None:
         """[offset, offset + length) of exactly `version` of `path`, if this agent holds it: its
         replica, a published stream's verified chunks, or a copy's finished ranges; else None."""
         n = max(0, min(length, version[0] - offset))
@@ -155,7 +155,7 @@ class TierView:
                 return os.pread(copy.fd, n, offset)   # under the lock: the copy closes its fd under it
         return self.streams.read_verified(path, version, offset, length)
 
-    def stream_behind_s(self, path: str, version: Version) -> Optional[float]:
+    def stream_behind_s(self, path: str, version: Version) -> float | None:
         """Seconds of link (`[agent] link_bytes_s`) the streams' backlog still needs, when
         `version` of `path` comes by a stream; None when it does not, or when the backlog is not
         known (a stream whose size neither its publish, the journal nor its sender told)."""
@@ -169,7 +169,7 @@ class TierView:
         backlog = self.streams.backlog_bytes({p: v[0] for p, v in awaited.items()})
         return None if backlog is None else backlog / self.link_bytes_s
 
-    def announced_version(self, path: str) -> Optional[Version]:
+    def announced_version(self, path: str) -> Version | None:
         """The version of `path` on its way here that demand reads may ask for: a published
         stream's, or the one a journal record announced; None if none is known."""
         state = self.streams.state_of(path)

@@ -11,7 +11,7 @@ import signal
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable
+from collections.abc import Callable
 
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
 

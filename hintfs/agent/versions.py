@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from cachetools import FIFOCache
 
@@ -46,10 +46,10 @@ class VersionCheck:
     One thread; stats and listings run in a small pool. Time comes from `clock` (monotonic) and
     `wall_ns` (the journal's slices are wall-clock time)."""
 
-    def __init__(self, store, clock: Callable[[], float], confirm: Callable[[str, tuple[int, int], Optional[str]], None],
+    def __init__(self, store, clock: Callable[[], float], confirm: Callable[[str, tuple[int, int], str | None], None],
                  refuse: Callable[[str, tuple[int, int], str], None],
                  unconfirmed: Callable[[], list[tuple[str, tuple[int, int], float]]],
-                 journal_dir: Optional[str], record_wait_s: float, poll_s: float,
+                 journal_dir: str | None, record_wait_s: float, poll_s: float,
                  wall_ns: Callable[[], int] = time.time_ns, start: bool = True):
         self.store = store
         self.clock = clock
@@ -59,7 +59,7 @@ class VersionCheck:
         self.record_wait_s = record_wait_s if journal_dir else 0.0
         self.poll_s = poll_s
         # (a path noted again moves to the end; a lookup does not)
-        self.known: FIFOCache[tuple[str, int, int], Optional[str]] = FIFOCache(KNOWN_KEPT)
+        self.known: FIFOCache[tuple[str, int, int], str | None] = FIFOCache(KNOWN_KEPT)
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self._stop = threading.Event()
@@ -83,7 +83,7 @@ class VersionCheck:
                 self.known[key] = record
         self.wake.set()
 
-    def record_of(self, path: str, version: tuple[int, int]) -> tuple[bool, Optional[str]]:
+    def record_of(self, path: str, version: tuple[int, int]) -> tuple[bool, str | None]:
         """(whether a journal record says the store has `version` of `path`, that record)."""
         with self.lock:
             key = (path, int(version[0]), int(version[1]))

@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
 
 from hintfs.common.logline import ABANDONED_MARK
 from hintfs.common.mounts import MountEntry, daemon_problem, detach_lazily, mount_at, unmount
@@ -62,7 +61,7 @@ def _unmount_without_signal(mp: str, pid: object, why: str) -> int:
     return 0
 
 
-def _open_daemon(entry: MountEntry, pid: object) -> tuple[int, Optional[str]]:
+def _open_daemon(entry: MountEntry, pid: object) -> tuple[int, str | None]:
     """(pidfd, None) of the mount's daemon `pid`, or (-1, why not)."""
     if type(pid) is not int or pid <= 0:
         return -1, "its stats name no pid"
@@ -77,14 +76,14 @@ def _open_daemon(entry: MountEntry, pid: object) -> tuple[int, Optional[str]]:
     return pidfd, None
 
 
-def _log_size(path: Optional[str]) -> int:
+def _log_size(path: str | None) -> int:
     try:
         return os.path.getsize(path) if path else 0
     except OSError:
         return 0
 
 
-def _abandoned_in_log(path: Optional[str], offset: int) -> Optional[list[str]]:
+def _abandoned_in_log(path: str | None, offset: int) -> list[str] | None:
     """The paths of the daemon's `unmount abandoned` line written after `offset`, or None."""
     if not path:
         return None

@@ -22,7 +22,7 @@ import errno
 import os
 import stat as stat_mod
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 from hintfs.common.errors import HintfsError
 
@@ -35,7 +35,7 @@ class Principal:
     groups: frozenset = frozenset()
 
     @classmethod
-    def of(cls, ctx) -> "Principal":
+    def of(cls, ctx) -> Principal:
         """The caller of a FUSE request (its context carries uid, gid and pid)."""
         return cls(ctx.uid, ctx.gid, groups_of(ctx.pid))
 

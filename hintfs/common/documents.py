@@ -7,7 +7,7 @@ refusal is a `DocumentError` whose message is one line naming the key.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -48,7 +48,7 @@ class HintDocument(BaseModel):
     """`.hintfs/hints/<job>`: which files the job will read, and by how many readers."""
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     files: dict[str, int] = Field(min_length=1)
-    safe_readers_per_replica: Optional[int] = Field(None, ge=1, le=MAX_READERS)
+    safe_readers_per_replica: int | None = Field(None, ge=1, le=MAX_READERS)
     ttl_s: float = Field(600.0, gt=0, le=MAX_HINT_TTL_S)
     deadline_s: float = Field(300.0, gt=0, le=MAX_HINT_DEADLINE_S)
 
@@ -133,15 +133,15 @@ class PlanRegistration(BaseModel):
     """`.hintfs/plans/<job>`: a registration (with `plan`) or a step-only update of a registered
     job; both are validated here, the same way."""
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    plan: Optional[str] = Field(None, description="the plan's relpath inside the mount (absent: a step "
+    plan: str | None = Field(None, description="the plan's relpath inside the mount (absent: a step "
                                 "update of the job's registered plan)")
     step: int = Field(ge=0, le=MAX_STEP, description="the step the job is consuming now")
-    lookahead: Optional[int] = Field(None, ge=0, le=MAX_LOOKAHEAD,
+    lookahead: int | None = Field(None, ge=0, le=MAX_LOOKAHEAD,
                                      description="steps to prepare ahead (the config's default if absent)")
 
     @field_validator("plan")
     @classmethod
-    def _plan_inside(cls, v: Optional[str]) -> Optional[str]:
+    def _plan_inside(cls, v: str | None) -> str | None:
         return None if v is None else _path(v, "plan")
 
 

@@ -51,7 +51,6 @@ import os
 import socket
 import stat as stat_mod
 import time
-from typing import Optional
 
 from cachetools import FIFOCache
 
@@ -68,7 +67,7 @@ MAX_SKEW_NS = int(MAX_SKEW_S * 1e9)
 _NUMBER_MAX = 2**63 - 1        # sizes and times in a record
 
 
-def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False,
+def record_name(path: str | None = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False,
                 removed: bool = False) -> str:
     flag = "-r" if removed else "-s" if streamed else ""
     stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}" + flag
@@ -80,14 +79,14 @@ def record_name(path: Optional[str] = None, size: int = 0, mtime_ns: int = 0, st
     return stem + ".json"
 
 
-def streamed_record(name: Optional[str]) -> bool:
+def streamed_record(name: str | None) -> bool:
     """The record `name` says its writer streams the file to the eval tiers as well. (A forged
     flag costs a follower a bounded wait before it copies: nothing is served on its word.)"""
     parts = _stem_parts(name)
     return parts is not None and len(parts) == 5 and parts[4] == "s"
 
 
-def removed_record(name: Optional[str]) -> bool:
+def removed_record(name: str | None) -> bool:
     """The record `name` says its path was removed from the store (unlinked or renamed away). (A
     forged one costs eval reads of that path a trip to the store: nothing is served on its word.)"""
     parts = _stem_parts(name)
@@ -106,7 +105,7 @@ class Removals:
     def note(self, path: str, removed_ns: int) -> None:
         self._at[path] = max(removed_ns, self._at.get(path, -1))
 
-    def note_round(self, removals: list[tuple[str, int]]) -> "Removals":
+    def note_round(self, removals: list[tuple[str, int]]) -> Removals:
         """Note a round's (path, time) removals; a `Removals` of only those, to find what they
         remove in one pass over what the caller holds."""
         batch = Removals(kept=len(removals) or 1)
@@ -115,14 +114,14 @@ class Removals:
             batch.note(path, removed_ns)
         return batch
 
-    def newest(self, path: str) -> Optional[int]:
+    def newest(self, path: str) -> int | None:
         """The time of the newest removal of `path` or of a folder above it; None if none."""
         parts = path.split("/")
         times = [self._at.get("/".join(parts[:i])) for i in range(len(parts), 0, -1)]
         return max((t for t in times if t is not None), default=None)
 
 
-def _stem_parts(name: Optional[str]) -> Optional[list[str]]:
+def _stem_parts(name: str | None) -> list[str] | None:
     """A record name's stem, split: [time_ns, host, pid, seq] and "s" when streamed or "r" when
     removed; None for names that are not records."""
     if not name or record_time_ns(name) is None:
@@ -130,7 +129,7 @@ def _stem_parts(name: Optional[str]) -> Optional[list[str]]:
     return name.split("~", 1)[0].removesuffix(".json").split("-")
 
 
-def _writer_seq(name: Optional[str]) -> Optional[tuple[str, str, int]]:
+def _writer_seq(name: str | None) -> tuple[str, str, int] | None:
     """(host, pid, sequence number) of a record's name; None for names that are not records."""
     parts = _stem_parts(name)
     if parts is None or len(parts) not in (4, 5) or not parts[2].isdigit() or not parts[3].isdigit():
@@ -138,7 +137,7 @@ def _writer_seq(name: Optional[str]) -> Optional[tuple[str, str, int]]:
     return parts[1], parts[2], int(parts[3])
 
 
-def later_by_same_writer(newer: Optional[str], older: Optional[str]) -> bool:
+def later_by_same_writer(newer: str | None, older: str | None) -> bool:
     """Record `newer` was written after `older` by the same mount process (same host and pid, a
     higher sequence number). A replica made for `newer` then holds what a copy for `older` would
     fetch now: the store file of that path as its writer left it after both, so an older record
@@ -151,7 +150,7 @@ def later_by_same_writer(newer: Optional[str], older: Optional[str]) -> bool:
     return ta is not None and tb is not None and ta > tb
 
 
-def record_time_ns(name: str) -> Optional[int]:
+def record_time_ns(name: str) -> int | None:
     """The write time a record's name starts with; None for names that are not records."""
     stamp = name[:20]
     return int(stamp) if len(name) > 20 and stamp.isdigit() and name[20] == "-" else None
@@ -167,7 +166,7 @@ def bucket_of(time_ns: int) -> str:
     return f"{time_ns // BUCKET_NS:0{_BUCKET_DIGITS}d}"
 
 
-def bucket_start_ns(bucket: str) -> Optional[int]:
+def bucket_start_ns(bucket: str) -> int | None:
     """When the slice `bucket` begins; None for names that are not slice folders."""
     return int(bucket) * BUCKET_NS if len(bucket) == _BUCKET_DIGITS and bucket.isdigit() else None
 
@@ -194,7 +193,7 @@ def list_folder(store, rel: str) -> list:
         return []
 
 
-def prune(store, journal_dir: str, older_than_ns: int, now_ns: Optional[int] = None) -> int:
+def prune(store, journal_dir: str, older_than_ns: int, now_ns: int | None = None) -> int:
     """Delete the records written before `older_than_ns`, and those refused for their date or
     place (`refusal`: dated past the store's clock, or in another time's folder); returns how
     many went. Slice folders wholly before the cutoff are emptied and removed, and so are those
@@ -221,7 +220,7 @@ def prune(store, journal_dir: str, older_than_ns: int, now_ns: Optional[int] = N
     return gone
 
 
-def _prune_names(store, folder: str, entries: list, older_than_ns: int, slice_name: Optional[str],
+def _prune_names(store, folder: str, entries: list, older_than_ns: int, slice_name: str | None,
                  now_ns: int) -> int:
     gone = 0
     for name, st in entries:
@@ -309,7 +308,7 @@ def _record_path(path: object) -> str:
         raise ValueError(err.strerror) from None
 
 
-def decode_name(name: str) -> Optional[dict]:
+def decode_name(name: str) -> dict | None:
     """The record carried by a `.rec` name; None for `.json` names (read the content) or junk."""
     if not name.endswith(".rec") or len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
         return None
@@ -321,7 +320,7 @@ def decode_name(name: str) -> Optional[dict]:
         return None
 
 
-def refusal(name: str, st, slice_name: Optional[str], now_ns: Optional[int] = None) -> Optional[str]:
+def refusal(name: str, st, slice_name: str | None, now_ns: int | None = None) -> str | None:
     """Why the record `name`, listed with the store's stat `st` in the time folder `slice_name`
     (None: directly in the journal folder, as older mounts wrote), is not to be acted on; None
     if it may be. A record dated more than MAX_SKEW_S past the store's clock (its own mtime as the
@@ -358,7 +357,7 @@ def trusted_owners(store) -> set[int]:
     return {0, os.geteuid(), store.stat("").uid}
 
 
-def _folder_problem(rel: str, st, trusted: set[int], sticky_ok: bool) -> Optional[str]:
+def _folder_problem(rel: str, st, trusted: set[int], sticky_ok: bool) -> str | None:
     if not st.is_dir:
         return f"{rel} is not a folder"
     if st.uid not in trusted:
@@ -368,7 +367,7 @@ def _folder_problem(rel: str, st, trusted: set[int], sticky_ok: bool) -> Optiona
     return None
 
 
-def _ancestors_problem(store, journal_dir: str, trusted: set[int]) -> Optional[str]:
+def _ancestors_problem(store, journal_dir: str, trusted: set[int]) -> str | None:
     """The folders above the journal folder (not the store root): a sticky one is fine (others
     may add names to it, not replace ours). FileNotFoundError if one is missing."""
     parts = journal_dir.split("/")
@@ -380,7 +379,7 @@ def _ancestors_problem(store, journal_dir: str, trusted: set[int]) -> Optional[s
     return None
 
 
-def journal_problem(store, journal_dir: str, listed: Optional[dict] = None) -> Optional[str]:
+def journal_problem(store, journal_dir: str, listed: dict | None = None) -> str | None:
     """(a follower) Why the journal in `journal_dir` must not be followed, or None: each of its
     folders (and those above it) owned by a trusted user (`trusted_owners`) and writable by no
     other (so nobody else can have written a record in it). `listed`: the journal folder's own

@@ -10,7 +10,6 @@ sender, the governor, and the short-lived verbs' stderr)."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 from hintfs.common.paths import printable
 
@@ -23,7 +22,7 @@ ABANDONED_MARK = "unmount abandoned"
 class OneLineFormatter(logging.Formatter):
     """`inner`'s format, with the message escaped to one printable line."""
 
-    def __init__(self, inner: Optional[logging.Formatter] = None):
+    def __init__(self, inner: logging.Formatter | None = None):
         super().__init__()
         self.inner = inner or logging.Formatter()
 
@@ -40,7 +39,7 @@ class OneLineFormatter(logging.Formatter):
             record.msg, record.args = msg, args
 
 
-def one_line_logs(logger: Optional[logging.Logger] = None) -> None:
+def one_line_logs(logger: logging.Logger | None = None) -> None:
     """Wrap the formatter of every handler of `logger` (the root logger) in `OneLineFormatter`
     (once: a handler wrapped already is left as it is)."""
     for handler in (logger or logging.getLogger()).handlers:

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass
-from typing import Optional
 
 HINTFS_FSTYPE = "fuse.hintfs"      # FUSE type + the subtype the mount daemon sets
 DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)   # what a FUSE mount without its daemon answers
@@ -19,7 +18,7 @@ class MountEntry:
     mountpoint: str
     fstype: str
     source: str
-    user_id: Optional[int] = None    # a FUSE mount's `user_id=` super option: the uid that mounted it
+    user_id: int | None = None    # a FUSE mount's `user_id=` super option: the uid that mounted it
 
     @property
     def is_hintfs(self) -> bool:
@@ -39,7 +38,7 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mount_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[MountEntry]:
+def mount_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountEntry | None:
     """The topmost mount whose mount point is exactly `path` (made absolute, not resolved: a dead
     FUSE mount cannot be resolved), or None."""
     want = os.path.normpath(os.path.abspath(path))
@@ -53,7 +52,7 @@ def mount_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[Mou
     return found
 
 
-def _user_id(super_options: str) -> Optional[int]:
+def _user_id(super_options: str) -> int | None:
     for opt in super_options.split(","):
         key, _, value = opt.partition("=")
         if key == "user_id" and value.isascii() and value.isdigit():
@@ -61,7 +60,7 @@ def _user_id(super_options: str) -> Optional[int]:
     return None
 
 
-def dead_mount_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[MountEntry]:
+def dead_mount_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountEntry | None:
     """The mount at `path` if it is dead (its daemon gone: statfs fails with ENOTCONN or
     ECONNABORTED), else None. Any filesystem type: the caller decides what it may touch. statfs,
     not stat: the kernel answers a stat of the mount's root from its attribute cache for a while
@@ -103,7 +102,7 @@ _VALUE_OPTIONS = {"-X", "-W"}                # interpreter options that take the
 _DAEMON_VALUE_OPTIONS = {"--ready-fd"}       # the daemon's options that take the next word
 
 
-def _proc(pid: int) -> tuple[tuple[int, int], str, list[str], Optional[str]]:
+def _proc(pid: int) -> tuple[tuple[int, int], str, list[str], str | None]:
     """((real uid, effective uid), executable, command line, cwd or None) of `pid`. OSError."""
     with open(f"/proc/{pid}/status") as f:
         uid_line = next(line for line in f if line.startswith("Uid:"))
@@ -114,13 +113,13 @@ def _proc(pid: int) -> tuple[tuple[int, int], str, list[str], Optional[str]]:
     if argv and argv[-1] == "":
         argv.pop()
     try:
-        cwd: Optional[str] = os.readlink(f"/proc/{pid}/cwd")
+        cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = None
     return (real, effective), exe, argv, cwd
 
 
-def _daemon_mountpoint(argv: list[str]) -> Optional[str]:
+def _daemon_mountpoint(argv: list[str]) -> str | None:
     """The mountpoint a hintfs mount daemon's command line names, as written; None if the command
     line is not one of a hintfs mount daemon."""
     entry, rest = None, []
@@ -162,7 +161,7 @@ def _daemon_mountpoint(argv: list[str]) -> Optional[str]:
     return positional[1] if len(positional) == 2 else None
 
 
-def daemon_problem(pid: int, entry: MountEntry) -> Optional[str]:
+def daemon_problem(pid: int, entry: MountEntry) -> str | None:
     """Why `pid` is not the hintfs daemon serving the mount `entry` (None if it is): it must run
     as the mount's user (real and effective uid = mountinfo's `user_id`), be a Python (its
     /proc/PID/exe) running hintfs's mount entry point (its command line), and serve that

@@ -13,14 +13,13 @@ import errno
 import logging
 import os
 import stat as stat_mod
-from typing import Optional
 
 from hintfs.common.errors import HintfsError
 
 log = logging.getLogger("hintfs.owndir")
 
 
-def open_own_dir(name: str, dir_fd: Optional[int], what: str, purpose: str) -> int:
+def open_own_dir(name: str, dir_fd: int | None, what: str, purpose: str) -> int:
     """An fd (O_RDONLY | O_DIRECTORY) of the existing folder `name` (relative to `dir_fd`, if
     given), once it is a folder of this daemon's user and closed to others (made 0700 if not).
     `what` names it in messages ("cache.dir /var/cache/x"), `purpose` says what it is for

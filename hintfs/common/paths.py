@@ -18,7 +18,6 @@ import ctypes
 import errno
 import os
 import posixpath
-from typing import Optional
 
 from hintfs.common.errors import HintfsError
 
@@ -30,7 +29,7 @@ MAX_PATH_BYTES = 4095
 MAX_JOB_NAME_BYTES = 200             # leaves room for `.status` / `.error` siblings
 
 
-def inside(root: str, path: str) -> Optional[str]:
+def inside(root: str, path: str) -> str | None:
     """Where `path` lies under the folder `root`: a '/'-separated path relative to it ('' for
     `root` itself), or None when it is not inside. The one rule of "inside the mount": only a
     `..` component leaves (a folder named `..data` is inside). Lexical: both are made absolute

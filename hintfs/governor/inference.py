@@ -12,7 +12,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from hintfs.governor.client import GovernorClient, GovernorError
 from policy.governor_keepalive import IdleHistory, keepalive_s

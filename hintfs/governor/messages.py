@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -43,7 +43,7 @@ class Resume(_Msg):
     """What a client of a previous instance holds, sent when it registers again after a restart:
     its client id there, and its quota (training) or reservations by kind (inference)."""
     client: int = Field(ge=1, le=MAX_SEQ, strict=True)
-    quota: Optional[Bytes] = None
+    quota: Bytes | None = None
     held: dict[MemoryKind, Bytes] = Field(default_factory=dict, max_length=len(MemoryKind))
 
 
@@ -51,11 +51,11 @@ class Register(_Msg):
     op: Literal["register"]
     role: Literal["training", "inference", "observer"]
     gpu: int = Field(ge=0, le=1 << 16, strict=True)
-    pid: Optional[int] = Field(None, strict=True)      # informational: the kernel's pid is used
+    pid: int | None = Field(None, strict=True)      # informational: the kernel's pid is used
     name: Name = ""
-    want_bytes: Optional[Bytes] = None
+    want_bytes: Bytes | None = None
     accept_pages: bool = Field(False, strict=True)
-    resume: Optional[Resume] = None
+    resume: Resume | None = None
 
 
 class Reserve(_Msg):
@@ -92,7 +92,7 @@ class Simple(_Msg):
     op: Literal["stats", "ping"]
 
 
-Message = Annotated[Union[Register, Reserve, Usage, Ack, Pages, Busy, Simple], Field(discriminator="op")]
+Message = Annotated[Register | Reserve | Usage | Ack | Pages | Busy | Simple, Field(discriminator="op")]
 _adapter: TypeAdapter = TypeAdapter(Message)
 OPS = ("register", "reserve", "release", "usage", "ack", "pages", "busy", "stats", "ping")
 NO_REPLY = ("ack", "pages", "busy")     # notifications: sent on the fast path, never answered

@@ -26,7 +26,7 @@ STAT_FIELDS = ("allocated", "peak_allocated", "mapped", "peak_mapped", "page_byt
                "maps", "unmaps", "map_ns", "unmap_ns", "pages_lent", "ooms", "free_ranges", "va_bytes",
                "empty_pages", "unmap_calls", "idle_released", "handle_release_ns")
 
-_installed: "PageAllocator | None" = None
+_installed: PageAllocator | None = None
 
 
 class PageAllocError(RuntimeError):
@@ -106,7 +106,7 @@ class PageAllocator:
         self.page_bytes = page_bytes
 
     @classmethod
-    def host(cls, page_bytes: int = 2 << 20, va_bytes: int = 1 << 30, export_fds: bool = False) -> "PageAllocator":
+    def host(cls, page_bytes: int = 2 << 20, va_bytes: int = 1 << 30, export_fds: bool = False) -> PageAllocator:
         """Host-memory backend, for tests: a private copy of the library, so each instance has
         its own state."""
         src = library_path()
@@ -214,7 +214,7 @@ def install(device: int = 0, page_bytes: int = PAGE_BYTES, va_bytes: int = 0,
     return alloc
 
 
-def installed() -> "PageAllocator | None":
+def installed() -> PageAllocator | None:
     return _installed
 
 

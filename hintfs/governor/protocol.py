@@ -140,7 +140,7 @@ class ControlBlock:
         self.slots = arr[HEADER_WORDS:HEADER_WORDS + n * SLOT_WORDS].reshape(n, SLOT_WORDS)
 
     @classmethod
-    def memfd(cls, name: str, total: int = 0, usable: int = 0) -> tuple["ControlBlock", int]:
+    def memfd(cls, name: str, total: int = 0, usable: int = 0) -> tuple[ControlBlock, int]:
         """A client's block: an anonymous memfd of one slot, sealed against resizing (a client
         that could shrink it would make the daemon's next read of its words fault). Returns the
         block (the daemon's mapping) and the fd to pass to the client (the caller closes it)."""
@@ -154,7 +154,7 @@ class ControlBlock:
         return block, fd
 
     @classmethod
-    def from_fd(cls, fd: int) -> "ControlBlock":
+    def from_fd(cls, fd: int) -> ControlBlock:
         """Map a block received from the daemon (the fd may be closed afterwards)."""
         return cls(fd=fd)
 

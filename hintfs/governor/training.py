@@ -20,7 +20,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -54,7 +54,7 @@ class _LargeOpSafePoints(TorchFunctionMode):
     The threshold is per sample, so the same ops get safe points at every micro-batch size
     (the drain budget learns costs per safe-point index)."""
 
-    def __init__(self, trainer: "ElasticTrainer", min_bytes_per_sample: int) -> None:
+    def __init__(self, trainer: ElasticTrainer, min_bytes_per_sample: int) -> None:
         super().__init__()
         self.trainer = trainer
         self.min_bytes_per_sample = min_bytes_per_sample
@@ -927,7 +927,7 @@ class ElasticTrainer:
 
 def governed_trainer(socket_path: str, model: nn.Module, optimizer, loss_fn, *, gpu: int = 0,
                      name: str = "training", handoff: bool = False,
-                     **kwargs) -> tuple[ElasticTrainer, "object"]:
+                     **kwargs) -> tuple[ElasticTrainer, object]:
     """Register with the governor and build an ElasticTrainer on its slot. `handoff`: with
     the page allocator installed, a shrink's pages go to the inference client being granted
     (as fds, through the daemon) instead of back to the driver.

@@ -97,7 +97,7 @@ class PagePool:
 
     # --- creation and sharing ---------------------------------------------------------
     @classmethod
-    def create(cls, device: int, n_pages: int, page_bytes: int = 32 << 20) -> "PagePool":
+    def create(cls, device: int, n_pages: int, page_bytes: int = 32 << 20) -> PagePool:
         ensure_context(device)
         g = granularity(device)
         if page_bytes % g:
@@ -111,7 +111,7 @@ class PagePool:
         return [int(_check(cu.cuMemExportToShareableHandle(h, FD, 0))) for h in self.handles]
 
     @classmethod
-    def import_fds(cls, device: int, fds: list[int], page_bytes: int) -> "PagePool":
+    def import_fds(cls, device: int, fds: list[int], page_bytes: int) -> PagePool:
         ensure_context(device)
         handles = [_check(cu.cuMemImportFromShareableHandle(fd, FD)) for fd in fds]
         return cls(device, page_bytes, handles)

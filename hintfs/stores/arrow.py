@@ -12,7 +12,7 @@ import itertools
 import os
 import stat as stat_mod
 import threading
-from typing import Iterator, Optional
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 from hintfs.common.errors import HintfsError
 from hintfs.common.owndir import make_own_dir
 from hintfs.stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
+from datetime import UTC
 
 _seq = itertools.count()
 _UPLOAD_CHUNK = 8 << 20
@@ -38,7 +39,7 @@ class ArrowReader:
         # read_at is positional and thread-safe in Arrow; no seek state is shared.
         return self._file.read_at(size, offset)
 
-    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+    def read_nowait(self, offset: int, size: int) -> bytes | None:
         return None
 
     @property
@@ -59,15 +60,15 @@ class ArrowReader:
                 self._file = None
 
 
-def _last_modified_ns(meta) -> Optional[int]:
+def _last_modified_ns(meta) -> int | None:
     """Last-Modified of an S3 object's HEAD (`2026-11-29T17:02:24Z`, seconds) in ns, or None."""
     raw = meta.get("Last-Modified") if meta is not None else None
     if not raw:
         return None
-    from datetime import datetime, timezone
+    from datetime import datetime
     try:
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        dt = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        dt = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         return None
     return int(dt.timestamp()) * 1_000_000_000
@@ -88,7 +89,7 @@ CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 _checksum_lock = threading.Lock()
 
 
-def request_checksum_of(store_cfg) -> Optional[str]:
+def request_checksum_of(store_cfg) -> str | None:
     """The request checksum policy an S3 store runs with: `[store] request_checksum` when given,
     else "when_required" for a store with `endpoint_override` (S3-compatible servers: MinIO-based
     gateways, many on-site servers refuse the SDK's default, which sends multipart parts with a
@@ -102,7 +103,7 @@ def request_checksum_of(store_cfg) -> Optional[str]:
     return None
 
 
-def s3_filesystem(policy: Optional[str], **kwargs) -> pafs.S3FileSystem:
+def s3_filesystem(policy: str | None, **kwargs) -> pafs.S3FileSystem:
     """An S3FileSystem whose AWS client reads `policy` as AWS_REQUEST_CHECKSUM_CALCULATION.
 
     The AWS SDK has no pyarrow option for it: it reads the environment variable when a client's
@@ -307,7 +308,7 @@ class ArrowStore:
         # `touch` and `tar` keep working.
         self.stat(rel)
 
-    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Staging | None = None) -> Staging:
         name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
         path = os.path.join(self.spool_dir, name)
         spool = self._spool()

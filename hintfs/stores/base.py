@@ -11,7 +11,8 @@ import errno
 import os
 import stat as stat_mod
 from dataclasses import dataclass
-from typing import Iterator, Optional, Protocol
+from typing import Protocol
+from collections.abc import Iterator
 
 
 from hintfs.common.paths import STAGING_PREFIX  # noqa: F401  (re-exported)
@@ -48,14 +49,14 @@ class Stat:
         return (self.size, self.mtime_ns)
 
     @classmethod
-    def from_os(cls, st: os.stat_result) -> "Stat":
+    def from_os(cls, st: os.stat_result) -> Stat:
         return cls(st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_uid, st.st_gid,
                    st.st_atime_ns, st.st_dev, st.st_ino, st.st_rdev)
 
 
 class Reader(Protocol):
     def read(self, offset: int, size: int) -> bytes: ...
-    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+    def read_nowait(self, offset: int, size: int) -> bytes | None:
         """The complete answer (all `size` bytes, or fewer at EOF) if it can be had without
         blocking (page cache, memory filesystem), else None."""
     def close(self) -> None: ...
@@ -84,7 +85,7 @@ class Staging:
         # so they may run on the event loop.
         self.inline_io = False
         self.unseen_writes = False
-        self.published: Optional[tuple[int, int]] = None
+        self.published: tuple[int, int] | None = None
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
@@ -138,7 +139,7 @@ class Store(Protocol):
         """-1 leaves that id as it is (chown(2)); EPERM where the store has no owners."""
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None: ...
     def statfs(self) -> os.statvfs_result | None: ...
-    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Staging | None = None) -> Staging:
         """A staging file for `rel`: empty, or (`copy_existing`) a copy of the store file, or of
         `source` when given (an open file's own earlier staging: its content, whatever the store
         holds at `rel` now)."""

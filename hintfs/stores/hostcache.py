@@ -45,7 +45,8 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from cachetools import LRUCache, TTLCache
 
@@ -95,7 +96,7 @@ class _Entry:
 
 @dataclass
 class _Job:
-    version: Optional[Version]     # None: a prefetch (the version is whatever the store has)
+    version: Version | None     # None: a prefetch (the version is whatever the store has)
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     # While the fetch runs (under the cache's lock): its file and the blocks already in it, so
@@ -190,13 +191,13 @@ class CachedReader:
 
     __slots__ = ("_cache", "_rel", "_version", "_reader", "_asked", "_local", "_seen", "_switch")
 
-    def __init__(self, cache: "HostCachedStore", rel: str, version: Version, reader: Reader):
+    def __init__(self, cache: HostCachedStore, rel: str, version: Version, reader: Reader):
         self._cache = cache
         self._rel = rel
         self._version = version
         self._reader = reader
         self._asked = False
-        self._local: Optional[LocalReader] = None
+        self._local: LocalReader | None = None
         self._seen = -1
         self._switch = threading.Lock()   # reads of one open may run in several threads at once
 
@@ -223,7 +224,7 @@ class CachedReader:
                 return data
         return self._reader.read(offset, size)
 
-    def read_nowait(self, offset: int, size: int) -> Optional[bytes]:
+    def read_nowait(self, offset: int, size: int) -> bytes | None:
         local = self._local
         return local.read_nowait(offset, size) if local is not None else None
 
@@ -236,7 +237,7 @@ class CachedReader:
 class HostCachedStore:
     """A `Store` over a remote store, with whole files cached on this host (see the module doc)."""
 
-    def __init__(self, store: Store, cache_cfg, *, store_id: Optional[str] = None):
+    def __init__(self, store: Store, cache_cfg, *, store_id: str | None = None):
         self._store = store
         self.inline_metadata = store.inline_metadata
         self.description = store.description
@@ -337,7 +338,7 @@ class HostCachedStore:
         if entry is not None:
             _unlink_quiet(self.dir_fd, entry.name)
 
-    def open_local(self, rel: str, version: Version) -> Optional[LocalReader]:
+    def open_local(self, rel: str, version: Version) -> LocalReader | None:
         """A reader of the complete cached copy of exactly `version`, or None."""
         with self._lock:
             if self._closed:
@@ -366,7 +367,7 @@ class HostCachedStore:
         return LocalReader(fd, st.st_dev)
 
     # -- fetching --------------------------------------------------------------------------------
-    def want(self, rel: str, version: Optional[Version]) -> bool:
+    def want(self, rel: str, version: Version | None) -> bool:
         """Fetch `rel` (at `version`; None: whatever the store has) in the background unless it is
         cached, being fetched, out of bounds or failed lately. Never blocks on the store."""
         with self._lock:
@@ -527,7 +528,7 @@ class HostCachedStore:
         with self._lock:
             job.blocks.add(start // self.block)
 
-    def read_partial(self, rel: str, version: Version, offset: int, size: int) -> Optional[bytes]:
+    def read_partial(self, rel: str, version: Version, offset: int, size: int) -> bytes | None:
         """Bytes of `rel` at `version` from a fetch still running, when every block they lie in
         is already in its file (read from the same version as the store reader would); None
         otherwise. A file replaced in the store meanwhile is the store reader's case too."""
@@ -654,7 +655,7 @@ class HostCachedStore:
     def utimens(self, rel: str, atime_ns: int, mtime_ns: int) -> None:
         self._changing((rel,), False, self._store.utimens, rel, atime_ns, mtime_ns)
 
-    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Staging | None = None) -> Staging:
         return self._store.new_staging(rel, copy_existing, source)
 
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:

@@ -14,7 +14,7 @@ import stat as stat_mod
 import struct
 import threading
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from hintfs.common.paths import Beneath, open_beneath
 
@@ -340,7 +340,7 @@ class LocalStore:
         name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}"
         return f"{head}/{name}" if head else name
 
-    def new_staging(self, rel: str, copy_existing: bool, source: Optional[Staging] = None) -> Staging:
+    def new_staging(self, rel: str, copy_existing: bool, source: Staging | None = None) -> Staging:
         """A hidden file beside the target, so the commit is one atomic rename. `Staging.path` is
         store-relative. `source`: the copy is of that staging file (an open file's own content,
         whatever the store now holds at `rel`), not of the store file."""

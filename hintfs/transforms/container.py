@@ -31,7 +31,7 @@ import errno
 import json
 import os
 import struct
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,7 +79,7 @@ def make_meta(kind: str, params: Any, aug_seed: int, source: str, source_size: i
                       source_mtime_ns=int(source_mtime_ns), params_hash=params_hash(p))
 
 
-def _as_meta(meta: Union[SampleMeta, dict]) -> SampleMeta:
+def _as_meta(meta: SampleMeta | dict) -> SampleMeta:
     if isinstance(meta, SampleMeta):
         return meta
     d = dict(meta)
@@ -129,26 +129,26 @@ def _encode(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
     return b"".join([struct.pack("<Q", n), hjson, b" " * (n - len(hjson)), *blobs])
 
 
-def encode_tensor(arrays: dict[str, np.ndarray], meta: Union[SampleMeta, dict]) -> bytes:
+def encode_tensor(arrays: dict[str, np.ndarray], meta: SampleMeta | dict) -> bytes:
     """A tensor-mode `.tensor` file holding ``arrays`` (the output of ``apply``)."""
     return _encode(arrays, _meta_strings(_as_meta(meta), "tensor"))
 
 
-def encode_raw(raw_bytes: bytes, meta: Union[SampleMeta, dict]) -> bytes:
+def encode_raw(raw_bytes: bytes, meta: SampleMeta | dict) -> bytes:
     """A raw-mode `.tensor` file: the media bytes as uint8 tensor ``raw`` plus the params."""
     raw = np.frombuffer(bytes(raw_bytes) if not isinstance(raw_bytes, bytes) else raw_bytes,
                         dtype=np.uint8)
     return _encode({"raw": raw}, _meta_strings(_as_meta(meta), "raw"))
 
 
-def data_offset(data: Union[bytes, bytearray, memoryview]) -> int:
+def data_offset(data: bytes | bytearray | memoryview) -> int:
     """File offset of the data section (8 + header length)."""
     if len(data) < 8:
         raise TransformError("not a .tensor file: shorter than 8 bytes")
     return 8 + struct.unpack_from("<Q", data, 0)[0]
 
 
-def read_header(data: Union[bytes, bytearray, memoryview]) -> tuple[dict, int]:
+def read_header(data: bytes | bytearray | memoryview) -> tuple[dict, int]:
     """(parsed header JSON, file offset of the data section)."""
     start = data_offset(data)
     if start - 8 > MAX_HEADER or start > len(data):
@@ -162,7 +162,7 @@ def read_header(data: Union[bytes, bytearray, memoryview]) -> tuple[dict, int]:
     return header, start
 
 
-def decode(data: Union[bytes, bytearray, memoryview]) -> tuple[SampleMeta, dict[str, np.ndarray]]:
+def decode(data: bytes | bytearray | memoryview) -> tuple[SampleMeta, dict[str, np.ndarray]]:
     """Parse a `.tensor` file: (metadata, arrays without padding tensors).
 
     The arrays are views on ``data`` (read-only for ``bytes``, writable for a
@@ -198,7 +198,7 @@ def decode(data: Union[bytes, bytearray, memoryview]) -> tuple[SampleMeta, dict[
     return meta, arrays
 
 
-def load_sample(path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview]
+def load_sample(path_or_bytes: str | os.PathLike | bytes | bytearray | memoryview
                 ) -> dict[str, np.ndarray]:
     """The transformed arrays of a `.tensor` file, whichever mode it is in.
 
@@ -231,7 +231,7 @@ def load_sample(path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryv
         raise SampleEIO(errno.EIO, f"transform of {meta.source} failed: {err}") from err
 
 
-def tensor_offsets(data: Union[bytes, bytearray, memoryview]) -> dict[str, tuple[int, int]]:
+def tensor_offsets(data: bytes | bytearray | memoryview) -> dict[str, tuple[int, int]]:
     """File offsets [start, end) of every tensor, padding included (for alignment checks)."""
     header, start = read_header(data)
     header.pop("__metadata__", None)

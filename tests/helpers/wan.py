@@ -383,7 +383,7 @@ class Relay:
         if self._thread.is_alive():
             raise TimeoutError("wan relay did not stop")
 
-    def __enter__(self) -> "Relay":
+    def __enter__(self) -> Relay:
         self.start()
         return self
 

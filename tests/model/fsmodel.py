@@ -30,7 +30,6 @@ import errno
 import itertools
 import posixpath
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 _ino_ids = itertools.count(1)
 
@@ -42,7 +41,7 @@ class Ino:
     mode: int = 0o644
     id: int = field(default_factory=lambda: next(_ino_ids))
 
-    def copy(self) -> "Ino":
+    def copy(self) -> Ino:
         return Ino(bytearray(self.data), self.mode)
 
     def __repr__(self) -> str:
@@ -57,7 +56,7 @@ class Symlink:
     target: str
 
 
-Entry = Union[Ino, str, Symlink]
+Entry = Ino | str | Symlink
 
 
 @dataclass(eq=False)
@@ -81,17 +80,17 @@ class OFD:
     writable: bool
     append: bool
     offset: int = 0
-    writer: Optional[Writer] = None   # write descriptions: the mount's writer they share
+    writer: Writer | None = None   # write descriptions: the mount's writer they share
     # read-only descriptions: the inode read, or the writer followed (the mount's writer of the
     # file when it was opened: its staging while it lives, then what it left)
-    bound: Optional[Ino] = None
-    follow: Optional[Writer] = None
+    bound: Ino | None = None
+    follow: Writer | None = None
     refs: int = 1               # descriptors (fds) of this description
     released: bool = False
     # its name left the mount (unlinked, or renamed over, through that mount): the kernel's file of
     # this description is no longer the one the mount shows at `path`
     detached: bool = False
-    node_writer: Optional[Writer] = None   # the writer of the same file when it was detached
+    node_writer: Writer | None = None   # the writer of the same file when it was detached
 
 
 
@@ -132,7 +131,7 @@ class Model:
     def _dir_exists(self, path: str) -> bool:
         return path == "" or self.store.get(path) == DIR
 
-    def _resolve(self, path: str, m: int = 0) -> tuple[Optional[str], Optional[int]]:
+    def _resolve(self, path: str, m: int = 0) -> tuple[str | None, int | None]:
         """Follow a final symlink (the kernel does, in the reader's namespace) up to 8 times; a
         name the mount is writing is that file, whatever the store holds there."""
         for _ in range(8):
@@ -142,7 +141,7 @@ class Model:
             path = posixpath.normpath(posixpath.join(self.parent(path), e.target))
         return None, errno.ELOOP
 
-    def view(self, m: int, path: str) -> Optional[Entry]:
+    def view(self, m: int, path: str) -> Entry | None:
         """What mount `m` finds at `path`: its own writer's staging, else the store's entry."""
         w = self.writers[m].get(path)
         if w is not None and not w.unlinked:
@@ -349,7 +348,7 @@ class Model:
         ofd.offset += len(data)
         return ok(data)
 
-    def _write_at(self, ofd: OFD, data: bytes, off: Optional[int]) -> tuple:
+    def _write_at(self, ofd: OFD, data: bytes, off: int | None) -> tuple:
         w = ofd.writer
         if w is None:
             return err(errno.EBADF)
@@ -527,12 +526,12 @@ class Model:
             del self.writers[m][path]
         return ok()
 
-    def _detach(self, m: int, path: str, w: Optional[Writer]) -> None:
+    def _detach(self, m: int, path: str, w: Writer | None) -> None:
         for ofd in self.ofds.values():
             if ofd.mount == m and ofd.path == path and not ofd.detached:
                 ofd.detached, ofd.node_writer = True, w
 
-    def _node_size(self, ofd: OFD, content: Ino) -> Optional[int]:
+    def _node_size(self, ofd: OFD, content: Ino) -> int | None:
         """The size the kernel has for the file of a read-only description: the mount's view of its
         name while attached; once detached, its file's writer's (the same file), else its own."""
         if ofd.detached:

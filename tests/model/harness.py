@@ -32,7 +32,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from tests.model.fsmodel import Model
 
@@ -95,7 +94,7 @@ class Step:
         return [self.op, self.worker, self.mount, _enc(list(self.args)), self.label]
 
     @classmethod
-    def from_json(cls, v: list) -> "Step":
+    def from_json(cls, v: list) -> Step:
         from tests.model.worker import _dec
         op, worker, mount, args, label = v
         return cls(op, worker, mount, tuple(_dec(args)), label)
@@ -151,8 +150,8 @@ class Rig:
     store: Path
     mounts: list[Path]
     passthrough: bool
-    remount: Optional[object] = None     # callable(i) -> None: restart mount i after a crash
-    daemon_pid: Optional[object] = None  # callable(i) -> int
+    remount: object | None = None     # callable(i) -> None: restart mount i after a crash
+    daemon_pid: object | None = None  # callable(i) -> int
 
 
 @dataclass
@@ -497,7 +496,7 @@ def _close_all(run: Run) -> None:
             run.apply(len(run.steps) - 1, step)
 
 
-def replays(rig: Rig, steps: list[Step], workers: int = 3) -> Optional[DivergenceError]:
+def replays(rig: Rig, steps: list[Step], workers: int = 3) -> DivergenceError | None:
     """Run `steps` in a fresh folder; the divergence it shows, or None."""
     run = Run(rig, fresh_folder(rig, "replay"), workers)
     try:

@@ -8,7 +8,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,7 +27,7 @@ CHUNK = 64 << 10
 class Tier:
     """An eval tier agent on a loopback TCP port (streams need a network agent), following `ckpt`."""
 
-    def __init__(self, tmp_path, store, follow: bool = True, follow_options: Optional[dict] = None,
+    def __init__(self, tmp_path, store, follow: bool = True, follow_options: dict | None = None,
                  clock: Clock = SYSTEM_CLOCK, **agent):
         cfg = {"store": {"uri": f"file://{store}"},
                "agent": {"data_dir": str(tmp_path / "tier"), "auth": "none", "stream_prefixes": ["ckpt"], **agent}}
@@ -49,7 +49,7 @@ class Tier:
 
 
 @contextlib.contextmanager
-def streaming_to_tier(mount_factory, tmp_path, stream: Optional[dict] = None, **tier_options) -> Iterator[tuple]:
+def streaming_to_tier(mount_factory, tmp_path, stream: dict | None = None, **tier_options) -> Iterator[tuple]:
     """(store, tier, training mount): a tier agent over the training store (`Tier` options), and
     a training mount streaming `ckpt` to it (more `[stream]` keys in `stream`); the tier is shut
     down at the end."""

@@ -23,7 +23,7 @@ MiB = 1 << 20
 
 
 class MemReader:
-    def __init__(self, store: "MemStore", rel: str, data: bytes, etag: str):
+    def __init__(self, store: MemStore, rel: str, data: bytes, etag: str):
         self.store, self.rel, self.data, self.etag = store, rel, data, etag
 
     def read(self, offset: int, size: int) -> bytes:

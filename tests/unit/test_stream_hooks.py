@@ -4,7 +4,6 @@ give; no threads, no tier."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import pytest
 
@@ -49,7 +48,7 @@ class Sink:
         self.calls.append(("close",))
 
 
-def front(store: Optional[dict] = None) -> tuple[StreamFront, Sink]:
+def front(store: dict | None = None) -> tuple[StreamFront, Sink]:
     sc = StreamConfig(prefixes=["ckpt/"], agents=["grpc://127.0.0.1:1"], chunk_bytes=CHUNK)
     read_store = None
     if store is not None:
