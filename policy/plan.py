@@ -326,7 +326,8 @@ class CostModel:
             m = groups == g
             if m.any():
                 out[m] = X[m] @ np.asarray(coef)
-        return np.maximum(out, self.floor_ms)
+        floored: np.ndarray = np.maximum(out, self.floor_ms)
+        return floored
 
     def to_dict(self) -> dict:
         return {"features": list(FEATURES), "coefs": self.coefs, "global": self.global_coef,

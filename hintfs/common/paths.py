@@ -171,8 +171,8 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
     tmpfile = getattr(os, "O_TMPFILE", 0)
     creates = bool(flags & os.O_CREAT) or (tmpfile and flags & tmpfile == tmpfile)
     how = _OpenHow(flags, mode if creates else 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(path), ctypes.byref(how),
-                       ctypes.c_size_t(ctypes.sizeof(how)))
+    fd: int = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(path), ctypes.byref(how),
+                            ctypes.c_size_t(ctypes.sizeof(how)))
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)

@@ -37,7 +37,8 @@ class ArrowReader:
 
     def read(self, offset: int, size: int) -> bytes:
         # read_at is positional and thread-safe in Arrow; no seek state is shared.
-        return self._file.read_at(size, offset)
+        data: bytes = self._file.read_at(size, offset)
+        return data
 
     def read_nowait(self, offset: int, size: int) -> bytes | None:
         return None
@@ -95,7 +96,7 @@ def request_checksum_of(store_cfg) -> str | None:
     gateways, many on-site servers refuse the SDK's default, which sends multipart parts with a
     CRC trailer in aws-chunked encoding: `MissingContentLength`), else None (the AWS SDK's own
     default, or whatever the environment already says)."""
-    explicit = getattr(store_cfg, "request_checksum", None)
+    explicit: str | None = getattr(store_cfg, "request_checksum", None)
     if explicit:
         return explicit
     if store_cfg.endpoint_override and not os.environ.get(CHECKSUM_ENV):

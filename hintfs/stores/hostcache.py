@@ -45,7 +45,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterator
 
 from cachetools import LRUCache, TTLCache
@@ -64,6 +64,7 @@ _TMP_SUFFIX = ".tmp"
 _LOCK_NAME = ".lock"
 _FILE_WORKERS = 2             # files fetched at once (each with up to fetch_threads ranged reads)
 _seq = itertools.count()
+_R = TypeVar("_R")
 
 COUNTERS = ("hostcache_hits", "hostcache_misses", "hostcache_stale", "hostcache_switched",
             "hostcache_fetches", "hostcache_fetched_bytes", "hostcache_fetch_failed",
@@ -616,7 +617,7 @@ class HostCachedStore:
         self._store.refuse_device(st_dev)
 
     # -- the Store interface: changes (each forgets what it touches, before and after) -----------
-    def _changing(self, rels: tuple[str, ...], tree: bool, fn: Callable, *args):
+    def _changing(self, rels: tuple[str, ...], tree: bool, fn: Callable[..., _R], *args: Any) -> _R:
         for rel in rels:
             self.invalidate(rel, tree)
         try:

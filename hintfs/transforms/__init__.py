@@ -50,7 +50,7 @@ def apply(kind: str, raw: bytes, params: Any, aug_seed: int) -> dict[str, np.nda
     deadline = Deadline(p.time_limit_s)
     check_source_size(len(raw), p)
     try:
-        if kind == "image":
+        if isinstance(p, ImageParams):  # parse_params gives ImageParams exactly for "image"
             from .image import transform_image
             return transform_image(raw, p, aug_seed, deadline)
         from .video import transform_video

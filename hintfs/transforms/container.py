@@ -43,7 +43,7 @@ ALIGN = 64
 FORMAT_VERSION = "1"
 MAX_HEADER = 100 * 1024 * 1024  # what safetensors accepts
 
-_DTYPES = {  # numpy dtype → safetensors dtype
+_DTYPES: dict[np.dtype, str] = {  # numpy dtype → safetensors dtype
     np.dtype("uint8"): "U8", np.dtype("int8"): "I8", np.dtype("uint16"): "U16",
     np.dtype("int16"): "I16", np.dtype("uint32"): "U32", np.dtype("int32"): "I32",
     np.dtype("uint64"): "U64", np.dtype("int64"): "I64", np.dtype("float16"): "F16",
@@ -145,7 +145,8 @@ def data_offset(data: bytes | bytearray | memoryview) -> int:
     """File offset of the data section (8 + header length)."""
     if len(data) < 8:
         raise TransformError("not a .tensor file: shorter than 8 bytes")
-    return 8 + struct.unpack_from("<Q", data, 0)[0]
+    (length,) = struct.unpack_from("<Q", data, 0)
+    return 8 + int(length)
 
 
 def read_header(data: bytes | bytearray | memoryview) -> tuple[dict, int]:
@@ -186,15 +187,15 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[SampleMeta, dict[str, 
             continue
         try:
             dt = _NP[info["dtype"]]
-            s, e = info["data_offsets"]
+            lo, hi = info["data_offsets"]
             shape = tuple(int(x) for x in info["shape"])
         except (KeyError, TypeError, ValueError) as exc:
             raise TransformError(f"bad .tensor header entry {name!r}: {exc}") from exc
-        if not (0 <= s <= e and start + e <= len(data)):
+        if not (0 <= lo <= hi and start + hi <= len(data)):
             raise TransformError(f"tensor {name!r} lies outside the file (truncated?)")
-        if (e - s) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+        if (hi - lo) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
             raise TransformError(f"tensor {name!r}: size does not match shape and dtype")
-        arrays[name] = np.frombuffer(buf[start + s:start + e], dtype=dt).reshape(shape)
+        arrays[name] = np.frombuffer(buf[start + lo:start + hi], dtype=dt).reshape(shape)
     return meta, arrays
 
 

@@ -132,7 +132,8 @@ class VideoParams(_Pixels):
 
 Params = Union[ImageParams, VideoParams]  # noqa: UP007  (docs/config.md names a Union's members)
 Kind = Literal["image", "video"]
-PARAMS_BY_KIND: dict[str, type[_Pixels]] = {"image": ImageParams, "video": VideoParams}
+PARAMS_BY_KIND: dict[str, type[ImageParams] | type[VideoParams]] = {
+    "image": ImageParams, "video": VideoParams}
 
 
 def parse_params(kind: str, params: Any) -> Params:

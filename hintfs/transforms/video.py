@@ -181,8 +181,11 @@ def select_frames(index: VideoIndex, params: VideoParams, aug_seed: int) -> list
     n, k = index.nframes, params.frames
     if params.mode == "uniform":
         return [index.frame_pts[((2 * i + 1) * n) // (2 * k)] for i in range(k)]
+    fps = params.fps
+    if fps is None:  # a VideoParams built without validation (model_construct)
+        raise TransformError("mode='fps' needs fps")
     times = [index.seconds(p) for p in index.frame_pts]
-    clip = (k - 1) / params.fps
+    clip = (k - 1) / fps
     room = max(0.0, times[-1] - clip)
     if params.clip_start == "start":
         t0 = 0.0
@@ -192,17 +195,19 @@ def select_frames(index: VideoIndex, params: VideoParams, aug_seed: int) -> list
         t0 = float(np.random.default_rng([int(aug_seed), 1]).random()) * room
     out = []
     for i in range(k):
-        t = t0 + i / params.fps
+        t = t0 + i / fps
         j = bisect.bisect_right(times, t + 1e-9) - 1
         out.append(index.frame_pts[min(max(j, 0), n - 1)])
     return out
 
 
 def _frame_pts(frame) -> int:
-    if frame.pts is not None:
-        return frame.pts
-    if frame.dts is not None:
-        return frame.dts
+    pts: int | None = frame.pts
+    if pts is not None:
+        return pts
+    dts: int | None = frame.dts
+    if dts is not None:
+        return dts
     raise TransformError("decoded frame has no timestamp")
 
 
