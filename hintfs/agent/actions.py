@@ -125,9 +125,10 @@ def parse_ticket(body: Body) -> tuple[Ticket[Any], Request]:
 def act(agent: Agent, kind: str, body: Body, sender: Sender) -> Reply:
     """Parse, handle, check: the reply an action sends."""
     action, req = parse_action(kind, body)
-    reply = action.handler(agent, req, sender)
-    if not isinstance(reply, action.reply):
-        raise TypeError(f"{kind} answered {type(reply).__name__}, not {action.reply.__name__}")
+    reply: Reply = action.handler(agent, req, sender)
+    expected: type[Reply] = action.reply
+    if not isinstance(reply, expected):
+        raise TypeError(f"{kind} answered {type(reply).__name__}, not {expected.__name__}")
     return reply
 
 

@@ -75,7 +75,7 @@ class ReplicaCatalog(dict[str, R], Generic[R]):
         self.used_bytes -= self[path].size
         super().__delitem__(path)
 
-    def pop(self, path: str, *default: Any) -> Any:   # type: ignore[override]
+    def pop(self, path: str, *default: Any) -> Any:
         if path in self:
             rep = super().pop(path)
             self.used_bytes -= rep.size
@@ -89,7 +89,7 @@ class ReplicaCatalog(dict[str, R], Generic[R]):
     def _bypass(self, *_args: Any, **_kwargs: Any) -> NoReturn:
         raise TypeError("ReplicaCatalog changes only by [], del, pop and clear (used_bytes is kept by them)")
 
-    update = setdefault = popitem = __ior__ = _bypass   # type: ignore[assignment]
+    update = setdefault = popitem = __ior__ = _bypass
 
 
 

@@ -83,16 +83,19 @@ class AgentClient:
         """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another
         version; with `demand` too, also while that version is still arriving (hintfs/agent/demand.py)."""
         req = rpc.ReadRequest.model_construct(path=path, offset=offset, length=length, replica_only=replica_only,
-                                              expect=tuple(expect) if expect is not None else None, demand=demand)
+                                              expect=rpc.as_version(expect) if expect is not None else None,
+                                              demand=demand)
         table = self._ticket(rpc.encode(req), f"read {path}")
         col = table.column(0)
-        return col[0].as_py() if len(col) else b""
+        data: bytes = col[0].as_py() if len(col) else b""
+        return data
 
-    def sample(self, path: str, kind: str, params_json: str, aug_seed: int, allow_raw: bool = True) -> bytes:
+    def sample(self, path: str, kind: rpc.Kind, params_json: str, aug_seed: int, allow_raw: bool = True) -> bytes:
         """The bytes of `path`'s `.tensor` file, transformed on the agent (or raw, see samples.py)."""
         req = rpc.SampleRequest.model_construct(op="sample", path=path, kind=kind, params=params_json,
                                                 aug_seed=aug_seed, allow_raw=allow_raw)
-        return self._ticket(rpc.encode(req), f"sample {path}").column(0)[0].as_py()
+        data: bytes = self._ticket(rpc.encode(req), f"sample {path}").column(0)[0].as_py()
+        return data
 
     def samples_ready(self, samples: list) -> list[tuple[str, int, bytes]]:
         """Of [path, kind, params_json, aug_seed] items, the `.tensor` bytes the agent has ready,
@@ -110,12 +113,12 @@ class AgentClient:
                                                     job=job)
         return self._call("plan_window", req, rpc.PlanWindowReply)
 
-    def replicate(self, path: str, ttl_s: float, source: str | None = None, priority: str = "background",
+    def replicate(self, path: str, ttl_s: float, source: str | None = None, priority: rpc.Priority = "background",
                   job: str | None = None, importance: float = 1.0,
                   expect: tuple[int, int] | None = None) -> rpc.ReplicateReply:
         req = rpc.ReplicateRequest.model_construct(path=path, ttl_s=ttl_s, source=source, priority=priority, job=job,
                                                    importance=importance,
-                                                   expect=tuple(expect) if expect is not None else None)
+                                                   expect=rpc.as_version(expect) if expect is not None else None)
         return self._call("replicate", req, rpc.ReplicateReply)
 
     def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> rpc.TierStatReply:
@@ -180,8 +183,8 @@ class AgentClient:
         """Ask the tier to fetch these (offset, length) ranges of a file still arriving, at once;
         how many pieces it started (hintfs/agent/demand.py). `version` None: the tier knows no version
         of the file yet; it holds the hint until one is announced (and answers 0 meanwhile)."""
-        req = rpc.PrefetchRequest.model_construct(path=path, expect=None if version is None else tuple(version),
-                                                  ranges=[tuple(r) for r in ranges])
+        req = rpc.PrefetchRequest.model_construct(path=path, expect=None if version is None else rpc.as_version(version),
+                                                  ranges=[(offset, length) for offset, length in ranges])
         return self._call("prefetch", req, rpc.PrefetchReply).fetching
 
     def has(self, path: str, size: int, mtime_ns: int) -> bool:

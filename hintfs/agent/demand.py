@@ -142,9 +142,9 @@ class DemandReads:
     def _reader(self, path: str, version: Version) -> Future:
         key = (path, version)
         with self._lock:
-            fut = self._readers.get(key)
-            if fut is not None:
-                return fut
+            known: Future | None = self._readers.get(key)
+            if known is not None:
+                return known
             fut = self._opener.submit(self._open, path, version)
             self._readers[key] = fut
             now = self.clock.monotonic()
@@ -171,7 +171,7 @@ class DemandReads:
                 if self._readers.get((path, version)) is fut:
                     del self._readers[(path, version)]
             raise
-        data = reader.read(offset, max(0, min(length, version[0] - offset)))
+        data: bytes = reader.read(offset, max(0, min(length, version[0] - offset)))
         with self.cond:
             self.cond.notify_all()      # wake the read waiting for this fetch
         return data

@@ -71,7 +71,7 @@ class Follower:
         self.seen_files: dict[str, tuple[int, int]] = {}
         self.copied: set[str] = set()
         # journaled version of each file, (size, mtime_ns), and the record that announced it
-        self.journaled: dict[str, tuple[tuple[int, int], str]] = {}
+        self.journaled: dict[str, tuple[tuple[int, int], str | None]] = {}
         self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
         self.queued = CopyQueue(self._job)                # files waiting for a copy
         self.running: set[str] = set()
@@ -206,7 +206,7 @@ class Follower:
         unread = [n for n, r in records.items() if r is None]
         for n, r in zip(unread, self.pool.map(read, unread) if len(unread) > 1 else map(read, unread)):
             records[n] = r
-        out = []
+        out: list[tuple[str, tuple[int, int] | None, str | None]] = []
         for key in sorted(names, key=lambda k: k[1]):   # record names sort by their time
             r = records[key]
             if r is not None and self._followed(r["path"]):
@@ -217,7 +217,7 @@ class Follower:
         return walk_files(self.store, rel)
 
     def _new_from_listing(self) -> list[tuple[str, tuple[int, int] | None, str | None]]:
-        new = []
+        new: list[tuple[str, tuple[int, int] | None, str | None]] = []
         listed: dict[str, tuple[int, int]] = {}   # only what is there now: deleted files are forgotten
         for prefix in self.cfg.prefixes:
             try:

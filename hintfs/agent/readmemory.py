@@ -44,10 +44,12 @@ class ReadMemory:
         key = checkpoint_family(path)
         with self._lock:
             known = self._by_family.get(key)
-            same = known is not None and known[0] == path
-            if same and known[2] and not hinted:
-                return                  # demand reads of a hinted file: readahead, mostly
-            old = known[1] if same and known[2] == hinted else []
+            old: list[tuple[int, int]] = []
+            if known is not None and known[0] == path:
+                if known[2] and not hinted:
+                    return              # demand reads of a hinted file: readahead, mostly
+                if known[2] == hinted:
+                    old = known[1]
             kept = merged_ranges([*old, *ranges])[: self.max_ranges]
             if not kept:
                 return

@@ -15,9 +15,8 @@ import contextlib
 import errno
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, Union
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -37,6 +36,14 @@ Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
 NonNeg = Annotated[int, Field(ge=0, le=(1 << 63) - 1)]
 Params = Annotated[str, Field(max_length=MAX_PARAMS_JSON)]
 Kind = Literal["image", "video"]
+Priority = Literal["anomaly", "eval", "background"]
+
+
+def as_version(version: Sequence[int]) -> tuple[int, int]:
+    """A (size, mtime_ns) given as any pair (a tuple, a JSON list) as the tuple the models, the
+    catalog and the streams hold."""
+    size, mtime_ns = version
+    return (size, mtime_ns)
 
 
 class Request(BaseModel):
@@ -85,7 +92,7 @@ class ReplicateRequest(Request):
     path: StorePath
     ttl_s: float = Field(600.0, gt=0, le=MAX_TTL_S)
     source: str | None = Field(None, max_length=MAX_NAME)
-    priority: Literal["anomaly", "eval", "background"] = "background"
+    priority: Priority = "background"
     job: str | None = Field(None, max_length=MAX_NAME)
     importance: float = Field(1.0, ge=0, le=1e6)
     expect: tuple[NonNeg, NonNeg] | None = None

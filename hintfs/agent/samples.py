@@ -271,7 +271,8 @@ class SampleService:
             except TransformError as err:
                 self._refuse(key, err)
                 raise
-            return reader.read(0, st.size)
+            data: bytes = reader.read(0, st.size)
+            return data
         finally:
             reader.close()
 

@@ -9,7 +9,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hintfs.agent.refusals import RefusalLog
 from policy.stream import RangeMap, Sender, StreamLimits
@@ -59,7 +59,7 @@ class Stream:
     last_call: float
     saved_at: float = 0.0
     version: tuple[int, int] | None = None   # published as (size, mtime_ns), chunks still missing
-    final: list[int] | None = None           # the published file's chunk CRCs (with `version`)
+    final: Sequence[int] | None = None           # the published file's chunk CRCs (with `version`)
     seen: int | None = None                  # the sender's file size at its last put (unpublished)
     unsaved: bool = False                       # chunks arrived since the last progress file
     meta: Any = None                            # the caller's, given at publish (its record, TTL)

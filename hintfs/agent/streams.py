@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 
 from cachetools import FIFOCache
 
+from hintfs.agent.rpc import as_version
 from hintfs.agent.streamreads import StreamReads, folder_of
 from hintfs.agent.streamparts import (ANYONE, REFUSAL_LOG_S, SenderBounds, Stream, StreamBudget, StreamError,
                                StreamFinished, StreamRefused)
@@ -374,7 +375,7 @@ class StreamTier(StreamReads):
                     if s.final is None or not self._complete(s):
                         continue
                     s.finishing = True
-            done.append((s.path, tuple(version), s.meta, self._finish(s)))
+            done.append((s.path, as_version(version), s.meta, self._finish(s)))
         return done
 
     def refuse(self, path: str, version: tuple[int, int], why: str) -> list[str]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from cachetools import FIFOCache
 
+from hintfs.agent.rpc import as_version
 from hintfs.common.journal import bucket_of, decode_name, list_folder, removed_record, slice_dir
 
 log = logging.getLogger("hintfs.streams")
@@ -111,7 +112,7 @@ class VersionCheck:
                 self.counts["by_record"] += 1
                 self._confirm(path, version, record)
                 continue
-            key = (path, tuple(version))
+            key = (path, as_version(version))
             with self.lock:
                 if key in self._statting:
                     continue
@@ -163,12 +164,15 @@ class VersionCheck:
 
     def _list(self) -> None:
         try:
+            journal_dir = self.journal_dir
+            if not journal_dir:         # step lists only with a journal
+                return
             now_ns = self.wall_ns()
             slices = {bucket_of(now_ns), bucket_of(now_ns - EDGE_NS)}
             found = []
             for b in sorted(slices):
                 try:
-                    names = [n for n, _st in list_folder(self.store, slice_dir(self.journal_dir, b))]
+                    names = [n for n, _st in list_folder(self.store, slice_dir(journal_dir, b))]
                 except FileNotFoundError:
                     continue
                 for n in names:
