@@ -245,7 +245,7 @@ class GovernorClient:
             sock.sendall(encode(msg))
         while not self._pending:
             self._recv(sock)
-        reply = json.loads(self._pending.pop(0))
+        reply: dict = json.loads(self._pending.pop(0))
         if reply.get("dropped"):
             self.broken = f"dropped by the governor: {reply.get('error')}"
         n = int(reply.pop("nfds", 0) or 0)

@@ -112,9 +112,9 @@ class Shrink:
 class GpuState:
     ledger: GpuLedger
     record: GpuRecord
+    arrivals: ArrivalRate
+    reclaim_s: Ewma
     lock: trio.Lock = field(default_factory=trio.Lock)
-    arrivals: ArrivalRate | None = None
-    reclaim_s: Ewma | None = None
     free_since: float | None = None
     adjustments: list[dict] = field(default_factory=list)  # recent reclaim timings
     broker: PageBroker = field(default_factory=PageBroker)   # pages lent by training, in transit
@@ -667,8 +667,8 @@ class GovernorDaemon:
         async with st.lock:
             if conn.client_id not in self.conns:
                 return {"ok": False, "error": "reserve: client gone"}
-            for c in self._trainers(st):
-                self._collect_ack(st, c)
+            for trainer in self._trainers(st):
+                self._collect_ack(st, trainer)
             if ledger.inference_bytes() + nbytes > limit:
                 return {"ok": False, "error": f"reserve: {nbytes} bytes would exceed inference's "
                         f"limit of {limit} (training keeps min_training_fraction)"}

@@ -92,8 +92,9 @@ class Simple(_Msg):
     op: Literal["stats", "ping"]
 
 
-Message = Annotated[Register | Reserve | Usage | Ack | Pages | Busy | Simple, Field(discriminator="op")]
-_adapter: TypeAdapter = TypeAdapter(Message)
+AnyMessage = Register | Reserve | Usage | Ack | Pages | Busy | Simple
+Message = Annotated[AnyMessage, Field(discriminator="op")]
+_adapter: TypeAdapter[AnyMessage] = TypeAdapter(Message)
 OPS = ("register", "reserve", "release", "usage", "ack", "pages", "busy", "stats", "ping")
 NO_REPLY = ("ack", "pages", "busy")     # notifications: sent on the fast path, never answered
 
@@ -161,7 +162,7 @@ def decode(line: bytes) -> dict:
     return msg
 
 
-def validate(msg: dict) -> BaseModel:
+def validate(msg: dict) -> AnyMessage:
     op = msg.get("op")
     if op not in OPS:
         raise ProtocolError(f"unknown op {str(op)[:40]!r}")
@@ -172,7 +173,7 @@ def validate(msg: dict) -> BaseModel:
     raise ProtocolError(message[:300])
 
 
-def parse(line: bytes) -> BaseModel:
+def parse(line: bytes) -> AnyMessage:
     """A line from a client → its typed message; ProtocolError (one line) for anything else."""
     return validate(decode(line))
 

@@ -159,7 +159,8 @@ class ControlBlock:
         return cls(fd=fd)
 
     def slot(self, i: int) -> np.ndarray:
-        return self.slots[i]
+        row: np.ndarray = self.slots[i]
+        return row
 
     def inference_busy(self) -> bool:
         """An inference client of this GPU runs a request (the daemon's count in the header)."""

@@ -20,6 +20,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 from collections.abc import Callable, Iterable
 
 import torch
@@ -30,6 +31,9 @@ from hintfs.governor.protocol import (
     ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, CMD_STOP, W_T_DETECT, SlotReader, now_ns,
 )
 from policy.governor_batchsize import MemoryPerSample
+
+if TYPE_CHECKING:
+    from hintfs.governor.pagealloc import PageAllocator
 
 log = logging.getLogger("hintfs.governor.training")
 
@@ -121,10 +125,10 @@ class PagedMemoryProbe(MemoryProbe):
     allocator): `reserved` is the mapped pages, and a release unmaps only the empty pages needed
     to get under the target, instead of emptying the whole cache."""
 
-    def __init__(self, device: torch.device, allocator) -> None:
+    def __init__(self, device: torch.device, allocator: PageAllocator) -> None:
         super().__init__(device)
         self.alloc = allocator
-        self.stream = None   # the stream mark events are recorded on (set on first use)
+        self.stream: torch.cuda.Stream | None = None   # the stream mark events are recorded on (set on first use)
 
     def record_event(self):
         if not self.cuda:   # the host backend (tests): no events
@@ -137,8 +141,9 @@ class PagedMemoryProbe(MemoryProbe):
         if not self.cuda:
             return None
         if self.stream is None:   # the training stream: events and marks pair on it
-            self.stream = torch.cuda.current_stream(self.device)
-            self.alloc.set_mark_stream(self.stream.cuda_stream)
+            stream = torch.cuda.current_stream(self.device)
+            self.stream = stream
+            self.alloc.set_mark_stream(stream.cuda_stream)
         return self.alloc.mark()
 
     def release_idle(self, keep_bytes: int, done_mark: int) -> int:
@@ -207,6 +212,15 @@ class Adjustment:
     freed_bytes: int = 0      # held bytes before the drain minus after the release
     queued_ms: float = 0.0    # GPU work the drain budget estimated queued at the safe point
     early_bytes: int = 0      # of freed_bytes: released at detection, before the drain
+
+
+class _UnwindDiag(TypedDict, total=False):
+    """The unwind fields of an `Adjustment` for a command that aborted a micro-batch."""
+    propagate_ms: float
+    unwind_cpu_ms: float
+    unwind_nivcsw: int
+    unwind_gcs: int
+    queued_ms: float
 
 
 @dataclass
@@ -373,13 +387,15 @@ class ElasticTrainer:
         self._sp_labels: list[str] = []
         self._names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
         self._names.update({id(p): n for n, p in model.named_parameters()})
-        self._detect_usage = None  # (ns, rusage, gc count) when a safe point raised
+        # (ns, rusage, gc count, queued ms) when a safe point raised
+        self._detect_usage: tuple[int, resource.struct_rusage, int, float] | None = None
         self._caught_ns = 0
         if _count_gc not in gc.callbacks:
             gc.callbacks.append(_count_gc)
         # lend_pages(fds, page_bytes, seq): hand a shrink's pages on (the governor's page
         # handoff) instead of returning them to the driver; needs a probe that can lend.
-        self.lend_pages = lend_pages if hasattr(self.probe, "lend") else None
+        self._lender = self.probe if isinstance(self.probe, PagedMemoryProbe) else None
+        self.lend_pages = lend_pages if self._lender is not None else None
         # with lend_pages: hand the pages over (fds sent) before the ack, unmap our own
         # mappings of them after it. The memory is the receiver's once it has the fds, and
         # nothing here touches it after the drain; pages no client takes stay physically held
@@ -545,7 +561,7 @@ class ElasticTrainer:
             self._detect_usage = (now_ns(), resource.getrusage(resource.RUSAGE_SELF), _GCS[0],
                                   self._queued_ms)
             raise ShrinkRequested()
-        self._handle_command(cmd, dropped=0, where="safe_point")
+        self._handle_command(self.control, cmd, dropped=0, where="safe_point")
 
     def poll(self) -> None:
         """Handle a pending command outside a step (call this while idle, e.g. loading data)."""
@@ -553,7 +569,7 @@ class ElasticTrainer:
             cmd = self.control.pending()
             if cmd is not None:
                 self.control.stamp_detect()
-                self._handle_command(cmd, dropped=0)
+                self._handle_command(self.control, cmd, dropped=0)
 
     def wait_gpu(self) -> None:
         """Wait until the GPU finished the queued work, handling commands meanwhile (a plain
@@ -568,20 +584,21 @@ class ElasticTrainer:
         if mark is not None:
             self._done_mark = max(self._done_mark, mark)
 
-    def _handle_command(self, cmd, dropped: int, where: str = "poll") -> None:
+    def _handle_command(self, control: SlotReader, cmd, dropped: int, where: str = "poll") -> None:
         t_handle = now_ns()
-        t_detect = int(self.control.slot[W_T_DETECT])  # stamped at the safe point
+        t_detect = int(control.slot[W_T_DETECT])  # stamped at the safe point
         if t_detect == 0 or t_detect < cmd.issued_ns:
-            self.control.stamp_detect()
-            t_detect = int(self.control.slot[W_T_DETECT])
+            control.stamp_detect()
+            t_detect = int(control.slot[W_T_DETECT])
         flags = ACK_ABORTED if dropped else 0
         freed = 0
         deferred = False
-        diag = {}
+        lender = self._lender
+        diag: _UnwindDiag = {}
         if dropped and self._detect_usage is not None:
             t0, ru0, gcs0, queued = self._detect_usage
             ru1 = resource.getrusage(resource.RUSAGE_SELF)
-            diag = dict(
+            diag = _UnwindDiag(
                 propagate_ms=max(0, self._caught_ns - t0) / 1e6 if self._caught_ns else 0.0,
                 unwind_cpu_ms=(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * 1e3,
                 unwind_nivcsw=ru1.ru_nivcsw - ru0.ru_nivcsw, unwind_gcs=_GCS[0] - gcs0,
@@ -602,12 +619,12 @@ class ElasticTrainer:
                 held = self._held_at_detect if self._held_at_detect is not None else self.probe.reserved()
                 self.probe.drain()
                 t_drained = now_ns()
-                if self.lend_pages is not None:
-                    fds = self.probe.lend(cmd.target, self.defer_unmap)
+                if self.lend_pages is not None and lender is not None:
+                    fds = lender.lend(cmd.target, self.defer_unmap)
                     deferred = self.defer_unmap and bool(fds)
                     try:
                         if fds:   # before the ACK word: the daemon passes them with the grant
-                            self.lend_pages(fds, self.probe.alloc.page_bytes, cmd.seq)
+                            self.lend_pages(fds, lender.alloc.page_bytes, cmd.seq)
                             flags |= ACK_LENT
                     finally:
                         for fd in fds:
@@ -629,11 +646,11 @@ class ElasticTrainer:
         self._held_at_detect = None
         early, self._early_bytes = self._early_bytes, 0
         used = self.probe.reserved()
-        self.control.ack(cmd.seq, used, t_drained, t_released, flags, freed)
+        control.ack(cmd.seq, used, t_drained, t_released, flags, freed)
         if self.notify is not None and cmd.cmd == CMD_SHRINK:
             self.notify(cmd.seq)
-        if deferred:   # the handover is acked: now drop our own mappings of the lent pages
-            self.probe.finish_lend()
+        if deferred and lender is not None:   # the handover is acked: now drop our own mappings of the lent pages
+            lender.finish_lend()
         self._adjustments.append(Adjustment(
             cmd.cmd, cmd.target, (t_detect - cmd.issued_ns) / 1e6, (t_drained - t_detect) / 1e6,
             (t_released - t_drained) / 1e6, used, dropped, bool(flags & ACK_RELEASED),
@@ -679,9 +696,10 @@ class ElasticTrainer:
                 for p in self.params:
                     p.grad = None  # drop the unfinished micro-batch's partial gradients
                 self._events.clear()
-                cmd = self.control.pending() if self.control is not None else None
-                if cmd is not None:
-                    self._handle_command(cmd, dropped=n)
+                control = self.control
+                cmd = control.pending() if control is not None else None
+                if control is not None and cmd is not None:
+                    self._handle_command(control, cmd, dropped=n)
                 elif self._held_at_detect is not None:   # the command went away meanwhile
                     self._held_at_detect = None
                     if self._early_bytes:   # wait for the early unmaps all the same
@@ -746,10 +764,11 @@ class ElasticTrainer:
             g = p.grad
             if g is None:
                 continue
-            if self._acc[i] is None:
+            acc = self._acc[i]
+            if acc is None:
                 self._acc[i] = g  # first micro-batch: take the tensor, no copy
             else:
-                self._acc[i].add_(g)
+                acc.add_(g)
             p.grad = None
 
     def _finish(self, res: StepResult) -> int:
@@ -872,7 +891,7 @@ class ElasticTrainer:
                 if self._in_micro:
                     counts[where] = counts.get(where, 0) + 1
                 real(where)
-            self._safe_point = counting
+            self.__dict__["_safe_point"] = counting   # (an instance attribute over the method)
             for n in sizes:
                 if late():
                     res.skipped.append(f"size {n}")
@@ -898,7 +917,7 @@ class ElasticTrainer:
                         if seen[0] == at:
                             self._abort_pass = where
                             raise ShrinkRequested()
-                self._safe_point = aborting
+                self.__dict__["_safe_point"] = aborting
                 self.max_micro_batch = n
                 r = self.step(inputs[:n], targets[:n])
                 if seen[0] >= at:   # that pass reached its safe point, and raised there
@@ -908,7 +927,7 @@ class ElasticTrainer:
             self._warming = None
             self.max_micro_batch = keep_max
             if had_own:
-                self._safe_point = own
+                self.__dict__["_safe_point"] = own
             else:
                 self.__dict__.pop("_safe_point", None)
         self.wait_gpu()

@@ -16,14 +16,24 @@ from __future__ import annotations
 import array
 import socket
 from dataclasses import dataclass
+from typing import Any
 
-try:  # cuda-python >= 12.6
-    from cuda.bindings import driver as cu
-except ImportError:  # pragma: no cover - older layout, or not installed
+
+def _cuda_driver() -> Any:
+    """cuda-python's driver module, or None when cuda-python is not installed."""
+    try:  # cuda-python >= 12.6
+        from cuda.bindings import driver
+        return driver
+    except ImportError:  # pragma: no cover - older layout, or not installed
+        pass
     try:
-        from cuda import cuda as cu  # type: ignore[no-redef]
+        from cuda import cuda
+        return cuda
     except ImportError:
-        cu = None
+        return None
+
+
+cu: Any = _cuda_driver()
 
 FD = None if cu is None else cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
