@@ -15,7 +15,7 @@ from hintfs.common import paths
 from hintfs.common.paths import job_name
 from hintfs.hintsource import dcp_read_ranges, hints_from_dcp, hints_from_megatron, hints_from_safetensors
 
-__all__ = ["signal_anomaly", "hint_reads", "hint_dcp_reads", "dcp_read_ranges", "set_replication_hints", "replica_status", "wait_for_replicas", "hints_from_dcp",
+__all__ = ["signal_anomaly", "hint_reads", "hint_dcp_reads", "dcp_read_ranges", "set_replication_hints", "replica_status", "wait_for_replicas", "ReplicasNotReady", "hints_from_dcp",
            "hints_from_megatron", "hints_from_safetensors"]
 
 
@@ -61,9 +61,17 @@ def replica_status(mount: str, job: str) -> dict:
     return json.loads(text) if text.strip() else {}
 
 
+class ReplicasNotReady(TimeoutError):
+    """`wait_for_replicas` gave up: `status` is the last replica status it read."""
+
+    def __init__(self, message: str, status: dict) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def wait_for_replicas(mount: str, job: str, timeout_s: float | None = None, poll_s: float = 0.1) -> dict:
     """Block until every hinted file has its target replicas, or the hint's deadline (or
-    `timeout_s`) passes: then TimeoutError, carrying the last status."""
+    `timeout_s`) passes: then ReplicasNotReady (a TimeoutError), carrying the last status."""
     start = time.monotonic()
     while True:
         status = replica_status(mount, job)
@@ -74,10 +82,8 @@ def wait_for_replicas(mount: str, job: str, timeout_s: float | None = None, poll
         late = status.get("deadline_in_s", 1) <= 0
         if late or (timeout_s is not None and time.monotonic() - start > timeout_s) or (
                 status.get("done") and not status.get("ready")):
-            err = TimeoutError(f"replicas of job {job!r} not ready: " + json.dumps(
-                {p: v for p, v in status["files"].items() if v["ready"] < v["target"]})[:2000])
-            err.status = status
-            raise err
+            raise ReplicasNotReady(f"replicas of job {job!r} not ready: " + json.dumps(
+                {p: v for p, v in status["files"].items() if v["ready"] < v["target"]})[:2000], status)
         time.sleep(poll_s)
 
 

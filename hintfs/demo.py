@@ -79,7 +79,7 @@ def _settle(leave: float, timeout_s: float = 15.0) -> float:
     psutil.cpu_percent(None)
     while True:
         time.sleep(0.5)
-        share = psutil.cpu_percent(None) / 100
+        share: float = psutil.cpu_percent(None) / 100
         if share < leave or time.monotonic() > deadline:
             return share
 

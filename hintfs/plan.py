@@ -173,7 +173,7 @@ class BuildResult:
 
 
 def build_plan(samples: Sequence[str], out_path: str, *, seed: int, world_size: int, batch_per_rank: int,
-               steps: int, costs: Sequence[float] | None = None, cost_aware: bool = False,
+               steps: int, costs: Sequence[float] | np.ndarray | None = None, cost_aware: bool = False,
                drop_last: bool = False, steps_per_row_group: int | None = None,
                cost_model: CostModel | None = None) -> BuildResult:
     """Write the plan of `samples` (relpaths, index order) to `out_path` (atomically: a temp
@@ -268,7 +268,8 @@ def read_plan_meta(path: str) -> dict:
     md = pq.ParquetFile(path).metadata.metadata or {}
     if META_KEY not in md:
         raise ValueError(f"{path} is not a hintfs plan (no {META_KEY.decode()} metadata)")
-    return json.loads(md[META_KEY])
+    meta: dict = json.loads(md[META_KEY])
+    return meta
 
 
 def row_groups_for_steps(path_or_file, start: int, stop: int | None = None) -> list[int]:
@@ -359,11 +360,14 @@ def update_step(mount: str, job: str, step: int, plan: str | None = None) -> Pla
     key = (os.path.abspath(mount), job)
     with _registered_lock:
         prev = _registered.get(key)
-    if plan is None and prev is None:
-        try:
-            with open(_plan_file(mount, job)) as f:
-                prev = parse_plan_registration(json.loads(f.read()))
-        except (OSError, ValueError):
-            raise ValueError(f"job {job!r} has no plan registered on {mount}; call register_plan first") from None
-    return register_plan(mount, job, plan if plan is not None else prev.plan, step,
-                         prev.lookahead if prev is not None else None)
+    if plan is None:
+        if prev is None:
+            try:
+                with open(_plan_file(mount, job)) as f:
+                    prev = parse_plan_registration(json.loads(f.read()))
+            except (OSError, ValueError):
+                prev = None
+        plan = prev.plan if prev is not None else None
+        if plan is None:   # nothing read, or a step-only document (it names no plan)
+            raise ValueError(f"job {job!r} has no plan registered on {mount}; call register_plan first")
+    return register_plan(mount, job, plan, step, prev.lookahead if prev is not None else None)

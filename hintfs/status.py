@@ -15,7 +15,8 @@ def read_stats(mountpoint: str) -> dict:
     path = os.path.join(mountpoint, ".hintfs", "stats")
     try:
         with open(path) as f:
-            return json.load(f)
+            stats: dict = json.load(f)
+            return stats
     except FileNotFoundError:
         raise StatsUnavailable(f"{mountpoint} is not a hintfs mount") from None
     except OSError as err:

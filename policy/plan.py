@@ -236,7 +236,7 @@ class StepChunk:
     ratio_after: np.ndarray
 
 
-def build_chunks(spec: PlanSpec, costs: np.ndarray | None = None, cost_aware: bool = False,
+def build_chunks(spec: PlanSpec, costs: Sequence[float] | np.ndarray | None = None, cost_aware: bool = False,
                  steps_per_chunk: int = 1024) -> Iterator[StepChunk]:
     """The whole plan, `steps_per_chunk` steps at a time. `costs` (one per sample index, ms)
     fills est_cost_ms; `cost_aware` also balances ranks by it."""
@@ -300,7 +300,8 @@ class CostModel:
         return f"{kind or ''}/{codec or ''}".lower()
 
     @classmethod
-    def fit(cls, kinds: Sequence[str], codecs: Sequence[str], X: np.ndarray, measured_ms: np.ndarray,
+    def fit(cls, kinds: Sequence[str] | np.ndarray, codecs: Sequence[str] | np.ndarray, X: np.ndarray,
+            measured_ms: np.ndarray,
             min_samples: int | None = None, floor_ms: float = 0.01) -> CostModel:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(measured_ms, dtype=np.float64)
@@ -318,7 +319,8 @@ class CostModel:
                 model.coefs[g] = np.linalg.lstsq(X[m], y[m], rcond=None)[0].tolist()
         return model
 
-    def predict(self, kinds: Sequence[str], codecs: Sequence[str], X: np.ndarray) -> np.ndarray:
+    def predict(self, kinds: Sequence[str] | np.ndarray, codecs: Sequence[str] | np.ndarray,
+                X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         out = X @ np.asarray(self.global_coef)
         groups = np.array([self.group(k, c) for k, c in zip(kinds, codecs)])

@@ -20,6 +20,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from hintfs.common.procs import become_isolated_daemon
 
@@ -51,7 +52,7 @@ def package_version() -> str:
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: `hintfs VERB: problem (see hintfs VERB --help)`."""
 
-    def error(self, message: str):   # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             # (--debug after the verb's words: the command line reads `hintfs.cli VERB ...`, as
             # `hintfs umount` expects of a mount daemon's, hintfs.common.mounts)
             become_isolated_daemon("hintfs.cli", daemon_argv + (["--debug"] if args.debug else []))
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except KeyboardInterrupt:
         return 130
     except SystemExit:

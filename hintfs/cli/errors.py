@@ -44,7 +44,7 @@ def _os_error(err: OSError) -> str:
     return f"{where}{reason}{advice}"
 
 
-def _flight_error(err: Exception) -> str | None:
+def _flight_error(err: BaseException) -> str | None:
     """Arrow and Flight errors: the agent's transport. None if `err` is not one of them."""
     text = squash(str(err))
     if isinstance(err, fl.FlightUnavailableError):
