@@ -414,17 +414,19 @@ class Filesystem:
             by_fd(fd, *args)
             return
         if node.writer is not None and node.writer.fd >= 0:
-            by_fd(node.writer.fd, *args)
+            # The store's file first: a store that refuses (an object store has no modes: EPERM)
+            # leaves the open file as it was.
             try:
                 await self.io(by_path, node.path, *args, inline=self.meta_inline)
             except (FileNotFoundError, NotADirectoryError):
                 pass   # created through the mount, not published yet: the staged file has it
             except OSError as err:
-                if err.errno not in (errno.EOPNOTSUPP, errno.ELOOP, errno.EACCES, errno.EPERM):
+                if err.errno not in (errno.EOPNOTSUPP, errno.ELOOP):
                     raise
                 # the name holds another kind of node by now (another host's symlink): the staged
                 # file has the change, its next publish carries it
                 log.debug("%s of %s by name: %s (kept on the open file)", by_path.__name__, node.path, err.strerror)
+            by_fd(node.writer.fd, *args)
             return
         await self.io(by_path, node.path, *args, inline=self.meta_inline)
 
@@ -770,6 +772,10 @@ class Filesystem:
             st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
             if self._replaced_under_open_handles(node, st):
                 raise self._renew(node, "was replaced in the store")
+        if node.writer is None and node.pt_refs and node.pt_staging is not None:
+            # passthrough readers of what a last writer left: a new file at the name, if the store
+            # no longer has that very file there (an object store never does: its upload is a copy)
+            await self._check_staging_current(node, node.pt_staging)
         if node.pt_refs and (node.pt_staging is None or node.pt_staging is not node.writer):
             # Open for reading through passthrough from the store file: a writer would need
             # another backing file (its staging), which the kernel refuses for one inode.

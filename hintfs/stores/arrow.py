@@ -318,6 +318,9 @@ class ArrowStore:
                          dir_fd=spool)
             try:
                 os.unlink(name, dir_fd=spool)  # the spool file needs no name: nothing can leak if we die
+                # An open writer's attributes are its staging file's: the mode every object shows
+                # (nameless in a 0700 folder, nobody else can open it anyway)
+                os.fchmod(fd, _FILE_MODE & 0o777)
             except BaseException:
                 os.close(fd)
                 raise
