@@ -91,6 +91,7 @@ class OFD:
     # this description is no longer the one the mount shows at `path`
     detached: bool = False
     node_writer: Writer | None = None   # the writer of the same file when it was detached
+    key: str = ""               # the name it was opened by (an object store reads that key)
 
 
 
@@ -121,6 +122,7 @@ class Model:
         self.passthrough = passthrough
         self.local_store = local_store     # file://: staging beside the target, publish by rename
         self.ofds: dict[int, OFD] = {}     # harness handle -> description
+        self._opened_object: dict[int, object] = {}   # id(read description) -> the store object it opened
         self._ofd_ids = itertools.count(1)
 
     # -- names ------------------------------------------------------------------------------------
@@ -196,6 +198,11 @@ class Model:
             w.live = True
         else:
             self.store[path] = w.staging.copy()
+            # an object's key makes its folders (object stores have no folders of their own)
+            folder = self.parent(path)
+            while folder and folder not in self.store:
+                self.store[folder] = DIR
+                folder = self.parent(folder)
 
     def _private(self, w: Writer) -> None:
         """Before a write through the daemon after a publish: the staging is copied (the published
@@ -211,7 +218,10 @@ class Model:
         w.dirty = True
 
     # -- operations (each returns ("ok", value) or ("err", errno)) --------------------------------
-    def open(self, m: int, path: str, flags: int) -> tuple:
+    def open(self, m: int, path: str, flags: int, served_by_daemon: bool = False) -> tuple:
+        """`served_by_daemon`: with a host cache, readers are served by passthrough only once the
+        file is complete in the cache (a matter of timing): the harness says whether the system
+        refused a writer for a conflict (ETXTBSY) or not."""
         import os
         acc = flags & os.O_ACCMODE
         if flags & os.O_CREAT and flags & os.O_EXCL and self._dir_exists(self.parent(path)) \
@@ -234,7 +244,7 @@ class Model:
             return err(errno.ENOENT)
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         readable = acc in (os.O_RDONLY, os.O_RDWR)
-        ofd = OFD(m, path, readable, writable, bool(flags & os.O_APPEND))
+        ofd = OFD(m, path, readable, writable, bool(flags & os.O_APPEND), key=path)
         ws = self.writers[m]
         if ws.get(path) is None:
             # Close-to-open on one page cache per file and mount: descriptors open here on an
@@ -255,7 +265,7 @@ class Model:
                 e = self.store.get(path)
                 if e is None and not flags & os.O_CREAT:
                     return err(errno.ENOENT)
-            if w is None and self.passthrough and any(
+            if w is None and self.passthrough and not served_by_daemon and any(
                     o.mount == m and o.path == path and o.writer is None and not o.detached
                     for o in self.ofds.values()):
                 # The kernel serves every open file of one inode from one backing file: a reader
@@ -294,6 +304,7 @@ class Model:
                     ofd.follow = w
             else:
                 ofd.bound = e
+                self._opened_object[id(ofd)] = e
         h = next(self._ofd_ids)
         self.ofds[h] = ofd
         return ok(h)
@@ -330,11 +341,38 @@ class Model:
                 return min(len(content.data), size)
         return len(content.data)
 
+    def _object_gone(self, ofd: OFD) -> tuple | None:
+        """Object stores read an open file by its key (ranged GETs): once the store holds another
+        object there, or none, the open file's reads are the new object's or ENOENT
+        (docs/semantics.md, "Object stores")."""
+        if self.local_store or ofd.writer is not None or ofd.follow is not None:
+            return None
+        cur = self.store.get(ofd.key)
+        if cur is ofd.bound or ofd.bound is not self._opened_object.get(id(ofd)):
+            return None      # (a reader of a writer's staging reads that file)
+        # unspecified: the new object's bytes (within the size seen at open), the end of the file,
+        # or ENOENT; with the host cache a complete file is read from its local copy
+        return ("any", None)
+
+    def _timing_dependent(self, ofd: OFD, content: Ino) -> bool:
+        """With a host cache, a reader is served by passthrough only once its file is complete in
+        the cache (timing): whether the kernel clamps its reads to the mount's current size of the
+        file (the daemon's path) or not (passthrough) is not the model's to say."""
+        if self.local_store or not self.passthrough or ofd.writer is not None:
+            return False
+        size = self._node_size(ofd, content)
+        return size is not None and size != len(content.data)
+
     def pread(self, h: int, n: int, off: int) -> tuple:
         ofd = self._ofd(h)
         if not ofd.readable:
             return err(errno.EBADF)
+        gone = self._object_gone(ofd)
+        if gone is not None:
+            return gone
         content = self._content(ofd)
+        if self._timing_dependent(ofd, content):
+            return ("any", None)
         end = min(off + n, self._readable_end(ofd, content))
         return ok(bytes(content.data[off:end]))
 
@@ -342,7 +380,12 @@ class Model:
         ofd = self._ofd(h)
         if not ofd.readable:
             return err(errno.EBADF)
+        gone = self._object_gone(ofd)
+        if gone is not None:
+            return gone
         content = self._content(ofd)
+        if self._timing_dependent(ofd, content):
+            return ("any", None)
         end = min(ofd.offset + n, self._readable_end(ofd, content))
         data = bytes(content.data[ofd.offset:end])
         ofd.offset += len(data)
@@ -433,6 +476,9 @@ class Model:
         reader sees the mount's current view of its file's name (a writer's staged size on that
         mount), while its reads keep the content it opened."""
         ofd = self._ofd(h)
+        if (not self.local_store and ofd.writer is None and ofd.follow is None and not ofd.detached
+                and self.view(ofd.mount, ofd.path) is None):
+            return ("any", None)   # an object store's reader has no local file to stat once the object is gone
         content = self._content(ofd)
         if ofd.writer is None:
             size = self._node_size(ofd, content)
@@ -546,6 +592,8 @@ class Model:
             return err(errno.ENOENT)
         if self.view(m, path) is not None:
             return err(errno.EEXIST)
+        if not self.local_store:
+            return err(errno.EPERM)      # object stores have no symlinks (docs/semantics.md)
         self.store[path] = Symlink(target)
         return ok()
 
@@ -568,6 +616,8 @@ class Model:
         e = self.view(m, p)
         if e is None:
             return err(errno.ENOENT)
+        if not self.local_store:
+            return err(errno.EPERM)      # object stores have no modes to change
         if isinstance(e, Ino):
             e.mode = mode
             s = self.store.get(p)

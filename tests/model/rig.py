@@ -94,4 +94,78 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             shutil.rmtree(base, ignore_errors=True)
 
 
-__all__ = ["model_rig"]
+S3_CONFIG = """[store]
+uri = "s3://{bucket}"
+{keys}
+[cache]
+attr_timeout_s = 0
+entry_timeout_s = 0
+spool_dir = "{spool}"
+{cache_dir}
+[mount]
+passthrough = "{passthrough}"
+
+[logging]
+file = "{log}"
+level = "INFO"
+"""
+
+
+@contextlib.contextmanager
+def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = None) -> Iterator[Rig]:
+    """An S3 store (JuiceFS's S3 gateway on loopback) and `mounts` mounts of it; with `host_cache`,
+    each mount has a `[cache] dir` (its writes then go by passthrough from the spool file, and
+    complete files are read from the cache)."""
+    from tests.helpers.s3server import JuiceFSGateway
+    own = base is None
+    base = Path(tempfile.mkdtemp(prefix="hintfs-model-s3-")) if base is None else base
+    server = JuiceFSGateway(str(base / "s3")).start()
+    fs = server.filesystem()
+    bucket = "model"
+    fs.create_dir(bucket)
+    mnts, cfgs = [], []
+    try:
+        for i in range(mounts):
+            mnt = base / f"mnt{i}"
+            mnt.mkdir(exist_ok=True)
+            cfg = base / f"m{i}.toml"
+            cfg.write_text(S3_CONFIG.format(
+                bucket=bucket, keys=server.store_keys('connect_timeout_s = 2\nrequest_timeout_s = 10\n'),
+                spool=base / f"spool{i}", cache_dir=f'dir = "{base / f"hc{i}"}"' if host_cache else "",
+                passthrough="auto" if host_cache else "off", log=base / f"m{i}.log"))
+            _mount(cfg, mnt)
+            mnts.append(mnt)
+            cfgs.append(cfg)
+
+        def read_tree(folder: str) -> list[tuple[str, str, object]]:
+            import pyarrow.fs as pafs
+            out = []
+            sel = pafs.FileSelector(f"{bucket}/{folder}", recursive=True, allow_not_found=True)
+            for info in fs.get_file_info(sel):
+                rel = info.path[len(f"{bucket}/{folder}/"):]
+                if not rel or rel.rsplit("/", 1)[-1].startswith(".hintfs-tmp."):
+                    continue
+                if info.type == pafs.FileType.Directory:
+                    out.append((rel, "dir", None))
+                else:
+                    with fs.open_input_stream(info.path) as f:
+                        out.append((rel, "file", f.read()))
+            return out
+
+        def make_folder(folder: str) -> None:
+            fs.create_dir(f"{bucket}/{folder}")
+
+        def remount(i: int) -> None:
+            _umount(mnts[i])
+            _mount(cfgs[i], mnts[i])
+
+        yield Rig(base / "s3", mnts, host_cache, remount=remount, read_tree=read_tree, make_folder=make_folder)
+    finally:
+        for mnt in mnts:
+            _umount(mnt)
+        server.close()
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+__all__ = ["model_rig", "model_rig_s3"]
