@@ -25,6 +25,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 from collections.abc import Callable
 
 from hintfs.common import access
@@ -47,17 +48,20 @@ ControlInputError = DocumentError
 # Who wrote a control document: the one principal type of `hintfs.common.access`.
 Caller = Principal
 
+D = TypeVar("D")   # a control file's parsed document
+P = TypeVar("P")   # what its `apply` takes: the parsed document, or what `prepare` made of it
+
 
 @dataclass
-class ControlFile:
+class ControlFile(Generic[D, P]):
     name: str
     render: Callable[[], bytes] | None = None          # read side
-    apply: Callable[[object], None] | None = None       # write side: takes what parse/prepare gave
-    parse: Callable[[object], object] | None = None     # JSON -> typed document; ControlInputError
+    apply: Callable[[P], None] | None = None            # write side: takes what parse/prepare gave
+    parse: Callable[[object], D] | None = None          # JSON -> typed document; ControlInputError
     # Blocking step before `apply` (reading a file the document names), run in a worker thread;
     # it gets the parsed document and the writer, and returns what `apply` gets. Raises ControlInputError.
-    prepare: Callable[[object, Caller], object] | None = None
-    names: Callable[[object], list[str]] | None = None  # store paths the document names
+    prepare: Callable[[D, Caller], P] | None = None
+    names: Callable[[D], list[str]] | None = None       # store paths the document names
     owner_only: bool = False        # only the mount's owner (and root) may write it at all
     uid: int = field(default_factory=os.getuid)            # who created it (owns its job)
     gid: int = field(default_factory=os.getgid)
@@ -91,7 +95,7 @@ class ControlDir:
     dirs: dict[str, ControlDir] = field(default_factory=dict)
     make_file: Callable[[str], ControlFile] | None = None
     # A job file's owner (or root, or the mount's owner) removed it: forget what it registered.
-    on_remove: Callable[[str], None] | None = None
+    on_remove: Callable[[str], object] | None = None   # (what it returns is not used)
 
     def add(self, f: ControlFile) -> ControlFile:
         self.files[f.name] = f
@@ -250,6 +254,8 @@ async def apply_write(f: ControlFile, data: bytes, caller: Caller, store=None) -
             await trio.to_thread.run_sync(check_readable, store, f.names(doc), caller)
         if f.prepare is not None:
             doc = await trio.to_thread.run_sync(f.prepare, doc, caller)
+        if f.apply is None:   # (never opened for writing: may_open_for_write)
+            raise ControlInputError(f"{f.name} is read-only")
         f.apply(doc)
     except ControlInputError as err:
         refuse(f, str(err), caller)

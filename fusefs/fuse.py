@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from typing import Any
 from collections.abc import Awaitable, Callable
 
 import pyfuse3
@@ -82,12 +83,16 @@ def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
 
 # pyfuse3 with patches/pyfuse3-passthrough.patch has `backing_id` and `noflush`; stock has neither.
 _PATCHED = hasattr(pyfuse3, "passthrough_supported")
+# The patch's additions (passthrough_*, FileInfo's backing_id and noflush) are reached through this
+# untyped name: the patched pyfuse3's types declare them, stock pyfuse3's do not.
+_patched: Any = pyfuse3
 
 
 def _info(f: OpenFile) -> pyfuse3.FileInfo:
     if _PATCHED:
-        return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io,  # type: ignore[call-arg]
-                                backing_id=f.backing_id, noflush=f.noflush)
+        info: pyfuse3.FileInfo = _patched.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io,
+                                                   backing_id=f.backing_id, noflush=f.noflush)
+        return info
     return pyfuse3.FileInfo(fh=f.fh, keep_cache=f.keep_cache, direct_io=f.direct_io)
 
 
@@ -129,10 +134,11 @@ class _Backing:
     """Registers backing files with the kernel (the patched pyfuse3's ioctls on the session fd)."""
 
     def open(self, fd: int) -> int:
-        return pyfuse3.passthrough_open(fd)   # type: ignore[attr-defined]
+        backing_id: int = _patched.passthrough_open(fd)
+        return backing_id
 
     def close(self, backing_id: int) -> None:
-        pyfuse3.passthrough_close(backing_id)   # type: ignore[attr-defined]
+        _patched.passthrough_close(backing_id)
 
 
 def passthrough_backend(setting: str, store_capable: bool,
@@ -146,7 +152,7 @@ def passthrough_backend(setting: str, store_capable: bool,
         return None, "off (mount.writeback_cache = true: the kernel does not combine it with passthrough)"
     if not getattr(pyfuse3, "passthrough_supported", lambda: False)():
         return None, "unavailable (pyfuse3 without passthrough: run make passthrough-libs)"
-    if not pyfuse3.passthrough_enabled():   # type: ignore[attr-defined]
+    if not _patched.passthrough_enabled():
         return None, "unavailable (the kernel did not grant FUSE passthrough: Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)"
     return _Backing(), "on"
 

@@ -30,7 +30,7 @@ import itertools
 import logging
 import os
 from typing import NamedTuple, Protocol
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import trio
 
@@ -173,12 +173,15 @@ class StoreRead(Handle):
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
         node = self.inode
-        if node.writer is not None or node.kept is not None:
+        staging = node.writer or node.kept
+        if staging is not None:
             # The kernel keeps one page cache per file on a mount: while this mount writes the
             # file (or kept what its last writer left for the handles still open), every handle
             # reads that, as every open file of one inode does on a disk.
-            return await read_staging(fs, node.writer or node.kept, off, size)
+            return await read_staging(fs, staging, off, size)
         reader = self.reader
+        if reader is None:   # (a StagingRead opens one before it reads here)
+            raise OSError(errno.EIO, f"{node.path}: no reader")
         data = reader.read_nowait(off, size)
         if data is None:
             fs.stats.add("read_thread")
@@ -261,8 +264,11 @@ class WriteHandle(Handle):
 
     async def write(self, fs: Services, off: int, buf: bytes) -> int:
         node = self.inode
-        await fs.ensure_private(node)
+        if node.writer is not None:
+            await fs.ensure_private(node)
         staging = node.writer
+        if staging is None:   # abandoned at unmount (abandon_open_writes), as `read` says
+            raise OSError(errno.EIO, f"the writes of {node.path} were dropped at unmount")
         try:
             if staging.inline_io:
                 n = os.pwrite(staging.fd, buf, off)
@@ -437,7 +443,10 @@ class TensorHandle(Handle):
     __slots__ = ()
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
-        data = self.inode.tensor_data[off:off + size]
+        tensor = self.inode.tensor_data
+        if tensor is None:   # (kept while any handle has the file open: Inodes.closing)
+            raise OSError(errno.EIO, f"{self.inode.path}: the sample is gone")
+        data = tensor[off:off + size]
         fs.stats.add("bytes_read", len(data))
         return data
 
@@ -450,7 +459,7 @@ class DirHandle(Handle):
     def __init__(self, inode: Inode):
         self.inode = inode
         self.entries: list[tuple[str, Stat | None]] = []
-        self.source = None
+        self.source: Iterator[tuple[str, Stat]] | None = None
         self.done = False
 
     async def fill(self, fs: Services, upto: int) -> None:
@@ -503,6 +512,8 @@ class DirHandle(Handle):
             # lookup and getattr give them, not the store's (an O_APPEND write would land at
             # the store file's size, over what was written since).
             st = Stat.from_os(os.fstat(staging.fd))
+        if st is None:   # (store listings carry attributes; the control folder's handle replies its own way)
+            raise OSError(errno.EIO, f"{path}: listed without attributes")
         if not reply(DirEntry(os.fsencode(name), fs.attrs(child, st), next_id)):
             fs.inodes.maybe_drop(child)
             return False

@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from collections.abc import Callable, Sequence
 
 import trio
@@ -108,8 +109,9 @@ class HintsManager:
         job = self.jobs.get(name)
         if job is None:
             return {}
-        files = {p: {"target": s.target, "ready": len(s.ready), **({"error": s.error} if s.error else {})}
-                 for p, s in job.files.items()}
+        files: dict[str, dict[str, Any]] = {
+            p: {"target": s.target, "ready": len(s.ready), **({"error": s.error} if s.error else {})}
+            for p, s in job.files.items()}
         return {"job": name, "ready": all(v["ready"] >= v["target"] for v in files.values()),
                 "done": job.done, "deadline_in_s": round(job.deadline_at - time.time(), 3),
                 "expires_in_s": round(job.expires_at - time.time(), 3), "agents": len(self.agents),

@@ -21,6 +21,7 @@ import tempfile
 import stat as stat_mod
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlparse
 
@@ -55,6 +56,9 @@ from mountconfig.schema import AgentsConfig, JournalConfig, LoggingConfig, Mount
 from hintfs.stores import check_store, open_store
 from hintfs.stores.base import Store
 from hintfs.stores.hostcache import HostCachedStore
+
+if TYPE_CHECKING:
+    from hintfs.agent.server import AgentServer   # started in process only without configured agents
 
 log = logging.getLogger("hintfs.mount")
 
@@ -232,7 +236,7 @@ class Assembly:
     stats: Stats
     background: list[Callable[[], Awaitable[None]]]   # tasks that run beside pyfuse3.main
     usage: Callable[[], dict] = dict                   # what each user holds (stats, metrics)
-    agent_server: object | None = None              # an in-process agent, shut down at unmount
+    agent_server: AgentServer | None = None         # an in-process agent, shut down at unmount
     streams: StreamHooks | None = None              # [stream]: sends to eval tiers, closed at unmount
 
 

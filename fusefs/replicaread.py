@@ -84,7 +84,7 @@ class ReplicaReads:
                          locations: Sequence[str] | None) -> bytes:
         key = (path, identity, b)
         while True:
-            data = self._blocks.get(key)
+            data: bytes | None = self._blocks.get(key)
             if data is not None:
                 self.stats.add("replica_block_hits")
                 return data
@@ -138,7 +138,7 @@ class ReplicaReads:
                       fallback: Reader, locations: Sequence[str] | None) -> bytes:
         if self.hedge_s <= 0:
             return await self._from_agent(loc, path, identity, off, length)
-        result: dict = {}
+        result: dict[str, bytes] = {}
         failures: list[BaseException] = []
 
         async def attempt(source: str | None, delay: float, scope_box: list) -> None:

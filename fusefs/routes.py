@@ -51,6 +51,7 @@ import os
 import stat as stat_mod
 import threading
 from concurrent.futures import Future
+from typing import TYPE_CHECKING, Union
 from collections.abc import Callable, Iterator, Sequence
 
 import trio
@@ -62,6 +63,10 @@ from fusefs.interfaces import Source
 from fusefs.stats import Stats
 from mountconfig.schema import RouteConfig
 from hintfs.stores.base import Reader, Stat, Staging, Store
+
+if TYPE_CHECKING:
+    from hintfs.agent.client import AgentClient
+    from hintfs.agent.rpc import TierStatReply
 
 log = logging.getLogger("hintfs.routes")
 
@@ -77,6 +82,9 @@ TIER_DOWN_LOG_S = 30.0      # "local tier unavailable" is logged once per agent 
 LOCAL_FDS_MAX = 4           # distinct files (the stream's part; the replica, when another) one reader keeps
 
 Version = tuple[int, int]
+# What a local tier said about a path: its reply (read like a dict: hintfs.agent.rpc.Reply), or a
+# dict of the same keys made here ({"state": "absent"}, a "ready" learned from `has`)
+TierAnswer = Union[dict, "TierStatReply"]  # noqa: UP007  (a string member: imported for typing only)
 # (socket, path, size, mtime_ns) -> an fd of the tier's complete replica of that version, or -1
 ReplicaFdFetch = Callable[[TierSocket, str, int, int], int]
 # (socket, path, size, mtime_ns) -> (fd, None) of the complete replica, (fd, verified runs) of a
@@ -91,7 +99,7 @@ def route_of(routes: Sequence[RouteConfig], path: str) -> RouteConfig | None:
     return next((r for r in routes if path == r.prefix or path.startswith(r.prefix.rstrip("/") + "/")), None)
 
 
-def _version(doc: dict) -> Version:
+def _version(doc: TierAnswer) -> Version:
     return int(doc["size"]), int(doc["mtime_ns"])
 
 
@@ -108,11 +116,11 @@ class TierState:
         self._later_hints: TTLCache = TTLCache(maxsize=LATER_HINTS_MAX, ttl=LATER_HINTS_S, timer=clock.monotonic)
         self._warned: dict[str, float] = {}
 
-    def answered(self, path: str, doc: dict) -> None:
+    def answered(self, path: str, doc: TierAnswer) -> None:
         with self._lock:
             self._answers[path] = (doc, self.clock())
 
-    def fresh(self, path: str) -> dict | None:
+    def fresh(self, path: str) -> TierAnswer | None:
         """The tier's "ready" answer for `path` if it came within READY_MEMORY_S: one file open is
         a lookup, an open and the routing check within milliseconds; each would be a call to the
         tier otherwise."""
@@ -120,7 +128,8 @@ class TierState:
             hit = self._answers.get(path)
         if hit is None or hit[0]["state"] != "ready" or self.clock() - hit[1] >= READY_MEMORY_S:
             return None
-        return hit[0]
+        answer: TierAnswer = hit[0]
+        return answer
 
     def holds(self, path: str, version: Version) -> bool:
         """The tier's last answer about `path` was that it holds exactly this version."""
@@ -209,7 +218,7 @@ class TierDemandReader:
     do not cover asks the socket again (one unix round trip), then the tier by Flight."""
     source = Source.DEMAND
 
-    def __init__(self, client, store: Store, path: str, identity: Version, stats: Stats,
+    def __init__(self, client: AgentClient, store: Store, path: str, identity: Version, stats: Stats,
                  local: Callable[[], tuple[int, list[tuple[int, int]] | None]] | None = None):
         self.client, self.path, self.identity, self.stats = client, path, identity, stats
         self.fallback = StoreFallbackReader(store, path, identity)
@@ -276,10 +285,10 @@ class TierDemandReader:
                 return data
         if not self.tier_failed:
             try:
-                data = self.client.read(self.path, offset, size, replica_only=True, expect=self.identity,
-                                        demand=True)
+                got = self.client.read(self.path, offset, size, replica_only=True, expect=self.identity,
+                                       demand=True)
                 self.stats.add("route_demand_reads")
-                return data
+                return got
             except OSError as err:
                 self.tier_failed = True    # the copy failed, the tier went away: not asked again
                 log.warning("local tier cannot serve %s while it arrives (reading the store): %s", self.path, err)
@@ -303,7 +312,7 @@ class RoutedStore:
     fd fetches of a tier agent on this host (`hintfs.agent.fdserver`), the filesystem's limiter of
     blocking calls, and the clock."""
 
-    def __init__(self, store: Store, routes: Sequence[RouteConfig], clients: dict, stats: Stats, *,
+    def __init__(self, store: Store, routes: Sequence[RouteConfig], clients: dict[str, AgentClient], stats: Stats, *,
                  io_limiter: trio.CapacityLimiter | None = None,
                  fetch_fd: ReplicaFdFetch | None = None, tier_bytes: TierBytesFetch | None = None,
                  clock: Clock = SYSTEM_CLOCK):
@@ -402,7 +411,7 @@ class RoutedStore:
         self._store.put_small(rel, data)
 
     # -- routed ---------------------------------------------------------------------------------
-    def _tier(self, path: str, appear_s: float = 0.0) -> tuple[object | None, dict]:
+    def _tier(self, path: str, appear_s: float = 0.0) -> tuple[AgentClient | None, TierAnswer]:
         route = route_of(self.routes, path)
         if route is None:
             return None, {"state": "absent"}
@@ -423,7 +432,7 @@ class RoutedStore:
         return client, doc
 
     @staticmethod
-    def _file(doc: dict) -> Stat:
+    def _file(doc: TierAnswer) -> Stat:
         return Stat(stat_mod.S_IFREG | 0o644, int(doc["size"]), int(doc["mtime_ns"]), int(doc["mtime_ns"]))
 
     def stat(self, rel: str) -> Stat:
@@ -438,7 +447,7 @@ class RoutedStore:
         WAN trip, its store stat needs a round trip). Ask the store in a thread and the tier in
         short waits; the first to know the file answers. A store that says it does not exist
         answers too: the tier only holds what the store published."""
-        store_stat: Future = Future()
+        store_stat: Future[Stat] = Future()
 
         def ask_store() -> None:
             try:
@@ -448,7 +457,7 @@ class RoutedStore:
 
         threading.Thread(target=ask_store, name="route-stat", daemon=True).start()
         deadline = self.clock() + APPEAR_WAIT_S
-        doc: dict = {"state": "absent", "expected": True}
+        doc: TierAnswer = {"state": "absent", "expected": True}
         while not store_stat.done() and doc["state"] == "absent" and doc.get("expected") \
                 and self.clock() < deadline:
             _client, doc = self._tier(rel, APPEAR_SLICE_S)
@@ -458,7 +467,7 @@ class RoutedStore:
         self.stats.add("route_stat_race_store")
         return store_stat.result()   # bounded by the store's own timeouts, as a stat without the race
 
-    def _stat_of(self, rel: str, doc: dict) -> Stat:
+    def _stat_of(self, rel: str, doc: TierAnswer) -> Stat:
         state = doc["state"]
         if state in ("ready", "copying"):
             self.stats.add("route_tier_stat")
@@ -510,7 +519,7 @@ class RoutedStore:
 
     def open_reader(self, rel: str) -> tuple[Reader, Stat]:
         client, doc = self._tier(rel)
-        if doc["state"] == "copying":
+        if doc["state"] == "copying" and client is not None:   # (no client: "absent")
             # Demand-first: reads do not wait for the whole file (hintfs/agent/demand.py).
             self.stats.add("route_demand_opens")
             st = self._file(doc)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 import trio
@@ -30,6 +31,9 @@ from hintfs.common.documents import parse_plan_registration
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import TransformLoadConfig
 from hintfs.transforms.params import TransformRule, default_seed, match_rule, params_json
+
+if TYPE_CHECKING:
+    from hintfs.agent.client import AgentClient
 
 log = logging.getLogger("hintfs.tensorfile")
 
@@ -79,8 +83,8 @@ def _load_plan_rows(store, rel: str):
 
 
 class TensorFiles:
-    def __init__(self, rules: Sequence[TransformRule], load: TransformLoadConfig, store, agents: list[str], clients,
-                 stats):
+    def __init__(self, rules: Sequence[TransformRule], load: TransformLoadConfig, store, agents: list[str],
+                 clients: dict[str, AgentClient], stats):
         self.rules = list(rules)
         self.lookahead_default = load.lookahead_steps
         self.store = store
@@ -188,7 +192,7 @@ class TensorFiles:
             pending = self._pulling.get(key)
             if pending is not None:
                 await pending.wait()
-            data = self._pulled.pop(key, None)
+            data: bytes | None = self._pulled.pop(key, None)
             if data is not None:
                 self.stats.add("tensor_opens")
                 self.stats.add("tensor_pulled_hits")
