@@ -203,12 +203,13 @@ class Filesystem:
         """Attributes as a reader through the mount sees them (staged writes included; a file
         unlinked while open is stat'ed through its open fd, with st_nlink 0)."""
         if inode.writer is not None and inode.writer.fd >= 0:
-            st = Stat.from_os(os.fstat(inode.writer.fd))
-            return dataclasses.replace(st, nlink=0) if inode.unlinked else st
+            staged = Stat.from_os(os.fstat(inode.writer.fd))
+            return dataclasses.replace(staged, nlink=0) if inode.unlinked else staged
         if inode.unlinked:
             fd = inode.open_fd()
             if fd >= 0:
                 return Stat.from_os(os.fstat(fd))
+        st: Stat | None
         try:
             st = await self.io(self.store.stat, inode.path, inline=self.meta_inline)
         except FileNotFoundError:
@@ -315,17 +316,19 @@ class Filesystem:
                           entry_timeout=self._entry_timeout)
 
     async def _source_stat(self, inode: Inode) -> Stat:
-        st = await self.io(self.store.stat, inode.virtual[0], inline=self.meta_inline)
+        if inode.virtual is None:   # (asked of `.tensor` inodes only)
+            raise Refused(errno.ENOENT, f"{inode.path} is not a .tensor file")
+        source = inode.virtual[0]
+        st: Stat = await self.io(self.store.stat, source, inline=self.meta_inline)
         if not st.is_file:
-            raise Refused(errno.ENOENT, f"{inode.virtual[0]} is not a file")
+            raise Refused(errno.ENOENT, f"{source} is not a file")
         return st
 
     # -- namespace -----------------------------------------------------------------------------
     async def lookup(self, parent_inode: int, name: bytes, ctx=None) -> Attributes:
         parent = self._inode(parent_inode)
         if parent.control is not None:
-            inode = self.control_lookup(parent, name.decode("utf-8", "surrogateescape"))
-            return self.control_attrs(inode)
+            return self.control_attrs(self.control_lookup(parent, name.decode("utf-8", "surrogateescape")))
         if parent_inode == ROOT_INODE and name == paths.CONTROL_DIR.encode():
             return self.control_attrs(self.control_inode(self.control_root))
         path = paths.child(parent.path, name)
@@ -958,6 +961,8 @@ class Filesystem:
         """After a commit to a file:// store the staging fd *is* the live file: before writing
         again, stage a fresh copy so readers of the store never see a half-written file."""
         staging = node.writer
+        if staging is None:   # dropped at unmount: the write says so (WriteHandle.write)
+            return
         if staging.live and node.unlinked and not (node.pt_refs and node.pt_staging is staging):
             # The published file's name went through this mount, but the file may still be in the
             # store under another name (another host renamed it): writes go to a nameless copy,
@@ -1083,13 +1088,15 @@ class Filesystem:
         more than its source, whatever the kernel had cached."""
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise Refused(errno.EACCES, "tensor files are read-only")
+        if node.virtual is None or self.tensors is None:   # (only `.tensor` inodes open here)
+            raise Refused(errno.ENOENT, f"{node.path} is not a .tensor file")
+        source, rule = node.virtual
         if ctx is not None and ctx.uid != 0:
             who = Caller.of(ctx)
-            if not await self.io(access.Checker(self.store, who).may_read, node.virtual[0]):
+            if not await self.io(access.Checker(self.store, who).may_read, source):
                 log.warning("refused %s to uid %d: its source is not readable by them", node.path, who.uid)
                 raise Refused(errno.EACCES, "the source is not readable by this user")
         if node.tensor_data is None:
-            source, rule = node.virtual
             data = await self.tensors.fetch(source, rule)
             if node.tensor_data is None:
                 node.tensor_data = data
@@ -1124,7 +1131,7 @@ class Filesystem:
                 paths.job_name(text)
             except OSError as err:
                 log.warning("refused to create .hintfs/%s/%s: %s", ctl.name, text[:80], err.strerror)
-                raise Refused(errno.EINVAL, err.strerror) from None
+                raise Refused(errno.EINVAL, err.strerror or str(err)) from None
             full = ctl.room_for(caller)
             if full is not None:
                 log.warning("refused to create .hintfs/%s/%r for uid %d: %s", ctl.name, text, caller.uid, full)

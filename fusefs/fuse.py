@@ -41,8 +41,9 @@ def _op(name: str, method: Callable, result: Callable | None = None):
             out = await method(self.fs, *args)
             return out if result is None else result(out)
         except Refused as err:
-            self.stats.error(name, err.errno)
-            raise pyfuse3.FUSEError(err.errno) from None
+            refused = err.errno or errno.EIO   # (every Refused names its errno)
+            self.stats.error(name, refused)
+            raise pyfuse3.FUSEError(refused) from None
         except OSError as err:
             code = errno_of(err)
             self.stats.error(name, code)

@@ -145,6 +145,9 @@ class Handle:
     async def write(self, fs: Services, off: int, buf: bytes) -> int:
         raise Refused(errno.EBADF, "not open for writing")
 
+    async def readdir(self, fs: Services, start_id: int, reply: Reply) -> None:
+        raise Refused(errno.ENOTDIR, "not a folder")
+
     async def flush(self, fs: Services) -> None:
         return None
 

@@ -9,9 +9,15 @@ it or a handle is open on it; `forget` drops it. Rename moves a whole subtree of
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 from fusefs.attrs import ROOT_INODE
 from hintfs.stores.base import Staging
+
+if TYPE_CHECKING:
+    import trio
+
+    from hintfs.transforms.params import TransformRule
 
 
 class Inode:
@@ -31,7 +37,7 @@ class Inode:
         # an open that sees another identity drops the cache (close-to-open consistency).
         self.cached_identity: tuple[int, int] | None = None
         self.control = control                  # a control node for `.hintfs/...`, else None
-        self.virtual = None                     # (source, rule) of an `x.tensor` path, else None
+        self.virtual: tuple[str, TransformRule] | None = None   # (source, rule) of an `x.tensor` path
         self.tensor_data: bytes | None = None  # its bytes while any handle has it open
         self.aliases: list[str] = []             # other names of a hard-linked file
         self.backing: tuple[int, int] | None = None   # (st_dev, st_ino) while it has several names
@@ -46,7 +52,7 @@ class Inode:
         self.pt_reader = None     # that store file's reader (in `readers`: fstat after an unlink)
         # Held while the last release publishes and drops the staging, and while a truncate by
         # path changes it: one cannot swap the staging under the other (`Filesystem.publish_lock`).
-        self.publishing = None
+        self.publishing: trio.Lock | None = None
         # The staging of a file unlinked while open, kept after its last writer for the readers
         # still open on it (they read what was written, as from an unlinked file on a disk).
         self.kept: Staging | None = None

@@ -104,7 +104,7 @@ class TensorFiles:
             import pyarrow.parquet  # noqa: F401
 
     # -- which paths are virtual -------------------------------------------------------------------
-    def match(self, path: str):
+    def match(self, path: str) -> tuple[str, TransformRule] | None:
         """The (source relpath, rule) of a `.tensor` path, or None."""
         if not self.rules or not path.endswith(SUFFIX):
             return None
