@@ -17,10 +17,10 @@ def add_options(parser) -> None:
     parser.add_argument("--agent", help="calibrate: the agent's Flight location")
     parser.add_argument("--path", help="calibrate: a store file to read")
     parser.add_argument("--size", type=int, default=None, help="calibrate: the file's size (read once if unset)")
-    parser.add_argument("--token-file", default=None)
-    parser.add_argument("--max-readers", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--block", type=int, default=1 << 20)
+    parser.add_argument("--token-file", default=None, help="calibrate: the agent's token file (its [agent] token_file)")
+    parser.add_argument("--max-readers", type=int, default=256, help="calibrate: the most readers to try (default 256)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="calibrate: seconds per reader count (default 2)")
+    parser.add_argument("--block", type=int, default=1 << 20, help="calibrate: bytes per read (default 1 MiB)")
 
 
 def add_parser(subparsers) -> None:

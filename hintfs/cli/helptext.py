@@ -45,11 +45,14 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     "hints": (
         "Replication hints for restart storms: `set` tells the mount which files JOB will read and "
-        "by how many readers, `wait` blocks until their replicas are ready, `status` prints them.",
+        "by how many readers, `wait` blocks until their replicas are ready, `status` prints them; "
+        "`plan` reads a DCP checkpoint's .metadata and says how many replicas of which files to ask "
+        "for, with the load time the scale model predicts with and without them (no mount needed).",
         "  hintfs hints set /srv/ckpt job42 --from-dcp /srv/ckpt/step_1000 --world-size 2048\n"
         "  hintfs hints set /srv/ckpt job42 --file files.json    # {\"ckpt/shard0\": 256, ...}\n"
         "  hintfs hints wait /srv/ckpt job42 --timeout 300\n"
-        "  hintfs hints status /srv/ckpt job42",
+        "  hintfs hints status /srv/ckpt job42\n"
+        "  hintfs hints plan /srv/ckpt/step_1000 --world-size 2048 [--agents 128] [--costs costs.json]",
     ),
     "calibrate": (
         "Measure how many concurrent readers one replica serves before its p99 latency passes twice "
