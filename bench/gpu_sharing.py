@@ -18,9 +18,10 @@ request, the older scheme. Training and inference alone on the trace give traini
     python bench/gpu_sharing.py            # all eleven modes (about 9 min on one H200)
     python bench/gpu_sharing.py --modes inference_alone,training_alone,governor_mid_backward,\
         governor_paged_long_kv,governor_handoff_long_kv     # the issue-16 goals (about 4 min)
-    python bench/gpu_sharing.py --modes governor_handoff_12g --skip-handoff-probe
-        # one page handoff of >= 12 GiB per decoder request (32 MiB pages: 400+ fds per reclaim,
-        # sent in batches of 250 both ways; issue 41)
+    python bench/gpu_sharing.py --modes governor_handoff_12g --skip-handoff-probe --card-gib 48 --big-kv-mult 16
+        # page handoffs of >= 12 GiB in one reclaim (32 MiB pages: up to ~750 fds per reclaim,
+        # sent in batches of 250 both ways; issue 41). On the default 32 GiB card with
+        # --big-kv-mult 9 (13.5 GiB caches) a reclaim moved at most 6 GiB: the rest was free.
     python bench/gpu_sharing.py --role priority --out F.json   # GPU-priority probe (2 min)
     python bench/gpu_sharing.py --role unmap --out F.json      # 4 GiB of VMM pages back to the driver, by variant (1 min)
     python bench/gpu_sharing.py --quick    # short smoke run
@@ -70,7 +71,6 @@ HANDOFF = ("governor_handoff_long_kv", "governor_handoff_12g")
 # each physical reclaim lends 400+ pages: more than one message carries (253 fds), both ways.
 BIG_HANDOFF = ("governor_handoff_12g",)
 MODE_PAGE_MIB = {"governor_handoff_12g": 32}
-MODE_KV_MULT = {"governor_handoff_12g": 9}
 # One inference server process per model kind, each with its own FIFO queue (as separate
 # services would be): a ResNet request never waits behind a decoder's 80 ms prefill.
 SERVERS = ["resnet50", "vit_b_16", "decoder"]
@@ -1200,7 +1200,7 @@ def run_mode(mode, args, trace_path, stress_trace_path, workdir) -> dict:
                 [sys.executable, __file__, "--role", "infer", "--kinds", kind,
                  "--out", str(workdir / f"{mode}-infer-{kind}.json"),
                  "--trace", str(stress_trace_path if stress else trace_path),
-                 "--kv-context", str(args.kv_context * (MODE_KV_MULT.get(mode, args.stress_kv_mult) if stress else 1)),
+                 "--kv-context", str(args.kv_context * ((args.big_kv_mult if mode in BIG_HANDOFF else args.stress_kv_mult) if stress else 1)),
                  "--decode-tokens", str(args.decode_tokens)] + common, env=env)
     series = []
     busy = GpuBusy()
@@ -1497,6 +1497,8 @@ def main() -> int:
     # stress modes: one decoder service with an 8x longer context (12 GiB KV per request),
     # asked every 0.3-0.45 s (its trace: make_stress_trace)
     ap.add_argument("--stress-kv-mult", type=int, default=8)
+    # governor_handoff_12g: the decoder's KV cache, x the base context (9: 13.5 GiB a request)
+    ap.add_argument("--big-kv-mult", type=int, default=9)
     ap.add_argument("--stress-gap-lo", type=float, default=0.3)
     ap.add_argument("--stress-gap-hi", type=float, default=0.45)
     ap.add_argument("--decode-tokens", type=int, default=16)
