@@ -318,6 +318,13 @@ class Catalog:
             log.info("replica of %s dropped: the store removed it", p)
         return dropped
 
+    def version_removed(self, path: str, version: tuple[int, int]) -> bool:
+        """(under `lock`) A removal record of `path` or a folder above it is newer than `version`
+        by its store mtime: a version still on its way here (a copy, a stream, one a journal
+        record announced) that the store no longer has (`hintfs.agent.tier.TierView`)."""
+        t = self._removed.newest(path)
+        return t is not None and int(version[1]) < t
+
     def _removed_since(self, rep: Replica) -> bool:
         """(under `lock`) A removal record of the replica's path or a folder above it is newer
         than the version it holds."""

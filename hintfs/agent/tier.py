@@ -120,11 +120,16 @@ class TierView:
         stream = self.streams.state_of(path)
         a = self.arrivals
         with a.lock:
+            # A version a removal record says the store no longer has is not on its way here,
+            # whatever a stream or a copy of it still does (it is not cataloged either)
+            gone = self.catalog.version_removed
+            if stream is not None and stream[1] is not None and gone(path, stream[1]):
+                stream = None
             rep = self.catalog.replicas.get(path)
             if stream is not None and stream[1] is not None and (rep is None or rep.version != stream[1]):
                 return TierStatReply(state="copying", size=stream[1][0], mtime_ns=stream[1][1])
             awaiting = a.awaiting.get(path)
-            if awaiting is not None and (rep is None or rep.version != awaiting):
+            if awaiting is not None and (rep is None or rep.version != awaiting) and not gone(path, awaiting):
                 # journaled (the store has this version), its stream not published here yet
                 return TierStatReply(state="copying", size=awaiting[0], mtime_ns=awaiting[1])
             if stream is not None and rep is None and path not in a.copying_version:
@@ -132,7 +137,7 @@ class TierView:
             if rep is not None:
                 return TierStatReply(state="ready", size=rep.size, mtime_ns=rep.source_mtime_ns)
             ver = a.copying_version.get(path)
-            if ver is not None:
+            if ver is not None and not gone(path, ver):
                 return TierStatReply(state="copying", size=ver[0], mtime_ns=ver[1])
             prefix = path.rstrip("/") + "/"
             if any(p.startswith(prefix) for p in self.catalog.replicas) or any(p.startswith(prefix) for p in a.copying):
@@ -150,6 +155,8 @@ class TierView:
             data = self.catalog.pread(path, version, offset, n)
             if data is not None:
                 return data
+            if self.catalog.version_removed(path, version):
+                return None      # removed from the store since: not read from what still arrives
             copy = self.arrivals.copy_reads.get(path)
             if copy is not None and copy.version == version and copy.covers(offset, length, version[0]):
                 return os.pread(copy.fd, n, offset)   # under the lock: the copy closes its fd under it
@@ -180,11 +187,14 @@ class TierView:
 
     def arriving(self, path: str, version: Version) -> bool:
         """A published stream or a copy of exactly `version` of `path` is on its way here (a
-        finished stream's part on its way into the catalog too)."""
-        if self.streams.state_of(path) == ("filling", version) or self.streams.being_handed_over(path) == version:
-            return True
+        finished stream's part on its way into the catalog too), and a removal record does not say
+        the store no longer has it."""
         with self.arrivals.lock:
-            return self.arrivals.copying_version.get(path) == version or self.arrivals.awaiting.get(path) == version
+            if self.catalog.version_removed(path, version):
+                return False
+            if self.arrivals.copying_version.get(path) == version or self.arrivals.awaiting.get(path) == version:
+                return True
+        return self.streams.state_of(path) == ("filling", version) or self.streams.being_handed_over(path) == version
 
 
 __all__ = ["Arrivals", "CopyInFlight", "TierView", "STREAM_QUIET_S"]
