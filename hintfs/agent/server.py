@@ -171,7 +171,9 @@ def start_in_process(store: Store, config: AgentConfig, *, peers: AgentsConfig |
         sock_dir.remove()
         raise
     server.socket_dir = sock_dir
-    threading.Thread(target=server.serve, name="hintfs-agent", daemon=True).start()
+    # (it serves from its construction: no serve() thread, which only waits. pyarrow's serve()
+    # keeps one process-wide "server being served": when one returns it shuts that one down,
+    # which may be another server of this process by then)
     return server, location
 
 

@@ -1,6 +1,5 @@
 """The storage agent over Flight on loopback: ranges, replicas, fan-out, TTL, budget, auth."""
 import errno
-import threading
 
 import pytest
 
@@ -38,7 +37,6 @@ def _tcp_agent(tmp_path, store, name, peers=(), clock=SYSTEM_CLOCK):
     cfg = parse_config({"store": {"uri": f"file://{store}"}, "agents": {"locations": list(peers)},
                         "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1}})
     server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc://127.0.0.1:0", clock=clock, **_parts(cfg))
-    threading.Thread(target=server.serve, daemon=True).start()
     return server, f"grpc://127.0.0.1:{server.port}"
 
 
@@ -164,12 +162,10 @@ def test_tls(tmp_path, store):
                                                          serialization.PrivateFormat.PKCS8,
                                                          serialization.NoEncryption()))
     from hintfs.agent.server import AgentServer
-    import threading
     cfg = parse_config({"store": {"uri": f"file://{store}"},
                         "agent": {"data_dir": str(tmp_path / "tls"), "tls_cert_file": str(tmp_path / "cert.pem"),
                                   "tls_key_file": str(tmp_path / "key.pem")}})
     server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc+tls://localhost:0", **_parts(cfg))
-    threading.Thread(target=server.serve, daemon=True).start()
     try:
         c = AgentClient(f"grpc+tls://localhost:{server.port}", tls_root=(tmp_path / "cert.pem").read_bytes())
         assert c.read("ckpt/.metadata", 0, 4) == b"meta"

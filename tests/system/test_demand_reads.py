@@ -221,7 +221,6 @@ def test_a_chunk_that_lands_while_the_store_fetch_is_in_flight_answers_first(tmp
     slow = _SlowStore(str(store))
     server = AgentServer(slow, cfg.agent, peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load,
                          location="grpc://127.0.0.1:0")
-    threading.Thread(target=server.serve, daemon=True).start()
     c = AgentClient(f"grpc://127.0.0.1:{server.port}")
     try:
         data = os.urandom(3 * CHUNK)
