@@ -115,6 +115,7 @@ class Host:
     pid: int = 0            # the agent, or the mount daemon
     location: str = ""      # storage: the agent's Flight location
     mnt: str = ""           # training: the mountpoint
+    mac: str = ""
 
 
 @dataclass
@@ -245,7 +246,7 @@ class Cluster:
         burst = max(64 * 1024, int(rate_bytes * 0.01))   # GSO frames of veths are up to 64 KiB
         argv = ["tc"] + (["-n", ns] if ns else []) + ["qdisc", "add", "dev", dev, "root", "tbf",
                                                       "rate", f"{int(mbit * 1e6)}bit", "burst", str(burst),
-                                                      "latency", "200ms"]
+                                                      "latency", "500ms"]
         _run(argv)
 
     def _network(self) -> None:
@@ -260,13 +261,15 @@ class Cluster:
             for i in range(count):
                 name = f"{kind}{i}"
                 ns = self.prefix + name
-                host = Host(name, ns, f"{self.subnet}.{HOST_BASE[kind] + i}", str(self.root / name))
+                host = Host(name, ns, f"{self.subnet}.{HOST_BASE[kind] + i}", str(self.root / name),
+                            mac=_mac(kind, i))
                 os.makedirs(host.dir)
                 (self.storage if kind == "s" else self.training).append(host)
                 _run(["ip", "netns", "add", ns])
                 _run(["ip", "link", "add", ns, "type", "veth", "peer", "name", ns + "p"])
                 _run(["ip", "link", "set", ns + "p", "netns", ns])
                 _run(["ip", "-n", ns, "link", "set", ns + "p", "name", "eth0"])
+                _run(["ip", "-n", ns, "link", "set", "eth0", "address", host.mac])
                 _run(["ip", "-n", ns, "addr", "add", f"{host.ip}/24", "dev", "eth0"])
                 _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -274,6 +277,23 @@ class Cluster:
                 _run(["ip", "link", "set", ns, "up"])
                 self._tbf(ns, "eth0", mbit)      # what the host sends
                 self._tbf(None, ns, mbit)        # what it receives
+        self._neighbours()
+
+    def _neighbours(self) -> None:
+        """Every host knows every other's MAC (permanent entries, as a cluster's static ARP would):
+        under a shaped NIC's full queue, dropped ARP packets made hosts unreachable for seconds
+        (EHOSTUNREACH) at 64 + 64 hosts."""
+        _run(["ip", "link", "set", self.bridge, "address", _mac("b", 0)])
+        hosts = self.storage + self.training
+        entries = [(h.ip, h.mac) for h in hosts] + [(f"{self.subnet}.1", _mac("b", 0))]
+        for h in [None, *hosts]:
+            dev = "eth0" if h else self.bridge
+            batch = os.path.join(self.root, f"neigh-{h.name if h else 'br'}")
+            with open(batch, "w") as f:
+                for ip, mac in entries:
+                    if h is None or ip != h.ip:
+                        f.write(f"neigh replace {ip} lladdr {mac} dev {dev} nud permanent\n")
+            _run(["ip"] + (["-n", h.ns] if h else []) + ["-batch", batch])
 
     # -- daemons -----------------------------------------------------------------------------
     def _token_file(self, host: Host) -> str:
@@ -402,6 +422,10 @@ class Cluster:
         return {"prefix": self.prefix, "root": str(self.root), "store": str(self.store), "subnet": f"{self.subnet}.0/24",
                 "bridge": self.bridge, "storage": [asdict(h) for h in self.storage],
                 "training": [asdict(h) for h in self.training], "token": TOKEN, "timings": self.timings}
+
+
+def _mac(kind: str, i: int) -> str:
+    return f"02:68:66:{'stb'.index(kind):02x}:{i >> 8:02x}:{i & 255:02x}"
 
 
 def _tail(path: str, n: int = 2000) -> str:
