@@ -11,6 +11,8 @@ Without pytest (benches import these):
     wan            Relay, run_relay: the WAN emulator (delay and bandwidth on loopback);
                    `python -m tests.helpers.wan --help`
     staging_holder StagingHolder: holds a mount's staging files open (a bench diagnostic)
+    cluster        Cluster: storage and training hosts as network namespaces on one bridge
+                   (tc tbf per NIC); cleanup of a killed run's leftovers by its name prefix
 
 For the tests only (they use pytest): s3 (the S3 fixture, skips without juicefs), security (other
 users' processes), cli (the installed console script), media, tick_fs, slow_store_mount.
