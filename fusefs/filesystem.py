@@ -841,9 +841,12 @@ class Filesystem:
 
     def _replaced_under_open_handles(self, node: Inode, st: Stat) -> bool:
         """Handles are open on `node` reading one store file, and the name now holds another.
-        (The kernel keeps one page cache per inode: the two files must not share one.)"""
-        return node.opens > 0 and node.writer is None and node.file_key is not None and \
-            bool(st.ino) and node.file_key != (st.dev, st.ino)
+        (The kernel keeps one page cache per inode: the two files must not share one.) Handles
+        reading a last writer's kept copy (`keep_for_readers`: file_key (-1, -1)) read no store
+        file: the name always holds another, also on a store without inode numbers (S3)."""
+        if node.opens <= 0 or node.writer is not None or node.file_key is None:
+            return False
+        return node.file_key == (-1, -1) or (bool(st.ino) and node.file_key != (st.dev, st.ino))
 
     def _renew(self, node: Inode, why: str, still_named: bool = False) -> Refused:
         """Close-to-open while handles are open on an older file: this name becomes a new inode

@@ -69,6 +69,10 @@ class Writer:
     live: bool = False           # the staging *is* the published inode (file://, after a rename)
     unlinked: bool = False
     failed: bool = False         # a close failed: these bytes are never published
+    # written through the daemon on a mount with passthrough (S3 with a host cache: a reader the
+    # daemon serves was open on the file when this writer was made; the kernel serves one inode
+    # one way): the daemon sees every write, so an untouched writer publishes nothing
+    by_daemon: bool = False
 
 
 @dataclass(eq=False)
@@ -272,12 +276,16 @@ class Model:
                 # of the store file is open, so a writer (its staging) cannot be (docs/semantics.md)
                 return err(errno.ETXTBSY)
             if w is None:
+                by_daemon = self.passthrough and not self.local_store and any(
+                    o.mount == m and o.path == path and o.writer is None and not o.detached
+                    for o in self.ofds.values())
                 if e is None:
-                    w = Writer(path, Ino())
+                    w = Writer(path, Ino(), by_daemon=by_daemon)
                 else:
                     # An existing file: its content; with passthrough the daemon cannot tell
                     # whether the kernel wrote it, so it publishes at the first close anyway.
-                    w = Writer(path, e.copy() if isinstance(e, Ino) else Ino(), dirty=self.passthrough)
+                    w = Writer(path, e.copy() if isinstance(e, Ino) else Ino(),
+                               dirty=self.passthrough and not by_daemon, by_daemon=by_daemon)
                 ws[path] = w
             if flags & os.O_TRUNC:
                 try:
@@ -298,7 +306,7 @@ class Model:
         else:
             w = ws.get(path)
             if w is not None:
-                if self.passthrough:
+                if self.passthrough and not w.by_daemon:
                     ofd.bound = w.staging
                 else:
                     ofd.follow = w
@@ -476,9 +484,11 @@ class Model:
         reader sees the mount's current view of its file's name (a writer's staged size on that
         mount), while its reads keep the content it opened."""
         ofd = self._ofd(h)
-        if (not self.local_store and ofd.writer is None and ofd.follow is None and not ofd.detached
-                and self.view(ofd.mount, ofd.path) is None):
-            return ("any", None)   # an object store's reader has no local file to stat once the object is gone
+        if not self.local_store and ofd.writer is None and ofd.follow is None and (
+                (not ofd.detached and self.view(ofd.mount, ofd.path) is None) or self._object_gone(ofd)):
+            # an object store's reader has no local file to stat once the object it opened is gone,
+            # whoever removed it or took its key (this mount too: an unlink or a rename over it)
+            return ("any", None)
         content = self._content(ofd)
         if ofd.writer is None:
             size = self._node_size(ofd, content)
@@ -629,9 +639,10 @@ class Model:
         if not self._dir_exists(self.parent(path)) or self.view(m, path) is None:
             return err(errno.ENOENT)
         w = self.writers[m].get(path)
-        if w is not None and self.passthrough and self.local_store:
+        if w is not None and self.passthrough and not w.by_daemon:
             # the times are set on the staging file too; under passthrough the mount tells a
-            # change by (size, mtime): the next close publishes the file again
+            # change by (size, mtime): the next close publishes the file again (any store: on S3
+            # the host cache's writers are passthrough's too)
             w.dirty = True
         return ok()
 

@@ -11,10 +11,14 @@ mounts of one store, each checked against the reference model (`tests/model/fsmo
 - **Shrinking**: a failing sequence is cut down (delta debugging: drop chunks, then single steps)
   to a minimal one that still diverges; `save_regression` writes it to
   `tests/model/regressions/` where `test_model.py` replays it forever after.
-- **Crashes** (`crash_every`): SIGKILL of a mount daemon at a random step, then what the model
-  says must survive is checked (everything closed or fsynced is in the store whole; what was
-  open may be lost; nothing torn), the dead mount is unmounted with `hintfs umount` and mounted
-  again, and the run goes on.
+- **Crashes** (`crash_every`): a `crash` step, SIGKILL of a mount daemon at a random step, then
+  what the model says must survive is checked (everything closed or fsynced is in the store
+  whole; what was open may be lost; nothing torn), the dead mount is unmounted with `hintfs
+  umount` and mounted again, and the run goes on. What a dead daemon leaves is checked too: on
+  `file://` its staging files are never listed and the next mount removes them; on an object
+  store (S3) no spool file has a name, no staging object is in the bucket, and the host cache
+  holds nothing torn (`check_no_object_staging_left`). A crash is a step: sequences with crashes
+  replay and shrink like any other (the rig must give `daemon_pid` and `remount`).
 
 Steps are interleaved at operation boundaries (one at a time), so a seed replays exactly; the
 free-running concurrent stress is `stress()`, which runs the workers at once without a model
@@ -156,6 +160,13 @@ class Rig:
     # folders are made with `make_folder(folder)`; None for file:// (read directly).
     read_tree: object | None = None
     make_folder: object | None = None
+    # An object store's leftovers after a crash: `list_keys(folder)` -> every key and folder under
+    # it as the bucket lists them; `object_version(rel)` -> ((size, mtime_ns, etag), bytes) of the
+    # store's object at `rel`, or None; each mount's `[cache] spool_dir` and `[cache] dir`.
+    list_keys: object | None = None
+    object_version: object | None = None
+    spools: list[Path] = field(default_factory=list)
+    host_caches: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -221,6 +232,9 @@ class Run:
         the step does not apply (a description it names is not open)."""
         model, w = self.model, self.procs[step.worker]
         op, a = step.op, step.args
+        if op == "crash":
+            self.crash(i, step.mount)
+            return True
         self.ops += 1
         if op == "open":
             rel, fl = a
@@ -345,9 +359,9 @@ class Run:
         random mount's daemon after about that many steps (uniformly at random)."""
         for _ in range(n):
             if crash_every and rng.random() < 1.0 / crash_every:
-                self.crash(len(self.steps), rng.randrange(len(self.rig.mounts)))
-                continue
-            step = self.draw(rng, len(self.steps))
+                step = Step("crash", 0, rng.randrange(len(self.rig.mounts)))
+            else:
+                step = self.draw(rng, len(self.steps))
             self.steps.append(step)
             self.apply(len(self.steps) - 1, step)
 
@@ -406,7 +420,8 @@ class Run:
 
     # -- crashes -----------------------------------------------------------------------------------
     def crash(self, i: int, mount: int) -> None:
-        """SIGKILL mount `mount`'s daemon now; then what the model says survives must be in the
+        """SIGKILL mount `mount`'s daemon now (step `i`, a `crash` step: a sequence with crashes
+        replays and shrinks like any other); then what the model says survives must be in the
         store (everything closed or fsynced, whole), `hintfs umount` of the dead mount and a new
         mount of it, which must leave no staging file of the dead daemon once it has looked."""
         assert self.rig.daemon_pid is not None and self.rig.remount is not None
@@ -416,14 +431,13 @@ class Run:
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.01)
         # Close what is open on the other mounts (their publishes happen), then the workers go:
-        # their descriptors of the dead mount die with them.
+        # their descriptors of the dead mount die with them. (Part of the crash step: a
+        # divergence there is the crash step's.)
         for label in sorted(self.open):
             h = self.open[label][0]
             if self._mount_of.get(h) != mount:
                 while label in self.open:
-                    step = Step("close", 0, 0, (label,))
-                    self.steps.append(step)
-                    self.apply(len(self.steps) - 1, step)
+                    self.apply(i, Step("close", 0, 0, (label,)))
         for w in self.procs:
             w.close()
         for h in self.model.crash(mount):
@@ -439,7 +453,10 @@ class Run:
     def check_no_staging_left(self, i: int, mount: int) -> None:
         """The dead daemon's staging files are never shown, and the next mount removes them when
         it lists their folder once they are `STALE_STAGING_AGE_S` old (their mtime is set back
-        here instead of waiting a minute)."""
+        here instead of waiting a minute). Object stores: `check_no_object_staging_left`."""
+        if self.rig.read_tree is not None:
+            self.check_no_object_staging_left(i, mount)
+            return
         def dead_stagings() -> list[str]:
             return [os.path.join(d, n) for d, _s, ns in os.walk(self.rig.store / self.folder)
                     for n in ns if n.startswith(STAGING_PREFIX) and _staging_pid(n) not in self._live_pids()]
@@ -455,6 +472,47 @@ class Run:
         if leftover:
             raise DivergenceError(i, Step("check_store", 0, mount, ("staging after a crash",)), leftover[:4],
                                   "no staging file of a dead daemon", "after the next mount looked")
+
+    def check_no_object_staging_left(self, i: int, mount: int) -> None:
+        """On an object store a staging file is a spool file without a name (unlinked at its
+        creation: nothing to clean after a crash) and an upload goes to its key (a multipart upload
+        is invisible until completed). So: no spool folder holds a named file; no staging name is
+        in the bucket or listed through any mount; and the host cache of the mount that died,
+        as its next daemon found it, holds nothing a reader could mistake: no temporary fetch of
+        the dead daemon, and every complete file is named by its path's hash, carries its path and
+        version, has that version's size, and, where the store still has that version, its bytes
+        (a torn copy of the current version would be served by passthrough)."""
+        where = Step("check_store", 0, mount, ("staging after a crash",))
+        named = [str(p) for spool in self.rig.spools if spool.exists() for p in spool.iterdir()]
+        if named:
+            raise DivergenceError(i, where, named[:4], "no named spool file", "spool files have no name")
+        keys = self.rig.list_keys(self.folder)    # type: ignore[operator]
+        staged = [k for k in keys if k.rsplit("/", 1)[-1].startswith(STAGING_PREFIX)]
+        if staged:
+            raise DivergenceError(i, where, staged[:4], "no staging object", "the bucket listed")
+        for m, mnt in enumerate(self.rig.mounts):
+            for dirpath, _dirs, names in os.walk(mnt / self.folder):
+                if any(n.startswith(STAGING_PREFIX) for n in names):
+                    rel = os.path.relpath(dirpath, mnt)
+                    raise DivergenceError(i, Step("readdir", 0, m, (rel,)), names, "no staging file listed")
+        if self.rig.host_caches:
+            bad = self._torn_cache_entries(self.rig.host_caches[mount])
+            if bad:
+                raise DivergenceError(i, where, bad[:4], "nothing a reader could mistake",
+                                      "the host cache after a crash")
+
+    def _torn_cache_entries(self, top: Path) -> list[str]:
+        """What in a host cache folder (hintfs/stores/hostcache.py) a restarted daemon could serve
+        wrongly: a leftover temporary fetch of a dead daemon (the next daemon removes them when it
+        starts), or a complete file that is not exactly the version its extended attribute names."""
+        out = []
+        live = self._live_pids()
+        for dirpath, _dirs, names in os.walk(top):
+            for name in names:
+                problem = _cache_entry_problem(Path(dirpath) / name, live, self.rig.object_version)
+                if problem:
+                    out.append(f"{name[:16]}: {problem}")
+        return out
 
     def _live_pids(self) -> set[int]:
         assert self.rig.daemon_pid is not None
@@ -473,6 +531,40 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[-1][:1] != "Z"
     except OSError:
         return False
+
+
+def _cache_entry_problem(path: Path, live_pids: set[int], object_version) -> str | None:
+    """Why a file of a host cache folder could mislead a reader, or None. Its names: `.lock`;
+    `<sha256 of the path>` (complete: xattr `user.hintfs.hostcache` {"path", "version"}, what
+    `HostCachedStore._restore` indexes and `open_local` serves once the store's version matches);
+    `<sha256>.<pid>.<n>.tmp` (a fetch in flight: a live daemon's only)."""
+    import hashlib
+    from hintfs.stores.hostcache import XATTR
+    name = path.name
+    if name == ".lock":
+        return None
+    if name.endswith(".tmp"):
+        parts = name.split(".")
+        pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else -1
+        return None if pid in live_pids else "a temporary fetch of a dead daemon"
+    if len(name) != 64 or any(c not in "0123456789abcdef" for c in name):
+        return "an unknown name"
+    try:
+        meta = json.loads(os.getxattr(path, XATTR))
+        rel, version = meta["path"], tuple(meta["version"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable {XATTR} ({e})"   # (_restore removes it: never served)
+    if hashlib.sha256(rel.encode("utf-8", "surrogateescape")).hexdigest() != name:
+        return f"named for another path than {rel!r}"
+    data = path.read_bytes()
+    if len(version) != 3 or version[0] != len(data):
+        return f"{len(data)} bytes, its version says {version}"
+    now = object_version(rel)
+    if now is not None and tuple(now[0]) == (int(version[0]), int(version[1]), str(version[2])) \
+            and now[1] != data:
+        first = next((j for j, (a, b) in enumerate(zip(data, now[1])) if a != b), 0)
+        return f"{rel}: not the bytes of the version it names (first difference at {first})"
+    return None
 
 
 def _staging_pid(name: str) -> int:

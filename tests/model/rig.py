@@ -155,11 +155,53 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
         def make_folder(folder: str) -> None:
             fs.create_dir(f"{bucket}/{folder}")
 
+        def list_keys(folder: str) -> list[str]:
+            """Every key and folder under `folder` as the bucket lists them (staging names too)."""
+            import pyarrow.fs as pafs
+            sel = pafs.FileSelector(f"{bucket}/{folder}", recursive=True, allow_not_found=True)
+            return [info.path[len(f"{bucket}/{folder}/"):] for info in fs.get_file_info(sel)]
+
+        from hintfs.stores.arrow import ArrowStore
+        reader_store = ArrowStore(fs, bucket, str(base / "spool-rig"), "the rig's reader")
+
+        def object_version(rel: str) -> tuple[tuple[int, int, str], bytes] | None:
+            """The version of the object at `rel` (a store path) as the host cache tells versions
+            (size, Last-Modified, ETag of the open's HEAD: `version_of`) and its bytes; None if
+            the store has no object there."""
+            from hintfs.stores.hostcache import version_of
+            try:
+                reader, st = reader_store.open_reader(rel)
+            except (FileNotFoundError, IsADirectoryError):
+                return None
+            try:
+                return version_of(reader, st), reader.read(0, st.size) if st.size else b""
+            finally:
+                reader.close()
+
         def remount(i: int) -> None:
             _umount(mnts[i])
             _mount(cfgs[i], mnts[i])
 
-        yield Rig(base / "s3", mnts, host_cache, remount=remount, read_tree=read_tree, make_folder=make_folder)
+        def daemon_pid(i: int) -> int:
+            import json
+            return json.loads((mnts[i] / ".hintfs" / "stats").read_text())["pid"]
+
+        pids: dict[int, int] = {}
+
+        def pid_of(i: int) -> int:
+            # (a dead daemon's mount cannot answer: the pid is remembered at each remount)
+            if i not in pids:
+                pids[i] = daemon_pid(i)
+            return pids[i]
+
+        def remount_and_forget(i: int) -> None:
+            remount(i)
+            pids[i] = daemon_pid(i)
+
+        yield Rig(base / "s3", mnts, host_cache, remount=remount_and_forget, daemon_pid=pid_of,
+                  read_tree=read_tree, make_folder=make_folder, list_keys=list_keys,
+                  object_version=object_version, spools=[base / f"spool{i}" for i in range(mounts)],
+                  host_caches=[base / f"hc{i}" for i in range(mounts)] if host_cache else [])
     finally:
         for mnt in mnts:
             _umount(mnt)
