@@ -32,6 +32,7 @@ from hintfs.common import access
 from hintfs.common.access import Principal
 from hintfs.common.errors import HintfsError
 from hintfs.common.documents import DocumentError
+from hintfs.common.jsontext import nests_within
 
 log = logging.getLogger("hintfs.control")
 
@@ -177,29 +178,6 @@ class ErrorView:
         return (self.target.last_error + "\n").encode() if self.target.last_error else b""
 
 
-def _depth_ok(text: str) -> bool:
-    """Whether the JSON text nests at most MAX_JSON_DEPTH deep (brackets outside strings)."""
-    depth = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
-
-
 def parse_json_document(data: bytes) -> object:
     if len(data) > MAX_CONTROL_WRITE:
         raise ControlInputError(f"document of {len(data)} bytes exceeds {MAX_CONTROL_WRITE}")
@@ -207,7 +185,7 @@ def parse_json_document(data: bytes) -> object:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ControlInputError(f"not UTF-8: {err}") from None
-    if not _depth_ok(text):
+    if not nests_within(text, MAX_JSON_DEPTH):
         raise ControlInputError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(text)

@@ -54,6 +54,7 @@ import time
 
 from cachetools import FIFOCache
 
+from hintfs.common.jsontext import nests_within
 from hintfs.common.paths import relpath
 
 log = logging.getLogger("hintfs.journal")
@@ -253,37 +254,16 @@ def decode_record(data: bytes) -> dict:
     if len(data) > MAX_RECORD_BYTES:
         raise ValueError(f"{len(data)} bytes, more than {MAX_RECORD_BYTES}")
     text = data.decode("utf-8")      # (UnicodeDecodeError is a ValueError)
-    if not _flat_json(text):
+    if not nests_within(text, 1, arrays=False):   # one flat object
         raise ValueError("nested JSON: a record is one flat object")
     try:
         doc = json.loads(text)
-    except RecursionError:           # (cannot happen after _flat_json; never out of a round)
+    except RecursionError:           # (cannot happen after nests_within; never out of a round)
         raise ValueError("nested JSON") from None
     if not isinstance(doc, dict) or set(doc) != _RECORD_KEYS:
         raise ValueError("not an object of exactly path, size and mtime_ns")
     return {"path": _record_path(doc["path"]), "size": _number(doc["size"], "size"),
             "mtime_ns": _number(doc["mtime_ns"], "mtime_ns")}
-
-
-def _flat_json(text: str) -> bool:
-    """The JSON text has no array, and no object inside an object (brackets outside strings)."""
-    depth = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == "[" or (ch == "{" and depth):
-            return False
-        elif ch == "{":
-            depth = 1
-    return True
 
 
 def _number(value: object, what: str) -> int:

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from hintfs.common.errors import validation_message
+from hintfs.common.jsontext import nests_within
 from hintfs.governor.ledger import MemoryKind
 
 MAX_LINE = 4096            # bytes of one message (the largest, a register, is ~300)
@@ -99,29 +100,6 @@ OPS = ("register", "reserve", "release", "usage", "ack", "pages", "busy", "stats
 NO_REPLY = ("ack", "pages", "busy")     # notifications: sent on the fast path, never answered
 
 
-def _depth_ok(text: str) -> bool:
-    """The JSON text nests at most MAX_DEPTH deep (brackets outside strings)."""
-    depth = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
-
-
 def _int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_DIGITS:
         raise ProtocolError(f"integer of more than {MAX_DIGITS} digits")
@@ -149,7 +127,7 @@ def decode(line: bytes) -> dict:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("message is not UTF-8") from None
-    if not _depth_ok(text):
+    if not nests_within(text, MAX_DEPTH):
         raise ProtocolError(f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         msg = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
