@@ -47,6 +47,28 @@ def _umount(mnt: Path) -> None:
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
+def _remount_and_pids(mnts: list[Path], cfgs: list[Path]):
+    """(remount(i), daemon_pid(i)) of a rig's mounts: a dead daemon's mount cannot answer, so
+    each mount's daemon pid is remembered at its first question and at each remount."""
+    pids: dict[int, int] = {}
+
+    def ask(i: int) -> int:
+        import json
+        return json.loads((mnts[i] / ".hintfs" / "stats").read_text())["pid"]
+
+    def remount(i: int) -> None:
+        _umount(mnts[i])
+        _mount(cfgs[i], mnts[i])
+        pids[i] = ask(i)
+
+    def pid_of(i: int) -> int:
+        if i not in pids:
+            pids[i] = ask(i)
+        return pids[i]
+
+    return remount, pid_of
+
+
 @contextlib.contextmanager
 def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = None) -> Iterator[Rig]:
     """A store and `mounts` mounts of it; everything unmounted and removed at the end."""
@@ -66,25 +88,7 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             mnts.append(mnt)
             cfgs.append(cfg)
 
-        def remount(i: int) -> None:
-            _umount(mnts[i])
-            _mount(cfgs[i], mnts[i])
-
-        def daemon_pid(i: int) -> int:
-            import json
-            return json.loads((mnts[i] / ".hintfs" / "stats").read_text())["pid"]
-
-        pids: dict[int, int] = {}
-
-        def pid_of(i: int) -> int:
-            # (a dead daemon's mount cannot answer: the pid is remembered at each remount)
-            if i not in pids:
-                pids[i] = daemon_pid(i)
-            return pids[i]
-
-        def remount_and_forget(i: int) -> None:
-            remount(i)
-            pids[i] = daemon_pid(i)
+        remount_and_forget, pid_of = _remount_and_pids(mnts, cfgs)
 
         yield Rig(store, mnts, passthrough, remount=remount_and_forget, daemon_pid=pid_of)
     finally:
@@ -178,25 +182,7 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
             finally:
                 reader.close()
 
-        def remount(i: int) -> None:
-            _umount(mnts[i])
-            _mount(cfgs[i], mnts[i])
-
-        def daemon_pid(i: int) -> int:
-            import json
-            return json.loads((mnts[i] / ".hintfs" / "stats").read_text())["pid"]
-
-        pids: dict[int, int] = {}
-
-        def pid_of(i: int) -> int:
-            # (a dead daemon's mount cannot answer: the pid is remembered at each remount)
-            if i not in pids:
-                pids[i] = daemon_pid(i)
-            return pids[i]
-
-        def remount_and_forget(i: int) -> None:
-            remount(i)
-            pids[i] = daemon_pid(i)
+        remount_and_forget, pid_of = _remount_and_pids(mnts, cfgs)
 
         yield Rig(base / "s3", mnts, host_cache, remount=remount_and_forget, daemon_pid=pid_of,
                   read_tree=read_tree, make_folder=make_folder, list_keys=list_keys,
