@@ -753,7 +753,7 @@ class Filesystem:
         if self._replaced_under_open_handles(node, st):
             reader.close()
             raise self._renew(node, "was replaced in the store")
-        node.file_key = (st.dev, st.ino) if st.ino else None
+        node.file_key = st.file_key()
         keep_cache = self._same_as_cached(node, st)
         reader, source = await self.reads.source(node.path, reader, st)
         if source is Source.STORE:
@@ -772,7 +772,7 @@ class Filesystem:
             self.stats.add("passthrough_replaced")
             raise self._renew(node, "is published in place", still_named=True)
         if node.writer is None and node.opens and node.file_key is not None:
-            st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
+            st = await self._store_now(node.path)
             if self._replaced_under_open_handles(node, st):
                 raise self._renew(node, "was replaced in the store")
         if node.writer is None and node.pt_refs and node.pt_staging is not None:
@@ -846,7 +846,19 @@ class Filesystem:
         file: the name always holds another, also on a store without inode numbers (S3)."""
         if node.opens <= 0 or node.writer is not None or node.file_key is None:
             return False
-        return node.file_key == (-1, -1) or (bool(st.ino) and node.file_key != (st.dev, st.ino))
+        return node.file_key == (-1, -1) or node.file_key != st.file_key()
+
+    async def _store_now(self, path: str) -> Stat:
+        """What the store has at `path` now, with what `Stat.file_key` needs: a `stat` where the
+        store has inode numbers; on an object store the version an open's HEAD gives (the ETag:
+        one request, as a stat; the reader is not used)."""
+        st: Stat
+        if self.store.inode_numbers:
+            st = await self.io(self.store.stat, path, inline=self.meta_inline)
+        else:
+            reader, st = await self.io(self.store.open_reader, path, inline=self.meta_inline)
+            reader.close()
+        return st
 
     def _renew(self, node: Inode, why: str, still_named: bool = False) -> Refused:
         """Close-to-open while handles are open on an older file: this name becomes a new inode
@@ -869,7 +881,7 @@ class Filesystem:
         another file at that name (replaced, e.g. by a rename from another host), this name
         becomes a new inode: the old one stays with its open files, and ESTALE makes the kernel
         look the name up again and retry the open on the new inode (once, in open(2) itself)."""
-        st = await self.io(self.store.stat, node.path, inline=self.meta_inline)
+        st = await self._store_now(node.path)
         if backing_key(st, replica=node.pt_file[0] == "replica") == node.pt_file:
             return
         self.stats.add("passthrough_replaced")
@@ -877,7 +889,7 @@ class Filesystem:
 
     def _same_as_cached(self, node: Inode, st: Stat) -> bool:
         """Close-to-open: keep the kernel's cached pages only if the file did not change."""
-        ident = st.identity()
+        ident = st.version()
         if node.cached_identity == ident:
             self.stats.add("open_keep_cache")
             return True
@@ -1051,7 +1063,7 @@ class Filesystem:
                     await trio.to_thread.run_sync(self.kernel.invalidate_entry_now, parent.ino, raw)
                 else:
                     self.kernel.invalidate_entry(parent.ino, raw)
-        node.cached_identity = st.identity()
+        node.cached_identity = st.version()
         await self._published(node, st, final and not keep)
 
     def _still_published(self, node: Inode, staging) -> bool:

@@ -33,9 +33,9 @@ class Inode:
         self.writer: Staging | None = None   # staged writes shared by all write handles
         self.writer_refs = 0
         self.unlinked = False
-        # (size, mtime) of the file when the kernel's page cache was last known to match it;
+        # Stat.version() of the file when the kernel's page cache was last known to match it;
         # an open that sees another identity drops the cache (close-to-open consistency).
-        self.cached_identity: tuple[int, int] | None = None
+        self.cached_identity: tuple[int, int, str] | None = None
         self.control = control                  # a control node for `.hintfs/...`, else None
         self.virtual: tuple[str, TransformRule] | None = None   # (source, rule) of an `x.tensor` path
         self.tensor_data: bytes | None = None  # its bytes while any handle has it open
@@ -59,7 +59,7 @@ class Inode:
         # (st_dev, st_ino) of the store file the open handles of this inode read (file:// stores):
         # an open that finds another file at the name gets a new inode (close-to-open on one
         # page cache per inode, `Filesystem._renew`); None while nothing is open.
-        self.file_key: tuple[int, int] | None = None
+        self.file_key: tuple | None = None
         self.kind = 0             # S_IFMT of the store entry it was last looked up as (0: unknown)
 
     def open_fd(self) -> int:

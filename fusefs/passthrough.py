@@ -49,9 +49,10 @@ class HeldFd:
 
 def backing_key(st: Stat, replica: bool) -> tuple:
     """What a passthrough backing of a store file stands for: a replica holds one version of it
-    ("replica", size, mtime_ns); the store file itself (st_dev, st_ino) is current whatever changes
-    in place. An open that finds another key than the backing's must not share it."""
-    return ("replica", *st.identity()) if replica else (st.dev, st.ino)
+    ("replica", size, mtime_ns); the store file itself is its `Stat.file_key` ((st_dev, st_ino) on
+    file://: current whatever changes in place; an object's version on S3, whose backing is the
+    host cache's copy of it). An open that finds another key than the backing's must not share it."""
+    return ("replica", *st.identity()) if replica else st.file_key()
 
 
 def free_bytes(fd: int) -> int:

@@ -330,6 +330,7 @@ class RoutedStore:
         # A routed file is read from the tier's replica: by passthrough when the tier agent is on
         # this host and hands its fds out (`local_socket`); other files as the store allows.
         self.passthrough_capable = store.passthrough_capable or any(r.local_socket for r in self.routes)
+        self.inode_numbers = store.inode_numbers
         self.description = store.description
 
     def routes_path(self, path: str) -> bool:

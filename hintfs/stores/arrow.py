@@ -152,6 +152,7 @@ def filesystem_from_config(store_cfg) -> tuple[pafs.FileSystem, str]:
 class ArrowStore:
     inline_metadata = False
     passthrough_capable = False   # objects are not local files
+    inode_numbers = False
 
     def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str):
         self.fs = fs
@@ -211,9 +212,10 @@ class ArrowStore:
             except FileNotFoundError:
                 f = None   # missing, or a "directory" (a prefix): the stat below says which
             if f is not None:
+                reader = ArrowReader(f)
                 mtime = _last_modified_ns(f.metadata())
                 if mtime is not None:
-                    return ArrowReader(f), Stat(_FILE_MODE, f.size(), mtime, mtime, 1)
+                    return reader, Stat(_FILE_MODE, f.size(), mtime, mtime, 1, etag=reader.etag)
                 f.close()
         info = self.fs.get_file_info(self._p(rel))
         st = _stat_of(info)
@@ -364,6 +366,11 @@ class ArrowStore:
         if dest != target:
             self.fs.move(dest, target)
         staging.dirty = False
+        if self._is_s3:
+            # the HEAD of an open, not a stat: it has the new object's ETag (`Stat.version`)
+            reader, st = self.open_reader(rel)
+            reader.close()
+            return st
         return self.stat(rel)
 
     def put_small(self, rel: str, data: bytes) -> None:

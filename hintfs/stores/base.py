@@ -31,6 +31,8 @@ class Stat:
     dev: int = 0         # the backing file's (st_dev, st_ino) where the store has them (file://),
     ino: int = 0         # so hard links share one inode number; 0 elsewhere
     rdev: int = 0        # device nodes
+    etag: str = ""       # an object store's version tag where the request that made this Stat had it
+                         # (S3's ETag, from an open's HEAD; a listing or `stat` has none)
 
     @property
     def is_dir(self) -> bool:
@@ -47,6 +49,18 @@ class Stat:
     def identity(self) -> tuple[int, int]:
         """What close-to-open compares: a changed file has another size or mtime."""
         return (self.size, self.mtime_ns)
+
+    def version(self) -> tuple[int, int, str]:
+        """What close-to-open compares when it keeps a file's cached pages: `identity()` and,
+        where the Stat has one, the ETag."""
+        return (self.size, self.mtime_ns, self.etag)
+
+    def file_key(self) -> tuple:
+        """Which file of the store this is, for close-to-open with handles open: (st_dev, st_ino)
+        where the store has inode numbers (a file changed in place is the same file); else the
+        object's version (size, mtime_ns, ETag): another object at the key is another file, even
+        of the same size within the same second (S3's Last-Modified has whole seconds)."""
+        return (self.dev, self.ino) if self.ino else ("object", self.size, self.mtime_ns, self.etag)
 
     @classmethod
     def from_os(cls, st: os.stat_result) -> Stat:
@@ -115,6 +129,9 @@ class Store(Protocol):
     inline_metadata: bool
     description: str
     passthrough_capable: bool   # its files (and staging files) can back FUSE passthrough opens
+    # Its Stats have inode numbers (file://). Else (object stores) which object a key holds is
+    # its version, which only `open_reader`'s Stat has in full (the ETag): `Stat.file_key`.
+    inode_numbers: bool
 
     def refuse_device(self, st_dev: int) -> None:
         """Never serve entries of this device (the mount's own, should the store contain its

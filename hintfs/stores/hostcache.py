@@ -79,7 +79,7 @@ def version_of(reader: Any, st: Stat) -> Version:
     """The store's version of an open file: size, mtime and, where the store has one, the ETag
     (S3's Last-Modified has whole seconds: a rewrite of the same size within a second differs only
     in its ETag). The ETag comes from the open's own HEAD, no extra request."""
-    etag = getattr(reader, "etag", "")   # hintfs.stores.arrow.ArrowReader.etag; local readers have none
+    etag = st.etag or getattr(reader, "etag", "")   # hintfs.stores.arrow.ArrowReader.etag; local readers have none
     return (st.size, st.mtime_ns, str(etag or ""))
 
 
@@ -245,6 +245,7 @@ class HostCachedStore:
         # Complete cached files are local files (and so are the staging files of a remote store's
         # writes: a plain read-write fd in the spool), so FUSE passthrough may serve both.
         self.passthrough_capable = True
+        self.inode_numbers = store.inode_numbers
         self.budget = cache_cfg.budget_bytes
         self.min_bytes = cache_cfg.min_file_bytes
         self.max_bytes = min(cache_cfg.max_file_bytes or cache_cfg.budget_bytes, cache_cfg.budget_bytes)

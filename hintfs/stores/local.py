@@ -163,6 +163,7 @@ class LocalStore:
     PATH_MAX relative to the root works however deep the root itself is)."""
     inline_metadata = True
     passthrough_capable = True   # its files (and staging files) can back FUSE passthrough opens
+    inode_numbers = True
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)

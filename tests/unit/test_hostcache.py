@@ -44,6 +44,7 @@ class MemStore:
     """A remote store in memory: (data, mtime_ns, etag) per path; counts opens and reads."""
     inline_metadata = False
     passthrough_capable = False
+    inode_numbers = False
     description = "mem://bucket"
 
     def __init__(self):
