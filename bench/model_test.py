@@ -97,7 +97,9 @@ def rig_of(cfg: Config):
 
 
 def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_seed: int,
-               shrink_budget_s: float, log) -> dict:
+               shrink_budget_s: float, log, progress=None) -> dict:
+    """One configuration's run; `progress(partial)` is called every 20 seeds with what it has so
+    far (so a run cut short still leaves its figures in the results file)."""
     out: dict = {"mounts": cfg.mounts, "passthrough": cfg.passthrough, "store": cfg.store, "ops": 0, "crashes": 0,
                  "divergences": [], "seeds": [], "seconds": 0.0}
     if cfg.store != "file://":
@@ -136,8 +138,16 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
             if len(out["seeds"]) % 20 == 0:
                 print(f"  {cfg.name}: {out['ops']} ops, {out['crashes']} crashes, "
                       f"{len(out['divergences'])} divergences, {time.monotonic() - t0:.0f} s", file=log, flush=True)
+                if progress is not None:
+                    progress(_finished(dict(out), t0, partial=out["ops"] < ops_goal))
+    return _finished(out, t0)
+
+
+def _finished(out: dict, t0: float, partial: bool = False) -> dict:
     out["seconds"] = round(time.monotonic() - t0, 1)
     out["seeds"] = [out["seeds"][0], out["seeds"][-1]] if out["seeds"] else []
+    if partial:
+        out["partial"] = True   # the run was still going when this was written
     return out
 
 
@@ -254,8 +264,12 @@ def main() -> int:
         print(f"{cfg.name}: {cfg.store}, {cfg.mounts} mount(s), "
               f"{'host cache' if cfg.store != 'file://' else 'passthrough'} {'on' if cfg.passthrough else 'off'}:",
               flush=True)
+        def progress(partial: dict) -> None:
+            write_results(summary(results + [partial], {config_of(r): (args.steps, crash_every)
+                                                        for r in results + [partial]}, earlier), args.out)
+
         results.append(run_config(cfg, args.ops, args.steps, crash_every, args.first_seed,
-                                  args.shrink_budget_s, sys.stdout))
+                                  args.shrink_budget_s, sys.stdout, progress))
         doc = summary(results, {config_of(r): (args.steps, crash_every) for r in results}, earlier)
         write_results(doc, args.out)
     print(f"{'config':<28} {'ops':>10} {'crashes':>8} {'divergences':>12} {'seconds':>8}")
