@@ -35,6 +35,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -237,6 +238,8 @@ def main() -> int:
     ap.add_argument("--passthrough", action="store_true", help="with --shrink: file:// with passthrough")
     ap.add_argument("--save", help="with --shrink: save the shrunk sequence as tests/model/regressions/NAME.json")
     args = ap.parse_args()
+    # SIGTERM unwinds like ^C: each rig unmounts its mounts and stops its daemons and S3 server
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.shrink is not None:
         if args.config:
             if args.config not in CONFIGS:

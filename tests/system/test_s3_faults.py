@@ -137,11 +137,21 @@ def s3_server(tmp_path):
 
 @pytest.fixture
 def faulty(s3_server, mount_factory, tmp_path):
+    yield from _faulty(s3_server, mount_factory, tmp_path, TIMEOUTS)
+
+
+@pytest.fixture
+def faulty_short(s3_server, mount_factory, tmp_path):
+    """Shorter timeouts: a server that never answers costs each request `request_timeout_s`."""
+    yield from _faulty(s3_server, mount_factory, tmp_path, "connect_timeout_s = 1\nrequest_timeout_s = 1\n")
+
+
+def _faulty(s3_server, mount_factory, tmp_path, timeouts: str):
     fs = s3fs(s3_server)
     fs.create_dir(BUCKET)
     proxy = FaultProxy(s3_server.port)
     keys = store_extra(s3_server).replace(s3_server.endpoint, proxy.endpoint)
-    keys = "\n".join(line for line in keys.splitlines() if "timeout_s" not in line) + "\n" + TIMEOUTS
+    keys = "\n".join(line for line in keys.splitlines() if "timeout_s" not in line) + "\n" + timeouts
     m = mount_factory(extra=f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\n', store_uri=f"s3://{BUCKET}",
                       store_extra=keys)
     try:
@@ -209,8 +219,8 @@ def test_connections_reset_mid_upload_publish_whole_or_fail_and_keep_the_previou
     assert _write(m.mnt / "after.bin", b"ok") is None and _get(fs, "after.bin") == b"ok"
 
 
-def test_a_server_that_never_answers_fails_operations_within_the_timeouts(faulty):
-    m, fs, proxy, _server = faulty
+def test_a_server_that_never_answers_fails_operations_within_the_timeouts(faulty_short):
+    m, fs, proxy, _server = faulty_short
     _put(fs, "old.bin", b"previous")
     proxy.blackhole = True
     proxy.drop_connections()

@@ -228,26 +228,33 @@ def checkpoint(tmp_path_factory):
     return out
 
 
-def test_plan_prints_replicas_and_the_predicted_times(checkpoint):
+def plan_json(capsys, *args) -> dict:
+    """`hintfs hints plan ... --json` in this process (the command line parsed as the script
+    does; torch, which reads the checkpoint, is imported once for all such tests)."""
+    from hintfs.cli import build_parser
+    from hintfs.cli.hints_plan import cmd_plan
+    capsys.readouterr()
+    assert cmd_plan(build_parser().parse_args(["hints", "plan", *map(str, args), "--json"])) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_prints_replicas_and_the_predicted_times(checkpoint, capsys):
     r = hintfs("hints", "plan", checkpoint, "--world-size", "256", "--agents", "8", timeout=120)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "replicas to ask for" in out and ".metadata" in out and "__0_0.distcp" in out
     assert "predicted load time: default" in out and "assumptions:" in out and "storage agents: 8 (--agents)" in out
-    r = hintfs("hints", "plan", checkpoint, "--world-size", "256", "--agents", "8", "--json", timeout=120)
-    doc = json.loads(r.stdout)
+    doc = plan_json(capsys, checkpoint, "--world-size", "256", "--agents", "8")
     assert doc["readers"] == {".metadata": 256, "__0_0.distcp": 256}
     assert doc["replicas"] == {".metadata": 8, "__0_0.distcp": 8}      # 256 readers / 32 safe, on 8 agents
     assert doc["load_time_s"]["hints"] < doc["load_time_s"]["default"]
     assert doc["max_replicas"] == 8 and doc["agents_assumed"] is False
 
 
-def test_plan_with_a_costs_file_and_a_cap(checkpoint, tmp_path):
+def test_plan_with_a_costs_file_and_a_cap(checkpoint, tmp_path, capsys):
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"agent_bandwidth_bytes_s": 1e9, "agent_burst_s": 0}))
-    r = hintfs("hints", "plan", checkpoint, "--world-size", "2048", "--costs", costs, "--max-replicas", "4",
-               "--json", timeout=120)
-    doc = json.loads(r.stdout)
+    doc = plan_json(capsys, checkpoint, "--world-size", "2048", "--costs", costs, "--max-replicas", "4")
     assert doc["agents"] == 128 and doc["agents_assumed"] is True and doc["max_replicas"] == 4
     assert set(doc["replicas"].values()) == {4} and doc["costs"] == str(costs)
 
@@ -259,8 +266,11 @@ def test_plan_errors(checkpoint, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / ".metadata").write_bytes(b"not a pickle")
-    line = one_clean_line(hintfs("hints", "plan", bad, "--world-size", "8", timeout=120))
-    assert "is not a DCP checkpoint's metadata" in line
+    from hintfs.cli import build_parser
+    from hintfs.cli.base import UserError
+    from hintfs.cli.hints_plan import cmd_plan
+    with pytest.raises(UserError, match="is not a DCP checkpoint's metadata"):   # (torch reads it: in this process)
+        cmd_plan(build_parser().parse_args(["hints", "plan", str(bad), "--world-size", "8"]))
     assert "--world-size must be >= 1" in one_clean_line(hintfs("hints", "plan", checkpoint, "--world-size", "0"))
     assert "needs --world-size" in one_clean_line(hintfs("hints", "plan", checkpoint))
     costs = tmp_path / "costs.json"
