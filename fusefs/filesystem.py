@@ -626,6 +626,8 @@ class Filesystem:
         if replaced is not None and replaced is not inode:
             await self._unnamed(replaced)
         self._stagings_moved(old, new)
+        if not self.store.inode_numbers:
+            await self._objects_moved(new)
         if inode is not None and inode.writer is not None and not inode.unlinked:
             await self.io(self.store.follow, inode.writer, new, inline=self.meta_inline)
         if self.journal is not None or self.streams is not None:
@@ -651,6 +653,25 @@ class Filesystem:
         staging is never published, so its name goes now (rmdir of its folder works)."""
         if inode is not None and inode.unlinked and inode.writer is not None:
             await self.io(self.store.unname, inode.writer, inline=self.meta_inline)
+
+    async def _objects_moved(self, new: str) -> None:
+        """A rename through this mount on an object store copied each object it moved: another
+        version at another key, but the same file to the handles open on it. Their `file_key`
+        (and a passthrough backing's) becomes the new object's, or close-to-open would take the
+        moved file for a replaced one (a writer opened beside a reader would get a new inode
+        while the reader read a key that is gone). One HEAD per moved file with handles open."""
+        prefix = new + "/"
+        moved = [n for p, n in list(self.inodes.by_path.items())
+                 if (p == new or p.startswith(prefix)) and n.path == p and n.opens > 0
+                 and n.file_key is not None and n.file_key[0] == "object"]
+        for node in moved:
+            try:
+                key = (await self._store_now(node.path)).file_key()
+            except OSError:
+                key = ("object", "gone")    # removed meanwhile: the next open finds another file
+            if node.pt_file == node.file_key:
+                node.pt_file = key
+            node.file_key = key
 
     def _stagings_moved(self, old: str, new: str) -> None:
         """A folder renamed: the staging files of files open for writing under it (beside their
