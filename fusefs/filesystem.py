@@ -568,8 +568,21 @@ class Filesystem:
         path = paths.child(parent.path, name)
         if self.reserved(path):
             raise Refused(errno.EACCES, "a reserved name")
+        self._refuse_if_writing_in(path)
         await self.io(self.store.rmdir, path)
         self.inodes.detach(path)
+
+    def _refuse_if_writing_in(self, folder: str) -> None:
+        """A folder holding a file this mount has open for writing is not empty, on every store
+        (on file:// its staging file lies there; on an object store it is not in the store yet,
+        and a folder removed or renamed over under it would lose the file or, renamed over, give
+        its name two files). ENOTEMPTY, as rmdir(2) and rename(2) say."""
+        prefix = folder + "/" if folder else ""
+        for handle in self.handles.values():       # (a file open for writing has a handle)
+            node = handle.inode
+            if node.writer is not None and not node.unlinked and node.path.startswith(prefix) \
+                    and "/" not in node.path[len(prefix):]:
+                raise Refused(errno.ENOTEMPTY, f"{folder} holds {node.path}, open for writing")
 
     async def unlink(self, parent_inode: int, name: bytes, ctx=None) -> None:
         parent = self._inode(parent_inode)
@@ -621,6 +634,8 @@ class Filesystem:
             # the rename moves the data the writer has produced (`mv` of a file still open).
             await self.commit(inode)
         replaced = self.inodes.by_path_get(new)
+        if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
+            self._refuse_if_writing_in(new)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
         self.inodes.move(old, new)
         if replaced is not None and replaced is not inode:

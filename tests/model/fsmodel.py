@@ -154,13 +154,13 @@ class Model:
             return w.staging
         return self.store.get(path)
 
-    def _staging_in(self, folder: str) -> bool:
-        """A staging file not published yet lies in `folder` (file:// stores stage beside it)."""
-        if not self.local_store:
-            return False
-        for ws in self.writers:
+    def _staging_in(self, folder: str, m: int) -> bool:
+        """A file being written lies in `folder`, so it is not empty: a file mount `m` has open for
+        writing there (the mount's own view, on any store: docs/semantics.md), or on file:// any
+        mount's staging file not published yet (it lies beside its target)."""
+        for i, ws in enumerate(self.writers):
             for p, w in ws.items():
-                if self.parent(p) == folder and not w.live:
+                if self.parent(p) == folder and not w.unlinked and (i == m or (self.local_store and not w.live)):
                     return True
         return False
 
@@ -561,7 +561,7 @@ class Model:
             return err(errno.ENOENT)
         if e != DIR:
             return err(errno.ENOTDIR)
-        if self.listing(path) or self._staging_in(path):
+        if self.listing(path) or self._staging_in(path, m):
             return err(errno.ENOTEMPTY)
         del self.store[path]
         return ok()
@@ -692,7 +692,7 @@ class Model:
                 return err(errno.EINVAL)
             if dst is not None and dst != DIR:
                 return err(errno.ENOTDIR)
-            if dst == DIR and (self.listing(new) or self._staging_in(new)):
+            if dst == DIR and (self.listing(new) or self._staging_in(new, m)):
                 return err(errno.ENOTEMPTY)
         elif dst == DIR:
             return err(errno.EISDIR)
