@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from hintfs.common.documents import HintDocument, parse_hint
-from policy.replicas import ReplicaTarget, choose_replica, fanout_rounds, plan_replicas
+from policy.replicas import ReplicaTarget, choose_least_sent, fanout_rounds, plan_replicas
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import ReplicasConfig
 
@@ -51,22 +51,32 @@ class Job:
 
 class ReplicaRouter:
     """Where a hinted file's replicas are (written by the hints manager only), and which replica
-    to read next (power of two choices over the reads in flight at each agent)."""
+    to read next: the one this host has asked for the fewest bytes (`choose_least_sent`: each
+    host spreads its own bytes evenly, so all hosts' sum is even), fewer reads in flight first
+    among equals."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.replicas: dict[str, list[str]] = {}
         self.in_flight: dict[str, int] = {}
+        self.sent: dict[str, int] = {}     # agent -> bytes this host has asked of it
         # Seeded apart on each host: with one seed, every mount of a storm picked the same replica
         # for its first reads of a hot file (bench/scale_storm.py: 16 hosts, all on one of 3 agents).
         self.rng = rng or random.Random()
 
-    def pick(self, path: str, exclude: tuple[str, ...] = (), among: Sequence[str] | None = None) -> str | None:
-        """The next replica of `path` to read, of `among` (None: its hinted replicas)."""
+    def pick(self, path: str, exclude: tuple[str, ...] = (), among: Sequence[str] | None = None,
+             size: int = 0) -> str | None:
+        """The next replica of `path` to read `size` bytes from, of `among` (None: its hinted
+        replicas). An agent new to this host starts level with the least asked of the others (not
+        at 0, which would send it every read until it caught up)."""
         ready = [loc for loc in (self.replicas.get(path, ()) if among is None else among) if loc not in exclude]
         if not ready:
             return None
-        i = choose_replica([self.in_flight.get(loc, 0) for loc in ready], self.rng)
-        return ready[i]
+        known = [self.sent[loc] for loc in ready if loc in self.sent]
+        floor = min(known) if known else 0
+        sent = [self.sent.setdefault(loc, floor) for loc in ready]
+        loc = ready[choose_least_sent(sent, [self.in_flight.get(loc, 0) for loc in ready], self.rng)]
+        self.sent[loc] += size
+        return loc
 
 
 class HintsManager:

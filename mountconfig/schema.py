@@ -304,6 +304,9 @@ class ReplicasConfig(Section):
                                   "this long (0: no hedging).")
     block_bytes: int = Field(4 << 20, ge=4096, description="Unit of reads from replicas; concurrent misses "
                              "of one block on this host are fetched once.")
+    stripe_bytes: int = Field(256 << 10, ge=0, description="A block of a file with several replicas is read in "
+                              "pieces of at least this many bytes from as many replicas at once, so each host "
+                              "spreads its bytes over the agents (0: each block from one replica).")
 
 
 class TransformLoadConfig(Section):

@@ -86,6 +86,23 @@ def expired(targets: Sequence[ReplicaTarget], now: float) -> list[ReplicaTarget]
     return [t for t in targets if t.expires_at <= now]
 
 
+def choose_least_sent(sent: Sequence[int], in_flight: Sequence[int], rng: random.Random) -> int:
+    """The replica this host has asked for the fewest bytes so far; ties: fewer reads in flight,
+    then at random. Hosts choose without knowing each other's choices: random or power-of-two
+    choices per host leave some agents with many more bytes than others when each host reads
+    each file in one or a few blocks (bench/scale_storm.py, 32 hosts on 32 agents: the busiest
+    agent served 2.5x the mean). When each host spreads its own bytes evenly over the agents it
+    may read from, their sum over the hosts is even too."""
+    n = len(sent)
+    if n == 0 or len(in_flight) != n:
+        raise ValueError("no replicas" if n == 0 else "sent and in_flight differ in length")
+    low = min(sent)
+    tied = [i for i in range(n) if sent[i] == low]
+    fewest = min(in_flight[i] for i in tied)
+    tied = [i for i in tied if in_flight[i] == fewest]
+    return tied[0] if len(tied) == 1 else rng.choice(tied)
+
+
 def choose_replica(in_flight: Sequence[int], rng: random.Random) -> int:
     """Power of two choices: sample two replicas, read from the one with fewer reads in flight."""
     n = len(in_flight)

@@ -167,7 +167,8 @@ def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_pa
 
     # Eight readers on this host at once: the agents serve the shard about once (single-flight
     # in the mount plus the kernel page cache), not eight times.
-    before = sum(AgentClient(loc, token="tok").status()["load"]["bytes_served"] for loc in locs)
+    before_each = [AgentClient(loc, token="tok").status()["load"]["bytes_served"] for loc in locs]
+    before = sum(before_each)
     expected = (store / "ckpt" / "shard0.distcp").read_bytes()
     results = []
     threads = [threading.Thread(target=lambda: results.append((m.mnt / "ckpt" / "shard0.distcp").read_bytes()))
@@ -177,8 +178,14 @@ def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_pa
     for t in threads:
         t.join()
     assert all(r == expected for r in results)
-    served = sum(AgentClient(loc, token="tok").status()["load"]["bytes_served"] for loc in locs) - before
+    after_each = [AgentClient(loc, token="tok").status()["load"]["bytes_served"] for loc in locs]
+    served = sum(after_each) - before
     assert served <= 1.5 * len(expected)
+    # Each 4 MiB block came in pieces from both replicas (`replicas.stripe_bytes`): each of the
+    # two agents that hold the shard served a share of it, neither all of it.
+    shares = sorted(a - b for a, b in zip(after_each, before_each))[-2:]
+    assert all(0.25 * len(expected) <= x <= 0.75 * len(expected) for x in shares), shares
+    assert m.stats()["counters"].get("replica_striped_blocks", 0) >= 4
 
     # Kill the agents holding replicas: reads continue from another replica or the store.
     for p in procs[:2]:

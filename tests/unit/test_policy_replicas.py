@@ -91,3 +91,59 @@ def test_power_of_two_choices_balances_load():
     rng = random.Random(0)
     assert choose_replica([5], rng) == 0
     assert choose_replica([9, 0], rng) == 1
+
+
+def test_least_sent_spreads_each_hosts_bytes_so_all_hosts_sum_is_even():
+    """A restart storm's shape (bench/scale_storm.py): 32 hosts each read the hot files (0.75 and
+    3.9 MB) and 8 files of 0.9 MB that every agent holds, and 64 small files with 3 replicas on
+    consecutive agents, each choosing alone. Read in whole blocks (4 MiB), the busiest agent serves
+    ~2x the mean whatever each host does; in pieces of 256 KiB (`replicas.stripe_bytes`) and by
+    the bytes each host asked of each agent, at most 1.15x, fewer than random pieces give."""
+    from policy.replicas import choose_least_sent
+    agents, hosts = 32, 32
+
+    def busiest_over_mean(pick, piece: int = 256 << 10) -> float:
+        served = [0] * agents
+        where_small = random.Random(9)
+        homes = [where_small.randrange(agents) for _ in range(hosts * 64)]
+        for h in range(hosts):
+            rng = random.Random(h)
+            sent = [0] * agents
+            everywhere = list(range(agents))
+            files = [(everywhere, 746_288), (everywhere, 3_925_700)] + [(everywhere, 913_808)] * 8
+            files += [([(homes[h * 64 + k] + j) % agents for j in range(3)], 17_000) for k in range(64)]
+            rng.shuffle(files)
+            for where, size in files:
+                for start in range(0, size, piece):
+                    i = where[pick([sent[a] for a in where], rng)]
+                    sent[i] += min(piece, size - start)
+                    served[i] += min(piece, size - start)
+        return max(served) / (sum(served) / agents)
+
+    def least_sent(sent, rng):
+        return choose_least_sent(sent, [0] * len(sent), rng)
+
+    def at_random(sent, rng):
+        return rng.randrange(len(sent))
+
+    least, rand = busiest_over_mean(least_sent), busiest_over_mean(at_random)
+    whole = busiest_over_mean(least_sent, piece=4 << 20)
+    assert least <= 1.15 and least < rand and whole >= 1.5, (least, rand, whole)
+    rng = random.Random(0)
+    assert choose_least_sent([5, 3, 3], [0, 2, 1], rng) == 2       # fewest bytes, then fewer in flight
+    assert choose_least_sent([7], [9], rng) == 0
+    with pytest.raises(ValueError):
+        choose_least_sent([], [], rng)
+
+
+def test_router_starts_a_new_agent_level_with_the_others():
+    from fusefs.hints import ReplicaRouter
+    r = ReplicaRouter(random.Random(0))
+    r.replicas["f"] = ["a", "b"]
+    for _ in range(10):
+        r.pick("f", size=100)
+    assert r.sent == {"a": 500, "b": 500}
+    r.replicas["f"] = ["a", "b", "c"]              # a replica made since: not every read goes there
+    picks = [r.pick("f", size=100) for _ in range(9)]
+    assert picks.count("c") == 3 and r.sent == {"a": 800, "b": 800, "c": 800}
+    assert r.pick("f", exclude=("a", "b", "c")) is None
