@@ -2,7 +2,8 @@
 
 A replication hint says how many readers each file will have. Storage pre-scales replicas so
 that no replica serves more than its safe load, fans the copies out as a tree (each finished
-replica becomes a source), spreads reads with the power of two choices, keeps replicas for a
+replica becomes a source), spreads reads by the bytes each host asked of each replica
+(`choose_least_sent`; the bench's emulated readers use the power of two choices), keeps replicas for a
 TTL and shrinks the plan to the disk budget.
 """
 from __future__ import annotations

@@ -7,8 +7,9 @@ Readers pick a replica per read:
 
 - ``default``: every file has `default_replicas` (3); readers pick one at random (uniform);
 - ``hints``: the job's hint pre-scales each file to `policy.replicas.replica_count` replicas
-  (readers / safe readers per replica, clamped); readers pick with the power of two choices, which
-  the model takes as a balanced split of each file's work over its replicas;
+  (readers / safe readers per replica, clamped); readers pick by the bytes each host asked of each
+  replica, in pieces (`policy.replicas.choose_least_sent`), which the model takes as a balanced split
+  of each file's work over its replicas;
 - ``reactive``: the default placement, plus one replica per hot file per monitor window once its
   read rate passes a threshold, copied from a busy agent (a small fluid simulation, below).
 
@@ -267,8 +268,8 @@ def agent_loads(workload: Workload, replicas: Mapping[str, int], agents: int, ba
                 placement: str = "hash", seconds_per_byte: float = 1.0, seconds_per_read: float = 0.0) -> AgentLoads:
     """Bytes and reads per agent: each file's split evenly over its replicas (random choice, with
     the variance that brings) or water-filled onto its least busy replicas (balanced: busy in
-    seconds, `seconds_per_byte` x bytes + `seconds_per_read` x reads, as the power of two choices
-    on reads in flight evens out time, not bytes), files with fewer replicas first."""
+    seconds, `seconds_per_byte` x bytes + `seconds_per_read` x reads: the readers' choices even
+    out their own requests), files with fewer replicas first."""
     loads = [0.0] * agents
     reads = [0.0] * agents
     busy = [0.0] * agents

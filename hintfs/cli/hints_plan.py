@@ -177,7 +177,7 @@ def _print(out: dict, workload: Workload, args, costs: Costs) -> None:
     print()
     d, h = out["load_time_s"]["default"], out["load_time_s"]["hints"]
     print(f"predicted load time: default ({min(args.default_replicas, out['agents'])} replicas, readers pick "
-          f"at random) {d:.2f} s; with these replicas (power of two choices) {h:.2f} s"
+          f"at random) {d:.2f} s; with these replicas (reads spread by bytes asked) {h:.2f} s"
           + (f" ({(h / d - 1):+.0%})" if d > 0 else ""))
     print(f"hint -> replicas ready: {out['hint_to_ready_s']:.2f} s (tree fan-out; give the hint that long "
           "before the restart)")
