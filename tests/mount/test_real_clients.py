@@ -90,7 +90,7 @@ DCP_SCRIPT = textwrap.dedent("""
 def _torchrun(tmp_path, *args):
     script = tmp_path / "dcp_job.py"
     script.write_text(DCP_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--master-port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=0",
            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", str(script), *map(str, args)]
     (tmp_path / "tmp").mkdir(exist_ok=True)    # torchrun leaves its log folder (torchelastic_*) there
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "TMPDIR": str(tmp_path / "tmp")}
@@ -99,14 +99,15 @@ def _torchrun(tmp_path, *args):
 
 
 @pytest.mark.slow
-def test_torch_distributed_checkpoint_4_ranks_bit_exact(mounted, tmp_path):
+def test_torch_distributed_checkpoint_2_ranks_bit_exact(mounted, tmp_path):
+    """DCP saves of 2 ranks (each rank a process that imports torch: 2, not 4, on a 2-core CI)."""
     pytest.importorskip("torch")
     ckpt = mounted.mnt / "ckpt" / "step_42"
     direct = tmp_path / "direct"
     # through the mount, then directly; then every rank loads the mount's copy and compares
     _torchrun(tmp_path, "save,load", ckpt, tmp_path / "ok", direct)
     files = sorted(os.listdir(mounted.store / "ckpt" / "step_42"))
-    assert ".metadata" in files and sum(f.endswith(".distcp") for f in files) == 4
+    assert ".metadata" in files and sum(f.endswith(".distcp") for f in files) == 2
     assert (tmp_path / "ok").read_text() == "ok"
     # Bit-exact: the files in the store are byte-identical to what a direct save writes.
     for name in files:
