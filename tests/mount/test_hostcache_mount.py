@@ -4,8 +4,10 @@ it), with the same bytes; a file replaced in S3 between opens is read fresh; wri
 and unlinks through the mount drop the cached copy."""
 from __future__ import annotations
 
+import itertools
 import os
 import stat as stat_mod
+import sys
 import time
 from dataclasses import dataclass
 
@@ -22,9 +24,19 @@ BUCKET = "remote"
 MiB = 1 << 20
 
 
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def _module_s3_server(tmp_path_factory):
+    yield from _s3_server(tmp_path_factory.mktemp("s3"))
+
+
 @pytest.fixture
-def s3_server(tmp_path):
-    yield from _s3_server(tmp_path / "s3")
+def s3_server(_module_s3_server, monkeypatch):
+    """One S3 server for this file's tests (a start is ~1 s); each test has a bucket of its own."""
+    monkeypatch.setattr(sys.modules[__name__], "BUCKET", f"remote{next(_buckets)}")
+    return _module_s3_server
 
 
 @dataclass

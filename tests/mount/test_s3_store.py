@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -18,9 +20,19 @@ pytestmark = needs_fuse
 BUCKET = "ckpts"
 
 
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def _module_s3_server(tmp_path_factory):
+    yield from _s3_server(tmp_path_factory.mktemp("s3"))
+
+
 @pytest.fixture
-def s3_server(tmp_path):
-    yield from _s3_server(tmp_path / "s3")
+def s3_server(_module_s3_server, monkeypatch):
+    """One S3 server for this file's tests (a start is ~1 s); each test has a bucket of its own."""
+    monkeypatch.setattr(sys.modules[__name__], "BUCKET", f"ckpts{next(_buckets)}")
+    return _module_s3_server
 
 
 @pytest.fixture
