@@ -179,7 +179,13 @@ def summary(configs: list[dict], settings: dict[str, tuple], earlier: dict | Non
         return values.pop() if len(values) == 1 else {k: v[i] for k, v in kept.items()}
 
     stores = sorted({c["store"] for c in merged})
+    by_store = {st: {"ops": sum(c["ops"] for c in merged if c["store"] == st),
+                     "crashes": sum(c["crashes"] for c in merged if c["store"] == st),
+                     "divergences": sum(len(c["divergences"]) for c in merged if c["store"] == st),
+                     "seconds": round(sum(c["seconds"] for c in merged if c["store"] == st), 1)}
+                for st in stores}
     return {"ops": sum(c["ops"] for c in merged), "crashes": sum(c["crashes"] for c in merged),
+            "by_store": by_store,
             "mounts": sorted({c["mounts"] for c in merged}), "stores": stores,
             "divergences": sum(len(c["divergences"]) for c in merged),
             "seconds": round(sum(c["seconds"] for c in merged), 1), "seeds": [c["seeds"] for c in merged],
