@@ -21,7 +21,8 @@ Each configuration runs `--ops` operations (whole seeds of `--steps` steps, from
 Results: bench/results/model_test.json, or `--out FILE` (`ops`, `crashes`, `mounts`, `stores`,
 `divergences`, `seconds`, `seeds`, and per configuration the same with its `store`). `--merge` adds
 this run's configurations to the file's (a configuration it already has is replaced) and totals
-them again; `--add-results FILE` merges another run's file too; the file is written after each
+them again; `--add-results FILE` merges another run's file too (`--accumulate`: added to the
+configurations of the same name, seeds apart: a long run in parts); the file is written after each
 configuration. A divergence is shrunk (at most `--shrink-budget-s`, its `shrink_seconds` counted in
 `seconds`; a crash is a step like the others) and printed; save it with
 `--shrink SEED ... --save NAME` as a regression (tests/model/regressions/), which CI replays.
@@ -164,10 +165,37 @@ def settings_of(doc: dict) -> dict[str, tuple]:
     return {config_of(c): (setting(c, "steps_per_seed"), setting(c, "crash_every")) for c in doc.get("configs", [])}
 
 
-def summary(configs: list[dict], settings: dict[str, tuple], earlier: dict | None = None) -> dict:
+def seed_ranges(entry: dict) -> list[list[int]]:
+    """An entry's seeds as [first, last] ranges (one run's entry has one)."""
+    seeds = entry.get("seeds") or []
+    return [list(r) for r in seeds] if seeds and isinstance(seeds[0], list) else ([list(seeds)] if seeds else [])
+
+
+def accumulated(a: dict, b: dict) -> dict:
+    """Two runs of one configuration with seeds apart, as one entry: operations, crashes and
+    seconds summed, divergences and seed ranges together. ValueError if their seeds overlap."""
+    ra, rb = seed_ranges(a), seed_ranges(b)
+    if any(x[0] <= y[1] and y[0] <= x[1] for x in ra for y in rb):
+        raise ValueError(f"{config_of(a)}: seeds {ra} and {rb} overlap: the same sequences, not more")
+    out = {**a, "ops": a["ops"] + b["ops"], "crashes": a["crashes"] + b["crashes"],
+           "seconds": round(a["seconds"] + b["seconds"], 1), "divergences": a["divergences"] + b["divergences"],
+           "seeds": sorted(ra + rb)}
+    out.pop("partial", None)
+    if a.get("partial") or b.get("partial"):
+        out["runs_cut_short"] = a.get("runs_cut_short", int(bool(a.get("partial")))) + \
+            b.get("runs_cut_short", int(bool(b.get("partial"))))
+    return out
+
+
+def summary(configs: list[dict], settings: dict[str, tuple], earlier: dict | None = None,
+            accumulate: bool = False) -> dict:
     """The results file: totals over `configs` (whose `settings` are (steps per seed, crash every)
-    by name) and those of `earlier` (a file merged into) that `configs` do not replace."""
+    by name) and those of `earlier` (a file merged into) that `configs` do not replace; with
+    `accumulate`, an entry of the same name in `earlier` is added to (`accumulated`), not replaced."""
     known = {**(settings_of(earlier) if earlier else {}), **settings}
+    if accumulate and earlier:
+        before = {config_of(c): c for c in earlier.get("configs", [])}
+        configs = [accumulated(before[config_of(c)], c) if config_of(c) in before else c for c in configs]
     mine = {config_of(c) for c in configs}
     merged = [c for c in (earlier or {}).get("configs", []) if config_of(c) not in mine] + configs
     order = {name: i for i, name in enumerate(CONFIGS)}
@@ -237,6 +265,9 @@ def main() -> int:
     ap.add_argument("--add-results", type=Path, action="append", default=[], metavar="FILE",
                     help="also merge the configurations of this results file (a run made elsewhere) into --out; "
                          "with --configs none, only that")
+    ap.add_argument("--accumulate", action="store_true",
+                    help="with --add-results: add each file's configurations to those of the same name "
+                         "(their seeds must not overlap) instead of replacing them")
     ap.add_argument("--shrink-budget-s", type=float, default=300.0)
     ap.add_argument("--shrink", type=int, help="shrink this seed's divergence and print the steps")
     ap.add_argument("--config", help="with --shrink: the configuration by name (e.g. s3hc_1); else --mounts/--passthrough")
@@ -261,7 +292,10 @@ def main() -> int:
         earlier = json.loads(args.out.read_text())
     for extra in args.add_results:      # (a run made elsewhere, e.g. file:// while S3 runs here)
         added = json.loads(extra.read_text())
-        earlier = summary(added.get("configs", []), settings_of(added), earlier)
+        try:
+            earlier = summary(added.get("configs", []), settings_of(added), earlier, accumulate=args.accumulate)
+        except ValueError as err:
+            raise SystemExit(f"{extra}: {err}") from None
     doc: dict = earlier or {}
     if not wanted:
         if doc:
