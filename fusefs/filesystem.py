@@ -885,15 +885,9 @@ class Filesystem:
         return node.file_key == (-1, -1) or node.file_key != st.file_key()
 
     async def _store_now(self, path: str) -> Stat:
-        """What the store has at `path` now, with what `Stat.file_key` needs: a `stat` where the
-        store has inode numbers; on an object store the version an open's HEAD gives (the ETag:
-        one request, as a stat; the reader is not used)."""
-        st: Stat
-        if self.store.inode_numbers:
-            st = await self.io(self.store.stat, path, inline=self.meta_inline)
-        else:
-            reader, st = await self.io(self.store.open_reader, path, inline=self.meta_inline)
-            reader.close()
+        """What the store has at `path` now, with what `Stat.file_key` needs (`Store.current`: a
+        stat, or on an object store its HEAD with the ETag: one request either way)."""
+        st: Stat = await self.io(self.store.current, path, inline=self.meta_inline)
         return st
 
     def _renew(self, node: Inode, why: str, still_named: bool = False) -> Refused:

@@ -442,6 +442,14 @@ class RoutedStore:
             return self._stat_race(rel)
         return self._stat_of(rel, doc)
 
+    def current(self, rel: str) -> Stat:
+        """As `open_reader`'s Stat would be, without opening: a routed file the tier holds is its
+        version there; any other, the store's `current`."""
+        _client, doc = self._tier(rel)
+        if doc["state"] in ("ready", "copying"):
+            return self._file(doc)
+        return self._store.current(rel)
+
     def _stat_race(self, rel: str) -> Stat:
         """The tier lacks `rel` but its folder is being streamed in: the file may be a few
         milliseconds away (a commit marker closed on the training side reaches the tier in one

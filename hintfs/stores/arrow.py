@@ -223,6 +223,14 @@ class ArrowStore:
             raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
         return ArrowReader(self.fs.open_input_file(self._p(rel))), st
 
+    def current(self, rel: str) -> Stat:
+        """An S3 object's version from its HEAD (as `open_reader`'s, with the ETag); elsewhere `stat`."""
+        if not self._is_s3:
+            return self.stat(rel)
+        reader, st = self.open_reader(rel)
+        reader.close()
+        return st
+
     def open_data(self, rel: str) -> ArrowReader:
         """A reader without a Stat: one request less than `open_reader` on an object store (for
         copies whose version the caller knows already)."""

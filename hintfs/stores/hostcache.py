@@ -602,6 +602,9 @@ class HostCachedStore:
     def stat(self, rel: str) -> Stat:
         return self._store.stat(rel)
 
+    def current(self, rel: str) -> Stat:
+        return self._store.current(rel)
+
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         return self._store.iter_dir(rel)
 

@@ -323,6 +323,9 @@ class LocalStore:
             os.utime(name, ns=(atime_ns, mtime_ns), dir_fd=d, follow_symlinks=False)
 
     # -- data ----------------------------------------------------------------------------------
+    def current(self, rel: str) -> Stat:
+        return self.stat(rel)
+
     def open_reader(self, rel: str) -> tuple[LocalReader, Stat]:
         # O_NONBLOCK: a FIFO must never block this open (the kernel serves FIFOs and devices of the
         # mount itself; one reached here is refused).
