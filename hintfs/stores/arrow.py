@@ -374,12 +374,7 @@ class ArrowStore:
         if dest != target:
             self.fs.move(dest, target)
         staging.dirty = False
-        if self._is_s3:
-            # the HEAD of an open, not a stat: it has the new object's ETag (`Stat.version`)
-            reader, st = self.open_reader(rel)
-            reader.close()
-            return st
-        return self.stat(rel)
+        return self.current(rel)    # (on S3 the HEAD with the new object's ETag: `Stat.version`)
 
     def put_small(self, rel: str, data: bytes) -> None:
         """Write a small file whole (journal records); one PUT on S3."""
