@@ -801,6 +801,12 @@ class Filesystem:
         return _Seen(False, keep_cache=keep_cache, reader=reader, st=st, source=source, local_fd=local)
 
     async def _see_write(self, node: Inode, truncate: bool) -> _Seen:
+        # Under the publish lock: a last release may be publishing and dropping this very staging
+        # (it waits, then closes its fd); the open takes the writer only before or after that.
+        async with self.publish_lock(node):
+            return await self._see_write_locked(node, truncate)
+
+    async def _see_write_locked(self, node: Inode, truncate: bool) -> _Seen:
         if node.pt_refs and node.writer is not None and node.writer.live and node.pt_staging is node.writer:
             # The file was published in place and a descriptor of it (a dup) may still write
             # there: a new open for writing gets a file of its own (this name becomes a new
@@ -934,26 +940,31 @@ class Filesystem:
             return await self._create_control(parent, name, flags, Caller.of(ctx))
         path = self._new_name(parent, name)
         self._stale_name(path)
+        # the staging file is beside the target: a set-group-ID parent already gave its group
+        set_owner = self._root_daemon and bool(ctx.uid or ctx.gid)
+        parent_st = await self._stat_inode(parent) if set_owner else None
         inode = self.inodes.ensure(path)
-        if inode.writer is None:
-            inode.writer = await self.io(self.store.new_staging, path, False)
-            self._stream_started(inode)
-        if self._root_daemon and (ctx.uid or ctx.gid):
-            # the staging file is beside the target: a set-group-ID parent already gave its group
-            parent_st = await self._stat_inode(parent)
-            os.fchown(inode.writer.fd, ctx.uid, -1 if parent_st.mode & stat_mod.S_ISGID else ctx.gid)
-        os.fchmod(inode.writer.fd, stat_mod.S_IMODE(mode) & ~ctx.umask)
-        inode.writer.dirty = True   # an empty new file is still a file to create on close
-        backing_id = 0
-        if (inode.pt_staging is inode.writer and inode.pt_refs) or (
-                self.pt.on and not inode.pt_refs and self.pt.write_ok(inode.writer)):
-            backing_id = self.pt.attach(inode, inode.writer.fd, inode.writer)
-        if backing_id:
-            inode.writer.unseen_writes = True
-        inode.writer_refs += 1
-        inode.lookups += 1
-        inode.opens += 1
-        inode.unlinked = False
+        async with self.publish_lock(inode):    # (as `_see_write`: never a staging a release drops)
+            if self.inodes.by_ino.get(inode.ino) is not inode:
+                # forgotten by the release this create waited for: a fresh inode for the name
+                return await self.create(parent_inode, name, mode, flags, ctx)
+            if inode.writer is None:
+                inode.writer = await self.io(self.store.new_staging, path, False)
+                self._stream_started(inode)
+            if parent_st is not None:
+                os.fchown(inode.writer.fd, ctx.uid, -1 if parent_st.mode & stat_mod.S_ISGID else ctx.gid)
+            os.fchmod(inode.writer.fd, stat_mod.S_IMODE(mode) & ~ctx.umask)
+            inode.writer.dirty = True   # an empty new file is still a file to create on close
+            backing_id = 0
+            if (inode.pt_staging is inode.writer and inode.pt_refs) or (
+                    self.pt.on and not inode.pt_refs and self.pt.write_ok(inode.writer)):
+                backing_id = self.pt.attach(inode, inode.writer.fd, inode.writer)
+            if backing_id:
+                inode.writer.unseen_writes = True
+            inode.writer_refs += 1
+            inode.lookups += 1
+            inode.opens += 1
+            inode.unlinked = False
         handle = PassthroughWrite(inode) if backing_id else WriteHandle(inode)
         fi = OpenFile(self._add_handle(handle), keep_cache=not backing_id, backing_id=backing_id)
         inode.cached_identity = None

@@ -310,7 +310,11 @@ class WriteHandle(Handle):
         # The kernel closed this file before it sent RELEASE: an open that arrives while this
         # release waits below must not count it (it would be refused passthrough for a mix).
         fs.inodes.closing(node)
+        dropped = None
         if node.writer_refs == 0:
+            # Under the publish lock, as every change of which staging the inode has (an open for
+            # writing, a create, a truncate by path): one that arrives meanwhile waits until this
+            # staging is published and dropped; one that came first took it over (writer_refs).
             async with fs.publish_lock(node):
                 staging = node.writer
                 if staging is not None and node.writer_refs == 0:
@@ -321,8 +325,7 @@ class WriteHandle(Handle):
                         log.error("publish of %s at its last release failed, the store keeps its previous "
                                   "version: %s", node.path, err)
                     finally:
-                        # An open for writing during the commit took this staging over: it is theirs now.
-                        if node.writer is staging and node.writer_refs == 0:
+                        if node.writer is staging and node.writer_refs == 0:   # (unmount drops it)
                             node.writer = None
                             fs.writer_released(node)
                             if node.opens > 0:
@@ -330,7 +333,10 @@ class WriteHandle(Handle):
                                 # to, whatever the name holds later (Filesystem.release drops it).
                                 await fs.keep_for_readers(node, staging)
                             else:
-                                await fs.io(fs.store.discard, staging, inline=staging.inline_io)
+                                dropped = staging
+        if dropped is not None:
+            # (no longer the inode's: an open waiting for the lock need not wait for this too)
+            await fs.io(fs.store.discard, dropped, inline=dropped.inline_io)
         fs.inodes.maybe_drop(node)
 
     def abandon(self, store: Store) -> bool:

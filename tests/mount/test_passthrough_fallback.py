@@ -10,6 +10,7 @@ import types
 
 import pyfuse3
 import trio
+import trio.testing
 
 from fusefs import fuse as fuse_mod
 from fusefs.filesystem import Filesystem
@@ -160,13 +161,15 @@ def gated_fs(tmp_path, gated: str) -> Filesystem:
 
 
 async def while_released(fs: Filesystem, fh: int, then) -> None:
-    """Release `fh`; while its release waits in the store, run `then()`; then let it finish."""
+    """Release `fh`; while its release waits in the store, start `then()`; once every task waits
+    (`then` on the release's publish lock, or done), let the release finish; then `then` ends."""
     fs.store.armed = True
     async with trio.open_nursery() as nursery:
         nursery.start_soon(fs.release, fh)
         await trio.to_thread.run_sync(fs.store.entered.wait, 10)
         try:
-            await then()
+            nursery.start_soon(then)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.01)
         finally:
             fs.store.go.set()
 
@@ -199,9 +202,10 @@ def test_an_open_during_the_last_writers_release_still_passes_through(tmp_path):
     assert (tmp_path / "f").read_bytes() == b"hello"
 
 
-def test_a_writer_opened_while_the_last_one_publishes_keeps_its_staging(tmp_path):
+def test_a_writer_opened_while_the_last_one_publishes_waits_and_loses_nothing(tmp_path):
     # The last write handle's release publishes writes that came after its flush (mmap writeback);
-    # a new writer opened meanwhile takes the same staging over: the release must not discard it.
+    # a new writer opened meanwhile waits for that publish (the publish lock), then writes on
+    # what it published: nothing of either is lost, and no staging is used after its close.
     fs = gated_fs(tmp_path, "commit")
     opened = {}
 
