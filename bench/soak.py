@@ -9,7 +9,8 @@ drift (last quarter over second quarter, per daemon role; the largest).
     sudo .venv/bin/python bench/soak.py                       # 2 hours: bench/results/soak.json
     sudo .venv/bin/python bench/soak.py --duration-s 600 --out /tmp/soak.json
 
-Not in it yet (issue 37 asks for them): `.tensor` reads, the cross-DC tier, network namespaces.
+Each eval also reads 4 JPEGs as `.tensor` through the eval mount. Not in it yet: the cross-DC
+tier, network namespaces.
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ processes started through the CLI, run for a while on a plan of what happens whe
 
 - a checkpoint every `checkpoint_every_s` (files of random sizes, `.metadata` last, written through
   the training mount; the oldest beyond `keep_last` removed through it);
-- an eval every `eval_every_s`: the latest checkpoint read through the eval mount;
+- an eval every `eval_every_s`: the latest checkpoint read through the eval mount, and each of
+  `media_files` JPEGs of the store as `.tensor` (decoded by the mount's `[[transforms]]` rule;
+  every read must give the arrays of the first);
 - a restart storm every `storm_every_s`: a replication hint of the latest checkpoint on the eval
   mount, then `storm_readers` threads read all of it at once;
 - a restart every `restart_every_s`, in turn of an agent (SIGTERM, start) and of the eval mount
@@ -57,6 +59,7 @@ class SoakPlan:
     restart_every_s: float = 300.0
     kill_every_s: float = 1800.0
     sample_every_s: float = 10.0
+    media_files: int = 4          # JPEGs in the store, read as `.tensor` through the eval mount at each eval
     seed: int = 0
 
 
@@ -143,6 +146,12 @@ class Soak:
         self.expected: dict[str, dict[str, str]] = {}    # checkpoint -> file -> sha256
         self.order: list[str] = []
         self.mounts: dict[str, tuple[Path, Path, Path]] = {}   # role -> (config, mountpoint, log)
+        self.tensors: dict[str, str] = {}     # media file -> digest of its `.tensor`'s arrays (first read)
+        if self.plan.media_files:
+            from tests.helpers.media import jpeg_file
+            (self.store / "media").mkdir(exist_ok=True)
+            for k in range(self.plan.media_files):
+                jpeg_file(self.store / "media" / f"{k}.jpg", seed=self.plan.seed * 100 + k, w=96, h=64)
 
     # -- processes ------------------------------------------------------------------------------
     def _agent_config(self, i: int) -> Path:
@@ -186,7 +195,9 @@ class Soak:
         cfg = self.base / f"{role}.toml"
         cfg.write_text(f'[store]\nuri = "file://{self.store}"\n'
                        f'[agents]\nlocations = {json.dumps(self.locations)}\ntoken_file = "{self.token}"\n'
-                       f'[logging]\nfile = "{log}"\n')
+                       f'[logging]\nfile = "{log}"\n'
+                       '[[transforms]]\nglob = "media/*.jpg"\nkind = "image"\n'
+                       'params = { size = 32, crop = [24, 24] }\n')
         mount_in_process(cfg, mnt, log)
         self.mounts[role] = (cfg, mnt, log)
 
@@ -261,6 +272,7 @@ class Soak:
         return bad
 
     def evaluate(self) -> None:
+        self.read_tensors()
         if not self.order:
             return
         name = self.order[-1]
@@ -268,6 +280,26 @@ class Soak:
             self._read_checked(self.mounts["eval"][1], name, self.expected[name])
         except OSError as err:
             self._error(f"eval {name}", err)
+
+    def read_tensors(self) -> None:
+        """Each media file's `.tensor` through the eval mount: the same arrays at every read
+        (tensor mode or raw mode decoded here, `load_sample`)."""
+        from hintfs.transforms.container import load_sample
+        mnt = self.mounts["eval"][1]
+        for k in range(self.plan.media_files):
+            name = f"media/{k}.jpg"
+            try:
+                arrays = load_sample(mnt / f"{name}.tensor")
+            except OSError as err:
+                self._error(f"read {name}.tensor", err)
+                continue
+            self.ops += 1
+            h = hashlib.sha256()
+            for key in sorted(arrays):
+                h.update(key.encode() + str(arrays[key].shape).encode() + arrays[key].tobytes())
+            digest = self.tensors.setdefault(name, h.hexdigest())
+            if h.hexdigest() != digest:
+                self._error(f"read {name}.tensor", "arrays differ from the first read")
 
     def storm(self) -> None:
         from hintfs import client
@@ -374,7 +406,8 @@ class Soak:
         return {"duration_s": round(duration, 1), "errors": self.errors, "lost_files": lost,
                 "drift": drift(self.samples, duration), "kills": self.kills, "restarts": self.restarts,
                 "ops": self.ops, "checkpoints": counts["checkpoint"], "evals": counts["eval"],
-                "storms": counts["storm"], "samples": len(self.samples), "plan": asdict(p)}
+                "storms": counts["storm"], "samples": len(self.samples), "tensor_files": len(self.tensors),
+                "plan": asdict(p)}
 
     def verify(self) -> int:
         """Every kept checkpoint's files, from the store itself and through the eval mount."""

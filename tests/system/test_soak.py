@@ -32,7 +32,7 @@ def test_a_short_soak_loses_nothing_and_shows_no_error_it_did_not_inject(tmp_pat
     # the plan's events, at their times (kills at 5, 10 s; restarts at 4, 8 s; a storm at 6 s;
     # checkpoints at 0, 2, ... 10 s)
     assert (result["kills"], result["restarts"], result["storms"], result["checkpoints"]) == (2, 2, 1, 6), result
-    assert result["samples"] > 0
+    assert result["samples"] > 0 and result["tensor_files"] == plan.media_files == 4   # `.tensor` reads checked
     assert any("SIGKILL agent" in x for x in lines) and any("SIGKILL the eval mount" in x for x in lines)
 
 
