@@ -10,6 +10,7 @@ Reads of a hinted file are spread over its ready replicas by `ReplicaRouter`.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import itertools
 import json
@@ -82,8 +83,11 @@ class ReplicaRouter:
 
 class HintsManager:
     def __init__(self, options: ReplicasConfig, agents: list[str], clients, stats, *,
-                 prefetch: Callable[[str], object] | None = None):
+                 prefetch: Callable[[str], object] | None = None, holder: str | None = None):
         self.options = options
+        # This mount's name as a replica's holder at the agents (one per mount process): each job's
+        # copies are claimed as "<holder>/<job>", so that a job that ends releases only its own claim
+        self.holder = holder or f"mount-{random.getrandbits(64):016x}"
         self.agents = agents
         self.clients = clients              # location -> AgentClient (blocking; used in threads)
         self.stats = stats
@@ -217,8 +221,9 @@ class HintsManager:
         client = self.clients[dest]
         state = job.files[path]
         try:
-            await trio.to_thread.run_sync(client.replicate, path, max(job.expires_at - time.time(), 1.0),
-                                          source, limiter=self.limiter)
+            copy = functools.partial(client.replicate, path, max(job.expires_at - time.time(), 1.0), source,
+                                     holder=self.claim(job.name))
+            await trio.to_thread.run_sync(copy, limiter=self.limiter)
         except OSError as err:
             state.error = str(err).split(". Detail")[0]
             self.stats.add("replica_copy_errors")
@@ -230,18 +235,35 @@ class HintsManager:
             locs.append(dest)
         self.stats.add("replicas_made")
 
+    def claim(self, job: str) -> str:
+        """The holder name of `job`'s copies at the agents."""
+        return f"{self.holder}/{job}"
+
     async def _reclaim_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
-            now = time.time()
-            for name, job in list(self.jobs.items()):
-                if job.expires_at <= now:
-                    del self.jobs[name]
-                    for path, state in job.files.items():
-                        for loc in state.ready:
-                            try:
-                                await trio.to_thread.run_sync(self.clients[loc].drop, path, limiter=self.limiter)
-                            except OSError as err:
-                                log.warning("drop of %s at %s failed: %s", path, loc, err)
-                        self.router.replicas.pop(path, None)
-                    log.info("hint %s expired: replicas reclaimed", name)
+            await self.reclaim(time.time())
+
+    async def reclaim(self, now: float) -> None:
+        """Jobs whose TTL ran out (or whose hint file was removed) release their claims on their
+        replicas: an agent drops a replica once no claim on it is live, so a file that another
+        job (of this mount or of another host's) hinted keeps its replicas, and this mount keeps
+        reading them while one of its own live jobs has them."""
+        for name, job in list(self.jobs.items()):
+            if job.expires_at > now:
+                continue
+            del self.jobs[name]
+            for path, state in job.files.items():
+                for loc in state.ready:
+                    try:
+                        release = functools.partial(self.clients[loc].drop, path, holder=self.claim(name))
+                        await trio.to_thread.run_sync(release, limiter=self.limiter)
+                    except OSError as err:
+                        log.warning("release of %s at %s failed: %s", path, loc, err)
+                live = [loc for other in self.jobs.values() if path in other.files
+                        for loc in other.files[path].ready]
+                if live:
+                    self.router.replicas[path] = list(dict.fromkeys(live))
+                else:
+                    self.router.replicas.pop(path, None)
+            log.info("hint %s expired: its claims on %d files' replicas released", name, len(job.files))

@@ -45,8 +45,17 @@ def _prefetch(a: Agent, req: rpc.PrefetchRequest, _s: Sender) -> rpc.PrefetchRep
 
 def _replicate(a: Agent, req: rpc.ReplicateRequest, _s: Sender) -> rpc.ReplicateReply:
     # a network caller's `expect` is checked against the store, its `record` ignored (trusted=False)
-    return a.copier.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,
-                              importance=req.importance, expect=req.expect, record=req.record, trusted=False)
+    reply = a.copier.replicate(req.path, req.ttl_s, req.source, priority=req.priority, job=req.job,
+                               importance=req.importance, expect=req.expect, record=req.record, trusted=False)
+    if req.holder is not None:
+        a.catalog.hold(req.path, req.holder, req.ttl_s)
+    return reply
+
+
+def _drop(a: Agent, req: rpc.DropRequest, _s: Sender) -> rpc.DropReply:
+    if req.holder is not None:
+        return rpc.DropReply(dropped=a.catalog.unhold(req.path, req.holder))
+    return rpc.DropReply(dropped=a.catalog.drop(req.path))
 
 
 def _signal(a: Agent, req: rpc.SignalRequest, _s: Sender) -> rpc.SignalReply:
@@ -69,8 +78,8 @@ def _plan_window(a: Agent, req: rpc.PlanWindowRequest, _s: Sender) -> rpc.PlanWi
 ACTIONS: dict[str, Action[Any, Any]] = {
     "replicate": Action(rpc.ReplicateRequest, _replicate, rpc.ReplicateReply,
                         "copy a file here and keep it ttl_s (blocks until complete)"),
-    "drop": Action(rpc.PathRequest, lambda a, r, s: rpc.DropReply(dropped=a.catalog.drop(r.path)), rpc.DropReply,
-                   "remove a replica"),
+    "drop": Action(rpc.DropRequest, _drop, rpc.DropReply,
+                   "remove a replica (with a holder: release that holder's claim)"),
     "signal": Action(rpc.SignalRequest, _signal, rpc.SignalReply,
                      "move a job's copies on the link into the anomaly class (or clear)"),
     "plan_window": Action(rpc.PlanWindowRequest, _plan_window, rpc.PlanWindowReply,

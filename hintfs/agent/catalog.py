@@ -22,7 +22,7 @@ import hashlib
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from hintfs.agent import persist
@@ -31,6 +31,8 @@ from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.errors import HintfsError
 from hintfs.common.journal import Removals, record_time_ns
 from policy.tier import TierEntry, pick_evictions
+
+MAX_HOLDERS = 256     # claims kept per replica (`Catalog.hold`): one per hint job that asked for it
 
 log = logging.getLogger("hintfs.agent")
 EVICT_HEADROOM = 0.02          # a full tier evicts this share of its budget beyond what a copy needs
@@ -104,6 +106,9 @@ class Replica:
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
     last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
     record: str | None = None   # the journal record this copy answered (one per close)
+    # who asked to keep it and until when (wall clock): a mount's hint job each (`Catalog.hold`);
+    # a release by one of them drops the replica only once no other claim is live
+    holders: dict[str, float] = field(default_factory=dict)
 
     @property
     def version(self) -> tuple[int, int]:
@@ -195,7 +200,42 @@ class Catalog:
             self.write_sidecar(rep)
 
     def write_sidecar(self, rep: Replica) -> None:
-        persist.write_sidecar(rep.local, rep.path, rep.size, rep.source_mtime_ns, rep.expires_at, rep.record)
+        persist.write_sidecar(rep.local, rep.path, rep.size, rep.source_mtime_ns, rep.expires_at, rep.record,
+                              rep.holders)
+
+    def hold(self, path: str, holder: str, ttl_s: float) -> bool:
+        """`holder` (a mount's hint job) keeps the replica of `path` at least `ttl_s` more: its
+        claim, beside the TTL every copy request sets. False: no replica here."""
+        now = self.clock.time()
+        with self.lock:
+            rep = self.replicas.get(path)
+            if rep is None:
+                return False
+            claims = {h: t for h, t in rep.holders.items() if t > now}
+            claims[holder] = max(claims.get(holder, 0.0), now + ttl_s)
+            if len(claims) > MAX_HOLDERS:      # bounded per replica: the claim that ends first goes
+                del claims[min(claims, key=claims.__getitem__)]
+            rep.holders = claims
+            self.renew(rep, ttl_s)
+        return True
+
+    def unhold(self, path: str, holder: str) -> bool:
+        """`holder` no longer needs the replica of `path` (its hint expired or was removed): it is
+        dropped if that was the last live claim on it, kept while another holder's claim lasts (two
+        jobs, or two hosts' mounts, hinted the same file). A replica `holder` never claimed (the
+        tier's copy, another's) is not touched. True: dropped."""
+        now = self.clock.time()
+        with self.lock:
+            rep = self.replicas.get(path)
+            if rep is None or holder not in rep.holders:
+                return False
+            del rep.holders[holder]
+            rep.holders = {h: t for h, t in rep.holders.items() if t > now}
+            if rep.holders:
+                if self.persistent:
+                    self.write_sidecar(rep)
+                return False
+        return self.drop(path, only=rep)
 
     # -- in and out ------------------------------------------------------------------------------
     def replica_from(self, part: str, path: str, size: int, mtime_ns: int, ttl_s: float,
@@ -355,7 +395,8 @@ class Catalog:
                     os.close(fd)
                     raise
                 rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]), fd,
-                              int(meta["mtime_ns"]), self.clock.monotonic(), meta.get("record"))
+                              int(meta["mtime_ns"]), self.clock.monotonic(), meta.get("record"),
+                              persist.holders_of(meta))
                 self.write_sidecar(rep)
                 if old is not None:
                     os.close(old.fd)
@@ -379,7 +420,8 @@ class Catalog:
     def status(self) -> tuple[dict[str, ReplicaStatus], BudgetStatus]:
         now = self.clock.time()
         with self.lock:
-            replicas = {p: ReplicaStatus(size=r.size, expires_in_s=round(r.expires_at - now, 3))
+            replicas = {p: ReplicaStatus(size=r.size, expires_in_s=round(r.expires_at - now, 3),
+                                         holders=sum(t > now for t in r.holders.values()))
                         for p, r in self.replicas.items()}
             budget = BudgetStatus(bytes=self.budget, used=self.used_bytes(), evictions=self.evictions)
         return replicas, budget

@@ -115,10 +115,11 @@ class AgentClient:
 
     def replicate(self, path: str, ttl_s: float, source: str | None = None, priority: rpc.Priority = "background",
                   job: str | None = None, importance: float = 1.0,
-                  expect: tuple[int, int] | None = None) -> rpc.ReplicateReply:
+                  expect: tuple[int, int] | None = None, holder: str | None = None) -> rpc.ReplicateReply:
         req = rpc.ReplicateRequest.model_construct(path=path, ttl_s=ttl_s, source=source, priority=priority, job=job,
                                                    importance=importance,
-                                                   expect=rpc.as_version(expect) if expect is not None else None)
+                                                   expect=rpc.as_version(expect) if expect is not None else None,
+                                                   holder=holder)
         return self._call("replicate", req, rpc.ReplicateReply)
 
     def tier_stat(self, path: str, wait_s: float = 0.0, appear_s: float = 0.0) -> rpc.TierStatReply:
@@ -191,8 +192,9 @@ class AgentClient:
         return self._call("has", rpc.HasRequest.model_construct(path=path, size=size, mtime_ns=mtime_ns),
                           rpc.HasReply).has
 
-    def drop(self, path: str) -> rpc.DropReply:
-        return self._call("drop", rpc.PathRequest.model_construct(path=path), rpc.DropReply)
+    def drop(self, path: str, holder: str | None = None) -> rpc.DropReply:
+        """Remove the replica of `path`; with `holder`, release that holder's claim only."""
+        return self._call("drop", rpc.DropRequest.model_construct(path=path, holder=holder), rpc.DropReply)
 
     def status(self) -> rpc.StatusReply:
         return self._call("status", rpc.EmptyRequest.model_construct(), rpc.StatusReply)

@@ -125,14 +125,22 @@ def descriptions(folder: str, suffix: str) -> Iterator[tuple[str, str, dict]]:
 
 
 def write_sidecar(local: str, path: str, size: int, mtime_ns: int, expires_at: float,
-                  record: str | None) -> None:
+                  record: str | None, holders: dict[str, float] | None = None) -> None:
     """`<replica>.meta`: what the replica is a copy of, written after the data (tmp + rename), so
-    a restarted agent trusts only complete, described copies."""
+    a restarted agent trusts only complete, described copies; `holders`: the claims on it."""
     tmp = local + ".meta.tmp"
     with open(tmp, "w") as f:
         json.dump({"path": path, "size": size, "mtime_ns": mtime_ns, "expires_at": expires_at,
-                   "record": record}, f)
+                   "record": record, "holders": holders or {}}, f)
     os.rename(tmp, local + ".meta")
+
+
+def holders_of(meta: dict) -> dict[str, float]:
+    """The claims a sidecar recorded (none in one written before claims existed, or malformed)."""
+    raw = meta.get("holders")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(h): float(t) for h, t in raw.items() if isinstance(t, (int, float))}
 
 
 @dataclass

@@ -30,6 +30,7 @@ MAX_TTL_S = 30 * 86400.0            # a replica lives at most 30 days per reques
 MAX_BATCH = 100_000                 # samples in one plan_window / samples_ready call
 MAX_PARAMS_JSON = 64 << 10
 MAX_NAME = 4096                     # job names, records, locations
+MAX_HOLDER = 256                    # a replica's holder: a mount's id and a hint job's name
 
 StorePath = Annotated[str, AfterValidator(lambda v: relpath(v, what="path"))]
 Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
@@ -97,6 +98,8 @@ class ReplicateRequest(Request):
     importance: float = Field(1.0, ge=0, le=1e6)
     expect: tuple[NonNeg, NonNeg] | None = None
     record: str | None = Field(None, max_length=MAX_NAME)
+    # who keeps the copy (a mount's hint job): `drop` with the same holder releases only its claim
+    holder: str | None = Field(None, min_length=1, max_length=MAX_HOLDER)
 
 
 class SignalRequest(Request):
@@ -107,6 +110,12 @@ class SignalRequest(Request):
 
 class PathRequest(Request):
     path: StorePath
+
+
+class DropRequest(PathRequest):
+    """Without `holder`: the replica goes. With one: that holder's claim goes, and the replica
+    with it only if no other claim is live (`Catalog.unhold`)."""
+    holder: str | None = Field(None, min_length=1, max_length=MAX_HOLDER)
 
 
 class HasRequest(Request):
@@ -335,6 +344,7 @@ class PingReply(Reply):
 class ReplicaStatus(Reply):
     size: int
     expires_in_s: float
+    holders: int = 0          # live claims on it (hint jobs of mounts that asked to keep it)
 
 
 class LoadStatus(Reply):

@@ -230,3 +230,28 @@ def test_hints_cli(mount_factory, tmp_path):
     r = subprocess.run(HINTFS + ["hints", "set", str(m.mnt), "bad", "--file", str(tmp_path / "bad.json")],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and "contains '..'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_two_hosts_hinting_one_file_each_hold_its_replicas(mount_factory, tmp_path, agents):
+    # Two hosts' mounts hint the same file; one host's hint is removed (or expires): the agents
+    # keep the replicas for the other (before, the first to end dropped them under the other).
+    store, locs, procs, token = agents
+    _ckpt(store, mib=1)
+    extra = f'\n[agents]\nlocations = {json.dumps(locs[:2])}\ntoken_file = "{token}"\n'
+    a = mount_factory(extra=extra)
+    b = mount_factory(extra=extra, store_uri=f"file://{store}", name="b")
+    for m in (a, b):
+        client.set_replication_hints(str(m.mnt), "restart", {"ckpt/shard0.distcp": 64}, ttl_s=300, deadline_s=30)
+        assert client.wait_for_replicas(str(m.mnt), "restart", timeout_s=30)["ready"]
+
+    def held() -> list[int]:
+        return [AgentClient(loc, token="tok").status()["replicas"].get("ckpt/shard0.distcp", {}).get("holders", 0)
+                for loc in locs[:2]]
+    assert held() == [2, 2]                               # a replica on each agent, claimed by both
+    os.unlink(a.mnt / ".hintfs" / "hints" / "restart")   # host A's job ends
+    assert wait_for(lambda: held() == [1, 1], timeout=20), held()   # B's claims keep the replicas
+    assert (b.mnt / "ckpt" / "shard0.distcp").read_bytes() == (store / "ckpt" / "shard0.distcp").read_bytes()
+    assert b.stats()["counters"].get("replica_reads", 0) + b.stats()["counters"].get("passthrough_replica_opens", 0) >= 1
+    os.unlink(b.mnt / ".hintfs" / "hints" / "restart")   # the last claim: the replica goes
+    assert wait_for(lambda: all("ckpt/shard0.distcp" not in AgentClient(loc, token="tok").status()["replicas"]
+                                for loc in locs[:2]), timeout=20)
