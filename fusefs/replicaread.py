@@ -99,7 +99,11 @@ class ReplicaReads:
         done = trio.Event()
         self._fetching[key] = done
         try:
-            data = await self._fetch(path, identity, b * self.block, self.block, fallback, locations)
+            # never past the end of the version opened (identity: size, mtime): a 20 KB file's block
+            # is one 20 KB request, not pieces of a 4 MiB one (two of them empty), and the bytes
+            # `ReplicaRouter.pick` charges each replica are the bytes it will serve
+            length = max(0, min(self.block, int(identity[0]) - b * self.block))
+            data = await self._fetch(path, identity, b * self.block, length, fallback, locations) if length else b""
             self._blocks[key] = data
             return data
         finally:
