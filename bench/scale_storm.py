@@ -786,6 +786,8 @@ def phase_hint_ready(args, layout, base, out, store: str) -> None:
                 job = f"{rel}-ready"
                 doc = {"files": {f"{rel}/{p}": r for p, r in docs.items()}, "ttl_s": args.ttl, "deadline_s": 600}
                 t0 = time.monotonic()
+                busy0, tot0 = machine_cpu()
+                agent_cpu0 = sum(cpu_ticks(a.pid) for a in c.storage)
                 for w in ws:
                     w.send({"op": "hint", "job": job, "doc": doc})
                 for w in ws:
@@ -793,12 +795,18 @@ def phase_hint_ready(args, layout, base, out, store: str) -> None:
                 for w in ws:
                     w.send({"op": "wait", "job": job, "hot": list(doc["files"]), "timeout": 600})
                 evs = [w.reply(660) for w in ws]
+                busy1, tot1 = machine_cpu()
+                agent_cpu = (sum(cpu_ticks(a.pid) for a in c.storage) - agent_cpu0) / os.sysconf("SC_CLK_TCK")
             finally:
                 for w in ws:
                     w.close()
+            # what the copies cost the machine from the hint to the last mount's answer: its CPUs'
+            # busy share and the agents' CPU seconds (is the 2 vCPU machine what it waits for?)
             runs.append({"hint_to_hot_ready_s": round(max(e["hot_t"] or e["t"] for e in evs) - t0, 3),
                          "first_mount_ready_s": round(min(e["hot_t"] or e["t"] for e in evs) - t0, 3),
-                         "targets": evs[0]["targets"], "ready": all(e["ready"] for e in evs)})
+                         "targets": evs[0]["targets"], "ready": all(e["ready"] for e in evs),
+                         "machine_busy_share": round((busy1 - busy0) / max(1, tot1 - tot0), 3),
+                         "agents_cpu_s": round(agent_cpu, 2)})
             print(f"hint -> hot set ready at {k} replicas: {runs[-1]}", flush=True)
         out["hint_to_ready"] = {"agents": k, "mounts": 2, "nic_mbit": args.ready_nic_mbit,
                                 "hot_set_bytes": sum(layout["sizes"][p] for p in HOT_FILES),
