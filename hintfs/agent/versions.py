@@ -12,12 +12,12 @@ from collections.abc import Callable
 from cachetools import FIFOCache
 
 from hintfs.agent.rpc import as_version
-from hintfs.common.journal import bucket_of, decode_name, list_folder, removed_record, slice_dir
+from hintfs.common.journal import bucket_of, decode_name, list_folder, listing_gap_s, removed_record, slice_dir
 
 log = logging.getLogger("hintfs.streams")
 
 KNOWN_KEPT = 65536     # store versions learned from the journal, remembered (LRU)
-LISTS_IN_FLIGHT = 16   # journal listings of `VersionCheck` at once
+LISTS_IN_FLIGHT = 1    # journal listings of `VersionCheck` at once (two would list the same slice)
 LIST_AFTER_PUBLISH_S = 2.0   # ... listed this long after each publish (the next file's is near)
 IDLE_TICK_S = 0.5      # how often `VersionCheck` looks when nothing waits
 STAT_WORKERS = 16      # store stats of one batch at once
@@ -29,7 +29,8 @@ class VersionCheck:
     without a round trip per file where a journal is followed:
 
     - journal records: what the follower's rounds read (`learned`), and a listing of the
-      journal's current time slice every `poll_s` while a version waits or within
+      journal's current time slice every `poll_s` (or as its bytes allow: `journal.listing_gap_s`) while
+      a version waits or within
       LIST_AFTER_PUBLISH_S of a publish (a checkpoint's files close one after another: its
       commit marker follows its data files), at most LISTS_IN_FLIGHT at once. A record's name
       carries (path, size, mtime_ns), so one listing confirms every file the training mounts
@@ -133,7 +134,7 @@ class VersionCheck:
                 if go:
                     self._listing += 1
             if go:
-                self._next_list = now + self.poll_s
+                self._next_list = now + self.poll_s     # (and its bytes' wait from its end: `_list`)
                 self.pool.submit(self._list)
 
     def _stat(self, path: str, version: tuple[int, int]) -> None:
@@ -170,16 +171,21 @@ class VersionCheck:
             now_ns = self.wall_ns()
             slices = {bucket_of(now_ns), bucket_of(now_ns - EDGE_NS)}
             found = []
+            listed: list[str] = []
             for b in sorted(slices):
                 try:
                     names = [n for n, _st in list_folder(self.store, slice_dir(journal_dir, b))]
                 except FileNotFoundError:
                     continue
+                listed += names
                 for n in names:
                     rec = decode_name(n)
                     if rec is not None and not removed_record(n):
                         found.append((rec["path"], (rec["size"], rec["mtime_ns"]), n))
             self.counts["listings"] += 1
+            gap = listing_gap_s(listed)
+            with self.lock:     # the next listing: no sooner than this one's bytes allow, from its end
+                self._next_list = max(self._next_list, self.clock() + gap)
             if found:
                 self.learned(found)
         except Exception as err:   # a listing that fails: the next one, or the stat, will do

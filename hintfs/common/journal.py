@@ -185,6 +185,22 @@ def slice_dir(journal_dir: str, bucket: str) -> str:
     return f"{journal_dir}/{TIMED}/{bucket}"
 
 
+# What the journal's readers (an eval tier's follower and its stream version checks) may take of
+# the link to the store by listing, about: after a listing, the next waits until that one's bytes
+# (its names, and ENTRY_BYTES of each entry besides) fit in this rate. A slice holds every record
+# of its 10 s: listed every 10 ms while a checkpoint of small files was written, the listings were
+# half the bytes on a 400 Mbit/s link and most of the S3 server's CPU (bench/scale_xdc.py: 28,429
+# listings in 13 minutes). Bounded so, they stay a few hundred KB/s at any slice size, and a
+# record is seen within about one listing's time of being written.
+LIST_BYTES_S = 256 << 10
+ENTRY_BYTES = 300      # an entry of an S3 listing besides its name (key, size, ETag, date, class)
+
+
+def listing_gap_s(names) -> float:
+    """The least wait after a listing of `names` before the next (LIST_BYTES_S)."""
+    return sum(len(n) + ENTRY_BYTES for n in names) / LIST_BYTES_S
+
+
 def list_folder(store, rel: str) -> list:
     """(name, stat) of the entries of the store folder `rel`; none when it does not exist (a slice
     nobody wrote in, a journal not started yet). Blocking (a store call)."""

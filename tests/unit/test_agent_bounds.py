@@ -306,3 +306,41 @@ def test_version_check_without_a_journal_stats_at_once_and_retries_a_failed_stat
     vc2.step()
     _drain(vc2)
     assert got2["confirmed"] == [("ckpt/x", (1, 1), None)]
+
+
+def test_version_check_lists_a_big_slice_no_faster_than_its_bytes_allow():
+    # A slice of 2,000 records: each listing is ~0.9 MB on the link. Listed every poll_s (10 ms)
+    # while versions wait, that was most of a 400 Mbit/s link (bench/scale_xdc.py); now the next
+    # listing waits until the last one's bytes fit in LIST_BYTES_S.
+    from hintfs.common.journal import LIST_BYTES_S, bucket_of, listing_gap_s, record_name
+    store, clock = _Store(), FakeClock()
+    now_ns = 1_700_000_005 * 10**9
+    vc, got, waiting = _check(store, clock, ".hintfs-journal", wall_ns=lambda: now_ns)
+    names = [record_name(f"ckpt/step_1/__{i}_0.distcp", 4096, i) for i in range(2000)]
+    store.records[bucket_of(now_ns)] = names
+    waiting.append(("ckpt/late", (1, 1), clock()))    # a version no record confirms yet
+    gap = listing_gap_s(names)
+    assert gap == sum(len(n) + 300 for n in names) / LIST_BYTES_S and 2.0 < gap < 5.0
+    vc.published()
+    vc.step()
+    _drain(vc)
+    assert store.lists == 1
+    for _ in range(int(gap / 0.01) - 5):             # poll_s steps inside the gap: no listing
+        clock.advance(0.01)
+        vc.step()
+    _drain(vc)
+    assert store.lists == 1
+    clock.advance(0.1)                               # past it: the next listing
+    vc.step()
+    _drain(vc)
+    assert store.lists == 2
+    # a small slice is listed at poll_s, as before
+    store.records[bucket_of(now_ns)] = names[:3]
+    clock.advance(gap)
+    vc.step()
+    _drain(vc)
+    clock.advance(0.011)
+    vc.step()
+    _drain(vc)
+    assert store.lists == 4
+    vc.close()
