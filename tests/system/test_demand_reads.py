@@ -562,8 +562,11 @@ def test_a_read_hint_kept_for_later_reaches_the_tier_when_the_file_is_complete_a
         assert tier.server.agent.memory.predict("ckpt/run/step_2/__0_0.distcp") == []
         c.stream_put("s1", 0, [(i * big, parts[i], chunk_crc(parts[i])) for i in range(1, 8)])
         assert c.stream_publish("s1", 0, rel, *version, crcs_of(parts))["state"] == "ready"
+        # (until the tier confirmed the version with the store, an open reads the store and the
+        # hint waits for a later open: under load, once in 18 runs, the open came first)
+        _confirmed(c, rel)
         assert (ev.mnt / rel).read_bytes() == data
-        assert ev.stats()["counters"].get("route_hints_at_open") == 1
+        assert ev.stats()["counters"].get("route_hints_at_open") == 1, (ev.stats()["counters"], ev.log.read_text()[-2000:])
         learned = tier.server.agent.memory.predict("ckpt/run/step_2/__0_0.distcp")
         assert learned and all(any(o <= off and off + n <= o + m for o, m in learned) for off, n in wanted)
         assert c.status()["demand"]["fetched"] == 0
