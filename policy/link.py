@@ -119,6 +119,7 @@ class LinkScheduler:
         self._tokens = float(self.burst)
         self._last: float | None = None
         self._transfers: dict[Hashable, _Transfer] = {}
+        self.last_class: LinkClass | None = None   # the class of the chunk `next_chunk` picked last
         self._classes = {c: _ClassQueue() for c in LinkClass}
         self._signals: dict[Hashable, float] = {}
 
@@ -181,6 +182,7 @@ class LinkScheduler:
         if self._tokens < min(n, self.burst):
             return None
         self._tokens -= n
+        self.last_class = t.cls   # (asked after the call, the last chunk's transfer is gone already)
         t.chunks.popleft()
         t.deficit -= n
         t.sent_bytes += n

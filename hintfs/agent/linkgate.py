@@ -68,8 +68,8 @@ class LinkGate:
                 if pick is not None:
                     tid, n = pick
                     self.grants[tid] += 1
-                    self.sent[self.sched.class_of(tid).name.lower() if tid in self.sched._transfers
-                              else "done"] += n
+                    cls = self.sched.last_class
+                    self.sent[cls.name.lower() if cls is not None else "done"] += n
                     self.cond.notify_all()
                     continue
                 wait = self.sched.ready_in(now)

@@ -58,6 +58,7 @@ def test_strict_priority_and_preemption_at_chunk_boundaries():
     assert s.next_chunk(0.1) == ("ev", 300)                  # preempted at the chunk boundary
     s.add("an", LinkClass.ANOMALY, 1.0, [50])
     assert s.next_chunk(0.2) == ("an", 50)
+    assert s.last_class is LinkClass.ANOMALY and "an" not in s.pending()   # (its last chunk: gone, class kept)
     assert s.next_chunk(0.3) == ("ev", 300)
     assert s.next_chunk(0.4) == ("bg", 400)                  # bg resumes its turn (deficit 600 kept)
     assert s.next_chunk(0.5) == ("bg", 400)                  # new turn
