@@ -271,7 +271,8 @@ class AgentConfig(Section):
     stream_verify_poll_s: float = Field(0.01, gt=0, le=60, description="Eval tier with `[follow]`: for 2 s "
                                         "after each stream publish, and while a published version waits for "
                                         "the store's word, the journal's current time slice is listed this often "
-                                        "(at most 16 listings in flight), so that the commit marker's version is "
+                                        "(one listing at a time, and no sooner after one than its bytes allow at ~256 KB/s: "
+                                        "a big slice is listed less often), so that the commit marker's version is "
                                         "confirmed about when its publish arrives. Fewer listings (a larger "
                                         "value) cost a marker up to this long before eval mounts see it.")
 
