@@ -27,7 +27,7 @@ from hintfs.agent.rpc import FollowStatus
 from hintfs.agent.versions import VersionCheck
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, bucket_of, bucket_start_ns, decode_name,
-                            decode_record, journal_problem, list_folder, listing_gap_s, record_time_ns, refusal, removed_record,
+                            decode_record, journal_problem, list_folder, ListingBudget, record_time_ns, refusal, removed_record,
                             slice_dir, Removals)
 from mountconfig.schema import FollowConfig
 from hintfs.stores.base import Stat, Store, walk_files
@@ -65,7 +65,8 @@ class Follower:
         self.seen_records: dict[str, set[str]] = {}
         self.swept_at: float | None = None     # monotonic time of the last sweep; None: never
         self.sweep_s = SWEEP_S
-        self.list_gap_s = 0.0         # the least wait before the next round (its listings' bytes)
+        # the agent's journal listings share one budget (the version check's, when there is one)
+        self.budget = versions.budget if versions is not None else ListingBudget()
         self._root_records: dict[str, Stat] = {}  # records of older mounts, at the last sweep
         # why the journal is not followed (the listing is, meanwhile), as of the last sweep
         self.journal_refused: str | None = None
@@ -168,7 +169,7 @@ class Follower:
 
         # (concurrently: each listing is a round trip on a long link)
         listings = list(self.pool.map(listing, folders) if len(folders) > 1 else map(listing, folders))
-        self.list_gap_s = listing_gap_s([n for listed in listings for n in listed])
+        self.budget.spent([n for listed in listings for n in listed], self.clock.monotonic())
         for folder, listed in zip(folders, listings):
             seen = self.seen_records.get(folder, set()) & listed.keys()   # pruned records are gone: forget them
             new = [n for n in sorted(listed) if n not in seen and (n.endswith(".json") or n.endswith(".rec"))]
@@ -449,8 +450,8 @@ class Follower:
         return True
 
     def _run(self) -> None:
-        # (no sooner than the last round's listings allow: `journal.listing_gap_s`)
-        while not self._stop.wait(max(self.cfg.poll_interval_s, self.list_gap_s)):
+        # (no sooner than the agent's last listings allow: `journal.ListingBudget`)
+        while not self._stop.wait(max(self.cfg.poll_interval_s, self.budget.wait_s(self.clock.monotonic()))):
             try:
                 self.step()
             except Exception:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from cachetools import FIFOCache
 
 from hintfs.agent.rpc import as_version
-from hintfs.common.journal import bucket_of, decode_name, list_folder, listing_gap_s, removed_record, slice_dir
+from hintfs.common.journal import ListingBudget, bucket_of, decode_name, list_folder, removed_record, slice_dir
 
 log = logging.getLogger("hintfs.streams")
 
@@ -29,7 +29,7 @@ class VersionCheck:
     without a round trip per file where a journal is followed:
 
     - journal records: what the follower's rounds read (`learned`), and a listing of the
-      journal's current time slice every `poll_s` (or as its bytes allow: `journal.listing_gap_s`) while
+      journal's current time slice every `poll_s` (or as the listings' bytes allow: `journal.ListingBudget`) while
       a version waits or within
       LIST_AFTER_PUBLISH_S of a publish (a checkpoint's files close one after another: its
       commit marker follows its data files), at most LISTS_IN_FLIGHT at once. A record's name
@@ -54,6 +54,7 @@ class VersionCheck:
                  journal_dir: str | None, record_wait_s: float, poll_s: float,
                  wall_ns: Callable[[], int] = time.time_ns, start: bool = True):
         self.store = store
+        self.budget = ListingBudget()   # shared with the follower, which is given this check
         self.clock = clock
         self.wall_ns = wall_ns
         self._confirm, self._refuse, self._unconfirmed = confirm, refuse, unconfirmed
@@ -128,13 +129,14 @@ class VersionCheck:
                 del self._stat_due[key]
         for key in due:
             self.pool.submit(self._stat, *key)
-        if self.journal_dir and now >= self._next_list and self._busy(now, bool(waiting)):
+        if (self.journal_dir and now >= self._next_list and self._busy(now, bool(waiting))
+                and self.budget.wait_s(now) == 0):
             with self.lock:
                 go = self._listing < LISTS_IN_FLIGHT
                 if go:
                     self._listing += 1
             if go:
-                self._next_list = now + self.poll_s     # (and its bytes' wait from its end: `_list`)
+                self._next_list = now + self.poll_s     # (and the budget's wait: `_list`)
                 self.pool.submit(self._list)
 
     def _stat(self, path: str, version: tuple[int, int]) -> None:
@@ -183,9 +185,7 @@ class VersionCheck:
                     if rec is not None and not removed_record(n):
                         found.append((rec["path"], (rec["size"], rec["mtime_ns"]), n))
             self.counts["listings"] += 1
-            gap = listing_gap_s(listed)
-            with self.lock:     # the next listing: no sooner than this one's bytes allow, from its end
-                self._next_list = max(self._next_list, self.clock() + gap)
+            self.budget.spent(listed, self.clock())   # the next listing (ours or the follower's) waits
             if found:
                 self.learned(found)
         except Exception as err:   # a listing that fails: the next one, or the stat, will do

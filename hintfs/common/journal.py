@@ -50,6 +50,7 @@ import logging
 import os
 import socket
 import stat as stat_mod
+import threading
 import time
 
 from cachetools import FIFOCache
@@ -199,6 +200,28 @@ ENTRY_BYTES = 300      # an entry of an S3 listing besides its name (key, size, 
 def listing_gap_s(names) -> float:
     """The least wait after a listing of `names` before the next (LIST_BYTES_S)."""
     return sum(len(n) + ENTRY_BYTES for n in names) / LIST_BYTES_S
+
+
+class ListingBudget:
+    """LIST_BYTES_S for all the journal listings of one agent: its follower's rounds and its
+    stream version checks list the same slice, so after a listing by either, the next by either
+    waits until that one's bytes fit (each had a budget of its own: twice the bytes, and the
+    follower's records reach the version check anyway). Times: the caller's monotonic clock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = float("-inf")
+
+    def wait_s(self, now: float) -> float:
+        """How long until the next listing may start."""
+        with self._lock:
+            return max(0.0, self._next - now)
+
+    def spent(self, names, now: float) -> None:
+        """A listing of `names` ended at `now`."""
+        gap = listing_gap_s(names)
+        with self._lock:
+            self._next = max(self._next, now + gap)
 
 
 def list_folder(store, rel: str) -> list:

@@ -68,6 +68,8 @@ def _copied_checkpoint(tmp_path: Path, store: Path):
     server.agent.follower.step(wait=True)
     c = AgentClient(loc)
     assert set(c.status()["replicas"]) == {"ckpt/job/step_1/a.distcp", "ckpt/job/step_1/b.distcp"}
+    # the follower's listings and the stream version check's share one budget (journal.ListingBudget)
+    assert server.agent.follower.budget is server.agent.intake.versions.budget
     return server, c
 
 

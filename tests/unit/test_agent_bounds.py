@@ -343,4 +343,13 @@ def test_version_check_lists_a_big_slice_no_faster_than_its_bytes_allow():
     vc.step()
     _drain(vc)
     assert store.lists == 4
+    # the follower's rounds spend the same budget (`Follower.budget` is the check's): after the
+    # follower listed the big slice, the check does not list it again within that listing's wait
+    clock.advance(1.0)
+    vc.budget.spent(names, clock())
+    for _ in range(50):
+        clock.advance(0.01)
+        vc.step()
+    _drain(vc)
+    assert store.lists == 4 and vc.budget.wait_s(clock()) > 0
     vc.close()
