@@ -114,6 +114,10 @@ class Replica:
     def version(self) -> tuple[int, int]:
         return (self.size, self.source_mtime_ns)
 
+    def live_holders(self, now: float) -> dict[str, float]:
+        """The claims on it that have not ended by `now` (wall clock)."""
+        return {h: t for h, t in self.holders.items() if t > now}
+
 
 def made_before(rep: Replica, t_ns: int) -> bool:
     """The replica holds a version written before `t_ns`: by the time of the journal record it was
@@ -211,7 +215,7 @@ class Catalog:
             rep = self.replicas.get(path)
             if rep is None:
                 return False
-            claims = {h: t for h, t in rep.holders.items() if t > now}
+            claims = rep.live_holders(now)
             claims[holder] = max(claims.get(holder, 0.0), now + ttl_s)
             if len(claims) > MAX_HOLDERS:      # bounded per replica: the claim that ends first goes
                 del claims[min(claims, key=claims.__getitem__)]
@@ -230,7 +234,7 @@ class Catalog:
             if rep is None or holder not in rep.holders:
                 return False
             del rep.holders[holder]
-            rep.holders = {h: t for h, t in rep.holders.items() if t > now}
+            rep.holders = rep.live_holders(now)
             if rep.holders:
                 if self.persistent:
                     self.write_sidecar(rep)
@@ -421,7 +425,7 @@ class Catalog:
         now = self.clock.time()
         with self.lock:
             replicas = {p: ReplicaStatus(size=r.size, expires_in_s=round(r.expires_at - now, 3),
-                                         holders=sum(t > now for t in r.holders.values()))
+                                         holders=len(r.live_holders(now)))
                         for p, r in self.replicas.items()}
             budget = BudgetStatus(bytes=self.budget, used=self.used_bytes(), evictions=self.evictions)
         return replicas, budget

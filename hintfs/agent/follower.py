@@ -26,9 +26,9 @@ from hintfs.agent.linkgate import LinkGate
 from hintfs.agent.rpc import FollowStatus
 from hintfs.agent.versions import VersionCheck
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
-from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, bucket_of, bucket_start_ns, decode_name,
-                            decode_record, journal_problem, list_folder, ListingBudget, record_time_ns, refusal, removed_record,
-                            slice_dir, Removals)
+from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, ListingBudget, bucket_of, bucket_start_ns,
+                            decode_name, decode_record, journal_problem, list_folder, record_time_ns, refusal,
+                            removed_record, slice_dir, Removals)
 from mountconfig.schema import FollowConfig
 from hintfs.stores.base import Stat, Store, walk_files
 

@@ -68,8 +68,9 @@ class LinkGate:
                 if pick is not None:
                     tid, n = pick
                     self.grants[tid] += 1
-                    cls = self.sched.last_class
-                    self.sent[cls.name.lower() if cls is not None else "done"] += n
+                    cls = self.sched.last_class     # (set by the pick: its transfer may be gone)
+                    assert cls is not None
+                    self.sent[cls.name.lower()] += n
                     self.cond.notify_all()
                     continue
                 wait = self.sched.ready_in(now)

@@ -29,10 +29,10 @@ class VersionCheck:
     without a round trip per file where a journal is followed:
 
     - journal records: what the follower's rounds read (`learned`), and a listing of the
-      journal's current time slice every `poll_s` (or as the listings' bytes allow: `journal.ListingBudget`) while
-      a version waits or within
-      LIST_AFTER_PUBLISH_S of a publish (a checkpoint's files close one after another: its
-      commit marker follows its data files), at most LISTS_IN_FLIGHT at once. A record's name
+      journal's current time slice every `poll_s` (or as the listings' bytes allow:
+      `journal.ListingBudget`) while a version waits or within LIST_AFTER_PUBLISH_S of a publish
+      (a checkpoint's files close one after another: its commit marker follows its data files),
+      at most LISTS_IN_FLIGHT at once. A record's name
       carries (path, size, mtime_ns), so one listing confirms every file the training mounts
       closed in that slice. An honest mount writes the record before it publishes the stream,
       and both cross the link once: a listing that reaches the store every `poll_s` sees the
