@@ -21,7 +21,6 @@ relay, tier agent with [follow], mounts, writer and merger), `--keep-last` kept 
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import itertools
 import json
@@ -41,7 +40,6 @@ import time
 from pathlib import Path
 
 import cross_dc_eval as xdc   # bench/ is the script's folder; it puts the repo on sys.path
-import trio
 import tests.helpers.wan as wan
 
 # Bench's options this bench does not expose: cross_dc_eval.py's defaults.
@@ -142,42 +140,18 @@ def ratio(a, b, nd: int = 4):
 
 class SideRelay(wan.Relay):
     """`Relay` with a third listener towards the store sharing the link's buckets: the direct-remote
-    reference reads through it, on the same link, its bytes counted apart (`side_stats`). `_main` is
-    `Relay._main` with that listener added (the buckets are local to it)."""
+    reference reads through it, on the same link, its bytes counted apart (`side_stats`)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self._sstats = wan.RelayStats(sample_interval_s=self._stats.sample_interval_s)
         self.side_port: int | None = None
 
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        with trio.CancelScope() as scope:
-            self._cancel = scope
-            async with trio.open_nursery() as nursery:
-                burst = self.kwargs.pop("burst_bytes", None)
-                if burst is None:
-                    burst = int(max(wan.read_size_for(self.bandwidth_bytes_s), self.bandwidth_bytes_s * 0.005))
-                buckets = {d: wan.TokenBucket(self.bandwidth_bytes_s, burst) for d in wan.DIRECTIONS}
-
-                def listen(port, target, st, bk):
-                    return nursery.start(functools.partial(
-                        wan.run_relay, port, target[0], target[1], self.delay_s, self.bandwidth_bytes_s,
-                        listen_host=self.listen_host, stats=st, buckets=bk, **self.kwargs))
-                self.port = await listen(self.listen_port, self.target, self._stats, buckets)
-                if self.reverse_target is not None:
-                    self.reverse_port = await listen(0, self.reverse_target, self._rstats,
-                                                     {"up": buckets["down"], "down": buckets["up"]})
-                self.side_port = await listen(0, self.target, self._sstats, buckets)
-                self._ready.set()
+    async def _more_listeners(self, listen, buckets: dict) -> None:
+        self.side_port = await listen(0, self.target, self._sstats, buckets)
 
     def side_stats(self) -> dict:
-        if self._token is not None and self._thread is not None and self._thread.is_alive():
-            try:
-                return trio.from_thread.run_sync(self._sstats.snapshot, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        return self._sstats.snapshot()
+        return self._snapshot(self._sstats)
 
 
 class ScaleBench(xdc.Bench):

@@ -17,21 +17,7 @@ import trio
 from fusefs.filesystem import Filesystem
 from fusefs.handles import PassthroughWrite
 from hintfs.stores.local import LocalStore
-
-
-class CountingBacking:
-    def __init__(self):
-        self.live: set[int] = set()
-        self.next = 0
-
-    def open(self, fd: int) -> int:
-        os.fstat(fd)
-        self.next += 1
-        self.live.add(self.next)
-        return self.next
-
-    def close(self, backing_id: int) -> None:
-        self.live.remove(backing_id)
+from tests.helpers.backing import CountingBacking
 
 
 async def _until(cond, limit_s: float = 2.0) -> None:

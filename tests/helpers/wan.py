@@ -315,16 +315,30 @@ class Relay:
                 if burst is None:
                     burst = int(max(read_size_for(self.bandwidth_bytes_s), self.bandwidth_bytes_s * 0.005))
                 buckets = {d: TokenBucket(self.bandwidth_bytes_s, burst) for d in DIRECTIONS}
-                self.port = await nursery.start(functools.partial(
-                    run_relay, self.listen_port, self.target[0], self.target[1], self.delay_s,
-                    self.bandwidth_bytes_s, listen_host=self.listen_host, stats=self._stats,
-                    buckets=buckets, **self.kwargs))
+
+                async def listen(port: int, target: tuple[str, int], stats: RelayStats, bk: dict) -> int:
+                    return await nursery.start(functools.partial(
+                        run_relay, port, target[0], target[1], self.delay_s, self.bandwidth_bytes_s,
+                        listen_host=self.listen_host, stats=stats, buckets=bk, **self.kwargs))
+                self.port = await listen(self.listen_port, self.target, self._stats, buckets)
                 if self.reverse_target is not None:
-                    self.reverse_port = await nursery.start(functools.partial(
-                        run_relay, 0, self.reverse_target[0], self.reverse_target[1], self.delay_s,
-                        self.bandwidth_bytes_s, listen_host=self.listen_host, stats=self._rstats,
-                        buckets={"up": buckets["down"], "down": buckets["up"]}, **self.kwargs))
+                    self.reverse_port = await listen(0, self.reverse_target, self._rstats,
+                                                     {"up": buckets["down"], "down": buckets["up"]})
+                await self._more_listeners(listen, buckets)
                 self._ready.set()
+
+    async def _more_listeners(self, listen, buckets: dict) -> None:
+        """A subclass's further listeners on the same link: `await listen(port, target, stats,
+        buckets)` gives each one's port (bench/scale_xdc.py's direct-remote reference)."""
+
+    def _snapshot(self, stats: RelayStats) -> dict[str, Any]:
+        """`stats.snapshot()`, taken in the relay's thread while it runs."""
+        if self._token is not None and self._thread is not None and self._thread.is_alive():
+            try:
+                return trio.from_thread.run_sync(stats.snapshot, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        return stats.snapshot()
 
     def _run(self) -> None:
         if self.nice:
@@ -354,22 +368,12 @@ class Relay:
         return self.port
 
     def stats(self) -> dict[str, Any]:
-        if self._token is not None and self._thread is not None and self._thread.is_alive():
-            try:
-                return trio.from_thread.run_sync(self._stats.snapshot, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        return self._stats.snapshot()
+        return self._snapshot(self._stats)
 
     def reverse_stats(self) -> dict[str, Any]:
         """The second listener's ``RelayStats.snapshot()`` (its "up" crosses the link like the
         first's "down")."""
-        if self._token is not None and self._thread is not None and self._thread.is_alive():
-            try:
-                return trio.from_thread.run_sync(self._rstats.snapshot, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        return self._rstats.snapshot()
+        return self._snapshot(self._rstats)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._thread is None:

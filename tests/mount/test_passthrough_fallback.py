@@ -16,6 +16,7 @@ from fusefs import fuse as fuse_mod
 from fusefs.filesystem import Filesystem
 from fusefs.handles import PassthroughRead, PassthroughWrite, StoreRead
 from hintfs.stores.local import LocalStore
+from tests.helpers.backing import CountingBacking
 
 
 class RefusingBacking:
@@ -29,21 +30,6 @@ class RefusingBacking:
 
     def close(self, backing_id: int) -> None:
         raise AssertionError("nothing was registered")
-
-
-class CountingBacking:
-    def __init__(self):
-        self.live: set[int] = set()
-        self.next = 0
-
-    def open(self, fd: int) -> int:
-        os.fstat(fd)
-        self.next += 1
-        self.live.add(self.next)
-        return self.next
-
-    def close(self, backing_id: int) -> None:
-        self.live.remove(backing_id)
 
 
 def make_fs(tmp_path) -> Filesystem:
