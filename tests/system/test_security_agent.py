@@ -170,7 +170,14 @@ def test_agent_refuses_oversized_numbers_and_callers_without_the_token(real_agen
                    ("replicate", {"path": "ok.bin", "importance": float("nan")}),
                    ("has", {"path": "ok.bin", "size": 1 << 64, "mtime_ns": 0}),
                    ("signal", {"job": "j", "severity": float("nan")}),
-                   ("replicate", {"path": "ok.bin", "ttl_s": 10, "surprise": True})]
+                   ("replicate", {"path": "ok.bin", "ttl_s": 10, "surprise": True}),
+                   # a claim's holder: bounded, never empty, a string (hintfs/agent/rpc.py MAX_HOLDER)
+                   ("replicate", {"path": "ok.bin", "ttl_s": 10, "holder": "h" * 257}),
+                   ("replicate", {"path": "ok.bin", "ttl_s": 10, "holder": ""}),
+                   ("drop", {"path": "ok.bin", "holder": "h" * 257}),
+                   ("drop", {"path": "ok.bin", "holder": ""}),
+                   ("drop", {"path": "ok.bin", "holder": 7}),
+                   ("drop", {"path": "../ok.bin", "holder": "h"})]
     for kind, body in bad_actions:
         with pytest.raises(AgentError) as exc:
             c._action(kind, json.dumps(body).encode())
@@ -181,6 +188,9 @@ def test_agent_refuses_oversized_numbers_and_callers_without_the_token(real_agen
     for tok in (None, "wrong-" + TOKEN):
         with pytest.raises(AgentError) as exc:
             AgentClient(f"grpc://127.0.0.1:{port}", token=tok, timeout_s=10).read("ok.bin", 0, 10)
+        assert exc.value.errno == errno.EACCES
+        with pytest.raises(AgentError) as exc:       # nor release anyone's claim on a replica
+            AgentClient(f"grpc://127.0.0.1:{port}", token=tok, timeout_s=10).drop("ok.bin", holder="m/j")
         assert exc.value.errno == errno.EACCES
     if can_run_as_nobody():
         got = nobody_flight_get(f"grpc://127.0.0.1:{port}", {"path": "ok.bin", "offset": 0, "length": 10})
