@@ -12,7 +12,7 @@ names the class; a passthrough kind whose backing file the kernel refuses falls 
 | `StagingRead`     | reading a file some writer has open          | the writer's staging, then store  |
 | `ReplicaRead`     | reading a hinted file with ready replicas, or a routed one the local tier holds | the agents (`ReplicaReads`) |
 | `WriteHandle`     | writing (shares the inode's `Staging`)       | the staging                       |
-| `PassthroughRead` | reading, served by the kernel (passthrough)  | the backing file (never the daemon) |
+| `PassthroughRead` | reading, served by the kernel (passthrough)  | the backing file (the daemon: only readahead through the FUSE file) |
 | `PassthroughWrite`| writing, served by the kernel (passthrough)  | the staging, as backing file      |
 | `ControlHandle`   | a `.hintfs/` control file                    | the document rendered at open     |
 | `TensorHandle`    | an `x.tensor` virtual file                   | the bytes fixed at the first open |
@@ -352,8 +352,26 @@ class WriteHandle(Handle):
 # -- FUSE passthrough ---------------------------------------------------------------------------
 class PassthroughRead(Handle):
     """Opened with a backing id: the kernel reads (and maps) the backing file itself; the daemon
-    sees the open and the release only."""
+    sees the open and the release, and only the reads the kernel makes to fill the FUSE file's own
+    page cache: readahead asked for through it (`posix_fadvise(POSIX_FADV_WILLNEED)`,
+    `readahead(2)`: pyarrow's `read_table` does it), answered from the same backing file. (Refusing
+    them was a counted EBADF per such call, issue 38.)"""
     __slots__ = ()
+
+    async def read(self, fs: Services, off: int, size: int) -> bytes:
+        node = self.inode
+        if node.pt_staging is not None:   # a write open's staging is the backing file
+            return await read_staging(fs, node.pt_staging, off, size)
+        holder = node.pt_reader
+        if holder is None:
+            raise Refused(errno.EBADF, "passthrough open without a backing reader")
+        fs.stats.add("passthrough_daemon_reads")
+        if hasattr(holder, "read"):       # the store file's reader
+            data = await fs.io(holder.read, off, size)
+        else:                             # a replica's fd (`fusefs.passthrough.HeldFd`)
+            data = await fs.io(os.pread, holder.fd, size, off)
+        fs.stats.add("bytes_read", len(data))
+        return data
 
     async def release(self, fs: Services) -> None:
         fs.passthrough_detach(self.inode)

@@ -218,3 +218,35 @@ def test_passthrough_off_is_todays_path(mount_factory):
     assert s["passthrough"]["state"].startswith("off")
     assert s["bytes"]["read"] >= 10000
     assert "opens" not in s["passthrough"]
+
+
+def test_readahead_through_a_passthrough_open_is_answered_not_ebadf(pt):
+    """posix_fadvise(WILLNEED) (pyarrow.parquet.read_table does it) on a passthrough open makes the
+    kernel read the FUSE file's own pages through the daemon: answered from the backing file (the
+    store file, or a writer's staging), where it used to be a counted EBADF with no log line
+    (issue 38)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    data = os.urandom(300_000)
+    (pt.store / "ra.bin").write_bytes(data)
+    fd = os.open(pt.mnt / "ra.bin", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, len(data), os.POSIX_FADV_WILLNEED)
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+    with open(pt.mnt / "w.bin", "wb") as w:   # a writer's staging backs the shared read open
+        w.write(data)
+        w.flush()
+        fd = os.open(pt.mnt / "w.bin", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, len(data), os.POSIX_FADV_WILLNEED)
+            assert os.pread(fd, len(data), 0) == data
+        finally:
+            os.close(fd)
+    pq.write_table(pa.table({"a": list(range(1000))}), str(pt.mnt / "t.parquet"))
+    assert pq.read_table(str(pt.mnt / "t.parquet")).column("a").to_pylist() == list(range(1000))
+    s = pt.stats()
+    assert str(errno.EBADF) not in s["errors"], s["errors"]
+    assert s["ops"].get("read", {}).get("errors", 0) == 0
+    assert s["passthrough"].get("daemon_reads", 0) >= 1    # the kernel did ask (else nothing is tested)
