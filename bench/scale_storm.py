@@ -337,6 +337,12 @@ def worker_main(argv: list[str]) -> int:
         elif op == "stats":
             with open(os.path.join(args.mnt, ".hintfs", "stats")) as f:
                 emit({"ev": "stats", "stats": json.load(f)})
+        elif op == "hintstatus":
+            try:
+                with open(os.path.join(hints_dir, cmd["job"] + ".status")) as f:
+                    emit({"ev": "hintstatus", "status": json.load(f)})
+            except (OSError, ValueError) as err:
+                emit({"ev": "hintstatus", "status": {}, "error": str(err)})
         elif op == "exit":
             break
     return 0
@@ -619,6 +625,8 @@ class Storms:
             }
             if reactive:
                 out["reactive_copies"] = reactive.made
+            if policy == "hints":
+                out["mounts_view"] = mounts_view(leads, job, [f"{rel}/{p}" for p in HOT_FILES])
             replicas_held = [c.status() for c in clients.values()]
             out["footprint"] = {"agents": footprint([a.pid for a in agents]), "mounts": footprint([h.pid for h in hosts]),
                                 "agent_replicas_max": max(len(s.replicas) for s in replicas_held)}
@@ -626,6 +634,25 @@ class Storms:
         finally:
             for w in workers:
                 w.close()
+
+
+def mounts_view(leads: list, job: str, hot: list[str]) -> dict:
+    """What each host's mount knew after the storm: how many of a hot file's replicas its hint
+    status lists (`at`), and how evenly it asked the agents (the bytes it asked of each)."""
+    lists: dict[str, list[int]] = {p: [] for p in hot}
+    spread = []
+    for w in leads:
+        w.send({"op": "hintstatus", "job": job})
+    for w in leads:
+        st = w.reply()["status"]
+        for p in hot:
+            lists[p].append(len(st.get("files", {}).get(p, {}).get("at", [])))
+        asked = list(st.get("asked", {}).values())
+        if asked:
+            spread.append({"agents": len(asked), "max_over_mean": round(max(asked) / (sum(asked) / len(asked)), 3)})
+    return {"hot_replicas_listed_by_host": lists,
+            "asked_max_over_mean_by_host": sorted(s["max_over_mean"] for s in spread),
+            "agents_asked_by_host": sorted(s["agents"] for s in spread)}
 
 
 class Reactive:

@@ -130,12 +130,15 @@ class HintsManager:
         if job is None:
             return {}
         files: dict[str, dict[str, Any]] = {
-            p: {"target": s.target, "ready": len(s.ready), **({"error": s.error} if s.error else {})}
+            p: {"target": s.target, "ready": len(s.ready), "at": list(s.ready),
+                **({"error": s.error} if s.error else {})}
             for p, s in job.files.items()}
         return {"job": name, "ready": all(v["ready"] >= v["target"] for v in files.values()),
                 "done": job.done, "deadline_in_s": round(job.deadline_at - time.time(), 3),
                 "expires_in_s": round(job.expires_at - time.time(), 3), "agents": len(self.agents),
-                "files": files}
+                "files": files,
+                # the bytes this host has asked of each agent for hinted files (every job's)
+                "asked": {loc: self.router.sent[loc] for loc in sorted(self.router.sent)}}
 
     def status_json(self, name: str) -> bytes:
         return (json.dumps(self.status(name), indent=1, sort_keys=True) + "\n").encode()
