@@ -37,6 +37,36 @@ def _binary_array(items: list[bytes]) -> pa.Array:
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(items[0])])
 
 
+class _Versioned(fl.ClientMiddleware):
+    def __init__(self, seen: _AgentVersion):
+        self.seen = seen
+
+    def sending_headers(self):
+        return {rpc.VERSION_HEADER: str(rpc.PROTOCOL)}
+
+    def received_headers(self, headers):
+        if rpc.VERSION_HEADER in headers:    # (the trailers of a call come without it)
+            self.seen.version = rpc.header_version(headers[rpc.VERSION_HEADER])
+
+
+class _AgentVersion(fl.ClientMiddlewareFactory):
+    """Sends this client's protocol version with every call and keeps the agent's, as its last
+    answer gave it (1 until one did: an agent from before versions sends none)."""
+
+    def __init__(self) -> None:
+        self.version: int | None = 1
+
+    def start_call(self, info):
+        return _Versioned(self)
+
+
+def _failure(location: str, what: str, err: fl.FlightError) -> AgentError:
+    code = _errno_of(err)
+    if code == errno.EPROTONOSUPPORT:     # a version mismatch: the agent's one line, as it is
+        return AgentError(code, f"agent {location}: {what}: {rpc.error_message(err)}")
+    return AgentError(code, f"agent {location}: {what} failed: {err}")
+
+
 class AgentClient:
     def __init__(self, location: str, token: str | None = None, tls_root: bytes | None = None,
                  timeout_s: float = 30.0, own_connection: bool = False):
@@ -49,7 +79,8 @@ class AgentClient:
             kwargs["tls_root_certs"] = tls_root
         if own_connection:
             kwargs["generic_options"] = [("grpc.use_local_subchannel_pool", 1)]
-        self._client = fl.FlightClient(location, **kwargs)
+        self._agent_version = _AgentVersion()
+        self._client = fl.FlightClient(location, middleware=[self._agent_version], **kwargs)
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
 
@@ -58,8 +89,15 @@ class AgentClient:
         try:
             results = list(self._client.do_action(fl.Action(kind, body), self._opts))
         except fl.FlightError as err:
-            raise AgentError(_errno_of(err), f"agent {self.location}: {kind} failed: {err}") from None
+            raise _failure(self.location, kind, err) from None
+        self._check_version(kind)
         return results[0].body.to_pybytes() if results else b""
+
+    def _check_version(self, what: str) -> None:
+        """An answer of an agent this client does not understand is not taken (docs/versions.md)."""
+        why = rpc.agent_refusal(self._agent_version.version)
+        if why:
+            raise AgentError(errno.EPROTONOSUPPORT, f"agent {self.location}: {what}: {why}")
 
     def _reply(self, model: type[R], data: bytes, what: str) -> R:
         try:
@@ -74,9 +112,11 @@ class AgentClient:
     def _ticket(self, body: bytes, what: str) -> pa.Table:
         """One do_get stream, read whole; Flight errors become AgentError naming `what`."""
         try:
-            return self._client.do_get(fl.Ticket(body), self._opts).read_all()
+            table = self._client.do_get(fl.Ticket(body), self._opts).read_all()
         except fl.FlightError as err:
-            raise AgentError(_errno_of(err), f"agent {self.location}: {what} failed: {err}") from None
+            raise _failure(self.location, what, err) from None
+        self._check_version(what)
+        return table
 
     def read(self, path: str, offset: int, length: int, replica_only: bool = False,
              expect: tuple[int, int] | None = None, demand: bool = False) -> bytes:
@@ -163,7 +203,8 @@ class AgentClient:
             finally:
                 writer.close()
         except fl.FlightError as err:
-            raise AgentError(_errno_of(err), f"agent {self.location}: stream {sid} failed: {err}") from None
+            raise _failure(self.location, f"stream {sid}", err) from None
+        self._check_version(f"stream {sid}")
         return self._reply(rpc.StreamPutReply, buf.to_pybytes() if buf is not None else b"", f"stream {sid}")
 
     def stream_publish(self, sid: str, gen: int, path: str, size: int, mtime_ns: int, crcs: list[int],

@@ -40,6 +40,57 @@ Kind = Literal["image", "video"]
 Priority = Literal["anomaly", "eval", "background"]
 
 
+# -- the protocol's version (docs/versions.md) --------------------------------------------------------
+# Every Flight call carries the caller's protocol version in the VERSION_HEADER header and every
+# answer the agent's (gRPC metadata: an agent or client older than versions ignores it; none is
+# version 1, the protocol as it was). The agent refuses a call of a version outside
+# OLDEST..PROTOCOL with one EPROTONOSUPPORT line naming both versions and the side to upgrade;
+# it answers an older caller it accepts in that caller's version. A client refuses the answers of
+# an agent older than its OLDEST the same way. One check per call, on a header: never per byte.
+PROTOCOL = 1                    # the agent protocol this code speaks
+OLDEST = 1                      # the oldest peer version it still understands
+VERSION_HEADER = "hintfs-agent-protocol"
+_MAX_VERSION = 1 << 16
+
+
+def header_version(values: object) -> int | None:
+    """The version in a VERSION_HEADER header's values (gRPC gives a list of str); 1 when there is
+    none (a peer from before versions); None when it is not a version number."""
+    if not values:
+        return 1
+    value = values[0] if isinstance(values, list | tuple) else values
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    text = str(value)
+    if not (text.isascii() and text.isdigit()) or len(text) > 5 or not 1 <= int(text) <= _MAX_VERSION:
+        return None
+    return int(text)
+
+
+def client_refusal(client: int | None) -> str | None:
+    """(the agent) Why a call of protocol version `client` is refused; None when it is served."""
+    if client is None:
+        return f"unreadable {VERSION_HEADER} header (this agent speaks agent protocol {PROTOCOL})"
+    if client > PROTOCOL:
+        return (f"the client speaks agent protocol {client}, this agent {PROTOCOL} (accepts {OLDEST}..{PROTOCOL}): "
+                "upgrade this agent first (agents before mounts: docs/versions.md)")
+    if client < OLDEST:
+        return (f"the client speaks agent protocol {client}, this agent {PROTOCOL} (accepts {OLDEST}..{PROTOCOL}): "
+                "upgrade hintfs on the client's host (the mount or job that called)")
+    return None
+
+
+def agent_refusal(agent: int | None) -> str | None:
+    """(a client) Why the answers of an agent of protocol version `agent` are not taken; None
+    when they are (a newer agent that served the call answered in this client's version)."""
+    if agent is None:
+        return f"unreadable {VERSION_HEADER} header (this client speaks agent protocol {PROTOCOL})"
+    if agent < OLDEST:
+        return (f"the agent speaks agent protocol {agent}, this client {PROTOCOL} (accepts {OLDEST}..{PROTOCOL}): "
+                "upgrade the agent (agents before mounts: docs/versions.md)")
+    return None
+
+
 def as_version(version: Sequence[int]) -> tuple[int, int]:
     """A (size, mtime_ns) given as any pair (a tuple, a JSON list) as the tuple the models, the
     catalog and the streams hold."""
@@ -449,8 +500,21 @@ def parse(model: type[Request], body: Body) -> Request:
 
 
 def parse_local_fd(body: Body) -> LocalFdRequest:
-    """A request on the agent's local fd socket (`hintfs.agent.fdserver`)."""
-    return parse(LocalFdRequest, body)  # type: ignore[return-value]
+    """A request on the agent's local fd socket (`hintfs.agent.fdserver`). Its protocol version
+    is its `v` key (none: version 1, written so that an agent from before versions, which refuses
+    unknown keys, still answers); a version this agent does not accept is EPROTONOSUPPORT."""
+    with _parsing(body) as data:
+        doc = _load(data)
+        version = doc.pop("v", 1)
+        why = client_refusal(version if type(version) is int and 1 <= version <= _MAX_VERSION else None)
+        if why:
+            raise rpc_error(errno.EPROTONOSUPPORT, why)
+        return _validate(LocalFdRequest, doc)  # type: ignore[return-value]
+
+
+def local_fd_request(doc: dict) -> dict:
+    """A local fd request as a mount sends it: `v` only above version 1 (`parse_local_fd`)."""
+    return doc if PROTOCOL == 1 else {**doc, "v": PROTOCOL}
 
 
 def parse_put(command: Body) -> StreamPutRequest:
@@ -474,6 +538,19 @@ def encode(req: Request) -> bytes:
     never sees a key it does not know unless the caller set it). Built with `model_construct`
     by the client: the agent validates, the client only types."""
     return json.dumps(req.model_dump(exclude_defaults=True, warnings=False)).encode()
+
+
+def error_message(err: Exception) -> str:
+    """The one-line message an agent sent with its error (its `rpc_error`), else the error's text."""
+    info = getattr(err, "extra_info", None)
+    if info:
+        try:
+            message = json.loads(info)["message"]
+            if isinstance(message, str):
+                return message[:500]
+        except (ValueError, KeyError, TypeError):
+            pass
+    return str(err)
 
 
 def errno_of_flight_error(err: Exception) -> int:

@@ -34,6 +34,7 @@ import pyarrow.flight as fl
 
 from hintfs.agent import actions, rpc, socketdir
 from hintfs.agent.node import Agent
+from hintfs.agent.refusals import RefusalLog
 from hintfs.agent.rpc import rpc_error
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.errors import HintfsError
@@ -69,6 +70,30 @@ class TokenMiddlewareFactory(fl.ServerMiddlewareFactory):
         return _Caller(self.principal)
 
 
+class _Versioned(fl.ServerMiddleware):
+    """Every answer carries this agent's protocol version (`hintfs.agent.rpc.PROTOCOL`)."""
+
+    def sending_headers(self):
+        return {rpc.VERSION_HEADER: str(rpc.PROTOCOL)}
+
+
+class VersionMiddlewareFactory(fl.ServerMiddlewareFactory):
+    """A call of a protocol version this agent does not accept is refused before it is parsed:
+    EPROTONOSUPPORT, one line naming both versions and the side to upgrade (docs/versions.md)."""
+
+    def __init__(self) -> None:
+        self.refusals = RefusalLog(60.0, keep=64)
+
+    def start_call(self, info, headers):
+        why = rpc.client_refusal(rpc.header_version(headers.get(rpc.VERSION_HEADER)))
+        if why:
+            since = self.refusals.note(why)      # one line a minute per mismatch
+            if since is not None:
+                log.error("refused a call: %s%s", why, RefusalLog.more(since))
+            raise rpc_error(errno.EPROTONOSUPPORT, why)
+        return _Versioned()
+
+
 def _sender(context) -> Sender:
     """Who made a Flight call: the token it presented ("-": none configured) and its peer's host
     (the address without its port; "unix" for a unix socket). Streams are bounded per both."""
@@ -96,7 +121,7 @@ class AgentServer(fl.FlightServerBase):
         if config.tls_cert_file and config.tls_key_file:
             with open(config.tls_cert_file, "rb") as c, open(config.tls_key_file, "rb") as k:
                 tls = [fl.CertKeyPair(c.read(), k.read())]
-        middleware = {}
+        middleware: dict[str, fl.ServerMiddlewareFactory] = {"version": VersionMiddlewareFactory()}
         if config.token_file:
             middleware["auth"] = TokenMiddlewareFactory(read_token_file(config.token_file))
         elif require_token and config.auth != "none":

@@ -48,6 +48,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
 import stat as stat_mod
 import threading
@@ -69,16 +70,47 @@ MAX_SKEW_NS = int(MAX_SKEW_S * 1e9)
 _NUMBER_MAX = 2**63 - 1        # sizes and times in a record
 
 
+# The journal's format version (docs/versions.md). Version 1 is the format as it was before
+# versions: its names end in `.rec` / `.json` and its content has no `v` key (readers from before
+# versions refuse any other key). A later version N names its records `<...>.vN.rec` /
+# `<...>.vN.json` and writes `"v": N` in their content: a reader from before versions refuses
+# those (logged), and a reader of this code that does not read N refuses them with one line
+# naming both versions (`version_refusal`). Nothing prunes a record for its version.
+JOURNAL_VERSION = 1          # the version this code writes
+JOURNAL_READS = (1, 1)       # the versions it reads
+_VERSIONED = re.compile(r"\.v([0-9]{1,5})\.(?:rec|json)$")
+
+
+def record_version(name: str) -> int:
+    """The journal version a record's name says it was written in (1: no `.vN` before its suffix)."""
+    m = _VERSIONED.search(name)
+    return int(m.group(1)) if m else 1
+
+
+def version_refusal(version: int) -> str | None:
+    """Why a record of journal version `version` is not read here; None when it is."""
+    lo, hi = JOURNAL_READS
+    if lo <= version <= hi:
+        return None
+    side = ("upgrade the agents that follow this journal (readers before the training mounts that write it)"
+            if version > hi else "upgrade the training mounts that write this journal")
+    return f"written in journal version {version}; this agent reads journal versions {lo}..{hi}: {side}"
+
+
+def _suffix(ext: str) -> str:
+    return ext if JOURNAL_VERSION == 1 else f".v{JOURNAL_VERSION}{ext}"
+
+
 def record_name(path: str | None = None, size: int = 0, mtime_ns: int = 0, streamed: bool = False,
                 removed: bool = False) -> str:
     flag = "-r" if removed else "-s" if streamed else ""
     stem = f"{time.time_ns():020d}-{_HOST}-{os.getpid()}-{next(_seq)}" + flag
     if path is not None:
         enc = base64.urlsafe_b64encode(path.encode()).decode().rstrip("=")
-        name = f"{stem}~{size}~{mtime_ns}~{enc}.rec"
+        name = f"{stem}~{size}~{mtime_ns}~{enc}{_suffix('.rec')}"
         if len(name.encode()) <= NAME_MAX:
             return name
-    return stem + ".json"
+    return stem + _suffix(".json")
 
 
 def streamed_record(name: str | None) -> bool:
@@ -128,7 +160,7 @@ def _stem_parts(name: str | None) -> list[str] | None:
     removed; None for names that are not records."""
     if not name or record_time_ns(name) is None:
         return None
-    return name.split("~", 1)[0].removesuffix(".json").split("-")
+    return _VERSIONED.sub("", name.split("~", 1)[0]).removesuffix(".json").split("-")
 
 
 def _writer_seq(name: str | None) -> tuple[str, str, int] | None:
@@ -265,7 +297,7 @@ def _prune_names(store, folder: str, entries: list, older_than_ns: int, slice_na
     gone = 0
     for name, st in entries:
         t = record_time_ns(name)
-        if t is None or (t >= older_than_ns and refusal(name, st, slice_name, now_ns) is None):
+        if t is None or (t >= older_than_ns and refusal(name, st, slice_name, now_ns, versions=False) is None):
             continue
         try:
             store.unlink(f"{folder}/{name}")
@@ -280,10 +312,14 @@ def prune_interval_s(retention_s: float) -> float:
 
 
 def encode_record(path: str, size: int, mtime_ns: int) -> bytes:
-    return json.dumps({"path": path, "size": size, "mtime_ns": mtime_ns}).encode()
+    doc: dict = {"path": path, "size": size, "mtime_ns": mtime_ns}
+    if JOURNAL_VERSION != 1:
+        doc["v"] = JOURNAL_VERSION
+    return json.dumps(doc).encode()
 
 
 _RECORD_KEYS = frozenset(("path", "size", "mtime_ns"))
+_VERSIONED_KEYS = _RECORD_KEYS | {"v"}
 
 
 def decode_record(data: bytes) -> dict:
@@ -299,6 +335,11 @@ def decode_record(data: bytes) -> dict:
         doc = json.loads(text)
     except RecursionError:           # (cannot happen after nests_within; never out of a round)
         raise ValueError("nested JSON") from None
+    if isinstance(doc, dict) and set(doc) == _VERSIONED_KEYS:
+        version = doc.pop("v")
+        why = version_refusal(version) if type(version) is int else "its version v is not a number"
+        if why:
+            raise ValueError(why)
     if not isinstance(doc, dict) or set(doc) != _RECORD_KEYS:
         raise ValueError("not an object of exactly path, size and mtime_ns")
     return {"path": _record_path(doc["path"]), "size": _number(doc["size"], "size"),
@@ -331,24 +372,33 @@ def decode_name(name: str) -> dict | None:
     """The record carried by a `.rec` name; None for `.json` names (read the content) or junk."""
     if not name.endswith(".rec") or len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
         return None
+    if version_refusal(record_version(name)):
+        return None      # (`refusal` says why; its content is not read either)
     try:
-        _stem, size, mtime_ns, enc = name[:-4].split("~", 3)
+        _stem, size, mtime_ns, enc = _VERSIONED.sub("", name).removesuffix(".rec").split("~", 3)
         path = _record_path(base64.urlsafe_b64decode(enc + "=" * (-len(enc) % 4)).decode())
         return {"path": path, "size": _digits(size, "size"), "mtime_ns": _digits(mtime_ns, "mtime_ns")}
     except (ValueError, UnicodeDecodeError):
         return None
 
 
-def refusal(name: str, st, slice_name: str | None, now_ns: int | None = None) -> str | None:
+def refusal(name: str, st, slice_name: str | None, now_ns: int | None = None,
+            versions: bool = True) -> str | None:
     """Why the record `name`, listed with the store's stat `st` in the time folder `slice_name`
     (None: directly in the journal folder, as older mounts wrote), is not to be acted on; None
     if it may be. A record dated more than MAX_SKEW_S past the store's clock (its own mtime as the
     store lists it: the S3 or HDFS server's, the file system's; the caller's clock where the
     store gives none) would outrank every real record and removal of its path until that date;
-    one in a time folder not of its time was not written by a mount (`record_key`)."""
+    one in a time folder not of its time was not written by a mount (`record_key`). One of a
+    journal version this code does not read is refused too (`version_refusal`), unless
+    `versions` is False: pruning keeps it for the readers that do."""
     t = record_time_ns(name)
     if t is None:
         return "not a record name"
+    if versions:
+        why = version_refusal(record_version(name))
+        if why:
+            return why
     if not st.is_file:
         return "not a regular file"
     if st.size > MAX_RECORD_BYTES:
