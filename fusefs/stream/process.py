@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from hintfs.common.procs import DAEMON_CWD, isolated_command
 from fusefs.stream.hooks import Counters, Finished, Version
-from fusefs.stream.wire import next_message, send, socketpair
+from fusefs.stream.wire import WIRE_VERSION, next_message, send, socketpair
 from mountconfig.schema import StreamConfig
 
 log = logging.getLogger("hintfs.stream")
@@ -65,7 +65,8 @@ class ProcessSink:
         self.on_finished = on_finished
         self._setup = json.dumps({"stream": sc.model_dump(mode="json"), "token": token,
                                   "tls_root": base64.b64encode(tls_root).decode() if tls_root else None,
-                                  "log_level": log_level, "log_file": log_file}).encode()
+                                  "log_level": log_level, "log_file": log_file,
+                                  "wire": WIRE_VERSION}).encode()   # (docs/versions.md)
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()
         self.live: dict[int, _Live] = {}      # inode -> stream
@@ -199,6 +200,11 @@ class ProcessSink:
                     self.stats.add(str(doc["name"]), int(doc["n"]))
                 elif doc["op"] == "finished":
                     self._finished(int(doc["n"]), int(doc["seq"]))
+                elif doc["op"] == "refused":     # a child of another wire version: no restarts
+                    log.error("stream sender refused this mount: %s", str(doc.get("why"))[:400])
+                    self.stats.add("stream_sender_refused")
+                    self._give_up()
+                    return
             except (KeyError, TypeError, ValueError) as err:
                 log.error("stream sender: message %s refused: %s", doc.get("op"), err)
 

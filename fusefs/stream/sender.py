@@ -27,7 +27,7 @@ from hintfs.common.procs import become_isolated_daemon
 from fusefs.stream.flight import build_streamers
 from fusefs.stream.hooks import Version
 from fusefs.stream.threads import ThreadSink
-from fusefs.stream.wire import WireError, next_message, send
+from fusefs.stream.wire import WIRE_VERSION, WireError, mount_refusal, next_message, send
 from mountconfig.schema import StreamConfig
 
 log = logging.getLogger("hintfs.streamchild")
@@ -171,6 +171,11 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     setup = json.loads(sys.stdin.buffer.read())
     setup_logging(setup.get("log_level", "INFO"), setup.get("log_file"))
+    why = mount_refusal(setup)
+    if why:                  # a mount of another version (docs/versions.md): one line, then gone
+        log.error("%s", why)
+        send(sock, {"op": "refused", "why": why, "wire": WIRE_VERSION})
+        return 3
     sc = StreamConfig.model_validate(setup["stream"])
     os.setpriority(os.PRIO_PROCESS, 0, sc.sender_nice)   # before any thread: they all inherit it
     nice_against_the_job(sc.sender_nice)

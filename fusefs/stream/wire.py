@@ -10,6 +10,13 @@ inode number, `seq` the hooks' start of it (`fusefs.stream.hooks`).
 
 Both ends are processes of the mount's own user, started by the mount; a message that does not
 parse, is too long or carries more than one descriptor is still refused here, in one place.
+
+Versions (docs/versions.md): the mount's setup document carries its wire version (`"wire"`; none:
+version 1, a mount from before versions). A child restarted after the package was upgraded under
+a running mount may speak another: it checks once, at its start (`mount_refusal`), and a child
+that does not speak the mount's version sends `refused` (why, its own version) and exits; the
+mount logs that one line and turns streaming off (no restarts: each would be refused the same).
+Once accepted, the messages carry no version: the pair's is fixed for its life.
 """
 from __future__ import annotations
 
@@ -21,6 +28,20 @@ import socket
 log = logging.getLogger("hintfs.stream")
 
 MAX_MESSAGE = 64 << 10      # a path is at most 4 KiB: every message fits many times over
+WIRE_VERSION = 1            # the version of these messages this code speaks
+WIRE_READS = (1, 1)         # the mount versions a child of this code serves
+
+
+def mount_refusal(setup: dict) -> str | None:
+    """(the child) Why it cannot serve the mount whose setup this is; None when it can."""
+    version = setup.get("wire", 1)
+    lo, hi = WIRE_READS
+    if type(version) is int and lo <= version <= hi:
+        return None
+    side = ("the mount runs a newer hintfs than the one installed: reinstall it" if type(version) is int
+            and version > hi else "restart the mount to run the installed hintfs")
+    return (f"the stream sender speaks stream wire version {WIRE_VERSION} (serves {lo}..{hi}), the mount "
+            f"{version!r}: {side}; streaming is off for this mount meanwhile")
 
 
 class WireError(OSError):
@@ -70,4 +91,4 @@ def next_message(sock: socket.socket) -> tuple[dict, int | None] | None:
             return None
 
 
-__all__ = ["MAX_MESSAGE", "WireError", "socketpair", "send", "receive", "next_message"]
+__all__ = ["MAX_MESSAGE", "WIRE_VERSION", "WIRE_READS", "mount_refusal", "WireError", "socketpair", "send", "receive", "next_message"]

@@ -148,8 +148,10 @@ class ReplicaFdServer:
         body = conn.recv(MAX_REQUEST)
         try:
             req = rpc.parse_local_fd(body)
-        except Exception as err:          # a FlightServerError with the reason
-            conn.send(json.dumps({"errno": errno.EINVAL, "message": str(err)[:200]}).encode())
+        except Exception as err:          # a FlightServerError with the reason (EPROTONOSUPPORT: a version)
+            code = rpc.errno_of_flight_error(err)
+            conn.send(json.dumps({"errno": code if code == errno.EPROTONOSUPPORT else errno.EINVAL,
+                                  "message": rpc.error_message(err)[:300]}).encode())
             return
         answer: dict = {"ok": True, "whole": True}
         fd = self.lookup(req.path, req.size, req.mtime_ns)
@@ -215,7 +217,7 @@ def _ask(socket_path: str | TierSocket, doc: dict) -> tuple[int, dict]:
             if peer != sock.uid:
                 _refused(sock, f"its peer is uid {peer}, not uid {sock.uid} (local_socket_uid)")
                 return -1, {}
-            s.send(json.dumps(doc).encode())
+            s.send(json.dumps(rpc.local_fd_request(doc)).encode())
             msg, fds, _flags, _addr = socket.recv_fds(s, MAX_ANSWER, 1)
     except OSError as err:
         log.debug("no replica fd from %s for %s: %s", sock.path, doc.get("path"), err)
@@ -236,6 +238,8 @@ def _ask(socket_path: str | TierSocket, doc: dict) -> tuple[int, dict]:
         answer = json.loads(msg or b"{}")
     except ValueError:
         answer = {}
+    if isinstance(answer, dict) and answer.get("errno") == errno.EPROTONOSUPPORT:
+        _refused(sock, str(answer.get("message"))[:300])   # a version mismatch: one line per socket
     if not isinstance(answer, dict) or not answer.get("ok") or len(fds) != 1:
         for fd in fds:
             os.close(fd)

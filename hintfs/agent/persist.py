@@ -29,6 +29,29 @@ from hintfs.common.procs import pid_alive
 log = logging.getLogger("hintfs.agent")
 _instances = itertools.count()
 
+# The version of what an agent keeps on disk: replica sidecars, cut-copy and stream progress
+# (docs/versions.md). Each description carries it (`v`; none: version 1, written before versions:
+# readers from before took the keys they knew, so the key is written at version 1 too). A restarted
+# agent adopts only descriptions of the versions it reads and says how many it left.
+DATA_VERSION = 1
+DATA_READS = (1, 1)
+
+
+def stamped(doc: dict) -> dict:
+    """A description as written: with this code's DATA_VERSION."""
+    return {**doc, "v": DATA_VERSION}
+
+
+def data_refusal(doc: dict) -> str | None:
+    """Why a description (a sidecar, a progress file) is not adopted for its version; None if it is."""
+    version = doc.get("v", 1) if isinstance(doc, dict) else 1   # (not a dict: the caller's KeyError)
+    lo, hi = DATA_READS
+    if type(version) is int and lo <= version <= hi:
+        return None
+    side = ("written by a newer agent: run that version on this data_dir to keep it" if type(version) is int
+            and version > hi else "upgrade the agent")
+    return f"agent data of version {version!r}, this agent reads {lo}..{hi}: {side}"
+
 
 class InstanceFolder:
     """This instance's folder under `data_dir`, made 0700 and locked for the life of the instance;
@@ -111,7 +134,9 @@ def adopt_stopped_instances(data_dir: str, adopt: Callable[[str], None]) -> None
 def descriptions(folder: str, suffix: str) -> Iterator[tuple[str, str, dict]]:
     """(name, the file it describes, its JSON) for each `*suffix` file of a stopped agent's
     folder: replica sidecars (`.meta`) and cut-copy progress (`.part.progress`). An unreadable
-    description is logged and skipped; its file goes with the folder."""
+    description is logged and skipped; its file goes with the folder. So is one of a version this
+    agent does not read (`data_refusal`): one line per folder and suffix."""
+    refused: dict[str, int] = {}
     for name in os.listdir(folder):
         if not name.endswith(suffix):
             continue
@@ -121,7 +146,13 @@ def descriptions(folder: str, suffix: str) -> Iterator[tuple[str, str, dict]]:
         except (OSError, ValueError) as err:
             log.warning("unreadable %s in %s: %s", name, folder, err)
             continue
+        why = data_refusal(doc) if isinstance(doc, dict) else None
+        if why:
+            refused[why] = refused.get(why, 0) + 1
+            continue
         yield name, os.path.join(folder, name[: -len(suffix)]), doc
+    for why, n in refused.items():
+        log.warning("%d %s files in %s not adopted: %s", n, suffix, folder, why)
 
 
 def write_sidecar(local: str, path: str, size: int, mtime_ns: int, expires_at: float,
@@ -130,8 +161,8 @@ def write_sidecar(local: str, path: str, size: int, mtime_ns: int, expires_at: f
     a restarted agent trusts only complete, described copies; `holders`: the claims on it."""
     tmp = local + ".meta.tmp"
     with open(tmp, "w") as f:
-        json.dump({"path": path, "size": size, "mtime_ns": mtime_ns, "expires_at": expires_at,
-                   "record": record, "holders": holders or {}}, f)
+        json.dump(stamped({"path": path, "size": size, "mtime_ns": mtime_ns, "expires_at": expires_at,
+                           "record": record, "holders": holders or {}}), f)
     os.rename(tmp, local + ".meta")
 
 
@@ -162,7 +193,7 @@ class Progress:
     def __init__(self, part: str, path: str, version: tuple[int, int], chunk: int, fd: int,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.file = part + ".progress"
-        self.doc = {"path": path, "size": version[0], "mtime_ns": version[1], "chunk": chunk}
+        self.doc = stamped({"path": path, "size": version[0], "mtime_ns": version[1], "chunk": chunk})
         self.fd = fd
         self.clock = clock
         self.last = clock.monotonic()
@@ -200,5 +231,5 @@ class Progress:
         return path, CutCopy((size, int(doc["mtime_ns"])), chunk, done)
 
 
-__all__ = ["InstanceFolder", "adopt_stopped_instances", "descriptions", "write_sidecar", "CutCopy", "Progress",
+__all__ = ["DATA_VERSION", "data_refusal", "stamped", "InstanceFolder", "adopt_stopped_instances", "descriptions", "write_sidecar", "CutCopy", "Progress",
            "stopped_instances", "reap_dead_instances", "lock_folder"]

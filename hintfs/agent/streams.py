@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 
 from cachetools import FIFOCache
 
+from hintfs.agent import persist
 from hintfs.agent.rpc import as_version
 from hintfs.agent.streamreads import StreamReads, folder_of
 from hintfs.agent.streamparts import (ANYONE, REFUSAL_LOG_S, SenderBounds, Stream, StreamBudget, StreamError,
@@ -107,8 +108,8 @@ class StreamTier(StreamReads):
                     return
                 s.saved_at = now
                 s.unsaved = False
-                doc = {"stream": s.sid, "gen": s.gen, "path": s.path, "job": s.job,
-                       "sender": [s.sender.token, s.sender.peer], **s.ranges.to_doc()}
+                doc = persist.stamped({"stream": s.sid, "gen": s.gen, "path": s.path, "job": s.job,
+                                       "sender": [s.sender.token, s.sender.peer], **s.ranges.to_doc()})
                 fd = s.fd
             os.fdatasync(fd)            # demand reads (s.lock) go on meanwhile
             tmp = self._part(s.sid) + ".progress.tmp"
@@ -446,6 +447,10 @@ class StreamTier(StreamReads):
             try:
                 with open(os.path.join(folder, name)) as f:
                     doc = json.load(f)
+                why = persist.data_refusal(doc)
+                if why:                 # (docs/versions.md) left with the folder, said
+                    log.warning("stream %s in %s not adopted: %s", name, folder, why)
+                    continue
                 sid = str(doc["stream"])
                 if not _ID.match(sid) or sid in self.streams:
                     continue

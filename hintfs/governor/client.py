@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from hintfs.governor.messages import MAX_FDS_PER_MESSAGE, LineBuffer, encode
+from hintfs.governor.messages import MAX_FDS_PER_MESSAGE, PROTOCOL, LineBuffer, daemon_refusal, encode
 from hintfs.governor.protocol import W_QUOTA, ControlBlock, SlotReader
 
 log = logging.getLogger("hintfs.governor.client")
@@ -101,6 +101,8 @@ class GovernorClient:
             msg["accept_pages"] = True
         if resume is not None:
             msg["resume"] = resume
+        if PROTOCOL != 1:                    # (version 1 unsaid: a daemon from before versions refuses the key)
+            msg["protocol"] = PROTOCOL
         try:
             reply = self._exchange(msg)
         except (OSError, _Broken, ValueError) as e:
@@ -110,6 +112,12 @@ class GovernorClient:
             for fd in fds:
                 os.close(fd)
             raise _Refused(reply.get("error", "register refused"))
+        why = daemon_refusal(reply.get("protocol", 1))
+        if why:                              # a governor of another version (docs/versions.md)
+            for fd in fds:
+                os.close(fd)
+            self._close_sock()
+            raise _Refused(f"governor at {self.socket_path}: {why}")
         if len(fds) != 1:
             for fd in fds:
                 os.close(fd)

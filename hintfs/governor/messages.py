@@ -27,6 +27,41 @@ MAX_SEQ = 1 << 62
 MAX_FDS_PER_MESSAGE = 250  # the kernel's SCM_RIGHTS limit is 253 per message
 MAX_NAME = 100
 
+# The socket protocol's version (docs/versions.md). A client says its version in `register`
+# (`protocol`; none: version 1, the protocol as it was, written so by this code too: a daemon from
+# before versions refuses unknown keys); the daemon refuses a register of a version outside
+# CLIENTS with one line naming both versions and the side to upgrade, and answers with its own
+# (`protocol` in the register's reply; none: 1), which the client checks against DAEMONS. One
+# check per connection: the messages after the register carry none.
+PROTOCOL = 1               # the version this code speaks
+CLIENTS = (1, 1)           # the client versions a daemon of this code serves
+DAEMONS = (1, 1)           # the daemon versions a client of this code works with
+MAX_VERSION = 1 << 16
+
+
+def client_refusal(version: object) -> str | None:
+    """(the daemon) Why a register of protocol `version` is refused; None when it is served."""
+    lo, hi = CLIENTS
+    if type(version) is int and lo <= version <= hi:
+        return None
+    if type(version) is not int or not 1 <= version <= MAX_VERSION:
+        return f"register: protocol must be a version number (this governor speaks governor protocol {PROTOCOL})"
+    side = ("upgrade the governor (hintfs governor) first: governors before jobs" if version > hi
+            else "upgrade hintfs in the job (the governor client)")
+    return (f"register: the client speaks governor protocol {version}, this governor {PROTOCOL} "
+            f"(serves {lo}..{hi}): {side}")
+
+
+def daemon_refusal(version: object) -> str | None:
+    """(a client) Why a governor whose register reply says protocol `version` is not used."""
+    lo, hi = DAEMONS
+    if type(version) is int and lo <= version <= hi:
+        return None
+    side = ("upgrade the governor (hintfs governor)" if type(version) is int and version < lo
+            else "upgrade hintfs in this job")
+    return (f"the governor speaks governor protocol {version!r}, this client {PROTOCOL} (works with {lo}..{hi}): "
+            f"{side}")
+
 
 class ProtocolError(ValueError):
     """A message that is not accepted; the connection that sent it is answered and dropped."""
@@ -57,6 +92,7 @@ class Register(_Msg):
     want_bytes: Bytes | None = None
     accept_pages: bool = Field(False, strict=True)
     resume: Resume | None = None
+    protocol: int = Field(1, ge=1, le=MAX_VERSION, strict=True)   # the client's (`client_refusal`)
 
 
 class Reserve(_Msg):
@@ -144,6 +180,10 @@ def validate(msg: dict) -> AnyMessage:
     op = msg.get("op")
     if op not in OPS:
         raise ProtocolError(f"unknown op {str(op)[:40]!r}")
+    if op == "register":       # before the model: a newer client's other keys would hide why
+        why = client_refusal(msg.get("protocol", 1))
+        if why:
+            raise ProtocolError(why)
     try:
         return _adapter.validate_python(msg)
     except ValidationError as err:   # the first part of each key is the union's tag, the op

@@ -72,6 +72,15 @@ ROLE_FREE, ROLE_TRAINING, ROLE_INFERENCE = 0, 1, 2
 F_SEAL_FUTURE_WRITE = 0x0010
 
 
+def layout_refusal(magic: int, version: int) -> str:
+    """Why a block is not mapped: not a control block, or one of another layout version (the
+    daemon makes each client's block in the layout of this VERSION: docs/versions.md)."""
+    if magic != MAGIC or version == VERSION:
+        return "not a governor control block"
+    side = "upgrade hintfs in this job" if version > VERSION else "upgrade the governor (hintfs governor)"
+    return f"a governor control block of layout version {version}, this client maps layout {VERSION}: {side}"
+
+
 def now_ns() -> int:
     """CLOCK_MONOTONIC is system-wide, so stamps from different processes compare."""
     return time.monotonic_ns()
@@ -131,10 +140,11 @@ class ControlBlock:
         elif (int(self.words[H_MAGIC]) != MAGIC or int(self.words[H_VERSION]) != VERSION
               or int(self.words[H_SLOT_WORDS]) != SLOT_WORDS
               or segment_bytes(int(self.words[H_MAX_CLIENTS])) > size):
+            why = layout_refusal(int(self.words[H_MAGIC]), int(self.words[H_VERSION]))
             self.words = None  # type: ignore[assignment]
             del arr
             self._mm.close()
-            raise ValueError(f"{self.path or 'block'}: not a governor control block")
+            raise ValueError(f"{self.path or 'block'}: {why}")
         n = int(self.words[H_MAX_CLIENTS])
         self.max_clients = n
         self.slots = arr[HEADER_WORDS:HEADER_WORDS + n * SLOT_WORDS].reshape(n, SLOT_WORDS)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import stat
@@ -27,6 +28,8 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+log = logging.getLogger("hintfs.governor")
 
 MAGIC = 0x4F43455256474E48      # "HNGVRECO"
 VERSION = 1
@@ -160,6 +163,10 @@ class GpuRecord:
         if len(raw) < 8 * HDR_WORDS:
             return [], "", 1
         magic, version, _pid, _gpu, n, next_id = struct.unpack("<6Q", raw[:48])
+        if magic == MAGIC and version != VERSION:    # (docs/versions.md) said, not silently dropped
+            log.warning("a GPU's governor record (its governor-gpu lock file) is of version %d, this governor "
+                        "reads version %d: the bytes its clients held are not held back (a downgrade? run the "
+                        "governor that wrote it until its jobs end)", version, VERSION)
         if magic != MAGIC or version != VERSION:
             return [], "", 1
         name = _text(raw[8 * NAME_AT:8 * NAME_AT + NAME_BYTES])

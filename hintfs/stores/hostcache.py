@@ -58,7 +58,12 @@ from hintfs.stores.local import LocalReader
 log = logging.getLogger("hintfs.hostcache")
 
 RETRY_AFTER_S = 30.0          # a fetch of a path+version that failed is not tried again before this
-XATTR = "user.hintfs.hostcache"   # {"path": rel, "version": [size, mtime_ns, etag]} of a complete file
+XATTR = "user.hintfs.hostcache"   # {"path": rel, "version": [size, mtime_ns, etag], "v": 1} of a complete file
+# The xattr's format version (docs/versions.md; none: 1, as written before versions). A file whose
+# xattr is of a version this code does not read is dropped at start like any unknown file: the
+# cache fetches it again from the store.
+XATTR_VERSION = 1
+XATTR_READS = (1, 1)
 _NAME_LEN = 64                # sha256 hex
 _TMP_SUFFIX = ".tmp"
 _LOCK_NAME = ".lock"
@@ -309,7 +314,9 @@ class HostCachedStore:
                         st = os.fstat(fd)
                         meta = json.loads(os.getxattr(fd, XATTR))
                         rel, version = meta["path"], tuple(meta["version"])
+                        v = meta.get("v", 1)
                         if (stat_mod.S_ISREG(st.st_mode) and isinstance(rel, str) and cache_name(rel) == name
+                                and type(v) is int and XATTR_READS[0] <= v <= XATTR_READS[1]
                                 and len(version) == 3 and version[0] == st.st_size):
                             entry = (st.st_ctime_ns, rel, _Entry(name, (int(version[0]), int(version[1]),
                                                                         str(version[2])), st.st_size))
@@ -469,7 +476,8 @@ class HostCachedStore:
             if after != version:
                 raise _Stale("the file changed in the store during the fetch")
             try:   # what a restarted daemon indexes the file by (no xattrs here: it starts empty)
-                os.setxattr(fd, XATTR, json.dumps({"path": rel, "version": list(version)}).encode())
+                os.setxattr(fd, XATTR, json.dumps({"path": rel, "version": list(version),
+                                                   "v": XATTR_VERSION}).encode())
             except OSError as err:
                 if err.errno not in (errno.EOPNOTSUPP, errno.EPERM):
                     raise
