@@ -600,7 +600,7 @@ class GovernorDaemon:
         if (role is Role.TRAINING and resume is not None and resume.quota is not None
                 and resume.quota > quota):
             self._command(conn, CMD_SHRINK, quota, for_client=0)   # it holds more than it may
-        return {"ok": True, "client": cid, "slot": 0, "instance": self.instance,
+        return {"ok": True, "client": cid, "slot": 0, "instance": self.instance, "protocol": m.PROTOCOL,
                 "header_words": HEADER_WORDS, "slot_words": SLOT_WORDS, "quota": entry.quota,
                 "held": {k.value: v for k, v in entry.reserved.items()},
                 "usable_bytes": ledger.usable_bytes,
