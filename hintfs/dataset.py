@@ -22,10 +22,10 @@ import numpy as np
 
 from hintfs.plan import read_plan_meta, read_steps, register_plan, update_step
 
-try:   # torch is optional for the package; this module needs it
+try:   # torch is optional for the package (hintfs-client's extra `torch`); this module needs it
     from torch.utils.data import DataLoader, Dataset, Sampler
 except ImportError as _err:   # pragma: no cover
-    raise ImportError("hintfs.dataset needs torch") from _err
+    raise ImportError("hintfs.dataset needs torch: pip install 'hintfs-client[torch]' (or torch itself)") from _err
 
 
 def _default_loader(path: str):

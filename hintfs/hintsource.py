@@ -20,16 +20,25 @@ import os
 from collections.abc import Callable
 
 
+def _dcp_metadata(ckpt_dir: str):
+    """A DCP checkpoint's `.metadata`, read by torch's own reader (the format is torch's pickle).
+    torch is imported here, at the first call: `hintfs.client` imports without it."""
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+    except ImportError as err:
+        raise ImportError("reading a DCP checkpoint needs torch: pip install 'hintfs-client[torch]' "
+                          "(or torch itself)") from err
+    return FileSystemReader(ckpt_dir).read_metadata()
+
+
 def hints_from_dcp(ckpt_dir: str, world_size: int, replicated_readers: int | None = None,
                    readers_of: Callable[[str, int], int] | None = None,
                    metadata_name: str = ".metadata") -> dict[str, int]:
     """Hints for a `torch.distributed.checkpoint` directory; reads only its `.metadata`."""
     if world_size < 1:
         raise ValueError("world_size must be >= 1")
-    from torch.distributed.checkpoint import FileSystemReader
+    meta = _dcp_metadata(ckpt_dir)
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = FileSystemReader(ckpt_dir).read_metadata()
     full = replicated_readers or world_size
     chunks_of = {}
     for fqn, md in meta.state_dict_metadata.items():
@@ -52,9 +61,7 @@ def dcp_read_ranges(ckpt_dir: str, keys) -> list[tuple[str, int, int]]:
     """The byte ranges (file name, offset, length) a DCP load of the tensors named in `keys` will
     read, from the checkpoint's `.metadata` (for `hintfs.client.hint_reads`). Paths are relative
     to `ckpt_dir`."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    meta = FileSystemReader(ckpt_dir).read_metadata()
+    meta = _dcp_metadata(ckpt_dir)
     wanted = set(keys)
     return [(info.relative_path, int(info.offset), int(info.length))
             for index, info in meta.storage_data.items() if index.fqn in wanted and info.length > 0]
