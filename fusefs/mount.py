@@ -35,7 +35,7 @@ from hintfs.common.fdlimit import raise_open_file_limit
 from hintfs.common.journal import prune, prune_interval_s
 from hintfs.common.logline import ABANDONED_MARK   # the log line `hintfs umount` looks for (_report_abandoned)
 from hintfs.common.mounts import dead_mount_at, detach_lazily
-from hintfs.common.secrets import read_token_file
+from hintfs.common.secrets import read_tls_roots, read_token_file
 from hintfs.common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
@@ -308,8 +308,10 @@ def _agent_credentials(agents: AgentsConfig, token_file: str | None,
             raise MountError(f"{table} {err.strerror}") from None
     tls_root = None
     if agents.tls_root_file:
-        with open(agents.tls_root_file, "rb") as f:
-            tls_root = f.read()
+        try:
+            tls_root = read_tls_roots(agents.tls_root_file)
+        except OSError as err:
+            raise MountError(f"[agents] {err.strerror}") from None
     return token, tls_root
 
 

@@ -28,12 +28,13 @@ class GpuConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     index: int = Field(0, ge=0, description="CUDA device index as the clients see it.")
-    total_bytes: int = Field(
-        80 * GiB,
+    total_bytes: int | None = Field(
+        None,
         gt=0,
         le=MAX_CARD_BYTES,
-        description="Bytes the ledger may hand out on this GPU. Set it to the card's memory "
-        "(or less, to emulate a smaller card); clients are told this number, not the driver's.",
+        description="Bytes the ledger may hand out on this GPU; clients are told this number, not "
+        "the driver's. None: the card's memory, read from the driver (NVML) at start; a host "
+        "without one must set it. Set it lower to emulate a smaller card.",
     )
     reserve_bytes: int = Field(
         2 * GiB,
@@ -44,7 +45,7 @@ class GpuConfig(BaseModel):
 
     @model_validator(mode="after")
     def _reserve_below_total(self) -> GpuConfig:
-        if self.reserve_bytes >= self.total_bytes:
+        if self.total_bytes is not None and self.reserve_bytes >= self.total_bytes:
             raise ValueError("reserve_bytes must be smaller than total_bytes")
         return self
 
@@ -208,6 +209,7 @@ class GovernorConfig(BaseModel):
     def pages_bound(self, gpu: GpuConfig) -> int:
         """Most lent pages the daemon can hold for one GPU: every page of its usable memory, in
         the smallest page allowed, plus one partial page per shrink command (one per client)."""
+        assert gpu.total_bytes is not None, "total_bytes is read from the card at start"
         usable = gpu.total_bytes - gpu.reserve_bytes
         return -(-usable // self.page_bytes) + self.max_clients
 

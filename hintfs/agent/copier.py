@@ -39,12 +39,14 @@ Version = tuple[int, int]
 
 class Copier:
     """`replicate` is the one way a file is copied here. `peers`: the agents a copy may name as
-    its source (`[agents] locations`), sent `token`; `link`: the gate copies from the store wait
-    at, each `link_chunk_bytes`; `stream_idle_s`: the longest wait for a stream."""
+    its source (`[agents] locations`), sent `token`, their TLS certificates checked against
+    `tls_root` (`[agents] tls_root_file`; None: the system's roots); `link`: the gate copies from
+    the store wait at, each `link_chunk_bytes`; `stream_idle_s`: the longest wait for a stream."""
 
     def __init__(self, store: Store, catalog: Catalog, arrivals: Arrivals, streams: StreamTier, hints: ReadHints, *,
                  peers: list[str], token: str | None, link: LinkGate | None, link_chunk_bytes: int,
-                 stream_idle_s: float, refusals: RefusalLog, clock: Clock = SYSTEM_CLOCK) -> None:
+                 stream_idle_s: float, refusals: RefusalLog, clock: Clock = SYSTEM_CLOCK,
+                 tls_root: bytes | None = None) -> None:
         self.store = store
         self.catalog = catalog
         self.arrivals = arrivals
@@ -52,6 +54,7 @@ class Copier:
         self.hints = hints
         self.peers = peers
         self.token = token
+        self.tls_root = tls_root
         self.link = link
         self.link_chunk_bytes = link_chunk_bytes
         self.stream_idle_s = stream_idle_s
@@ -141,7 +144,7 @@ class Copier:
         read: Callable[[int, int], bytes]
         src: AgentClient | None = None
         if source:
-            src = AgentClient(source, token=self.token)
+            src = AgentClient(source, token=self.token, tls_root=self.tls_root)
             peer = src
             read = lambda off, n: peer.read(path, off, n, replica_only=True)  # noqa: E731
         else:

@@ -37,7 +37,7 @@ from hintfs.agent.rpc import StatusReply
 from hintfs.agent.streams import REFUSAL_LOG_S, StreamTier
 from hintfs.agent.tier import Arrivals, TierView
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
-from hintfs.common.secrets import read_token_file
+from hintfs.common.secrets import read_tls_roots, read_token_file
 from mountconfig.schema import AgentConfig, AgentsConfig, FollowConfig, TransformLoadConfig
 from policy.stream import StreamLimits
 from hintfs.stores.base import Store
@@ -82,6 +82,7 @@ class Agent:
         self.copier = Copier(store, self.catalog, self.arrivals, self.streams, self.hints,
                              peers=list(peers.locations),
                              token=read_token_file(peers.token_file) if peers.token_file else None,
+                             tls_root=read_tls_roots(peers.tls_root_file) if peers.tls_root_file else None,
                              link=self.link, link_chunk_bytes=config.link_chunk_bytes,
                              stream_idle_s=config.stream_idle_s, refusals=refusals, clock=clock)
         self.reads = Reads(store, self.catalog, self.demand, self.memory, max_concurrent=config.max_concurrent_reads,

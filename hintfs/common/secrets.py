@@ -39,3 +39,28 @@ def read_token_file(path: str) -> str:
     if not token:
         raise HintfsError(errno.EINVAL, f"token file {path} is empty")
     return token
+
+
+MAX_TLS_ROOTS_BYTES = 1 << 20
+
+
+def read_tls_roots(path: str) -> bytes:
+    """The PEM root certificate(s) in `path` (`[agents] tls_root_file`: the CA that signed the
+    agents' certificates); HintfsError with a one-line reason when it cannot be read, is not a
+    regular file, is larger than 1 MiB or holds no certificate. Public, so any mode."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise HintfsError(err.errno or errno.EIO, f"TLS root file {path}: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HintfsError(errno.EINVAL, f"TLS root file {path} is not a regular file")
+        data = os.read(fd, MAX_TLS_ROOTS_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TLS_ROOTS_BYTES:
+        raise HintfsError(errno.EINVAL, f"TLS root file {path} is larger than {MAX_TLS_ROOTS_BYTES} bytes")
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise HintfsError(errno.EINVAL, f"TLS root file {path} holds no PEM certificate "
+                          "(-----BEGIN CERTIFICATE-----)")
+    return data

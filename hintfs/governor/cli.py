@@ -15,10 +15,11 @@ def main(config_path: str) -> int:
     except GovernorConfigError as e:
         print(f"hintfs governor: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from hintfs.common.logline import one_line_logs
-    one_line_logs()          # no name a client gave starts a log line of its own
+    # To stderr (the journal under systemd), at the config's level: this replaces the WARNING-only
+    # logging `hintfs` sets up for its short-lived verbs, so the start and stop lines show.
+    # One line per event: no name a client gave starts a log line of its own.
+    from hintfs.common.logsetup import setup_logging
+    setup_logging(cfg.log_level, None)
     import trio
 
     from hintfs.governor.daemon import DaemonStartError, GovernorDaemon
@@ -50,7 +51,7 @@ async def _serve_until_signal(daemon) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(daemon.serve)
             async for sig in signals:
-                logging.getLogger("hintfs.governor").info("signal %d: shutting down", sig)
+                logging.getLogger("hintfs.governor").info("%s: shutting down", signal.Signals(sig).name)
                 nursery.cancel_scope.cancel()
                 break
 

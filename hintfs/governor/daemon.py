@@ -35,7 +35,9 @@ import trio
 from pydantic import BaseModel
 
 from hintfs.common.fdlimit import raise_open_file_limit
-from mountconfig.governor import GovernorConfig
+from hintfs.governor import cardmemory
+from hintfs.governor.cardmemory import Card, CardMemoryError, Probe, with_card_memory
+from mountconfig.governor import GiB, GovernorConfig
 from hintfs.governor import messages as m
 from hintfs.governor.ledger import ClientEntry, GpuLedger, HeldBack, LedgerError, MemoryKind, Role
 from hintfs.governor.messages import MAX_FDS_PER_MESSAGE, LineBuffer, ProtocolError, encode
@@ -144,8 +146,12 @@ class Conn:
 
 
 class GovernorDaemon:
-    def __init__(self, config: GovernorConfig) -> None:
+    def __init__(self, config: GovernorConfig, probe: Probe | None = None) -> None:
+        """`probe`: reads the memory of the cards whose `total_bytes` the config leaves out
+        (hintfs/governor/cardmemory.py: NVML; a test passes its own)."""
         self.cfg = config
+        self.cards: dict[int, Card] = {}     # the cards whose memory was read at open()
+        self._probe = probe
         self.gpus: dict[int, GpuState] = {}
         self.conns: dict[int, Conn] = {}
         self._listener_sock: pysocket.socket | None = None
@@ -175,10 +181,12 @@ class GovernorDaemon:
             raise
 
     def _open(self) -> None:
+        try:
+            self.cfg, self.cards = with_card_memory(self.cfg, self._probe or cardmemory.read_cards)
+        except CardMemoryError as e:
+            raise DaemonStartError(str(e)) from None
         cfg = self.cfg
         path = Path(cfg.socket_path)
-        if not path.parent.is_dir():
-            raise DaemonStartError(f"socket directory {path.parent} does not exist")
         if cfg.socket_group is not None:
             try:
                 self.socket_gid = (cfg.socket_group if isinstance(cfg.socket_group, int)
@@ -186,9 +194,13 @@ class GovernorDaemon:
             except KeyError:
                 raise DaemonStartError(f"socket_group {cfg.socket_group!r}: no such group") from None
             self.allowed_gids.add(self.socket_gid)
+        self._socket_folder(path.parent)
         self.instance = f"{cfg.shm_name}.{secrets.token_hex(4)}"
         try:
             self._folder_fd = open_folder(str(path.parent))
+        except LockError as e:
+            raise DaemonStartError(f"{e}; or set governor.socket_path") from None
+        try:
             self._locks.append(Lock(self._folder_fd, path.name + ".lock", f"socket {path}", self.instance))
             self._locks.append(Lock(self._folder_fd, cfg.shm_name + ".lock", f"shm_name {cfg.shm_name!r}",
                                     self.instance))
@@ -201,6 +213,7 @@ class GovernorDaemon:
             log.warning("RLIMIT_NOFILE is %d, below the %d this config may need (docs/governor.md, "
                         "'Bounds'); raise LimitNOFILE", soft, cfg.fd_bound())
         for g in cfg.gpus:
+            assert g.total_bytes is not None              # (with_card_memory filled it)
             ledger = GpuLedger(g.index, g.total_bytes, g.reserve_bytes)
             st = GpuState(ledger, records[g.index], arrivals=ArrivalRate(cfg.arrival_window_s),
                           reclaim_s=Ewma(cfg.reclaim_time_initial_ms / 1000))
@@ -208,6 +221,38 @@ class GovernorDaemon:
             self._hold_back_previous(st)
         self._bind(path)
         reserve_fd_table(min(4096, cfg.fd_bound()))   # no table growth on a reclaim's path
+
+    def _socket_folder(self, folder: Path) -> None:
+        """Create the socket's folder if it is missing (0755, this daemon's user: what the unit's
+        RuntimeDirectory makes), one level only: a missing parent is a typo more often than not.
+        Who owns an existing one, and who may write it, `open_folder` checks next."""
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise DaemonStartError(f"socket folder {folder}: {e.strerror or e}; set governor.socket_path") from None
+        if st is not None:
+            if not stat.S_ISDIR(st.st_mode):
+                raise DaemonStartError(f"socket folder {folder} exists and is not a directory; "
+                                       "set governor.socket_path")
+            return
+        if not folder.parent.is_dir():
+            raise DaemonStartError(f"socket folder {folder} does not exist, nor its parent: create it, "
+                                   "or set governor.socket_path")
+        old = os.umask(0o022)
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            return                     # made meanwhile by someone else: open_folder checks it
+        except OSError as e:
+            hint = (" (run as root, or create it owned by this user and writable by no one else)"
+                    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "")
+            raise DaemonStartError(f"cannot create socket folder {folder}: {e.strerror or e}{hint}; "
+                                   "or set governor.socket_path") from None
+        finally:
+            os.umask(old)
+        log.info("created the socket folder %s (mode 0755)", folder)
 
     def _hold_back_previous(self, st: GpuState) -> None:
         """The previous instance's clients whose process still runs may still hold their bytes:
@@ -240,12 +285,7 @@ class GovernorDaemon:
                 raise DaemonStartError(f"socket {path} is in use by another governor")
             finally:
                 probe.close()
-        if self.cfg.allowed_uids or self.cfg.allowed_gids:
-            mode = 0o666      # any user may connect(); the daemon checks each peer at accept
-        elif self.socket_gid is not None:
-            mode = 0o660
-        else:
-            mode = 0o600
+        mode = self._socket_mode()
         sock = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
@@ -267,7 +307,28 @@ class GovernorDaemon:
         sock.setblocking(False)
         self._listener_sock = sock
 
+    def gpus_text(self) -> str:
+        """The governed GPUs for the start line: index, bytes and where that number came from."""
+        parts = []
+        for g in self.cfg.gpus:
+            assert g.total_bytes is not None
+            card = self.cards.get(g.index)
+            source = f"{card.name}, read from the card" if card is not None else "total_bytes of the config"
+            parts.append(f"GPU {g.index}: {g.total_bytes / GiB:.1f} GiB ({source}), "
+                         f"{g.reserve_bytes / GiB:.1f} GiB reserved")
+        return "; ".join(parts)
+
+    def _socket_mode(self) -> int:
+        if self.cfg.allowed_uids or self.cfg.allowed_gids:
+            return 0o666      # any user may connect(); the daemon checks each peer at accept
+        if self.socket_gid is not None:
+            return 0o660
+        return 0o600
+
     def close(self) -> None:
+        if self._bound is not None and self.ready.is_set():
+            log.info("governor %s stopped: socket %s removed, %d client(s) were connected",
+                     self.instance, self._bound, len(self.conns))
         if self._listener_sock is not None:
             self._listener_sock.close()
             self._listener_sock = None
@@ -299,8 +360,8 @@ class GovernorDaemon:
             nursery.start_soon(self._liveness_loop)
             nursery.start_soon(self._grow_loop)
             self.ready.set()
-            log.info("governor %s listening on %s for GPUs %s", self.instance, self.cfg.socket_path,
-                     sorted(self.gpus))
+            log.info("governor %s started: listening on %s (mode %04o), pid %d; %s", self.instance,
+                     self.cfg.socket_path, self._socket_mode(), os.getpid(), self.gpus_text())
             task_status.started()
             await trio.serve_listeners(self._handle, [listener], handler_nursery=nursery)
 

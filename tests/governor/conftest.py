@@ -3,6 +3,7 @@ training device that acknowledges shrinks like a real client, without CUDA."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -83,6 +84,17 @@ def make_daemon(tmp_path):
         d.stop()
     for w in worlds:
         w.close()
+
+
+@pytest.fixture
+def keep_logging():
+    """`hintfs.governor.cli.main` sets up the process's logging (as the daemon must): put back
+    pytest's handlers and levels afterwards."""
+    root, ours = logging.getLogger(), logging.getLogger("hintfs")
+    saved = (root.handlers[:], root.level, ours.level)
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]
+    ours.setLevel(saved[2])
 
 
 def wait_until(pred, timeout=5.0, interval=0.005):

@@ -511,7 +511,8 @@ def test_a_socket_path_that_is_no_socket_is_an_error_and_kept(tmp_path):
     from mountconfig.governor import GovernorConfig
     f = tmp_path / "notes.txt"
     f.write_text("keep me\n")
-    d = GovernorDaemon(GovernorConfig(socket_path=str(f), shm_name=f"hintfs-test-nosock-{os.getpid()}"))
+    d = GovernorDaemon(GovernorConfig(socket_path=str(f), shm_name=f"hintfs-test-nosock-{os.getpid()}",
+                                      gpus=[{"total_bytes": 16 << 30}]))
     with pytest.raises(DaemonStartError, match="not a socket"):
         d.open()
     d.close()

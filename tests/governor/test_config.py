@@ -61,10 +61,11 @@ def test_cli_bad_config_is_one_stderr_line(tmp_path, capsys):
     assert "cannot read config" in capsys.readouterr().err
 
 
-def test_cli_socket_in_use(tmp_path, capsys, make_daemon):
+def test_cli_socket_in_use(tmp_path, capsys, make_daemon, keep_logging):
     d = make_daemon()
     p = tmp_path / "c.toml"
-    p.write_text(f'[governor]\nsocket_path = "{d.cfg.socket_path}"\nshm_name = "other-x"\n')
+    p.write_text(f'[governor]\nsocket_path = "{d.cfg.socket_path}"\nshm_name = "other-x"\n'
+                 '[[governor.gpus]]\ntotal_bytes = 17179869184\n')
     assert cli_main(str(p)) == 1
     err = capsys.readouterr().err
     assert "in use" in err and err.count("\n") == 1

@@ -1,0 +1,196 @@
+"""An eval mount reads checkpoints from its tier agent over TLS (`grpc+tls`), configured from
+examples/eval-host/mnt-ckpt.toml and examples/eval-tier/tier.toml with only this machine's paths,
+store and port put in: the token of `[agents] token_file`, the CA of `[agents] tls_root_file`.
+A mount that does not trust the agent's certificate, or sends another token, is not served by
+the tier (its reads go to the store, whole and right); a CA file that is missing or not a
+certificate stops `hintfs mount` with one line. Storage agents copy from each other over TLS
+(examples/storage-node/storage.toml's `[agents] tls_root_file`)."""
+from __future__ import annotations
+
+import os
+import tomllib
+
+import pytest
+
+pytest.importorskip("cryptography")
+import tomli_w  # noqa: E402
+
+from hintfs.agent.client import AgentClient  # noqa: E402
+from hintfs.agent.server import AgentServer  # noqa: E402
+from hintfs.stores.local import LocalStore  # noqa: E402
+from mountconfig import parse_config  # noqa: E402
+from tests.conftest import needs_fuse  # noqa: E402
+from tests.helpers.certs import make_ca, write_token  # noqa: E402
+from tests.helpers.mounts import Mounted, MountError, force_unmount, mount_in_process  # noqa: E402
+from tests.deploy.examples import EXAMPLES  # noqa: E402
+
+
+def _example(name: str) -> dict:
+    return tomllib.loads((EXAMPLES / name).read_text())
+
+
+def _local_store(doc: dict, store) -> dict:
+    """The example with this machine's file:// store in place of its S3 one."""
+    doc["store"] = {"uri": f"file://{store}"}
+    doc.pop("cache", None)     # (a remote store's spool)
+    return doc
+
+
+def _tls_agent(example: str, tmp_path, store, name: str, cert, key, token_file, peers: dict | None = None,
+               **agent):
+    """The agent of `example` on localhost with TLS, this machine's paths in place of its own
+    (its `[agents]` peers: `peers`, none by default)."""
+    doc = _local_store(_example(example), store)
+    doc["agents"] = peers or {}
+    doc["agent"].update({"token_file": str(token_file), "tls_cert_file": str(cert), "tls_key_file": str(key),
+                         "data_dir": str(tmp_path / name), "budget_bytes": 1 << 30, **agent})
+    doc["agent"].pop("local_socket", None)
+    doc["agent"].pop("location")
+    cfg = parse_config(doc, example)
+    server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc+tls://localhost:0", peers=cfg.agents,
+                         follow=cfg.follow, transform_load=cfg.transform_load)
+    return server, f"grpc+tls://localhost:{server.port}"
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    store = tmp_path / "store"
+    ck = store / "ckpt" / "run" / "step_10"
+    ck.mkdir(parents=True)
+    payload = {f"__{i}_0.distcp": os.urandom(200_000 + i) for i in range(3)}
+    for name, data in payload.items():
+        (ck / name).write_bytes(data)
+    (ck / ".metadata").write_bytes(b"metadata")   # the commit marker
+    payload[".metadata"] = b"metadata"
+    return store, payload
+
+
+@pytest.fixture
+def tier(tmp_path, checkpoint):
+    """The eval DC's tier agent of the example, over TLS, holding the checkpoint (its follower
+    copied it: the example's `[follow] prefixes`)."""
+    store, _ = checkpoint
+    ca = make_ca(tmp_path / "tls")
+    cert, key = ca.host(tmp_path / "tls", "localhost")
+    token = write_token(tmp_path / "tier.token", "tier-secret")
+    server, loc = _tls_agent("eval-tier/tier.toml", tmp_path, store, "tier", cert, key, token)
+    try:
+        server.agent.follower.step(wait=True)
+        assert server.agent.follower.status()["complete"] == ["ckpt/run/step_10"]
+        yield ca, token, server, loc
+    finally:
+        server.shutdown()
+
+
+class _EvalMounts:
+    def __init__(self, tmp_path, store):
+        self.tmp_path, self.store, self.mounted = tmp_path, store, []
+
+    def mount(self, name: str, loc: str, token_file, tls_root_file) -> Mounted:
+        """examples/eval-host/mnt-ckpt.toml with this machine's store, token, CA and agent."""
+        doc = _local_store(_example("eval-host/mnt-ckpt.toml"), self.store)
+        doc["agents"].update({"token_file": str(token_file), "tls_root_file": str(tls_root_file)})
+        assert doc["routes"][0]["local_agent"].startswith("grpc+tls://")
+        doc["routes"][0]["local_agent"] = loc
+        base = self.tmp_path / name
+        (base / "mnt").mkdir(parents=True)
+        log = base / "mount.log"
+        doc["logging"] = {"file": str(log), "level": "DEBUG"}
+        doc["agent"] = {"data_dir": str(base / "replicas")}   # its in-process agent
+        cfg = base / "mnt-ckpt.toml"
+        cfg.write_text(tomli_w.dumps(doc))
+        mount_in_process(cfg, base / "mnt", log)
+        m = Mounted(self.store, base / "mnt", cfg, log)
+        self.mounted.append(m)
+        return m
+
+    def close(self):
+        for m in self.mounted:
+            try:
+                m.umount()
+            finally:
+                force_unmount(m.mnt)
+
+
+@pytest.fixture
+def evals(tmp_path, checkpoint):
+    e = _EvalMounts(tmp_path, checkpoint[0])
+    yield e
+    e.close()
+
+
+def _read_all(m: Mounted, payload: dict) -> None:
+    for name, data in payload.items():
+        assert (m.mnt / "ckpt" / "run" / "step_10" / name).read_bytes() == data
+
+
+@needs_fuse
+def test_eval_mount_reads_from_its_tier_agent_over_tls(tier, evals, checkpoint):
+    ca, token, server, loc = tier
+    _, payload = checkpoint
+    served = AgentClient(loc, token="tier-secret", tls_root=ca.pem.read_bytes()).status()["load"]["bytes_served"]
+    m = evals.mount("eval", loc, token, ca.pem)
+    _read_all(m, payload)
+    counters = m.stats()["counters"]
+    assert counters.get("route_local", 0) >= len(payload) and counters.get("route_remote", 0) == 0, counters
+    assert counters.get("replica_reads", 0) >= len(payload) - 1, counters
+    after = AgentClient(loc, token="tier-secret", tls_root=ca.pem.read_bytes()).status()["load"]["bytes_served"]
+    assert after - served >= sum(len(d) for d in payload.values() if len(d) > 100)
+
+
+@needs_fuse
+def test_a_mount_that_does_not_trust_the_tier_or_has_another_token_is_not_served(tier, evals, checkpoint,
+                                                                                    tmp_path):
+    ca, token, server, loc = tier
+    _, payload = checkpoint
+    other_ca = make_ca(tmp_path / "other", "another CA")
+    untrusting = evals.mount("untrusting", loc, token, other_ca.pem)
+    _read_all(untrusting, payload)                 # from the store, whole
+    counters = untrusting.stats()["counters"]
+    assert counters.get("route_local", 0) == 0 and counters.get("replica_reads", 0) == 0, counters
+    assert "certificate verify failed" in untrusting.log.read_text()   # the log says why
+
+    stranger = evals.mount("stranger", loc, write_token(tmp_path / "wrong.token", "not-the-token"), ca.pem)
+    _read_all(stranger, payload)
+    counters = stranger.stats()["counters"]
+    assert counters.get("route_local", 0) == 0 and counters.get("replica_reads", 0) == 0, counters
+    assert "wrong token" in stranger.log.read_text()
+
+
+@needs_fuse
+def test_a_bad_tls_root_file_stops_the_mount_in_one_line(tier, evals, tmp_path):
+    ca, token, server, loc = tier
+    not_pem = tmp_path / "not-a-cert.pem"
+    not_pem.write_text("hello\n")
+    for path, why in ((tmp_path / "missing.pem", "No such file or directory"), (not_pem, "holds no PEM certificate")):
+        with pytest.raises(MountError) as exc:
+            evals.mount(f"bad-{path.stem}", loc, token, path)
+        first = str(exc.value).splitlines()[0]
+        assert str(path) in first and why in first and "Traceback" not in first, first
+
+
+def test_storage_agents_copy_from_each_other_over_tls(tmp_path, checkpoint):
+    """Fan-out between the storage nodes of examples/storage-node/storage.toml: the copying agent
+    checks its peer's certificate against `[agents] tls_root_file` and sends `[agents] token_file`."""
+    store, payload = checkpoint
+    ca = make_ca(tmp_path / "tls")
+    cert, key = ca.host(tmp_path / "tls", "localhost")
+    token = write_token(tmp_path / "agent.token", "storage-secret")
+    s1, l1 = _tls_agent("storage-node/storage.toml", tmp_path, store, "s1", cert, key, token)
+    servers = [s1]
+    try:
+        peers = {"locations": [l1], "token_file": str(token), "tls_root_file": str(ca.pem)}
+        s2, l2 = _tls_agent("storage-node/storage.toml", tmp_path, store, "s2", cert, key, token, peers=peers)
+        servers.append(s2)
+        c1 = AgentClient(l1, token="storage-secret", tls_root=ca.pem.read_bytes())
+        c2 = AgentClient(l2, token="storage-secret", tls_root=ca.pem.read_bytes())
+        path = "ckpt/run/step_10/__0_0.distcp"
+        data = payload["__0_0.distcp"]
+        assert c1.replicate(path, ttl_s=60)["size"] == len(data)
+        before = c1.status()["load"]["bytes_served"]
+        assert c2.replicate(path, ttl_s=60, source=l1)["size"] == len(data)   # from its peer, over TLS
+        assert c2.read(path, 0, len(data), replica_only=True) == data
+        assert c1.status()["load"]["bytes_served"] - before >= len(data)
+    finally:
+        for s in servers:
+            s.shutdown()
