@@ -2,15 +2,18 @@
 
 It converts arguments and results (hintfs's plain types <-> pyfuse3's) and, in one wrapper
 (`_op`), times each operation, counts errors in the stats and turns exceptions into the errno
-the kernel gets: `Refused` is an expected answer (counted, not logged), an `OSError` is logged
-(DEBUG for ENOENT/EEXIST/ENOTEMPTY, else WARNING), anything else is logged with its traceback
-and answered EIO. The semantics live in the filesystem, which a test drives without a mount.
+the kernel gets: `Refused` is an expected answer, an `OSError` the store's or the system's,
+anything else is logged with its traceback and answered EIO. Every errno answered is counted
+and logged, at most one line per errno and operation a minute, with an example path where the
+log is the mount owner's alone (`fusefs.stats.ErrnoLog`; every call at DEBUG). The semantics live in the filesystem, which a test drives without a mount.
 Like mountpoint-s3's fuse.rs: each operation is one line of `FuseOperations`.
 """
 from __future__ import annotations
 
 import errno
+import functools
 import logging
+import os
 import time
 from typing import Any
 from collections.abc import Awaitable, Callable
@@ -42,18 +45,18 @@ def _op(name: str, method: Callable, result: Callable | None = None):
             return out if result is None else result(out)
         except Refused as err:
             refused = err.errno or errno.EIO   # (every Refused names its errno)
-            self.stats.error(name, refused)
+            self.stats.error(name, refused, functools.partial(path_of, self.fs, name, args), err.strerror)
             raise pyfuse3.FUSEError(refused) from None
         except OSError as err:
             code = errno_of(err)
-            self.stats.error(name, code)
-            level = logging.DEBUG if code in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY) else logging.WARNING
-            log.log(level, "%s%r failed: %s (%s)", name, args[:2], err, errno.errorcode.get(code, code))
+            self.stats.error(name, code, functools.partial(path_of, self.fs, name, args), str(err))
+            if self.stats.errno_log.with_paths:   # (names and paths only in a log no other user reads)
+                log.debug("%s%r failed: %s (%s)", name, args[:2], err, errno.errorcode.get(code, code))
             raise pyfuse3.FUSEError(code) from None
         except trio.Cancelled:
             raise
         except Exception:
-            self.stats.error(name, errno.EIO)
+            self.stats.error(name, errno.EIO, functools.partial(path_of, self.fs, name, args), "unexpected error")
             log.exception("%s%r: unexpected error", name, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
@@ -61,6 +64,30 @@ def _op(name: str, method: Callable, result: Callable | None = None):
 
     handler.__name__ = handler.__qualname__ = name
     return handler
+
+
+# Operations whose first argument is a file handle; the others name an inode, and those that
+# name an entry (lookup, create, mkdir, unlink, rename, ...) a folder's inode and a name.
+_FH_OPS = frozenset({"read", "write", "flush", "fsync", "release", "readdir", "releasedir"})
+
+
+def path_of(fs: Filesystem, op: str, args: tuple) -> str | None:
+    """The path a failed request was about, for its log line (`fusefs.stats.ErrnoLog`): asked
+    only when a line is written. None if it cannot be told (a handle or inode gone meanwhile)."""
+    if not args or not isinstance(args[0], int):
+        return None
+    if op in _FH_OPS:
+        handle = fs.handles.get(args[0])
+        inode = getattr(handle, "inode", None)
+    else:
+        inode = fs.inodes.get(args[0])
+    if inode is None:
+        return None
+    path: str = inode.path
+    if op not in _FH_OPS and len(args) > 1 and isinstance(args[1], bytes):
+        name = os.fsdecode(args[1])
+        path = f"{path}/{name}" if path else name
+    return path or "/"
 
 
 def _entry(a: Attributes) -> pyfuse3.EntryAttributes:

@@ -48,7 +48,7 @@ from fusefs.readpath import ReadPath
 from fusefs.routes import RoutedStore
 from fusefs.readhints import ReadHints
 from fusefs.signals import SignalForwarder
-from fusefs.stats import Stats
+from fusefs.stats import ErrnoLog, Stats, log_is_private
 from fusefs.stream import open_stream
 from fusefs.tensorfile import TensorFiles
 from mountconfig import MountConfig, effective_config_json
@@ -244,7 +244,10 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     """The one place the mount is put together: control files, agents and hints, tensors,
     signals, routes, replica reads, journal, the filesystem and its FUSE adapter. Each part is
     handed the slice of the config it uses, and its collaborators in its constructor."""
-    stats = Stats(queued_reads=queued_reads)
+    private = log_is_private()   # errno lines name an example path only in a log other users cannot read
+    if not private:
+        log.warning("the log is readable by other users: its errno lines leave out paths (chmod 600 the log file)")
+    stats = Stats(queued_reads=queued_reads, errno_log=ErrnoLog(with_paths=private))
     host_cache = store if isinstance(store, HostCachedStore) else None
     if host_cache is not None:
         host_cache.attach_stats(stats)
@@ -332,16 +335,15 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Store | None = None,
     raise_open_file_limit()   # passthrough opens and the in-process agent's replicas hold fds
     store = open_checked_store(cfg, store)
     mount = assemble(cfg, store)
-    stats = mount.stats
-    if cfg.metrics.enabled:
-        from fusefs.metrics import start_metrics   # (prometheus_client only when asked for)
-        port = start_metrics(stats, mount.usage, cfg.metrics.bind, cfg.metrics.port)
-        stats.counters["metrics_port"] = port
     try:
         pyfuse3.init(mount.ops, mp, fuse_options(cfg.mount))
     except RuntimeError as err:
         raise MountError(f"cannot mount at {mp}: {err}") from None
     log.info("mounted %s at %s", store.description, mp)
+    exporter = None
+    if cfg.metrics.enabled:   # the host's exporter: this mount serves the port, or another does
+        from fusefs.metrics import start_metrics   # (prometheus_client only when asked for)
+        exporter = start_metrics(mount.stats, mount.usage, cfg.metrics, mp)
     mount.fs.refuse_device(fuse_device_of(mp))   # never serve this mount through itself
     unmount = True
     status = 0
@@ -363,6 +365,8 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Store | None = None,
             pyfuse3.close(unmount=unmount)
         except Exception as err:  # already unmounted by fusermount3 -u
             log.debug("close: %s", err)
+        if exporter is not None:
+            exporter.stop()   # another mount of this host takes the port over
         if mount.agent_server is not None:
             mount.agent_server.shutdown()
         if isinstance(mount.store, HostCachedStore):

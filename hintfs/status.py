@@ -33,6 +33,15 @@ def format_status(snap: dict) -> str:
         lines.append(f"passthrough: {pt.pop('state')}" + "".join(f", {k} {v:,}" for k, v in pt.items()))
     if snap.get("requests_read_queued") is not None:   # the patched pyfuse3's loop reads these without a wait
         lines.append(f"requests read while queued: {snap['requests_read_queued']:,}")
+    metrics = snap.get("metrics")
+    if metrics:   # the host's endpoint (fusefs.exporter): this mount's, another mount's, or none
+        if metrics.get("url"):
+            who = ("served by this mount" if metrics.get("this_mount_serves")
+                   else f"served by the mount of pid {metrics.get('served_by_pid')}")
+            lines.append(f"metrics: {metrics['url']} ({who}; this mount's series have "
+                         f"mount={json.dumps(metrics.get('mount'))})")
+        else:
+            lines.append(f"metrics: not served: {metrics.get('problem')}")
     if snap.get("errors"):
         lines.append("errors by errno: " + ", ".join(
             f"{errno.errorcode.get(int(k), k)} {v:,}" for k, v in snap["errors"].items()))

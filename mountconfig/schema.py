@@ -198,9 +198,23 @@ class MountOptions(Section):
 
 
 class MetricsConfig(Section):
-    enabled: bool = Field(False, description="Serve Prometheus metrics over HTTP.")
-    bind: str = Field("127.0.0.1", description="Address the metrics endpoint binds.")
-    port: int = Field(9464, ge=0, le=65535, description="Port of the metrics endpoint (0: pick a free one).")
+    enabled: bool = Field(False, description="Serve Prometheus metrics over HTTP: one endpoint per host "
+                          "and port for every mount of the same user, each series labelled `mount` "
+                          "(docs/operations.md, Metrics).")
+    bind: str = Field("127.0.0.1", description="Address the metrics endpoint binds (the mount that serves "
+                      "the port binds its own).")
+    port: int = Field(9464, ge=0, le=65535, description="Port of the host's metrics endpoint: the same on "
+                      "every mount of the host (0: pick a free one, for tests).")
+    dir: str | None = Field(None, description="Folder where the mounts with metrics on meet (their "
+                            "snapshots, the port's lock): 0700, the mounts' user's. Unset: "
+                            "/run/hintfs/metrics as root, else <tmp>/hintfs-metrics-<uid>.")
+
+    @field_validator("dir")
+    @classmethod
+    def _metrics_dir(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or "\0" in v):
+            raise ValueError("must be an absolute path")
+        return v
 
 
 class LoggingConfig(Section):

@@ -1,9 +1,16 @@
-"""Prometheus gauges of the ledgers, collected on scrape (no background task)."""
+"""Prometheus gauges of the ledgers, collected on scrape (no background task). One governor per
+host: its own endpoint on `metrics_port` (127.0.0.1). A port another program holds is one WARNING
+line and the governor runs on without metrics (docs/operations.md, Metrics)."""
 
 from __future__ import annotations
 
-from prometheus_client import start_http_server
-from prometheus_client.core import REGISTRY, GaugeMetricFamily
+import errno
+import logging
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger("hintfs.governor")
 
 
 class _LedgerCollector:
@@ -22,6 +29,19 @@ class _LedgerCollector:
         yield f
 
 
-def start_metrics(port: int, daemon) -> None:
-    REGISTRY.register(_LedgerCollector(daemon))
-    start_http_server(port, addr="127.0.0.1")
+def start_metrics(port: int, daemon, bind: str = "127.0.0.1") -> int | None:
+    """Serve the ledgers' gauges on bind:port; the bound port, or None after one line if the port
+    cannot be had (the governor runs on without metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_LedgerCollector(daemon))
+    try:
+        server, _thread = start_http_server(port, addr=bind, registry=registry)
+    except OSError as err:
+        why = ("is in use by another program" if err.errno == errno.EADDRINUSE
+               else f"cannot be listened on ({err.strerror})")
+        log.warning("metrics: %s:%d %s: set metrics_port to a free port, or leave it unset; the governor "
+                    "runs on without metrics", bind, port, why)
+        return None
+    bound: int = server.server_address[1]
+    log.info("metrics on http://%s:%d/metrics", bind, bound)
+    return bound
