@@ -14,7 +14,7 @@ from hintfs.cli.base import UserError, absolute_args, load_config
 
 def add_parser(subparsers) -> None:
     a = subparsers.add_parser("agent", help="run a storage agent (Arrow Flight) on this node")
-    a.add_argument("config")
+    a.add_argument("config", help="the host's config (TOML): its [store] and [agent] tables")
     a.set_defaults(func=cmd_agent, daemon=daemon_argv)
 
 
@@ -52,8 +52,7 @@ def cmd_agent(args) -> int:
     cfg = load_config(args.config)
     check_port_free(cfg.agent.location)
     setup_logging(cfg.logging.level, cfg.logging.file)
-    try:
-        return run_agent(cfg.agent, store=cfg.store, spool_dir=cfg.cache.spool_dir, peers=cfg.agents,
-                         follow=cfg.follow, transform_load=cfg.transform_load)
-    except OSError as err:
-        raise UserError(f"agent: {err.strerror or err}") from None
+    # An OSError (the store, the data folder, the token file) is one line by hintfs.cli.errors:
+    # `hintfs agent: store file:///x: the folder /x does not exist (...)`.
+    return run_agent(cfg.agent, store=cfg.store, spool_dir=cfg.cache.spool_dir, peers=cfg.agents,
+                     follow=cfg.follow, transform_load=cfg.transform_load)

@@ -13,14 +13,14 @@ from hintfs.cli.errors import squash
 
 
 def add_options(parser) -> None:
-    """The options of `calibrate`; `hints` takes them too (`hintfs hints calibrate - - --agent ...`)."""
-    parser.add_argument("--agent", help="calibrate: the agent's Flight location")
-    parser.add_argument("--path", help="calibrate: a store file to read")
-    parser.add_argument("--size", type=int, default=None, help="calibrate: the file's size (read once if unset)")
-    parser.add_argument("--token-file", default=None, help="calibrate: the agent's token file (its [agent] token_file)")
-    parser.add_argument("--max-readers", type=int, default=256, help="calibrate: the most readers to try (default 256)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="calibrate: seconds per reader count (default 2)")
-    parser.add_argument("--block", type=int, default=1 << 20, help="calibrate: bytes per read (default 1 MiB)")
+    """The options of `calibrate` (also on the hidden older spelling `hintfs hints calibrate - - ...`)."""
+    parser.add_argument("--agent", metavar="LOCATION", help="the agent's Flight location, e.g. grpc://node:8815")
+    parser.add_argument("--path", metavar="RELPATH", help="a file in the agent's store, relative to the store root")
+    parser.add_argument("--size", type=int, default=None, help="the file's size in bytes (default: read it once)")
+    parser.add_argument("--token-file", default=None, help="the agent's token file (its [agent] token_file)")
+    parser.add_argument("--max-readers", type=int, default=256, help="the most readers to try (default 256)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per reader count (default 2)")
+    parser.add_argument("--block", type=int, default=1 << 20, help="bytes per read (default 1 MiB)")
 
 
 def add_parser(subparsers) -> None:

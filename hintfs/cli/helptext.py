@@ -10,9 +10,11 @@ HELP: dict[str, tuple[str, str]] = {
     "mount": (
         "Mount a store (the [store] table of CONFIG) at MOUNTPOINT. In the background by default: "
         "this returns once the mount answers, printing the daemon's pid and log file; "
-        "--foreground runs the daemon in this process (what the systemd unit does).",
+        "--foreground runs the daemon in this process (what the systemd unit does). MOUNTPOINT must be an "
+        "empty folder: one that holds files is refused (a mount would hide them) unless --nonempty.",
         "  hintfs mount /etc/hintfs/srv-ckpt.toml /srv/ckpt\n"
-        "  hintfs mount /etc/hintfs/srv-ckpt.toml /srv/ckpt --foreground",
+        "  hintfs mount /etc/hintfs/srv-ckpt.toml /srv/ckpt --foreground\n"
+        "  hintfs mount /etc/hintfs/srv-ckpt.toml /srv/ckpt --nonempty   # hide what /srv/ckpt holds",
     ),
     "umount": (
         "Unmount a hintfs mount cleanly: the daemon finishes pending uploads first; a daemon that "
@@ -54,6 +56,32 @@ HELP: dict[str, tuple[str, str]] = {
         "  hintfs hints status /srv/ckpt job42\n"
         "  hintfs hints plan /srv/ckpt/step_1000 --world-size 2048 [--agents 128] [--costs costs.json]",
     ),
+    "hints set": (
+        "Tell the mount which files JOB will read and by how many readers: from a DCP checkpoint's "
+        ".metadata (--from-dcp, --world-size) or from a JSON file (--file). The mount asks the agents for "
+        "that many replicas before the deadline and keeps them for the TTL.",
+        "  hintfs hints set /srv/ckpt job42 --from-dcp /srv/ckpt/step_1000 --world-size 2048\n"
+        "  hintfs hints set /srv/ckpt job42 --file files.json --ttl 1200    # {\"ckpt/shard0\": 256, ...}",
+    ),
+    "hints wait": (
+        "Block until every file of JOB's hint has its replicas; exit 1 (naming how many files are late) "
+        "once the hint's deadline or --timeout passes.",
+        "  hintfs hints wait /srv/ckpt job42 --timeout 300",
+    ),
+    "hints status": (
+        "Print JOB's hint as the mount sees it: per file, the replicas asked for and the replicas ready.",
+        "  hintfs hints status /srv/ckpt job42",
+    ),
+    "hints plan": (
+        "Read a DCP checkpoint's .metadata and say how many replicas of which files to ask for, with the "
+        "load time the scale model predicts with and without them (no mount needed).",
+        "  hintfs hints plan /srv/ckpt/step_1000 --world-size 2048\n"
+        "  hintfs hints plan /srv/ckpt/step_1000 --world-size 2048 --agents 128 --costs costs.json --json",
+    ),
+    "hints calibrate": (
+        "The older spelling of `hintfs calibrate` (the two placeholders are ignored).",
+        "  hintfs hints calibrate - - --agent grpc://node:8815 --path ckpt/shard0.distcp",
+    ),
     "calibrate": (
         "Measure how many concurrent readers one replica serves before its p99 latency passes twice "
         "its p50: the value for [replicas] safe_readers_per_replica.",
@@ -79,8 +107,8 @@ HELP: dict[str, tuple[str, str]] = {
         "  hintfs plan register /mnt/data job7 plans/plan.parquet --step 0 --lookahead 2",
     ),
     "plan show": (
-        "Print a plan's metadata, or the rows (step, rank, slot, sample, aug_seed, est_cost_ms) of "
-        "one step.",
+        "Print a plan's metadata (JSON), or the rows of one step: tab-separated, under a header line "
+        "naming the columns (step, rank, slot, sample, aug_seed, est_cost_ms).",
         "  hintfs plan show plan.parquet\n"
         "  hintfs plan show plan.parquet --step 3 --rank 0",
     ),

@@ -24,23 +24,23 @@ SHOWN = 12                   # files listed one by one; the rest are summed up
 
 
 def add_options(parser) -> None:
-    """The options of `plan` (on the flat `hints` parser, like calibrate's)."""
-    parser.add_argument("--agents", type=int, default=None,
-                        help=f"plan: storage agents serving the checkpoint (default: one per {GPUS_PER_AGENT} "
+    """The options of `hints plan` besides CHECKPOINT_DIR and --world-size."""
+    parser.add_argument("--agents", type=int, default=None, metavar="N",
+                        help=f"storage agents serving the checkpoint (default: one per {GPUS_PER_AGENT} "
                              "ranks of --world-size)")
-    parser.add_argument("--costs", default=None,
-                        help="plan: a JSON object of per-operation costs replacing the built-in ones (keys: "
+    parser.add_argument("--costs", default=None, metavar="COSTS.json",
+                        help="a JSON object of per-operation costs replacing the built-in ones (keys: "
                              "docs/restart_storm.md, 'The scale model')")
-    parser.add_argument("--safe-readers", type=int, default=32,
-                        help="plan: concurrent readers one replica serves (the mounts' "
+    parser.add_argument("--safe-readers", type=int, default=32, metavar="N",
+                        help="concurrent readers one replica serves (the mounts' "
                              "[replicas] safe_readers_per_replica; `hintfs calibrate` measures it)")
-    parser.add_argument("--default-replicas", type=int, default=3,
-                        help="plan: replicas every file has without a hint (the default the prediction compares "
+    parser.add_argument("--default-replicas", type=int, default=3, metavar="N",
+                        help="replicas every file has without a hint (the default the prediction compares "
                              "with; also the fewest a hinted file gets)")
-    parser.add_argument("--max-replicas", type=int, default=None,
-                        help="plan: the most replicas of one file (default: the fewest within 10%% of the best "
+    parser.add_argument("--max-replicas", type=int, default=None, metavar="N",
+                        help="the most replicas of one file (default: the fewest within 10%% of the best "
                              "load time the model finds)")
-    parser.add_argument("--json", action="store_true", help="plan: print the plan as JSON")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 def dcp_workload(ckpt_dir: str, world_size: int) -> tuple[Workload, dict[str, int], dict[str, int]]:
@@ -98,11 +98,7 @@ def _size(n: float) -> str:
 
 
 def cmd_plan(args) -> int:
-    ckpt = args.mountpoint
-    if not ckpt:
-        raise UserError("hints plan needs CHECKPOINT_DIR --world-size N")
-    if args.job is not None:
-        raise UserError(f"hints plan takes one folder, not a job name too ({args.job!r})")
+    ckpt = args.checkpoint
     if args.world_size is None:
         raise UserError("hints plan needs --world-size N: how many ranks load the checkpoint")
     if args.world_size < 1:

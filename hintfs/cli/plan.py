@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 
-from hintfs.cli.base import UserError
+import pyarrow as pa
+
+from hintfs.cli.base import UserError, hintfs_mount
 from hintfs.plan import build_plan_from_listing, read_plan_meta, read_steps, register_plan
 
 
@@ -16,10 +18,10 @@ def add_parser(subparsers) -> None:
     b.add_argument("listing", help="a text file of relpaths (one a line) or a directory to walk")
     b.add_argument("out", help="the plan to write (.parquet)")
     b.add_argument("--glob", action="append", help="directory walk: file globs (repeatable; default *)")
-    b.add_argument("--seed", type=int, required=True)
-    b.add_argument("--world-size", type=int, required=True)
-    b.add_argument("--batch-per-rank", type=int, required=True)
-    b.add_argument("--steps", type=int, required=True)
+    b.add_argument("--seed", type=int, required=True, help="seed of the shuffle (and of each sample's aug_seed)")
+    b.add_argument("--world-size", type=int, required=True, help="ranks of the job")
+    b.add_argument("--batch-per-rank", type=int, required=True, help="samples each rank reads per step")
+    b.add_argument("--steps", type=int, required=True, help="steps in the plan")
     b.add_argument("--drop-last", action="store_true", help="each epoch is whole steps; its tail is skipped")
     b.add_argument("--cost-aware", action="store_true", help="balance per-step transform cost across ranks")
     b.add_argument("--catalog", help="per-sample metadata (Parquet/CSV: relpath, bytes, width, height, "
@@ -27,21 +29,23 @@ def add_parser(subparsers) -> None:
     b.add_argument("--timings", help="timed samples (catalog columns + measured_ms) to fit the cost model; "
                    "default: the catalog's own measured_ms column")
     b.add_argument("--cost-model", help="a fitted cost model (JSON, as in the plan's metadata) instead of --timings")
-    b.add_argument("--steps-per-row-group", type=int, default=None)
+    b.add_argument("--steps-per-row-group", type=int, default=None,
+                   help="steps per Parquet row group (default: as many as fit 65,536 rows)")
     b.set_defaults(func=cmd_build)
 
     r = sub.add_parser("register", help="register a plan and the current step with a mount")
-    r.add_argument("mountpoint")
-    r.add_argument("job")
+    r.add_argument("mountpoint", help="the mountpoint of a running `hintfs mount`")
+    r.add_argument("job", help="the job's name (the plan's name on the mount)")
     r.add_argument("plan", help="the plan's path inside the mount (relative to it, or absolute under it)")
-    r.add_argument("--step", type=int, default=0)
-    r.add_argument("--lookahead", type=int, default=None)
+    r.add_argument("--step", type=int, default=0, help="the step the job is at now (default 0)")
+    r.add_argument("--lookahead", type=int, default=None,
+                   help="steps ahead the agents prepare (default: the mount's [transform_load] lookahead_steps)")
     r.set_defaults(func=cmd_register)
 
     s = sub.add_parser("show", help="print a plan's metadata, or the rows of one step")
-    s.add_argument("plan")
-    s.add_argument("--step", type=int, default=None)
-    s.add_argument("--rank", type=int, default=None)
+    s.add_argument("plan", help="the plan file (.parquet)")
+    s.add_argument("--step", type=int, default=None, help="print the rows of this step (default: the metadata)")
+    s.add_argument("--rank", type=int, default=None, help="with --step: only this rank's rows")
     s.set_defaults(func=cmd_show)
 
 
@@ -70,6 +74,7 @@ def cmd_build(args) -> int:
 
 def cmd_register(args) -> int:
     """hintfs plan register MOUNTPOINT JOB PLAN [--step N] [--lookahead W]"""
+    hintfs_mount(args.mountpoint)      # a plain folder: "not a hintfs mount", not ENOENT of .hintfs/plans
     try:
         reg = register_plan(args.mountpoint, args.job, args.plan, args.step, args.lookahead)
     except ValueError as err:
@@ -80,16 +85,27 @@ def cmd_register(args) -> int:
     return 0
 
 
+SHOW_COLUMNS = ("step", "rank", "slot", "sample", "aug_seed", "est_cost_ms")
+
+
 def cmd_show(args) -> int:
-    """hintfs plan show PLAN [--step N] [--rank R]: the metadata, or the rows of one step."""
+    """hintfs plan show PLAN [--step N] [--rank R]: the metadata, or the rows of one step (tab-separated,
+    under a header line naming the columns)."""
     try:
         meta = read_plan_meta(args.plan)
         if args.step is None:
             print(json.dumps(meta, indent=2, sort_keys=True))
             return 0
         table = read_steps(args.plan, args.step, args.step + 1, rank=args.rank)
-    except (ValueError, OSError) as err:
+    except FileNotFoundError:
+        raise UserError(f"{args.plan}: no such file") from None
+    except OSError as err:
+        raise UserError(f"{args.plan}: {err.strerror or err}") from None
+    except pa.ArrowInvalid as err:     # (a ValueError too) pyarrow's words do not name the file
+        raise UserError(f"{args.plan} is not a Parquet plan: {err}") from None
+    except ValueError as err:
         raise UserError(str(err)) from None
+    print("\t".join(SHOW_COLUMNS))
     for row in table.to_pylist():
         print(f"{row['step']}\t{row['rank']}\t{row['slot']}\t{row['sample']}\t{row['aug_seed']}\t"
               f"{row['est_cost_ms']:.2f}")

@@ -10,8 +10,8 @@ from hintfs.status import StatsUnavailable, format_status, read_stats
 
 def add_parser(subparsers) -> None:
     s = subparsers.add_parser("status", help="live summary of a mount's stats")
-    s.add_argument("mountpoint")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("mountpoint", help="the mountpoint of a running `hintfs mount`")
+    s.add_argument("--json", action="store_true", help="print the raw stats (JSON) instead of the summary")
     s.set_defaults(func=cmd_status)
 
 

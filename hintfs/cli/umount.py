@@ -32,7 +32,7 @@ GRACE_S = 15.0          # beyond the daemon's own wait: uploads in flight at clo
 
 def add_parser(subparsers) -> None:
     u = subparsers.add_parser("umount", help="unmount cleanly (waits for open writes and pending uploads)")
-    u.add_argument("mountpoint")
+    u.add_argument("mountpoint", help="the mountpoint of a hintfs mount")
     u.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for the daemon (default: its mount.unmount_timeout_s + 15)")
     u.set_defaults(func=cmd_umount)

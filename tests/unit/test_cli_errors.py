@@ -106,7 +106,7 @@ def test_agent_missing_config(tmp_path):
 
 def test_usage_error_is_one_line():
     line = one_clean_line(hintfs("hints", "set"))
-    assert line.startswith("hintfs hints: ") and "--help" in line
+    assert line.startswith("hintfs hints set: ") and "--help" in line
     assert hintfs("hints", "set").returncode == 2
 
 

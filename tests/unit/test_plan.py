@@ -324,7 +324,7 @@ def test_cli_build_register_show(tmp_path, capsys):
     assert read_plan_meta(str(tmp_path / "p.parquet"))["mode"] == "cost_aware"
     args = parser.parse_args(["plan", "show", str(tmp_path / "p.parquet"), "--step", "3", "--rank", "1"])
     assert args.func(args) == 0
-    assert len(capsys.readouterr().out.strip().splitlines()) == 2
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3     # a header, then batch_per_rank rows
     (tmp_path / ".hintfs" / "plans").mkdir(parents=True)
     args = parser.parse_args(["plan", "register", str(tmp_path), "j", "p.parquet", "--step", "4"])
     assert args.func(args) == 0
