@@ -236,6 +236,9 @@ def test_the_installed_client_drives_a_real_mount(venv, mount_factory, tmp_path)
     (m.store / "imgs").mkdir()
     for i in range(2):
         jpeg_file(m.store / "imgs" / f"{i}.jpg", seed=i)
+    (m.store / "step_1000").mkdir()   # docs/client.md's example reads these
+    (m.store / "step_1000" / ".metadata").write_bytes(os.urandom(3000))
+    (m.store / "step_1000" / "shard0.distcp").write_bytes(shard)
 
     r = run_in(venv, JOB, str(m.mnt))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -252,3 +255,16 @@ def test_the_installed_client_drives_a_real_mount(venv, mount_factory, tmp_path)
     assert out["raw_equal"]
     assert out["plan"]["plan"] == "plan.parquet" and out["plan"]["step"] == 0
     assert (m.store / "plan.parquet").is_file()
+
+    # docs/client.md's example, as printed there, on this mount.
+    (example,) = re.findall(r"^```python\n(.*?)^```$", (REPO / "docs" / "client.md").read_text(), re.M | re.S)
+    assert 'mnt = "/mnt/ckpt"' in example
+    code = example.replace('"/mnt/ckpt"', repr(str(m.mnt))) + "print(len(shard), list(pixels.shape))\n"
+    r = run_in(venv, code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(len(shard)), "[3,", "48,", "48]"]
+    assert client_status(m.mnt, "restart-42")["ready"]
+
+
+def client_status(mnt: Path, job: str) -> dict:
+    return json.loads((mnt / ".hintfs" / "hints" / f"{job}.status").read_text())
