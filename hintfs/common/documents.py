@@ -34,10 +34,35 @@ def _path(v: object, what: str) -> str:
 
 M = TypeVar("M", bound=BaseModel)
 
+# The documents' version (docs/versions.md): a job API of a later version writes `"v": N` in each
+# document; none is version 1, the documents as they were (a mount from before versions refuses
+# unknown keys, so version 1 is written without it). A mount refuses a version it does not read
+# in the one line `<name>.error` shows, naming both versions and the side to upgrade.
+DOCUMENT_VERSION = 1
+DOCUMENT_READS = (1, 1)
+
+
+def document_refusal(version: object) -> str | None:
+    """Why a document of `version` is not read by this mount; None when it is."""
+    lo, hi = DOCUMENT_READS
+    if type(version) is int and lo <= version <= hi:
+        return None
+    if type(version) is not int:
+        return "v: the document's version must be an integer"
+    side = ("upgrade the mount (mounts before the jobs' images)" if version > hi
+            else "upgrade hintfs in the job's image")
+    return (f"v: a document of version {version} (the job's hintfs), this mount reads versions {lo}..{hi}: "
+            f"{side}")
+
 
 def _validate(model: type[M], doc: object) -> M:
     if not isinstance(doc, dict):
         raise DocumentError("(document): expected a JSON object")
+    if "v" in doc:
+        why = document_refusal(doc["v"])
+        if why:
+            raise DocumentError(why)
+        doc = {k: v for k, v in doc.items() if k != "v"}
     try:
         return model.model_validate(doc)
     except ValidationError as err:

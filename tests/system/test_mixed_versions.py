@@ -104,6 +104,19 @@ def test_a_mount_against_an_agent_that_no_longer_serves_its_version_gets_one_cle
 
 
 @needs_fuse
+def test_a_job_of_a_later_document_version_gets_one_line_in_dot_error(mounted):
+    """A job's image with a newer hintfs writes a hint document of version 2 to an older mount."""
+    hint = mounted.mnt / ".hintfs" / "hints" / "later"
+    with pytest.raises(OSError) as err:
+        with open(hint, "w") as f:
+            f.write(json.dumps({"files": {"ckpt/a": 1}, "v": 2}))
+    assert err.value.errno == 22
+    assert (mounted.mnt / ".hintfs" / "hints" / "later.error").read_text().strip() == (
+        "v: a document of version 2 (the job's hintfs), this mount reads versions 1..1: upgrade the mount "
+        "(mounts before the jobs' images)")
+
+
+@needs_fuse
 def test_a_mount_against_a_newer_agent_that_serves_its_version_works(mount_factory, future_agent):
     m0 = mount_factory(name="probe")
     (m0.store / "ckpt").mkdir()

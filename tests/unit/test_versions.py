@@ -231,3 +231,16 @@ def test_agent_descriptions_carry_their_version_and_newer_ones_are_not_adopted(t
     got = {doc["path"] for _n, _f, doc in persist.descriptions(str(tmp_path), ".meta")}
     assert got == {"a", "old"}                            # (none: written before versions, version 1)
     assert "1 .meta files in" in caplog.text and "agent data of version 2, this agent reads 1..1" in caplog.text
+
+
+# -- the control documents a job writes to its mount ------------------------------------------------
+def test_control_documents_of_version_1_with_or_without_v_are_read_and_later_ones_refused_in_one_line():
+    from hintfs.common import documents
+    assert documents.parse_signal({"path": "a", "kind": "clear"}).kind == "clear"
+    assert documents.parse_hint({"files": {"a": 2}, "v": 1}, 10).files == {"a": 2}
+    with pytest.raises(documents.DocumentError) as err:
+        documents.parse_hint({"files": {"a": 2}, "v": 2, "new_key": 1}, 10)
+    assert str(err.value) == ("v: a document of version 2 (the job's hintfs), this mount reads versions 1..1: "
+                              "upgrade the mount (mounts before the jobs' images)")
+    with pytest.raises(documents.DocumentError, match="version must be an integer"):
+        documents.parse_signal({"path": "a", "kind": "clear", "v": "1"})
