@@ -107,6 +107,8 @@ def test_the_wheel_holds_the_job_api_and_what_it_imports(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     ours = {n.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for n in names if n.endswith(".py")}
     assert ours == closure(), (sorted(ours - closure()), sorted(closure() - ours))
+    # two top-level names in a job's environment (docs/architecture.md, "Installed names")
+    assert {n.split("/")[0] for n in names if ".dist-info" not in n} == {"hintfs", "policy"}
     assert not [m for m in ours if any(m == r or m.startswith(r + ".") for r in DAEMON_ROOMS)]
     # Every third-party import (at any place in a module) is a declared dependency or extra.
     meta = tomllib.loads(CLIENT.read_text())["project"]
