@@ -1,7 +1,8 @@
 """One-call helpers for training jobs: everything goes through the mount's control files.
 
 The mount never imports torch; these helpers run in the job. `hints_from_dcp` and friends live
-in `hintfs.hintsource` and are re-exported here.
+in `hintfs.hintsource` and are re-exported here. A job image installs them with the `hintfs-client`
+wheel (client/pyproject.toml, docs/client.md): this module imports nothing beyond Python.
 """
 from __future__ import annotations
 

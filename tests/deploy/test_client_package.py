@@ -6,7 +6,8 @@ loads in tensor and raw mode.
 
 The venv's dependencies come from a wheelhouse that `pip download` fills from the configured index
 (pip's cache makes it quick after the first run), then install with `--no-index`: the same two
-steps an image build without network at install time uses (docs/client.md). About 6 s here."""
+steps an image build without network at install time uses (docs/client.md). The file takes about
+10 s here (the venv about 6 s of it), up to about 30 s on a busy 2-core machine."""
 from __future__ import annotations
 
 import ast
