@@ -215,8 +215,12 @@ class HostExporter:
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
         """The first tick now (the endpoint is up, or its owner known, when the mount is), then a
-        thread."""
-        self.tick()
+        thread. A failure here (the folder's filesystem full) is one line: the thread tries again."""
+        try:
+            self.tick()
+        except OSError as err:
+            log.warning("metrics: cannot write to %s (%s); trying again every %.0f s", self.folder, err.strerror,
+                        self.interval_s)
         self._thread = threading.Thread(target=self._run, name="hintfs-metrics", daemon=True)
         self._thread.start()
 
@@ -304,7 +308,8 @@ class HostExporter:
         except (OSError, ValueError):
             owner = {}
         url, pid = owner.get("url"), owner.get("pid")
-        if self.state.get("served_by_pid") != pid or self.state.get("this_mount_serves") is not False:
+        if (self.state.get("served_by_pid"), self.state.get("url"), self.state.get("this_mount_serves")) != (
+                pid, url, False):
             self.state.clear()
             self.state.update({"mount": self.mount, "url": url, "served_by_pid": pid, "this_mount_serves": False})
             log.info("metrics of this mount served by the mount of pid %s at %s", pid, url)

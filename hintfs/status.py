@@ -45,6 +45,7 @@ def format_status(snap: dict) -> str:
     if snap.get("errors"):
         lines.append("errors by errno: " + ", ".join(
             f"{errno.errorcode.get(int(k), k)} {v:,}" for k, v in snap["errors"].items()))
+        lines.append("  (each is logged: one line per errno and operation a minute, in the mount's log)")
         if str(errno.ENOENT) in snap["errors"]:
             lines.append("  (ENOENT counts lookups of names that do not exist: normal for cp, shells, loaders)")
     lines.append(f"{'op':<12}{'count':>10}{'errors':>8}{'p50 µs':>10}{'p99 µs':>10}{'max µs':>12}")
