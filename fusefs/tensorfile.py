@@ -15,6 +15,7 @@ that tell the agents which samples come next.
 from __future__ import annotations
 
 import bisect
+import errno
 import hashlib
 import json
 import logging
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 import trio
 from cachetools import LRUCache
 
+from fusefs.attrs import Refused
 from hintfs.common import access
 from hintfs.common.access import Principal
 from hintfs.common.documents import parse_plan_registration
@@ -41,6 +43,24 @@ SUFFIX = ".tensor"
 CONSUMED_PENALTY = 2   # steps: see TensorFiles._locate
 MAX_PLAN_BYTES = 1 << 30          # a plan file larger than this is refused at registration
 MAX_WINDOW_SAMPLES = 50_000       # samples asked of the agents in one plan window
+FAILED_REMEMBERED = 4096          # sources whose failed `.tensor` open was logged (then DEBUG)
+UNREACHABLE_LOG_S = 60.0          # an agent that does not answer: one line per agent this often
+MAX_REASON = 300                  # characters of an agent's reason in a log line
+
+
+def agent_reason(err: BaseException) -> str:
+    """The one line an agent sent with a failed call (the transform's limit or decoder error),
+    without gRPC's context (which is ~300 characters of client state); for a call the agent
+    never answered, the client's text up to that context."""
+    flight = err.__cause__ or err.__context__
+    if isinstance(flight, Exception) and getattr(flight, "extra_info", None):
+        from hintfs.agent.rpc import error_message
+        text = error_message(flight)
+    else:
+        text = str(err.strerror if isinstance(err, OSError) and err.strerror else err)
+        for cut in (". Detail:", " Detail:", ". gRPC client debug context", " gRPC client debug context"):
+            text = text.split(cut, 1)[0]
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
 
 
 @dataclass
@@ -100,6 +120,8 @@ class TensorFiles:
         self.limiter = trio.CapacityLimiter(16)
         self._send, self._recv = trio.open_memory_channel(256)
         self._ended: set[str] = set()          # jobs whose plan ended: an empty window goes out
+        self._failed: LRUCache = LRUCache(maxsize=FAILED_REMEMBERED)   # sources whose failure was logged
+        self._unreachable: dict[str, float] = {}   # agent -> when its last "no answer" line was logged
         if self.rules:   # plans are Parquet: import it now, not during the first registration
             import pyarrow.parquet  # noqa: F401
 
@@ -197,11 +219,35 @@ class TensorFiles:
                 self.stats.add("tensor_opens")
                 self.stats.add("tensor_pulled_hits")
                 return data
-        client = self.clients[self._agent_for(source)]
-        data = await trio.to_thread.run_sync(client.sample, source, rule.kind, self._params_json(rule), seed,
-                                             True, limiter=self.limiter)
+        loc = self._agent_for(source)
+        try:
+            data = await trio.to_thread.run_sync(self.clients[loc].sample, source, rule.kind,
+                                                 self._params_json(rule), seed, True, limiter=self.limiter)
+        except OSError as err:
+            raise self._open_failed(source, loc, err) from None
+        self._failed.pop(source, None)
         self.stats.add("tensor_opens")
         return data
+
+    def _open_failed(self, source: str, loc: str, err: OSError) -> Refused:
+        """A `.tensor` the agent could not make (EIO: a corrupt source, or one over a limit of its
+        rule's params) or did not answer for: one log line naming the file and the agent's reason
+        (once per source while remembered; every call at DEBUG with the whole error), and the
+        errno for the reader, whose reason the errno line of the mount (fusefs/fuse.py) shows."""
+        code = err.errno or errno.EIO
+        reason = agent_reason(err)
+        log.debug("%s%s: agent %s: %s", source, SUFFIX, loc, err)
+        answered = bool(getattr(err.__cause__ or err.__context__, "extra_info", None))   # its own reason
+        now = trio.current_time()
+        if answered and source not in self._failed:
+            self._failed[source] = None
+            log.warning("%s%s: %s (agent %s, %s)", source, SUFFIX, reason, loc,
+                        errno.errorcode.get(code, code))
+        elif not answered and now >= self._unreachable.get(loc, -UNREACHABLE_LOG_S) + UNREACHABLE_LOG_S:
+            self._unreachable[loc] = now
+            log.warning("%s%s: agent %s failed: %s (%s; one line per agent a minute)", source,
+                        SUFFIX, loc, reason, errno.errorcode.get(code, code))
+        return Refused(code, reason)
 
     # -- pulling a step's ready tensors in one call per agent -----------------------------------------
     def _pull_ahead(self, plan: Plan) -> None:
@@ -239,7 +285,8 @@ class TensorFiles:
         try:
             got = await trio.to_thread.run_sync(self.clients[loc].samples_ready, samples, limiter=self.limiter)
         except OSError as err:
-            log.warning("pulling ready tensors from %s failed: %s", loc, err)
+            log.warning("pulling ready tensors from %s failed: %s", loc, agent_reason(err))
+            log.debug("pulling ready tensors from %s: %s", loc, err)
             got = []
         for path, seed, data in got:
             if self._pulled.currsize + len(data) > self.pull_bytes:
@@ -351,7 +398,8 @@ class TensorFiles:
                             await trio.to_thread.run_sync(self.clients[loc].plan_window, [], [], job,
                                                           limiter=self.limiter)
                         except OSError as err:
-                            log.warning("plan %s: agent %s: %s", job, loc, err)
+                            log.warning("plan %s: agent %s: %s", job, loc, agent_reason(err))
+                            log.debug("plan %s: agent %s: %s", job, loc, err)
                 continue
             want: dict[str, list] = {}
             keep: dict[str, list] = {}
@@ -387,4 +435,5 @@ class TensorFiles:
                     await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
                                                   want.get(loc, []), job, limiter=self.limiter)
                 except OSError as err:
-                    log.warning("plan %s: agent %s: %s", job, loc, err)
+                    log.warning("plan %s: agent %s: %s", job, loc, agent_reason(err))
+                    log.debug("plan %s: agent %s: %s", job, loc, err)
