@@ -20,7 +20,7 @@ def parse_config(data: dict, source: str = "config") -> MountConfig:
     try:
         return MountConfig.model_validate(data)
     except ValidationError as err:
-        reason = validation_message(err, root="(top level)")
+        reason = validation_message(err, root="(top level)", model=MountConfig)
         raise ConfigError(f"{source}: {reason}") from None
 
 
@@ -36,7 +36,19 @@ def load_config(path: str | Path) -> MountConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    return parse_config(data, str(path))
+    cfg = parse_config(data, str(path))
+    store = data.get("store")
+    if not isinstance(store, dict) or "uri" not in store:
+        # The schema's default store (file:///srv/data) is for configs built in code: a file that
+        # names no store is a mistake (an empty file, a wrong file), never a mount of /srv/data.
+        raise ConfigError(f"{path}: store.uri is not set: name the store in a [store] table, e.g. "
+                          '[store] uri = "file:///srv/data" or "s3://bucket/prefix" (docs/config.md)')
+    return cfg
+
+
+def allow_nonempty(cfg: MountConfig) -> MountConfig:
+    """`cfg` with `[mount] nonempty = true` (`hintfs mount --nonempty`)."""
+    return cfg.model_copy(update={"mount": cfg.mount.model_copy(update={"nonempty": True})})
 
 
 def effective_config_json(cfg: MountConfig) -> bytes:

@@ -55,6 +55,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        # A verb (or `hints set`, `plan show`) says itself which words it does not know, so the
+        # line names it and its --help (argparse would leave that to the top parser: `hintfs: ...`).
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "hintfs" and not any(
+                isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
 
 def _finish(parser: argparse.ArgumentParser, name: str) -> None:
     """Description, examples and --debug on a verb's parser and on its own subcommands."""

@@ -43,6 +43,8 @@ def check_store(store: Store, store_cfg) -> None:
         return
     try:
         store.check()
+    except HintfsError as err:      # the store's own check: it says what is wrong with its root
+        raise HintfsError(err.errno or errno.EIO, f"store {store_cfg.uri}: {err.strerror}") from None
     except Exception as err:
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
         raise HintfsError(getattr(err, "errno", None) or errno.EIO,

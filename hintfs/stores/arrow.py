@@ -177,9 +177,10 @@ class ArrowStore:
     def check(self) -> None:
         info = self.fs.get_file_info(self.root)
         if info.type == pafs.FileType.NotFound:
-            raise HintfsError(errno.ENOENT, f"store root {self.description} does not exist")
+            raise HintfsError(errno.ENOENT, f"its root {self.root} does not exist (create it, or fix [store] uri)")
         if info.type != pafs.FileType.Directory:
-            raise HintfsError(errno.ENOTDIR, f"store root {self.description} is not a directory")
+            raise HintfsError(errno.ENOTDIR, f"its root {self.root} is not a folder (give the store's root "
+                              "in [store] uri)")
         os.close(self._spool())
 
     def stat(self, rel: str) -> Stat:

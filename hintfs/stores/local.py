@@ -182,13 +182,26 @@ class LocalStore:
         return Beneath(self.root_fd, rel)
 
     def check(self) -> None:
-        if not os.path.isdir(self.root):
-            raise HintfsError(errno.ENOTDIR, f"{self.root} is not a directory")
-        fd = open_beneath(self.root_fd, "", os.O_RDONLY | os.O_DIRECTORY)
+        """HintfsError naming the root and what is wrong with it: missing, not a folder, not listable."""
         try:
-            os.listdir(fd)  # readable?
-        finally:
-            os.close(fd)
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            raise HintfsError(errno.ENOENT, f"the folder {self.root} does not exist (create it, or fix "
+                              "[store] uri)") from None
+        except OSError as err:
+            raise HintfsError(err.errno or errno.EIO, f"{self.root}: {err.strerror}") from None
+        if not stat_mod.S_ISDIR(st.st_mode):
+            raise HintfsError(errno.ENOTDIR, f"{self.root} is not a folder (give the store's root folder "
+                              "in [store] uri)")
+        try:
+            fd = open_beneath(self.root_fd, "", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.listdir(fd)  # readable?
+            finally:
+                os.close(fd)
+        except OSError as err:
+            raise HintfsError(err.errno or errno.EIO, f"the folder {self.root} cannot be listed: "
+                              f"{err.strerror or err}") from None
 
     # -- metadata ------------------------------------------------------------------------------
     def refuse_device(self, st_dev: int) -> None:

@@ -23,8 +23,8 @@ def refusals(log: Path, name: str) -> list[str]:
 
 
 def test_unknown_job(mounted):
-    for action in ("status", "wait"):
-        line = one_clean_line(hintfs("hints", action, mounted.mnt, "nojob", "--timeout", "2"))
+    for action, extra in (("status", []), ("wait", ["--timeout", "2"])):   # (--timeout is wait's own)
+        line = one_clean_line(hintfs("hints", action, mounted.mnt, "nojob", *extra))
         assert "no hint job 'nojob'" in line and "hintfs hints set" in line
 
 

@@ -188,7 +188,7 @@ def test_unreachable_store(tmp_path):
     _, mnt, _ = _dirs(tmp_path)
     cfg = write_config(tmp_path / "bad.toml", f"file://{tmp_path}/missing-store")
     line = _one_clean_line(run_hintfs("mount", cfg, mnt))
-    assert "not reachable" in line
+    assert "missing-store does not exist" in line and "[store] uri" in line
     cfg = write_config(tmp_path / "s3.toml", "s3://bucket",
                        'endpoint_override = "127.0.0.1:9"\nscheme = "http"\naccess_key = "a"\n'
                        'secret_key = "b"\nconnect_timeout_s = 1\nrequest_timeout_s = 2\n'
