@@ -2,7 +2,7 @@
 each with a `mount` label (its mountpoint). docs/operations.md ("Metrics") is the design.
 
 A folder of the host (`[metrics] dir`; `/run/hintfs/metrics` as root, else
-`<tmp>/hintfs-metrics-<uid>`; 0700, the mount user's) holds one folder per port, `<dir>/<port>/`:
+`<tmp>/hintfs-metrics-<uid>`; the mount user's, 0700: `hintfs.common.owndir`) holds one folder per port, `<dir>/<port>/`:
 
 - `<id>.json`, one per mount with metrics on: its series, mountpoint, pid and the time written,
   rewritten every `SNAPSHOT_S` by a thread of the mount (never its trio loop), removed at unmount;
@@ -39,6 +39,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from hintfs.common.errors import HintfsError
+from hintfs.common.owndir import make_own_dir
 from hintfs.common.procs import pid_alive
 
 log = logging.getLogger("hintfs.metrics")
@@ -65,22 +67,14 @@ def default_dir() -> str:
 
 
 def private_dir(path: str) -> str:
-    """`path` made if missing (0700) and checked: a real folder of this user that no other user
-    can write; MetricsDirError otherwise (another user could feed series into this host's
-    endpoint)."""
+    """`path` made if missing and checked by the rule of a daemon's own folders
+    (`hintfs.common.owndir`: a folder, not a symlink, of this user, made 0700): whatever is in it
+    is served, so no other user may write there. MetricsDirError (one line) otherwise."""
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError as err:
-        raise MetricsDirError(f"cannot make the metrics folder {path}: {err.strerror}") from None
-    if not stat_mod.S_ISDIR(st.st_mode):
-        raise MetricsDirError(f"the metrics folder {path} is not a folder (a symlink?)")
-    if st.st_uid != os.geteuid():
-        raise MetricsDirError(f"the metrics folder {path} belongs to uid {st.st_uid}, not to this mount's "
-                              f"user (uid {os.geteuid()}): set [metrics] dir to a folder of its own")
-    if st.st_mode & 0o022:
-        raise MetricsDirError(f"the metrics folder {path} is writable by other users "
-                              f"(mode {stat_mod.S_IMODE(st.st_mode):o}): chmod 700 it")
+        fd = make_own_dir(path, f"[metrics] dir {path}", "keep this host's metrics there")
+    except HintfsError as err:
+        raise MetricsDirError(err.strerror) from None
+    os.close(fd)
     return path
 
 

@@ -79,3 +79,33 @@ def test_the_exporter_serves_live_mounts_and_drops_dead_stale_and_foreign_snapsh
                    for k in samples if k[0] == "hintfs_events_total")
     assert samples[("hintfs_mount_snapshot_age_seconds", (("mount", "/mnt/stale"),))] > STALE_S
     assert not (tmp_path / snapshot_name("/mnt/dead")).exists()
+
+
+def test_a_metrics_folder_another_user_could_write_is_refused_in_one_line(tmp_path, caplog):
+    """Whatever is in the folder is served: a symlink, or another user's folder, is refused (one
+    line) and the mount runs on without metrics; one of ours open to others is made 0700."""
+    from fusefs.metrics import start_metrics
+    from mountconfig.schema import MetricsConfig
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    caplog.set_level(logging.INFO, logger="hintfs")
+    stats = Stats()
+    assert start_metrics(stats, dict, MetricsConfig(enabled=True, port=0, dir=str(tmp_path / "link")), "/mnt/x") is None
+    assert stats.metrics["url"] is None and "link cannot be used" in stats.metrics["problem"]
+    if os.geteuid() == 0:
+        (tmp_path / "theirs").mkdir()
+        os.chown(tmp_path / "theirs", 65534, 65534)
+        stats = Stats()
+        assert start_metrics(stats, dict, MetricsConfig(enabled=True, port=0, dir=str(tmp_path / "theirs")),
+                             "/mnt/x") is None
+        assert "owned by uid 65534" in stats.metrics["problem"]
+    (tmp_path / "open").mkdir(mode=0o777)
+    os.chmod(tmp_path / "open", 0o777)
+    stats = Stats()
+    exporter = start_metrics(stats, dict, MetricsConfig(enabled=True, port=0, dir=str(tmp_path / "open")), "/mnt/x")
+    try:
+        assert exporter is not None and stats.metrics["this_mount_serves"] is True
+        assert os.stat(tmp_path / "open").st_mode & 0o777 == 0o700
+    finally:
+        exporter.stop()
+    assert not [n for n in os.listdir(tmp_path / "open" / "0") if n.endswith(".json")]   # removed at stop
