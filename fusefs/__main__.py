@@ -1,4 +1,4 @@
-"""The mount daemon: `python -I -m fusefs CONFIG MOUNTPOINT [--ready-fd N]`.
+"""The mount daemon: `python -I -m fusefs CONFIG MOUNTPOINT [--ready-fd N] [--nonempty]`.
 
 `hintfs mount` starts it in the background (its own session, cwd /, output to the log file) and
 waits on the ready fd for one line: `ok` once the mount answers, or `error: <reason>`. Started
@@ -17,6 +17,7 @@ from hintfs.common.logsetup import setup_logging
 from hintfs.common.procs import absolute_paths, become_isolated_daemon
 from fusefs.mount import MountError, run_mount
 from mountconfig import ConfigError, MountConfig, load_config
+from mountconfig.load import allow_nonempty
 
 
 def serve(cfg: MountConfig, mountpoint: str, ready_fd: int | None = None) -> int:
@@ -41,15 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusefs", description="the hintfs mount daemon "
                                 "(started by `hintfs mount`)")
     p.add_argument("config", help="mount config (TOML)")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="an empty folder (unless --nonempty)")
     p.add_argument("--ready-fd", type=int, default=None, help="write `ok` or `error: ...` here")
+    p.add_argument("--nonempty", action="store_true", help="mount even if the folder holds files "
+                   "([mount] nonempty = true)")
     args = p.parse_args(argv)
     if argv is None:      # this process's own command line: run isolated, in / (hintfs.common.procs)
         args.config, args.mountpoint = absolute_paths(args.config, args.mountpoint)
         ready = ["--ready-fd", str(args.ready_fd)] if args.ready_fd is not None else []
-        become_isolated_daemon("fusefs", [args.config, args.mountpoint, *ready])
+        nonempty = ["--nonempty"] if args.nonempty else []
+        become_isolated_daemon("fusefs", [args.config, args.mountpoint, *ready, *nonempty])
     try:
-        return serve(load_config(args.config), args.mountpoint, args.ready_fd)
+        cfg = load_config(args.config)
+        return serve(allow_nonempty(cfg) if args.nonempty else cfg, args.mountpoint, args.ready_fd)
     except (ConfigError, MountError) as err:
         print(f"hintfs mount: {err}", file=sys.stderr)
         return 1

@@ -86,7 +86,8 @@ def check_mountpoint(mountpoint: str, cfg: MountConfig | None = None,
 
     A dead hintfs mount there (its daemon killed: stat fails with ENOTCONN) is detached lazily
     first, with a log line (and `on_replace(line)`); a dead mount of another type is refused and
-    left alone. With `cfg`, the layout is checked too (`check_layout`)."""
+    left alone. With `cfg`, the layout is checked too (`check_layout`), and a folder that holds
+    files is refused unless `[mount] nonempty` (`check_empty`)."""
     mp = os.path.abspath(mountpoint)
     dead = dead_mount_at(mp)
     if dead is not None:
@@ -114,7 +115,23 @@ def check_mountpoint(mountpoint: str, cfg: MountConfig | None = None,
         raise MountError(f"mountpoint {mp} is busy: something is already mounted there")
     if cfg is not None:
         check_layout(mp, cfg)
+        if not cfg.mount.nonempty:
+            check_empty(mp)
     return mp
+
+
+def check_empty(mp: str) -> None:
+    """MountError (one line) if the folder `mp` holds anything: a mount would hide it (on a training
+    host: checkpoints written locally while the mount was down). `[mount] nonempty = true` or
+    `hintfs mount --nonempty` allows it. Only the first entry is read."""
+    try:
+        with os.scandir(mp) as entries:
+            first = next(entries, None)
+    except OSError as err:
+        raise MountError(f"mountpoint {mp} cannot be listed: {err.strerror}") from None
+    if first is not None:
+        raise MountError(f"mountpoint {mp} is not empty (it holds {first.name!r}, ...), and a mount would hide "
+                         "its files: move them away, or mount anyway with --nonempty ([mount] nonempty = true)")
 
 
 def _identity(path: str) -> tuple[int, int] | None:

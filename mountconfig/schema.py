@@ -31,8 +31,9 @@ class Section(BaseModel):
 class StoreConfig(Section):
     uri: str = Field(
         "file:///srv/data",
-        description="The existing store, as a pyarrow.fs URI: file:///path (default), "
-        "s3://bucket/prefix, hdfs://namenode:port/path (production).",
+        description="The existing store, as a pyarrow.fs URI: file:///path, s3://bucket/prefix, "
+        "hdfs://namenode:port/path. Required in a config file (`hintfs mount`, `hintfs agent`): a file "
+        "without it is refused; the default applies only to configs built in code.",
     )
     endpoint_override: str | None = Field(
         None, description="S3 only: host:port of an S3-compatible server (MinIO, Ceph RGW, JuiceFS's gateway)."
@@ -194,6 +195,13 @@ class MountOptions(Section):
     unmount_timeout_s: float = Field(
         30.0, gt=0, description="At unmount (`hintfs umount`, SIGTERM/SIGINT): how long the daemon keeps "
         "serving files still open for writing; what is open then is abandoned and named (docs/operations.md)."
+    )
+    nonempty: bool = Field(
+        False, description="Mount over a mountpoint folder that holds files (they are hidden, not "
+        "removed, until the unmount). False (the default): such a mount is refused in one line, since "
+        "files there are usually ones written while the mount was down (`hintfs mount --nonempty` "
+        "allows it once). A dead hintfs mount left by a killed daemon is detached first and is not "
+        "\"non-empty\".",
     )
 
 

@@ -1,4 +1,4 @@
-"""`hintfs mount CONFIG MOUNTPOINT [--foreground]`.
+"""`hintfs mount CONFIG MOUNTPOINT [--foreground] [--nonempty]`.
 
 In the background (the default) the mount daemon, `python -I -m fusefs` (fusefs/__main__.py), is
 started in its own session; this waits until it says the mount answers, or relays its one-line
@@ -17,13 +17,16 @@ import sys
 
 from hintfs.common.procs import daemon_python
 from hintfs.cli.base import UserError, absolute_args, load_config
+from mountconfig.load import allow_nonempty
 
 
 def add_parser(subparsers) -> None:
     m = subparsers.add_parser("mount", help="mount a store (background unless --foreground)")
-    m.add_argument("config", help="mount config (TOML)")
-    m.add_argument("mountpoint")
+    m.add_argument("config", help="mount config (TOML): its [store] uri names the store")
+    m.add_argument("mountpoint", help="an empty folder to mount on (a dead hintfs mount there is replaced)")
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (systemd)")
+    m.add_argument("--nonempty", action="store_true", help="mount even if MOUNTPOINT holds files (hidden "
+                   "until the unmount; the config's [mount] nonempty = true does the same)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     m.set_defaults(func=cmd_mount, daemon=daemon_argv)
 
@@ -34,7 +37,8 @@ def daemon_argv(args) -> list[str] | None:
     if not args.foreground:
         return None
     ready = ["--ready-fd", str(args.ready_fd)] if args.ready_fd is not None else []
-    return ["mount", *absolute_args(args, "config", "mountpoint"), "--foreground", *ready]
+    nonempty = ["--nonempty"] if args.nonempty else []
+    return ["mount", *absolute_args(args, "config", "mountpoint"), "--foreground", *ready, *nonempty]
 
 
 def default_log_file(mountpoint: str) -> str:
@@ -46,16 +50,19 @@ def cmd_mount(args) -> int:
     from fusefs.mount import MountError
 
     cfg = load_config(args.config)
+    nonempty = getattr(args, "nonempty", False)   # (tests call cmd_mount with a Namespace of their own)
+    if nonempty:
+        cfg = allow_nonempty(cfg)
     if args.foreground:
         from fusefs.__main__ import serve
         try:
             return serve(cfg, args.mountpoint, ready_fd=args.ready_fd)
         except MountError as err:
             raise UserError(str(err)) from None
-    return _start_in_background(args.config, args.mountpoint, cfg)
+    return _start_in_background(args.config, args.mountpoint, cfg, nonempty)
 
 
-def _start_in_background(config: str, mountpoint: str, cfg) -> int:
+def _start_in_background(config: str, mountpoint: str, cfg, nonempty: bool) -> int:
     from fusefs.mount import MountError, check_fuse_device, check_mountpoint
 
     # Check what we can here (fast, clear errors; the daemon runs the same checks), then start
@@ -70,7 +77,7 @@ def _start_in_background(config: str, mountpoint: str, cfg) -> int:
     os.makedirs(os.path.dirname(log_file), exist_ok=True)
     rfd, wfd = os.pipe()
     cmd = [*daemon_python(), "-m", "fusefs", os.path.abspath(config), os.path.abspath(mountpoint),
-           "--ready-fd", str(wfd)]
+           "--ready-fd", str(wfd), *(["--nonempty"] if nonempty else [])]
     with open(log_file, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 pass_fds=(wfd,), start_new_session=True, cwd="/",
