@@ -259,8 +259,8 @@ def test_the_installed_client_drives_a_real_mount(venv, mount_factory, tmp_path)
     assert out["plan"]["plan"] == "plan.parquet" and out["plan"]["step"] == 0
     assert (m.store / "plan.parquet").is_file()
 
-    # docs/client.md's example, as printed there, on this mount.
-    (example,) = re.findall(r"^```python\n(.*?)^```$", (REPO / "docs" / "client.md").read_text(), re.M | re.S)
+    # docs/client.md's example, as printed there (and in the README), on this mount.
+    example = documented_example()
     assert 'mnt = "/mnt/ckpt"' in example
     code = example.replace('"/mnt/ckpt"', repr(str(m.mnt))) + "print(len(shard), list(pixels.shape))\n"
     r = run_in(venv, code)
@@ -271,3 +271,16 @@ def test_the_installed_client_drives_a_real_mount(venv, mount_factory, tmp_path)
 
 def client_status(mnt: Path, job: str) -> dict:
     return json.loads((mnt / ".hintfs" / "hints" / f"{job}.status").read_text())
+
+
+def documented_example() -> str:
+    (example,) = re.findall(r"^```python\n(.*?)^```$", (REPO / "docs" / "client.md").read_text(), re.M | re.S)
+    return example
+
+
+def test_the_readme_shows_the_example_that_runs():
+    """A job-API example in the README (hints and a `.tensor` load) is docs/client.md's, which the
+    test above runs, word for word."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", (REPO / "README.md").read_text(), re.M | re.S)
+    shown = [b for b in blocks if "load_sample" in b and "set_replication_hints" in b]
+    assert all(b == documented_example() for b in shown), shown
