@@ -9,4 +9,4 @@ from setuptools.build_meta import *  # noqa: F401,F403
 
 def build_sdist(sdist_directory, config_settings=None):
     raise RuntimeError("hintfs-client has no sdist (its modules are the checkout's own): build the wheel, "
-                       "pip wheel --no-deps -w dist client/ or make client-wheel")
+                       "pip wheel --no-deps -w dist client/")
