@@ -8,7 +8,9 @@ from hintfs.cli.base import UserError, absolute_args
 
 def add_parser(subparsers) -> None:
     g = subparsers.add_parser("governor", help="run the GPU-memory governor")
-    g.add_argument("config")
+    g.add_argument("config", help="TOML file whose [governor] table configures it (other tables are "
+                   "ignored; none: the defaults, docs/config.md). It logs to stderr and runs until "
+                   "SIGTERM or Ctrl-C")
     g.set_defaults(func=cmd_governor, daemon=daemon_argv)
 
 
