@@ -19,7 +19,7 @@ from hintfs.agent.client import AgentClient  # noqa: E402
 from hintfs.agent.server import AgentServer  # noqa: E402
 from hintfs.stores.local import LocalStore  # noqa: E402
 from mountconfig import parse_config  # noqa: E402
-from tests.conftest import needs_fuse  # noqa: E402
+from tests.conftest import needs_fuse, wait_for  # noqa: E402
 from tests.helpers.certs import make_ca, write_token  # noqa: E402
 from tests.helpers.mounts import Mounted, MountError, force_unmount, mount_in_process  # noqa: E402
 from tests.deploy.examples import EXAMPLES  # noqa: E402
@@ -82,16 +82,20 @@ def tier(tmp_path, checkpoint):
         server.shutdown()
 
 
-class _EvalMounts:
+class _Mounts:
     def __init__(self, tmp_path, store):
         self.tmp_path, self.store, self.mounted = tmp_path, store, []
 
-    def mount(self, name: str, loc: str, token_file, tls_root_file) -> Mounted:
-        """examples/eval-host/mnt-ckpt.toml with this machine's store, token, CA and agent."""
-        doc = _local_store(_example("eval-host/mnt-ckpt.toml"), self.store)
-        doc["agents"].update({"token_file": str(token_file), "tls_root_file": str(tls_root_file)})
-        assert doc["routes"][0]["local_agent"].startswith("grpc+tls://")
-        doc["routes"][0]["local_agent"] = loc
+    def mount(self, name: str, loc: str, token_file, tls_root_file, example: str = "eval-host/mnt-ckpt.toml") -> Mounted:
+        """The mount of `example` with this machine's store, token, CA and tier agent `loc`."""
+        doc = _local_store(_example(example), self.store)
+        doc["agents"] = {"token_file": str(token_file), "tls_root_file": str(tls_root_file)}   # no storage agents
+        for route in doc.get("routes", []):
+            assert route["local_agent"].startswith("grpc+tls://")
+            route["local_agent"] = loc
+        if "stream" in doc:
+            assert all(a.startswith("grpc+tls://") for a in doc["stream"]["agents"])
+            doc["stream"].update({"agents": [loc], "token_file": str(token_file)})
         base = self.tmp_path / name
         (base / "mnt").mkdir(parents=True)
         log = base / "mount.log"
@@ -114,7 +118,7 @@ class _EvalMounts:
 
 @pytest.fixture
 def evals(tmp_path, checkpoint):
-    e = _EvalMounts(tmp_path, checkpoint[0])
+    e = _Mounts(tmp_path, checkpoint[0])
     yield e
     e.close()
 
@@ -150,6 +154,13 @@ def test_a_mount_that_does_not_trust_the_tier_or_has_another_token_is_not_served
     assert counters.get("route_local", 0) == 0 and counters.get("replica_reads", 0) == 0, counters
     assert "certificate verify failed" in untrusting.log.read_text()   # the log says why
 
+    # A CA being rotated: ca.pem holds the new CA and the old one, and either signature is trusted.
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(other_ca.pem.read_bytes() + ca.pem.read_bytes())
+    rotating = evals.mount("rotating", loc, token, bundle)
+    _read_all(rotating, payload)
+    assert rotating.stats()["counters"].get("route_local", 0) >= len(payload)
+
     stranger = evals.mount("stranger", loc, write_token(tmp_path / "wrong.token", "not-the-token"), ca.pem)
     _read_all(stranger, payload)
     counters = stranger.stats()["counters"]
@@ -167,6 +178,25 @@ def test_a_bad_tls_root_file_stops_the_mount_in_one_line(tier, evals, tmp_path):
             evals.mount(f"bad-{path.stem}", loc, token, path)
         first = str(exc.value).splitlines()[0]
         assert str(path) in first and why in first and "Traceback" not in first, first
+
+
+@needs_fuse
+def test_the_training_mount_streams_to_the_tier_over_tls(tier, evals, checkpoint):
+    """examples/training-host/mnt-ckpt.toml's `[stream]`: each file under `ckpt` goes to the tier
+    while it is written, over grpc+tls with `[stream] token_file`, trusting `[agents] tls_root_file`
+    (the sender child gets both from the mount), and is a replica there at its close."""
+    ca, token, server, loc = tier
+    train = evals.mount("train", loc, token, ca.pem, example="training-host/mnt-ckpt.toml")
+    c = AgentClient(loc, token="tier-secret", tls_root=ca.pem.read_bytes())
+    published = c.status()["streams"]["published"]
+    data = os.urandom(300_000)
+    rel = "ckpt/run/step_20/__0_0.distcp"
+    (train.mnt / "ckpt" / "run" / "step_20").mkdir(parents=True)
+    (train.mnt / rel).write_bytes(data)
+    st = os.stat(train.store / rel)
+    assert wait_for(lambda: c.status()["streams"]["published"] > published, 15), train.log.read_text()[-2000:]
+    assert wait_for(lambda: c.has(rel, st.st_size, st.st_mtime_ns), 10)
+    assert c.read(rel, 0, len(data), replica_only=True) == data
 
 
 def test_storage_agents_copy_from_each_other_over_tls(tmp_path, checkpoint):
