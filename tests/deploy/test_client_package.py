@@ -70,12 +70,12 @@ def closure() -> set[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """`pip wheel client/` on a copy of the checkout (the build writes build/ and an egg-info
-    beside its sources)."""
+    """`pip wheel client/` on a copy of client/ and the packages the wheel's modules come from
+    (the build writes build/ and an egg-info beside its sources)."""
     tmp = tmp_path_factory.mktemp("client")
     src = tmp / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
-                                                              "bench", "tests", "docs", "examples"))
+    for top in ("client", "hintfs", "policy"):
+        shutil.copytree(REPO / top, src / top, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     _pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"), str(src / "client"))
     (found,) = (tmp / "dist").glob("hintfs_client-*.whl")
     return found
