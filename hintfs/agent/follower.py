@@ -23,12 +23,13 @@ from hintfs.agent.catalog import Catalog
 from hintfs.agent.copier import Copier
 from hintfs.agent.copyqueue import CopyQueue
 from hintfs.agent.linkgate import LinkGate
+from hintfs.agent.refusals import RefusalLog
 from hintfs.agent.rpc import FollowStatus
 from hintfs.agent.versions import VersionCheck
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, ListingBudget, bucket_of, bucket_start_ns,
-                            decode_name, decode_record, journal_problem, list_folder, record_time_ns, refusal,
-                            removed_record, slice_dir, Removals)
+                            decode_name, decode_record, journal_problem, list_folder, record_time_ns, record_version,
+                            refusal, removed_record, slice_dir, version_refusal, Removals)
 from mountconfig.schema import FollowConfig
 from hintfs.stores.base import Stat, Store, walk_files
 
@@ -67,6 +68,9 @@ class Follower:
         self.sweep_s = SWEEP_S
         # the agent's journal listings share one budget (the version check's, when there is one)
         self.budget = versions.budget if versions is not None else ListingBudget()
+        # records of a journal version this agent does not read: one line a minute, with a count
+        # (a newer training mount writes one per file: docs/versions.md)
+        self.version_refusals = RefusalLog(60.0, keep=16)
         self._root_records: dict[str, Stat] = {}  # records of older mounts, at the last sweep
         # why the journal is not followed (the listing is, meanwhile), as of the last sweep
         self.journal_refused: str | None = None
@@ -185,7 +189,11 @@ class Follower:
         accepted = []
         for key in names:
             why = refusal(key[1], listed_st[key], key[0] or None, now_ns)
-            if why:
+            if why and version_refusal(record_version(key[1])):
+                since = self.version_refusals.note(why)
+                if since is not None:
+                    log.warning("journal record %s refused: %s%s", key[1], why, RefusalLog.more(since))
+            elif why:
                 log.warning("journal record %s refused: %s", key[1], why)
             else:
                 accepted.append(key)
