@@ -37,7 +37,7 @@ def _local_store(doc: dict, store) -> dict:
 
 
 def _tls_agent(example: str, tmp_path, store, name: str, cert, key, token_file, peers: dict | None = None,
-               **agent):
+               port: int = 0, **agent):
     """The agent of `example` on localhost with TLS, this machine's paths in place of its own
     (its `[agents]` peers: `peers`, none by default)."""
     doc = _local_store(_example(example), store)
@@ -47,8 +47,8 @@ def _tls_agent(example: str, tmp_path, store, name: str, cert, key, token_file, 
     doc["agent"].pop("local_socket", None)
     doc["agent"].pop("location")
     cfg = parse_config(doc, example)
-    server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc+tls://localhost:0", peers=cfg.agents,
-                         follow=cfg.follow, transform_load=cfg.transform_load)
+    server = AgentServer(LocalStore(str(store)), cfg.agent, location=f"grpc+tls://localhost:{port}",
+                         peers=cfg.agents, follow=cfg.follow, transform_load=cfg.transform_load)
     return server, f"grpc+tls://localhost:{server.port}"
 
 
@@ -140,6 +140,45 @@ def test_eval_mount_reads_from_its_tier_agent_over_tls(tier, evals, checkpoint):
     assert counters.get("replica_reads", 0) >= len(payload) - 1, counters
     after = AgentClient(loc, token="tier-secret", tls_root=ca.pem.read_bytes()).status()["load"]["bytes_served"]
     assert after - served >= sum(len(d) for d in payload.values() if len(d) > 100)
+
+
+@needs_fuse
+def test_a_tier_restarted_with_a_new_certificate_serves_the_running_mount(tmp_path, checkpoint, evals):
+    """docs/deploy.md's certificate rotation: a new host certificate from the same CA, the agent
+    restarted on its port; the mount, untouched, is served by the new instance."""
+    store, payload = checkpoint
+    ca = make_ca(tmp_path / "tls")
+    token = write_token(tmp_path / "tier.token", "tier-secret")
+    cert, key = ca.host(tmp_path / "tls" / "old", "localhost")
+    server, loc = _tls_agent("eval-tier/tier.toml", tmp_path, store, "tier-old", cert, key, token)
+    try:
+        server.agent.follower.step(wait=True)
+        m = evals.mount("eval", loc, token, ca.pem)
+        _read_all(m, payload)
+        before = m.stats()["counters"].get("route_local", 0)
+        assert before >= len(payload)
+    finally:
+        server.shutdown()
+    # The next checkpoint, served by the agent restarted with its new certificate.
+    step = store / "ckpt" / "run" / "step_11"
+    step.mkdir()
+    (step / "w.distcp").write_bytes(os.urandom(100_000))
+    (step / ".metadata").write_bytes(b"metadata 11")
+    cert, key = ca.host(tmp_path / "tls" / "new", "localhost")
+    server, loc2 = _tls_agent("eval-tier/tier.toml", tmp_path, store, "tier-new", cert, key, token,
+                              port=int(loc.rsplit(":", 1)[1]))
+    try:
+        assert loc2 == loc
+        server.agent.follower.step(wait=True)
+        assert "ckpt/run/step_11" in server.agent.follower.status()["complete"]
+
+        def served() -> bool:
+            data = (m.mnt / "ckpt" / "run" / "step_11" / "w.distcp").read_bytes()
+            assert data == (step / "w.distcp").read_bytes()
+            return m.stats()["counters"].get("route_local", 0) > before
+        assert wait_for(served, 15), m.log.read_text()[-2000:]
+    finally:
+        server.shutdown()
 
 
 @needs_fuse
