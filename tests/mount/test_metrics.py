@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import signal
 import socket
 import time
 import urllib.request
@@ -72,7 +73,7 @@ def test_metrics_endpoint_opt_in(mount_factory, tmp_path):
         assert not re.search(r"_(port|bytes_limit|budget)\b", name), name
 
 
-def test_two_mounts_share_one_endpoint_with_mount_labels_and_it_moves_on(mount_factory, tmp_path):
+def test_two_mounts_share_one_endpoint_with_mount_labels_and_survive_the_serving_one(mount_factory, tmp_path):
     folder, port = tmp_path / "metrics", free_port()
     a = mount_factory(name="a", extra=metrics_cfg(port, folder))
     b = mount_factory(name="b", extra=metrics_cfg(port, folder))   # used to die: port busy
@@ -90,8 +91,9 @@ def test_two_mounts_share_one_endpoint_with_mount_labels_and_it_moves_on(mount_f
     s = scrape(url)
     assert {dict(labels).get("mount") for (_n, labels) in s} == {str(a.mnt), str(b.mnt)}
     assert "already in use" not in b.log.read_text() and "in use by another program" not in b.log.read_text()
-    # The serving mount goes: the other takes the port over (within a tick) and serves itself.
-    a.umount()
+    # The serving mount dies (SIGKILL: nothing of it runs to hand over): the kernel drops its lock,
+    # the other takes the port over within a tick, serves itself, and removes the dead one's file.
+    os.kill(a.pid, signal.SIGKILL)
     wait_for(lambda: b.stats()["metrics"].get("this_mount_serves") is True, timeout=15)
     s = scrape(url)
     assert value(s, "hintfs_events_total", event="bytes_written", mount=str(b.mnt)) == 20.0
