@@ -269,6 +269,10 @@ def read_plan_meta(path: str) -> dict:
     if META_KEY not in md:
         raise ValueError(f"{path} is not a hintfs plan (no {META_KEY.decode()} metadata)")
     meta: dict = json.loads(md[META_KEY])
+    version = meta.get("version", 1) if isinstance(meta, dict) else None
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:   # (docs/versions.md)
+        raise ValueError(f"{path} is a hintfs plan of format version {version!r}, this hintfs reads versions "
+                         f"1..{FORMAT_VERSION}: read it with the hintfs that built it, or upgrade this one")
     return meta
 
 

@@ -244,3 +244,15 @@ def test_control_documents_of_version_1_with_or_without_v_are_read_and_later_one
                               "upgrade the mount (mounts before the jobs' images)")
     with pytest.raises(documents.DocumentError, match="version must be an integer"):
         documents.parse_signal({"path": "a", "kind": "clear", "v": "1"})
+
+
+def test_a_plan_of_a_later_format_version_is_refused_in_one_line(tmp_path, monkeypatch):
+    from hintfs import plan
+    path = str(tmp_path / "p.parquet")
+    plan.build_plan([f"s{i}" for i in range(8)], path, seed=1, world_size=2, batch_per_rank=2, steps=2)
+    assert plan.read_plan_meta(path)["version"] == 1
+    monkeypatch.setattr(plan, "FORMAT_VERSION", 2)
+    plan.build_plan([f"s{i}" for i in range(8)], path, seed=1, world_size=2, batch_per_rank=2, steps=2)
+    monkeypatch.setattr(plan, "FORMAT_VERSION", 1)
+    with pytest.raises(ValueError, match="a hintfs plan of format version 2, this hintfs reads versions 1..1"):
+        plan.read_plan_meta(path)
