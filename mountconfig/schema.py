@@ -304,6 +304,16 @@ class AgentConfig(Section):
     def _stream_prefixes(cls, v: list[str] | None) -> list[str] | None:
         return None if v is None else [_store_path(p) for p in v]
 
+    @model_validator(mode="after")
+    def _tls(self) -> AgentConfig:
+        # (else gRPC fails to listen with a line that suggests a busy port)
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both (docs/deploy.md)")
+        if self.location.startswith("grpc+tls://") and not self.tls_cert_file:
+            raise ValueError(f"location {self.location} needs tls_cert_file and tls_key_file (this host's "
+                             "certificate and key: docs/deploy.md)")
+        return self
+
 
 class AgentsConfig(Section):
     """The storage agents a mount talks to."""

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from mountconfig import parse_config
+from mountconfig import ConfigError, parse_config
 from tests.deploy.examples import EXAMPLES, REPO, ROLE_OF_FOLDER, all_examples, example_files, load_example
 
 EX = all_examples()
@@ -161,3 +161,15 @@ def test_the_picture_is_its_scripts_output():
     for needle in (":8815", TIER.cfg.agent.local_socket, GPU.governor.socket_path.rsplit("/", 1)[1],
                    TIER.cfg.agent.token_file, STORAGE.cfg.agent.token_file, EVAL.cfg.agents.tls_root_file):
         assert needle in svg, needle
+
+
+def test_an_agent_on_grpc_tls_without_its_certificate_and_key_is_refused_in_one_line():
+    """(gRPC itself only says it could not listen, which reads like a busy port.)"""
+    doc = tomllib.loads(TIER.path.read_text())
+    del doc["agent"]["tls_key_file"]
+    with pytest.raises(ConfigError, match=r"^tier: agent: tls_cert_file and tls_key_file go together") as exc:
+        parse_config(doc, "tier")
+    assert "\n" not in str(exc.value)
+    del doc["agent"]["tls_cert_file"]
+    with pytest.raises(ConfigError, match=r"location grpc\+tls://0.0.0.0:8815 needs tls_cert_file and tls_key_file"):
+        parse_config(doc, "tier")
