@@ -339,7 +339,8 @@ class ReplicasConfig(Section):
                              "of one block on this host are fetched once.")
     stripe_bytes: int = Field(256 << 10, ge=0, description="A block of a file with several replicas is read in "
                               "pieces of at least this many bytes from as many replicas at once, so each host "
-                              "spreads its bytes over the agents (0: each block from one replica).")
+                              "spreads its bytes over the agents; a file of fewer blocks than replicas in "
+                              "pieces of at least 64 KiB, one per replica (0: each block from one replica).")
 
 
 class TransformLoadConfig(Section):

@@ -31,7 +31,9 @@ def test_hint_replicates_and_reads_come_from_replicas(mount_factory, tmp_path):
     client.set_replication_hints(str(m.mnt), "restart", {"ckpt/.metadata": 256, "ckpt/shard0.distcp": 64},
                                  ttl_s=3, deadline_s=30)
     status = client.wait_for_replicas(str(m.mnt), "restart", timeout_s=30)
-    assert status["ready"] and status["files"]["ckpt/shard0.distcp"] == {"target": 1, "ready": 1}
+    shard = status["files"]["ckpt/shard0.distcp"]
+    assert status["ready"] and (shard["target"], shard["ready"], len(shard["at"])) == (1, 1, 1)
+    assert shard["at"][0].startswith("grpc+unix://")         # where the replica is: the mount's own agent
     data = (m.mnt / "ckpt" / "shard0.distcp").read_bytes()
     assert data == (m.store / "ckpt" / "shard0.distcp").read_bytes()
     counters = m.stats()["counters"]
@@ -161,7 +163,9 @@ def test_external_agents_failover_budget_and_single_flight(mount_factory, tmp_pa
         client.wait_for_replicas(str(m.mnt), "storm", timeout_s=30)
     # The third agent's budget (1 MiB) cannot hold the 16 MiB shard: fewer replicas, reported.
     files = exc.value.status["files"]
-    assert files["ckpt/.metadata"] == {"target": 3, "ready": 3}
+    meta = files["ckpt/.metadata"]
+    assert (meta["target"], meta["ready"], sorted(meta["at"])) == (3, 3, sorted(locs))
+    assert set(exc.value.status["asked"]) <= set(locs)      # (no reads yet: maybe none asked)
     assert files["ckpt/shard0.distcp"]["target"] == 3 and files["ckpt/shard0.distcp"]["ready"] == 2
     assert "ENOSPC" in files["ckpt/shard0.distcp"]["error"]
 
