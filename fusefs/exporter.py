@@ -4,7 +4,8 @@ each with a `mount` label (its mountpoint). docs/operations.md ("Metrics") is th
 A folder of the host (`[metrics] dir`; `/run/hintfs/metrics` as root, else
 `<tmp>/hintfs-metrics-<uid>`; the mount user's, 0700: `hintfs.common.owndir`) holds one folder per port, `<dir>/<port>/`:
 
-- `<id>.json`, one per mount with metrics on: its series, mountpoint, pid and the time written,
+- `<id>.json`, one per mount with metrics on: its series, mountpoint, pid and the time written
+  (and the format's `SNAPSHOT_VERSION`),
   rewritten every `SNAPSHOT_S` by a thread of the mount (never its trio loop), removed at unmount;
 - `serve.lock`: flock'd by the mount that serves the port, with its pid and URL inside.
 
@@ -49,6 +50,9 @@ SNAPSHOT_S = 2.0            # how often a mount rewrites its snapshot and looks 
 STALE_S = 60.0              # a snapshot older than this is left out (a hung mount)
 MAX_SNAPSHOT_BYTES = 8 << 20
 LOCK = "serve.lock"
+# The snapshot's format (docs/versions.md): a serving mount leaves out, with one line, the series
+# of a mount that writes another version (a rolling upgrade: both are served again once upgraded).
+SNAPSHOT_VERSION = 1
 _NAME = re.compile(r"hintfs_[a-zA-Z0-9_:]*\Z")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _TYPES = frozenset({"counter", "gauge", "untyped", "summary", "histogram", "info", "stateset"})
@@ -116,6 +120,7 @@ class HostCollector:
         self.own_collect = own_collect
         self.own_file = own_file
         self.clock = clock
+        self._warned: set[str] = set()   # files of another version, said once
 
     def snapshots(self) -> list[dict]:
         """The other mounts' snapshots that are alive (a dead pid's file is removed)."""
@@ -140,6 +145,13 @@ class HostCollector:
                 doc = json.loads(raw)
             except (OSError, ValueError):
                 continue       # (being replaced, or not one of ours)
+            if isinstance(doc, dict) and doc.get("version") != SNAPSHOT_VERSION:
+                if name not in self._warned:
+                    self._warned.add(name)
+                    log.warning("metrics: the mount of pid %s writes metrics snapshot version %s, this one reads "
+                                "version %d: its series are left out until both run the same hintfs",
+                                doc.get("pid"), doc.get("version"), SNAPSHOT_VERSION)
+                continue
             if not _valid(doc):
                 log.debug("metrics: %s is not a mount's snapshot: left out", name)
                 continue
@@ -250,7 +262,7 @@ class HostExporter:
 
     # -- the snapshot --------------------------------------------------------------------------
     def write_snapshot(self) -> None:
-        doc = {"mount": self.mount, "pid": os.getpid(), "written": time.time(),
+        doc = {"version": SNAPSHOT_VERSION, "mount": self.mount, "pid": os.getpid(), "written": time.time(),
                "families": families_to_json(self.collect())}
         data = json.dumps(doc, separators=(",", ":")).encode()
         fd, tmp = tempfile.mkstemp(prefix=".snap-", dir=self.folder)

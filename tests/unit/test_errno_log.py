@@ -8,7 +8,7 @@ import os
 
 from prometheus_client.core import CounterMetricFamily
 
-from fusefs.exporter import STALE_S, HostCollector, families_to_json, snapshot_name
+from fusefs.exporter import SNAPSHOT_VERSION, STALE_S, HostCollector, families_to_json, snapshot_name
 from fusefs.stats import ErrnoLog, Stats
 
 
@@ -55,30 +55,35 @@ def test_no_path_and_no_error_text_where_other_users_can_read_the_log(caplog):
     assert asked == []          # the path is not even looked up
 
 
-def _write(folder, mount, pid, written, value=1):
+def _write(folder, mount, pid, written, value=1, version=SNAPSHOT_VERSION):
     fam = CounterMetricFamily("hintfs_events", "Mount event counters", labels=["event"])
     fam.add_metric(["bytes_written"], value)
-    doc = {"mount": mount, "pid": pid, "written": written, "families": families_to_json([fam])}
+    doc = {"version": version, "mount": mount, "pid": pid, "written": written, "families": families_to_json([fam])}
     (folder / snapshot_name(mount)).write_text(json.dumps(doc))
 
 
-def test_the_exporter_serves_live_mounts_and_drops_dead_stale_and_foreign_snapshots(tmp_path):
+def test_the_exporter_serves_live_mounts_and_drops_dead_stale_and_foreign_snapshots(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hintfs.metrics")
     now = 5000.0
     own = CounterMetricFamily("hintfs_events", "Mount event counters", labels=["event"])
     own.add_metric(["bytes_written"], 7)
     _write(tmp_path, "/mnt/b", os.getpid(), now - 1, value=20)           # live
     _write(tmp_path, "/mnt/stale", os.getpid(), now - STALE_S - 1)       # hung: age only
     _write(tmp_path, "/mnt/dead", 2 ** 22 + 12345, now - 1)              # no such pid: removed
-    (tmp_path / "bad.json").write_text('{"mount": "/x", "pid": 1, "written": 1, "families": [["evil name"]]}')
+    _write(tmp_path, "/mnt/newer", os.getpid(), now - 1, version=SNAPSHOT_VERSION + 1)   # said once, left out
+    (tmp_path / "bad.json").write_text('{"version": 1, "mount": "/x", "pid": 1, "written": 1, "families": [["evil name"]]}')
     (tmp_path / "x.json").write_text("not json")
     c = HostCollector(str(tmp_path), "/mnt/a", lambda: [own], snapshot_name("/mnt/a"), clock=lambda: now)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in c.collect() for s in fam.samples}
     assert samples[("hintfs_events_total", (("event", "bytes_written"), ("mount", "/mnt/a")))] == 7
     assert samples[("hintfs_events_total", (("event", "bytes_written"), ("mount", "/mnt/b")))] == 20
-    assert not any(dict(k[1]).get("mount") in ("/mnt/stale", "/mnt/dead", "/x")
+    assert not any(dict(k[1]).get("mount") in ("/mnt/stale", "/mnt/dead", "/x", "/mnt/newer")
                    for k in samples if k[0] == "hintfs_events_total")
     assert samples[("hintfs_mount_snapshot_age_seconds", (("mount", "/mnt/stale"),))] > STALE_S
     assert not (tmp_path / snapshot_name("/mnt/dead")).exists()
+    list(c.collect())
+    said = [r.getMessage() for r in caplog.records if "snapshot version" in r.getMessage()]
+    assert len(said) == 1 and f"version {SNAPSHOT_VERSION + 1}" in said[0]
 
 
 def test_a_metrics_folder_another_user_could_write_is_refused_in_one_line(tmp_path, caplog):
