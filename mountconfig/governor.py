@@ -27,7 +27,10 @@ class GpuConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    index: int = Field(0, ge=0, description="CUDA device index as the clients see it.")
+    index: int = Field(0, ge=0, description="CUDA device index as the clients see it. The card "
+                       "whose memory is read for an unset total_bytes is NVML's of this index (PCI "
+                       "order, CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID), through the daemon's own "
+                       "CUDA_VISIBLE_DEVICES if it has one.")
     total_bytes: int | None = Field(
         None,
         gt=0,
