@@ -320,8 +320,13 @@ class AgentsConfig(Section):
     locations: list[str] = Field(default_factory=list, description="Flight locations of the agents; "
                                  "empty starts one agent inside the mount over `agent.data_dir`.")
     token_file: str | None = Field(None, description="Token sent to the agents (a 0600 file owned by "
-                                      "the mount's user).")
-    tls_root_file: str | None = Field(None, description="PEM root certificate(s) to verify agents' TLS.")
+                                      "the mount's user): those of `locations`, the `[[routes]]` tier agents "
+                                      "(an eval mount's token for its tier), and `[stream]`'s unless it names "
+                                      "its own. In an agent's config: the token it sends its peers.")
+    tls_root_file: str | None = Field(None, description="PEM root certificate(s) that agents' TLS "
+                                      "certificates (`grpc+tls://`) must be signed by: for `locations`, "
+                                      "`[[routes]]` and `[stream]` alike (a CA, or the old and the new one "
+                                      "while it is rotated: docs/deploy.md). Unset: the system's roots.")
 
 
 class ReplicasConfig(Section):
