@@ -18,7 +18,7 @@ EXAMPLE_CONFIG := srv-ckpt.toml
 UNIT_PATHS := -e 's|/usr/local/bin/hintfs|$(BINDIR)/hintfs|g' -e 's|/etc/hintfs/|$(CONFDIR)/|g' \
 	-e 's|/usr/local/share/doc/hintfs/|$(DOCDIR)/|g'
 
-.PHONY: setup demo test bench clean install uninstall passthrough-libs
+.PHONY: setup demo test bench clean install uninstall passthrough-libs client-wheel
 
 setup: $(STAMP)
 
@@ -90,5 +90,10 @@ uninstall:
 	@rmdir $(DESTDIR)$(CONFDIR) 2>/dev/null || echo "$(DESTDIR)$(CONFDIR) kept (it holds configs)"
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
+# The job API's wheel for training images (docs/client.md): pure Python, no FUSE, compiler or
+# torch, built with the .venv's setuptools (nothing downloaded): dist/hintfs_client-*.whl
+client-wheel: $(STAMP)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist ./client
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info dist client/build client/*.egg-info
