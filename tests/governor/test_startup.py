@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -215,9 +216,18 @@ def test_by_hand_it_makes_its_folder_and_logs_start_and_stop(tmp_path):
     # `hintfs governor CONFIG`: the verb sets up warning-only logging before the daemon's own
     p = subprocess.Popen([sys.executable, "-m", "hintfs.cli", "governor", str(cfg)], env=ENV,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_until(lambda: sock.exists() or p.poll() is not None, 60, 0.05)
+    def serving() -> bool:          # (then its SIGTERM handler is in place too)
         assert p.poll() is None, p.stderr.read()
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(5)
+                s.connect(str(sock))
+                s.sendall(b'{"op":"ping"}\n')
+                return b'"ok"' in s.recv(4096)
+        except OSError:
+            return False
+    try:
+        assert wait_until(serving, 60, 0.05), "the governor did not come up"
     finally:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
