@@ -18,13 +18,13 @@ from hintfs.agent.client import AgentClient
 
 
 def measure(location: str, path: str, size: int, readers: int, seconds: float, block: int,
-            token: str | None) -> list[float]:
+            token: str | None, tls_root: bytes | None = None) -> list[float]:
     latencies: list[float] = []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
     def loop(seed: int) -> None:
-        c = AgentClient(location, token=token)
+        c = AgentClient(location, token=token, tls_root=tls_root)
         rng = random.Random(seed)
         mine = []
         while time.monotonic() < stop:
@@ -49,13 +49,14 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def calibrate(location: str, path: str, size: int, max_readers: int = 256, seconds: float = 2.0,
-              block: int = 1 << 20, token: str | None = None) -> dict:
+              block: int = 1 << 20, token: str | None = None, tls_root: bytes | None = None) -> dict:
+    """`tls_root`: the CA a grpc+tls agent's certificate is checked against (`[agents] tls_root_file`)."""
     rows = []
     safe = 1
     n = 1
     alone_p50 = None
     while n <= max_readers:
-        lat = measure(location, path, size, n, seconds, block, token)
+        lat = measure(location, path, size, n, seconds, block, token, tls_root)
         p50, p99 = _pct(lat, 0.50), _pct(lat, 0.99)
         rows.append({"readers": n, "reads": len(lat), "p50_ms": round(p50 * 1e3, 3), "p99_ms": round(p99 * 1e3, 3),
                      "reads_per_s": round(len(lat) / seconds, 1)})

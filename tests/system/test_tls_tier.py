@@ -260,6 +260,11 @@ def test_storage_agents_copy_from_each_other_over_tls(tmp_path, checkpoint):
         assert c2.replicate(path, ttl_s=60, source=l1)["size"] == len(data)   # from its peer, over TLS
         assert c2.read(path, 0, len(data), replica_only=True) == data
         assert c1.status()["load"]["bytes_served"] - before >= len(data)
+        # `hintfs calibrate`'s measurement reaches a grpc+tls agent too (its CA given).
+        from hintfs.calibrate import calibrate
+        result = calibrate(l1, path, len(data), max_readers=2, seconds=0.2, block=64 << 10, token="storage-secret",
+                           tls_root=ca.pem.read_bytes())
+        assert all(level["reads"] > 0 for level in result["levels"]), result
     finally:
         for s in servers:
             s.shutdown()
