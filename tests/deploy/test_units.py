@@ -53,6 +53,8 @@ class Sandbox:
         self.protect = (service.get("ProtectSystem") or ["no"])[-1]
         self.private_tmp = (service.get("PrivateTmp") or ["no"])[-1] in ("yes", "true", "1")
         self.read_only = [p.lstrip("-") for p in service.get("ReadOnlyPaths", []) + service.get("InaccessiblePaths", [])]
+        if (service.get("ProtectHome") or ["no"])[-1] in ("yes", "true", "read-only", "tmpfs"):
+            self.read_only += ["/home", "/root", "/run/user"]
         self.read_write = [p.lstrip("-") for p in service.get("ReadWritePaths", [])] + self.made
 
     def writable(self, path: str) -> bool:
@@ -128,6 +130,7 @@ PrivateTmp=yes
     blocked = {what for what, p in writable_paths(tier).items() if not box.writable(p)}
     assert blocked == {"[cache] spool_dir", "[agent] local_socket's folder"}
     assert box.writable(tier.cfg.agent.data_dir)
+    assert not sandbox_of(tier, old + "ProtectHome=read-only\n").writable("/root/replicas")
     # A socket in /tmp would be writable but private to the service.
     assert box.private("/tmp/tier.sock") and box.writable("/tmp/tier.sock")
 
