@@ -130,7 +130,8 @@ PrivateTmp=yes
     blocked = {what for what, p in writable_paths(tier).items() if not box.writable(p)}
     assert blocked == {"[cache] spool_dir", "[agent] local_socket's folder"}
     assert box.writable(tier.cfg.agent.data_dir)
-    assert not sandbox_of(tier, old + "ProtectHome=read-only\n").writable("/root/replicas")
+    home = sandbox_of(tier, "[Service]\nProtectHome=read-only\n")   # no ProtectSystem: all but /home, /root
+    assert not home.writable("/root/replicas") and home.writable("/var/lib/x") and home.writable("/srv/x")
     # A socket in /tmp would be writable but private to the service.
     assert box.private("/tmp/tier.sock") and box.writable("/tmp/tier.sock")
 
