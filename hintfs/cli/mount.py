@@ -78,7 +78,8 @@ def _start_in_background(config: str, mountpoint: str, cfg, nonempty: bool) -> i
     rfd, wfd = os.pipe()
     cmd = [*daemon_python(), "-m", "fusefs", os.path.abspath(config), os.path.abspath(mountpoint),
            "--ready-fd", str(wfd), *(["--nonempty"] if nonempty else [])]
-    with open(log_file, "ab") as logf:
+    # 0600: the errno lines name paths only in a log that only the mount's user reads (docs/operations.md)
+    with open(os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 pass_fds=(wfd,), start_new_session=True, cwd="/",
                                 env={**os.environ, "HINTFS_LOG_FILE": log_file})
