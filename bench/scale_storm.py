@@ -628,6 +628,9 @@ class Storms:
             if policy == "hints":
                 out["mounts_view"] = mounts_view(leads, job, [f"{rel}/{p}" for p in HOT_FILES])
             replicas_held = [c.status() for c in clients.values()]
+            out["by_agent"] = {loc: {"served": served[loc], "replicas": len(st.replicas),
+                                     "hot_held": [p for p in HOT_FILES if f"{rel}/{p}" in st.replicas]}
+                               for loc, st in zip(clients, replicas_held)}
             out["footprint"] = {"agents": footprint([a.pid for a in agents]), "mounts": footprint([h.pid for h in hosts]),
                                 "agent_replicas_max": max(len(s.replicas) for s in replicas_held)}
             return out
@@ -641,6 +644,7 @@ def mounts_view(leads: list, job: str, hot: list[str]) -> dict:
     status lists (`at`), and how evenly it asked the agents (the bytes it asked of each)."""
     lists: dict[str, list[int]] = {p: [] for p in hot}
     spread = []
+    per_host_asked: list[dict] = []
     for w in leads:
         w.send({"op": "hintstatus", "job": job})
     for w in leads:
@@ -648,11 +652,13 @@ def mounts_view(leads: list, job: str, hot: list[str]) -> dict:
         for p in hot:
             lists[p].append(len(st.get("files", {}).get(p, {}).get("at", [])))
         asked = list(st.get("asked", {}).values())
+        per_host_asked.append(st.get("asked", {}))
         if asked:
             spread.append({"agents": len(asked), "max_over_mean": round(max(asked) / (sum(asked) / len(asked)), 3)})
     return {"hot_replicas_listed_by_host": lists,
             "asked_max_over_mean_by_host": sorted(s["max_over_mean"] for s in spread),
-            "agents_asked_by_host": sorted(s["agents"] for s in spread)}
+            "agents_asked_by_host": sorted(s["agents"] for s in spread),
+            "asked_by_host": per_host_asked}
 
 
 class Reactive:

@@ -60,7 +60,8 @@ class ReplicaRouter:
     def __init__(self, rng: random.Random | None = None) -> None:
         self.replicas: dict[str, list[str]] = {}
         self.in_flight: dict[str, int] = {}
-        self.sent: dict[str, int] = {}     # agent -> bytes this host has asked of it
+        self.sent: dict[str, int] = {}     # agent -> bytes this host has asked of it (+ its start level)
+        self.asked: dict[str, int] = {}    # agent -> bytes this host has asked of it, only those
         # Seeded apart on each host: with one seed, every mount of a storm picked the same replica
         # for its first reads of a hot file (bench/scale_storm.py: 16 hosts, all on one of 3 agents).
         self.rng = rng or random.Random()
@@ -78,6 +79,7 @@ class ReplicaRouter:
         sent = [self.sent.setdefault(loc, floor) for loc in ready]
         loc = ready[choose_least_sent(sent, [self.in_flight.get(loc, 0) for loc in ready], self.rng)]
         self.sent[loc] += size
+        self.asked[loc] = self.asked.get(loc, 0) + size
         return loc
 
 
@@ -138,7 +140,7 @@ class HintsManager:
                 "expires_in_s": round(job.expires_at - time.time(), 3), "agents": len(self.agents),
                 "files": files,
                 # the bytes this host has asked of each agent for hinted files (every job's)
-                "asked": {loc: self.router.sent[loc] for loc in sorted(self.router.sent)}}
+                "asked": {loc: self.router.asked[loc] for loc in sorted(self.router.asked)}}
 
     def status_json(self, name: str) -> bytes:
         return (json.dumps(self.status(name), indent=1, sort_keys=True) + "\n").encode()
