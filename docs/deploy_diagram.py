@@ -32,9 +32,10 @@ HOSTS = [
 # Processes: (x, y, w, h, [lines]); the first line is the process, in bold.
 PROCS = [
     (45, 115, 140, 60, ["training job", "reads, writes", "/mnt/ckpt"]),
-    (225, 110, 335, 110, ["hintfs mount /mnt/ckpt", "hintfs-mount@mnt-ckpt", "[journal] enabled",
+    (225, 110, 335, 122, ["hintfs mount /mnt/ckpt", "hintfs-mount@mnt-ckpt", "[journal] enabled",
                           "[agents] locations, token_file", "  agent.token, tls_root_file ca.pem",
-                          "[stream] -> tier, tier.token"]),
+                          "[stream] -> tier, tier.token",
+                          "[metrics] 127.0.0.1:9464"]),
     (225, 250, 335, 45, ["stream sender (child of the mount)", "socket pair with the mount"]),
     (45, 210, 178, 130, ["hintfs governor", "hintfs-governor@governor", "socket (unix):", "/run/hintfs/",
                          "  governor.sock", "lock files beside it", "metrics: off"]),
@@ -57,16 +58,17 @@ PROCS = [
     (823, 475, 332, 155, ["hintfs mount /mnt/ckpt", "hintfs-mount@mnt-ckpt", "[[routes]] prefix = \"ckpt\"",
                           "  local_agent = grpc+tls://", "    tier-01.eval.example:8815",
                           "[agents] token_file tier.token", "  tls_root_file /etc/hintfs/tls/ca.pem",
-                          "in-process agent: a 0700 unix socket"]),
+                          "in-process agent: a 0700 unix socket",
+                          "[metrics] 127.0.0.1:9464"]),
 ]
 # Arrows: (points, label, label x, label y, style): style "tls" (grpc+tls, Flight), "unix", "store".
 ARROWS = [
     ([(185, 145), (225, 145)], "FUSE", 188, 138, "unix"),
     ([(110, 175), (110, 210)], "unix socket", 115, 197, "unix"),
-    ([(390, 220), (390, 250)], "", 0, 0, "unix"),
-    ([(300, 220), (300, 395 + 45)], "hints: grpc+tls :8815, agent.token", 305, 385, "tls"),
+    ([(390, 232), (390, 250)], "", 0, 0, "unix"),
+    ([(300, 232), (300, 395 + 45)], "hints: grpc+tls :8815, agent.token", 305, 385, "tls"),
     ([(415, 500), (470, 500), (470, 470), (415, 470)], "fan-out copies", 440, 462, "tls"),
-    ([(540, 220), (540, 655)], "writes + journal (S3)", 448, 590, "store"),
+    ([(540, 232), (540, 655)], "writes + journal (S3)", 448, 590, "store"),
     ([(560, 272), (648, 272)], "stream:\ngrpc+tls\n:8815\ntier.token", 564, 290, "tls"),
     ([(648, 320), (560, 700)], "[follow]: the journal, then\ncopies across the link (S3)", 642, 378, "store"),
     ([(985, 475), (985, 345)], "[[routes]]:\ngrpc+tls :8815\ntier.token", 992, 385, "tls"),

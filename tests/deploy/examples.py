@@ -83,6 +83,8 @@ def writable_paths(ex: Example) -> dict[str, str]:
         out["the file:// store (writes)"] = urlparse(cfg.store.uri).path
     if ex.role == "mount" and cfg.cache.dir:
         out["[cache] dir"] = cfg.cache.dir
+    if ex.role == "mount" and cfg.metrics.enabled:   # the host's exporter: snapshots and the port's lock
+        out["[metrics] dir"] = cfg.metrics.dir or "/run/hintfs/metrics"   # (unset, as root)
     if cfg.logging.file:
         out["[logging] file's folder"] = os.path.dirname(cfg.logging.file)
     if ex.role == "agent" or not cfg.agents.locations:   # an agent, or a mount's in-process agent

@@ -101,6 +101,7 @@ class _Mounts:
         log = base / "mount.log"
         doc["logging"] = {"file": str(log), "level": "DEBUG"}
         doc["agent"] = {"data_dir": str(base / "replicas")}   # its in-process agent
+        doc.pop("metrics", None)   # (the host's port 9464: other tests' mounts may serve it)
         cfg = base / "mnt-ckpt.toml"
         cfg.write_text(tomli_w.dumps(doc))
         mount_in_process(cfg, base / "mnt", log)
