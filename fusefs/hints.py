@@ -30,6 +30,7 @@ from mountconfig.schema import ReplicasConfig
 
 log = logging.getLogger("hintfs.hints")
 
+SENT_HALF_LIFE_S = 10.0   # how fast a host forgets the bytes it asked of each agent (ReplicaRouter)
 FILES_AT_ONCE = 16     # hinted files whose replicas are copied at the same time, hottest first
 
 
@@ -57,14 +58,30 @@ class ReplicaRouter:
     host spreads its own bytes evenly, so all hosts' sum is even), fewer reads in flight first
     among equals."""
 
-    def __init__(self, rng: random.Random | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+                 half_life_s: float = SENT_HALF_LIFE_S) -> None:
         self.replicas: dict[str, list[str]] = {}
         self.in_flight: dict[str, int] = {}
-        self.sent: dict[str, int] = {}     # agent -> bytes this host has asked of it (+ its start level)
-        self.asked: dict[str, int] = {}    # agent -> bytes this host has asked of it, only those
+        # agent -> bytes this host has asked of it lately (+ its start level), halved every
+        # `half_life_s`: what a host read in an earlier storm does not steer this one's reads
+        # (scale_storm: after a default-policy storm had sent 42 MB to each of three agents, every
+        # host kept the next storm's reads off them: those three served 0.5 MB, the busiest 1.5x the mean)
+        self.sent: dict[str, float] = {}
+        self.asked: dict[str, int] = {}    # agent -> bytes this host has asked of it, in all
+        self.clock = clock
+        self.half_life_s = half_life_s
+        self._decayed_at = clock()
         # Seeded apart on each host: with one seed, every mount of a storm picked the same replica
         # for its first reads of a hot file (bench/scale_storm.py: 16 hosts, all on one of 3 agents).
         self.rng = rng or random.Random()
+
+    def _decay(self) -> None:
+        now = self.clock()
+        if now - self._decayed_at >= self.half_life_s / 8:       # (a step every 1/8 half-life)
+            f = 0.5 ** ((now - self._decayed_at) / self.half_life_s)
+            for loc in self.sent:
+                self.sent[loc] *= f
+            self._decayed_at = now
 
     def pick(self, path: str, exclude: tuple[str, ...] = (), among: Sequence[str] | None = None,
              size: int = 0) -> str | None:
@@ -74,6 +91,7 @@ class ReplicaRouter:
         ready = [loc for loc in (self.replicas.get(path, ()) if among is None else among) if loc not in exclude]
         if not ready:
             return None
+        self._decay()
         known = [self.sent[loc] for loc in ready if loc in self.sent]
         floor = min(known) if known else 0
         sent = [self.sent.setdefault(loc, floor) for loc in ready]

@@ -87,7 +87,7 @@ def expired(targets: Sequence[ReplicaTarget], now: float) -> list[ReplicaTarget]
     return [t for t in targets if t.expires_at <= now]
 
 
-def choose_least_sent(sent: Sequence[int], in_flight: Sequence[int], rng: random.Random) -> int:
+def choose_least_sent(sent: Sequence[float], in_flight: Sequence[int], rng: random.Random) -> int:
     """The replica this host has asked for the fewest bytes so far; ties: fewer reads in flight,
     then at random. Hosts choose without knowing each other's choices: random or power-of-two
     choices per host leave some agents with many more bytes than others when each host reads

@@ -138,7 +138,7 @@ def test_least_sent_spreads_each_hosts_bytes_so_all_hosts_sum_is_even():
 
 def test_router_starts_a_new_agent_level_with_the_others():
     from fusefs.hints import ReplicaRouter
-    r = ReplicaRouter(random.Random(0))
+    r = ReplicaRouter(random.Random(0), clock=lambda: 0.0)
     r.replicas["f"] = ["a", "b"]
     for _ in range(10):
         r.pick("f", size=100)
@@ -147,3 +147,28 @@ def test_router_starts_a_new_agent_level_with_the_others():
     picks = [r.pick("f", size=100) for _ in range(9)]
     assert picks.count("c") == 3 and r.sent == {"a": 800, "b": 800, "c": 800}
     assert r.pick("f", exclude=("a", "b", "c")) is None
+
+
+def test_router_forgets_what_an_earlier_storm_asked():
+    """A host that read 42 MB from three agents in an earlier storm (scale_storm's default policy,
+    minutes before) spreads the next storm's reads over every replica, those three too: what a
+    host asked is halved every half-life (an injected clock here)."""
+    from fusefs.hints import ReplicaRouter
+    now = [0.0]
+    r = ReplicaRouter(random.Random(0), clock=lambda: now[0], half_life_s=10.0)
+    r.replicas["old"] = ["a0", "a1", "a2"]
+    for _ in range(30):
+        r.pick("old", size=1_400_000)                   # 14 MB each of a0, a1, a2
+    now[0] += 600.0                                    # ten minutes later: the next storm
+    r.replicas["hot"] = [f"a{i}" for i in range(8)]
+    picks = [r.pick("hot", size=100_000) for _ in range(80)]
+    assert {loc: picks.count(loc) for loc in set(picks)} == {f"a{i}": 10 for i in range(8)}
+    assert r.asked["a0"] == 14_000_000 + 1_000_000     # `asked` keeps every byte (hint status)
+    # within one storm (no time passes) the bytes asked still steer: a0..a2 were just read more
+    r2 = ReplicaRouter(random.Random(0), clock=lambda: 0.0)
+    r2.replicas["hot"] = [f"a{i}" for i in range(8)]
+    r2.replicas["old"] = ["a0", "a1", "a2"]
+    assert len({r2.pick("hot", size=1_000_000) for _ in range(8)}) == 8
+    for _ in range(3):
+        r2.pick("old", size=1_000_000)
+    assert {r2.pick("hot", size=1_000_000) for _ in range(5)} == {"a3", "a4", "a5", "a6", "a7"}

@@ -56,7 +56,7 @@ def _reads(size: int, replicas: int = 3) -> tuple[bytes, list, ReplicaRouter]:
 def test_a_small_file_is_one_request_of_its_size_and_charged_that():
     _, log, router = _reads(20_000)
     assert [length for _, _, length in log] == [20_000]
-    assert sum(router.sent.values()) == 20_000
+    assert sum(router.asked.values()) == 20_000
 
 
 def test_a_larger_file_is_read_in_pieces_that_end_at_its_end():
@@ -65,8 +65,8 @@ def test_a_larger_file_is_read_in_pieces_that_end_at_its_end():
     assert sum(length for _, _, length in log) == size   # nothing asked past the end
     assert all(length > 0 for _, _, length in log)
     assert len(log) == 3 + 2                           # a block in 3 pieces; the tail (< 2 stripes) in 2: 2 blocks ask all 3
-    assert sum(router.sent.values()) == size
-    assert max(router.sent.values()) - min(router.sent.values()) <= 300_000 + 2   # even over the 3
+    assert sum(router.asked.values()) == size
+    assert max(router.asked.values()) - min(router.asked.values()) <= 300_000 + 2   # even over the 3
 
 
 def test_pieces_of_a_file_of_fewer_blocks_than_replicas_ask_every_replica():
@@ -97,7 +97,7 @@ def test_32_hosts_reading_a_hot_file_from_32_replicas_ask_each_agent_the_same():
                              ReplicasConfig(hedge_after_ms=0, block_bytes=4 << 20, stripe_bytes=256 << 10),
                              Stats(), io_limiter=trio.CapacityLimiter(4))
         trio.run(functools.partial(reads.read, "f", (size, 1), 0, size, fallback=Unused()))
-        for loc, n in router.sent.items():
+        for loc, n in router.asked.items():
             load[loc] = load.get(loc, 0) + n
     assert len(load) == 32
     assert max(load.values()) / (sum(load.values()) / 32) < 1.01
