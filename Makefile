@@ -75,7 +75,7 @@ install: setup
 	  echo "installed $(DESTDIR)$(CONFDIR)/$(EXAMPLE_CONFIG)"; fi
 	for u in $(UNITS); do sed $(UNIT_PATHS) systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; done
-	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 README.md docs/*.md docs/*.svg $(DESTDIR)$(DOCDIR)/
 	@# Only a running systemd (not a container without it, not a staged install) is told.
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "hintfs installed: $(DESTDIR)$(BINDIR)/hintfs -> $(abspath $(VENV))/bin/hintfs"

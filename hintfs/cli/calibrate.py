@@ -6,7 +6,7 @@ import errno
 
 from hintfs.agent.client import AgentClient
 from hintfs.agent.rpc import MAX_READ_BYTES
-from hintfs.common.secrets import read_token_file
+from hintfs.common.secrets import read_tls_roots, read_token_file
 from hintfs.calibrate import calibrate
 from hintfs.cli.base import UserError
 from hintfs.cli.errors import squash
@@ -18,6 +18,8 @@ def add_options(parser) -> None:
     parser.add_argument("--path", metavar="RELPATH", help="a file in the agent's store, relative to the store root")
     parser.add_argument("--size", type=int, default=None, help="the file's size in bytes (default: read it once)")
     parser.add_argument("--token-file", default=None, help="the agent's token file (its [agent] token_file)")
+    parser.add_argument("--tls-root-file", default=None, help="the CA that signed a grpc+tls agent's certificate "
+                        "(the mounts' [agents] tls_root_file)")
     parser.add_argument("--max-readers", type=int, default=256, help="the most readers to try (default 256)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per reader count (default 2)")
     parser.add_argument("--block", type=int, default=1 << 20, help="bytes per read (default 1 MiB)")
@@ -49,7 +51,8 @@ def cmd_calibrate(args) -> int:
     token = read_token_file(args.token_file) if args.token_file else None   # HintfsError: one line
     # One read first: an unreachable agent, a refused token or a missing file is an error here,
     # not a table of zero reads per second.
-    probe = AgentClient(args.agent, token=token, timeout_s=10.0)
+    tls_root = read_tls_roots(args.tls_root_file) if args.tls_root_file else None
+    probe = AgentClient(args.agent, token=token, tls_root=tls_root, timeout_s=10.0)
     try:
         first = probe.read(args.path, 0, MAX_READ_BYTES if args.size is None else 1)
     except OSError as err:
@@ -57,7 +60,7 @@ def cmd_calibrate(args) -> int:
     finally:
         probe.close()
     size = len(first) if args.size is None else args.size
-    result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token)
+    result = calibrate(args.agent, args.path, size, args.max_readers, args.seconds, args.block, token, tls_root)
     for row in result["levels"]:
         print(f"{row['readers']:>5} readers: {row['reads_per_s']:>9.1f} reads/s  p50 {row['p50_ms']:.2f} ms"
               f"  p99 {row['p99_ms']:.2f} ms")

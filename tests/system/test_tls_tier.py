@@ -266,6 +266,13 @@ def test_storage_agents_copy_from_each_other_over_tls(tmp_path, checkpoint):
         result = calibrate(l1, path, len(data), max_readers=2, seconds=0.2, block=64 << 10, token="storage-secret",
                            tls_root=ca.pem.read_bytes())
         assert all(level["reads"] > 0 for level in result["levels"]), result
+        # and the command, with the CA's file
+        import subprocess
+        import sys
+        cli = subprocess.run([sys.executable, "-m", "hintfs.cli", "calibrate", "--agent", l1, "--path", path,
+                              "--token-file", str(token), "--tls-root-file", str(ca.pem), "--max-readers", "2",
+                              "--seconds", "0.2", "--block", str(64 << 10)], capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0 and "safe_readers_per_replica = " in cli.stdout, cli.stderr
     finally:
         for s in servers:
             s.shutdown()
