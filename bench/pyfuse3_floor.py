@@ -26,7 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def serve(root: str, mnt: str) -> None:
+def serve(root: str, mnt: str, timeout: float = 1.0) -> None:
+    """The minimal daemon: `timeout` is its entry and attr timeout (bench/small_files.py gives the
+    peers' value)."""
     import pyfuse3
     import trio
 
@@ -47,7 +49,7 @@ def serve(root: str, mnt: str) -> None:
             for k in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_mtime_ns", "st_ctime_ns"):
                 setattr(a, k, getattr(st, k))
             a.st_ino = ino
-            a.attr_timeout = a.entry_timeout = 1.0
+            a.attr_timeout = a.entry_timeout = timeout
             return a
 
         async def lookup(self, parent, name, ctx=None):
@@ -97,7 +99,7 @@ def wait_mounted(mnt: str, timeout: float = 20) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], sys.argv[3])
+        serve(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 1.0)
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=5000)

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Small files, side by side in one run (issue 39, part 2): open + read + close of N small files
+(4-64 KiB, fuse_throughput's fixed-seed tree) on a fresh mount, through
+
+  bindfs          Debian's bindfs (libfuse 2, single-threaded by default)
+  bindfs_mt       bindfs --multithreaded
+  passthrough_hp  libfuse's own example (multi-threaded, FUSE passthrough), built from the libfuse
+                  source `make setup` fetches (see --passthrough-hp)
+  hintfs          this checkout's `hintfs mount` (file:// store)
+  floor           bench/pyfuse3_floor.py's minimal daemon on the same (patched) pyfuse3
+
+Cases: p1 (one reader, fresh mount), p1_pass2 (the same reader again on that mount: names and
+attributes cached by the kernel), p8 (eight reader processes, fresh mount). All systems run with
+the same entry and attr timeouts (--timeout, default 86400 s: the only caching timeout
+passthrough_hp has; `--nocache` is 0). CPUs pinned (taskset): every daemon on the last CPU, the
+readers on the first; systems interleaved, the order rotated each round; median of n rounds.
+
+Run as root:  .venv/bin/python bench/small_files.py [--files 5000] [--rounds 5] [--quick]
+Writes bench/results/small_files.json (--output) and prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from fuse_throughput import _read_files, log, machine, make_tree, run, tree_read  # noqa: E402
+
+SYSTEMS = ["bindfs", "bindfs_mt", "passthrough_hp", "hintfs", "floor"]
+PEERS = ["bindfs", "bindfs_mt", "passthrough_hp"]
+CASES = ["p1", "p8", "p1_pass2"]
+# Goals of issue 39 (hintfs / the best peer), and the first step (hintfs / floor).
+GOALS = {"p1": 1.5, "p8": 1.0, "p1_pass2": 2.0}
+FLOOR_GOAL = 0.9
+DEFAULT_HP = os.path.join(REPO, ".venv", "libfuse-build", "src", "fuse3", "build-hp", "example", "passthrough_hp")
+
+
+def cpus() -> tuple[list[int], list[int]]:
+    """(reader CPUs, daemon CPUs): the daemon on the last CPU, readers on the others."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return allowed, allowed
+    return allowed[:-1], allowed[-1:]
+
+
+class Mounts:
+    def __init__(self, base: str, store: str, timeout: float, hp: str | None, daemon_cpus: list[int]):
+        self.base, self.store, self.timeout, self.hp = base, store, timeout, hp
+        self.pin = ["taskset", "-c", ",".join(map(str, daemon_cpus))]
+        self.hintfs = os.path.join(os.path.dirname(sys.executable), "hintfs")
+        self.seq = 0
+        self.requests: dict[str, list] = {}
+
+    def available(self, system: str) -> bool:
+        """(hintfs_nopt, not in the default set: hintfs with `[mount] passthrough = "off"`.)"""
+        if system.startswith("bindfs"):
+            return shutil.which("bindfs") is not None
+        if system == "passthrough_hp":
+            return bool(self.hp) and os.access(self.hp, os.X_OK)
+        return True
+
+    def command(self, system: str, mnt: str) -> list[str]:
+        t = f"{self.timeout:g}"
+        if system in ("bindfs", "bindfs_mt"):
+            extra = ["--multithreaded"] if system == "bindfs_mt" else []
+            return [*self.pin, "bindfs", *extra, "-o", f"attr_timeout={t},entry_timeout={t}", self.store, mnt]
+        if system == "passthrough_hp":
+            # Its timeouts are 86400 s, or 0 with --nocache: nothing else to pass.
+            return [*self.pin, self.hp, *(["--nocache"] if self.timeout == 0 else []), self.store, mnt]
+        if system == "floor":
+            return [*self.pin, sys.executable, os.path.join(HERE, "pyfuse3_floor.py"), "--serve", self.store, mnt, t]
+        cfg = os.path.join(self.base, f"hintfs-{self.seq}.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[store]\nuri = "file://{self.store}"\n\n[cache]\nattr_timeout_s = {self.timeout}\n'
+                    f'entry_timeout_s = {self.timeout}\n\n'
+                    + ('[mount]\npassthrough = "off"\n\n' if system == "hintfs_nopt" else "") +
+                    f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
+        return [*self.pin, self.hintfs, "mount", cfg, mnt]
+
+    @contextlib.contextmanager
+    def mount(self, system: str):
+        self.seq += 1
+        mnt = os.path.join(self.base, f"mnt-{system}-{self.seq}")
+        os.makedirs(mnt)
+        proc = None
+        try:
+            cmd = self.command(system, mnt)
+            if system == "floor":
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+            else:
+                r = run(cmd, timeout=60)
+                if r.returncode != 0:
+                    raise RuntimeError(f"{system} mount failed: {r.stdout.strip()}")
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(mnt):
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"{system} exited with {proc.returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{system} did not mount within 30 s")
+                time.sleep(0.02)
+            yield mnt
+        finally:
+            if system.startswith("hintfs") and os.path.ismount(mnt):
+                run([self.hintfs, "umount", mnt], timeout=90)
+            if os.path.ismount(mnt):
+                if run(["fusermount3", "-u", mnt], timeout=30).returncode != 0:
+                    time.sleep(0.5)
+                    run(["fusermount3", "-u", "-z", mnt], timeout=30)
+            if proc is not None:
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.terminate()
+                    proc.wait()
+            with contextlib.suppress(OSError):
+                os.rmdir(mnt)
+
+
+def stats_of(root: str) -> dict | None:
+    try:
+        with open(os.path.join(root, ".hintfs", "stats")) as f:
+            return json.load(f)
+    except OSError:
+        return None
+
+
+def per_file(before: dict | None, after: dict | None, nfiles: int) -> dict:
+    if not before or not after:
+        return {}
+    out = {}
+    for op, v in after.get("ops", {}).items():
+        d = v["count"] - before.get("ops", {}).get(op, {}).get("count", 0)
+        if d:
+            out[op] = round(d / nfiles, 3)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, help="files in the tree (default 5,000; --quick 1,000)")
+    ap.add_argument("--rounds", type=int, help="rounds, each system once per case (default 5; --quick 1)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--timeout", type=float, default=86400.0,
+                    help="entry and attr timeout of every system (passthrough_hp: 86400 or 0 only)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--passthrough-hp", default=DEFAULT_HP, help="libfuse's example/passthrough_hp binary")
+    ap.add_argument("--output", help="JSON file ('' to skip; default bench/results/small_files.json, "
+                    "small_files_quick.json with --quick)")
+    ap.add_argument("--note", action="append", default=[])
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("small_files: run as root (tmpfs and FUSE mounts)", file=sys.stderr)
+        return 2
+    if args.timeout not in (0, 86400) and "passthrough_hp" in args.systems:
+        print("small_files: passthrough_hp has timeouts 86400 or 0 only", file=sys.stderr)
+        return 2
+    nfiles = args.files or (1000 if args.quick else 5000)
+    rounds = args.rounds or (1 if args.quick else 5)
+    output = args.output if args.output is not None else os.path.join(
+        REPO, "bench", "results", "small_files_quick.json" if args.quick else "small_files.json")
+    reader_cpus, daemon_cpus = cpus()
+    base = tempfile.mkdtemp(prefix="hintfs-small-")
+    scratch = os.path.join(base, "fs")
+    store = os.path.join(scratch, "store")
+    os.makedirs(scratch)
+    raw: dict = {c: {} for c in CASES}
+    notes = list(args.note)
+    commands: dict = {}
+    load_start = os.getloadavg()
+    t_start = time.monotonic()
+    try:
+        r = run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", scratch])
+        if r.returncode != 0:
+            print(f"small_files: tmpfs: {r.stdout.strip()}", file=sys.stderr)
+            return 2
+        os.makedirs(store)
+        files = make_tree(store, nfiles)
+        rels = [rel for rel, _ in files]
+        total = sum(s for _, s in files)
+        m = Mounts(base, store, args.timeout, args.passthrough_hp, daemon_cpus)
+        commands = {s: " ".join(m.command(s, "MNT")).replace(store, "STORE").replace(base, "TMP")
+                         .replace(REPO + "/", "").replace(sys.executable, "python") for s in SYSTEMS}
+        systems = [s for s in args.systems.split(",") if m.available(s)]
+        for s in args.systems.split(","):
+            if s not in systems:
+                notes.append(f"{s}: not available, n/a")
+                log(f"{s}: not available")
+        os.sched_setaffinity(0, reader_cpus)   # the readers (forked below) and this process
+        log(f"{nfiles} files, {rounds} rounds, timeouts {args.timeout:g} s; readers on CPUs {reader_cpus}, "
+            f"daemons on {daemon_cpus}")
+        pools = {k: mp.get_context("fork").Pool(k) for k in (1, 8)}
+        for pool in pools.values():
+            pool.map(abs, range(8))
+        try:
+            for rnd in range(rounds):
+                order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
+                for system in order:
+                    for nprocs in (1, 8):
+                        with m.mount(system) as root:
+                            s0 = stats_of(root) if system.startswith("hintfs") else None
+                            dt1, nf1, nb1 = tree_read(pools[nprocs], root, rels, nprocs)
+                            s1 = stats_of(root) if system.startswith("hintfs") else None
+                            if nf1 != nfiles or nb1 != total:
+                                raise RuntimeError(f"{system}: read {nf1}/{nb1}, expected {nfiles}/{total}")
+                            line = f"  round {rnd} {system:<15} p{nprocs}: {nf1 / dt1:8.0f} files/s"
+                            raw[f"p{nprocs}"].setdefault(system, []).append(nf1 / dt1)
+                            if nprocs == 1:
+                                dt2, nf2, nb2 = tree_read(pools[1], root, rels, 1)
+                                s2 = stats_of(root) if system.startswith("hintfs") else None
+                                if nf2 != nfiles or nb2 != total:
+                                    raise RuntimeError(f"{system}: pass 2 read {nf2}/{nb2}")
+                                raw["p1_pass2"].setdefault(system, []).append(nf2 / dt2)
+                                line += f"  pass2 {nf2 / dt2:8.0f} files/s"
+                                if s0 is not None:
+                                    m.requests.setdefault(f"{system}:p1", []).append(per_file(s0, s1, nfiles))
+                                    m.requests.setdefault(f"{system}:p1_pass2", []).append(per_file(s1, s2, nfiles))
+                            elif s0 is not None:
+                                m.requests.setdefault(f"{system}:p8", []).append(per_file(s0, s1, nfiles))
+                            log(line)
+        finally:
+            for pool in pools.values():
+                pool.close()
+                pool.join()
+    finally:
+        run(["umount", scratch])
+        shutil.rmtree(base, ignore_errors=True)
+    summary: dict = {}
+    for case in CASES:
+        med = {s: statistics.median(v) for s, v in raw[case].items()}
+        best = max((s for s in PEERS if s in med), key=lambda s: med[s], default=None)
+        summary[case] = {
+            **{s: {"files_per_s": round(med[s]), "n": len(raw[case][s])} for s in med},
+            "best_peer": best,
+            "hintfs/best_peer": round(med["hintfs"] / med[best], 3) if best and "hintfs" in med else None,
+            "hintfs/floor": round(med["hintfs"] / med["floor"], 3) if "floor" in med and "hintfs" in med else None,
+            **({"hintfs_nopt/floor": round(med["hintfs_nopt"] / med["floor"], 3)}
+               if "floor" in med and "hintfs_nopt" in med else {}),
+            "goal_vs_best_peer": GOALS[case], "goal_vs_floor": FLOOR_GOAL,
+        }
+    out = {
+        "bench": "bench/small_files.py", "files": nfiles, "rounds": rounds, "file_sizes": "4-64 KiB",
+        "entry_attr_timeout_s": args.timeout, "reader_cpus": reader_cpus, "daemon_cpus": daemon_cpus,
+        "commands": commands,
+        **summary, "raw_files_per_s": {c: {s: [round(x) for x in v] for s, v in raw[c].items()} for c in CASES},
+        "hintfs_requests_per_file": m.requests,
+        "machine": machine(), "load_start": load_start, "load_end": os.getloadavg(),
+        "wall_s": round(time.monotonic() - t_start, 1), "notes": notes,
+    }
+    print("| case | " + " | ".join(SYSTEMS) + " | hintfs/best peer (goal) | hintfs/floor (goal 0.9) |")
+    print("|---|" + "---:|" * (len(SYSTEMS) + 2))
+    for case in CASES:
+        r_ = summary[case]
+        cells = [f"{r_[s]['files_per_s']:,}" if s in r_ else "n/a" for s in SYSTEMS]
+        hb, hf = r_["hintfs/best_peer"], r_["hintfs/floor"]
+        print(f"| {case} | " + " | ".join(cells) + f" | {hb if hb is not None else 'n/a'} (>= {GOALS[case]}) | "
+              f"{hf if hf is not None else 'n/a'} |")
+    if output:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(output, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+        log(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    _ = _read_files   # (the readers' function, forked into the pools by tree_read)
+    sys.exit(main())
