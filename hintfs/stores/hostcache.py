@@ -67,7 +67,10 @@ XATTR_READS = (1, 1)
 _NAME_LEN = 64                # sha256 hex
 _TMP_SUFFIX = ".tmp"
 _LOCK_NAME = ".lock"
-_FILE_WORKERS = 2             # files fetched at once (each with up to fetch_threads ranged reads)
+# Files fetched at once: a worker mostly waits for its blocks (the `fetch_threads` read threads are
+# shared by all files, and each file keeps at most `fetch_threads` blocks in flight, so the files
+# of several readers are fetched side by side, not one after another).
+_FILE_WORKERS = 16
 _seq = itertools.count()
 _R = TypeVar("_R")
 
@@ -110,6 +113,23 @@ class _Job:
     fd: int = -1
     size: int = 0
     blocks: set = field(default_factory=set)
+    # Which blocks were handed to the read threads, and where the next ones come from: the fetch
+    # reads forward from `cursor`, which a reader ahead of it moves to where it reads (then wraps
+    # around to the blocks it skipped), so the fetch is the open's read-ahead.
+    submitted: set = field(default_factory=set)
+    cursor: int = 0
+    nblocks: int = 0
+    started: bool = False       # a worker has it
+
+    def next_block(self) -> int | None:
+        """The next block to fetch: the first not yet submitted at or after `cursor`, wrapping."""
+        n = self.nblocks
+        for i in range(n):
+            b = (self.cursor + i) % n
+            if b not in self.submitted:
+                self.cursor = b
+                return b
+        return None
 
 
 class _Index(LRUCache):
@@ -225,9 +245,18 @@ class CachedReader:
         if local is not None:
             return local.read(offset, size)
         if self._asked:
-            data = self._cache.read_partial(self._rel, self._version, offset, size)
+            data = self._cache.read_fetched(self._rel, self._version, offset, size)
             if data is not None:
                 return data
+            local = self._cache.open_local(self._rel, self._version) if self._cache.completed != self._seen else None
+            if local is not None:   # the fetch completed while this read waited
+                with self._switch:
+                    if self._local is None:
+                        self._local = local
+                        self._cache.count("hostcache_switched")
+                    else:
+                        local.close()
+                return self._local.read(offset, size)
         return self._reader.read(offset, size)
 
     def read_nowait(self, offset: int, size: int) -> bytes | None:
@@ -259,6 +288,8 @@ class HostCachedStore:
         for key in COUNTERS:
             self.counters[key] = 0
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)   # a block fetched, a fetch started or ended
+        self._window = cache_cfg.fetch_threads          # blocks in flight per file
         self._index = _Index(self.budget, self._evicted)
         self._fetching: dict[str, _Job] = {}
         self._failed: TTLCache = TTLCache(maxsize=10_000, ttl=RETRY_AFTER_S)
@@ -266,6 +297,7 @@ class HostCachedStore:
         self.completed = 0          # fetches completed (readers look for their file when it moves)
         self._closed = False
         self._files = _Pool(_FILE_WORKERS, "hostcache-file")
+        self._running = 0           # fetches that have a worker (the others wait for one)
         self._blocks = _Pool(cache_cfg.fetch_threads, "hostcache-read")
         self.root, self.dir_fd, self._lock_fd = _open_cache_dir(cache_cfg.dir, store_id or store.description)
         try:
@@ -422,6 +454,9 @@ class HostCachedStore:
         tmp = ""
         reserved = 0
         version = job.version
+        with self._cond:
+            self._running += 1
+            job.started = True
         try:
             reader, st = self._store.open_reader(rel)
             now = version_of(reader, st)
@@ -453,18 +488,11 @@ class HostCachedStore:
             except OSError as err:
                 if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
-            with self._lock:
+            with self._cond:
                 job.fd, job.size, job.version = fd, size, version
-            futures = [self._blocks.submit(self._fetch_block, job, reader, fd, off, min(self.block, size - off))
-                       for off in range(0, size, self.block)]
-            done, pending = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
-            for fut in pending:
-                fut.cancel()
-            cf.wait(pending)   # none may still write into fd once it is closed
-            for fut in futures:
-                if fut.cancelled():
-                    raise _Stale("stopped")
-                fut.result()   # raises the first failure
+                job.nblocks = -(-size // self.block)
+                self._cond.notify_all()
+            self._fetch_blocks(job, reader, fd)
             if os.fstat(fd).st_size != size:
                 raise OSError(errno.EIO, f"fetched file has {os.fstat(fd).st_size} bytes, not {size}")
             # The store's version again: a file replaced during the fetch may have mixed its bytes.
@@ -519,11 +547,13 @@ class HostCachedStore:
                     reader.close()
                 except Exception:
                     pass
-            with self._lock:
+            with self._cond:
                 self._reserved -= reserved
+                self._running -= 1
                 if self._fetching.get(rel) is job:
                     del self._fetching[rel]
-            job.done.set()
+                job.done.set()
+                self._cond.notify_all()
 
     def _fetch_block(self, job: _Job, reader: Reader, fd: int, off: int, n: int) -> None:
         if self._closed or job.cancelled:
@@ -535,8 +565,79 @@ class HostCachedStore:
         while data:
             w = os.pwrite(fd, data, off)
             data, off = data[w:], off + w
-        with self._lock:
+        with self._cond:
             job.blocks.add(start // self.block)
+            self._cond.notify_all()
+
+    def _fetch_blocks(self, job: _Job, reader: Reader, fd: int) -> None:
+        """Every block of `job` into `fd`, at most `self._window` of them in flight (in the shared
+        read threads), in the order `job.next_block` gives; raises the first failure (after every
+        block in flight has stopped: none may write into fd once it is closed), _Stale if stopped."""
+        inflight: set[cf.Future] = set()
+        failed: BaseException | None = None
+        while True:
+            with self._cond:
+                while failed is None and len(inflight) < self._window:
+                    b = job.next_block()
+                    if b is None:
+                        break
+                    job.submitted.add(b)
+                    off = b * self.block
+                    inflight.add(self._blocks.submit(self._fetch_block, job, reader, fd, off,
+                                                     min(self.block, job.size - off)))
+            if not inflight:
+                break
+            done, inflight = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                if fut.cancelled():
+                    failed = failed or _Stale("stopped")
+                elif fut.exception() is not None:
+                    failed = failed or fut.exception()
+            if failed is not None:
+                for fut in inflight:
+                    fut.cancel()
+                cf.wait(inflight)
+                inflight = set()
+        if failed is not None:
+            raise failed
+
+    def read_fetched(self, rel: str, version: Version, offset: int, size: int) -> bytes | None:
+        """Bytes of `rel` at `version` from its fetch (the open's read-ahead): when every block
+        they lie in is fetched, or being fetched, or follows in line (the first of them not yet asked
+        for is within `fetch_threads` blocks of the fetch's cursor), wait for those blocks and read them from the fetch's file; a range
+        further away moves the fetch's cursor there and is answered None (read it from the store:
+        the fetch reaches it soon after). None as well when no fetch of this version runs or it
+        ends first (then the cache may hold it complete: `open_local`)."""
+        with self._cond:
+            while True:
+                job = self._fetching.get(rel)
+                if job is None or job.cancelled or job.version not in (None, version) or job.done.is_set():
+                    return None
+                if job.fd < 0:
+                    if not job.started and self._running >= _FILE_WORKERS:   # queued behind other files
+                        return None
+                    self._cond.wait()        # starting: its HEAD (the size) comes first
+                    continue
+                end = min(offset + size, job.size)
+                if end <= offset:
+                    return None
+                first, last = offset // self.block, (end - 1) // self.block
+                missing = [b for b in range(first, last + 1) if b not in job.blocks]
+                if not missing:
+                    fd = os.dup(job.fd)
+                    self.counters["hostcache_partial_reads"] += 1
+                    break
+                ahead = [b for b in missing if b not in job.submitted]
+                if ahead and not 0 <= ahead[0] - job.cursor <= self._window:
+                    job.cursor = ahead[0]    # the reader is elsewhere: the fetch follows it
+                    self.counters["hostcache_fetch_jumps"] += 1
+                    return None
+                self.counters["hostcache_read_waits"] += 1
+                self._cond.wait()
+        try:
+            return os.pread(fd, end - offset, offset)
+        finally:
+            os.close(fd)
 
     def read_partial(self, rel: str, version: Version, offset: int, size: int) -> bytes | None:
         """Bytes of `rel` at `version` from a fetch still running, when every block they lie in
@@ -587,6 +688,7 @@ class HostCachedStore:
             for k, job in self._fetching.items():
                 if hit(k):
                     job.cancelled = True
+            self._cond.notify_all()   # (readers waiting for its blocks read from the store)
             if touched:
                 self.counters["hostcache_invalidations"] += len(touched)
                 self._gauges()
@@ -707,6 +809,7 @@ class HostCachedStore:
             self._closed = True
             for job in self._fetching.values():
                 job.cancelled = True
+            self._cond.notify_all()
         joined = self._blocks.close(timeout)
         joined = self._files.close(timeout) and joined
         if joined:

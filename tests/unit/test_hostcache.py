@@ -147,8 +147,8 @@ def test_first_read_fetches_the_whole_file_and_the_next_open_is_local(make, remo
     assert hc.wait_idle(10)
     assert hc.counters["hostcache_fetches"] == 1
     assert hc.counters["hostcache_fetched_bytes"] == len(data)
-    # ranged reads: one per 64 KiB block (plus the one read of the open itself)
-    assert remote.reads == 1 + (len(data) + (64 << 10) - 1) // (64 << 10)
+    # ranged reads: one per 64 KiB block; the open itself read from the fetch (no request of its own)
+    assert remote.reads == (len(data) + (64 << 10) - 1) // (64 << 10)
     reads_before = remote.reads
     reader, st = hc.open_reader("ckpt/shard-0.bin")
     try:
@@ -334,7 +334,9 @@ def test_changes_through_the_mount_drop_copies_and_cancel_fetches(make, remote):
     remote.put("w", os.urandom(MiB))
     gate = threading.Event()
     remote.on_read = lambda rel, off, size: gate.wait(5) if off else None
-    read_all(hc, "w")
+    reader, _st = hc.open_reader("w")
+    assert reader.read(0, 10)     # asks for the fetch (a whole read would wait for all of it)
+    reader.close()
     hc.put_small("w", b"new")
     gate.set()
     assert hc.wait_idle(10)
@@ -423,7 +425,9 @@ def test_close_stops_fetches_in_flight(make, remote):
     hc = make(fetch_threads=2)
     release = threading.Event()
     remote.on_read = lambda rel, off, size: release.wait(0.2) if off else None
-    read_all(hc, "slow.bin")
+    reader, _st = hc.open_reader("slow.bin")
+    assert reader.read(0, 10)                 # asks for the fetch (its first block, no delay)
+    reader.close()
     time.sleep(0.3)
     t0 = time.monotonic()
     hc.close()
@@ -507,26 +511,42 @@ def test_open_store_wraps_remote_stores_only(tmp_path):
         store.close()
 
 
-def test_blocks_already_fetched_are_read_locally_while_the_rest_is_still_coming(make, remote):
+def test_an_open_reads_from_its_fetch_and_the_fetch_follows_the_reader(make, remote):
+    """The fetch is the open's read-ahead: a read of blocks fetched, in flight or next in line
+    waits for them (no request of its own); a read far from the fetch goes to the store once and
+    moves the fetch there; never zeros of the file's hole."""
     data = os.urandom(MiB)
     remote.put("big.bin", data)
-    hc = make(fetch_threads=1)                       # blocks of 64 KiB fetched one after another
-    gate = threading.Event()
+    hc = make(fetch_threads=1)                       # blocks of 64 KiB, one in flight
+    gate, held = threading.Event(), threading.Event()
+    direct: list[int] = []
 
     def hold(rel, off, size):
-        if off >= 512 << 10 and threading.current_thread().name.startswith("hostcache-read"):
-            gate.wait(10)                            # the fetch stops halfway
+        if not threading.current_thread().name.startswith("hostcache-read"):
+            direct.append(off)                       # a read of the open itself
+        elif 512 << 10 <= off < 576 << 10:
+            held.set()
+            gate.wait(10)                            # the fetch stops at block 8
     remote.on_read = hold
     reader, st = hc.open_reader("big.bin")
     try:
-        assert reader.read(0, 10) == data[:10]       # asks for the fetch; read from the store
-        assert wait_for(lambda: hc.read_partial("big.bin", reader._version, 0, 1) is not None, 10)
-        reads = remote.reads
-        assert reader.read(100 << 10, 300 << 10) == data[100 << 10:400 << 10]   # blocks 1-6: local
-        assert remote.reads == reads and hc.counters["hostcache_partial_reads"] >= 2
-        # a range over a block not fetched yet goes to the store (never zeros of the hole)
-        assert reader.read(500 << 10, 100 << 10) == data[500 << 10:600 << 10]
-        assert hc.read_partial("big.bin", (1, 2, "other"), 0, 10) is None          # another version
+        assert reader.read(0, 10) == data[:10]       # asks for the fetch, waits for its block 0
+        assert reader.read(100 << 10, 300 << 10) == data[100 << 10:400 << 10]   # blocks 1-6
+        assert direct == [] and hc.counters["hostcache_partial_reads"] >= 2
+        assert held.wait(10)
+        # far ahead of the fetch (block 14): from the store, and the fetch goes on from there
+        assert reader.read(900 << 10, 10) == data[900 << 10:(900 << 10) + 10]
+        assert direct == [900 << 10] and hc.counters["hostcache_fetch_jumps"] == 1
+        got: list[bytes] = []
+        t = threading.Thread(target=lambda: got.append(reader.read(520 << 10, 100)))
+        waits = hc.counters["hostcache_read_waits"]
+        t.start()                                    # block 8 is in flight: the read waits for it
+        assert wait_for(lambda: hc.counters["hostcache_read_waits"] > waits, 10)
+        assert got == []
+        gate.set()
+        t.join(10)
+        assert got == [data[520 << 10:(520 << 10) + 100]] and direct == [900 << 10]
+        assert hc.read_fetched("big.bin", (1, 2, "other"), 0, 10) is None        # another version
     finally:
         gate.set()
         reader.close()
