@@ -41,7 +41,7 @@ from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, 
 from fusefs.inodes import Inode, InodeTable
 from fusefs.interfaces import KernelNotices, PublishJournal, Source, StreamHooks, TensorSource
 from fusefs.passthrough import Backing, HeldFd, Passthrough, backing_key
-from fusefs.readpath import ReadPath
+from fusefs.readpath import ReadPath, source_of
 from fusefs.stats import Stats
 from mountconfig.schema import CacheConfig, MountOptions
 from hintfs.stores.base import Reader, Stat, Store
@@ -753,20 +753,22 @@ class Filesystem:
         opens) decides the kind of handle (`choose_handle`, a pure function); `_make` builds it."""
         node = self._inode(inode)
         seen = await self._see(node, flags)
-        kind = choose_handle(OpenFacts(
-            control=node.control is not None, virtual=node.virtual is not None, writing=seen.writing,
-            passthrough=self.pt.on, shared_backing=seen.shared, writer=seen.writer,
-            other_opens=node.opens > 0, source=seen.source, local_fd=seen.local_fd >= 0, space_ok=seen.space_ok))
+        # (OpenFacts positionally, in field order: keywords cost as much as the choice itself)
+        kind = choose_handle(OpenFacts(node.control is not None, node.virtual is not None, seen.writing, self.pt.on,
+                                       seen.shared, seen.writer, node.opens > 0, seen.source, seen.local_fd >= 0,
+                                       seen.space_ok))
         if kind is HandleKind.CONTROL:
             return self._open_control(node, flags, Caller.of(ctx))
         if kind is HandleKind.TENSOR:
             return await self._open_tensor(node, flags, ctx)
         handle, backing_id = self._make(kind, node, seen)
         node.opens += 1
+        fh = next(self._fh)
+        self.handles[fh] = handle
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
         # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.
-        return OpenFile(self._add_handle(handle), keep_cache=seen.keep_cache and not backing_id,
-                        backing_id=backing_id, noflush=not isinstance(handle, WriteHandle))
+        # (OpenFile's fields in order: fh, keep_cache, direct_io, backing_id, noflush)
+        return OpenFile(fh, seen.keep_cache and not backing_id, False, backing_id, not isinstance(handle, WriteHandle))
 
     async def _see(self, node: Inode, flags: int) -> _Seen:
         """What an open of a store file sees, once its close-to-open checks passed (else ESTALE:
@@ -785,20 +787,30 @@ class Filesystem:
             return _Seen(False, shared=True)
         if node.writer is not None:
             return _Seen(False, writer=True)   # reads the staged data of the open writer
-        reader, st = await self.io(self.store.open_reader, node.path, inline=self.meta_inline)
-        if self._replaced_under_open_handles(node, st):
+        # (The read of a small file spends most of its daemon time here: inline store calls are
+        # made directly, not through `io`'s coroutine; `_Seen` is built positionally.)
+        if self.meta_inline:
+            reader, st = self.store.open_reader(node.path)
+        else:
+            reader, st = await self.io(self.store.open_reader, node.path)
+        if node.opens > 0 and self._replaced_under_open_handles(node, st):
             reader.close()
             raise self._renew(node, "was replaced in the store")
         node.file_key = st.file_key()
         keep_cache = self._same_as_cached(node, st)
-        reader, source = await self.reads.source(node.path, reader, st)
+        reads = self.reads
+        if reads.routes is None and reads.replicas is None:
+            source = source_of(reader)   # (what `ReadPath.source` answers without routes or replicas)
+        else:
+            reader, source = await reads.source(node.path, reader, st)
         if source is Source.STORE:
-            local = getattr(reader, "fd", -1) if self.pt.on else -1
+            local = getattr(reader, "fd", -1) if self.pt.backend is not None else -1
         elif self.pt.on:
-            local = await self.reads.local_fd(node.path, reader, source, st.identity())
+            local = await reads.local_fd(node.path, reader, source, st.identity())
         else:
             local = -1
-        return _Seen(False, keep_cache=keep_cache, reader=reader, st=st, source=source, local_fd=local)
+        # (fields in order: writing, shared, writer, keep_cache, reader, st, source, local_fd)
+        return _Seen(False, False, False, keep_cache, reader, st, source, local)
 
     async def _see_write(self, node: Inode, truncate: bool) -> _Seen:
         # Under the publish lock: a last release may be publishing and dropping this very staging
@@ -837,6 +849,13 @@ class Filesystem:
     def _make(self, kind: HandleKind, node: Inode, seen: _Seen) -> tuple[Handle, int]:
         """The handle of `kind` and its backing id (0: none); a passthrough kind whose backing the
         kernel refuses is served as `kind.fallback`."""
+        if kind is HandleKind.PASSTHROUGH_STORE:   # (the common read of a file:// store: first)
+            reader, st = seen.reader, seen.st
+            assert reader is not None and st is not None
+            backing_id = self.pt.attach(node, seen.local_fd, None)
+            if backing_id:
+                return self.pt.read_handle(node, st.file_key(), reader), backing_id   # backing_key(st, replica=False)
+            return StoreRead(node, reader), 0
         if kind is HandleKind.PASSTHROUGH_SHARED:
             return PassthroughRead(node), self.pt.attach(node, -1, node.pt_staging)
         if kind in (HandleKind.WRITE, HandleKind.PASSTHROUGH_WRITE):
@@ -859,10 +878,6 @@ class Filesystem:
                 reader.close()
                 self.stats.add("passthrough_replica_opens")
                 return self.pt.read_handle(node, backing_key(st, replica=True), HeldFd(seen.local_fd)), backing_id
-        elif kind is HandleKind.PASSTHROUGH_STORE:
-            backing_id = self.pt.attach(node, seen.local_fd, None)
-            if backing_id:
-                return self.pt.read_handle(node, backing_key(st, replica=False), reader), backing_id
         if seen.local_fd >= 0 and seen.source in (Source.REPLICAS, Source.TIER):
             os.close(seen.local_fd)            # a replica's fd the kernel did not take
         if kind is HandleKind.REPLICA_READ or kind is HandleKind.PASSTHROUGH_REPLICA:   # (or its fallback)
