@@ -251,4 +251,4 @@ def load_governor_config(path: str | Path) -> GovernorConfig:
     try:
         return GovernorConfig.model_validate(table)
     except ValidationError as e:
-        raise GovernorConfigError(f"{p}: {validation_message(e, prefix='governor.', root='governor')}") from None
+        raise GovernorConfigError(f"{p}: {validation_message(e, prefix='governor.', root='governor', model=GovernorConfig)}") from None

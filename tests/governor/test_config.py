@@ -69,3 +69,11 @@ def test_cli_socket_in_use(tmp_path, capsys, make_daemon, keep_logging):
     assert cli_main(str(p)) == 1
     err = capsys.readouterr().err
     assert "in use" in err and err.count("\n") == 1
+
+
+def test_an_unknown_key_names_the_nearest_one(tmp_path):
+    p = tmp_path / "g.toml"
+    p.write_text("[governor]\nsocket_pth = '/run/x.sock'\n")
+    with pytest.raises(GovernorConfigError) as exc:
+        load_governor_config(str(p))
+    assert "governor.socket_pth: unknown key (did you mean socket_path?)" in str(exc.value)
