@@ -39,6 +39,7 @@ from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
+from fusefs.listings import Listings
 from fusefs.interfaces import KernelNotices, PublishJournal, Source, StreamHooks, TensorSource
 from fusefs.passthrough import Backing, HeldFd, Passthrough, backing_key
 from fusefs.readpath import ReadPath, source_of
@@ -89,6 +90,12 @@ class _Seen:
     space_ok: bool = True
 
 
+def _list_all(store: Store, folder: str) -> list[tuple[str, Stat]]:
+    """A whole folder's listing, in a worker thread (a local store's off-loop listing)."""
+    in_thread = getattr(store, "iter_dir_in_thread", None)
+    return list((in_thread or store.iter_dir)(folder))
+
+
 class Filesystem:
     """Collaborators, each optional, all given here (`fusefs/mount.py` builds them): the mount
     options and the kernel cache settings it uses, the control files' root, where an open's reads
@@ -122,6 +129,12 @@ class Filesystem:
         self._entry_timeout = cache.entry_timeout_s
         self._immutable = list(cache.immutable_globs)
         self._immutable_timeout = cache.immutable_timeout_s
+        # The globs as one regular expression (fnmatchcase's meaning): asked for every entry a
+        # listing replies, where a loop of fnmatch calls cost more than the rest of the entry.
+        self._immutable_match = (re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in self._immutable)).match
+                                 if self._immutable else None)
+        self.max_entries = cache.max_entries
+        self.listings = Listings(cache.max_entries)   # of immutable folders (fusefs/listings.py)
         self.readdir_page = options.readdir_page
         self.control_root = control_root or ControlDir(paths.CONTROL_DIR)
         self._control_inodes: dict[int, Inode] = {}
@@ -166,6 +179,7 @@ class Filesystem:
         if paths.is_hidden_name(path.rsplit("/", 1)[-1]) or self.reserved(path):
             log.warning("refused to create %r through the mount: a reserved name", path)
             raise Refused(errno.EACCES, "a reserved name")
+        self.listings.drop(parent.path)
         return path
 
     def _stale_name(self, path: str) -> None:
@@ -187,11 +201,29 @@ class Filesystem:
         self.handles[fh] = handle
         return fh
 
+    def immutable(self, path: str) -> float:
+        """How long a listing of `path`'s folder may be kept: `immutable_timeout_s` where the
+        config declares `path` immutable, else 0."""
+        if self._immutable_match is not None and self._immutable_match(path):
+            return self._immutable_timeout
+        return 0.0
+
     def _timeouts(self, path: str) -> tuple[float, float]:
-        for pattern in self._immutable:
-            if fnmatch.fnmatchcase(path, pattern):
-                return self._immutable_timeout, self._immutable_timeout
+        if self._immutable_match is not None and self._immutable_match(path):
+            return self._immutable_timeout, self._immutable_timeout
         return self._attr_timeout, self._entry_timeout
+
+    def bound_entries(self) -> None:
+        """[cache] max_entries: past it, ask the kernel to forget the oldest idle names (down to
+        90% of the bound); each forget it sends drops an inode here. Without a kernel (tests
+        driving the filesystem) nothing is asked."""
+        if self.kernel is None or self.inodes.over(self.max_entries) <= 0:
+            return
+        target = self.inodes.over(self.max_entries) + self.max_entries // 10
+        asked = self.inodes.to_forget(target)
+        for _inode, parent, name in asked:
+            self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        self.stats.add("entries_trimmed", len(asked))
 
     def attrs(self, inode: Inode, st: Stat) -> Attributes:
         attr_timeout, entry_timeout = self._timeouts(inode.path)
@@ -338,8 +370,9 @@ class Filesystem:
         if inode is not None and inode.writer is not None and inode.path == path:
             st = await self._stat_inode(inode)
         else:
+            kept = await self._listed(parent.path, path) if self._immutable_match is not None else None
             try:
-                st = await self.io(self.store.stat, path, inline=self.meta_inline)
+                st = kept or await self.io(self.store.stat, path, inline=self.meta_inline)
             except FileNotFoundError:
                 virtual = self.tensors.match(path) if self.tensors is not None else None
                 if virtual is None:
@@ -357,7 +390,38 @@ class Filesystem:
                 raise Refused(errno.ELOOP, f"{path} is this mount itself")
             inode = self.inode_for(path, st)
         inode.lookups += 1
+        if inode.lookups == 1:
+            self.bound_entries()
         return self.attrs(inode, st)
+
+    async def _listed(self, folder: str, path: str) -> Stat | None:
+        """`path`'s attributes from the kept listing of its folder, where `path` is immutable
+        (`fusefs.listings`); a folder looked up in by path again and again is listed once for
+        the next lookups. None: ask the store."""
+        ttl = self.immutable(path)
+        if not ttl:
+            return None
+        name = path[len(folder) + 1:] if folder else path
+        names = self.listings.folder(folder)
+        if names is None:
+            if not self.listings.missed(folder):
+                return None
+            self.listings.listing.add(folder)
+            try:
+                listing = await self.io(_list_all, self.store, folder)
+            except OSError:
+                return None
+            finally:
+                self.listings.listing.discard(folder)
+            self.stats.add("lookup_listings")
+            self.listings.put(folder, listing, ttl)
+            names = self.listings.folder(folder)
+            if names is None:
+                return None
+        st = names.get(name)
+        if st is not None:
+            self.stats.add("lookup_from_listing")
+        return st
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:
@@ -570,6 +634,7 @@ class Filesystem:
             raise Refused(errno.EACCES, "a reserved name")
         self._refuse_if_writing_in(path)
         await self.io(self.store.rmdir, path)
+        self.listings.drop_under(path)
         self.inodes.detach(path)
 
     def _refuse_if_writing_in(self, folder: str) -> None:
@@ -613,6 +678,7 @@ class Filesystem:
                 await self.journal.removed(path)
         if inode is not None and inode.writer is not None and self.streams is not None:
             self.streams.dropped(inode.ino)   # never published: the tier drops what it was sent
+        self.listings.drop(parent.path)
         self.inodes.detach(path)
         await self._unnamed(inode)
 
@@ -637,6 +703,8 @@ class Filesystem:
         if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
             self._refuse_if_writing_in(new)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
+        self.listings.drop_under(old)
+        self.listings.drop_under(new)
         self.inodes.move(old, new)
         if replaced is not None and replaced is not inode:
             await self._unnamed(replaced)
@@ -743,6 +811,7 @@ class Filesystem:
         """Offer the entries from `start_id` on to `reply` until it returns False (the kernel's
         buffer is full) or the listing ends. Only entries it took count as lookups."""
         await self.handles[fh].readdir(self, start_id, reply)
+        self.bound_entries()
 
     async def releasedir(self, fh: int) -> None:
         await self.handles.pop(fh).release(self)
@@ -1133,6 +1202,7 @@ class Filesystem:
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
         """A version of `node` is in the store: count it, journal it, tell the stream."""
+        self.listings.drop(node.path.rpartition("/")[0])
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", st.size)
         record = None

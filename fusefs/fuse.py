@@ -90,8 +90,10 @@ def path_of(fs: Filesystem, op: str, args: tuple) -> str | None:
     return path or "/"
 
 
-def _entry(a: Attributes) -> pyfuse3.EntryAttributes:
-    e = pyfuse3.EntryAttributes()
+def _entry(a: Attributes, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
+    """`a` as pyfuse3's type: into `e` if given (readdir reuses one: `readdir_reply` copies it)."""
+    if e is None:
+        e = pyfuse3.EntryAttributes()
     e.st_ino = a.st_ino
     e.st_mode = a.st_mode
     e.st_nlink = a.st_nlink
@@ -136,7 +138,11 @@ def _created(r: tuple[OpenFile, Attributes]) -> tuple[pyfuse3.FileInfo, pyfuse3.
 
 
 def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
-    return fs.readdir(fh, start_id, lambda e: pyfuse3.readdir_reply(token, e.name, _entry(e.attrs), e.next_id))
+    # readdirplus (pyfuse3 asks for it at init): the kernel caches each entry's name and attributes
+    # for their timeouts, so `ls -l` or a `stat` after a listing sends no lookups.
+    attrs = pyfuse3.EntryAttributes()
+    reply = pyfuse3.readdir_reply
+    return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id))
 
 
 class KernelNotices:

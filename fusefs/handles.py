@@ -34,9 +34,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import trio
 
+from hintfs.common import paths
+
 from fusefs.attrs import Attributes, DirEntry, Refused
 from fusefs.control import MAX_CONTROL_WRITE, Caller, ControlDir, ControlInputError, apply_write, refuse
 from fusefs.inodes import Inode, InodeTable
+from fusefs.listings import Listings
 from fusefs.interfaces import ReplicaSource, Source
 from fusefs.stats import Stats
 from hintfs.stores.base import Reader, Staging, Stat, Store
@@ -117,6 +120,9 @@ class Services(Protocol):
     inodes: InodeTable
     readdir_page: int
     meta_inline: bool
+    listings: Listings
+
+    def immutable(self, path: str) -> float: ...
 
     def io(self, fn: Callable, *args, inline: bool = False) -> Awaitable: ...
     async def commit(self, node: Inode, *, no_dir_locks: bool = False, closing: bool = False) -> None: ...
@@ -481,33 +487,61 @@ class TensorHandle(Handle):
 # -- directories --------------------------------------------------------------------------------
 class DirHandle(Handle):
     """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
-    __slots__ = ("entries", "source", "done")
+    __slots__ = ("entries", "source", "done", "in_thread", "hides")
 
     def __init__(self, inode: Inode):
         self.inode = inode
         self.entries: list[tuple[str, Stat | None]] = []
         self.source: Iterator[tuple[str, Stat]] | None = None
         self.done = False
+        self.in_thread = False   # pages of `source` are taken in a worker thread
+        # Whether a reserved name (`Services.reserved`) can be in this folder (the folder of
+        # the control dir or of a journal's): None until the first entry asks.
+        self.hides: bool | None = None
 
     async def fill(self, fs: Services, upto: int) -> None:
         """Fetch directory entries from the store until `upto` are known (paged listing)."""
         if self.done:
             return
+        folder = self.inode.path
+        if self.source is None and folder and fs.immutable(folder):
+            kept = fs.listings.folder(folder)   # a folder declared immutable: its kept listing
+            if kept is not None:
+                self.entries.extend(kept.items())
+                self.done = True
+                return
         if self.source is None:
             if fs.meta_inline:
-                self.source = fs.store.iter_dir(self.inode.path)
+                # A local store lists in a worker thread where it can (a page at a time: its
+                # stats are C calls there, and the loop answers requests meanwhile).
+                in_thread = getattr(fs.store, "iter_dir_in_thread", None)
+                self.in_thread = in_thread is not None
+                self.source = (in_thread or fs.store.iter_dir)(self.inode.path)
             else:
                 # Remote listings come in one response; fetch them in a thread once.
                 listing = await fs.io(lambda p: list(fs.store.iter_dir(p)), self.inode.path)
                 self.entries.extend(listing)
                 self.done = True
+                self.keep(fs)
                 return
         page_size = fs.readdir_page
         while not self.done and len(self.entries) < upto:
-            page = await fs.io(_take, self.source, page_size, inline=True)
+            page = await fs.io(_take, self.source, page_size, inline=not self.in_thread)
             self.entries.extend(page)
             if len(page) < page_size:
                 self.done = True
+                self.keep(fs)
+
+    def keep(self, fs: Services) -> None:
+        """A whole listing: kept for lookups (and later listings) where the folder or one of its
+        names is declared immutable (`fusefs.listings`)."""
+        folder = self.inode.path
+        prefix = f"{folder}/" if folder else ""
+        ttl = fs.immutable(folder) if folder else 0.0
+        if not ttl:
+            ttl = next((t for name, _ in self.entries if (t := fs.immutable(prefix + name))), 0.0)
+        if ttl:
+            fs.listings.put(folder, self.entries, ttl)
 
     async def readdir(self, fs: Services, start_id: int, reply: Reply) -> None:
         page_size = fs.readdir_page
@@ -530,7 +564,11 @@ class DirHandle(Handle):
         as a lookup of its inode (it may `forget` it later)."""
         parent = self.inode.path
         path = f"{parent}/{name}" if parent else name
-        if fs.reserved(path):
+        hides = self.hides
+        if hides is None:
+            journal = getattr(fs, "journal_dir", paths.JOURNAL_DIR)
+            hides = self.hides = parent in {t.rpartition("/")[0] for t in (paths.CONTROL_DIR, paths.JOURNAL_DIR, journal)}
+        if hides and fs.reserved(path):
             return True   # a store folder named like the control dir or the journal stays hidden
         child = fs.inodes.ensure(path) if st is None else fs.inode_for(path, st)
         staging = child.writer

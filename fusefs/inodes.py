@@ -83,6 +83,8 @@ class InodeTable:
         self.by_path: dict[str, Inode] = {"": root}
         self.by_backing: dict[tuple[int, int], Inode] = {}
         self._next = itertools.count(ROOT_INODE + 1)
+        # Inodes the kernel was asked to forget (`to_forget`) and has not yet: not asked again.
+        self.asked: set[int] = set()
 
     def __getitem__(self, ino: int) -> Inode:
         return self.by_ino[ino]
@@ -130,10 +132,38 @@ class InodeTable:
     def maybe_drop(self, inode: Inode) -> None:
         if inode.lookups <= 0 and inode.opens <= 0 and inode.writer is None:
             self.by_ino.pop(inode.ino, None)
+            self.asked.discard(inode.ino)
             for path in [inode.path, *inode.aliases]:
                 if self.by_path.get(path) is inode:
                     del self.by_path[path]
             self.unlink_backing(inode)
+
+    # -- the bound on cached entries ([cache] max_entries) --------------------------------------
+    def over(self, limit: int) -> int:
+        """How many known inodes past `limit` the kernel has not yet been asked to forget."""
+        return len(self.by_ino) - len(self.asked) - limit
+
+    def to_forget(self, n: int) -> list[tuple[Inode, Inode, str]]:
+        """Up to `n` of the oldest idle inodes (known the longest: dicts keep insertion order),
+        each with its parent's inode and its name: (inode, parent, name). Idle: the kernel holds
+        lookups on it and nothing else, no open handle, no writer, not the root nor a control
+        node. Each is marked asked (until `maybe_drop` forgets it)."""
+        out: list[tuple[Inode, Inode, str]] = []
+        if n <= 0:
+            return out
+        for inode in self.by_ino.values():
+            if (inode.lookups <= 0 or inode.opens > 0 or inode.writer is not None or inode.control is not None
+                    or inode.ino == ROOT_INODE or inode.ino in self.asked or inode.kept is not None):
+                continue
+            parent_path, _, name = inode.path.rpartition("/")
+            parent = self.by_path.get(parent_path)
+            if parent is None or not name:
+                continue
+            self.asked.add(inode.ino)
+            out.append((inode, parent, name))
+            if len(out) >= n:
+                break
+        return out
 
     # -- hard links ----------------------------------------------------------------------------
     def linked(self, key: tuple[int, int]) -> Inode | None:

@@ -84,6 +84,14 @@ class CacheConfig(Section):
         "written, e.g. checkpoints: their attributes and names are cached for `immutable_timeout_s`.",
     )
     immutable_timeout_s: float = Field(3600.0, ge=0, description="Attr/entry timeout for immutable paths.")
+    max_entries: int = Field(
+        2_000_000, ge=1000, le=1 << 40,
+        description="Most names (inodes) the daemon keeps for the kernel's cache: every entry a listing "
+        "or lookup gave the kernel costs the daemon memory until the kernel forgets it (about 600 bytes "
+        "each, docs/operations.md). Past this count the daemon asks the kernel to forget the oldest "
+        "idle names (down to 90%): a later `stat` of one is a lookup again. Open files and files being "
+        "written are never asked.",
+    )
     spool_dir: str = Field(
         "/var/cache/hintfs/spool",
         description="Remote stores only: local directory where written files are staged until close "

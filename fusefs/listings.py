@@ -1,0 +1,102 @@
+"""Listings of immutable folders, kept by the daemon for lookups and listings (issue 39).
+
+Where `[cache] immutable_globs` says a path never changes once written, the kernel caches its
+name and attributes for `immutable_timeout_s`; the kernel caches no folder listings, nor what
+it forgot. This keeps whole folder listings (name -> `Stat`) for that long:
+
+- a lookup of an immutable path in a folder whose listing is kept is answered from it, with no
+  store request (on S3 a HEAD each); a name the listing lacks still asks the store (a file
+  written since by another host is found);
+- a folder where lookups keep missing (`LIST_AFTER` of them: a tool walking it by path) is listed
+  once, in one request per page instead of a HEAD per name;
+- a listing of a folder that itself matches the globs is answered from here (its names are
+  declared never to change: seen up to `immutable_timeout_s` later, as its attributes).
+
+Names created, removed or renamed through this mount drop the folder's listing (`drop`). Bounded:
+at most `max_entries` names in all; past it the least recently used folders are dropped.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from hintfs.stores.base import Stat
+
+LIST_AFTER = 4            # lookups missing in one folder before it is listed for the next ones
+_MISS_FOLDERS = 4096      # folders whose misses are counted at once (then the count starts over)
+
+
+class Listings:
+    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic):
+        self.max_entries = max_entries
+        self.clock = clock
+        self._by_folder: OrderedDict[str, tuple[float, dict[str, Stat]]] = OrderedDict()
+        self.entries = 0                     # names kept, all folders
+        self._misses: dict[str, int] = {}
+        self.listing: set[str] = set()       # folders being listed for lookups now
+
+    def __len__(self) -> int:
+        return len(self._by_folder)
+
+    def folder(self, folder: str) -> dict[str, Stat] | None:
+        """The kept listing of `folder` (name -> Stat), if fresh."""
+        hit = self._by_folder.get(folder)
+        if hit is None:
+            return None
+        expires, names = hit
+        if self.clock() >= expires:
+            self.drop(folder)
+            return None
+        self._by_folder.move_to_end(folder)
+        return names
+
+    def get(self, folder: str, name: str) -> Stat | None:
+        names = self.folder(folder)
+        return None if names is None else names.get(name)
+
+    def missed(self, folder: str) -> bool:
+        """A lookup in `folder` found no kept listing: True when the folder should be listed now."""
+        if folder in self.listing:
+            return False
+        if len(self._misses) >= _MISS_FOLDERS and folder not in self._misses:
+            self._misses.clear()
+        n = self._misses.get(folder, 0) + 1
+        self._misses[folder] = n
+        return n >= LIST_AFTER
+
+    def put(self, folder: str, entries: Iterable[tuple[str, Stat | None]], ttl: float) -> None:
+        """Keep `folder`'s whole listing for `ttl` seconds."""
+        if ttl <= 0:
+            return
+        names = {name: st for name, st in entries if st is not None}
+        if len(names) > self.max_entries:
+            return
+        self.drop(folder)
+        self._misses.pop(folder, None)
+        self._by_folder[folder] = (self.clock() + ttl, names)
+        self.entries += len(names)
+        while self.entries > self.max_entries and self._by_folder:
+            _, (_, old) = self._by_folder.popitem(last=False)
+            self.entries -= len(old)
+
+    def drop(self, folder: str) -> None:
+        """`folder` changed through this mount (or its listing expired)."""
+        hit = self._by_folder.pop(folder, None)
+        if hit is not None:
+            self.entries -= len(hit[1])
+
+    def drop_under(self, path: str) -> None:
+        """`path` was removed or renamed: its folder's listing and the listings under it go."""
+        self.drop(path.rpartition("/")[0])
+        prefix = path + "/"
+        for folder in [f for f in self._by_folder if f == path or f.startswith(prefix)]:
+            self.drop(folder)
+
+    def clear(self) -> None:
+        self._by_folder.clear()
+        self._misses.clear()
+        self.entries = 0
+
+
+__all__ = ["Listings", "LIST_AFTER"]

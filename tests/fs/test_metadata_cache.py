@@ -1,0 +1,207 @@
+"""Metadata of big folders (issue 39): listings of immutable folders kept for lookups and
+listings (`fusefs.listings`), and the bound on the names the daemon keeps for the kernel
+(`[cache] max_entries`, `fusefs.inodes.InodeTable.to_forget`). The filesystem is driven directly
+(no mount) over a file:// store; the clock of `Listings` is injected."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import trio
+
+from fusefs.attrs import ROOT_INODE
+from fusefs.inodes import InodeTable
+from fusefs.listings import LIST_AFTER, Listings
+from hintfs.stores.base import Stat
+from tests.fs.test_filesystem_api import CTX, make_fs, write_file
+
+IMMUTABLE = {"cache": {"immutable_globs": ["ck", "ck/*"], "max_entries": 1000}}
+
+
+def _st(size: int = 1) -> Stat:
+    return Stat(0o100644, size, 1, 1)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_listings_expire_and_stay_under_their_bound():
+    clock = _Clock()
+    ls = Listings(max_entries=5, clock=clock)
+    ls.put("a", [("x", _st(1)), ("y", _st(2))], ttl=10)
+    assert ls.get("a", "x").size == 1 and ls.get("a", "z") is None
+    ls.put("b", [("x", _st(3)), ("y", _st(4)), ("z", _st(5))], ttl=10)
+    assert ls.entries == 5
+    ls.put("c", [("x", _st(6))], ttl=10)          # past the bound: the least recently used goes
+    assert ls.folder("a") is None and ls.entries == 4
+    ls.put("huge", [(str(i), _st()) for i in range(6)], ttl=10)   # bigger than the bound: not kept
+    assert ls.folder("huge") is None
+    clock.now += 10
+    assert ls.folder("b") is None and ls.folder("c") is None and ls.entries == 0
+    ls.put("d/e", [("x", _st())], ttl=10)
+    ls.put("d", [("e", _st())], ttl=10)
+    ls.drop_under("d/e")                            # removed or renamed: it and its folder go
+    assert ls.folder("d") is None and ls.folder("d/e") is None and ls.entries == 0
+
+
+def test_a_folder_is_listed_for_lookups_after_a_few_misses():
+    ls = Listings(max_entries=100)
+    assert [ls.missed("f") for _ in range(LIST_AFTER)] == [False] * (LIST_AFTER - 1) + [True]
+    ls.listing.add("g")
+    assert not any(ls.missed("g") for _ in range(2 * LIST_AFTER))   # being listed: never twice
+
+
+class _CountingStore:
+    """The file:// store, counting stat calls (what a HEAD each would be on S3)."""
+
+    def __init__(self, store):
+        self._store = store
+        self.stats = 0
+
+    def stat(self, rel):
+        self.stats += 1
+        return self._store.stat(rel)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def _fs(tmp_path, **cfg):
+    fs = make_fs(tmp_path, **cfg)
+    fs.store = _CountingStore(fs.store)
+    return fs, tmp_path / "store"
+
+
+async def _names(fs, ino: int) -> list[str]:
+    fh = await fs.opendir(ino, CTX)
+    out: list[str] = []
+    await fs.readdir(fh, 0, lambda e: out.append(e.name.decode()) or True)
+    await fs.releasedir(fh)
+    return sorted(out)
+
+
+def test_lookups_in_an_immutable_folder_are_answered_from_one_listing(tmp_path):
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    (root / "ck").mkdir()
+    for i in range(50):
+        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        before = fs.store.stats
+        for i in range(50):
+            a = await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
+            assert a.st_size == i
+        # the first misses asked the store; then one listing answered the rest
+        assert fs.store.stats - before == LIST_AFTER - 1
+        assert fs.stats.counters["lookup_listings"] == 1
+        assert fs.stats.counters["lookup_from_listing"] == 50 - LIST_AFTER + 1
+        # a name the listing lacks (written by another host since) still asks the store
+        (root / "ck" / "new").write_bytes(b"n")
+        assert (await fs.lookup(ck.st_ino, b"new", CTX)).st_size == 1
+        assert fs.store.stats - before == LIST_AFTER
+    trio.run(test, fs, root)
+
+
+def test_a_folder_not_declared_immutable_is_never_answered_from_a_listing(tmp_path):
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    (root / "other").mkdir()
+    for i in range(20):
+        (root / "other" / f"f{i}").write_bytes(b"y")
+
+    async def test(fs, _root):
+        d = await fs.lookup(ROOT_INODE, b"other", CTX)
+        assert len(await _names(fs, d.st_ino)) == 20
+        before = fs.store.stats
+        for i in range(20):
+            await fs.lookup(d.st_ino, f"f{i}".encode(), CTX)
+        assert fs.store.stats - before == 20 and "lookup_from_listing" not in fs.stats.counters
+        (root / "other" / "late").write_bytes(b"z")
+        assert "late" in await _names(fs, d.st_ino)      # listed from the store each time
+    trio.run(test, fs, root)
+
+
+def test_an_immutable_folder_is_listed_from_memory_until_this_mount_changes_it(tmp_path):
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    (root / "ck").mkdir()
+    (root / "ck" / "a").write_bytes(b"a")
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        assert await _names(fs, ck.st_ino) == ["a"]
+        # a change behind the mount's back to a folder declared immutable: seen up to
+        # immutable_timeout_s later (docs/semantics.md), like its attributes
+        (root / "ck" / "b").write_bytes(b"b")
+        assert await _names(fs, ck.st_ino) == ["a"]
+        before = fs.store.stats
+        assert (await fs.lookup(ck.st_ino, b"a", CTX)).st_size == 1   # from the kept listing
+        assert fs.store.stats == before
+        # a change through this mount is seen at once: create, unlink, rename
+        await write_file(fs, ck.st_ino, "c", b"cc")
+        assert await _names(fs, ck.st_ino) == ["a", "b", "c"]
+        await fs.unlink(ck.st_ino, b"b", CTX)
+        assert await _names(fs, ck.st_ino) == ["a", "c"]
+        await fs.rename(ck.st_ino, b"c", ck.st_ino, b"d", 0, CTX)
+        assert await _names(fs, ck.st_ino) == ["a", "d"]
+        assert os.listdir(root / "ck") and sorted(os.listdir(root / "ck")) == ["a", "d"]
+    trio.run(test, fs, root)
+
+
+class _Kernel:
+    def __init__(self):
+        self.asked: list[tuple[int, bytes]] = []
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        self.asked.append((parent, name))
+
+    def invalidate_entry_now(self, parent: int, name: bytes) -> None:
+        self.asked.append((parent, name))
+
+
+def test_past_max_entries_the_kernel_is_asked_to_forget_the_oldest_idle_names(tmp_path):
+    fs, root = _fs(tmp_path, cache={"max_entries": 1000})
+    kernel = fs.kernel = _Kernel()
+    (root / "d").mkdir()
+    for i in range(1500):
+        (root / "d" / f"f{i:04d}").write_bytes(b"")
+
+    async def test(fs, _root):
+        d = await fs.lookup(ROOT_INODE, b"d", CTX)
+        names = await _names(fs, d.st_ino)
+        assert len(names) == 1500
+        # 1,503 known (root, .hintfs, d and the files): down to 90% of the bound asked, the
+        # files (d is open: not asked), oldest first
+        assert len(kernel.asked) == len(fs.inodes.by_ino) - 900
+        assert {parent for parent, _ in kernel.asked} == {d.st_ino}
+        known = [i.path for i in fs.inodes.by_ino.values()]
+        assert [f"d/{n.decode()}" for _, n in kernel.asked] == [p for p in known if p.startswith("d/")][:603]
+        n = len(kernel.asked)
+        await fs.readdir(await fs.opendir(d.st_ino, CTX), 10**9, lambda e: True)   # nothing new: not asked again
+        assert len(kernel.asked) == n
+        # the kernel forgets them: the daemon drops the inodes
+        for parent, name in list(kernel.asked):
+            if parent == d.st_ino:
+                fs.forget([(fs.inodes.by_path_get(f"d/{name.decode()}").ino, 1)])
+        assert fs.inodes.over(1000) < 0 and not fs.inodes.asked - set(fs.inodes.by_ino)
+    trio.run(test, fs, root)
+
+
+def test_open_files_and_writers_are_never_asked_to_be_forgotten():
+    table = InodeTable()
+    d = table.ensure("d")
+    d.lookups = 1
+    files = [table.ensure(f"d/f{i}") for i in range(4)]
+    for f in files:
+        f.lookups = 1
+    files[0].opens = 1
+    files[1].writer = SimpleNamespace(fd=-1)
+    picked = [(inode.path, parent.path, name) for inode, parent, name in table.to_forget(10)]
+    assert picked == [("d", "", "d"), ("d/f2", "d", "f2"), ("d/f3", "d", "f3")]
+    assert table.to_forget(10) == []                 # asked once
+    table.forget(files[2].ino, 1)
+    assert files[2].ino not in table.asked and table.over(0) == len(table.by_ino) - 2

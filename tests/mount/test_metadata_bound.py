@@ -1,0 +1,37 @@
+"""`[cache] max_entries` with a kernel (issue 39): past the bound the daemon asks the kernel to
+forget the oldest idle names, the kernel forgets them, and every name still answers right (a
+lookup again). A folder declared immutable is listed once for lookups by path."""
+from __future__ import annotations
+
+import os
+
+from tests.conftest import needs_fuse
+
+pytestmark = needs_fuse
+
+N = 3000
+
+
+def test_names_past_max_entries_are_forgotten_and_found_again(mount_factory):
+    m = mount_factory('\n[cache]\nmax_entries = 1000\n')
+    (m.store / "d").mkdir()
+    for i in range(N):
+        (m.store / "d" / f"f{i:04d}").write_bytes(b"x" * (i % 7))
+    assert len(os.listdir(m.mnt / "d")) == N
+    for i in range(N):
+        assert os.lstat(m.mnt / "d" / f"f{i:04d}").st_size == i % 7
+    counters = m.stats()["counters"]
+    assert counters.get("entries_trimmed", 0) >= N - 1000, counters
+    assert m.stats()["ops"]["lookup"]["count"] > 0   # stats of forgotten names were lookups again
+
+
+def test_stat_by_path_in_an_immutable_folder_lists_it_once(mount_factory):
+    m = mount_factory('\n[cache]\nimmutable_globs = ["ck/*"]\n')
+    (m.store / "ck").mkdir()
+    for i in range(200):
+        (m.store / "ck" / f"f{i:03d}").write_bytes(b"y" * i)
+    for i in range(200):
+        assert os.stat(m.mnt / "ck" / f"f{i:03d}").st_size == i
+    counters = m.stats()["counters"]
+    assert counters.get("lookup_listings") == 1, counters
+    assert counters.get("lookup_from_listing", 0) >= 190, counters
