@@ -171,6 +171,9 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[SampleMeta, dict[str, 
     header, start = read_header(data)
     md = header.pop("__metadata__", None) or {}
     if md.get("hintfs") != FORMAT_VERSION:
+        if isinstance(md.get("hintfs"), str) and md["hintfs"].isdigit():
+            raise TransformError(f"a hintfs .tensor of format version {md['hintfs']}, this reader reads version "
+                                 f"{FORMAT_VERSION}: upgrade hintfs in the job's image")
         raise TransformError(f"not a hintfs .tensor file (hintfs={md.get('hintfs')!r})")
     try:
         meta = SampleMeta(

@@ -256,3 +256,16 @@ def test_a_plan_of_a_later_format_version_is_refused_in_one_line(tmp_path, monke
     monkeypatch.setattr(plan, "FORMAT_VERSION", 1)
     with pytest.raises(ValueError, match="a hintfs plan of format version 2, this hintfs reads versions 1..1"):
         plan.read_plan_meta(path)
+
+
+def test_a_tensor_file_of_another_format_version_names_it():
+    import numpy as np
+    from hintfs.transforms import container
+    from hintfs.transforms.container import TransformError
+    meta = container.make_meta("image", {}, 3, "data/x.jpg", 10, 1_700_000_000_123)
+    md = container._meta_strings(meta, "tensor")
+    future = container._encode({"x": np.zeros(2, np.uint8)}, {**md, "hintfs": "2"})
+    with pytest.raises(TransformError, match="format version 2, this reader reads version 1: upgrade hintfs"):
+        container.decode(future)
+    with pytest.raises(TransformError, match="not a hintfs .tensor file"):
+        container.decode(container._encode({"x": np.zeros(2, np.uint8)}, {**md, "hintfs": "x"}))
