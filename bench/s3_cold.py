@@ -237,7 +237,7 @@ class Mounts:
             return shutil.which("s3fs") is not None
         if system == "rclone":
             return shutil.which("rclone") is not None
-        if system == "hintfs":
+        if system.startswith("hintfs"):
             return os.access(self.hintfs, os.X_OK)
         return True
 
@@ -249,11 +249,12 @@ class Mounts:
         proc = None
         gw = self.gw
         try:
-            if system == "hintfs":
+            if system.startswith("hintfs"):
                 cfg = os.path.join(self.base, f"hintfs-{self.seq}.toml")
+                imm = 'immutable_globs = ["*"]\n' if system == "hintfs-immutable" else ""
                 with open(cfg, "w") as f:
                     f.write(gw.store_toml(BUCKET) + "\n"
-                            f'[cache]\nspool_dir = "{os.path.join(self.base, "spool")}"\ndir = "{cache_dir}"\n\n'
+                            f'[cache]\nspool_dir = "{os.path.join(self.base, "spool")}"\ndir = "{cache_dir}"\n{imm}\n'
                             f'[mount]\npassthrough = "auto"\n\n'
                             f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
                 r = run([self.hintfs, "mount", cfg, mnt], timeout=60)
@@ -290,14 +291,14 @@ class Mounts:
                     raise RuntimeError(f"{system} did not mount within 30 s")
                 time.sleep(0.02)
             yield mnt
-            if system == "hintfs":
+            if system.startswith("hintfs"):
                 with open(os.path.join(mnt, ".hintfs", "stats")) as f:
                     self.last_stats = json.load(f)
         finally:
             self.unmount(system, mnt, proc)
 
     def unmount(self, system: str, mnt: str, proc) -> None:
-        if system == "hintfs" and os.path.ismount(mnt):
+        if system.startswith("hintfs") and os.path.ismount(mnt):
             r = run([self.hintfs, "umount", mnt], timeout=90)
             if r.returncode != 0:
                 self.notes.append(f"hintfs umount: {r.stdout.strip()[-200:]}")
@@ -344,18 +345,21 @@ def measure(gw: JuiceFSGateway, mounts: Mounts, fs_factory, system: str, case: s
             n = {"seq": mount_seq, "par8": mount_par, "small": mount_small}[case](mnt)
             dt = time.perf_counter() - t0
             cpu1, w1 = gateway_counters(gw)
-            if system == "hintfs" and case == "seq":
+            if system.startswith("hintfs") and case == "seq":
                 again.update(reread(mnt, local_copy, args))
     if total is not None and n != total:
         raise RuntimeError(f"{system} {case}: read {n} bytes, not {total}")
     value = (args.small / dt) if case == "small" else n / dt / 1e9
     rec = {"value": round(value, 4), "s": round(dt, 3), "bytes": n, "gateway_cpu_s": round(cpu1 - cpu0, 2),
            "fetched_over_read": round((w1 - w0) / n, 3) if n else None}
-    if system == "hintfs":
+    if system.startswith("hintfs"):
         c = mounts.last_stats.get("counters", {})
         rec["hintfs"] = {k: c.get(k) for k in ("hostcache_fetches", "hostcache_fetched_bytes", "hostcache_hits",
-                                               "hostcache_partial_reads", "read_thread", "read_nowait_hit")
+                                               "hostcache_partial_reads", "hostcache_whole", "read_thread",
+                                               "read_nowait_hit", "stat_from_listing")
                          if k in c}
+        rec["hintfs"]["ops"] = {k: v.get("count") for k, v in mounts.last_stats.get("ops", {}).items()
+                                if k in ("lookup", "getattr", "open", "read", "readdir", "release")}
     return rec
 
 

@@ -58,6 +58,25 @@ class StoreConfig(Section):
     startup_check: bool = Field(
         True, description="Fail `hintfs mount` at once when the store root cannot be listed."
     )
+    # Reads of remote stores (hintfs/stores/arrow.py, hintfs/stores/readahead.py; issue 39).
+    whole_object_bytes: int = Field(
+        1 << 20, ge=0, le=64 << 20,
+        description="Remote stores: an object up to this size is read whole at open, in one request "
+        "(then every read of that open is served from memory, and the host cache keeps it from those "
+        "bytes); 0: never.",
+    )
+    read_ahead_bytes: int = Field(
+        64 << 20, ge=0, le=1 << 30,
+        description="Remote stores without the host cache: the most bytes read ahead of one open file "
+        "that reads sequentially (ranged reads in parallel; the window starts at two 8 MiB reads and "
+        "doubles while the reader keeps coming); 0: no read-ahead. With `[cache] dir` the cache's "
+        "fetch is the read-ahead (`fetch_threads`, `fetch_block_bytes`).",
+    )
+    read_buffer_bytes: int = Field(
+        1 << 30, ge=1 << 20, le=1 << 40,
+        description="Remote stores: the most bytes held in memory for all open files together "
+        "(objects read whole at open, reads ahead); beyond it, reads ask the store for what they ask.",
+    )
 
     @field_validator("uri")
     @classmethod

@@ -24,7 +24,10 @@ def open_store(store_cfg, spool_dir: str, cache_cfg=None) -> Store:
         fs, root = filesystem_from_config(store_cfg)
     except Exception as err:  # pyarrow raises ArrowInvalid/OSError for bad URIs or missing HDFS libs
         raise HintfsError(errno.EINVAL, f"store {uri}: {err}") from None
-    store: Store = ArrowStore(fs, root, spool_dir, uri)
+    store: Store = ArrowStore(fs, root, spool_dir, uri, whole_object_bytes=store_cfg.whole_object_bytes,
+                              read_ahead_bytes=store_cfg.read_ahead_bytes,
+                              read_buffer_bytes=store_cfg.read_buffer_bytes,
+                              listing_ttl=listing_ttl(cache_cfg) if cache_cfg is not None else None)
     if cache_cfg is not None and cache_cfg.dir:
         from hintfs.stores.hostcache import HostCachedStore
         try:
@@ -35,6 +38,22 @@ def open_store(store_cfg, spool_dir: str, cache_cfg=None) -> Store:
         except OSError as err:
             raise HintfsError(err.errno or errno.EIO, f"cache.dir {cache_cfg.dir}: {err.strerror or err}") from None
     return store
+
+
+def listing_ttl(cache_cfg):
+    """How long a listing's attributes of a path answer its stats (no request): as long as the
+    kernel keeps attributes of that path (`[cache] attr_timeout_s`, `immutable_timeout_s` for
+    `immutable_globs`), so a stat sees nothing older than the kernel's own cache could show."""
+    import fnmatch
+    import re
+    globs = list(cache_cfg.immutable_globs)
+    match = re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs)).match if globs else None
+    attr: float = float(cache_cfg.attr_timeout_s)
+    immutable: float = float(cache_cfg.immutable_timeout_s)
+
+    def ttl(path: str) -> float:
+        return immutable if match is not None and match(path) else attr
+    return ttl
 
 
 def check_store(store: Store, store_cfg) -> None:

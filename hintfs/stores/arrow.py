@@ -12,41 +12,79 @@ import itertools
 import os
 import stat as stat_mod
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+from cachetools import LRUCache
 
 from hintfs.common.errors import HintfsError
 from hintfs.common.owndir import make_own_dir
 from hintfs.stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
+from hintfs.stores.readahead import Budget, ReadAhead, ReadPool
 from datetime import UTC
 
 _seq = itertools.count()
 _UPLOAD_CHUNK = 8 << 20
 _FILE_MODE = stat_mod.S_IFREG | 0o644
 _DIR_MODE = stat_mod.S_IFDIR | 0o755
+_READ_THREADS = 16          # ranged reads ahead in flight, over all open files of a store
+_READ_CHUNK = 8 << 20       # bytes per ranged read ahead (less where read_ahead_bytes is small)
+_LISTED_MAX = 100_000       # entries of listings kept for stat (about 300 bytes each)
 
 
 class ArrowReader:
-    __slots__ = ("_file", "_lock")
+    """One open file of a pyarrow filesystem: its reads are positional (`read_at`). `whole`: the
+    object fetched whole at open (small objects: one GET), every read served from memory.
+    `ahead`: read-ahead for sequential reads (hintfs.stores.readahead); `plain()` turns it off."""
+    __slots__ = ("_file", "_lock", "whole", "_etag", "_ahead", "_held", "_budget")
 
-    def __init__(self, f):
+    def __init__(self, f, whole: bytes | None = None, etag: str | None = None, ahead: ReadAhead | None = None,
+                 budget: Budget | None = None):
         self._file = f
         self._lock = threading.Lock()
+        self.whole = whole
+        self._etag = etag
+        self._ahead = ahead
+        self._budget = budget
+        self._held = len(whole) if whole is not None and budget is not None else 0
 
     def read(self, offset: int, size: int) -> bytes:
+        whole = self.whole
+        if whole is not None:
+            return whole[offset:offset + size]
+        ahead = self._ahead
+        if ahead is not None:
+            return ahead.read(offset, size)
         # read_at is positional and thread-safe in Arrow; no seek state is shared.
         data: bytes = self._file.read_at(size, offset)
         return data
 
+    def _read_at(self, offset: int, size: int) -> bytes:
+        data: bytes = self._file.read_at(size, offset)
+        return data
+
     def read_nowait(self, offset: int, size: int) -> bytes | None:
-        return None
+        whole = self.whole
+        if whole is not None:
+            return whole[offset:offset + size]
+        ahead = self._ahead
+        return ahead.read_nowait(offset, size) if ahead is not None else None
+
+    def plain(self) -> None:
+        """No read-ahead: reads ask the store for what they ask (the host cache's fetch reads
+        whole blocks itself)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
 
     @property
     def etag(self) -> str:
         """The object's ETag from the open's own HEAD (no request); "" where the filesystem has
         none (HDFS, a closed reader)."""
+        if self._etag is not None:
+            return self._etag
         f = self._file
         try:
             raw = f.metadata().get("ETag") if f is not None else None
@@ -56,9 +94,14 @@ class ArrowReader:
 
     def close(self) -> None:
         with self._lock:
+            self.plain()
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            if self._held and self._budget is not None:
+                self._budget.give(self._held)
+                self._held = 0
+            self.whole = None
 
 
 def _last_modified_ns(meta) -> int | None:
@@ -154,12 +197,30 @@ class ArrowStore:
     passthrough_capable = False   # objects are not local files
     inode_numbers = False
 
-    def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str):
+    def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str, *,
+                 whole_object_bytes: int = 1 << 20, read_ahead_bytes: int = 64 << 20,
+                 read_buffer_bytes: int = 1 << 30, listing_ttl: Callable[[str], float] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.fs = fs
         self.root = root
         self.spool_dir = spool_dir
         self.description = description
         self._is_s3 = isinstance(fs, pafs.S3FileSystem)
+        # Reads ([store] whole_object_bytes, read_ahead_bytes, read_buffer_bytes): every byte held
+        # for open files (whole small objects, chunks read ahead) counts against one budget.
+        self.whole_bytes = whole_object_bytes
+        self.read_ahead_bytes = read_ahead_bytes
+        self.read_budget = Budget(read_buffer_bytes)
+        self._read_pool = ReadPool(_READ_THREADS)
+        self.read_counters: dict[str, int] = {}
+        # What a listing said of each entry, for `listing_ttl(path)` seconds (the mount's attribute
+        # timeout of that path: as long as the kernel keeps attributes it got with a listing): a stat of a
+        # listed name is answered from it, no HEAD per file. Bounded; every change through this
+        # store forgets what it touches.
+        self._listing_ttl = listing_ttl
+        self._clock = clock
+        self._listed: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if listing_ttl is not None else None
+        self._listed_lock = threading.Lock()
         os.close(self._spool())      # at mount time: one line if the spool is not the daemon's own
 
     def _spool(self) -> int:
@@ -189,20 +250,51 @@ class ArrowStore:
             # mount time is a directory. No request: the kernel asks for the root's attributes
             # whenever they expire, and each request is a round trip on a long link.
             return _ROOT_STAT
+        listed = self._listed
+        if listed is not None:
+            with self._listed_lock:
+                kept = listed.get(rel)
+            if kept is not None and self._clock() < kept[1]:
+                self._count("stat_from_listing")
+                st: Stat = kept[0]
+                return st
         info = self.fs.get_file_info(self._p(rel))
         return _stat_of(info)
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         path = self._p(rel)
+        now = self._clock()   # (when the listing was asked for: its entries are that old)
         infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
+        listed = self._listed
         for info in infos:
             name = info.base_name
             if not name or name.startswith(STAGING_PREFIX):
                 continue
             try:
-                yield name, _stat_of(info)
+                st = _stat_of(info)
             except FileNotFoundError:
                 continue
+            if listed is not None and self._listing_ttl is not None:
+                child = f"{rel}/{name}" if rel else name
+                ttl = self._listing_ttl(child)
+                if ttl > 0:
+                    with self._listed_lock:
+                        listed[child] = (st, now + ttl)
+            yield name, st
+
+    def _forget_listed(self, *rels: str, tree: bool = False) -> None:
+        """A change through this store: what listings said of `rels` (with `tree`, of everything
+        below them too) is not answered any more."""
+        listed = self._listed
+        if listed is None:
+            return
+        with self._listed_lock:
+            for rel in rels:
+                listed.pop(rel, None)
+                if tree:
+                    prefix = rel.rstrip("/") + "/" if rel else ""
+                    for k in [k for k in list(listed.keys()) if k.startswith(prefix)]:
+                        listed.pop(k, None)
 
     def open_reader(self, rel: str) -> tuple[ArrowReader, Stat]:
         if self._is_s3:
@@ -213,21 +305,68 @@ class ArrowStore:
             except FileNotFoundError:
                 f = None   # missing, or a "directory" (a prefix): the stat below says which
             if f is not None:
-                reader = ArrowReader(f)
                 mtime = _last_modified_ns(f.metadata())
                 if mtime is not None:
-                    return reader, Stat(_FILE_MODE, f.size(), mtime, mtime, 1, etag=reader.etag)
+                    size = f.size()
+                    reader = self._reader(f, size)
+                    return reader, Stat(_FILE_MODE, size, mtime, mtime, 1, etag=reader.etag)
                 f.close()
         info = self.fs.get_file_info(self._p(rel))
         st = _stat_of(info)
         if st.is_dir:
             raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
-        return ArrowReader(self.fs.open_input_file(self._p(rel))), st
+        f = self.fs.open_input_file(self._p(rel))
+        return self._reader(f, f.size()), st
+
+    def _reader(self, f, size: int) -> ArrowReader:
+        """The reader of an open file: a small object (up to `whole_bytes`) read whole now, in one
+        request, if the read budget allows; else one whose sequential reads read ahead."""
+        if 0 < size <= self.whole_bytes and self.read_budget.take(size):
+            try:
+                data = f.read_at(size, 0)
+            except BaseException:
+                self.read_budget.give(size)
+                f.close()
+                raise
+            if len(data) == size:   # (else the object changed since the open's HEAD: read as asked)
+                etag = ArrowReader(f).etag
+                f.close()
+                self._count("whole_object_opens")
+                return ArrowReader(None, whole=data, etag=etag, budget=self.read_budget)
+            self.read_budget.give(size)
+        reader = ArrowReader(f)
+        if self.read_ahead_bytes > 0 and size > 0:
+            reader._ahead = ReadAhead(reader._read_at, size, self.read_ahead_bytes, self.read_budget,
+                                      self._read_pool, _READ_CHUNK, self.read_counters)
+        return reader
+
+    def _count(self, key: str) -> None:
+        self.read_counters[key] = self.read_counters.get(key, 0) + 1
+
+    def attach_stats(self, stats) -> None:
+        """Keep the read counters (`whole_object_opens`, `stat_from_listing`, `readahead_*`) in the
+        mount's `Stats` from now on (the host cache forwards its own call here)."""
+        target = stats.counters
+        if target is not self.read_counters:
+            for key, value in self.read_counters.items():
+                target[key] = target.get(key, 0) + value
+            self.read_counters = target
 
     def current(self, rel: str) -> Stat:
         """An S3 object's version from its HEAD (as `open_reader`'s, with the ETag); elsewhere `stat`."""
         if not self._is_s3:
             return self.stat(rel)
+        try:
+            f = self.fs.open_input_file(self._p(rel))   # (its HEAD only: no byte is read)
+        except FileNotFoundError:
+            f = None
+        if f is not None:
+            try:
+                mtime = _last_modified_ns(f.metadata())
+                if mtime is not None:
+                    return Stat(_FILE_MODE, f.size(), mtime, mtime, 1, etag=ArrowReader(f).etag)
+            finally:
+                f.close()
         reader, st = self.open_reader(rel)
         reader.close()
         return st
@@ -235,7 +374,7 @@ class ArrowStore:
     def open_data(self, rel: str) -> ArrowReader:
         """A reader without a Stat: one request less than `open_reader` on an object store (for
         copies whose version the caller knows already)."""
-        return ArrowReader(self.fs.open_input_file(self._p(rel)))
+        return ArrowReader(self.fs.open_input_file(self._p(rel)))   # (no read-ahead: copies read big blocks)
 
     def readlink(self, rel: str) -> str:
         raise HintfsError(errno.EINVAL, "this store has no symlinks")
@@ -253,11 +392,13 @@ class ArrowStore:
         return None
 
     def mkdir(self, rel: str, mode: int) -> None:
+        self._forget_listed(rel)
         if self.fs.get_file_info(self._p(rel)).type != pafs.FileType.NotFound:
             raise FileExistsError(errno.EEXIST, "exists", rel)
         self.fs.create_dir(self._p(rel), recursive=False)
 
     def rmdir(self, rel: str) -> None:
+        self._forget_listed(rel, tree=True)
         path = self._p(rel)
         info = self.fs.get_file_info(path)
         if info.type != pafs.FileType.Directory:
@@ -267,14 +408,17 @@ class ArrowStore:
         self.fs.delete_dir(path)
 
     def unlink(self, rel: str) -> None:
+        self._forget_listed(rel)
         info = self.fs.get_file_info(self._p(rel))
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, "not found", rel)
         if info.type == pafs.FileType.Directory:
             raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
         self.fs.delete_file(self._p(rel))
+        self._forget_listed(rel)
 
     def rename(self, src: str, dst: str, noreplace: bool) -> None:
+        self._forget_listed(src, dst, tree=True)
         dst_info = self.fs.get_file_info(self._p(dst))
         if noreplace and dst_info.type != pafs.FileType.NotFound:
             raise FileExistsError(errno.EEXIST, "target exists", dst)
@@ -283,6 +427,7 @@ class ArrowStore:
             self._rename_tree(src, dst)
         else:
             self.fs.move(self._p(src), self._p(dst))
+        self._forget_listed(src, dst, tree=True)
 
     def _rename_tree(self, src: str, dst: str) -> None:
         """S3 has no directory rename: copy each object, then delete the originals (not atomic)."""
@@ -360,6 +505,7 @@ class ArrowStore:
         return staging
 
     def commit(self, staging: Staging, rel: str, keep: bool = False) -> Stat:
+        self._forget_listed(rel)
         # (an upload never changes the staging file: `keep` needs nothing more)
         target = self._p(rel)
         dest = target if self._is_s3 else f"{os.path.dirname(target)}/{STAGING_PREFIX}{os.getpid()}.{next(_seq)}"
@@ -374,16 +520,19 @@ class ArrowStore:
                 offset += len(chunk)
         if dest != target:
             self.fs.move(dest, target)
+        self._forget_listed(rel)   # (a listing that ran during the upload may have put it back)
         staging.dirty = False
         return self.current(rel)    # (on S3 the HEAD with the new object's ETag: `Stat.version`)
 
     def put_small(self, rel: str, data: bytes) -> None:
         """Write a small file whole (journal records); one PUT on S3."""
+        self._forget_listed(rel)
         parent = os.path.dirname(self._p(rel))
         if not self._is_s3:
             self.fs.create_dir(parent, recursive=True)
         with self.fs.open_output_stream(self._p(rel)) as out:
             out.write(data)
+        self._forget_listed(rel)
 
     def discard(self, staging: Staging) -> None:
         staging.close()

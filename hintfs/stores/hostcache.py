@@ -315,6 +315,9 @@ class HostCachedStore:
         """Keep the counters in the mount's `Stats` (its `counters` dict) from now on, so they show
         in `.hintfs/stats`, `hintfs status` and the metrics. Idempotent."""
         target = stats.counters
+        inner = getattr(self._store, "attach_stats", None)
+        if inner is not None:
+            inner(stats)
         with self._lock:
             if target is self.counters:
                 return
@@ -459,6 +462,9 @@ class HostCachedStore:
             job.started = True
         try:
             reader, st = self._store.open_reader(rel)
+            plain = getattr(reader, "plain", None)
+            if plain is not None:
+                plain()           # (no read-ahead: the fetch reads whole blocks itself)
             now = version_of(reader, st)
             if version is None:   # a prefetch: this version, unless it is cached already
                 version = now
@@ -496,11 +502,15 @@ class HostCachedStore:
             if os.fstat(fd).st_size != size:
                 raise OSError(errno.EIO, f"fetched file has {os.fstat(fd).st_size} bytes, not {size}")
             # The store's version again: a file replaced during the fetch may have mixed its bytes.
-            check, st2 = self._store.open_reader(rel)
-            try:
-                after = version_of(check, st2)
-            finally:
-                check.close()
+            current = getattr(self._store, "current", None)
+            if current is not None:   # (a HEAD on S3: the version, no byte read)
+                after = version_of(None, current(rel))
+            else:
+                check, st2 = self._store.open_reader(rel)
+                try:
+                    after = version_of(check, st2)
+                finally:
+                    check.close()
             if after != version:
                 raise _Stale("the file changed in the store during the fetch")
             try:   # what a restarted daemon indexes the file by (no xattrs here: it starts empty)
@@ -707,7 +717,83 @@ class HostCachedStore:
             self.count("hostcache_hits")
             return local, st
         self.count("hostcache_misses")
+        whole = getattr(reader, "whole", None)
+        if whole is not None:
+            # A small object the store read whole at open (one GET): kept here now, from these
+            # very bytes, and the open served from them (hintfs.stores.arrow.ArrowStore._reader).
+            self._keep_whole(rel, version, whole)
+            return reader, st
+        plain = getattr(reader, "plain", None)
+        if plain is not None:
+            plain()   # the cache's fetch is this open's read-ahead (`read_fetched`)
         return CachedReader(self, rel, version, reader), st
+
+    def _keep_whole(self, rel: str, version: Version, data: bytes) -> None:
+        """Enter `data`, the whole of `rel` at `version` (read in one request), as a complete copy,
+        within the bounds and the budget as a fetch would; never over a fetch of `rel` running."""
+        size = len(data)
+        if size != version[0] or not self.min_bytes <= size <= self.max_bytes or size == 0:
+            return
+        with self._lock:
+            if self._closed or rel in self._fetching or (rel, version) in self._failed:
+                return
+            entry = self._index.get(rel)
+            if entry is not None and entry.version == version:
+                return
+            if not self._make_room(size):
+                self.counters["hostcache_fetch_skipped"] += 1
+                return
+            self._reserved += size
+            job = self._fetching[rel] = _Job(version)   # (a change through the mount cancels it)
+            job.started = True
+        name = cache_name(rel)
+        tmp = f"{name}.{os.getpid()}.{next(_seq)}{_TMP_SUFFIX}"
+        fd = -1
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.dir_fd)
+            view = memoryview(data)
+            off = 0
+            while off < size:
+                off += os.pwrite(fd, view[off:], off)
+            try:
+                os.setxattr(fd, XATTR, json.dumps({"path": rel, "version": list(version),
+                                                   "v": XATTR_VERSION}).encode())
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EPERM):
+                    raise
+            os.utime(fd, ns=(version[1], version[1]))
+            with self._lock:
+                if self._closed or job.cancelled:
+                    raise _Stale("changed through the mount")
+                os.rename(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                tmp = ""
+                self._index.pop(rel, None)
+                self._reserved -= size
+                size = 0
+                self._make_room(len(data))
+                self._index[rel] = _Entry(name, version, len(data))
+                self.counters["hostcache_fetches"] += 1
+                self.counters["hostcache_fetched_bytes"] += len(data)
+                self.counters["hostcache_whole"] += 1
+                self.completed += 1
+                self._gauges()
+        except _Stale:
+            self.count("hostcache_fetch_dropped")
+        except OSError as err:
+            self.count("hostcache_fetch_failed")
+            log.warning("host cache: %s not kept: %s", rel, err)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if tmp:
+                _unlink_quiet(self.dir_fd, tmp)
+            with self._cond:
+                self._reserved -= size
+                if self._fetching.get(rel) is job:
+                    del self._fetching[rel]
+                job.done.set()
+                self._cond.notify_all()
 
     def stat(self, rel: str) -> Stat:
         return self._store.stat(rel)
