@@ -26,9 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def serve(root: str, mnt: str, timeout: float = 1.0) -> None:
+def serve(root: str, mnt: str, timeout: float = 1.0, mode: str = "plain") -> None:
     """The minimal daemon: `timeout` is its entry and attr timeout (bench/small_files.py gives the
-    peers' value)."""
+    peers' value). `mode`: "plain" (reads answered by the daemon, keep_cache), "pt" (FUSE
+    passthrough: a backing id registered at each open of an inode, released at its last close, as
+    hintfs does), "fast" (passthrough, the backing id kept and the inode marked for the fast-path
+    prototype, patches/pyfuse3-fastpath-prototype.patch: later opens and their releases are
+    answered inside pyfuse3, docs/fastpath.md)."""
     import pyfuse3
     import trio
 
@@ -38,6 +42,8 @@ def serve(root: str, mnt: str, timeout: float = 1.0) -> None:
             self.paths = {pyfuse3.ROOT_INODE: root}
             self.inos = {root: pyfuse3.ROOT_INODE}
             self.fds = {}
+            self.backing = {}   # "pt": ino -> [fd, backing id, opens]
+            self.enable_passthrough = mode != "plain"
 
         def _attr(self, path):
             st = os.lstat(path)
@@ -62,20 +68,39 @@ def serve(root: str, mnt: str, timeout: float = 1.0) -> None:
             return self._attr(self.paths[ino])
 
         async def open(self, ino, flags, ctx):
-            fd = os.open(self.paths[ino], os.O_RDONLY)
-            self.fds[fd] = fd
-            return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+            if mode == "plain":
+                fd = os.open(self.paths[ino], os.O_RDONLY)
+                self.fds[fd] = fd
+                return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+            b = self.backing.get(ino)
+            if b is None:
+                fd = os.open(self.paths[ino], os.O_RDONLY)
+                b = self.backing[ino] = [fd, pyfuse3.passthrough_open(fd), 0]
+                if mode == "fast":
+                    pyfuse3.fast_mark(ino, b[1])   # kept: the next opens never reach Python
+            b[2] += 1
+            return pyfuse3.FileInfo(fh=ino, keep_cache=False, backing_id=b[1], noflush=True)
 
         async def read(self, fh, off, size):
             return os.pread(fh, size, off)
 
         async def release(self, fh):
-            os.close(self.fds.pop(fh))
+            if mode == "plain":
+                os.close(self.fds.pop(fh))
+                return
+            b = self.backing[fh]
+            b[2] -= 1
+            if b[2] == 0 and mode == "pt":
+                del self.backing[fh]
+                pyfuse3.passthrough_close(b[1])
+                os.close(b[0])
 
     pyfuse3.init(Passthrough(), mnt, {"fsname=floor", "default_permissions"})
     try:
         trio.run(pyfuse3.main)
     finally:
+        if mode == "fast":
+            print("floor (fast path): opens, releases answered inside pyfuse3:", pyfuse3.fast_stats(), file=sys.stderr)
         pyfuse3.close()
 
 
@@ -99,7 +124,8 @@ def wait_mounted(mnt: str, timeout: float = 20) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 1.0)
+        serve(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 1.0,
+              sys.argv[5] if len(sys.argv) > 5 else "plain")
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=5000)

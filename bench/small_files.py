@@ -8,6 +8,8 @@
                   source `make setup` fetches (see --passthrough-hp)
   hintfs          this checkout's `hintfs mount` (file:// store)
   floor           bench/pyfuse3_floor.py's minimal daemon on the same (patched) pyfuse3
+  and, beside them: hintfs_imm (immutable_globs over the tree), floor_pt (the floor with FUSE
+  passthrough, as hintfs), floor_fast (floor_pt on the fast-path prototype: docs/fastpath.md)
 
 Cases: p1 (one reader, fresh mount), p1_pass2 (the same reader again on that mount: names and
 attributes cached by the kernel), p8 (eight reader processes, fresh mount). All systems run with
@@ -16,6 +18,7 @@ passthrough_hp has; `--nocache` is 0). CPUs pinned (taskset): every daemon on th
 readers on the first; systems interleaved, the order rotated each round; median of n rounds.
 
 Run as root:  .venv/bin/python bench/small_files.py [--files 5000] [--rounds 5] [--quick]
+(peers built by bench/build_passthrough_hp.sh and bench/build_fastpath_prototype.sh; n/a without)
 Writes bench/results/small_files.json (--output) and prints a markdown table.
 """
 from __future__ import annotations
@@ -38,12 +41,16 @@ sys.path.insert(0, HERE)
 from fuse_throughput import _read_files, log, machine, make_tree, run, tree_read  # noqa: E402
 
 SYSTEMS = ["bindfs", "bindfs_mt", "passthrough_hp", "hintfs", "floor"]
+# Also run by default: hintfs with immutable_globs, the floor with passthrough, the floor on the
+# fast-path prototype (each described in Mounts.available).
+EXTRA = ["hintfs_imm", "floor_pt", "floor_fast"]
 PEERS = ["bindfs", "bindfs_mt", "passthrough_hp"]
 CASES = ["p1", "p8", "p1_pass2"]
 # Goals of issue 39 (hintfs / the best peer), and the first step (hintfs / floor).
 GOALS = {"p1": 1.5, "p8": 1.0, "p1_pass2": 2.0}
 FLOOR_GOAL = 0.9
 DEFAULT_HP = os.path.join(REPO, ".venv", "libfuse-build", "src", "fuse3", "build-hp", "example", "passthrough_hp")
+DEFAULT_FAST = os.path.join(REPO, ".venv", "libfuse-build", "fastpath")   # bench/build_fastpath_prototype.sh
 
 
 def cpus() -> tuple[list[int], list[int]]:
@@ -55,15 +62,22 @@ def cpus() -> tuple[list[int], list[int]]:
 
 
 class Mounts:
-    def __init__(self, base: str, store: str, timeout: float, hp: str | None, daemon_cpus: list[int]):
+    def __init__(self, base: str, store: str, timeout: float, hp: str | None, daemon_cpus: list[int],
+                 fast_pyfuse3: str | None = None):
         self.base, self.store, self.timeout, self.hp = base, store, timeout, hp
+        self.fast_pyfuse3 = fast_pyfuse3
         self.pin = ["taskset", "-c", ",".join(map(str, daemon_cpus))]
         self.hintfs = os.path.join(os.path.dirname(sys.executable), "hintfs")
         self.seq = 0
         self.requests: dict[str, list] = {}
 
     def available(self, system: str) -> bool:
-        """(hintfs_nopt, not in the default set: hintfs with `[mount] passthrough = "off"`.)"""
+        """Not in the default set: hintfs_nopt (hintfs with `[mount] passthrough = "off"`), hintfs_imm
+        (`[cache] immutable_globs = ["tree/*"]`, immutable_timeout_s the same timeout), floor_pt
+        (the floor with FUSE passthrough, a backing id per open as hintfs), floor_fast (the floor on
+        the fast-path prototype's pyfuse3, --fast-pyfuse3: docs/fastpath.md)."""
+        if system == "floor_fast":
+            return bool(self.fast_pyfuse3) and os.path.isdir(os.path.join(self.fast_pyfuse3, "pyfuse3"))
         if system.startswith("bindfs"):
             return shutil.which("bindfs") is not None
         if system == "passthrough_hp":
@@ -78,12 +92,16 @@ class Mounts:
         if system == "passthrough_hp":
             # Its timeouts are 86400 s, or 0 with --nocache: nothing else to pass.
             return [*self.pin, self.hp, *(["--nocache"] if self.timeout == 0 else []), self.store, mnt]
-        if system == "floor":
-            return [*self.pin, sys.executable, os.path.join(HERE, "pyfuse3_floor.py"), "--serve", self.store, mnt, t]
+        if system.startswith("floor"):
+            mode = {"floor": "plain", "floor_pt": "pt", "floor_fast": "fast"}[system]
+            return [*self.pin, sys.executable, os.path.join(HERE, "pyfuse3_floor.py"), "--serve", self.store, mnt, t,
+                    mode]
         cfg = os.path.join(self.base, f"hintfs-{self.seq}.toml")
         with open(cfg, "w") as f:
             f.write(f'[store]\nuri = "file://{self.store}"\n\n[cache]\nattr_timeout_s = {self.timeout}\n'
                     f'entry_timeout_s = {self.timeout}\n\n'
+                    + (f'immutable_globs = ["tree/*"]\nimmutable_timeout_s = {self.timeout}\n\n'
+                       if system == "hintfs_imm" else "")
                     + ('[mount]\npassthrough = "off"\n\n' if system == "hintfs_nopt" else "") +
                     f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
         return [*self.pin, self.hintfs, "mount", cfg, mnt]
@@ -96,8 +114,9 @@ class Mounts:
         proc = None
         try:
             cmd = self.command(system, mnt)
-            if system == "floor":
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+            if system.startswith("floor"):
+                env = dict(os.environ, PYTHONPATH=self.fast_pyfuse3 or "") if system == "floor_fast" else None
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
             else:
                 r = run(cmd, timeout=60)
                 if r.returncode != 0:
@@ -153,8 +172,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--timeout", type=float, default=86400.0,
                     help="entry and attr timeout of every system (passthrough_hp: 86400 or 0 only)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(SYSTEMS + EXTRA))
     ap.add_argument("--passthrough-hp", default=DEFAULT_HP, help="libfuse's example/passthrough_hp binary")
+    ap.add_argument("--fast-pyfuse3", default=DEFAULT_FAST, help="a folder holding pyfuse3 built with patches/pyfuse3-fastpath-prototype.patch "
+                    "(for the floor_fast system)")
     ap.add_argument("--output", help="JSON file ('' to skip; default bench/results/small_files.json, "
                     "small_files_quick.json with --quick)")
     ap.add_argument("--note", action="append", default=[])
@@ -188,10 +209,13 @@ def main() -> int:
         files = make_tree(store, nfiles)
         rels = [rel for rel, _ in files]
         total = sum(s for _, s in files)
-        m = Mounts(base, store, args.timeout, args.passthrough_hp, daemon_cpus)
+        m = Mounts(base, store, args.timeout, args.passthrough_hp, daemon_cpus, args.fast_pyfuse3)
         commands = {s: " ".join(m.command(s, "MNT")).replace(store, "STORE").replace(base, "TMP")
-                         .replace(REPO + "/", "").replace(sys.executable, "python") for s in SYSTEMS}
+                         .replace(REPO + "/", "").replace(sys.executable, "python") for s in SYSTEMS + EXTRA}
         systems = [s for s in args.systems.split(",") if m.available(s)]
+        if "floor_fast" in systems:
+            notes.append("floor_fast: the floor's command with PYTHONPATH=" +
+                         os.path.relpath(args.fast_pyfuse3, REPO) + " (bench/build_fastpath_prototype.sh)")
         for s in args.systems.split(","):
             if s not in systems:
                 notes.append(f"{s}: not available, n/a")
@@ -244,8 +268,9 @@ def main() -> int:
             "best_peer": best,
             "hintfs/best_peer": round(med["hintfs"] / med[best], 3) if best and "hintfs" in med else None,
             "hintfs/floor": round(med["hintfs"] / med["floor"], 3) if "floor" in med and "hintfs" in med else None,
-            **({"hintfs_nopt/floor": round(med["hintfs_nopt"] / med["floor"], 3)}
-               if "floor" in med and "hintfs_nopt" in med else {}),
+            **{f"{s}/floor": round(med[s] / med["floor"], 3)
+               for s in ("hintfs_nopt", "hintfs_imm", "floor_pt", "floor_fast") if "floor" in med and s in med},
+            **{f"{s}/best_peer": round(med[s] / med[best], 3) for s in ("hintfs_imm", "floor_fast") if best and s in med},
             "goal_vs_best_peer": GOALS[case], "goal_vs_floor": FLOOR_GOAL,
         }
     out = {
@@ -257,11 +282,12 @@ def main() -> int:
         "machine": machine(), "load_start": load_start, "load_end": os.getloadavg(),
         "wall_s": round(time.monotonic() - t_start, 1), "notes": notes,
     }
-    print("| case | " + " | ".join(SYSTEMS) + " | hintfs/best peer (goal) | hintfs/floor (goal 0.9) |")
-    print("|---|" + "---:|" * (len(SYSTEMS) + 2))
+    shown = SYSTEMS + EXTRA
+    print("| case | " + " | ".join(shown) + " | hintfs/best peer (goal) | hintfs/floor (goal 0.9) |")
+    print("|---|" + "---:|" * (len(shown) + 2))
     for case in CASES:
         r_ = summary[case]
-        cells = [f"{r_[s]['files_per_s']:,}" if s in r_ else "n/a" for s in SYSTEMS]
+        cells = [f"{r_[s]['files_per_s']:,}" if s in r_ else "n/a" for s in shown]
         hb, hf = r_["hintfs/best_peer"], r_["hintfs/floor"]
         print(f"| {case} | " + " | ".join(cells) + f" | {hb if hb is not None else 'n/a'} (>= {GOALS[case]}) | "
               f"{hf if hf is not None else 'n/a'} |")
