@@ -90,10 +90,17 @@ class _Seen:
     space_ok: bool = True
 
 
-def _list_all(store: Store, folder: str) -> list[tuple[str, Stat]]:
-    """A whole folder's listing, in a worker thread (a local store's off-loop listing)."""
+def _list_all(store: Store, folder: str, most: int) -> list[tuple[str, Stat]]:
+    """A folder's listing, at most `most` names, in a worker thread (a local store's off-loop
+    listing)."""
     in_thread = getattr(store, "iter_dir_in_thread", None)
-    return list((in_thread or store.iter_dir)(folder))
+    entries = (in_thread or store.iter_dir)(folder)
+    try:
+        return list(itertools.islice(entries, most))
+    finally:
+        close = getattr(entries, "close", None)
+        if close is not None:
+            close()
 
 
 class Filesystem:
@@ -370,7 +377,7 @@ class Filesystem:
         if inode is not None and inode.writer is not None and inode.path == path:
             st = await self._stat_inode(inode)
         else:
-            kept = await self._listed(parent.path, path) if self._immutable_match is not None else None
+            kept = self._listed(parent.path, path) if self._immutable_match is not None else None
             try:
                 st = kept or await self.io(self.store.stat, path, inline=self.meta_inline)
             except FileNotFoundError:
@@ -394,34 +401,41 @@ class Filesystem:
             self.bound_entries()
         return self.attrs(inode, st)
 
-    async def _listed(self, folder: str, path: str) -> Stat | None:
+    def _listed(self, folder: str, path: str) -> Stat | None:
         """`path`'s attributes from the kept listing of its folder, where `path` is immutable
-        (`fusefs.listings`); a folder looked up in by path again and again is listed once for
-        the next lookups. None: ask the store."""
+        (`fusefs.listings`); a folder looked up in by path again and again is listed once, in the
+        background, for the next lookups. None: ask the store."""
         ttl = self.immutable(path)
         if not ttl:
             return None
-        name = path[len(folder) + 1:] if folder else path
         names = self.listings.folder(folder)
         if names is None:
-            if not self.listings.missed(folder):
-                return None
-            self.listings.listing.add(folder)
-            try:
-                listing = await self.io(_list_all, self.store, folder)
-            except OSError:
-                return None
-            finally:
-                self.listings.listing.discard(folder)
-            self.stats.add("lookup_listings")
-            self.listings.put(folder, listing, ttl)
-            names = self.listings.folder(folder)
-            if names is None:
-                return None
-        st = names.get(name)
+            if self.listings.missed(folder):
+                self.listings.listing.add(folder)
+                trio.lowlevel.spawn_system_task(self._list_for_lookups, folder, ttl, self.listings.changes)
+            return None
+        st = names.get(path[len(folder) + 1:] if folder else path)
         if st is not None:
             self.stats.add("lookup_from_listing")
         return st
+
+    async def _list_for_lookups(self, folder: str, ttl: float, since: int) -> None:
+        """List `folder` for the lookups to come (a system task: it never fails the mount). A
+        folder of more than `max_entries` names is not kept (nor listed again)."""
+        most = self.listings.max_entries
+        try:
+            listing = await trio.to_thread.run_sync(_list_all, self.store, folder, most + 1,
+                                                    limiter=self.io_limiter, abandon_on_cancel=True)
+        except Exception as err:   # (the lookups asked the store meanwhile, and still do)
+            log.debug("listing %r for lookups failed: %s", folder, err)
+            return
+        finally:
+            self.listings.listing.discard(folder)
+        self.stats.add("lookup_listings")
+        if len(listing) > most:
+            self.listings.too_big(folder)
+        else:
+            self.listings.put(folder, listing, ttl, since=since)
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:

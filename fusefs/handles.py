@@ -487,7 +487,7 @@ class TensorHandle(Handle):
 # -- directories --------------------------------------------------------------------------------
 class DirHandle(Handle):
     """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
-    __slots__ = ("entries", "source", "done", "in_thread", "hides")
+    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since")
 
     def __init__(self, inode: Inode):
         self.inode = inode
@@ -498,6 +498,7 @@ class DirHandle(Handle):
         # Whether a reserved name (`Services.reserved`) can be in this folder (the folder of
         # the control dir or of a journal's): None until the first entry asks.
         self.hides: bool | None = None
+        self.since = -1          # `Listings.changes` when the listing began
 
     async def fill(self, fs: Services, upto: int) -> None:
         """Fetch directory entries from the store until `upto` are known (paged listing)."""
@@ -511,6 +512,7 @@ class DirHandle(Handle):
                 self.done = True
                 return
         if self.source is None:
+            self.since = fs.listings.changes
             if fs.meta_inline:
                 # A local store lists in a worker thread where it can (a page at a time: its
                 # stats are C calls there, and the loop answers requests meanwhile).
@@ -541,7 +543,7 @@ class DirHandle(Handle):
         if not ttl:
             ttl = next((t for name, _ in self.entries if (t := fs.immutable(prefix + name))), 0.0)
         if ttl:
-            fs.listings.put(folder, self.entries, ttl)
+            fs.listings.put(folder, self.entries, ttl, since=self.since)
 
     async def readdir(self, fs: Services, start_id: int, reply: Reply) -> None:
         page_size = fs.readdir_page

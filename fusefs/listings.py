@@ -8,11 +8,14 @@ it forgot. This keeps whole folder listings (name -> `Stat`) for that long:
   store request (on S3 a HEAD each); a name the listing lacks still asks the store (a file
   written since by another host is found);
 - a folder where lookups keep missing (`LIST_AFTER` of them: a tool walking it by path) is listed
-  once, in one request per page instead of a HEAD per name;
+  once, in the background (no lookup waits for it), in one request per page instead of a HEAD
+  per name; a folder of more than `max_entries` names is not kept, nor listed again;
 - a listing of a folder that itself matches the globs is answered from here (its names are
   declared never to change: seen up to `immutable_timeout_s` later, as its attributes).
 
-Names created, removed or renamed through this mount drop the folder's listing (`drop`). Bounded:
+Names created, removed or renamed through this mount drop the folder's listing (`drop`), and a
+listing begun before any such change is not kept (one count for all folders: under steady writes
+through the mount a listing may not be kept, and lookups ask the store as without it). Bounded:
 at most `max_entries` names in all; past it the least recently used folders are dropped.
 """
 from __future__ import annotations
@@ -35,6 +38,9 @@ class Listings:
         self.entries = 0                     # names kept, all folders
         self._misses: dict[str, int] = {}
         self.listing: set[str] = set()       # folders being listed for lookups now
+        # Folders dropped so far: a listing begun before a drop is not kept (it may lack a name
+        # this mount created, or hold one it removed, meanwhile).
+        self.changes = 0
 
     def __len__(self) -> int:
         return len(self._by_folder)
@@ -46,7 +52,7 @@ class Listings:
             return None
         expires, names = hit
         if self.clock() >= expires:
-            self.drop(folder)
+            self._remove(folder)
             return None
         self._by_folder.move_to_end(folder)
         return names
@@ -59,20 +65,28 @@ class Listings:
         """A lookup in `folder` found no kept listing: True when the folder should be listed now."""
         if folder in self.listing:
             return False
+        if self._misses.get(folder, 0) < 0:
+            return False   # too big to keep
         if len(self._misses) >= _MISS_FOLDERS and folder not in self._misses:
             self._misses.clear()
         n = self._misses.get(folder, 0) + 1
         self._misses[folder] = n
         return n >= LIST_AFTER
 
-    def put(self, folder: str, entries: Iterable[tuple[str, Stat | None]], ttl: float) -> None:
-        """Keep `folder`'s whole listing for `ttl` seconds."""
-        if ttl <= 0:
+    def too_big(self, folder: str) -> None:
+        """`folder` has more names than the bound: its misses no longer list it."""
+        self._misses[folder] = -1
+
+    def put(self, folder: str, entries: Iterable[tuple[str, Stat | None]], ttl: float,
+            since: int | None = None) -> None:
+        """Keep `folder`'s whole listing for `ttl` seconds; `since`: the `changes` count when
+        the listing began (not kept if anything was dropped since)."""
+        if ttl <= 0 or (since is not None and since != self.changes):
             return
         names = {name: st for name, st in entries if st is not None}
         if len(names) > self.max_entries:
             return
-        self.drop(folder)
+        self._remove(folder)
         self._misses.pop(folder, None)
         self._by_folder[folder] = (self.clock() + ttl, names)
         self.entries += len(names)
@@ -81,7 +95,11 @@ class Listings:
             self.entries -= len(old)
 
     def drop(self, folder: str) -> None:
-        """`folder` changed through this mount (or its listing expired)."""
+        """`folder` changed through this mount."""
+        self.changes += 1
+        self._remove(folder)
+
+    def _remove(self, folder: str) -> None:
         hit = self._by_folder.pop(folder, None)
         if hit is not None:
             self.entries -= len(hit[1])
@@ -91,7 +109,7 @@ class Listings:
         self.drop(path.rpartition("/")[0])
         prefix = path + "/"
         for folder in [f for f in self._by_folder if f == path or f.startswith(prefix)]:
-            self.drop(folder)
+            self._remove(folder)
 
     def clear(self) -> None:
         self._by_folder.clear()

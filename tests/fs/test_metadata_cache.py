@@ -5,6 +5,7 @@ listings (`fusefs.listings`), and the bound on the names the daemon keeps for th
 from __future__ import annotations
 
 import os
+import threading
 from types import SimpleNamespace
 
 import trio
@@ -62,6 +63,12 @@ class _CountingStore:
     def __init__(self, store):
         self._store = store
         self.stats = 0
+        self.gate: threading.Event | None = None   # set: listings wait for it (in their thread)
+
+    def iter_dir_in_thread(self, rel):
+        if self.gate is not None:
+            assert self.gate.wait(30)
+        return self._store.iter_dir_in_thread(rel)
 
     def stat(self, rel):
         self.stats += 1
@@ -97,14 +104,59 @@ def test_lookups_in_an_immutable_folder_are_answered_from_one_listing(tmp_path):
         for i in range(50):
             a = await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
             assert a.st_size == i
-        # the first misses asked the store; then one listing answered the rest
-        assert fs.store.stats - before == LIST_AFTER - 1
+            await _listed(fs, "ck")
+        # the first misses asked the store; then one listing (in the background) answered the rest
+        assert fs.store.stats - before == LIST_AFTER
         assert fs.stats.counters["lookup_listings"] == 1
-        assert fs.stats.counters["lookup_from_listing"] == 50 - LIST_AFTER + 1
+        assert fs.stats.counters["lookup_from_listing"] == 50 - LIST_AFTER
         # a name the listing lacks (written by another host since) still asks the store
         (root / "ck" / "new").write_bytes(b"n")
         assert (await fs.lookup(ck.st_ino, b"new", CTX)).st_size == 1
-        assert fs.store.stats - before == LIST_AFTER
+        assert fs.store.stats - before == LIST_AFTER + 1
+    trio.run(test, fs, root)
+
+
+async def _listed(fs, folder: str) -> None:
+    """Wait for a background listing of `folder` (`Filesystem._list_for_lookups`) to end."""
+    with trio.fail_after(30):
+        while folder in fs.listings.listing:
+            await trio.sleep(0.001)
+
+
+def test_a_listing_begun_before_a_change_through_the_mount_is_not_kept(tmp_path):
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    (root / "ck").mkdir()
+    for i in range(10):
+        (root / "ck" / f"f{i}").write_bytes(b"x")
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        fs.store.gate = threading.Event()
+        for i in range(LIST_AFTER):
+            await fs.lookup(ck.st_ino, f"f{i}".encode(), CTX)
+        assert "ck" in fs.listings.listing          # listing in a worker thread now, held
+        await write_file(fs, ck.st_ino, "made", b"m")   # meanwhile: a name made through the mount
+        fs.store.gate.set()
+        await _listed(fs, "ck")
+        assert fs.stats.counters["lookup_listings"] == 1
+        assert fs.listings.folder("ck") is None      # not kept: it may lack "made"
+        assert "made" in await _names(fs, ck.st_ino)
+    trio.run(test, fs, root)
+
+
+def test_a_folder_bigger_than_the_bound_is_listed_once_and_not_kept(tmp_path):
+    fs, root = _fs(tmp_path, cache={"immutable_globs": ["big/*"], "max_entries": 1000})
+    (root / "big").mkdir()
+    for i in range(1001):
+        (root / "big" / f"f{i:04d}").write_bytes(b"")
+
+    async def test(fs, _root):
+        big = await fs.lookup(ROOT_INODE, b"big", CTX)
+        for i in range(3 * LIST_AFTER):
+            await fs.lookup(big.st_ino, f"f{i:04d}".encode(), CTX)
+            await _listed(fs, "big")
+        assert fs.stats.counters["lookup_listings"] == 1 and fs.listings.folder("big") is None
+        assert "lookup_from_listing" not in fs.stats.counters
     trio.run(test, fs, root)
 
 
