@@ -45,7 +45,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from collections.abc import Callable, Iterator
 
 from cachetools import LRUCache, TTLCache
@@ -73,6 +73,7 @@ _LOCK_NAME = ".lock"
 _FILE_WORKERS = 16
 _seq = itertools.count()
 _R = TypeVar("_R")
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)
 
 COUNTERS = ("hostcache_hits", "hostcache_misses", "hostcache_stale", "hostcache_switched",
             "hostcache_fetches", "hostcache_fetched_bytes", "hostcache_fetch_failed",
@@ -261,7 +262,11 @@ class CachedReader:
 
     def read_nowait(self, offset: int, size: int) -> bytes | None:
         local = self._local
-        return local.read_nowait(offset, size) if local is not None else None
+        if local is not None:
+            return cast("bytes | None", local.read_nowait(offset, size))
+        if self._asked:   # blocks already fetched, in the page cache: served on the event loop
+            return self._cache.read_fetched_nowait(self._rel, self._version, offset, size)
+        return None
 
     def close(self) -> None:
         if self._local is not None:
@@ -648,6 +653,31 @@ class HostCachedStore:
             return os.pread(fd, end - offset, offset)
         finally:
             os.close(fd)
+
+    def read_fetched_nowait(self, rel: str, version: Version, offset: int, size: int) -> bytes | None:
+        """`read_fetched` when every block is in the fetch's file already and its pages are in
+        the page cache (RWF_NOWAIT): never waits; else None."""
+        with self._lock:
+            job = self._fetching.get(rel)
+            if job is None or job.fd < 0 or job.version != version or job.cancelled:
+                return None
+            end = min(offset + size, job.size)
+            if end <= offset or any(b not in job.blocks
+                                    for b in range(offset // self.block, (end - 1) // self.block + 1)):
+                return None
+            fd = os.dup(job.fd)
+        try:
+            buf = bytearray(end - offset)
+            try:
+                n = os.preadv(fd, [buf], offset, _RWF_NOWAIT)
+            except (BlockingIOError, OSError):
+                return None
+        finally:
+            os.close(fd)
+        if n != len(buf):
+            return None
+        self.count("hostcache_partial_reads")
+        return cast(bytes, buf)   # (a bytearray, as LocalReader.read_nowait's: the mount replies with it)
 
     def read_partial(self, rel: str, version: Version, offset: int, size: int) -> bytes | None:
         """Bytes of `rel` at `version` from a fetch still running, when every block they lie in
