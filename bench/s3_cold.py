@@ -37,6 +37,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -446,7 +447,11 @@ def main() -> int:
         return 2
     systems = [s for s in args.systems.split(",") if s]
     cases = [c for c in args.cases.split(",") if c]
+    def stop(_sig, _frame):   # (a timeout's SIGTERM: unmount and stop the gateway on the way out)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
     base = tempfile.mkdtemp(prefix="s3cold-", dir=args.base)
+    gw = None
     raw: dict = {c: {s: [] for s in systems} for c in cases}
     again: list[dict] = []
     t_start = time.monotonic()
@@ -476,13 +481,17 @@ def main() -> int:
                     log(f"  rep {rep} {case:<5} {system:<8} {rec['value']:8.3f} "
                         f"{'files/s' if case == 'small' else 'GB/s'}  gateway CPU {rec['gateway_cpu_s']:5.2f}s  "
                         f"fetched/read {rec['fetched_over_read']}  ({time.monotonic() - t_start:.0f}s)")
-        gw.close()
+    except KeyboardInterrupt:   # (SIGTERM: what was measured is still written, with a note)
+        mounts.notes.append(f"stopped early after {time.monotonic() - t_start:.0f} s (SIGTERM)")
+        log("  stopped early: writing what was measured")
     finally:
         for d in os.listdir(base):
             if d.startswith("mnt-") and os.path.ismount(os.path.join(base, d)):
                 run(["umount", "-l", os.path.join(base, d)])
+        if gw is not None:
+            gw.close()
         shutil.rmtree(base, ignore_errors=True)
-    out = summarize(raw, again, args, systems, mounts.notes, time.monotonic() - t_start, gw.name)
+    out = summarize(raw, again, args, systems, mounts.notes, time.monotonic() - t_start, gw.name)  # type: ignore[union-attr]
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

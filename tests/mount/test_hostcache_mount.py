@@ -164,3 +164,20 @@ def test_a_hint_fetches_its_files_into_the_host_cache_before_any_read(hc):
     assert (hc.m.mnt / "ckpt" / "hinted.bin").read_bytes() == data
     c = hc.counters()
     assert c["hostcache_hits"] == 1 and c["hostcache_fetches"] == 1
+
+
+def test_a_cold_read_fetches_each_byte_once_and_a_small_object_in_one_request(hc):
+    """Issue 39: the open reads from the cache's fetch (its read-ahead), not from S3 again; a small
+    object is read whole at open (one GET) and kept from those bytes, no fetch of its own."""
+    big, small = os.urandom(6 * MiB + 5), os.urandom(40 << 10)
+    hc.put("ckpt/big.bin", big)
+    hc.put("ckpt/small.bin", small)
+    assert (hc.m.mnt / "ckpt" / "big.bin").read_bytes() == big
+    assert hc.fetched(1), hc.counters()
+    c = hc.counters()
+    assert c["hostcache_fetched_bytes"] == len(big) and c.get("hostcache_fetch_jumps", 0) == 0
+    assert (hc.m.mnt / "ckpt" / "small.bin").read_bytes() == small
+    c = hc.counters()
+    assert c["whole_object_opens"] == 1 and c["hostcache_whole"] == 1 and c["hostcache_fetches"] == 2
+    assert (hc.m.mnt / "ckpt" / "small.bin").read_bytes() == small
+    assert hc.counters()["hostcache_hits"] >= 1
