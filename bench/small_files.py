@@ -146,6 +146,37 @@ class Mounts:
                 os.rmdir(mnt)
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def daemon_pids(mnt: str) -> list[int]:
+    """The processes serving `mnt`: those whose command line names it (the daemon of each system;
+    `hintfs mount` and taskset have exited by then)."""
+    want, me, out = os.fsencode(mnt), os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if want in f.read().split(b"\0"):
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def cpu_s(pids: list[int]) -> float:
+    """user + system CPU seconds of `pids`, all their threads (10 ms ticks)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / CLK_TCK
+
+
 def stats_of(root: str) -> dict | None:
     try:
         with open(os.path.join(root, ".hintfs", "stats")) as f:
@@ -196,6 +227,7 @@ def main() -> int:
     store = os.path.join(scratch, "store")
     os.makedirs(scratch)
     raw: dict = {c: {} for c in CASES}
+    cpu: dict = {c: {} for c in CASES}   # the daemon's CPU µs per file: robust to other load
     notes = list(args.note)
     commands: dict = {}
     load_start = os.getloadavg()
@@ -233,14 +265,20 @@ def main() -> int:
                     for nprocs in (1, 8):
                         with m.mount(system) as root:
                             s0 = stats_of(root) if system.startswith("hintfs") else None
+                            pids = daemon_pids(root)
+                            c0 = cpu_s(pids)
                             dt1, nf1, nb1 = tree_read(pools[nprocs], root, rels, nprocs)
+                            c1 = cpu_s(pids)
+                            cpu[f"p{nprocs}"].setdefault(system, []).append((c1 - c0) / nf1 * 1e6)
                             s1 = stats_of(root) if system.startswith("hintfs") else None
                             if nf1 != nfiles or nb1 != total:
                                 raise RuntimeError(f"{system}: read {nf1}/{nb1}, expected {nfiles}/{total}")
                             line = f"  round {rnd} {system:<15} p{nprocs}: {nf1 / dt1:8.0f} files/s"
                             raw[f"p{nprocs}"].setdefault(system, []).append(nf1 / dt1)
                             if nprocs == 1:
+                                c1 = cpu_s(pids)
                                 dt2, nf2, nb2 = tree_read(pools[1], root, rels, 1)
+                                cpu["p1_pass2"].setdefault(system, []).append((cpu_s(pids) - c1) / nf2 * 1e6)
                                 s2 = stats_of(root) if system.startswith("hintfs") else None
                                 if nf2 != nfiles or nb2 != total:
                                     raise RuntimeError(f"{system}: pass 2 read {nf2}/{nb2}")
@@ -264,7 +302,8 @@ def main() -> int:
         med = {s: statistics.median(v) for s, v in raw[case].items()}
         best = max((s for s in PEERS if s in med), key=lambda s: med[s], default=None)
         summary[case] = {
-            **{s: {"files_per_s": round(med[s]), "n": len(raw[case][s])} for s in med},
+            **{s: {"files_per_s": round(med[s]), "n": len(raw[case][s]),
+                   "daemon_cpu_us_per_file": round(statistics.median(cpu[case][s]), 1)} for s in med},
             "best_peer": best,
             "hintfs/best_peer": round(med["hintfs"] / med[best], 3) if best and "hintfs" in med else None,
             "hintfs/floor": round(med["hintfs"] / med["floor"], 3) if "floor" in med and "hintfs" in med else None,
@@ -278,6 +317,7 @@ def main() -> int:
         "entry_attr_timeout_s": args.timeout, "reader_cpus": reader_cpus, "daemon_cpus": daemon_cpus,
         "commands": commands,
         **summary, "raw_files_per_s": {c: {s: [round(x) for x in v] for s, v in raw[c].items()} for c in CASES},
+        "raw_daemon_cpu_us_per_file": {c: {s: [round(x, 1) for x in v] for s, v in cpu[c].items()} for c in CASES},
         "hintfs_requests_per_file": m.requests,
         "machine": machine(), "load_start": load_start, "load_end": os.getloadavg(),
         "wall_s": round(time.monotonic() - t_start, 1), "notes": notes,
@@ -291,6 +331,10 @@ def main() -> int:
         hb, hf = r_["hintfs/best_peer"], r_["hintfs/floor"]
         print(f"| {case} | " + " | ".join(cells) + f" | {hb if hb is not None else 'n/a'} (>= {GOALS[case]}) | "
               f"{hf if hf is not None else 'n/a'} |")
+    print("\nDaemon CPU, µs per file (median):")
+    for case in CASES:
+        r_ = summary[case]
+        print(f"| {case} | " + " | ".join(f"{r_[s]['daemon_cpu_us_per_file']}" if s in r_ else "n/a" for s in shown) + " |")
     if output:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         with open(output, "w") as f:
