@@ -295,7 +295,9 @@ def main() -> int:
                 pool.close()
                 pool.join()
     finally:
-        run(["umount", scratch])
+        if run(["umount", scratch]).returncode != 0:   # a daemon just unmounted may still hold it
+            time.sleep(1)
+            run(["umount", "-l", scratch])
         shutil.rmtree(base, ignore_errors=True)
     summary: dict = {}
     for case in CASES:
