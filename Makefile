@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio bindfs rclone systemd
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv fio bindfs rclone systemd openssl
 
 # `make install` (as root): the console script on the PATH, /etc/hintfs with an example config,
 # the systemd units. Staged installs and tests: `make install DESTDIR=/tmp/stage` or other dirs.
