@@ -106,10 +106,11 @@ class CacheConfig(Section):
     max_entries: int = Field(
         2_000_000, ge=1000, le=1 << 40,
         description="Most names (inodes) the daemon keeps for the kernel's cache: every entry a listing "
-        "or lookup gave the kernel costs the daemon memory until the kernel forgets it (about 600 bytes "
-        "each, docs/operations.md). Past this count the daemon asks the kernel to forget the oldest "
-        "idle names (down to 90%): a later `stat` of one is a lookup again. Open files and files being "
-        "written are never asked.",
+        "or lookup gave the kernel costs the daemon memory until the kernel forgets it (about 570 bytes "
+        "each; 1,040 with the listings kept for `immutable_globs`, docs/operations.md). Past this count "
+        "the daemon asks the kernel to forget the oldest idle names (down to 90%): a later `stat` of one "
+        "is a lookup again. Open files and files being written are never asked. The listings kept for "
+        "immutable folders hold at most this many names too (least recently used folders go first).",
     )
     spool_dir: str = Field(
         "/var/cache/hintfs/spool",
