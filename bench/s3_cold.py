@@ -4,7 +4,8 @@ file, and N parallel ranged reads: the limit is the better of the two), hintfs (
 cache), s3fs-fuse (Debian `s3fs`, `-o use_path_request_style`) and rclone mount (`--vfs-cache-mode
 off`), all against JuiceFS's S3 gateway on loopback (tests/helpers/s3server.py).
 
-hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
+Optional system `hintfs-nocache` (`--systems ...,hintfs-nocache`): no host cache, the store reader's
+own read-ahead (`[store] read_ahead_bytes`). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
 (the data set declared immutable: names and attributes kept, as s3fs (stat cache, 15 min) and rclone
 (dir cache, 5 min) keep them by default).
 
@@ -277,9 +278,10 @@ class Mounts:
                 cfg = os.path.join(self.base, f"hintfs-{self.seq}.toml")
                 imm = 'immutable_globs = ["*"]\n' if system == "hintfs-immutable" else ""
                 imm += self.cache_extra
+                cache_line = "" if system == "hintfs-nocache" else f'dir = "{cache_dir}"\n'
                 with open(cfg, "w") as f:
                     f.write(gw.store_toml(BUCKET) + "\n"
-                            f'[cache]\nspool_dir = "{os.path.join(self.base, "spool")}"\ndir = "{cache_dir}"\n{imm}\n'
+                            f'[cache]\nspool_dir = "{os.path.join(self.base, "spool")}"\n{cache_line}{imm}\n'
                             f'[mount]\npassthrough = "auto"\n\n'
                             f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
                 r = run([self.hintfs, "mount", cfg, mnt], timeout=60)
@@ -378,7 +380,7 @@ def measure(gw: JuiceFSGateway, mounts: Mounts, fs_factory, system: str, case: s
             dt = time.perf_counter() - t0
             cpu1, w1 = gateway_counters(gw)
             daemon_cpu = proc_cpu(daemon) - d0
-            if system.startswith("hintfs") and case == "seq":
+            if system in ("hintfs", "hintfs-immutable") and case == "seq":
                 again.update(reread(mnt, local_copy, args))
     if total is not None and n != total:
         raise RuntimeError(f"{system} {case}: read {n} bytes, not {total}")

@@ -53,7 +53,7 @@ from cachetools import LRUCache, TTLCache
 from hintfs.common.errors import HintfsError
 from hintfs.common.owndir import make_own_dir, open_own_dir
 from hintfs.stores.base import Reader, Stat, Staging, Store
-from hintfs.stores.local import LocalReader
+from hintfs.stores.local import LocalReader, read_mode
 
 log = logging.getLogger("hintfs.hostcache")
 
@@ -305,6 +305,7 @@ class HostCachedStore:
         self._running = 0           # fetches that have a worker (the others wait for one)
         self._blocks = _Pool(cache_cfg.fetch_threads, "hostcache-read")
         self.root, self.dir_fd, self._lock_fd = _open_cache_dir(cache_cfg.dir, store_id or store.description)
+        self._read_mode = read_mode(os.fstat(self.dir_fd).st_dev)
         try:
             self._restore()
         except BaseException:
@@ -666,10 +667,16 @@ class HostCachedStore:
                                     for b in range(offset // self.block, (end - 1) // self.block + 1)):
                 return None
             fd = os.dup(job.fd)
+        mode = self._read_mode      # (local.read_mode: a memory filesystem is read inline, always)
         try:
             buf = bytearray(end - offset)
             try:
-                n = os.preadv(fd, [buf], offset, _RWF_NOWAIT)
+                if mode == "memory":
+                    n = os.preadv(fd, [buf], offset)
+                elif mode == "nowait":
+                    n = os.preadv(fd, [buf], offset, _RWF_NOWAIT)
+                else:
+                    return None
             except (BlockingIOError, OSError):
                 return None
         finally:
