@@ -30,7 +30,7 @@ the 2 cores) and fetched / read (the bytes the gateway wrote, /proc/PID/io wchar
 its sockets, over the bytes the reader got).
 
 Run as root:  flock /tmp/h39/bench.lock .venv/bin/python bench/s3_cold.py [--quick]
-Writes bench/results/s3_cold.json (or --out) and prints a table.
+Writes bench/results/s3_cold.json (--quick: s3_cold_quick.json; or --out) and prints a table.
 """
 from __future__ import annotations
 
@@ -443,7 +443,7 @@ def main() -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--cases", default="seq,par8,small")
     ap.add_argument("--base", default="/var/tmp", help="where the bucket, host cache and mounts go (a disk)")
-    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--out", default=None, help="default: results/s3_cold.json (--quick: s3_cold_quick.json)")
     ap.add_argument("--cache-on-disk", action="store_true",
                     help="the host cache on the disk the gateway reads its bucket from (default: a tmpfs, "
                     "standing for a local disk of its own)")
@@ -451,6 +451,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.seq_mib, args.par_mib, args.small, args.repeats = 256, 32, 300, 1
+    if args.out is None:
+        args.out = RESULTS.replace(".json", "_quick.json") if args.quick else RESULTS
     if os.geteuid() != 0:
         log("run as root (drop_caches, FUSE mounts)")
         return 2
