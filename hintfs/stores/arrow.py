@@ -354,8 +354,8 @@ class ArrowStore:
 
     def current(self, rel: str) -> Stat:
         """An S3 object's version from its HEAD (as `open_reader`'s, with the ETag); elsewhere `stat`."""
-        if not self._is_s3:
-            return self.stat(rel)
+        if not self._is_s3:   # (asked of the store: never a listing's answer, `stat` may give one)
+            return _stat_of(self.fs.get_file_info(self._p(rel)))
         try:
             f = self.fs.open_input_file(self._p(rel))   # (its HEAD only: no byte is read)
         except FileNotFoundError:

@@ -183,6 +183,7 @@ def test_a_stat_after_a_listing_needs_no_request_until_its_timeout(tmp_path):
     (tmp_path / "bucket" / "a").write_bytes(b"x" * 11)        # changed behind the mount's back
     assert store.stat("a").size == 10                           # from the listing: no request
     assert store.read_counters["stat_from_listing"] == 1
+    assert store.current("a").size == 11                        # close-to-open asks the store, always
     clock.t += 1.5
     assert store.stat("a").size == 11                           # past the path's timeout: asked
     assert store.stat("imm/b").size == 20                       # (immutable: 5 s)
