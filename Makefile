@@ -70,6 +70,7 @@ bench: setup
 	$(PY) bench/restart_storm.py --quick
 	$(PY) bench/multimodal_loading.py --quick
 	$(PY) bench/metadata.py --quick
+	$(PY) bench/s3_cold.py --quick
 
 # The console script stays in the .venv (it needs its packages): BINDIR gets a symlink to it, so
 # moving or deleting this checkout breaks the installed command (run `make install` again).
