@@ -54,6 +54,7 @@ from collections.abc import Iterator
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from tests.helpers.s3server import JuiceFSGateway  # noqa: E402  (the harness of tests and benches)
+from tests.helpers.procs import wait_mounted  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results", "fuse_throughput.json")
 MiB = 1 << 20
@@ -364,13 +365,7 @@ class Env:
                 r = run([self.hintfs, "mount", cfg, mnt], timeout=60)
                 if r.returncode != 0:
                     raise RuntimeError(f"hintfs mount failed: {r.stdout.strip()}")
-            deadline = time.monotonic() + 30
-            while not os.path.ismount(mnt):
-                if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"{system} exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{system} did not mount within 30 s")
-                time.sleep(0.02)
+            wait_mounted(mnt, proc, system)
             if system.startswith("hintfs"):
                 with open(os.path.join(mnt, ".hintfs", "stats")) as f:
                     pid = json.load(f)["pid"]

@@ -52,6 +52,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from tests.helpers.s3server import JuiceFSGateway  # noqa: E402
+from tests.helpers.procs import wait_mounted  # noqa: E402
 
 MiB = 1 << 20
 SEED = 20261205
@@ -310,13 +311,7 @@ class Mounts:
                                          "--config", conf, "--log-level", "NOTICE"], env=env,
                                         stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
                 logf.close()
-            deadline = time.monotonic() + 30
-            while not os.path.ismount(mnt):
-                if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"{system} exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{system} did not mount within 30 s")
-                time.sleep(0.02)
+            wait_mounted(mnt, proc, system)
             yield mnt
             if system.startswith("hintfs"):
                 with open(os.path.join(mnt, ".hintfs", "stats")) as f:

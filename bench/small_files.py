@@ -38,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from fuse_throughput import _read_files, log, machine, make_tree, run, tree_read  # noqa: E402
+from fuse_throughput import _read_files, log, machine, make_tree, run, tree_read, wait_mounted  # noqa: E402
 
 SYSTEMS = ["bindfs", "bindfs_mt", "passthrough_hp", "hintfs", "floor"]
 # Also run by default: hintfs with immutable_globs, the floor with passthrough, the floor on the
@@ -121,13 +121,7 @@ class Mounts:
                 r = run(cmd, timeout=60)
                 if r.returncode != 0:
                     raise RuntimeError(f"{system} mount failed: {r.stdout.strip()}")
-            deadline = time.monotonic() + 30
-            while not os.path.ismount(mnt):
-                if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"{system} exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{system} did not mount within 30 s")
-                time.sleep(0.02)
+            wait_mounted(mnt, proc, system)
             yield mnt
         finally:
             if system.startswith("hintfs") and os.path.ismount(mnt):

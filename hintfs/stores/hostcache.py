@@ -39,7 +39,6 @@ import itertools
 import json
 import logging
 import os
-import queue
 import stat as stat_mod
 import threading
 import time
@@ -54,6 +53,7 @@ from hintfs.common.errors import HintfsError
 from hintfs.common.owndir import make_own_dir, open_own_dir
 from hintfs.stores.base import Reader, Stat, Staging, Store
 from hintfs.stores.local import LocalReader, read_mode
+from hintfs.stores.readahead import ReadPool
 
 log = logging.getLogger("hintfs.hostcache")
 
@@ -145,67 +145,6 @@ class _Index(LRUCache):
         key, entry = super().popitem()
         self._on_evict(key, entry)
         return key, entry
-
-
-class _Pool:
-    """Daemon worker threads (a fetch in flight never holds up the daemon's exit), started at the
-    first submit; `close` cancels what has not started."""
-
-    def __init__(self, n: int, name: str):
-        self._n = n
-        self._name = name
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def submit(self, fn: Callable, *args) -> cf.Future:
-        fut: cf.Future = cf.Future()
-        with self._lock:
-            if self._closed:
-                fut.cancel()
-                fut.set_running_or_notify_cancel()
-                return fut
-            if not self._threads:
-                for i in range(self._n):
-                    t = threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
-                    t.start()
-                    self._threads.append(t)
-            self._q.put((fut, fn, args))
-        return fut
-
-    def _work(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as err:
-                fut.set_exception(err)
-
-    def close(self, timeout: float) -> bool:
-        """True when every thread has stopped."""
-        with self._lock:
-            self._closed = True
-            threads = list(self._threads)
-        while True:
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-                item[0].set_running_or_notify_cancel()   # (cancel alone does not wake a cf.wait)
-        for _ in threads:
-            self._q.put(None)
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
 
 
 class _Stale(Exception):
@@ -301,9 +240,9 @@ class HostCachedStore:
         self._reserved = 0
         self.completed = 0          # fetches completed (readers look for their file when it moves)
         self._closed = False
-        self._files = _Pool(_FILE_WORKERS, "hostcache-file")
+        self._files = ReadPool(_FILE_WORKERS, "hostcache-file")
         self._running = 0           # fetches that have a worker (the others wait for one)
-        self._blocks = _Pool(cache_cfg.fetch_threads, "hostcache-read")
+        self._blocks = ReadPool(cache_cfg.fetch_threads, "hostcache-read")
         self.root, self.dir_fd, self._lock_fd = _open_cache_dir(cache_cfg.dir, store_id or store.description)
         self._read_mode = read_mode(os.fstat(self.dir_fd).st_dev)
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 MiB = 1 << 20
@@ -42,34 +43,65 @@ class Budget:
 
 
 class ReadPool:
-    """Daemon threads for ranged reads (one in flight per thread), started at the first submit."""
+    """Daemon worker threads (a read in flight never holds up the daemon's exit), started at the
+    first submit; `close` cancels what has not started. The read-ahead's ranged reads and the
+    host cache's fetches use it."""
 
     def __init__(self, n: int, name: str = "hintfs-readahead"):
         self._n = n
         self._name = name
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._started = False
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, fn: Callable, *args) -> cf.Future:
         fut: cf.Future = cf.Future()
         with self._lock:
-            if not self._started:
-                self._started = True
+            if self._closed:
+                fut.cancel()
+                fut.set_running_or_notify_cancel()
+                return fut
+            if not self._threads:
                 for i in range(self._n):
-                    threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True).start()
-        self._q.put((fut, fn, args))
+                    t = threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
+                    t.start()
+                    self._threads.append(t)
+            self._q.put((fut, fn, args))
         return fut
 
     def _work(self) -> None:
         while True:
-            fut, fn, args = self._q.get()
+            item = self._q.get()
+            if item is None:
+                return
+            fut, fn, args = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
                 fut.set_result(fn(*args))
             except BaseException as err:
                 fut.set_exception(err)
+
+    def close(self, timeout: float) -> bool:
+        """True when every thread has stopped."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+                item[0].set_running_or_notify_cancel()   # (cancel alone does not wake a cf.wait)
+        for _ in threads:
+            self._q.put(None)
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
 
 class ReadAhead:

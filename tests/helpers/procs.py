@@ -24,3 +24,16 @@ def wait_for(pred, timeout=10.0, interval=0.05):
             return True
         time.sleep(interval)
     return pred()
+
+
+def wait_mounted(mnt: str, proc: subprocess.Popen | None, name: str, timeout: float = 30.0) -> None:
+    """Until `mnt` is a mount point; RuntimeError if `proc` (the FUSE daemon, when started here)
+    exits first or `timeout` s pass (the benches' peers: bindfs, s3fs, rclone, passthrough_hp)."""
+    import os
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mnt):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not mount within {timeout:.0f} s")
+        time.sleep(0.02)
