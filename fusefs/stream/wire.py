@@ -25,6 +25,8 @@ import logging
 import os
 import socket
 
+from hintfs.common.formatversion import placed
+
 log = logging.getLogger("hintfs.stream")
 
 MAX_MESSAGE = 64 << 10      # a path is at most 4 KiB: every message fits many times over
@@ -35,11 +37,12 @@ WIRE_READS = (1, 1)         # the mount versions a child of this code serves
 def mount_refusal(setup: dict) -> str | None:
     """(the child) Why it cannot serve the mount whose setup this is; None when it can."""
     version = setup.get("wire", 1)
-    lo, hi = WIRE_READS
-    if type(version) is int and lo <= version <= hi:
+    where = placed(version, WIRE_READS)
+    if where is None:
         return None
-    side = ("the mount runs a newer hintfs than the one installed: reinstall it" if type(version) is int
-            and version > hi else "restart the mount to run the installed hintfs")
+    lo, hi = WIRE_READS
+    side = ("the mount runs a newer hintfs than the one installed: reinstall it" if where == "newer"
+            else "restart the mount to run the installed hintfs")
     return (f"the stream sender speaks stream wire version {WIRE_VERSION} (serves {lo}..{hi}), the mount "
             f"{version!r}: {side}; streaming is off for this mount meanwhile")
 

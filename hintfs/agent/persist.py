@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.procs import pid_alive
+from hintfs.common.formatversion import placed
 
 log = logging.getLogger("hintfs.agent")
 _instances = itertools.count()
@@ -45,11 +46,12 @@ def stamped(doc: dict) -> dict:
 def data_refusal(doc: dict) -> str | None:
     """Why a description (a sidecar, a progress file) is not adopted for its version; None if it is."""
     version = doc.get("v", 1) if isinstance(doc, dict) else 1   # (not a dict: the caller's KeyError)
-    lo, hi = DATA_READS
-    if type(version) is int and lo <= version <= hi:
+    where = placed(version, DATA_READS)
+    if where is None:
         return None
-    side = ("written by a newer agent: run that version on this data_dir to keep it" if type(version) is int
-            and version > hi else "upgrade the agent")
+    lo, hi = DATA_READS
+    side = ("written by a newer agent: run that version on this data_dir to keep it" if where == "newer"
+            else "upgrade the agent")
     return f"agent data of version {version!r}, this agent reads {lo}..{hi}: {side}"
 
 

@@ -23,6 +23,7 @@ import pyarrow.flight as fl
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hintfs.common.paths import job_name, relpath
+from hintfs.common.formatversion import placed
 
 MAX_READ_BYTES = 256 << 20          # one do_get range
 MAX_OFFSET = (1 << 63) - 1          # a range's end (offset + length) fits a signed 64-bit off_t
@@ -69,15 +70,14 @@ def header_version(values: object) -> int | None:
 
 def client_refusal(client: int | None) -> str | None:
     """(the agent) Why a call of protocol version `client` is refused; None when it is served."""
-    if client is None:
+    where = placed(client, (OLDEST, PROTOCOL))
+    if where is None:
+        return None
+    if where == "unreadable":
         return f"unreadable {VERSION_HEADER} header (this agent speaks agent protocol {PROTOCOL})"
-    if client > PROTOCOL:
-        return (f"the client speaks agent protocol {client}, this agent {PROTOCOL} (accepts {OLDEST}..{PROTOCOL}): "
-                "upgrade this agent first (agents before mounts: docs/versions.md)")
-    if client < OLDEST:
-        return (f"the client speaks agent protocol {client}, this agent {PROTOCOL} (accepts {OLDEST}..{PROTOCOL}): "
-                "upgrade hintfs on the client's host (the mount or job that called)")
-    return None
+    side = ("upgrade this agent first (agents before mounts: docs/versions.md)" if where == "newer"
+            else "upgrade hintfs on the client's host (the mount or job that called)")
+    return f"the client speaks agent protocol {client}, this agent {PROTOCOL} (accepts {OLDEST}..{PROTOCOL}): {side}"
 
 
 def agent_refusal(agent: int | None) -> str | None:

@@ -12,6 +12,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hintfs.common.errors import validation_message
+from hintfs.common.formatversion import placed
 from hintfs.common.paths import user_relpath
 
 MAX_READERS = 1 << 24       # expected readers of one file: far above any cluster's rank count
@@ -44,12 +45,13 @@ DOCUMENT_READS = (1, 1)
 
 def document_refusal(version: object) -> str | None:
     """Why a document of `version` is not read by this mount; None when it is."""
-    lo, hi = DOCUMENT_READS
-    if type(version) is int and lo <= version <= hi:
+    where = placed(version, DOCUMENT_READS)
+    if where is None:
         return None
-    if type(version) is not int:
+    if where == "unreadable":
         return "v: the document's version must be an integer"
-    side = ("upgrade the mount (mounts before the jobs' images)" if version > hi
+    lo, hi = DOCUMENT_READS
+    side = ("upgrade the mount (mounts before the jobs' images)" if where == "newer"
             else "upgrade hintfs in the job's image")
     return (f"v: a document of version {version} (the job's hintfs), this mount reads versions {lo}..{hi}: "
             f"{side}")

@@ -57,6 +57,7 @@ import time
 from cachetools import FIFOCache
 
 from hintfs.common.jsontext import nests_within
+from hintfs.common.formatversion import placed
 from hintfs.common.paths import relpath
 
 log = logging.getLogger("hintfs.journal")
@@ -89,11 +90,12 @@ def record_version(name: str) -> int:
 
 def version_refusal(version: int) -> str | None:
     """Why a record of journal version `version` is not read here; None when it is."""
-    lo, hi = JOURNAL_READS
-    if lo <= version <= hi:
+    where = placed(version, JOURNAL_READS)
+    if where is None:
         return None
+    lo, hi = JOURNAL_READS
     side = ("upgrade the agents that follow this journal (readers before the training mounts that write it)"
-            if version > hi else "upgrade the training mounts that write this journal")
+            if where == "newer" else "upgrade the training mounts that write this journal")
     return f"written in journal version {version}; this agent reads journal versions {lo}..{hi}: {side}"
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from hintfs.common.errors import validation_message
 from hintfs.common.jsontext import nests_within
+from hintfs.common.formatversion import placed
 from hintfs.governor.ledger import MemoryKind
 
 MAX_LINE = 4096            # bytes of one message (the largest, a register, is ~300)
@@ -41,12 +42,13 @@ MAX_VERSION = 1 << 16
 
 def client_refusal(version: object) -> str | None:
     """(the daemon) Why a register of protocol `version` is refused; None when it is served."""
-    lo, hi = CLIENTS
-    if type(version) is int and lo <= version <= hi:
+    where = placed(version, CLIENTS)
+    if where is None:
         return None
-    if type(version) is not int or not 1 <= version <= MAX_VERSION:
+    if where == "unreadable" or not 1 <= version <= MAX_VERSION:  # type: ignore[operator]
         return f"register: protocol must be a version number (this governor speaks governor protocol {PROTOCOL})"
-    side = ("upgrade the governor (hintfs governor) first: governors before jobs" if version > hi
+    lo, hi = CLIENTS
+    side = ("upgrade the governor (hintfs governor) first: governors before jobs" if where == "newer"
             else "upgrade hintfs in the job (the governor client)")
     return (f"register: the client speaks governor protocol {version}, this governor {PROTOCOL} "
             f"(serves {lo}..{hi}): {side}")
@@ -54,11 +56,11 @@ def client_refusal(version: object) -> str | None:
 
 def daemon_refusal(version: object) -> str | None:
     """(a client) Why a governor whose register reply says protocol `version` is not used."""
-    lo, hi = DAEMONS
-    if type(version) is int and lo <= version <= hi:
+    where = placed(version, DAEMONS)
+    if where is None:
         return None
-    side = ("upgrade the governor (hintfs governor)" if type(version) is int and version < lo
-            else "upgrade hintfs in this job")
+    lo, hi = DAEMONS
+    side = "upgrade the governor (hintfs governor)" if where == "older" else "upgrade hintfs in this job"
     return (f"the governor speaks governor protocol {version!r}, this client {PROTOCOL} (works with {lo}..{hi}): "
             f"{side}")
 

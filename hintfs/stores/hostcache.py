@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 from cachetools import LRUCache, TTLCache
 
 from hintfs.common.errors import HintfsError
+from hintfs.common.formatversion import placed
 from hintfs.common.owndir import make_own_dir, open_own_dir
 from hintfs.stores.base import Reader, Stat, Staging, Store
 from hintfs.stores.local import LocalReader, read_mode
@@ -296,7 +297,7 @@ class HostCachedStore:
                         rel, version = meta["path"], tuple(meta["version"])
                         v = meta.get("v", 1)
                         if (stat_mod.S_ISREG(st.st_mode) and isinstance(rel, str) and cache_name(rel) == name
-                                and type(v) is int and XATTR_READS[0] <= v <= XATTR_READS[1]
+                                and placed(v, XATTR_READS) is None
                                 and len(version) == 3 and version[0] == st.st_size):
                             entry = (st.st_ctime_ns, rel, _Entry(name, (int(version[0]), int(version[1]),
                                                                         str(version[2])), st.st_size))

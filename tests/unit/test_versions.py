@@ -269,3 +269,10 @@ def test_a_tensor_file_of_another_format_version_names_it():
         container.decode(future)
     with pytest.raises(TransformError, match="not a hintfs .tensor file"):
         container.decode(container._encode({"x": np.zeros(2, np.uint8)}, {**md, "hintfs": "x"}))
+
+
+def test_placed_is_the_one_range_check_of_every_format():
+    from hintfs.common.formatversion import placed
+    assert placed(1, (1, 1)) is None and placed(2, (1, 3)) is None
+    assert placed(2, (1, 1)) == "newer" and placed(0, (1, 1)) == "older"
+    assert placed(True, (1, 1)) == placed("1", (1, 1)) == placed(None, (1, 1)) == "unreadable"
