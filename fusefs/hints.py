@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from hintfs.common.documents import HintDocument, parse_hint
+from hintfs.agent.rpc import without_grpc_context
 from policy.replicas import ReplicaTarget, choose_least_sent, plan_replicas
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import ReplicasConfig
@@ -248,7 +249,7 @@ class HintsManager:
                                      holder=self.claim(job.name))
             await trio.to_thread.run_sync(copy, limiter=self.limiter)
         except OSError as err:
-            state.error = str(err).split(". Detail")[0]
+            state.error = without_grpc_context(str(err))
             self.stats.add("replica_copy_errors")
             return
         if dest not in state.ready:

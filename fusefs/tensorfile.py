@@ -52,14 +52,12 @@ def agent_reason(err: BaseException) -> str:
     """The one line an agent sent with a failed call (the transform's limit or decoder error),
     without gRPC's context (which is ~300 characters of client state); for a call the agent
     never answered, the client's text up to that context."""
+    from hintfs.agent.rpc import error_message, without_grpc_context
     flight = err.__cause__ or err.__context__
     if isinstance(flight, Exception) and getattr(flight, "extra_info", None):
-        from hintfs.agent.rpc import error_message
         text = error_message(flight)
     else:
-        text = str(err.strerror if isinstance(err, OSError) and err.strerror else err)
-        for cut in (". Detail:", " Detail:", ". gRPC client debug context", " gRPC client debug context"):
-            text = text.split(cut, 1)[0]
+        text = without_grpc_context(str(err.strerror if isinstance(err, OSError) and err.strerror else err))
     return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
 
 

@@ -7,6 +7,7 @@ replies are parsed into the reply models the dispatch table names (hintfs/agent/
 from __future__ import annotations
 
 import errno
+import logging
 import struct
 from typing import TypeVar
 
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 
 from hintfs.agent import rpc
 from hintfs.agent.rpc import errno_of_flight_error
+
+log = logging.getLogger("hintfs.agent.client")
 
 
 class AgentError(OSError):
@@ -61,10 +64,13 @@ class _AgentVersion(fl.ClientMiddlewareFactory):
 
 
 def _failure(location: str, what: str, err: fl.FlightError) -> AgentError:
+    """The error as one AgentError without gRPC's debug context (that goes to the debug log), so
+    no caller has to cut it."""
     code = _errno_of(err)
+    log.debug("agent %s: %s: %s", location, what, err)
     if code == errno.EPROTONOSUPPORT:     # a version mismatch: the agent's one line, as it is
         return AgentError(code, f"agent {location}: {what}: {rpc.error_message(err)}")
-    return AgentError(code, f"agent {location}: {what} failed: {err}")
+    return AgentError(code, f"agent {location}: {what} failed: {rpc.without_grpc_context(str(err))}")
 
 
 class AgentClient:

@@ -540,8 +540,22 @@ def encode(req: Request) -> bytes:
     return json.dumps(req.model_dump(exclude_defaults=True, warnings=False)).encode()
 
 
+# The tail pyarrow's Flight errors carry (gRPC's debug context: ~300 characters of client state):
+# for a debug log only, never a user's line.
+_GRPC_CONTEXT = (". Detail:", " Detail:", ". gRPC client debug context", " gRPC client debug context",
+                 ". Client context:")
+
+
+def without_grpc_context(text: str) -> str:
+    """`text` up to gRPC's debug context."""
+    for marker in _GRPC_CONTEXT:
+        text = text.split(marker, 1)[0]
+    return text
+
+
 def error_message(err: Exception) -> str:
-    """The one-line message an agent sent with its error (its `rpc_error`), else the error's text."""
+    """The one-line message an agent sent with its error (its `rpc_error`), else the error's text
+    up to gRPC's debug context (a call the agent never answered)."""
     info = getattr(err, "extra_info", None)
     if info:
         try:
@@ -550,7 +564,7 @@ def error_message(err: Exception) -> str:
                 return message[:500]
         except (ValueError, KeyError, TypeError):
             pass
-    return str(err)
+    return without_grpc_context(str(err))
 
 
 def errno_of_flight_error(err: Exception) -> int:

@@ -13,20 +13,17 @@ import json
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from hintfs.agent.rpc import without_grpc_context
 from hintfs.common.errors import HintfsError
 from hintfs.cli.base import UserError
 from mountconfig import ConfigError
 
-# The tail pyarrow's Flight errors carry (gRPC's debug context): useful with --debug only.
-_FLIGHT_NOISE = (". gRPC client debug context", ". Client context:", ". Detail:")
 MAX_LINE = 400
 
 
 def squash(text: str) -> str:
-    """One line, without gRPC's debug context, at most MAX_LINE characters."""
-    for marker in _FLIGHT_NOISE:
-        text = text.split(marker, 1)[0]
-    text = " ".join(text.split())
+    """One line, without gRPC's debug context (useful with --debug only), at most MAX_LINE characters."""
+    text = " ".join(without_grpc_context(text).split())
     return text if len(text) <= MAX_LINE else text[:MAX_LINE - 3] + "..."
 
 
