@@ -18,6 +18,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from hintfs.common.refusals import RefusalLog
+
 # Failures a healthy mount answers all day (a shell's or a loader's lookups of absent names,
 # mkdir -p, rmdir of a non-empty folder): logged at INFO; every other errno at WARNING.
 ROUTINE_ERRNOS = frozenset({errno_mod.ENOENT, errno_mod.EEXIST, errno_mod.ENOTEMPTY})
@@ -81,22 +83,16 @@ class ErrnoLog:
                  clock: Callable[[], float] = time.monotonic, with_paths: bool = True) -> None:
         self.log = logger or logging.getLogger("hintfs.ops")
         self.window_s = window_s
-        self.clock = clock
         self.with_paths = with_paths
-        self._quiet_until: dict[tuple[int, str], float] = {}
-        self._held: dict[tuple[int, str], int] = defaultdict(int)
+        self._lines = RefusalLog(window_s, clock)   # per (errno, operation): a line, or counted
 
     def note(self, op: str, code: int, where: Callable[[], str | None] | None = None,
              detail: str | None = None) -> bool:
         """One failure of `op` with `code`; True if it was logged. `where`: the example path, asked
         only for a line that is written; `detail`: the error's text."""
-        key = (code, op)
-        now = self.clock()
-        if now < self._quiet_until.get(key, -math.inf):
-            self._held[key] += 1
+        held = self._lines.note((code, op))
+        if held is None:
             return False
-        self._quiet_until[key] = now + self.window_s
-        held = self._held.pop(key, 0)
         name = errno_mod.errorcode.get(code, str(code))
         line = f"{op}: {name} ({os.strerror(code)})"
         if self.with_paths:

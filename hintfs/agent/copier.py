@@ -20,7 +20,7 @@ from hintfs.agent.client import AgentClient
 from hintfs.agent.demand import ReadHints
 from hintfs.agent.linkgate import LinkGate
 from hintfs.agent.persist import CutCopy, Progress, descriptions
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import ReplicateReply, rpc_error
 from hintfs.agent.streams import StreamTier
 from hintfs.agent.tier import STREAM_QUIET_S, Arrivals, CopyInFlight

@@ -41,7 +41,7 @@ from typing import NamedTuple
 from collections.abc import Callable
 
 from hintfs.agent import rpc
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 
 log = logging.getLogger("hintfs.agent")
 

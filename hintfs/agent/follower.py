@@ -23,7 +23,7 @@ from hintfs.agent.catalog import Catalog
 from hintfs.agent.copier import Copier
 from hintfs.agent.copyqueue import CopyQueue
 from hintfs.agent.linkgate import LinkGate
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import FollowStatus
 from hintfs.agent.versions import VersionCheck
 from hintfs.common.clock import SYSTEM_CLOCK, Clock

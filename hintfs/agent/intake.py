@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.demand import ReadHints
 from hintfs.agent.readmemory import ReadMemory
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import (PublishState, StreamAbortReply, StreamOpenReply, StreamOpenRequest, StreamPublishReply,
                        StreamPublishRequest, StreamPutReply, StreamPutRequest, rpc_error)
 from hintfs.agent.streams import ANYONE, StreamError, StreamFinished, StreamRefused, StreamTier

@@ -32,7 +32,7 @@ from hintfs.agent.intake import StreamIntake
 from hintfs.agent.linkgate import LinkGate
 from hintfs.agent.readmemory import ReadMemory
 from hintfs.agent.reads import Reads
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import StatusReply
 from hintfs.agent.streams import REFUSAL_LOG_S, StreamTier
 from hintfs.agent.tier import Arrivals, TierView

@@ -34,7 +34,7 @@ import pyarrow.flight as fl
 
 from hintfs.agent import actions, rpc, socketdir
 from hintfs.agent.node import Agent
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import rpc_error
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.errors import HintfsError

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from collections.abc import Callable, Sequence
 
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from policy.stream import RangeMap, Sender, StreamLimits
 
 log = logging.getLogger("hintfs.streams")

@@ -34,6 +34,7 @@ from pathlib import Path
 import trio
 from pydantic import BaseModel
 
+from hintfs.common.refusals import RefusalLog
 from hintfs.common.fdlimit import raise_open_file_limit
 from hintfs.governor import cardmemory
 from hintfs.governor.cardmemory import Card, CardMemoryError, Probe, with_card_memory
@@ -164,7 +165,7 @@ class GovernorDaemon:
         self.conns_by_uid: dict[int, int] = {}
         self.clients_by_uid: dict[int, int] = {}
         self.reserving_by_uid: dict[int, int] = {}
-        self._refused: dict[int, tuple[float, int]] = {}   # uid -> (last line, suppressed)
+        self._refused = RefusalLog(REFUSAL_LOG_EVERY_S)   # one line per uid and period
         self._loop_errors: set[str] = set()
         self.allowed_uids = {0, os.geteuid(), *config.allowed_uids}
         self.allowed_gids = set(config.allowed_gids)
@@ -393,15 +394,10 @@ class GovernorDaemon:
         return bool(self.allowed_gids & {peer.gid, *peer.groups})
 
     def _log_refused(self, peer: Peer, why: str) -> None:
-        now = time.monotonic()
-        last, suppressed = self._refused.get(peer.uid, (-1e9, 0))
-        if now - last < REFUSAL_LOG_EVERY_S:
-            self._refused[peer.uid] = (last, suppressed + 1)
-            return
-        more = f" ({suppressed} more refused since the last line)" if suppressed else ""
-        log.warning("refused a connection of uid %d gid %d pid %d: %s%s", peer.uid, peer.gid,
-                    peer.pid, why, more)
-        self._refused[peer.uid] = (now, 0)
+        since = self._refused.note(peer.uid)
+        if since is not None:
+            log.warning("refused a connection of uid %d gid %d pid %d: %s%s", peer.uid, peer.gid,
+                        peer.pid, why, RefusalLog.more(since))
 
     # --- connections --------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:

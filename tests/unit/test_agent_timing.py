@@ -11,7 +11,7 @@ import pytest
 
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.copier import STREAM_ALIVE_WAIT_S, STREAM_PUBLISH_WAIT_S, Copier
-from hintfs.agent.refusals import RefusalLog
+from hintfs.common.refusals import RefusalLog
 from hintfs.agent.streams import StreamTier
 from hintfs.agent.tier import STREAM_QUIET_S, Arrivals, TierView
 from hintfs.common.clock import FakeClock

@@ -1,6 +1,7 @@
 """One log line per kind of refusal and period: a caller repeating a refused call cannot fill the
 log. Used by every part of the agent that refuses callers (a copy's source, a stream's path, a
-sender's bounds) and by the mount's side of the fd socket."""
+sender's bounds), by the mount's side of the fd socket, and by the mount's errno lines
+(`fusefs.stats.ErrnoLog`: one line per errno and operation and period)."""
 from __future__ import annotations
 
 import threading
