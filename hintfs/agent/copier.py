@@ -32,9 +32,21 @@ from hintfs.stores.base import Stat, Store
 
 log = logging.getLogger("hintfs.agent")
 CHUNK = 8 << 20                # a copy's ranged reads (from a peer, or the store without a link gate)
+PEER_TIMEOUT_S = 30.0          # a peer's read may take at least this long ...
+PEER_MIN_RATE = 64 << 10       # ... or as long as the copy's bytes in flight take at this rate (bytes/s)
 STREAM_PUBLISH_WAIT_S = 5.0    # a replicate waits this long for an unpublished stream's publish,
 STREAM_ALIVE_WAIT_S = 30.0     # ... up to this long while the stream is alive (a call within STREAM_QUIET_S)
 Version = tuple[int, int]
+
+
+def peer_timeout_s(size: int, chunk: int, parallel: int) -> float:
+    """The deadline of one ranged read from a peer agent: PEER_TIMEOUT_S, or the time the copy's
+    reads in flight (up to `parallel` chunks) take at PEER_MIN_RATE, whichever is longer. A data
+    node with a slow NIC or a busy token bucket shares it between a tree fan-out's copy and its
+    readers: at 0.25 MiB/s per agent, a 3.9 MB copy ran past a fixed 30 s in bench/scale_storm.py
+    and the replica was missing (the mount hinted again)."""
+    in_flight = min(size, max(1, parallel) * chunk)
+    return max(PEER_TIMEOUT_S, in_flight / PEER_MIN_RATE)
 
 
 class Copier:
@@ -143,15 +155,16 @@ class Copier:
         tmp = self.catalog.local_name(path) + ".part"
         read: Callable[[int, int], bytes]
         src: AgentClient | None = None
+        chunk = self.link_chunk_bytes if self.link is not None and not source else CHUNK
         if source:
-            src = AgentClient(source, token=self.token, tls_root=self.tls_root)
+            src = AgentClient(source, token=self.token, tls_root=self.tls_root,
+                              timeout_s=peer_timeout_s(st.size, chunk, parallel))
             peer = src
             read = lambda off, n: peer.read(path, off, n, replica_only=True)  # noqa: E731
         else:
             open_data = getattr(self.store, "open_data", None)   # a reader without its own stat
             reader = open_data(path) if open_data is not None else self.store.open_reader(path)[0]
             read = reader.read
-        chunk = self.link_chunk_bytes if self.link is not None and not source else CHUNK
         ranges = [(off, min(chunk, st.size - off)) for off in range(0, st.size, chunk)]
         # One ranged GET returns one version whole: asking for a byte more than expected shows a
         # grown file, and a same-size rewrite journals a record of its own (copied again then).
