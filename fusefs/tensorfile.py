@@ -10,12 +10,15 @@ that tell the agents which samples come next.
   the current step. Each sample's `aug_seed` comes from the plan (the occurrence nearest the step
   its rank has reached, see `_locate`), else from a hash of its path. Reads move each rank's step
   on; the agents are asked to make the steps from the slowest local rank's to the fastest one's
-  + W and to free what is before the slowest.
+  + W and to free what is before the slowest. With each window go the step of every wanted sample,
+  the readers' step and the plan's `est_cost_ms` (issue 40): the agents schedule by deadline and
+  answer the lookahead they want (grown near their capacity, at most `lookahead_max_steps`).
 """
 from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -81,6 +84,8 @@ class Plan:
     # against them (`hintfs.common.access`) before an agent is asked to transform it.
     reader: Principal | None = None
     allowed: dict[str, bool] = field(default_factory=dict)   # sample -> may `reader` read it (checked)
+    cost: dict[str, float] = field(default_factory=dict)      # sample -> the plan's est_cost_ms (> 0 only)
+    agent_lookahead: dict[str, int] = field(default_factory=dict)   # agent -> the lookahead it asked for
 
 
 def _load_plan_rows(store, rel: str):
@@ -95,9 +100,12 @@ def _load_plan_rows(store, rel: str):
     finally:
         reader.close()
     # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.1 s of CPU) for nothing.
-    table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["step", "rank", "sample", "aug_seed"])
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    has_cost = "est_cost_ms" in pf.schema_arrow.names
+    table = pf.read(columns=["step", "rank", "sample", "aug_seed"] + (["est_cost_ms"] if has_cost else []))
+    costs = table.column("est_cost_ms").to_pylist() if has_cost else [None] * table.num_rows
     return (table.column("step").to_pylist(), table.column("rank").to_pylist(),
-            table.column("sample").to_pylist(), table.column("aug_seed").to_pylist())
+            table.column("sample").to_pylist(), table.column("aug_seed").to_pylist(), costs)
 
 
 class TensorFiles:
@@ -105,6 +113,7 @@ class TensorFiles:
                  clients: dict[str, AgentClient], stats):
         self.rules = list(rules)
         self.lookahead_default = load.lookahead_steps
+        self.lookahead_max = load.lookahead_max_steps
         self.store = store
         self.agents = agents
         self.clients = clients
@@ -120,6 +129,7 @@ class TensorFiles:
         self._ended: set[str] = set()          # jobs whose plan ended: an empty window goes out
         self._failed: LRUCache = LRUCache(maxsize=FAILED_REMEMBERED)   # sources whose failure was logged
         self._unreachable: dict[str, float] = {}   # agent -> when its last "no answer" line was logged
+        self._unscheduled: set[str] = set()        # agents that refused plan steps (older than issue 40)
         if self.rules:   # plans are Parquet: import it now, not during the first registration
             import pyarrow.parquet  # noqa: F401
 
@@ -332,7 +342,7 @@ class TensorFiles:
             return ("step", step, lookahead)
         path = reg.plan
         try:
-            steps, ranks, samples, seeds = _load_plan_rows(self.store, path)
+            steps, ranks, samples, seeds, costs = _load_plan_rows(self.store, path)
         except FileNotFoundError:
             raise ControlInputError(f"plan: {path} does not exist") from None
         except Exception as err:
@@ -344,6 +354,9 @@ class TensorFiles:
             per_sample.setdefault(sa, []).append((st, se, rk))
         plan = Plan(job, path, step, lookahead, sorted(by_step), step, by_step, front=step,
                     reader=caller if caller is not None and not caller.privileged() else None)
+        for sa, co in zip(samples, costs):
+            if co is not None and co > 0 and co == co and co < 3.6e6:
+                plan.cost[sa] = float(co)
         for sample, occ in per_sample.items():
             occ.sort()
             plan.seeds[sample] = ([o[0] for o in occ], [o[1] for o in occ])
@@ -401,15 +414,21 @@ class TensorFiles:
                 continue
             want: dict[str, list] = {}
             keep: dict[str, list] = {}
-            # Only steps the plan has, from the slowest rank to the front + lookahead: the work is
+            wsteps: dict[str, list] = {}
+            wcosts: dict[str, list] = {}
+            # Only steps the plan has, from the slowest rank to the front + lookahead (grown to what
+            # the agents ask, at most lookahead_max_steps and MAX_WINDOW_SAMPLES): the work is
             # bounded by the plan's rows in that window, never by the numbers in a document, and
             # the loop yields to the mount at every step.
+            lookahead = max([plan.lookahead] + [min(v, self.lookahead_max) for v in plan.agent_lookahead.values()])
             lo = bisect.bisect_left(plan.steps, plan.step)
-            hi = bisect.bisect_right(plan.steps, plan.front + plan.lookahead)
+            hi = bisect.bisect_right(plan.steps, plan.front + lookahead)
             items = 0
             for s in plan.steps[lo:hi]:
                 await trio.lowlevel.checkpoint()
                 if items >= MAX_WINDOW_SAMPLES:
+                    if s > plan.front + plan.lookahead:
+                        break       # the agents' grown lookahead: as far as the bound goes
                     log.warning("plan %s: window past step %d holds over %d samples; the rest waits",
                                 job, s, MAX_WINDOW_SAMPLES)
                     break
@@ -423,15 +442,41 @@ class TensorFiles:
                     # Step N too: at registration its samples are not being made yet; the agent
                     # skips what is cached or running, and demand reads go ahead of prefetches.
                     want.setdefault(loc, []).append([sample, m[1].kind, self._params_json(m[1]), seed])
+                    wsteps.setdefault(loc, []).append(s)
+                    wcosts.setdefault(loc, []).append(plan.cost.get(sample, 0.0))
             if plan.reader is not None:
                 await self._check_samples(plan, [w[0] for ws in want.values() for w in ws])
-                want = {loc: [w for w in ws if plan.allowed.get(w[0])] for loc, ws in want.items()}
+                for loc, ws in want.items():
+                    ok = [plan.allowed.get(w[0], False) for w in ws]
+                    want[loc] = [w for w, y in zip(ws, ok) if y]
+                    wsteps[loc] = [x for x, y in zip(wsteps[loc], ok) if y]
+                    wcosts[loc] = [x for x, y in zip(wcosts[loc], ok) if y]
                 keep = {loc: [k for k in ks if plan.allowed.get(k[0])] for loc, ks in keep.items()}
             for loc in self.agents:
+                costs = wcosts.get(loc, [])
                 try:
                     # per job: one job's window never frees another's samples at the agents
-                    await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
-                                                  want.get(loc, []), job, limiter=self.limiter)
+                    if loc in self._unscheduled:     # an agent from before issue 40: the window alone
+                        await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
+                                                      want.get(loc, []), job, limiter=self.limiter)
+                        continue
+                    try:
+                        reply = await trio.to_thread.run_sync(
+                            functools.partial(self.clients[loc].plan_window, keep.get(loc, []), want.get(loc, []),
+                                              job, steps=wsteps.get(loc, []), step=plan.front,
+                                              costs=costs if any(costs) else None, lookahead=plan.lookahead),
+                            limiter=self.limiter)
+                    except OSError as err:
+                        if err.errno != errno.EINVAL or "steps" not in str(err):
+                            raise
+                        log.warning("plan %s: agent %s does not take plan steps (an older agent): windows "
+                                    "without them; upgrade the agents first (docs/versions.md)", job, loc)
+                        self._unscheduled.add(loc)
+                        await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
+                                                      want.get(loc, []), job, limiter=self.limiter)
+                        continue
+                    if reply.lookahead is not None:
+                        plan.agent_lookahead[loc] = reply.lookahead
                 except OSError as err:
                     log.warning("plan %s: agent %s: %s", job, loc, agent_reason(err))
                     log.debug("plan %s: agent %s: %s", job, loc, err)

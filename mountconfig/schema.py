@@ -381,10 +381,21 @@ class TransformLoadConfig(Section):
     workers: int = Field(1, ge=1, le=256, description="Transform processes per agent (one decode thread each).")
     cache_bytes: int = Field(1 << 30, ge=0, description="Bytes of transformed samples an agent keeps.")
     lookahead_steps: int = Field(2, ge=0, le=1000, description="Plan steps N+1..N+W materialized while step N is read.")
-    fallback: bool = Field(True, description="Serve raw bytes (the client transforms) when storage CPU is busy "
-                           "or a sample misses its deadline.")
-    cpu_enter: float = Field(0.80, gt=0, le=1, description="Agent CPU share at which fallback starts.")
-    cpu_leave: float = Field(0.70, gt=0, le=1, description="Agent CPU share below which fallback stops.")
+    lookahead_max_steps: int = Field(64, ge=0, le=4096, description="Most steps the agents may grow a plan's "
+                                     "lookahead to when the predicted transform work of its window nears their "
+                                     "capacity (within each job's share of `cache_bytes`); the mount sends "
+                                     "that many steps at most.")
+    fallback: bool = Field(True, description="Serve raw bytes (the client transforms the identical tensor) for "
+                           "the samples storage cannot finish before their plan step at its measured "
+                           "capacity, cheapest first, and when a sample misses `deadline_ms`.")
+    cpu_enter: float = Field(0.80, gt=0, le=1, description="Superseded by the per-sample fallback (issue 40): "
+                             "only for mounts that send no plan steps (older mounts), the agent CPU share at "
+                             "which every sample goes raw.")
+    cpu_leave: float = Field(0.70, gt=0, le=1, description="Superseded, as `cpu_enter`: the share below which "
+                             "that stops.")
+    fixed_raw_share: float | None = Field(None, ge=0, le=1, description="For measurement: send this share of "
+                                          "the plans' samples raw (the cheapest predicted first) instead of "
+                                          "following the capacity; no other fallback then.")
     deadline_ms: float = Field(2000.0, gt=0, description="A sample not transformed by then is served raw "
                                "(with fallback on).")
     mount_pull_bytes: int = Field(256 << 20, ge=0, description="Mount side: at the first read of plan step N, "

@@ -69,10 +69,14 @@ def _signal(a: Agent, req: rpc.SignalRequest, _s: Sender) -> rpc.SignalReply:
 
 
 def _plan_window(a: Agent, req: rpc.PlanWindowRequest, _s: Sender) -> rpc.PlanWindowReply:
-    """forget + prefetch in one call: one per plan step (per job)"""
-    a.reads.samples.forget({(p, s) for p, s in req.keep}, job=req.job)
-    started = a.reads.samples.prefetch(list(req.want), job=req.job) if req.want else 0
-    return rpc.PlanWindowReply(started=started)
+    """forget + prefetch in one call: one per plan step (per job); with the wanted samples' steps
+    (issue 40) the agent schedules them by deadline and answers the lookahead it wants"""
+    samples = a.reads.samples
+    samples.forget({(p, s) for p, s in req.keep}, job=req.job)
+    started = samples.prefetch(list(req.want), job=req.job, steps=req.steps, step=req.step, costs=req.costs,
+                               lookahead=req.lookahead) if req.want else 0
+    lookahead = samples.lookahead_for(req.job) if req.steps is not None else None
+    return rpc.PlanWindowReply(started=started, lookahead=lookahead)
 
 
 ACTIONS: dict[str, Action[Any, Any]] = {

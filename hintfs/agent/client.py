@@ -151,12 +151,17 @@ class AgentClient:
         return list(zip(table.column("path").to_pylist(), table.column("seed").to_pylist(),
                         table.column("data").to_pylist()))
 
-    def plan_window(self, keep: list, want: list, job: str | None = None) -> rpc.PlanWindowReply:
+    def plan_window(self, keep: list, want: list, job: str | None = None, steps: list[int] | None = None,
+                    step: int | None = None, costs: list[float] | None = None,
+                    lookahead: int | None = None) -> rpc.PlanWindowReply:
         """`job`'s plan window: free its transformed samples not in `keep`, start making `want`
         (one call per plan step). Another job's samples are never freed by it; None: the window
-        shared by every plan that names no job (older agents know no job)."""
+        shared by every plan that names no job (older agents know no job). `steps` (each wanted
+        sample's plan step), `step` (the readers' step), `costs` (the plan's est_cost_ms) and
+        `lookahead` let the agent schedule by deadline (issue 40); sent only when given."""
         req = rpc.PlanWindowRequest.model_construct(keep=[tuple(x) for x in keep], want=[tuple(x) for x in want],
-                                                    job=job)
+                                                    job=job, steps=steps, step=step, costs=costs,
+                                                    lookahead=lookahead)
         return self._call("plan_window", req, rpc.PlanWindowReply)
 
     def replicate(self, path: str, ttl_s: float, source: str | None = None, priority: rpc.Priority = "background",

@@ -185,12 +185,33 @@ class LocalFdRequest(HasRequest):
 JobName = Annotated[str, AfterValidator(lambda v: job_name(v))]
 
 
+MAX_STEP = (1 << 62) - 1            # a plan step (int64 in the plan; steps are differenced as floats)
+MAX_EST_MS = 3.6e6                  # a plan's est_cost_ms (an hour)
+
+
 class PlanWindowRequest(Request):
     keep: list[tuple[StorePath, Int64]] = Field(max_length=MAX_BATCH)
     want: list[tuple[StorePath, Kind, Params, Int64]] = Field(max_length=MAX_BATCH)
     # the plan's job: its prefetched samples are freed only by its own windows (hintfs/agent/samples.py);
     # None: the mounts' shared window of older clients
     job: JobName | None = None
+    # Issue 40 (optional: older mounts send none, and the agent then orders as before): the plan
+    # step of each `want` sample (same order), the step the job's readers are at, the plan's
+    # est_cost_ms of each `want` sample (0: none), and the job's lookahead (steps).
+    steps: list[Annotated[int, Field(ge=0, le=MAX_STEP)]] | None = Field(None, max_length=MAX_BATCH)
+    step: int | None = Field(None, ge=0, le=MAX_STEP)
+    costs: list[Annotated[float, Field(ge=0, le=MAX_EST_MS)]] | None = Field(None, max_length=MAX_BATCH)
+    lookahead: int | None = Field(None, ge=0, le=4096)
+
+    @model_validator(mode="after")
+    def _aligned(self):
+        for name in ("steps", "costs"):
+            v = getattr(self, name)
+            if v is not None and len(v) != len(self.want):
+                raise ValueError(f"{name} has {len(v)} entries for {len(self.want)} wanted samples")
+        if self.steps is not None and self.step is None:
+            raise ValueError("steps without step")
+        return self
 
 
 class EmptyRequest(Request):
@@ -341,6 +362,9 @@ class DropReply(Reply):
 
 class PlanWindowReply(Reply):
     started: int = 0
+    # issue 40: the steps past the readers' step the agent wants the job's next windows to reach
+    # (its lookahead grown near capacity, within memory); older mounts ignore it
+    lookahead: int | None = None
 
 
 TierState = Literal["ready", "copying", "streaming", "dir", "absent"]

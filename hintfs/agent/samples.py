@@ -1,13 +1,24 @@
 """Storage-side transforms in the agent: `.tensor` samples made in a process pool, cached,
-made ahead of the plan, and replaced by raw bytes when the storage CPU is busy.
+made ahead of the plan by predicted cost, and replaced by raw bytes for the share of samples
+storage cannot finish before their step.
 
 - `get(...)` returns the bytes of a `.tensor` file (hintfs.transforms.container format) for one sample:
   from the byte-bounded cache, from a transform already running (single-flight), or from a new
-  transform in the pool. With fallback on, it returns the raw container instead when the
-  agent's CPU share is above `cpu_enter` (until it drops below `cpu_leave`) or when the transform
-  misses `deadline_ms`; the client then transforms locally and gets the identical tensor.
-- `prefetch(samples, job)` starts transforms for samples of a job's next plan steps, and
-  `forget(keep, job)` frees what that job's plan has passed. The cache is held per job (issue 34,
+  transform in the pool. With fallback on, it returns the raw container instead (the client then
+  transforms locally and gets the identical tensor) when the schedule sent the sample raw
+  (`raw_planned`), when a sample the reader waits for was not started and the client would have
+  it sooner (`raw_late`), or when the transform misses `deadline_ms` (`raw_deadline`). The CPU
+  threshold (`cpu_enter`/`cpu_leave`: `raw_busy`) applies only while no mount sends plan steps
+  (older mounts): it is all or nothing, which issue 40 replaced.
+- `prefetch(samples, job, steps=...)` puts samples of a job's next plan steps in the backlog, and
+  `forget(keep, job)` frees what that job's plan has passed. With the steps (issue 40) the backlog
+  is scheduled by `policy.transform_sched`: each sample is due when its step is read (the job's
+  step rate), its cost is predicted (the plan's estimate, the same source's last CPU time, or a
+  per-kind line in its size learned from the transforms made), the workers take samples by latest
+  start time (heavy ones earliest), the samples storage cannot finish in time at its measured
+  capacity (transforms' wall time over their CPU time) are sent raw, cheapest first, with
+  hysteresis, and the job's lookahead grows while the window's predicted load nears the capacity,
+  within the job's share of `cache_bytes` (`lookahead_for`). The cache is held per job (issue 34,
   finding 8: one job's plan registration evicted another job's prefetched samples): a sample a
   job prefetched is *held* by that job until its own window leaves it or its plan ends (no
   window for JOB_IDLE_S); `forget` of one job never touches another's. A job holds at most
@@ -34,7 +45,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from collections.abc import Callable, Iterable
@@ -44,6 +55,8 @@ from cachetools import FIFOCache, LRUCache
 
 from hintfs.agent.transformpool import TransformPool
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
+from policy.transform_sched import (MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
+                                    StepClock, late_goes_raw, schedule)
 
 log = logging.getLogger("hintfs.samples")
 
@@ -100,6 +113,21 @@ class LoadMonitor:
 
 
 @dataclass
+class Pending:
+    """A sample in the backlog: what makes it, the jobs that want it, its plan step (None: an
+    older mount's window, in arrival order) and its predicted CPU seconds."""
+    kind: str
+    pjson: str
+    meta: dict
+    job: str
+    step: int | None
+    cost_s: float
+    seq: int
+    jobs: set
+    est_ms: float | None = None      # the plan's estimate
+
+
+@dataclass
 class JobHold:
     """What one job's plan holds in the cache: the window it named last ((path, aug_seed) kept),
     the samples of it that are cached and held, their bytes, and when it last called."""
@@ -125,9 +153,24 @@ class SampleService:
         self.jobs: dict[str, JobHold] = {}
         self.running: dict[SampleKey, Future] = {}
         self._wanted_by: dict[SampleKey, set[str]] = {}   # jobs whose prefetch a running transform is
-        self.backlog: deque = deque()     # prefetches waiting for an idle worker
-        self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "cache_hits": 0, "prefetched": 0,
-                       "errors": 0, "refused": 0, "decode_checks": 0}
+        self.backlog: dict[SampleKey, Pending] = {}   # prefetches waiting for an idle worker
+        self.order: list[SampleKey] = []              # the backlog's keys, first first (the last schedule)
+        self.raw_keys: set[SampleKey] = set()         # backlog samples the schedule sends raw
+        self._seq = 0
+        # issue 40: predictions (policy/transform_sched.py)
+        self.costs = OnlineCosts()
+        self.capacity = Capacity()
+        self.check_share = Ewma(0.1, 0.6)   # an image's decode check over its transform, CPU
+        self.out_bytes = Ewma(0.1)          # bytes of a made sample
+        self.clocks: dict[str, StepClock] = {}
+        self.horizons: dict[str, Horizon] = {}
+        self._load: dict[str, tuple[float, int, int]] = {}   # job -> (predicted CPU s, steps, samples) of its window
+        self._memo: dict[str, dict[tuple[str, int], tuple]] = {}   # job -> (path, seed) -> (key, meta, pjson)
+        self.started: dict[SampleKey, tuple[float, float]] = {}  # running: (start, predicted wall s)
+        share = getattr(load_cfg, "fixed_raw_share", None)
+        self.fixed = FixedShare(share) if share is not None else None
+        self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "raw_planned": 0, "raw_late": 0,
+                       "cache_hits": 0, "prefetched": 0, "errors": 0, "refused": 0, "decode_checks": 0}
         # sources whose transform failed: (path, size, mtime_ns, params_hash) -> (reason, expiry),
         # the first BAD_MAX remembered (a lookup does not keep one longer)
         self.bad: FIFOCache[tuple, tuple[str, float]] = FIFOCache(BAD_MAX)
@@ -199,6 +242,11 @@ class SampleService:
 
     def _end(self, job: str) -> None:
         """(under lock) `job`'s plan ended: what it held is unheld."""
+        self._memo.pop(job, None)
+        self.clocks.pop(job, None)
+        self.horizons.pop(job, None)
+        self._load.pop(job, None)
+        self._drop_backlog(job, set())
         hold = self.jobs.pop(job, None)
         if hold is not None:
             for key in list(hold.held):
@@ -212,14 +260,27 @@ class SampleService:
         the job's plan."""
         with self.lock:
             name, hold = self._job(job)
-            self.backlog = deque(b for b in self.backlog
-                                 if b[4] != name or (b[0].path, b[0].aug_seed) in keep)
+            self._drop_backlog(name, keep)
+            memo = self._memo.get(name)
+            if memo is not None:
+                for pk in [pk for pk in memo if pk not in keep]:
+                    del memo[pk]
             if not keep:
                 self._end(name)
                 return
             hold.window = set(keep)
             for key in [k for k in hold.held if (k.path, k.aug_seed) not in keep]:
                 self._unhold(hold, name, key)
+
+    def _drop_backlog(self, job: str, keep: set) -> None:
+        """(under lock) `job` no longer wants its backlog samples outside `keep`; a sample no job
+        wants leaves the backlog."""
+        for key in [k for k, p in self.backlog.items() if job in p.jobs and (k.path, k.aug_seed) not in keep]:
+            p = self.backlog[key]
+            p.jobs.discard(job)
+            if not p.jobs:
+                del self.backlog[key]
+                self.raw_keys.discard(key)
 
     # -- sources known to be bad ----------------------------------------------------------------
     @staticmethod
@@ -290,15 +351,20 @@ class SampleService:
                 return fut
             fut = self.pool.submit((kind, raw, pjson, key.aug_seed, meta), limit, key.path)
             self.running[key] = fut
+            pending = self.backlog.pop(key, None)
+            cost = pending.cost_s if pending is not None else self._predict(key, kind)
+            self.started[key] = (self.clock(), cost * self.capacity.slowdown)
         del raw
 
-        def done(f: Future, key=key) -> None:
+        def done(f: Future, key=key, kind=kind) -> None:
             with self.lock:
                 self.running.pop(key, None)
+                self.started.pop(key, None)
                 jobs = self._wanted_by.pop(key, set())
             if not f.cancelled():
                 err = f.exception()
                 if err is None:
+                    self._learn(key, kind, f)
                     self._put(key, f.result(), jobs)
                 elif isinstance(err, TransformError):
                     self._refuse(key, err)
@@ -308,6 +374,103 @@ class SampleService:
 
         fut.add_done_callback(done)
         return fut
+
+    # -- predictions and the schedule (issue 40) ---------------------------------------------------
+    @staticmethod
+    def _group(key: SampleKey, kind: str) -> str:
+        return f"{kind}/{os.path.splitext(key.path)[1].lower()[:12]}"
+
+    def _predict(self, key: SampleKey, kind: str, est_ms: float | None = None) -> float:
+        """(under lock) The sample's predicted CPU seconds."""
+        return self.costs.predict(self._group(key, kind), key.size, self._bad_key(key), est_ms)
+
+    def _learn(self, key: SampleKey, kind: str, f: Future) -> None:
+        """A transform is done: its CPU time teaches the cost model, its wall time over that the
+        capacity, its size the bytes a sample holds."""
+        cpu, wall = getattr(f, "cpu_s", None), getattr(f, "wall_s", None)
+        with self.lock:
+            if cpu:
+                self.costs.observe(self._group(key, kind), key.size, self._bad_key(key), cpu)
+                if wall:
+                    self.capacity.observe(wall, cpu)
+            self.out_bytes.add(len(f.result()))
+
+    def _raw_cost(self, key: SampleKey, kind: str, cost_s: float) -> float:
+        """(under lock) Storage CPU seconds of the sample's raw container: an image not known to
+        decode is decoded once (the check)."""
+        if kind == "image" and self._bad_key(key) not in self.decoded:
+            return cost_s * (self.check_share.value or 0.0)
+        return 0.0
+
+    def _remaining(self, now: float) -> tuple[float, float]:
+        """(under lock) Predicted wall seconds until a worker is free, and until all running work is
+        done per worker."""
+        left = [max(0.0, t0 + w - now) for t0, w in self.started.values()]
+        free = 0.0 if len(self.running) < self.cfg.workers else (min(left) if left else 0.0)
+        return free, sum(left) / max(1, self.cfg.workers)
+
+    def _reschedule(self) -> None:
+        """(under lock) Order the backlog by latest start time and choose what goes raw."""
+        now = self.clock()
+        items = []
+        for key, p in list(self.backlog.items()):
+            if key in self.cache or key in self.running:
+                del self.backlog[key]
+                continue
+            p.cost_s = self._predict(key, p.kind, p.est_ms)     # what was learned since
+            deadline = None
+            clock = self.clocks.get(p.job)
+            if p.step is not None and clock is not None:
+                due = clock.due(p.step, now)
+                if due is not None:
+                    deadline = due - MARGIN_STEPS * (clock.seconds_per_step or 0.0)
+            items.append(Item(key, deadline, p.cost_s, self._raw_cost(key, p.kind, p.cost_s), p.seq))
+        self.raw_keys &= self.backlog.keys()
+        _free, busy = self._remaining(now)
+        if self.fixed is not None:
+            sched = schedule(items, now, busy, self.cfg.workers, self.capacity.slowdown, fallback=False)
+            sched.order = [k for k in sched.order if k not in self.raw_keys]
+        else:
+            sched = schedule(items, now, busy, self.cfg.workers, self.capacity.slowdown, self.raw_keys,
+                             fallback=self.cfg.fallback)
+            self.raw_keys = sched.raw
+        self.order = sched.order
+
+    def _eligible(self, p: Pending) -> bool:
+        """(under lock) Within its job's horizon (the grown lookahead past its readers' step)."""
+        if p.step is None:
+            return True
+        clock, horizon = self.clocks.get(p.job), self.horizons.get(p.job)
+        if clock is None or clock.step is None or horizon is None:
+            return True
+        return p.step <= clock.step + horizon.steps
+
+    def _grow(self, name: str, hold: JobHold, lookahead: int | None) -> None:
+        """(under lock) The job's horizon from its window's predicted load and its memory share."""
+        horizon = self.horizons.get(name)
+        if horizon is None:
+            horizon = self.horizons[name] = Horizon(lookahead if lookahead is not None else self.cfg.lookahead_steps)
+        elif lookahead is not None:
+            horizon.base = lookahead
+        most = max(horizon.base, self.cfg.lookahead_max_steps)
+        load = None
+        clock = self.clocks.get(name)
+        work, span, n = self._load.get(name, (0.0, 0, 0))
+        sps = clock.seconds_per_step if clock is not None else None
+        if sps and span:
+            load = work * self.capacity.slowdown / (span * sps * max(1, self.cfg.workers))
+        fit = most
+        if self.out_bytes.value and span and n:
+            others = self.held_bytes - hold.bytes
+            allowance = min(self.cfg.cache_bytes * JOB_SHARE, self.cfg.cache_bytes - others)
+            fit = int(max(0.0, allowance) // max(1.0, self.out_bytes.value * n / span)) - 1
+        horizon.update(load, fit, most)
+
+    def lookahead_for(self, job: str | None) -> int | None:
+        """The steps past its readers that `job`'s windows should reach (None: not scheduled)."""
+        with self.lock:
+            h = self.horizons.get(SHARED_JOB if job is None else job)
+            return h.steps if h is not None else None
 
     def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict) -> bytes:
         """The raw-mode `.tensor` of a sample, after the checks that need no decoder (size,
@@ -349,10 +512,14 @@ class SampleService:
             if bk in self.decoded:
                 self.decoded[bk]         # (the most recently used now)
                 return
-        self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
-                           key.path).result()
+        fut = self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
+                                 key.path)
+        fut.result()
         with self.lock:
             self.decoded[bk] = None
+            cpu = getattr(fut, "cpu_s", None)
+            if cpu:
+                self.check_share.add(min(1.5, cpu / self._predict(key, kind)))
         self.counts["decode_checks"] += 1
 
     def _cached(self, key: SampleKey) -> bytes | None:
@@ -379,14 +546,22 @@ class SampleService:
                 raise TransformError(reason)
             running = key in self.running
         fallback = allow_raw and self.cfg.fallback
+        how = None
+        if fallback and not running:
+            with self.lock:
+                how = self._raw_now(key, kind)
         try:
-            if fallback and self.monitor.busy and not running:
+            if how is not None:
                 data = self._raw_container(kind, pjson, key, meta)
-                self.counts["raw_busy"] += 1
-                return data, "raw_busy"
+                with self.lock:
+                    self.backlog.pop(key, None)
+                    self.raw_keys.discard(key)
+                self.counts[how] += 1
+                return data, how
             fut = self._start(key, kind, pjson, meta)
             try:
-                data = fut.result(timeout=self.cfg.deadline_ms / 1000.0 if fallback else None)
+                data = fut.result(timeout=self.cfg.deadline_ms / 1000.0 if fallback and self.fixed is None
+                                  else None)
             except FutureTimeout:
                 data = self._raw_container(kind, pjson, key, meta)
                 self.counts["raw_deadline"] += 1
@@ -401,24 +576,58 @@ class SampleService:
         self.counts["tensor"] += 1
         return data, "tensor"
 
+    def _raw_now(self, key: SampleKey, kind: str) -> str | None:
+        """(under lock) Why a sample a reader waits for, not running, goes raw now, or None: the
+        schedule sent it raw; or it was not started and the client would have it sooner
+        (`late_goes_raw`); with no mount sending steps, the CPU threshold (older mounts)."""
+        if key in self.raw_keys:
+            return "raw_planned"
+        if self.fixed is not None:
+            return None                 # a fixed share: only the chosen samples go raw
+        if self.clocks:
+            cost = self._predict(key, kind)
+            free, _busy = self._remaining(self.clock())
+            if late_goes_raw(free, cost, self.capacity.slowdown, self._raw_cost(key, kind, cost)):
+                return "raw_late"
+            return None
+        return "raw_busy" if self.monitor.busy else None
+
     def peek(self, path: str, kind: str, params, aug_seed: int) -> bytes | None:
         """The cached `.tensor` bytes of this sample, or None (nothing is started)."""
         key, _meta, _pjson = self._key_and_meta(path, kind, params, aug_seed)
         with self.lock:
             return self._cached(key)
 
-    def prefetch(self, samples: list[tuple[str, str, object, int]], job: str | None = None) -> int:
-        """Start transforms for (path, kind, params, aug_seed) not cached or running yet, for
-        `job`'s plan (None: the shared job of older mounts): it holds them once made (`_put`)."""
+    def prefetch(self, samples: list[tuple[str, str, object, int]], job: str | None = None,
+                 steps: list[int] | None = None, step: int | None = None, costs: list[float] | None = None,
+                 lookahead: int | None = None) -> int:
+        """Queue transforms for (path, kind, params, aug_seed) not cached or running yet, for
+        `job`'s plan (None: the shared job of older mounts): it holds them once made (`_put`).
+        With `steps` (each sample's plan step) and `step` (its readers' step) the backlog is
+        scheduled by deadline (issue 40); `costs`: the plan's est_cost_ms (0: none)."""
         started = 0
+        scheduled = steps is not None and step is not None
         with self.lock:
             name, hold = self._job(job)
             hold.window |= {(p, int(seed)) for p, _k, _params, seed in samples}
-        for path, kind, params, seed in samples:
-            try:
-                key, meta, pjson = self._key_and_meta(path, kind, params, seed)
-            except (OSError, ValueError):
-                continue
+            if step is not None and steps is not None:
+                self.clocks.setdefault(name, StepClock()).observe(int(step), self.clock())
+            memo = self._memo.setdefault(name, {}) if name in self.jobs else {}
+        work = 0.0
+        for i, (path, kind, params, seed) in enumerate(samples):
+            ent = memo.get((path, int(seed)))
+            if ent is None:
+                try:
+                    ent = self._key_and_meta(path, kind, params, seed)
+                except (OSError, ValueError):
+                    continue
+                memo[(path, int(seed))] = ent
+            key, meta, pjson = ent
+            est = costs[i] if costs is not None and costs[i] > 0 else None
+            with self.lock:
+                cost = self._predict(key, kind, est)
+            work += cost
+            sstep = int(steps[i]) if scheduled and steps is not None else None
             with self.lock:
                 if key in self.cache:
                     if name in self.jobs:
@@ -427,33 +636,63 @@ class SampleService:
                 if key in self.running:
                     self._wanted_by.setdefault(key, set()).add(name)
                     continue
+                p = self.backlog.get(key)
+                if p is not None:
+                    p.jobs.add(name)
+                    if sstep is not None and (p.step is None or (p.job == name and sstep < p.step)):
+                        p.step, p.job = sstep, name
+                    continue
                 if self._bad_reason(key) is not None:
                     continue
-            if self.cfg.fallback and self.monitor.busy:
-                break   # do not add load while shedding it
+            if not scheduled and self.cfg.fallback and self.monitor.busy and not self.clocks:
+                break   # an older mount: do not add load while shedding it
             with self.lock:
-                self.backlog.append((key, kind, pjson, meta, name))
+                self._seq += 1
+                self.backlog[key] = Pending(kind, pjson, meta, name, sstep, cost, self._seq, {name}, est)
+                if self.fixed is not None and self.fixed.decide(cost):
+                    self.raw_keys.add(key)
             started += 1
+        with self.lock:
+            if scheduled and steps:
+                self._load[name] = (work, max(steps) - min(steps) + 1, len(samples))
+            if scheduled:
+                self._grow(name, hold, lookahead)
+            self._reschedule()
         self.counts["prefetched"] += started
         self._pump()
         return started
 
     def _pump(self) -> None:
-        """Feed prefetches to the pool only while it has idle workers, so a sample a reader is
-        waiting for (submitted directly by `get`) never queues behind the lookahead."""
+        """Feed the backlog to the pool in the schedule's order, only while it has idle workers,
+        so a sample a reader is waiting for (submitted directly by `get`) never queues behind the
+        lookahead. Samples sent raw, and samples past their job's horizon, wait."""
         while True:
             with self.lock:
-                if not self.backlog or len(self.running) >= self.cfg.workers:
+                if len(self.running) >= self.cfg.workers:
                     return
-                key, kind, pjson, meta, job = self.backlog.popleft()
-                if key in self.cache or key in self.running:
-                    continue
-                self._wanted_by.setdefault(key, set()).add(job)
+                pick = None
+                for i, key in enumerate(self.order):
+                    p = self.backlog.get(key)
+                    if p is None or key in self.cache or key in self.running:
+                        continue
+                    if key in self.raw_keys or not self._eligible(p):
+                        continue
+                    pick = (i, key, p)
+                    break
+                if pick is None:
+                    self.order = [k for k in self.order if k in self.backlog]
+                    return
+                i, key, p = pick
+                del self.order[i]
+                self._wanted_by.setdefault(key, set()).update(p.jobs)
             try:
-                self._start(key, kind, pjson, meta)
+                self._start(key, p.kind, p.pjson, p.meta)
             except TransformError:
-                pass            # logged and remembered by _read_raw
+                with self.lock:
+                    self.backlog.pop(key, None)     # logged and remembered by _read_raw
             except (OSError, RuntimeError) as err:
+                with self.lock:
+                    self.backlog.pop(key, None)
                 log.warning("prefetch of %s failed: %s", key.path, err)
 
     def status(self) -> dict:
@@ -462,6 +701,9 @@ class SampleService:
                     "cache_bytes": self.cache_bytes, "running": len(self.running),
                     "jobs": len(self.jobs), "held": len(self.holders), "held_bytes": self.held_bytes,
                     "backlog": len(self.backlog), "bad": len(self.bad),
+                    "raw_designated": len(self.raw_keys),
+                    "slowdown": round(self.capacity.slowdown, 3),
+                    "lookahead": max((h.steps for h in self.horizons.values()), default=None),
                     "cpu_share": round(self.monitor.share, 3),
                     "busy": self.monitor.busy}
 

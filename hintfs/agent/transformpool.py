@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from collections.abc import Callable
@@ -87,6 +88,7 @@ def _worker_main(conn, fn: Callable) -> None:
             args = conn.recv()
         except (EOFError, OSError):
             return
+        cpu0 = time.process_time()
         try:
             out = fn(*args)
         except Exception as err:    # sent back to the agent, which decides
@@ -95,7 +97,7 @@ def _worker_main(conn, fn: Callable) -> None:
             except Exception:
                 conn.send(("err", RuntimeError(f"{type(err).__name__}: {err}")))
             continue
-        conn.send(("ok", len(out)))
+        conn.send(("ok", len(out), time.process_time() - cpu0))   # the CPU time the task took
         conn.send_bytes(out)
 
 
@@ -107,7 +109,10 @@ class TransformPool:
 
     Unlike concurrent.futures' pool it can stop one running task: a task past its time limit
     gets its worker SIGKILLed and a new worker started, and a worker that dies (crash, OOM
-    killer, an operator's kill) is replaced; the other workers' tasks are not touched."""
+    killer, an operator's kill) is replaced; the other workers' tasks are not touched.
+
+    A task's future carries, once done, `cpu_s` (the worker's CPU time for it) and `wall_s` (from
+    the hand-off to the answer): the agent learns costs and the core's capacity from them."""
 
     def __init__(self, workers: int, fn: Callable = transform_to_container, grace_s: float = KILL_GRACE_S):
         # forkserver, not fork: the agent process runs gRPC and trio threads, which a fork
@@ -160,6 +165,7 @@ class TransformPool:
             except Exception as err:   # starting a worker failed, a pickling error ...
                 outcome = ("err", err)
             if outcome[0] == "ok":
+                fut.cpu_s, fut.wall_s = outcome[2], outcome[3]
                 fut.set_result(outcome[1])
             else:
                 fut.set_exception(outcome[1])
@@ -197,6 +203,7 @@ class TransformPool:
     def _run(self, i: int, args: tuple, limit: float):
         proc, conn = self._slot(i)
         try:
+            t0 = time.monotonic()
             conn.send(args)
             if not conn.poll(limit + self.grace_s):
                 self._drop(i, kill=True)
@@ -205,7 +212,8 @@ class TransformPool:
                                                 f"its worker was killed and replaced"))
             head = conn.recv()
             if head[0] == "ok":
-                return ("ok", conn.recv_bytes())
+                data = conn.recv_bytes()
+                return ("ok", data, float(head[2]) if len(head) > 2 else 0.0, time.monotonic() - t0)
             return head
         except (EOFError, OSError):
             self._drop(i, kill=True)

@@ -1,0 +1,298 @@
+"""Scheduling storage-side transforms by predicted cost (issue 40): pure, no I/O, time passed in.
+
+The agent (hintfs/agent/samples.py) holds a backlog of samples its jobs' plans want, each due when
+its plan step is read. This module decides, from predictions only:
+
+- **when each step is read** (`StepClock`: the job's step rate, an EWMA of the seconds per step
+  the mount's plan windows report);
+- **what a sample costs** (`OnlineCosts`: the plan's `est_cost_ms` when the mount passes it, else
+  the CPU time the same source took before, else a per-group (kind and extension) line in the
+  source's size, fitted online from the transforms already made);
+- **how fast storage runs now** (`Capacity`: the wall time of transforms over their CPU time,
+  EWMA: 1 on an idle core, 2 when a burner takes half of it);
+- **the order** (`schedule`): by latest start time, deadline minus predicted wall cost, so heavy
+  samples start earliest and nothing starts later than it must;
+- **what goes raw** (`schedule`): the samples storage cannot finish before their step at the
+  measured capacity, chosen cheapest first (the client decodes those fastest), with hysteresis: a
+  sample is newly sent raw only when the schedule misses at `slowdown x (1 + h)`, and one sent raw
+  before goes back to storage only when the schedule meets its deadlines at `slowdown x (1 + 2h)`;
+- **how far ahead** (`Horizon`): the lookahead doubles while the predicted load of the window is
+  near the capacity and halves when it is well under it, within the steps the job's memory share
+  holds;
+- **a fixed raw share** (`FixedShare`, for measurement): the cheapest `share` of samples, by the
+  running distribution of predicted costs.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, insort
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+DEFAULT_COST_S = 0.05       # a sample's predicted CPU cost before anything was measured
+MIN_COST_S = 0.0005
+MAX_COST_S = 600.0
+SOURCES_MAX = 65536         # sources whose last measured cost is remembered
+SLOWDOWN_MIN, SLOWDOWN_MAX = 0.5, 50.0
+HYSTERESIS = 0.1            # h above
+MARGIN_STEPS = 0.5          # a sample is due this much of a step before its step is read
+GROW_AT, SHRINK_AT = 0.7, 0.4   # predicted load of the window (work / capacity) that grows / shrinks the lookahead
+
+
+class Ewma:
+    """Exponentially weighted mean; None until the first value."""
+
+    def __init__(self, alpha: float, value: float | None = None):
+        self.alpha = alpha
+        self.value = value
+
+    def add(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+        return self.value
+
+
+class StepClock:
+    """When a job's steps are read: the step its readers are at, and an EWMA of seconds per step
+    from the times the step moved (the first move, from the registered step, is not counted: it
+    includes the job's set-up)."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.rate = Ewma(alpha)
+        self.step: int | None = None
+        self.since: float = 0.0          # when `step` was reached
+        self._moves = 0
+
+    def observe(self, step: int, now: float) -> None:
+        if self.step is None:
+            self.step, self.since = step, now
+            return
+        if step > self.step:
+            if self._moves > 0:
+                self.rate.add((now - self.since) / (step - self.step))
+            self._moves += 1
+            self.step, self.since = step, now
+        elif step < self.step:           # a new registration went back: start over
+            self.step, self.since, self._moves = step, now, 0
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.rate.value
+
+    def due(self, step: int, now: float) -> float | None:
+        """When `step` is read (a time on the clock of `now`), or None while the rate is unknown."""
+        sps = self.rate.value
+        if sps is None or self.step is None:
+            return None
+        # the current step may already have taken longer than a step: never in the past for later steps
+        base = max(self.since, now - sps) if step > self.step else self.since
+        return base + (step - self.step) * sps
+
+
+class _Line:
+    """y = a + b x by least squares with forgetting (`decay` per observation)."""
+
+    def __init__(self, decay: float = 0.995):
+        self.decay = decay
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.n = self.n * d + 1
+        self.sx = self.sx * d + x
+        self.sy = self.sy * d + y
+        self.sxx = self.sxx * d + x * x
+        self.sxy = self.sxy * d + x * y
+
+    def predict(self, x: float) -> float | None:
+        if self.n < 1:
+            return None
+        mx, my = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mx * mx
+        if self.n < 3 or var <= 1e-12 * max(1.0, mx * mx):
+            return my
+        b = (self.sxy / self.n - mx * my) / var
+        if b < 0:                        # more bytes never predicts less work
+            return my
+        return my + b * (x - mx)
+
+
+class OnlineCosts:
+    """Predicted CPU seconds of a sample: the plan's estimate when given, else the last measured
+    cost of the same source (same parameters), else its group's line in MiB of source, else the
+    mean of all measured, else DEFAULT_COST_S."""
+
+    def __init__(self, sources_max: int = SOURCES_MAX):
+        self.sources: OrderedDict[Hashable, float] = OrderedDict()
+        self.sources_max = sources_max
+        self.groups: dict[str, _Line] = {}
+        self.mean = Ewma(0.05)
+
+    def observe(self, group: str, size_bytes: int, source: Hashable, cpu_s: float) -> None:
+        cpu_s = min(max(float(cpu_s), MIN_COST_S), MAX_COST_S)
+        self.sources[source] = cpu_s
+        self.sources.move_to_end(source)
+        while len(self.sources) > self.sources_max:
+            self.sources.popitem(last=False)
+        line = self.groups.get(group)
+        if line is None:
+            if len(self.groups) >= 64:
+                return
+            line = self.groups[group] = _Line()
+        line.add(size_bytes / 2**20, cpu_s)
+        self.mean.add(cpu_s)
+
+    def predict(self, group: str, size_bytes: int, source: Hashable, est_ms: float | None = None) -> float:
+        if est_ms is not None and est_ms > 0:
+            return min(max(est_ms / 1000.0, MIN_COST_S), MAX_COST_S)
+        known = self.sources.get(source)
+        if known is not None:
+            return known
+        line = self.groups.get(group)
+        y = line.predict(size_bytes / 2**20) if line is not None else None
+        if y is None:
+            y = self.mean.value if self.mean.value is not None else DEFAULT_COST_S
+        return min(max(y, MIN_COST_S), MAX_COST_S)
+
+
+class Capacity:
+    """Wall time over CPU time of the transforms (EWMA): how much slower than one idle core storage
+    runs now (a burner taking half the core: ~2)."""
+
+    def __init__(self, alpha: float = 0.1):
+        self.ratio = Ewma(alpha)
+
+    def observe(self, wall_s: float, cpu_s: float) -> None:
+        if cpu_s <= 0.002 or wall_s <= 0:     # too short to tell
+            return
+        self.ratio.add(min(max(wall_s / cpu_s, SLOWDOWN_MIN), SLOWDOWN_MAX))
+
+    @property
+    def slowdown(self) -> float:
+        return self.ratio.value if self.ratio.value is not None else 1.0
+
+
+@dataclass
+class Item:
+    key: Hashable
+    deadline: float | None       # when it is read (None: no plan step known: after the others, in order)
+    cost_s: float                # predicted CPU seconds on storage
+    raw_cost_s: float = 0.0      # storage CPU seconds when it goes raw instead (an image's decode check)
+    seq: int = 0                 # arrival order (ties, and the order of items without a deadline)
+
+
+@dataclass
+class Schedule:
+    order: list = field(default_factory=list)      # keys to make, first first (raw ones left out)
+    raw: set = field(default_factory=set)          # keys to send raw
+
+
+def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, prefer: set) -> set:
+    """Keys to send raw so that, at `per_worker` wall seconds per CPU second of work (the workers
+    as one machine), every other item in deadline order finishes by its deadline: an item that
+    cannot make it even alone goes itself; else the cheapest before it (those in `prefer` first)."""
+    t = t0
+    heap: list = []
+    shed: set = set()
+    for it in items:
+        d = it.deadline
+        assert d is not None
+        if t0 + it.cost_s * slowdown > d:          # hopeless however the others go
+            shed.add(it.key)
+            t += it.raw_cost_s * per_worker
+            continue
+        t += it.cost_s * per_worker
+        heapq.heappush(heap, (0 if it.key in prefer else 1, it.cost_s, it.seq, id(it), it))
+        while t > d and heap:
+            victim = heapq.heappop(heap)[-1]
+            gain = (victim.cost_s - victim.raw_cost_s) * per_worker
+            if gain <= 0:
+                continue
+            t -= gain
+            shed.add(victim.key)
+    return shed
+
+
+def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: int = 1,
+             slowdown: float = 1.0, prev_raw: set | None = None, fallback: bool = True,
+             hysteresis: float = HYSTERESIS) -> Schedule:
+    """The order to make `items` in and which go raw (see the module's docstring).
+
+    `busy_s`: predicted wall seconds until the running transforms are done (per worker, mean);
+    `prev_raw`: the keys sent raw by the previous schedule (kept raw unless clearly feasible)."""
+    items = list(items)
+    prev = prev_raw or set()
+    workers = max(1, workers)
+    timed = sorted((it for it in items if it.deadline is not None), key=lambda it: (it.deadline, it.seq))
+    t0 = now + max(0.0, busy_s)
+    raw: set = set()
+    if fallback and timed:
+        lo = _shed(timed, t0, slowdown * (1 + hysteresis) / workers, slowdown * (1 + hysteresis), prev)
+        hi = _shed(timed, t0, slowdown * (1 + 2 * hysteresis) / workers, slowdown * (1 + 2 * hysteresis), prev)
+        raw = lo | (prev & hi)
+    keep = [it for it in timed if it.key not in raw]
+    keep.sort(key=lambda it: ((it.deadline or 0.0) - it.cost_s * slowdown, it.seq))   # latest start time
+    order = [it.key for it in keep]
+    order += [it.key for it in sorted((it for it in items if it.deadline is None), key=lambda it: it.seq)]
+    return Schedule(order, raw)
+
+
+def late_goes_raw(remaining_s: float, cost_s: float, slowdown: float, raw_cost_s: float = 0.0) -> bool:
+    """A sample a reader waits for that storage has not started: raw when the client (an idle core,
+    slowdown 1) would have it sooner than storage: after the running work (`remaining_s`) and its
+    own cost at the measured slowdown, against the raw container's storage work and the client's
+    transform."""
+    return remaining_s + cost_s * slowdown > raw_cost_s * slowdown + cost_s
+
+
+class Horizon:
+    """How many steps past the job's readers the agent works: `base` (the mount's lookahead) at
+    least; doubled while the predicted load of the window is >= GROW_AT of the capacity, halved
+    (not below `base`) when it is < SHRINK_AT; never past `fit` (the steps the job's share of the
+    cache holds) or `most` (what the mount may send)."""
+
+    def __init__(self, base: int):
+        self.base = max(0, base)
+        self.steps = self.base
+
+    def update(self, load: float | None, fit: int, most: int) -> int:
+        s = self.steps
+        if load is not None and load >= GROW_AT:
+            s = max(s * 2, s + 1)
+        elif load is not None and load < SHRINK_AT:
+            s = s // 2
+        s = min(s, fit, most)
+        self.steps = max(self.base, s)
+        return self.steps
+
+
+class FixedShare:
+    """For measurement: a sample goes raw when its predicted cost is among the cheapest `share`
+    of the last `window` predictions (so about `share` of samples go raw, the cheapest first)."""
+
+    def __init__(self, share: float, window: int = 1024):
+        self.share = min(max(share, 0.0), 1.0)
+        self.recent: deque = deque()
+        self.sorted: list = []
+        self.window = window
+
+    def decide(self, cost_s: float) -> bool:
+        self.recent.append(cost_s)
+        insort(self.sorted, cost_s)
+        if len(self.recent) > self.window:
+            old = self.recent.popleft()
+            del self.sorted[bisect_left(self.sorted, old)]
+        if self.share <= 0:
+            return False
+        if self.share >= 1:
+            return True
+        # the rank of this cost among the recent ones (ties: half of them count as below)
+        lo = bisect_left(self.sorted, cost_s)
+        hi = bisect_left(self.sorted, math.nextafter(cost_s, math.inf))
+        rank = (lo + (hi - lo - 1) / 2) / max(1, len(self.sorted))
+        return rank < self.share
+
+
+__all__ = ["Capacity", "Ewma", "FixedShare", "Horizon", "Item", "OnlineCosts", "Schedule", "StepClock",
+           "late_goes_raw", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS"]
