@@ -390,7 +390,8 @@ def measure(gw: JuiceFSGateway, mounts: Mounts, fs_factory, system: str, case: s
         rec["hintfs"] = {k: c.get(k) for k in ("hostcache_fetches", "hostcache_fetched_bytes", "hostcache_hits",
                                                "hostcache_partial_reads", "hostcache_whole", "hostcache_read_waits",
                                                "hostcache_fetch_jumps", "read_thread",
-                                               "read_nowait_hit", "stat_from_listing")
+                                               "read_nowait_hit", "stat_from_listing", "store_heads",
+                                               "store_gets", "store_lists", "get_opens", "get_open_misses")
                          if k in c}
         rec["hintfs"]["ops"] = {k: v.get("count") for k, v in mounts.last_stats.get("ops", {}).items()
                                 if k in ("lookup", "getattr", "open", "read", "readdir", "release")}

@@ -61,9 +61,10 @@ class StoreConfig(Section):
     # Reads of remote stores (hintfs/stores/arrow.py, hintfs/stores/readahead.py; issue 39).
     whole_object_bytes: int = Field(
         1 << 20, ge=0, le=64 << 20,
-        description="Remote stores: an object up to this size is read whole at open, in one request "
-        "(then every read of that open is served from memory, and the host cache keeps it from those "
-        "bytes); 0: never.",
+        description="Remote stores: an object up to this size is read whole at open (then every read of "
+        "that open is served from memory, and the host cache keeps it from those bytes); on S3 with "
+        "`access_key` set, one a listing or a stat said is this small is opened by a single GET whose "
+        "response gives its version too (no HEAD); 0: never.",
     )
     read_ahead_bytes: int = Field(
         64 << 20, ge=0, le=1 << 30,

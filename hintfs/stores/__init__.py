@@ -24,10 +24,15 @@ def open_store(store_cfg, spool_dir: str, cache_cfg=None) -> Store:
         fs, root = filesystem_from_config(store_cfg)
     except Exception as err:  # pyarrow raises ArrowInvalid/OSError for bad URIs or missing HDFS libs
         raise HintfsError(errno.EINVAL, f"store {uri}: {err}") from None
+    getter = None
+    if urlparse(uri).scheme == "s3":   # small objects opened in one GET where it can sign (explicit keys)
+        from hintfs.stores.s3get import S3Getter
+        getter = S3Getter.of(store_cfg, root.split("/", 1)[0])
     store: Store = ArrowStore(fs, root, spool_dir, uri, whole_object_bytes=store_cfg.whole_object_bytes,
                               read_ahead_bytes=store_cfg.read_ahead_bytes,
                               read_buffer_bytes=store_cfg.read_buffer_bytes,
-                              listing_ttl=listing_ttl(cache_cfg) if cache_cfg is not None else None)
+                              listing_ttl=listing_ttl(cache_cfg) if cache_cfg is not None else None,
+                              getter=getter)
     if cache_cfg is not None and cache_cfg.dir:
         from hintfs.stores.hostcache import HostCachedStore
         try:

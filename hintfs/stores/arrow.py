@@ -23,6 +23,7 @@ from hintfs.common.errors import HintfsError
 from hintfs.common.owndir import make_own_dir
 from hintfs.stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
 from hintfs.stores.readahead import Budget, ReadAhead, ReadPool
+from hintfs.stores.s3get import S3Getter
 from datetime import UTC
 
 _seq = itertools.count()
@@ -38,11 +39,12 @@ class ArrowReader:
     """One open file of a pyarrow filesystem: its reads are positional (`read_at`). `whole`: the
     object fetched whole at open (small objects: one GET), every read served from memory.
     `ahead`: read-ahead for sequential reads (hintfs.stores.readahead); `plain()` turns it off."""
-    __slots__ = ("_file", "_lock", "whole", "_etag", "_ahead", "_held", "_budget")
+    __slots__ = ("_file", "_lock", "whole", "_etag", "_ahead", "_held", "_budget", "counters")
 
     def __init__(self, f, whole: bytes | None = None, etag: str | None = None, ahead: ReadAhead | None = None,
-                 budget: Budget | None = None):
+                 budget: Budget | None = None, counters: dict[str, int] | None = None):
         self._file = f
+        self.counters = counters if counters is not None else {}   # (the store's: `store_gets`)
         self._lock = threading.Lock()
         self.whole = whole
         self._etag = etag
@@ -57,11 +59,12 @@ class ArrowReader:
         ahead = self._ahead
         if ahead is not None:
             return ahead.read(offset, size)
-        # read_at is positional and thread-safe in Arrow; no seek state is shared.
-        data: bytes = self._file.read_at(size, offset)
-        return data
+        return self._read_at(offset, size)
 
     def _read_at(self, offset: int, size: int) -> bytes:
+        # read_at is positional and thread-safe in Arrow; no seek state is shared. One GET.
+        c = self.counters
+        c["store_gets"] = c.get("store_gets", 0) + 1
         data: bytes = self._file.read_at(size, offset)
         return data
 
@@ -200,7 +203,7 @@ class ArrowStore:
     def __init__(self, fs: pafs.FileSystem, root: str, spool_dir: str, description: str, *,
                  whole_object_bytes: int = 1 << 20, read_ahead_bytes: int = 64 << 20,
                  read_buffer_bytes: int = 1 << 30, listing_ttl: Callable[[str], float] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, getter: S3Getter | None = None):
         self.fs = fs
         self.root = root
         self.spool_dir = spool_dir
@@ -221,6 +224,10 @@ class ArrowStore:
         self._clock = clock
         self._listed: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if listing_ttl is not None else None
         self._listed_lock = threading.Lock()
+        # Small objects opened in one GET (hintfs.stores.s3get): the sizes listings and stats said
+        # (any age: only which request the open makes depends on it), bounded like `_listed`.
+        self._getter = getter if self._is_s3 and whole_object_bytes > 0 else None
+        self._sizes: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if self._getter is not None else None
         os.close(self._spool())      # at mount time: one line if the spool is not the daemon's own
 
     def _spool(self) -> int:
@@ -258,12 +265,27 @@ class ArrowStore:
                 self._count("stat_from_listing")
                 st: Stat = kept[0]
                 return st
+        self._count("store_heads")
         info = self.fs.get_file_info(self._p(rel))
-        return _stat_of(info)
+        st = _stat_of(info)
+        if st.is_file:
+            self._size_seen(rel, st.size)
+        return st
+
+    def _size_seen(self, rel: str, size: int) -> None:
+        """A listing or a stat said `rel` is a file of `size` bytes: its next open is one GET if small."""
+        sizes = self._sizes
+        if sizes is not None:
+            with self._listed_lock:
+                if 0 < size <= self.whole_bytes:
+                    sizes[rel] = size
+                else:
+                    sizes.pop(rel, None)
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         path = self._p(rel)
         now = self._clock()   # (when the listing was asked for: its entries are that old)
+        self._count("store_lists")
         infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
         listed = self._listed
         for info in infos:
@@ -280,26 +302,32 @@ class ArrowStore:
                 if ttl > 0:
                     with self._listed_lock:
                         listed[child] = (st, now + ttl)
+            if st.is_file and self._sizes is not None:
+                self._size_seen(f"{rel}/{name}" if rel else name, st.size)
             yield name, st
 
     def _forget_listed(self, *rels: str, tree: bool = False) -> None:
         """A change through this store: what listings said of `rels` (with `tree`, of everything
         below them too) is not answered any more."""
-        listed = self._listed
-        if listed is None:
-            return
         with self._listed_lock:
-            for rel in rels:
-                listed.pop(rel, None)
-                if tree:
-                    prefix = rel.rstrip("/") + "/" if rel else ""
-                    for k in [k for k in list(listed.keys()) if k.startswith(prefix)]:
-                        listed.pop(k, None)
+            for kept in (self._listed, self._sizes):
+                if kept is None:
+                    continue
+                for rel in rels:
+                    kept.pop(rel, None)
+                    if tree:
+                        prefix = rel.rstrip("/") + "/" if rel else ""
+                        for k in [k for k in list(kept.keys()) if k.startswith(prefix)]:
+                            kept.pop(k, None)
 
     def open_reader(self, rel: str) -> tuple[ArrowReader, Stat]:
         if self._is_s3:
+            small = self._open_small(rel) if self._sizes is not None else None
+            if small is not None:
+                return small
             # One request instead of two: opening sends a HEAD whose Last-Modified is the mtime
             # a stat would give (each request is a round trip on a long link).
+            self._count("store_heads")
             try:
                 f = self.fs.open_input_file(self._p(rel))
             except FileNotFoundError:
@@ -318,11 +346,50 @@ class ArrowStore:
         f = self.fs.open_input_file(self._p(rel))
         return self._reader(f, f.size()), st
 
+    def _open_small(self, rel: str) -> tuple[ArrowReader, Stat] | None:
+        """An object a listing or stat said is small (up to `whole_bytes`): one GET gives its
+        bytes and its version (hintfs.stores.s3get), instead of pyarrow's HEAD and GET. None
+        where that GET cannot answer (missing, larger now, the read budget spent): open as usual."""
+        assert self._sizes is not None and self._getter is not None
+        with self._listed_lock:
+            hint = self._sizes.get(rel)
+        if hint is None or not self.read_budget.take(hint):
+            return None
+        self._count("store_gets")
+        try:
+            got = self._getter.get_whole(self._key(rel), self.whole_bytes)
+        except BaseException:
+            self.read_budget.give(hint)
+            raise
+        held = hint
+        if got is not None and got.size != hint:
+            if got.size < hint:
+                self.read_budget.give(hint - got.size)
+                held = got.size
+            elif self.read_budget.take(got.size - hint):
+                held = got.size
+            else:
+                got = None
+        if got is None:
+            self.read_budget.give(held)
+            self._size_seen(rel, 0)   # (asked as usual from now on, until a listing or stat says small again)
+            self._count("get_open_misses")
+            return None
+        self._count("whole_object_opens")
+        self._count("get_opens")
+        reader = ArrowReader(None, whole=got.data, etag=got.etag, budget=self.read_budget, counters=self.read_counters)
+        return reader, Stat(_FILE_MODE, got.size, got.mtime_ns, got.mtime_ns, 1, etag=got.etag)
+
+    def _key(self, rel: str) -> str:
+        """The object key of `rel` within the bucket (the root's first part)."""
+        return self._p(rel).split("/", 1)[1]
+
     def _reader(self, f, size: int) -> ArrowReader:
         """The reader of an open file: a small object (up to `whole_bytes`) read whole now, in one
         request, if the read budget allows; else one whose sequential reads read ahead."""
         if 0 < size <= self.whole_bytes and self.read_budget.take(size):
             try:
+                self._count("store_gets")
                 data = f.read_at(size, 0)
             except BaseException:
                 self.read_budget.give(size)
@@ -334,7 +401,7 @@ class ArrowStore:
                 self._count("whole_object_opens")
                 return ArrowReader(None, whole=data, etag=etag, budget=self.read_budget)
             self.read_budget.give(size)
-        reader = ArrowReader(f)
+        reader = ArrowReader(f, counters=self.read_counters)
         if self.read_ahead_bytes > 0 and size > 0:
             reader._ahead = ReadAhead(reader._read_at, size, self.read_ahead_bytes, self.read_budget,
                                       self._read_pool, _READ_CHUNK, self.read_counters)
@@ -354,6 +421,7 @@ class ArrowStore:
 
     def current(self, rel: str) -> Stat:
         """An S3 object's version from its HEAD (as `open_reader`'s, with the ETag); elsewhere `stat`."""
+        self._count("store_heads")
         if not self._is_s3:   # (asked of the store: never a listing's answer, `stat` may give one)
             return _stat_of(self.fs.get_file_info(self._p(rel)))
         try:
@@ -374,7 +442,7 @@ class ArrowStore:
     def open_data(self, rel: str) -> ArrowReader:
         """A reader without a Stat: one request less than `open_reader` on an object store (for
         copies whose version the caller knows already)."""
-        return ArrowReader(self.fs.open_input_file(self._p(rel)))   # (no read-ahead: copies read big blocks)
+        return ArrowReader(self.fs.open_input_file(self._p(rel)), counters=self.read_counters)   # (no read-ahead: copies read big blocks)
 
     def readlink(self, rel: str) -> str:
         raise HintfsError(errno.EINVAL, "this store has no symlinks")

@@ -162,3 +162,51 @@ def test_multipart_uploads_and_the_request_checksum_setting(s3_server, mount_fac
     assert "close of big.bin failed" in m.log.read_text()
     with pytest.raises(FileNotFoundError):
         fs.open_input_stream(f"{BUCKET}/big.bin").read()
+
+
+def test_a_small_object_a_listing_named_opens_in_one_get_with_the_heads_version(s3_server, tmp_path):
+    """Issue 39: an object a listing (or a stat) said is small is opened by one GET, whose response
+    gives the version a HEAD would (size, Last-Modified, the ETag: `Stat.file_key` compares them
+    across opens), and the bytes. It is the open's own request: a change in the store is seen. An
+    object grown past `whole_object_bytes`, or gone, is opened as before."""
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    with fs.open_output_stream(f"{BUCKET}/d/s p+c.bin") as f:   # (a key that needs quoting)
+        f.write(b"s" * 5000)
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", whole_object_bytes=64 << 10,
+                       getter=S3Getter.of(cfg, BUCKET))
+    c = store.read_counters
+    plain, st_head = store.open_reader("d/s p+c.bin")       # nothing said its size: HEAD and GET
+    plain.close()
+    assert c.get("get_opens", 0) == 0 and c["store_heads"] == 1
+    assert [n for n, _ in store.iter_dir("d")] == ["s p+c.bin"]
+    before = dict(c)
+    reader, st = store.open_reader("d/s p+c.bin")
+    assert c["get_opens"] == 1 and c["store_gets"] == before["store_gets"] + 1
+    assert c["store_heads"] == before["store_heads"]         # no HEAD
+    assert st == st_head and st.file_key() == st_head.file_key()
+    assert reader.read(0, 10) == b"s" * 10 and store.read_budget.used == 5000
+    reader.close()
+    assert store.read_budget.used == 0
+    with fs.open_output_stream(f"{BUCKET}/d/s p+c.bin") as f:   # replaced: the open sees it
+        f.write(b"t" * 5000)
+    reader, st = store.open_reader("d/s p+c.bin")
+    assert reader.read(0, 3) == b"ttt" and st.etag != st_head.etag and c["get_opens"] == 2
+    reader.close()
+    with fs.open_output_stream(f"{BUCKET}/d/s p+c.bin") as f:   # grown past the bound
+        f.write(b"u" * (100 << 10))
+    reader, st = store.open_reader("d/s p+c.bin")
+    assert st.size == 100 << 10 and reader.whole is None and reader.read(0, 3) == b"uuu"
+    reader.close()
+    assert c["get_open_misses"] == 1 and store.read_budget.used == 0
+    list(store.iter_dir("d"))
+    fs.delete_file(f"{BUCKET}/d/s p+c.bin")
+    with pytest.raises(FileNotFoundError):
+        store.open_reader("d/s p+c.bin")
+    assert store.read_budget.used == 0
+    assert S3Getter.of(StoreConfig(uri="s3://b", endpoint_override="h:1"), "b") is None   # no keys: pyarrow's
