@@ -238,12 +238,16 @@ def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: in
     return Schedule(order, raw)
 
 
+LATE_RAW_FACTOR = 1.5        # a late sample goes raw when storage would take this much longer than the client
+
+
 def late_goes_raw(remaining_s: float, cost_s: float, slowdown: float, raw_cost_s: float = 0.0) -> bool:
     """A sample a reader waits for that storage has not started: raw when the client (an idle core,
-    slowdown 1) would have it sooner than storage: after the running work (`remaining_s`) and its
-    own cost at the measured slowdown, against the raw container's storage work and the client's
-    transform."""
-    return remaining_s + cost_s * slowdown > raw_cost_s * slowdown + cost_s
+    slowdown 1) would clearly have it sooner than storage: storage's time (the running work,
+    `remaining_s`, then its own cost at the measured slowdown) over LATE_RAW_FACTOR x the client's
+    (the raw container's storage work, then the client's transform). Near equal, storage makes it:
+    the client's CPU is what the offload saves."""
+    return remaining_s + cost_s * slowdown > LATE_RAW_FACTOR * (raw_cost_s * slowdown + cost_s)
 
 
 class Horizon:

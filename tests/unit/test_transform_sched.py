@@ -176,9 +176,10 @@ def test_capacity_measures_wall_over_cpu():
 
 def test_a_late_sample_goes_raw_when_the_client_has_it_sooner():
     assert not late_goes_raw(0.0, 0.05, 1.0)             # idle worker, idle core: storage does it
+    assert not late_goes_raw(0.0, 0.05, 1.2)             # near equal: storage (the client's CPU is saved)
     assert late_goes_raw(0.2, 0.05, 1.0)                 # the worker is busy for 200 ms
     assert late_goes_raw(0.0, 0.05, 2.0)                 # storage at half speed
-    assert not late_goes_raw(0.0, 0.05, 1.5, raw_cost_s=0.04)   # its raw container costs a decode there
+    assert not late_goes_raw(0.0, 0.05, 2.0, raw_cost_s=0.04)   # its raw container costs a decode there
 
 
 def test_horizon_grows_near_capacity_within_memory_and_shrinks():
