@@ -33,7 +33,7 @@ from hintfs.stores.base import Stat, Store
 log = logging.getLogger("hintfs.agent")
 CHUNK = 8 << 20                # a copy's ranged reads (from a peer, or the store without a link gate)
 PEER_TIMEOUT_S = 30.0          # a peer's read may take at least this long ...
-PEER_MIN_RATE = 64 << 10       # ... or as long as the copy's bytes in flight take at this rate (bytes/s)
+PEER_MIN_RATE = 16 << 10       # ... or as long as the copy's bytes in flight take at this rate (bytes/s)
 STREAM_PUBLISH_WAIT_S = 5.0    # a replicate waits this long for an unpublished stream's publish,
 STREAM_ALIVE_WAIT_S = 30.0     # ... up to this long while the stream is alive (a call within STREAM_QUIET_S)
 Version = tuple[int, int]
@@ -44,7 +44,8 @@ def peer_timeout_s(size: int, chunk: int, parallel: int) -> float:
     reads in flight (up to `parallel` chunks) take at PEER_MIN_RATE, whichever is longer. A data
     node with a slow NIC or a busy token bucket shares it between a tree fan-out's copy and its
     readers: at 0.25 MiB/s per agent, a 3.9 MB copy ran past a fixed 30 s in bench/scale_storm.py
-    and the replica was missing (the mount hinted again)."""
+    and the replica was missing (the mount hinted again); at 0.125 MiB/s, with a source serving
+    several fan-outs at once, a 1.2 MB copy ran past 30 s too (hence 16 KiB/s, not 64)."""
     in_flight = min(size, max(1, parallel) * chunk)
     return max(PEER_TIMEOUT_S, in_flight / PEER_MIN_RATE)
 

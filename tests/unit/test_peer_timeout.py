@@ -8,7 +8,7 @@ def test_small_copy_keeps_the_minimum():
 
 
 def test_a_hot_file_on_a_slow_node_gets_its_transfer_time():
-    # bench/scale_storm.py's rank-0 file (3.9 MB) from an agent limited to 0.25 MiB/s
+    # bench/scale_storm.py's rank-0 file (3.9 MB) from an agent limited to 0.25 MiB/s, shared
     t = peer_timeout_s(3_925_700, CHUNK, 16)
     assert t == 3_925_700 / PEER_MIN_RATE
     assert t > PEER_TIMEOUT_S
