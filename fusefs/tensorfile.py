@@ -86,6 +86,7 @@ class Plan:
     allowed: dict[str, bool] = field(default_factory=dict)   # sample -> may `reader` read it (checked)
     cost: dict[str, float] = field(default_factory=dict)      # sample -> the plan's est_cost_ms (> 0 only)
     agent_lookahead: dict[str, int] = field(default_factory=dict)   # agent -> the lookahead it asked for
+    route: dict = field(default_factory=dict)    # sample -> (agent, kind, params JSON) or None (no rule)
 
 
 def _load_plan_rows(store, rel: str):
@@ -434,14 +435,18 @@ class TensorFiles:
                     break
                 for sample, seed, _rank in plan.by_step.get(s, ()):
                     items += 1
-                    m = self.match(sample + SUFFIX)
-                    if m is None:
+                    route = plan.route.get(sample, False)
+                    if route is False:      # its rule and agent, once per sample of the plan
+                        m = self.match(sample + SUFFIX)
+                        route = plan.route[sample] = (None if m is None else
+                                                      (self._agent_for(sample), m[1].kind, self._params_json(m[1])))
+                    if route is None:
                         continue
-                    loc = self._agent_for(sample)
+                    loc, kind, pjson = route
                     keep.setdefault(loc, []).append([sample, seed])
                     # Step N too: at registration its samples are not being made yet; the agent
                     # skips what is cached or running, and demand reads go ahead of prefetches.
-                    want.setdefault(loc, []).append([sample, m[1].kind, self._params_json(m[1]), seed])
+                    want.setdefault(loc, []).append([sample, kind, pjson, seed])
                     wsteps.setdefault(loc, []).append(s)
                     wcosts.setdefault(loc, []).append(plan.cost.get(sample, 0.0))
             if plan.reader is not None:

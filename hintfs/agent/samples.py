@@ -613,7 +613,8 @@ class SampleService:
             if step is not None and steps is not None:
                 self.clocks.setdefault(name, StepClock()).observe(int(step), self.clock())
             memo = self._memo.setdefault(name, {}) if name in self.jobs else {}
-        work = 0.0
+        # the sources not seen in this job's window yet: stat and parameters (outside the lock)
+        resolved: list = []
         for i, (path, kind, params, seed) in enumerate(samples):
             ent = memo.get((path, int(seed)))
             if ent is None:
@@ -622,13 +623,15 @@ class SampleService:
                 except (OSError, ValueError):
                     continue
                 memo[(path, int(seed))] = ent
-            key, meta, pjson = ent
-            est = costs[i] if costs is not None and costs[i] > 0 else None
-            with self.lock:
+            resolved.append((i, kind, ent))
+        work = 0.0
+        old_mount = not scheduled and self.cfg.fallback and self.monitor.busy and not self.clocks
+        with self.lock:       # one hold of the lock for the window (a window is up to MAX_BATCH samples)
+            for i, kind, (key, meta, pjson) in resolved:
+                est = costs[i] if costs is not None and costs[i] > 0 else None
                 cost = self._predict(key, kind, est)
-            work += cost
-            sstep = int(steps[i]) if scheduled and steps is not None else None
-            with self.lock:
+                work += cost
+                sstep = int(steps[i]) if scheduled and steps is not None else None
                 if key in self.cache:
                     if name in self.jobs:
                         self._hold(hold, name, key, len(self.cache[key]))
@@ -644,14 +647,13 @@ class SampleService:
                     continue
                 if self._bad_reason(key) is not None:
                     continue
-            if not scheduled and self.cfg.fallback and self.monitor.busy and not self.clocks:
-                break   # an older mount: do not add load while shedding it
-            with self.lock:
+                if old_mount:
+                    break   # an older mount: do not add load while shedding it
                 self._seq += 1
                 self.backlog[key] = Pending(kind, pjson, meta, name, sstep, cost, self._seq, {name}, est)
                 if self.fixed is not None and self.fixed.decide(cost):
                     self.raw_keys.add(key)
-            started += 1
+                started += 1
         with self.lock:
             if scheduled and steps:
                 self._load[name] = (work, max(steps) - min(steps) + 1, len(samples))
