@@ -38,6 +38,7 @@ SOURCES_MAX = 65536         # sources whose last measured cost is remembered
 SLOWDOWN_MIN, SLOWDOWN_MAX = 0.5, 50.0
 HYSTERESIS = 0.1            # h above
 MARGIN_STEPS = 0.5          # a sample is due this much of a step before its step is read
+CLIENT_STEP_SHARE = 0.5     # of a step: the most predicted client work sent raw per plan step
 GROW_AT, SHRINK_AT = 0.7, 0.4   # predicted load of the window (work / capacity) that grows / shrinks the lookahead
 
 
@@ -180,6 +181,7 @@ class Item:
     cost_s: float                # predicted CPU seconds on storage
     raw_cost_s: float = 0.0      # storage CPU seconds when it goes raw instead (an image's decode check)
     seq: int = 0                 # arrival order (ties, and the order of items without a deadline)
+    step: int | None = None      # its plan step: the client's budget for raw samples is per step
 
 
 @dataclass
@@ -188,17 +190,30 @@ class Schedule:
     raw: set = field(default_factory=set)          # keys to send raw
 
 
-def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, prefer: set) -> set:
+def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, prefer: set,
+          client_s: float | None = None) -> set:
     """Keys to send raw so that, at `per_worker` wall seconds per CPU second of work (the workers
     as one machine), every other item in deadline order finishes by its deadline: an item that
-    cannot make it even alone goes itself; else the cheapest before it (those in `prefer` first)."""
+    cannot make it even alone goes itself; else the cheapest before it (those in `prefer` first).
+    `client_s`: at most this much predicted client work goes raw per plan step (the client decodes
+    a step's raw samples in that step: past it, the client would stall instead)."""
     t = t0
     heap: list = []
     shed: set = set()
+    client: dict = {}
+
+    def fits(it: Item) -> bool:
+        if client_s is None or it.step is None:
+            return True
+        if client.get(it.step, 0.0) + it.cost_s > client_s:
+            return False
+        client[it.step] = client.get(it.step, 0.0) + it.cost_s
+        return True
+
     for it in items:
         d = it.deadline
         assert d is not None
-        if t0 + it.cost_s * slowdown > d:          # hopeless however the others go
+        if t0 + it.cost_s * slowdown > d and fits(it):    # hopeless however the others go
             shed.add(it.key)
             t += it.raw_cost_s * per_worker
             continue
@@ -207,7 +222,7 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
             gain = (victim.cost_s - victim.raw_cost_s) * per_worker
-            if gain <= 0:
+            if gain <= 0 or not fits(victim):
                 continue
             t -= gain
             shed.add(victim.key)
@@ -216,11 +231,12 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
 
 def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: int = 1,
              slowdown: float = 1.0, prev_raw: set | None = None, fallback: bool = True,
-             hysteresis: float = HYSTERESIS) -> Schedule:
+             hysteresis: float = HYSTERESIS, client_s: float | None = None) -> Schedule:
     """The order to make `items` in and which go raw (see the module's docstring).
 
     `busy_s`: predicted wall seconds until the running transforms are done (per worker, mean);
-    `prev_raw`: the keys sent raw by the previous schedule (kept raw unless clearly feasible)."""
+    `prev_raw`: the keys sent raw by the previous schedule (kept raw unless clearly feasible);
+    `client_s`: the most predicted client work sent raw per plan step (None: no bound)."""
     items = list(items)
     prev = prev_raw or set()
     workers = max(1, workers)
@@ -228,8 +244,9 @@ def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: in
     t0 = now + max(0.0, busy_s)
     raw: set = set()
     if fallback and timed:
-        lo = _shed(timed, t0, slowdown * (1 + hysteresis) / workers, slowdown * (1 + hysteresis), prev)
-        hi = _shed(timed, t0, slowdown * (1 + 2 * hysteresis) / workers, slowdown * (1 + 2 * hysteresis), prev)
+        lo = _shed(timed, t0, slowdown * (1 + hysteresis) / workers, slowdown * (1 + hysteresis), prev, client_s)
+        hi = _shed(timed, t0, slowdown * (1 + 2 * hysteresis) / workers, slowdown * (1 + 2 * hysteresis), prev,
+                   client_s)
         raw = lo | (prev & hi)
     keep = [it for it in timed if it.key not in raw]
     keep.sort(key=lambda it: ((it.deadline or 0.0) - it.cost_s * slowdown, it.seq))   # latest start time
@@ -280,6 +297,7 @@ class FixedShare:
         self.recent: deque = deque()
         self.sorted: list = []
         self.window = window
+        self._u = 0.0               # where within a run of equal costs (a low-discrepancy sequence)
 
     def decide(self, cost_s: float) -> bool:
         self.recent.append(cost_s)
@@ -291,10 +309,12 @@ class FixedShare:
             return False
         if self.share >= 1:
             return True
-        # the rank of this cost among the recent ones (ties: half of them count as below)
+        # the rank of this cost among the recent ones; within equal costs (a cold cost model predicts
+        # one value for all) spread evenly, so that `share` of them still go raw
         lo = bisect_left(self.sorted, cost_s)
         hi = bisect_left(self.sorted, math.nextafter(cost_s, math.inf))
-        rank = (lo + (hi - lo - 1) / 2) / max(1, len(self.sorted))
+        self._u = (self._u + 0.6180339887498949) % 1.0
+        rank = (lo + self._u * (hi - lo - 1)) / max(1, len(self.sorted) - 1)
         return rank < self.share
 
 

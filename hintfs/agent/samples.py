@@ -55,7 +55,7 @@ from cachetools import FIFOCache, LRUCache
 
 from hintfs.agent.transformpool import TransformPool
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
-from policy.transform_sched import (MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
+from policy.transform_sched import (CLIENT_STEP_SHARE, MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
                                     StepClock, late_goes_raw, schedule)
 
 log = logging.getLogger("hintfs.samples")
@@ -424,15 +424,17 @@ class SampleService:
                 due = clock.due(p.step, now)
                 if due is not None:
                     deadline = due - MARGIN_STEPS * (clock.seconds_per_step or 0.0)
-            items.append(Item(key, deadline, p.cost_s, self._raw_cost(key, p.kind, p.cost_s), p.seq))
+            items.append(Item(key, deadline, p.cost_s, self._raw_cost(key, p.kind, p.cost_s), p.seq, p.step))
         self.raw_keys &= self.backlog.keys()
         _free, busy = self._remaining(now)
         if self.fixed is not None:
             sched = schedule(items, now, busy, self.cfg.workers, self.capacity.slowdown, fallback=False)
             sched.order = [k for k in sched.order if k not in self.raw_keys]
         else:
+            sps = [c.seconds_per_step for c in self.clocks.values() if c.seconds_per_step]
             sched = schedule(items, now, busy, self.cfg.workers, self.capacity.slowdown, self.raw_keys,
-                             fallback=self.cfg.fallback)
+                             fallback=self.cfg.fallback,
+                             client_s=CLIENT_STEP_SHARE * min(sps) if sps else None)
             self.raw_keys = sched.raw
         self.order = sched.order
 
