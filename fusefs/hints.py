@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
 import itertools
 import json
 import logging
@@ -25,7 +24,7 @@ import trio
 
 from hintfs.common.documents import HintDocument, parse_hint
 from hintfs.agent.rpc import without_grpc_context
-from policy.replicas import ReplicaTarget, choose_least_sent, plan_replicas
+from policy.replicas import ReplicaTarget, choose_least_sent, hash_order, place, plan_replicas
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import ReplicasConfig
 
@@ -40,6 +39,7 @@ class FileState:
     target: int
     readers: int
     ready: list[str] = field(default_factory=list)   # agent locations holding a complete copy
+    places: list[str] | None = None   # where its copies go (counted in `placed`); [] once unplaced
     error: str = ""
 
 
@@ -114,6 +114,7 @@ class HintsManager:
         self.stats = stats
         self.jobs: dict[str, Job] = {}
         self.router = ReplicaRouter()
+        self.placed: dict[str, int] = {}    # agent -> replicas of this mount's live jobs placed on it
         self.limiter = trio.CapacityLimiter(max(4, 2 * len(agents)))
         self._send, self._recv = trio.open_memory_channel(1000)
         # A host cache's `prefetch` (remote stores with `[cache] dir`): hinted files fetched ahead.
@@ -174,6 +175,9 @@ class HintsManager:
                                 now, doc.ttl_s)
         job = Job(name, doc, {t.path: FileState(t.replicas, t.readers) for t in targets},
                   now + doc.ttl_s, now + doc.deadline_s)
+        old = self.jobs.get(name)
+        if old is not None:
+            self._unplace(old)
         self.jobs[name] = job
         self.stats.add("hint_jobs")
         if self.prefetch is not None:
@@ -185,8 +189,12 @@ class HintsManager:
             raise ControlInputError("too many hint jobs queued; try again") from None
 
     def _agents_for(self, path: str, n: int) -> list[str]:
-        start = int(hashlib.sha256(path.encode()).hexdigest(), 16) % len(self.agents)
-        return [self.agents[(start + i) % len(self.agents)] for i in range(min(n, len(self.agents)))]
+        """Where `path`'s `n` replicas go (`policy.replicas.place`: among its hash order's first
+        agents, those this mount has placed the fewest replicas on); counted as placed."""
+        places = place(hash_order(path, self.agents), n, self.placed)
+        for loc in places:
+            self.placed[loc] = self.placed.get(loc, 0) + 1
+        return places
 
     async def run(self) -> None:
         """Background task: copy planned replicas, tree fan-out, hottest file first; reclaim at TTL."""
@@ -202,6 +210,11 @@ class HintsManager:
         # of 140 files at 3 replicas took 41-44 s to be ready on a mount of bench/scale_storm.py,
         # and its 2 hottest files waited for each other.
         files = trio.CapacityLimiter(FILES_AT_ONCE)
+        # Placed here, in the targets' order (hottest first), before any copy starts: the fan-outs
+        # run concurrently in an order trio does not fix, and hosts that hint the same files must
+        # place them alike (policy.replicas.place).
+        for t in targets:
+            job.files[t.path].places = self._agents_for(t.path, t.replicas)
         try:
             for _readers, group in itertools.groupby(targets, key=lambda t: t.readers):
                 async with trio.open_nursery() as n:
@@ -221,7 +234,11 @@ class HintsManager:
         bench/scale_storm.py). An agent that fails is skipped and its slot stays empty."""
         try:
             state = job.files[t.path]
-            places = self._agents_for(t.path, t.replicas)
+            if state.places is None:
+                state.places = self._agents_for(t.path, t.replicas)
+            places = state.places
+            if not places:
+                return
             await self._copy(job, t.path, places[0], None)
             pending = collections.deque(places[1:])
 
@@ -259,6 +276,14 @@ class HintsManager:
             locs.append(dest)
         self.stats.add("replicas_made")
 
+    def _unplace(self, job: Job) -> None:
+        """`job`'s replicas no longer count as placed by this mount (it ended, or was replaced)."""
+        for state in job.files.values():
+            for loc in state.places or ():
+                if self.placed.get(loc, 0) > 0:
+                    self.placed[loc] -= 1
+            state.places = []
+
     def claim(self, job: str) -> str:
         """The holder name of `job`'s copies at the agents."""
         return f"{self.holder}/{job}"
@@ -277,6 +302,7 @@ class HintsManager:
             if job.expires_at > now:
                 continue
             del self.jobs[name]
+            self._unplace(job)
             for path, state in job.files.items():
                 for loc in state.ready:
                     try:

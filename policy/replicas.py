@@ -8,6 +8,7 @@ TTL and shrinks the plan to the disk budget.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from dataclasses import dataclass
@@ -64,6 +65,36 @@ def fit_to_budget(targets: Sequence[ReplicaTarget], sizes: Mapping[str, int], bu
         dropped[victim] += 1
     new = [ReplicaTarget(t.path, t.readers, counts[t.path], t.expires_at) for t in targets]
     return new, {p: d for p, d in dropped.items() if d}
+
+
+def hash_order(path: str, agents: Sequence[str]) -> list[str]:
+    """Every agent, in the order a hash of `path` puts them (a ring starting at the hash)."""
+    if not agents:
+        return []
+    start = int(hashlib.sha256(path.encode()).hexdigest(), 16) % len(agents)
+    return [agents[(start + i) % len(agents)] for i in range(len(agents))]
+
+
+def place(order: Sequence[str], n: int, placed: Mapping[str, float], spread: int | None = None) -> list[str]:
+    """The `n` agents a hinted file's replicas go to: of its first `n * spread` agents in hash
+    order (`hash_order`; None: all of them), the `n` this host has placed the fewest replicas on
+    (`placed`), ties in hash order.
+
+    Placing by the hash alone puts a host's files on agents as balls in bins: in
+    bench/scale_storm.py's weak scaling (4,096 per-rank files of one reader each on 64 agents, each
+    host hinting its own 64) the busiest agent served 1.50x the mean. When each host spreads its
+    own replicas evenly, their sum over the hosts is even too (as `choose_least_sent` does for
+    reads): 1.0 in that layout with every agent a candidate, 1.22 with two per replica
+    (tests/unit/test_policy_replicas.py). Hosts that place the same files in the same order from
+    the same counts choose the same agents (a hint's files are placed hottest first, so the files
+    every host hints come first); otherwise a file several hosts hint gets more replicas."""
+    if n < 1:
+        return []
+    if n >= len(order):
+        return list(order)
+    cands = list(order if spread is None else order[:min(len(order), n * max(1, spread))])
+    rank = {a: i for i, a in enumerate(cands)}
+    return sorted(cands, key=lambda a: (placed.get(a, 0), rank[a]))[:n]
 
 
 def fanout_rounds(target: int, sources: int = 1) -> list[int]:

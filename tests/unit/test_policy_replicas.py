@@ -172,3 +172,42 @@ def test_router_forgets_what_an_earlier_storm_asked():
     for _ in range(3):
         r2.pick("old", size=1_000_000)
     assert {r2.pick("hot", size=1_000_000) for _ in range(5)} == {"a3", "a4", "a5", "a6", "a7"}
+
+
+# -- placement (policy.replicas.place) ------------------------------------------------------------
+def _spread(hosts: int, files_per_host: int, agents: int, balanced: bool, spread: int | None = None) -> float:
+    """max/mean replicas per agent after every host places its own single-replica files."""
+    from policy.replicas import hash_order, place
+    names = [f"a{i}" for i in range(agents)]
+    total = {a: 0 for a in names}
+    for h in range(hosts):
+        placed: dict[str, int] = {}
+        for f in range(files_per_host):
+            order = hash_order(f"ckpt/__{h * files_per_host + f}_0.distcp", names)
+            chosen = place(order, 1, placed, spread) if balanced else order[:1]
+            for a in chosen:
+                placed[a] = placed.get(a, 0) + 1
+                total[a] += 1
+    return max(total.values()) / (sum(total.values()) / agents)
+
+
+def test_each_host_spreading_its_own_replicas_evens_the_sum():
+    # bench/scale_storm.py's weak scaling at 4,096: 64 hosts, 64 per-rank files each, 64 agents
+    by_hash = _spread(64, 64, 64, balanced=False)
+    assert by_hash > 1.3          # balls in bins
+    assert _spread(64, 64, 64, balanced=True) == 1.0
+    assert _spread(64, 64, 64, balanced=True, spread=2) < by_hash
+
+
+def test_place_keeps_the_hash_order_among_equals_and_takes_all_when_asked():
+    from policy.replicas import hash_order, place
+    order = hash_order("x", ["a", "b", "c", "d"])
+    assert sorted(order) == ["a", "b", "c", "d"]
+    assert place(order, 2, {}) == order[:2]
+    assert place(order, 4, {}) == order
+    assert place(order, 0, {}) == []
+    # the second candidate of the first slot is taken when the first is fuller
+    assert place(order, 1, {order[0]: 3}) == [order[1]]
+    # with a spread, candidates are only the first n x spread: a far agent with nothing placed is not chosen
+    assert place(order, 1, {order[0]: 3, order[1]: 3}, spread=2) == [order[0]]
+    assert place(order, 1, {order[0]: 3, order[1]: 3}) == [order[2]]
