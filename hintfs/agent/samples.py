@@ -161,12 +161,14 @@ class SampleService:
         self.costs = OnlineCosts()
         self.capacity = Capacity()
         self.check_share = Ewma(0.1, 0.6)   # an image's decode check over its transform, CPU
-        self.out_bytes = Ewma(0.1)          # bytes of a made sample
+        self.out_bytes = Ewma(0.02)         # bytes of a made sample (slow: it bounds the lookahead, see _grow)
         self.clocks: dict[str, StepClock] = {}
         self.horizons: dict[str, Horizon] = {}
         self._load: dict[str, tuple[float, int, int]] = {}   # job -> (predicted CPU s, steps, samples) of its window
         self._memo: dict[str, dict[tuple[str, int], tuple]] = {}   # job -> (path, seed) -> (key, meta, pjson)
         self.started: dict[SampleKey, tuple[float, float]] = {}  # running: (start, predicted wall s)
+        self._grown: dict[str, tuple] = {}      # job -> (window's predicted load, steps its memory holds): status
+        self._checking: tuple | None = None      # (source, future) of the decode check made ahead
         share = getattr(load_cfg, "fixed_raw_share", None)
         self.fixed = FixedShare(share) if share is not None else None
         self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "raw_planned": 0, "raw_late": 0,
@@ -246,6 +248,7 @@ class SampleService:
         self.clocks.pop(job, None)
         self.horizons.pop(job, None)
         self._load.pop(job, None)
+        self._grown.pop(job, None)
         self._drop_backlog(job, set())
         hold = self.jobs.pop(job, None)
         if hold is not None:
@@ -467,6 +470,7 @@ class SampleService:
             allowance = min(self.cfg.cache_bytes * JOB_SHARE, self.cfg.cache_bytes - others)
             fit = int(max(0.0, allowance) // max(1.0, self.out_bytes.value * n / span)) - 1
         horizon.update(load, fit, most)
+        self._grown[name] = (round(load, 3) if load is not None else None, fit)
 
     def lookahead_for(self, job: str | None) -> int | None:
         """The steps past its readers that `job`'s windows should reach (None: not scheduled)."""
@@ -514,15 +518,83 @@ class SampleService:
             if bk in self.decoded:
                 self.decoded[bk]         # (the most recently used now)
                 return
-        fut = self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
-                                 key.path)
+            ahead = self._checking
+        if ahead is not None and ahead[0] == bk:
+            fut = ahead[1]               # checked ahead right now (`_check_ahead`): its answer
+        else:
+            fut = self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
+                                     key.path)
         fut.result()
+        self._checked(key, kind, fut)
+
+    def _checked(self, key: SampleKey, kind: str, fut: Future) -> None:
+        """A decode check passed: remembered, and its CPU time teaches the check's share."""
         with self.lock:
-            self.decoded[bk] = None
+            if self._bad_key(key) in self.decoded:
+                return
+            self.decoded[self._bad_key(key)] = None
             cpu = getattr(fut, "cpu_s", None)
             if cpu:
                 self.check_share.add(min(1.5, cpu / self._predict(key, kind)))
         self.counts["decode_checks"] += 1
+
+    def _check_ahead(self) -> None:
+        """Decode-check ahead one image the schedule sends raw (the earliest step first), so that
+        its raw container needs no check when it is read: the reader does not wait for the check
+        worker, on a core the transforms keep busy. One check ahead in flight at a time; its
+        storage CPU is what the schedule counts as the image's raw cost."""
+        with self.lock:
+            if self._checking is not None or not self.cfg.fallback:
+                return
+            pick = None
+            for key in self.raw_keys:
+                p = self.backlog.get(key)
+                if p is None or p.kind != "image" or self._bad_key(key) in self.decoded:
+                    continue
+                if self._bad_reason(key) is not None:
+                    continue
+                rank = (p.step if p.step is not None else 1 << 62, p.seq)
+                if pick is None or rank < pick[0]:
+                    pick = (rank, key, p)
+            if pick is None:
+                return
+            _rank, key, p = pick
+            self._checking = (self._bad_key(key), None)
+        from hintfs.transforms.limits import precheck
+        from hintfs.transforms.params import parse_params
+        try:
+            raw = self._read_raw(key, p.kind, p.pjson)
+            params = parse_params(p.kind, p.pjson)
+            precheck(p.kind, raw, params)
+            fut = self.checks.submit((p.kind, raw, p.pjson, key.aug_seed, {**p.meta, "check_only": True}),
+                                     params.time_limit_s, key.path)
+        except TransformError as err:
+            self._refuse(key, err)
+            with self.lock:
+                self._checking = None
+            return
+        except (OSError, RuntimeError) as err:
+            log.warning("decode check of %s failed: %s", key.path, err)
+            with self.lock:
+                self._checking = None
+            return
+        with self.lock:
+            self._checking = (self._bad_key(key), fut)
+        del raw
+
+        def done(f: Future, key=key, kind=p.kind) -> None:
+            if not f.cancelled():
+                err = f.exception()
+                if err is None:
+                    self._checked(key, kind, f)
+                elif isinstance(err, TransformError):
+                    self._refuse(key, err)
+            with self.lock:
+                self._checking = None
+            if not f.cancelled():
+                self._check_ahead()
+
+        fut.add_done_callback(done)
 
     def _cached(self, key: SampleKey) -> bytes | None:
         """A cache hit (counted, moved to the recent end) or None; the caller holds the lock."""
@@ -664,6 +736,7 @@ class SampleService:
             self._reschedule()
         self.counts["prefetched"] += started
         self._pump()
+        self._check_ahead()
         return started
 
     def _pump(self) -> None:
@@ -708,6 +781,8 @@ class SampleService:
                     "raw_designated": len(self.raw_keys),
                     "slowdown": round(self.capacity.slowdown, 3),
                     "lookahead": max((h.steps for h in self.horizons.values()), default=None),
+                    "window_load": {j: v[0] for j, v in list(self._grown.items())[:16]},
+                    "window_fit": {j: v[1] for j, v in list(self._grown.items())[:16]},
                     "cpu_share": round(self.monitor.share, 3),
                     "busy": self.monitor.busy}
 

@@ -110,3 +110,26 @@ def test_an_older_mounts_window_keeps_the_cpu_threshold(svc):
     svc.clocks.clear()
     data, how = svc.get("1.jpg", "image", PARAMS, 5)
     assert how == "raw_busy"
+
+
+def test_images_sent_raw_are_decode_checked_ahead(svc):
+    """A raw image's container needs one decode of it on storage (issue 34, finding 12): made
+    ahead for the images the schedule sends raw, so the reader's open does not wait for it."""
+    _steps(svc, 3, 10.0)
+    assert wait_for(lambda: svc.status()["running"] == 0, timeout=60)
+    for _ in range(100):
+        svc.capacity.observe(5.0, 0.1)
+    svc.clocks["j"].rate.value = 0.05
+    svc.clock_.t += 0.05
+    _window(svc, 3, 3, 5)
+    assert svc.raw_keys
+    raw_images = set(svc.raw_keys)
+    assert wait_for(lambda: svc.status()["decode_checks"] >= 1 and svc._checking is None, timeout=60)
+    checked = [k for k in raw_images if svc._bad_key(k) in svc.decoded]
+    assert checked
+    before = svc.status()["decode_checks"]
+    key = checked[0]
+    if key in svc.raw_keys:
+        data, how = svc.get(key.path, "image", PARAMS, key.aug_seed)
+        assert how == "raw_planned"
+    assert svc.status()["decode_checks"] == before            # no check at the open
