@@ -257,6 +257,7 @@ class Mounts:
         self.notes: list[str] = []
         self.last_stats: dict = {}
         self.cache_extra = ""     # more [cache] keys of the hintfs mounts (--hintfs-cache)
+        self.mount_extra = ""     # more [mount] keys of the hintfs mounts (--hintfs-mount)
 
     def available(self, system: str) -> bool:
         if system == "s3fs":
@@ -283,7 +284,7 @@ class Mounts:
                 with open(cfg, "w") as f:
                     f.write(gw.store_toml(BUCKET) + "\n"
                             f'[cache]\nspool_dir = "{os.path.join(self.base, "spool")}"\n{cache_line}{imm}\n'
-                            f'[mount]\npassthrough = "auto"\n\n'
+                            f'[mount]\npassthrough = "auto"\n{self.mount_extra}\n'
                             f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
                 r = run([self.hintfs, "mount", cfg, mnt], timeout=60)
                 if r.returncode != 0:
@@ -391,7 +392,8 @@ def measure(gw: JuiceFSGateway, mounts: Mounts, fs_factory, system: str, case: s
                                                "hostcache_partial_reads", "hostcache_whole", "hostcache_read_waits",
                                                "hostcache_fetch_jumps", "read_thread",
                                                "read_nowait_hit", "stat_from_listing", "store_heads",
-                                               "store_gets", "store_lists", "get_opens", "get_open_misses")
+                                               "store_gets", "store_lists", "get_opens", "get_open_misses",
+                                               "stat_dir_by_child")
                          if k in c}
         rec["hintfs"]["ops"] = {k: v.get("count") for k, v in mounts.last_stats.get("ops", {}).items()
                                 if k in ("lookup", "getattr", "open", "read", "readdir", "release")}
@@ -444,6 +446,7 @@ def main() -> int:
                     help="the host cache on the disk the gateway reads its bucket from (default: a tmpfs, "
                     "standing for a local disk of its own)")
     ap.add_argument("--hintfs-cache", default="", help="more [cache] keys for hintfs, e.g. 'fetch_threads = 16'")
+    ap.add_argument("--hintfs-mount", default="", help="more [mount] keys for hintfs, e.g. 'read_ahead_kb = 128'")
     args = ap.parse_args()
     if args.quick:
         args.seq_mib, args.par_mib, args.small, args.repeats = 256, 32, 300, 1
@@ -467,6 +470,7 @@ def main() -> int:
         gw.start()
         mounts = Mounts(base, gw)
         mounts.cache_extra = "".join(f"{kv.strip()}\n" for kv in args.hintfs_cache.split(";") if kv.strip())
+        mounts.mount_extra = "".join(f"{kv.strip()}\n" for kv in args.hintfs_mount.split(";") if kv.strip())
         local = base
         if not args.cache_on_disk:   # the host cache (and the local copy it is compared with) on a tmpfs
             local = os.path.join(base, "local")
@@ -524,7 +528,7 @@ def summarize(raw: dict, again: list[dict], args, systems: list[str], notes: lis
     key = {"seq": "seq_gbps", "par8": "par8_gbps", "small": "small_files_s"}
     out: dict = {"issue": 39, "sizes": {"seq_bytes": args.seq_mib * MiB, "par8_bytes_each": args.par_mib * MiB,
                                         "small_files": args.small, "small_bytes": "4-64 KiB"},
-                 "repeats": args.repeats, "s3_server": server, "hintfs_cache_extra": args.hintfs_cache,
+                 "repeats": args.repeats, "s3_server": server, "hintfs_cache_extra": args.hintfs_cache, "hintfs_mount_extra": args.hintfs_mount,
                  "host_cache_on": "the gateway's disk" if args.cache_on_disk else "a tmpfs (a local disk of its own)", "machine": machine(), "wall_s": round(wall, 1),
                  "direct_parallel": {"threads": args.threads, "chunk_bytes": args.chunk_mib * MiB},
                  "notes": notes, "goals": []}
