@@ -210,3 +210,24 @@ def test_a_small_object_a_listing_named_opens_in_one_get_with_the_heads_version(
         store.open_reader("d/s p+c.bin")
     assert store.read_budget.used == 0
     assert S3Getter.of(StoreConfig(uri="s3://b", endpoint_override="h:1"), "b") is None   # no keys: pyarrow's
+
+
+def test_a_listed_folder_is_stated_by_heads_not_a_listing(s3_server, tmp_path):
+    """Issue 39: a folder a listing showed with an object in it is stat'ed by two HEADs (no object
+    by the folder's name; that object still there), not pyarrow's two HEADs and a LIST (a listing
+    of the whole folder on some servers); a folder emptied meanwhile is asked as before."""
+    from hintfs.stores.arrow import ArrowStore
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    for name in ("a.bin", "b.bin"):
+        with fs.open_output_stream(f"{BUCKET}/d/{name}") as f:
+            f.write(b"x")
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}")
+    plain = store.stat("d")
+    assert plain.is_dir and store.read_counters.get("stat_dir_by_child", 0) == 0
+    assert sorted(n for n, _ in store.iter_dir("d")) == ["a.bin", "b.bin"]
+    assert store.stat("d") == plain and store.read_counters["stat_dir_by_child"] == 1
+    fs.delete_file(f"{BUCKET}/d/a.bin")                 # the object it knew: asked as before
+    assert store.stat("d") == plain and store.read_counters["stat_dir_by_child"] == 1
+    list(store.iter_dir("d"))                           # a listing names another one
+    assert store.stat("d") == plain and store.read_counters["stat_dir_by_child"] == 2
