@@ -116,7 +116,10 @@ class S3Getter:
         """The object `key` (in the bucket) whole with its version, if it has 1..`limit` bytes;
         None for anything else (missing, larger, empty, an error: ask pyarrow). TimeoutError
         where the server does not answer within the request timeout."""
-        path = self._prefix + "/" + quote(key, safe="/-_.~")
+        try:
+            path = self._prefix + "/" + quote(key, safe="/-_.~")
+        except UnicodeEncodeError:   # (a name that is no UTF-8: pyarrow's to open)
+            return None
         for attempt in range(2):   # (a kept-alive connection the server closed meanwhile: once more)
             try:
                 conn = self._conn()
