@@ -14,7 +14,7 @@ import os
 import sys
 
 from hintfs.common.logsetup import setup_logging
-from hintfs.common.procs import absolute_paths, become_isolated_daemon
+from hintfs.common.procs import absolute_paths, become_isolated_daemon, exit_after_unmount
 from fusefs.mount import MountError, run_mount
 from mountconfig import ConfigError, MountConfig, load_config
 from mountconfig.load import allow_nonempty
@@ -63,4 +63,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after_unmount(main())

@@ -55,10 +55,12 @@ def cmd_mount(args) -> int:
         cfg = allow_nonempty(cfg)
     if args.foreground:
         from fusefs.__main__ import serve
+        from hintfs.common.procs import exit_after_unmount
         try:
-            return serve(cfg, args.mountpoint, ready_fd=args.ready_fd)
+            status = serve(cfg, args.mountpoint, ready_fd=args.ready_fd)
         except MountError as err:
             raise UserError(str(err)) from None
+        exit_after_unmount(status)   # (never returns: the process is the daemon)
     return _start_in_background(args.config, args.mountpoint, cfg, nonempty)
 
 
