@@ -519,7 +519,7 @@ class SampleService:
                 self.decoded[bk]         # (the most recently used now)
                 return
             ahead = self._checking
-        if ahead is not None and ahead[0] == bk:
+        if ahead is not None and ahead[0] == bk and ahead[1] is not None:
             fut = ahead[1]               # checked ahead right now (`_check_ahead`): its answer
         else:
             fut = self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,

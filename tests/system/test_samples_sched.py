@@ -133,3 +133,16 @@ def test_images_sent_raw_are_decode_checked_ahead(svc):
         data, how = svc.get(key.path, "image", PARAMS, key.aug_seed)
         assert how == "raw_planned"
     assert svc.status()["decode_checks"] == before            # no check at the open
+
+
+def test_a_raw_image_read_while_its_check_ahead_is_being_read_is_checked_itself(svc):
+    """The bench's second run: a reader's raw container found the check made ahead of it still
+    reading its source (no future yet) and failed with EIO; it now checks the image itself."""
+    from hintfs.transforms.container import decode
+    svc.clocks.clear()
+    svc.monitor.update(0.99)                     # raw, by the old threshold (no steps)
+    key, _meta, _pjson = svc._key_and_meta("3.jpg", "image", PARAMS, 9)
+    svc._checking = (svc._bad_key(key), None)    # `_check_ahead` between its pick and its submit
+    data, how = svc.get("3.jpg", "image", PARAMS, 9)
+    assert how == "raw_busy" and decode(data)[0].mode == "raw"
+    assert svc.status()["decode_checks"] == 1

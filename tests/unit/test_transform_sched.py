@@ -207,12 +207,3 @@ def test_fixed_share_sends_the_cheapest_share_raw():
     assert not any(FixedShare(0.0).decide(1.0) for _ in range(10))
     assert all(FixedShare(1.0).decide(1.0) for _ in range(10))
 
-
-def test_a_raw_container_that_saves_storage_little_goes_last():
-    # an image whose decode check costs 90% of its transform saves 10% when sent raw: the video
-    # (raw for free on storage) goes first although it costs more
-    items = [Item("img", 0.6, 0.3, raw_cost_s=0.27, seq=0), Item("vid", 0.6, 0.5, seq=1)]
-    assert schedule(items, now=0.0, hysteresis=0.0).raw == {"vid"}
-    # among those that save what they cost, the cheapest first
-    items += [Item("img2", 0.6, 0.4, seq=2)]
-    assert schedule(items, now=0.0, hysteresis=0.0).raw == {"img2", "vid"}
