@@ -29,7 +29,7 @@ Reported per measurement: the gateway's CPU seconds (utime+stime of its process 
 the 2 cores) and fetched / read (the bytes the gateway wrote, /proc/PID/io wchar: what it sent on
 its sockets, over the bytes the reader got).
 
-Run as root:  flock /tmp/h39/bench.lock .venv/bin/python bench/s3_cold.py [--quick]
+Run as root:  flock /tmp/bench.lock .venv/bin/python bench/s3_cold.py [--quick]
 Writes bench/results/s3_cold.json (--quick: s3_cold_quick.json; or --out) and prints a table.
 """
 from __future__ import annotations
