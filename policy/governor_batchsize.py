@@ -9,36 +9,29 @@ from __future__ import annotations
 
 import math
 
+from policy.linefit import ForgettingLine
+
 
 class MemoryPerSample:
     def __init__(self, forget: float = 0.95, margin: float = 1.1) -> None:
         self.forget = forget
         self.margin = margin
-        # Weighted sums for simple linear regression y = a + b x.
-        self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._line = ForgettingLine(forget)
 
     def observe(self, samples: int, peak_bytes: int) -> None:
-        f = self.forget
-        self._w = self._w * f + 1
-        self._sx = self._sx * f + samples
-        self._sy = self._sy * f + peak_bytes
-        self._sxx = self._sxx * f + samples * samples
-        self._sxy = self._sxy * f + samples * peak_bytes
+        self._line.add(samples, peak_bytes)
 
     @property
     def fitted(self) -> bool:
-        return self._w > 0
+        return self._line.weight > 0
 
     def coefficients(self) -> tuple[float, float]:
         """(fixed_bytes, bytes_per_sample)."""
-        if self._w == 0:
-            raise ValueError("no observations")
-        mx, my = self._sx / self._w, self._sy / self._w
-        var = self._sxx / self._w - mx * mx
-        if var <= 1e-9 * max(1.0, mx * mx):
+        mx, my = self._line.means()
+        b = self._line.slope(1e-9)
+        if b is None:
             # One distinct batch size seen: attribute everything to samples (conservative).
             return 0.0, my / max(mx, 1.0)
-        b = (self._sxy / self._w - mx * my) / var
         b = max(b, 1.0)
         a = my - b * mx
         return max(a, 0.0), b

@@ -31,6 +31,8 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
+from policy.linefit import ForgettingLine
+
 DEFAULT_COST_S = 0.05       # a sample's predicted CPU cost before anything was measured
 MIN_COST_S = 0.0005
 MAX_COST_S = 600.0
@@ -92,29 +94,20 @@ class StepClock:
 
 
 class _Line:
-    """y = a + b x by least squares with forgetting (`decay` per observation)."""
+    """y = a + b x by least squares with forgetting (`decay` per observation; policy.linefit)."""
 
     def __init__(self, decay: float = 0.995):
-        self.decay = decay
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.fit = ForgettingLine(decay)
 
     def add(self, x: float, y: float) -> None:
-        d = self.decay
-        self.n = self.n * d + 1
-        self.sx = self.sx * d + x
-        self.sy = self.sy * d + y
-        self.sxx = self.sxx * d + x * x
-        self.sxy = self.sxy * d + x * y
+        self.fit.add(x, y)
 
     def predict(self, x: float) -> float | None:
-        if self.n < 1:
+        if self.fit.weight < 1:
             return None
-        mx, my = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mx * mx
-        if self.n < 3 or var <= 1e-12 * max(1.0, mx * mx):
-            return my
-        b = (self.sxy / self.n - mx * my) / var
-        if b < 0:                        # more bytes never predicts less work
+        mx, my = self.fit.means()
+        b = self.fit.slope(1e-12) if self.fit.weight >= 3 else None
+        if b is None or b < 0:           # one size seen, or more bytes predicting less work
             return my
         return my + b * (x - mx)
 
