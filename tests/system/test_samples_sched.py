@@ -70,17 +70,21 @@ def test_with_capacity_left_nothing_goes_raw_and_reads_get_tensors(svc):
     assert svc.status()["raw_busy"] == 0
 
 
-def test_storage_too_slow_sends_the_cheapest_raw_and_the_tensor_is_the_same(svc):
-    from hintfs.transforms.container import decode, load_sample
+def _overload(svc) -> None:
+    """Storage now runs 50x slower than its transforms' CPU time (a measured capacity, as a burner
+    would make it) and steps take 0.05 s: the window of steps 3-5 cannot be made in time."""
     _steps(svc, 3, 10.0)
     assert wait_for(lambda: svc.status()["running"] == 0, timeout=60)
-    # storage now runs 50x slower than its transforms' CPU time (a measured capacity, as a burner
-    # would make it), and steps take 0.05 s: the window cannot be made in time
     for _ in range(100):
         svc.capacity.observe(5.0, 0.1)
     svc.clocks["j"].rate.value = 0.05
     svc.clock_.t += 0.05
     _window(svc, 3, 3, 5)
+
+
+def test_storage_too_slow_sends_the_cheapest_raw_and_the_tensor_is_the_same(svc):
+    from hintfs.transforms.container import decode, load_sample
+    _overload(svc)
     st = svc.status()
     assert st["raw_designated"] > 0 and st["slowdown"] > 40
     key = next(iter(svc.raw_keys))
@@ -115,13 +119,7 @@ def test_an_older_mounts_window_keeps_the_cpu_threshold(svc):
 def test_images_sent_raw_are_decode_checked_ahead(svc):
     """A raw image's container needs one decode of it on storage (issue 34, finding 12): made
     ahead for the images the schedule sends raw, so the reader's open does not wait for it."""
-    _steps(svc, 3, 10.0)
-    assert wait_for(lambda: svc.status()["running"] == 0, timeout=60)
-    for _ in range(100):
-        svc.capacity.observe(5.0, 0.1)
-    svc.clocks["j"].rate.value = 0.05
-    svc.clock_.t += 0.05
-    _window(svc, 3, 3, 5)
+    _overload(svc)
     assert svc.raw_keys
     raw_images = set(svc.raw_keys)
     assert wait_for(lambda: svc.status()["decode_checks"] >= 1 and svc._checking is None, timeout=60)
