@@ -459,16 +459,15 @@ class TensorFiles:
                 keep = {loc: [k for k in ks if plan.allowed.get(k[0])] for loc, ks in keep.items()}
             for loc in self.agents:
                 costs = wcosts.get(loc, [])
+                # per job: one job's window never frees another's samples at the agents
+                window = functools.partial(self.clients[loc].plan_window, keep.get(loc, []), want.get(loc, []), job)
                 try:
-                    # per job: one job's window never frees another's samples at the agents
                     if loc in self._unscheduled:     # an agent from before issue 40: the window alone
-                        await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
-                                                      want.get(loc, []), job, limiter=self.limiter)
+                        await trio.to_thread.run_sync(window, limiter=self.limiter)
                         continue
                     try:
                         reply = await trio.to_thread.run_sync(
-                            functools.partial(self.clients[loc].plan_window, keep.get(loc, []), want.get(loc, []),
-                                              job, steps=wsteps.get(loc, []), step=plan.front,
+                            functools.partial(window, steps=wsteps.get(loc, []), step=plan.front,
                                               costs=costs if any(costs) else None, lookahead=plan.lookahead),
                             limiter=self.limiter)
                     except OSError as err:
@@ -477,8 +476,7 @@ class TensorFiles:
                         log.warning("plan %s: agent %s does not take plan steps (an older agent): windows "
                                     "without them; upgrade the agents first (docs/versions.md)", job, loc)
                         self._unscheduled.add(loc)
-                        await trio.to_thread.run_sync(self.clients[loc].plan_window, keep.get(loc, []),
-                                                      want.get(loc, []), job, limiter=self.limiter)
+                        await trio.to_thread.run_sync(window, limiter=self.limiter)
                         continue
                     if reply.lookahead is not None:
                         plan.agent_lookahead[loc] = reply.lookahead

@@ -522,10 +522,13 @@ class SampleService:
         if ahead is not None and ahead[0] == bk and ahead[1] is not None:
             fut = ahead[1]               # checked ahead right now (`_check_ahead`): its answer
         else:
-            fut = self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit,
-                                     key.path)
+            fut = self._submit_check(key, kind, raw, pjson, meta, limit)
         fut.result()
         self._checked(key, kind, fut)
+
+    def _submit_check(self, key: SampleKey, kind: str, raw: bytes, pjson: str, meta: dict, limit: float) -> Future:
+        """One decode of the source in the check worker, as the transform decodes it."""
+        return self.checks.submit((kind, raw, pjson, key.aug_seed, {**meta, "check_only": True}), limit, key.path)
 
     def _checked(self, key: SampleKey, kind: str, fut: Future) -> None:
         """A decode check passed: remembered, and its CPU time teaches the check's share."""
@@ -566,8 +569,7 @@ class SampleService:
             raw = self._read_raw(key, p.kind, p.pjson)
             params = parse_params(p.kind, p.pjson)
             precheck(p.kind, raw, params)
-            fut = self.checks.submit((p.kind, raw, p.pjson, key.aug_seed, {**p.meta, "check_only": True}),
-                                     params.time_limit_s, key.path)
+            fut = self._submit_check(key, p.kind, raw, p.pjson, p.meta, params.time_limit_s)
         except TransformError as err:
             self._refuse(key, err)
             with self.lock:
