@@ -30,6 +30,7 @@ import trio
 from cachetools import LRUCache
 
 from fusefs.attrs import Refused
+from hintfs.agent.rpc import MAX_EST_MS
 from hintfs.common import access
 from hintfs.common.access import Principal
 from hintfs.common.documents import parse_plan_registration
@@ -356,7 +357,7 @@ class TensorFiles:
         plan = Plan(job, path, step, lookahead, sorted(by_step), step, by_step, front=step,
                     reader=caller if caller is not None and not caller.privileged() else None)
         for sa, co in zip(samples, costs):
-            if co is not None and co > 0 and co == co and co < 3.6e6:
+            if co is not None and co > 0 and co == co and co < MAX_EST_MS:   # (NaN != NaN)
                 plan.cost[sa] = float(co)
         for sample, occ in per_sample.items():
             occ.sort()
