@@ -817,7 +817,9 @@ class Filesystem:
             st = await self._stat_inode(node)
             if not st.is_dir:
                 raise Refused(errno.ENOTDIR, f"{node.path} is not a folder")
-            handle = DirHandle(node)
+            # A folder declared immutable: the kernel may keep its listing too (pass 2 of a
+            # `find` or `ls` then never reaches the daemon; docs/semantics.md).
+            handle = DirHandle(node, kernel_keeps=bool(node.path) and self.immutable(node.path) > 0)
         node.opens += 1
         return self._add_handle(handle)
 

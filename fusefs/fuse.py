@@ -137,6 +137,17 @@ def _created(r: tuple[OpenFile, Attributes]) -> tuple[pyfuse3.FileInfo, pyfuse3.
     return _info(r[0]), _entry(r[1])
 
 
+# pyfuse3 with patches/pyfuse3-readdir.patch takes (fh, cache_dir) from opendir; stock, an fh only.
+_CACHE_DIR = hasattr(pyfuse3, "cache_dir_supported")
+
+
+async def _opendir(fs: Filesystem, inode: int, ctx=None) -> int | tuple[int, bool]:
+    fh = await fs.opendir(inode, ctx)
+    if _CACHE_DIR:
+        return fh, getattr(fs.handles[fh], "kernel_keeps", False)
+    return fh
+
+
 def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     # readdirplus (pyfuse3 asks for it at init): the kernel caches each entry's name and attributes
     # for their timeouts, so `ls -l` or a `stat` after a listing sends no lookups.
@@ -225,7 +236,7 @@ class FuseOperations(pyfuse3.Operations):
     unlink = _op("unlink", Filesystem.unlink)
     rename = _op("rename", Filesystem.rename)
     statfs = _op("statfs", Filesystem.statfs, _statvfs)
-    opendir = _op("opendir", Filesystem.opendir)
+    opendir = _op("opendir", _opendir)
     readdir = _op("readdir", _readdir)
     releasedir = _op("releasedir", Filesystem.releasedir)
     open = _op("open", Filesystem.open, _info)

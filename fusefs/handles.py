@@ -487,10 +487,13 @@ class TensorHandle(Handle):
 # -- directories --------------------------------------------------------------------------------
 class DirHandle(Handle):
     """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
-    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since")
+    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps")
 
-    def __init__(self, inode: Inode):
+    def __init__(self, inode: Inode, kernel_keeps: bool = False):
         self.inode = inode
+        # The kernel may keep this listing (FOPEN_CACHE_DIR): a folder declared immutable
+        # (`Filesystem.opendir`); it drops it when the folder changes through this mount.
+        self.kernel_keeps = kernel_keeps
         self.entries: list[tuple[str, Stat | None]] = []
         self.source: Iterator[tuple[str, Stat]] | None = None
         self.done = False

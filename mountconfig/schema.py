@@ -101,7 +101,9 @@ class CacheConfig(Section):
     immutable_globs: list[str] = Field(
         default_factory=list,
         description="Paths (fnmatch globs, relative to the store root) that are never modified once "
-        "written, e.g. checkpoints: their attributes and names are cached for `immutable_timeout_s`.",
+        "written, e.g. checkpoints: their attributes and names are cached for `immutable_timeout_s`, "
+        "and the kernel keeps the listing of a folder that matches (until it changes through this mount "
+        "or its mtime does).",
     )
     immutable_timeout_s: float = Field(3600.0, ge=0, description="Attr/entry timeout for immutable paths.")
     max_entries: int = Field(

@@ -3,8 +3,8 @@
 #   1. libfuse 3.17.x from Debian's own source package of the trixie suite (`apt-get source`, with
 #      a deb-src entry derived from this machine's apt sources, in a private apt state: nothing in
 #      /etc/apt changes), built with meson and ninja from PyPI into VENV/libfuse;
-#   2. pyfuse3 from its PyPI sdist with patches/pyfuse3-passthrough.patch and
-#      patches/pyfuse3-queued-reads.patch, linked against it (rpath).
+#   2. pyfuse3 from its PyPI sdist with patches/pyfuse3-passthrough.patch,
+#      patches/pyfuse3-queued-reads.patch and patches/pyfuse3-readdir.patch, linked against it (rpath).
 # Idempotent (a stamp keyed by this script and the patches). Any failure leaves the stock pyfuse3 in
 # place, prints one line and exits 0: hintfs then runs without passthrough.
 set -u
@@ -17,7 +17,8 @@ WORK=$VENV/libfuse-build
 STAMP=$VENV/.passthrough-done
 LOG=$WORK/build.log
 SUITE=${PASSTHROUGH_SUITE:-trixie}
-KEY=$(cat "$0" "$HERE/pyfuse3-passthrough.patch" "$HERE/pyfuse3-queued-reads.patch" | sha256sum | cut -c1-16)
+PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch"
+KEY=$( (cat "$0" && cd "$HERE" && cat $PATCHES) | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$KEY" ]; then
   if [ "$(sed -n 2p "$STAMP")" = ok ] && "$PY" -c 'import pyfuse3, sys; sys.exit(not pyfuse3.passthrough_supported())' 2>/dev/null; then
@@ -101,7 +102,7 @@ export PATH="$WORK/tools/bin:$PATH"
   || fail "pip download pyfuse3 sdist failed"
 tar xzf "$WORK"/sdist/pyfuse3-*.tar.gz -C "$WORK" || fail "pyfuse3 sdist unpack failed"
 SRC=$(ls -d "$WORK"/pyfuse3-*/ | head -1)
-for P in pyfuse3-passthrough.patch pyfuse3-queued-reads.patch; do
+for P in $PATCHES; do
   (cd "$SRC" && patch -p1 < "$HERE/$P") >>"$LOG" 2>&1 || fail "patches/$P does not apply to pyfuse3 $PYFUSE3_VERSION"
 done
 rm -f "$SRC"/src/pyfuse3/__init__.c

@@ -36,3 +36,29 @@ def test_a_listed_folder_is_read_with_an_open_and_a_release_per_file(mount_facto
         assert per_op.get("read", 0) <= 2, per_op    # the stats file's own: the kernel read the store files
     total = sum(v for k, v in per_op.items() if k != "forget")
     assert total <= 2 * N + 12, per_op   # (plus the stats reads: about 10 requests)
+
+
+def test_the_kernel_keeps_the_listing_of_an_immutable_folder_until_this_mount_changes_it(mount_factory):
+    """A folder matching `immutable_globs` is opened with FOPEN_CACHE_DIR (the patched pyfuse3):
+    a second listing never reaches the daemon; a file created through the mount is listed at
+    once (the kernel drops the kept listing); a folder not declared immutable is listed by the
+    daemon every time."""
+    import pyfuse3
+    m = mount_factory('\n[cache]\nimmutable_globs = ["d", "d/*"]\n')
+    for folder in ("d", "e"):
+        (m.store / folder).mkdir()
+        for i in range(N):
+            (m.store / folder / f"f{i:03d}").write_bytes(b"x")
+    assert len(os.listdir(m.mnt / "d")) == N and len(os.listdir(m.mnt / "e")) == N
+    before = _ops(m)
+    assert len(os.listdir(m.mnt / "d")) == N
+    between = _ops(m)
+    assert len(os.listdir(m.mnt / "e")) == N
+    after = _ops(m)
+    if hasattr(pyfuse3, "cache_dir_supported"):
+        assert between.get("readdir", 0) == before.get("readdir", 0), (before, between)
+    assert after.get("readdir", 0) > between.get("readdir", 0)      # not immutable: the daemon lists it
+    (m.mnt / "d" / "new").write_bytes(b"y")                          # a change through this mount
+    assert "new" in os.listdir(m.mnt / "d")
+    (m.mnt / "d" / "f000").unlink()
+    assert "f000" not in os.listdir(m.mnt / "d") and len(os.listdir(m.mnt / "d")) == N
