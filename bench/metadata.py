@@ -266,13 +266,14 @@ class Mounts:
 
 
 # -- the runs ---------------------------------------------------------------------------------
-def measure(results: dict, source: str, systems: list[str], repeats: int, one: Callable[[str, str], tuple]) -> None:
+def measure(results: dict, source: str, systems: list[str], repeats: int, one: Callable[[str, str], tuple],
+            ops: list[str] = OPS) -> None:
     """results[source][op][system] = {"pass1": [...], "pass2": [...]}; `one(system, op)` -> (t1, t2)."""
     out = results.setdefault(source, {})
     for rep in range(repeats):
         order = systems[rep % len(systems):] + systems[:rep % len(systems)]
         for system in order:
-            for op in OPS:
+            for op in ops:
                 try:
                     t1, t2 = one(system, op)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as e:
@@ -334,6 +335,7 @@ def main() -> None:
     ap.add_argument("--s3-tree", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: file,s3,rss")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma list of the operations to run (default: all)")
     ap.add_argument("--max-entries", type=int, default=0,
                     help="also measure RSS with [cache] max_entries = this (0: a tenth of the tree)")
     ap.add_argument("--out", default="", help="results JSON (default bench/results/metadata.json, "
@@ -351,6 +353,7 @@ def main() -> None:
     m = Mounts(base)
     results: dict = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                                  "python": platform.python_version()},
+                     "argv": sys.argv[1:],
                      "sizes": {"folder": args.folder, "tree": args.tree, "s3_folder": args.s3_folder,
                                "s3_tree": args.s3_tree, "repeats": args.repeats},
                      "setup": {"client_cpu": CLIENT_CPU, "daemon_cpu": DAEMON_CPU, "hintfs_config": IMMUTABLE,
@@ -375,7 +378,7 @@ def main() -> None:
                 return op_fuse(op, mnt, list_file), op_fuse(op, mnt, list_file)
 
         if "file" not in skip:
-            measure(results, "file", FILE_SYSTEMS, args.repeats, one_file)
+            measure(results, "file", FILE_SYSTEMS, args.repeats, one_file, args.ops.split(","))
         if "rss" not in skip:
             results["rss"] = measure_rss(m, store, entries, args.max_entries or max(1000, entries // 10))
         if "s3" not in skip:
@@ -437,7 +440,7 @@ def run_s3(results: dict, m: Mounts, base: str, args) -> dict:
             with m.mount(system, "", s3=s3) as (mnt, _pid):
                 return op_fuse(op, mnt, list_file), op_fuse(op, mnt, list_file)
 
-        measure(results, "s3", S3_SYSTEMS, args.repeats, one_s3)
+        measure(results, "s3", S3_SYSTEMS, args.repeats, one_s3, args.ops.split(","))
         setup["gateway"] = s3.name
     return setup
 
