@@ -202,8 +202,10 @@ class _DS:
     def __getitem__(self, i):
         import torch
         rel, seed = self.items[i]
+        t0 = time.time()
         with open(os.path.join(self.root, rel + self.suffix), "rb") as f:
             blob = f.read()
+        t1 = time.time()
         if self.raw:
             from hintfs import transforms
             arrays, mode = transforms.apply(kind_of(rel), blob, params_of(rel), seed), "client"
@@ -211,7 +213,9 @@ class _DS:
             from hintfs.transforms.container import load_sample
             mode = _mode_of(blob)
             arrays = load_sample(blob)
-        return {k: torch.from_numpy(v) for k, v in arrays.items()}, mode, len(blob)
+        # (index, sample, mode, start, open+read s, decode s): the per-sample trace (`--trace`)
+        tr = (i, rel, mode, t0, t1 - t0, time.time() - t1)
+        return {k: torch.from_numpy(v) for k, v in arrays.items()}, mode, len(blob), tr
 
 
 def trainer_main(spec):
@@ -243,16 +247,18 @@ def trainer_main(spec):
     # Model and optimizer set-up, the same for every case: the DataLoader worker fills its prefetch
     # queue and the agents make the plan's first steps meanwhile, as in a real job.
     time.sleep(spec["init_s"])
-    stalls, modes, nbytes = [], {}, 0
+    stalls, modes, nbytes, trace, asked = [], {}, 0, [], []
     wall0 = time.perf_counter()
     for s in range(steps):
         a = time.perf_counter()
+        asked.append(time.time())
         batches = [next(it) for it in loaders]
         stalls.append(time.perf_counter() - a)
         for b in batches:
-            for _arrays, mode, n in b:
+            for _arrays, mode, n, tr in b:
                 modes[mode] = modes.get(mode, 0) + 1
                 nbytes += n
+                trace.append(tr)
         # The GPU step. The emulator sleeps it; --trainer-busy F spins the first F of it on
         # the training core instead (a real trainer's main process launches kernels meanwhile).
         busy_until = time.perf_counter() + spec["trainer_busy"] * spec["gpu_step_s"]
@@ -267,7 +273,7 @@ def trainer_main(spec):
     cpu = (t1.user - t0.user) + (t1.system - t0.system) + (t1.children_user - t0.children_user) + \
         (t1.children_system - t0.children_system)
     json.dump({"stalls": stalls, "modes": modes, "bytes": nbytes, "cpu_s": cpu, "wall_s": wall,
-               "samples": steps * world * B}, open(spec["out"], "w"))
+               "samples": steps * world * B, "trace": trace, "asked": asked}, open(spec["out"], "w"))
 
 
 # -- storage side --------------------------------------------------------------------------------
@@ -465,6 +471,7 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
         "n": n, "raw_share": raw_n / n if not raw else 1.0,
         "fixed_raw_share": fixed_share, "burner": burner,
         "agent_samples": (agent_status or {}).get("samples") if isinstance(agent_status, dict) else None,
+        **({"trace": {"asked": res["asked"], "samples": res["trace"]}} if a.trace else {}),
     }
 
 
@@ -533,6 +540,9 @@ def main():
                          "cache hits: 120 steps measured 68.1 ms a sample against 48.8 over 500)")
     ap.add_argument("--storage-ms", dest="storage_ms", type=float,
                     help="storage CPU per sample (agent + transform workers, ms) to set the GPU steps from")
+    ap.add_argument("--trace", action="store_true",
+                    help="keep each sample's trace in the results (DataLoader worker: start, open+read s, "
+                         "decode s, mode) and when the trainer asked for each step")
     ap.add_argument("--partial", help="also write the cases measured so far here, after each case")
     ap.add_argument("--out", help="results file (default: results/multimodal_loading.json, "
                                   "multimodal_loading_quick.json with --quick)")
