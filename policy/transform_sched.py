@@ -9,7 +9,8 @@ its plan step is read. This module decides, from predictions only:
   the CPU time the same source took before, else a per-group (kind and extension) line in the
   source's size, fitted online from the transforms already made);
 - **how fast storage runs now** (`Capacity`: the wall time of transforms over their CPU time,
-  EWMA: 1 on an idle core, 2 when a burner takes half of it);
+  EWMA: 1 on an idle core, 2 when a burner takes half of it; the agent's own decode checks, which
+  the schedule counts as work of their own, are not counted as lost capacity: `own_share`);
 - **the order** (`schedule`): by latest start time, deadline minus predicted wall cost, so heavy
   samples start earliest and nothing starts later than it must;
 - **what goes raw** (`schedule`): the samples storage cannot finish before their step at the
@@ -150,17 +151,32 @@ class OnlineCosts:
         return min(max(y, MIN_COST_S), MAX_COST_S)
 
 
+def own_share(other_cpu_s: float, wall_s: float, cores: int, workers: int) -> float:
+    """CPU seconds a transform's worker lost, during its `wall_s`, to `other_cpu_s` of the agent's
+    own other work (its decode checks, run in a process of their own) on the agent's `cores`:
+    that work first takes the cores the `workers` leave idle; the rest is taken from the workers,
+    evenly. One core, one worker: all of it (the transform's wall time is its CPU plus the check's)."""
+    spare = max(0, cores - workers) * max(0.0, wall_s)
+    return max(0.0, other_cpu_s - spare) / max(1, workers)
+
+
 class Capacity:
-    """Wall time over CPU time of the transforms (EWMA): how much slower than one idle core storage
-    runs now (a burner taking half the core: ~2)."""
+    """Wall seconds per CPU second of the agent's work (EWMA) from its transforms: how much slower
+    than one idle core storage runs now (a burner taking half the core: ~2).
+
+    `own_s` (`own_share`): the CPU the transform lost to the agent's own decode checks. The
+    schedule counts a check as storage work of its own (`Item.raw_cost_s`), so it is added to the
+    transform's CPU, not taken as lost capacity: counted both ways, a core busy with checks read
+    ~2 (one core: the transform and the check share it) and sent more samples raw, whose images
+    need more checks (issue 40, the L95 stalls)."""
 
     def __init__(self, alpha: float = 0.1):
         self.ratio = Ewma(alpha)
 
-    def observe(self, wall_s: float, cpu_s: float) -> None:
+    def observe(self, wall_s: float, cpu_s: float, own_s: float = 0.0) -> None:
         if cpu_s <= 0.002 or wall_s <= 0:     # too short to tell
             return
-        self.ratio.add(min(max(wall_s / cpu_s, SLOWDOWN_MIN), SLOWDOWN_MAX))
+        self.ratio.add(min(max(wall_s / (cpu_s + max(0.0, own_s)), SLOWDOWN_MIN), SLOWDOWN_MAX))
 
     @property
     def slowdown(self) -> float:
@@ -316,4 +332,4 @@ class FixedShare:
 
 
 __all__ = ["Capacity", "Ewma", "FixedShare", "Horizon", "Item", "OnlineCosts", "Schedule", "StepClock",
-           "late_goes_raw", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS"]
+           "late_goes_raw", "own_share", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS"]

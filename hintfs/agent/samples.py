@@ -56,7 +56,7 @@ from cachetools import FIFOCache, LRUCache
 from hintfs.agent.transformpool import TransformPool
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
 from policy.transform_sched import (CLIENT_STEP_SHARE, MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
-                                    StepClock, late_goes_raw, schedule)
+                                    StepClock, late_goes_raw, own_share, schedule)
 
 log = logging.getLogger("hintfs.samples")
 
@@ -142,8 +142,12 @@ class SampleService:
         self.store = store
         self.cfg = load_cfg
         self.clock = clock
-        self.pool = TransformPool(load_cfg.workers)
         self._checks: TransformPool | None = None
+        self._check_procs: dict[int, psutil.Process] = {}
+        self._probe_lock = threading.Lock()     # the pool's threads call _checks_cpu
+        # the cores the agent and its workers may run on (the decode checks share them: _learn)
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.pool = TransformPool(load_cfg.workers, probe=self._checks_cpu)
         self.monitor = LoadMonitor(load_cfg.cpu_enter, load_cfg.cpu_leave)
         self.lock = threading.Lock()
         self.cache: OrderedDict[SampleKey, bytes] = OrderedDict()
@@ -389,14 +393,43 @@ class SampleService:
 
     def _learn(self, key: SampleKey, kind: str, f: Future) -> None:
         """A transform is done: its CPU time teaches the cost model, its wall time over that the
-        capacity, its size the bytes a sample holds."""
+        capacity, its size the bytes a sample holds. The capacity is not taught by a worker's
+        first task (its wall time includes the worker's start-up), and the CPU the decode checks
+        took from the transform meanwhile counts as the agent's work (`own_share`), not as lost
+        capacity: the schedule counts the checks already."""
         cpu, wall = getattr(f, "cpu_s", None), getattr(f, "wall_s", None)
         with self.lock:
             if cpu:
                 self.costs.observe(self._group(key, kind), key.size, self._bad_key(key), cpu)
-                if wall:
-                    self.capacity.observe(wall, cpu)
+                if wall and not getattr(f, "fresh", False):
+                    own = own_share(getattr(f, "probe_s", 0.0) or 0.0, wall, self.cores, self.cfg.workers)
+                    self.capacity.observe(wall, cpu, own)
             self.out_bytes.add(len(f.result()))
+
+    def _checks_cpu(self) -> float:
+        """CPU seconds the decode checks' workers have used so far (the transform pool's probe:
+        its futures' `probe_s` is what they used during a transform)."""
+        checks = self._checks
+        if checks is None:
+            return 0.0
+        with self._probe_lock:
+            return self._sum_cpu(checks.pids())
+
+    def _sum_cpu(self, pids: list[int]) -> float:
+        """(under _probe_lock) The CPU seconds of these processes so far."""
+        total = 0.0
+        for pid in [p for p in self._check_procs if p not in pids]:
+            del self._check_procs[pid]
+        for pid in pids:
+            try:
+                proc = self._check_procs.get(pid)
+                if proc is None:
+                    proc = self._check_procs[pid] = psutil.Process(pid)
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                self._check_procs.pop(pid, None)
+        return total
 
     def _raw_cost(self, key: SampleKey, kind: str, cost_s: float) -> float:
         """(under lock) Storage CPU seconds of the sample's raw container: an image not known to

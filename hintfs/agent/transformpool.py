@@ -112,14 +112,19 @@ class TransformPool:
     killer, an operator's kill) is replaced; the other workers' tasks are not touched.
 
     A task's future carries, once done, `cpu_s` (the worker's CPU time for it) and `wall_s` (from
-    the hand-off to the answer): the agent learns costs and the core's capacity from them."""
+    the hand-off to the answer): the agent learns costs and the core's capacity from them; also
+    `fresh` (the worker was started for this task: its wall time includes the worker's start-up)
+    and, with `probe` (a callable returning a running total, e.g. other processes' CPU seconds),
+    `probe_s`: how much that total grew from the hand-off to the answer."""
 
-    def __init__(self, workers: int, fn: Callable = transform_to_container, grace_s: float = KILL_GRACE_S):
+    def __init__(self, workers: int, fn: Callable = transform_to_container, grace_s: float = KILL_GRACE_S,
+                 probe: Callable[[], float] | None = None):
         # forkserver, not fork: the agent process runs gRPC and trio threads, which a fork
         # would copy mid-flight (locks held by other threads stay locked in the child).
         self.ctx = multiprocessing.get_context("forkserver")
         self.fn = fn
         self.grace_s = grace_s
+        self.probe = probe
         self.cond = threading.Condition()
         self.queue: deque = deque()
         self.closed = False
@@ -165,7 +170,7 @@ class TransformPool:
             except Exception as err:   # starting a worker failed, a pickling error ...
                 outcome = ("err", err)
             if outcome[0] == "ok":
-                fut.cpu_s, fut.wall_s = outcome[2], outcome[3]
+                fut.cpu_s, fut.wall_s, fut.fresh, fut.probe_s = outcome[2], outcome[3], outcome[4], outcome[5]
                 fut.set_result(outcome[1])
             else:
                 fut.set_exception(outcome[1])
@@ -200,9 +205,20 @@ class TransformPool:
         with contextlib.suppress(ValueError):
             proc.close()
 
+    def _probe(self) -> float:
+        if self.probe is None:
+            return 0.0
+        try:
+            return float(self.probe())
+        except Exception as err:    # a probe is for measurement only
+            log.debug("transform pool probe failed: %s", err)
+            return 0.0
+
     def _run(self, i: int, args: tuple, limit: float):
+        fresh = self.slots[i] is None or not self.slots[i][0].is_alive()
         proc, conn = self._slot(i)
         try:
+            p0 = self._probe()
             t0 = time.monotonic()
             conn.send(args)
             if not conn.poll(limit + self.grace_s):
@@ -213,7 +229,9 @@ class TransformPool:
             head = conn.recv()
             if head[0] == "ok":
                 data = conn.recv_bytes()
-                return ("ok", data, float(head[2]) if len(head) > 2 else 0.0, time.monotonic() - t0)
+                wall = time.monotonic() - t0
+                return ("ok", data, float(head[2]) if len(head) > 2 else 0.0, wall, fresh,
+                        max(0.0, self._probe() - p0))
             return head
         except (EOFError, OSError):
             self._drop(i, kill=True)

@@ -144,3 +144,46 @@ def test_a_raw_image_read_while_its_check_ahead_is_being_read_is_checked_itself(
     data, how = svc.get("3.jpg", "image", PARAMS, 9)
     assert how == "raw_busy" and decode(data)[0].mode == "raw"
     assert svc.status()["decode_checks"] == 1
+
+
+def test_the_capacity_counts_the_checks_beside_a_transform_as_the_agents_work(svc):
+    """Issue 40, the L95 stalls: a transform's wall time over its CPU time teaches the capacity,
+    less the CPU the decode checks took from it meanwhile (the pool's probe of the check worker:
+    the schedule counts the checks already); a worker's first task (its start-up) teaches
+    nothing. Futures stand for the pool's answers; the clock is the fixture's."""
+    from concurrent.futures import Future
+    key, _meta, _pjson = svc._key_and_meta("1.jpg", "image", PARAMS, 5)
+    svc.cores = 1
+
+    def answer(wall, cpu, probe, fresh=False):
+        f = Future()
+        f.cpu_s, f.wall_s, f.probe_s, f.fresh = cpu, wall, probe, fresh
+        f.set_result(b"x" * 100)
+        return f
+    svc._learn(key, "image", answer(0.4, 0.04, 0.0, fresh=True))   # the worker's start-up: not a reading
+    assert svc.capacity.ratio.value is None
+    for _ in range(30):
+        svc._learn(key, "image", answer(0.08, 0.04, 0.04))        # a 40 ms check beside it, one core
+    assert svc.status()["slowdown"] == pytest.approx(1.0)
+    svc.cores = 2                                                   # a core the worker leaves idle took the check
+    for _ in range(60):
+        svc._learn(key, "image", answer(0.08, 0.04, 0.04))
+    assert svc.status()["slowdown"] == pytest.approx(2.0, rel=0.01)
+
+
+def test_the_pool_tells_a_fresh_worker_and_the_checks_cpu(svc):
+    """The transform pool's answers carry `fresh` (the worker's first task) and `probe_s` (how much
+    the check workers' CPU grew meanwhile; 0 before any check)."""
+    f1 = svc._start(*_kmp(svc, "2.jpg", 7))
+    f1.result(timeout=60)
+    f2 = svc._start(*_kmp(svc, "3.jpg", 8))
+    f2.result(timeout=60)
+    assert f1.fresh is True and f2.fresh is False
+    assert f1.probe_s == 0.0 and f2.probe_s == 0.0
+    svc.checks.submit(("image", b"", "{}", 0, {}), 5.0).exception(timeout=60)   # starts the check worker
+    assert svc._checks_cpu() >= 0.0 and svc._check_procs
+
+
+def _kmp(svc, path, seed):
+    key, meta, pjson = svc._key_and_meta(path, "image", PARAMS, seed)
+    return key, "image", pjson, meta

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from policy.transform_sched import (Capacity, FixedShare, Horizon, Item, OnlineCosts, StepClock, late_goes_raw,
-                                    schedule)
+                                    own_share, schedule)
 
 
 def test_latest_start_time_order_starts_heavy_samples_first():
@@ -172,6 +172,47 @@ def test_capacity_measures_wall_over_cpu():
     for _ in range(20):
         c.observe(0.2, 0.1)
     assert c.slowdown == pytest.approx(2.0, rel=0.01)
+
+
+def test_own_share_is_what_the_checks_took_from_the_workers():
+    # one core, one worker: a 30 ms check during an 80 ms transform took all its 30 ms from it
+    assert own_share(0.03, 0.08, cores=1, workers=1) == pytest.approx(0.03)
+    # a core the workers leave idle takes the checks first
+    assert own_share(0.03, 0.08, cores=2, workers=1) == 0.0
+    assert own_share(0.10, 0.08, cores=2, workers=1) == pytest.approx(0.02)
+    # shared evenly by the workers of a busy machine
+    assert own_share(0.04, 0.08, cores=2, workers=2) == pytest.approx(0.02)
+    assert own_share(0.0, 0.08, cores=1, workers=1) == 0.0
+
+
+def _window_raw_share(slowdown: float) -> float:
+    """The raw share the schedule gives a window of 8 steps of 0.25 s, five samples a step (0.22 s
+    of CPU: load 0.88 of one idle core), at a measured `slowdown`."""
+    costs = [0.02, 0.03, 0.04, 0.05, 0.08]
+    items = [Item((k, i), (k + 0.5) * 0.25, c, raw_cost_s=0.5 * c, seq=k * 5 + i, step=k)
+             for k in range(1, 9) for i, c in enumerate(costs)]
+    return len(schedule(items, 0.0, 0.0, 1, slowdown, client_s=0.125).raw) / len(items)
+
+
+def test_the_agents_own_checks_are_not_lost_capacity():
+    """Issue 40, the L95 stalls: the decode checks of the images sent raw ran in the check worker
+    beside the transforms on the one storage core, so each transform's wall time was its CPU time
+    plus the check's, and the capacity read ~2 (1.7-2.4 in the bench's trace, the check worker busy
+    throughout); the schedule, which counts the checks as storage work already (`raw_cost_s`),
+    took storage for half as fast as it was and sent 35% raw (whose images needed more checks).
+    With the checks' CPU counted as the agent's work (`own_share`) an idle core reads 1 and
+    nothing goes raw at load 0.88; a burner taking half the core still reads 2."""
+    cpu = 0.04
+    before, after, burner = Capacity(), Capacity(), Capacity()
+    for _ in range(50):
+        wall = 2 * cpu                          # a 40 ms check beside a 40 ms transform, one core
+        before.observe(wall, cpu)
+        after.observe(wall, cpu, own_share(cpu, wall, cores=1, workers=1))
+        wall = 4 * cpu                          # the same, the agent's processes getting half the core
+        burner.observe(wall, cpu, own_share(cpu, wall, cores=1, workers=1))
+    assert before.slowdown == pytest.approx(2.0) and _window_raw_share(before.slowdown) > 0.3
+    assert after.slowdown == pytest.approx(1.0) and _window_raw_share(after.slowdown) == 0.0
+    assert burner.slowdown == pytest.approx(2.0)
 
 
 def test_a_late_sample_goes_raw_when_the_client_has_it_sooner():
