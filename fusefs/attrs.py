@@ -68,10 +68,12 @@ class FsStats:
 
 @dataclass(slots=True)
 class DirEntry:
-    """One readdir entry: its name, attributes, and the offset of the entry after it."""
+    """One readdir entry: its name, attributes, and the offset of the entry after it; `plus`
+    False: the kernel gets the name, inode number and type only (no inode, no lookup)."""
     name: bytes
     attrs: Attributes
     next_id: int
+    plus: bool = True
 
 
 __all__ = ["ROOT_INODE", "RENAME_NOREPLACE", "RENAME_EXCHANGE", "BLOCK_SIZE", "Refused", "Attributes",

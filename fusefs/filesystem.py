@@ -36,6 +36,7 @@ from hintfs.common.errors import HintfsError
 from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
+from fusefs.walks import Walks
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -142,6 +143,10 @@ class Filesystem:
                                  if self._immutable else None)
         self.max_entries = cache.max_entries
         self.listings = Listings(cache.max_entries)   # of immutable folders (fusefs/listings.py)
+        # Listings may give files by name only (a readdirplus entry with nodeid 0): set by the
+        # mount where pyfuse3 has patches/pyfuse3-readdir.patch; to whom: `fusefs.walks`.
+        self.names_listings = False
+        self.walks = Walks()
         self.readdir_page = options.readdir_page
         self.control_root = control_root or ControlDir(paths.CONTROL_DIR)
         self._control_inodes: dict[int, Inode] = {}
@@ -396,6 +401,8 @@ class Filesystem:
             if self.own_dev and st.dev == self.own_dev:
                 raise Refused(errno.ELOOP, f"{path} is this mount itself")
             inode = self.inode_for(path, st)
+            if not st.is_dir and self.names_listings:
+                self.walks.looked_up(getattr(ctx, "pid", 0), parent_inode)   # a walker that stats
         inode.lookups += 1
         if inode.lookups == 1:
             self.bound_entries()
@@ -819,7 +826,10 @@ class Filesystem:
                 raise Refused(errno.ENOTDIR, f"{node.path} is not a folder")
             # A folder declared immutable: the kernel may keep its listing too (pass 2 of a
             # `find` or `ls` then never reaches the daemon; docs/semantics.md).
-            handle = DirHandle(node, kernel_keeps=bool(node.path) and self.immutable(node.path) > 0)
+            by_name = self.names_listings and self.walks.opened(getattr(ctx, "pid", 0), inode)
+            if by_name:
+                self.stats.add("listings_by_name")
+            handle = DirHandle(node, kernel_keeps=bool(node.path) and self.immutable(node.path) > 0, by_name=by_name)
         node.opens += 1
         return self._add_handle(handle)
 

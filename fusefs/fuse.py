@@ -137,8 +137,10 @@ def _created(r: tuple[OpenFile, Attributes]) -> tuple[pyfuse3.FileInfo, pyfuse3.
     return _info(r[0]), _entry(r[1])
 
 
-# pyfuse3 with patches/pyfuse3-readdir.patch takes (fh, cache_dir) from opendir; stock, an fh only.
+# pyfuse3 with patches/pyfuse3-readdir.patch takes (fh, cache_dir) from opendir and entries
+# without attributes in readdir_reply (`plus`); stock, an fh only and readdirplus entries.
 _CACHE_DIR = hasattr(pyfuse3, "cache_dir_supported")
+names_listings = _CACHE_DIR
 
 
 async def _opendir(fs: Filesystem, inode: int, ctx=None) -> int | tuple[int, bool]:
@@ -153,6 +155,8 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     # for their timeouts, so `ls -l` or a `stat` after a listing sends no lookups.
     attrs = pyfuse3.EntryAttributes()
     reply = pyfuse3.readdir_reply
+    if _CACHE_DIR:
+        return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id, e.plus))
     return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id))
 
 

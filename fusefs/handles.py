@@ -51,6 +51,9 @@ EMPTY_DOCUMENT = "an empty document: nothing applied"
 
 # readdir's callback: False when the kernel's buffer is full (the entry was not taken).
 Reply = Callable[[DirEntry], bool]
+# The inode number of a name listed without an inode (libfuse's FUSE_UNKNOWN_INO): its `stat`
+# gives the real one.
+UNKNOWN_INO = 0xFFFFFFFF
 
 
 # -- the choice, at open ------------------------------------------------------------------------
@@ -487,13 +490,16 @@ class TensorHandle(Handle):
 # -- directories --------------------------------------------------------------------------------
 class DirHandle(Handle):
     """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
-    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps")
+    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps", "by_name")
 
-    def __init__(self, inode: Inode, kernel_keeps: bool = False):
+    def __init__(self, inode: Inode, kernel_keeps: bool = False, by_name: bool = False):
         self.inode = inode
         # The kernel may keep this listing (FOPEN_CACHE_DIR): a folder declared immutable
         # (`Filesystem.opendir`); it drops it when the folder changes through this mount.
         self.kernel_keeps = kernel_keeps
+        # Files are given by name, type and inode number only (no inode made, no lookup
+        # counted): the caller walks a tree (`fusefs.walks`). Folders keep their attributes.
+        self.by_name = by_name
         self.entries: list[tuple[str, Stat | None]] = []
         self.source: Iterator[tuple[str, Stat]] | None = None
         self.done = False
@@ -520,6 +526,8 @@ class DirHandle(Handle):
                 # A local store lists in a worker thread where it can (a page at a time: its
                 # stats are C calls there, and the loop answers requests meanwhile).
                 in_thread = getattr(fs.store, "iter_dir_in_thread", None)
+                if self.by_name:   # files by name: their types suffice (that listing is not kept)
+                    in_thread = getattr(fs.store, "iter_names_in_thread", in_thread)
                 self.in_thread = in_thread is not None
                 self.source = (in_thread or fs.store.iter_dir)(self.inode.path)
             else:
@@ -539,7 +547,10 @@ class DirHandle(Handle):
 
     def keep(self, fs: Services) -> None:
         """A whole listing: kept for lookups (and later listings) where the folder or one of its
-        names is declared immutable (`fusefs.listings`)."""
+        names is declared immutable (`fusefs.listings`); not one that gave files by name (it may
+        hold their types only)."""
+        if self.by_name:
+            return
         folder = self.inode.path
         prefix = f"{folder}/" if folder else ""
         ttl = fs.immutable(folder) if folder else 0.0
@@ -575,6 +586,11 @@ class DirHandle(Handle):
             hides = self.hides = parent in {t.rpartition("/")[0] for t in (paths.CONTROL_DIR, paths.JOURNAL_DIR, journal)}
         if hides and fs.reserved(path):
             return True   # a store folder named like the control dir or the journal stays hidden
+        if self.by_name and st is not None and not st.is_dir:
+            known = fs.inodes.by_path_get(path)
+            return reply(DirEntry(os.fsencode(name), Attributes(known.ino if known is not None else UNKNOWN_INO,
+                                                                 st.mode, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0),
+                                  next_id, plus=False))
         child = fs.inodes.ensure(path) if st is None else fs.inode_for(path, st)
         staging = child.writer
         if staging is not None and staging.fd >= 0 and child.path == path:

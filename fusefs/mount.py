@@ -40,7 +40,7 @@ from hintfs.common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
-from fusefs.fuse import FuseOperations, KernelNotices, queued_reads
+from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
 from fusefs.replicaread import ReplicaReads
@@ -294,6 +294,7 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     fs = Filesystem(routes or store, options=cfg.mount, cache=cfg.cache, journal_dir=cfg.journal.dir, stats=stats,
                     control_root=control, reads=ReadPath(stats, routes=routes, replicas=replicas), tensors=tensors,
                     journal=journal, streams=streams, io_limiter=io_limiter, kernel=KernelNotices())
+    fs.names_listings = names_listings
     control.add(ControlFile("unmount", render=lambda: unmount_document(cfg.mount, cfg.logging, fs)))
     background = [hints.run, tensors.run, signals.run, read_hints.run] + ([journal.run] if journal else [])
     return Assembly(fs, FuseOperations(fs, cfg.mount), store, stats, background, usage,

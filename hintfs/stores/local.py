@@ -237,7 +237,13 @@ class LocalStore:
         its stat: that stat was a request to this daemon, which the free loop answered."""
         return self._iter_dir(rel, True)
 
-    def _iter_dir(self, rel: str, in_thread: bool) -> Iterator[tuple[str, Stat]]:
+    def iter_names_in_thread(self, rel: str) -> Iterator[tuple[str, Stat]]:
+        """`iter_dir_in_thread` for a listing that gives files by name (`fusefs.walks`): a regular
+        file or a symlink comes with its type alone (from the folder's entry, no stat: size and
+        times are 0), anything else with its attributes. Never kept for lookups."""
+        return self._iter_dir(rel, True, types_only=True)
+
+    def _iter_dir(self, rel: str, in_thread: bool, types_only: bool = False) -> Iterator[tuple[str, Stat]]:
         now = time.time()
         fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -248,6 +254,10 @@ class LocalStore:
                         self._reap_stale_staging(fd, name, now)
                         continue
                     try:
+                        if types_only and (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+                            # (d_type: no stat, unless the folder's file system gives DT_UNKNOWN)
+                            yield name, Stat(stat_mod.S_IFLNK if entry.is_symlink() else stat_mod.S_IFREG, 0, 0, 0)
+                            continue
                         if in_thread or not self.own_dev:
                             st = Stat.from_os(entry.stat(follow_symlinks=False))
                             if self.own_dev and st.dev == self.own_dev:

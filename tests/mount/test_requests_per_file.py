@@ -4,6 +4,7 @@ kernel's lookups (pyfuse3 answers readdir with readdirplus), read-only opens sen
 from __future__ import annotations
 
 import os
+import subprocess
 
 from tests.conftest import needs_fuse
 
@@ -62,3 +63,37 @@ def test_the_kernel_keeps_the_listing_of_an_immutable_folder_until_this_mount_ch
     assert "new" in os.listdir(m.mnt / "d")
     (m.mnt / "d" / "f000").unlink()
     assert "f000" not in os.listdir(m.mnt / "d") and len(os.listdir(m.mnt / "d")) == N
+
+
+def test_a_walk_gets_files_by_name_until_it_stats_them(mount_factory):
+    """`fusefs.walks`: a thread that lists more than WALK_AFTER folders gets the files of the
+    next ones by name (no inode made, no lookup counted); what it sees is the same; once it
+    looks up a file of such a folder, its listings have attributes again. Another process's
+    single listing (`ls -l`) has attributes."""
+    import pyfuse3
+    from fusefs.walks import WALK_AFTER
+    m = mount_factory()
+    folders = WALK_AFTER + 6
+    for d in range(folders):
+        (m.store / f"d{d:02d}").mkdir()
+        (m.store / f"d{d:02d}" / "sub").mkdir()
+        for i in range(5):
+            (m.store / f"d{d:02d}" / f"f{i}").write_bytes(b"x" * (d + i))
+
+    def by_name() -> int:
+        return m.stats()["counters"].get("listings_by_name", 0)
+
+    for d in range(WALK_AFTER + 3):
+        with os.scandir(m.mnt / f"d{d:02d}") as it:
+            seen = {(e.name, e.is_dir(), e.is_file()) for e in it}
+        assert seen == {("sub", True, False)} | {(f"f{i}", False, True) for i in range(5)}
+    if not hasattr(pyfuse3, "cache_dir_supported"):
+        assert by_name() == 0
+        return
+    assert by_name() == 3
+    last = m.mnt / f"d{WALK_AFTER + 2:02d}"
+    assert os.stat(last / "f4").st_size == WALK_AFTER + 2 + 4      # a name listed plain: a lookup
+    os.listdir(m.mnt / f"d{WALK_AFTER + 3:02d}")                  # this thread stats: attributes
+    assert by_name() == 3
+    r = subprocess.run(["ls", "-l", str(m.mnt / f"d{WALK_AFTER + 4:02d}")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.count("\n-") == 5 and by_name() == 3
