@@ -152,11 +152,13 @@ async def _opendir(fs: Filesystem, inode: int, ctx=None) -> int | tuple[int, boo
 
 def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     # readdirplus (pyfuse3 asks for it at init): the kernel caches each entry's name and attributes
-    # for their timeouts, so `ls -l` or a `stat` after a listing sends no lookups.
+    # for their timeouts, so `ls -l` or a `stat` after a listing sends no lookups; an entry with
+    # `plus` False (the patched pyfuse3's argument) is a name only (`fusefs.walks`).
     attrs = pyfuse3.EntryAttributes()
-    reply = pyfuse3.readdir_reply
     if _CACHE_DIR:
-        return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id, e.plus))
+        named = _patched.readdir_reply
+        return fs.readdir(fh, start_id, lambda e: named(token, e.name, _entry(e.attrs, attrs), e.next_id, e.plus))
+    reply = pyfuse3.readdir_reply
     return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id))
 
 
