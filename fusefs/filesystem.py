@@ -821,15 +821,17 @@ class Filesystem:
         if node.control is not None:
             handle: DirHandle = ControlDirHandle(node)
         else:
-            st = await self._stat_inode(node)
-            if not st.is_dir:
-                raise Refused(errno.ENOTDIR, f"{node.path} is not a folder")
-            # A folder declared immutable: the kernel may keep its listing too (pass 2 of a
-            # `find` or `ls` then never reaches the daemon; docs/semantics.md).
+            immutable = bool(node.path) and self.immutable(node.path) > 0
+            if not (immutable and node.kind == stat_mod.S_IFDIR):   # (declared unchanging, known a folder)
+                st = await self._stat_inode(node)
+                if not st.is_dir:
+                    raise Refused(errno.ENOTDIR, f"{node.path} is not a folder")
             by_name = self.names_listings and self.walks.opened(getattr(ctx, "pid", 0), inode)
             if by_name:
                 self.stats.add("listings_by_name")
-            handle = DirHandle(node, kernel_keeps=bool(node.path) and self.immutable(node.path) > 0, by_name=by_name)
+            # A folder declared immutable: the kernel may keep its listing too (pass 2 of a
+            # `find` or `ls` then never reaches the daemon; docs/semantics.md).
+            handle = DirHandle(node, kernel_keeps=immutable, by_name=by_name)
         node.opens += 1
         return self._add_handle(handle)
 

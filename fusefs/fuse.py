@@ -111,6 +111,14 @@ def _entry(a: Attributes, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.E
     return e
 
 
+def _name_only(a: Attributes, e: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+    """What an entry without attributes carries (its inode number and type): the rest of `e` is
+    not sent (`readdir_reply(plus=False)`)."""
+    e.st_ino = a.st_ino
+    e.st_mode = a.st_mode
+    return e
+
+
 # pyfuse3 with patches/pyfuse3-passthrough.patch has `backing_id` and `noflush`; stock has neither.
 _PATCHED = hasattr(pyfuse3, "passthrough_supported")
 # The patch's additions (passthrough_*, FileInfo's backing_id and noflush) are reached through this
@@ -157,7 +165,8 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     attrs = pyfuse3.EntryAttributes()
     if _CACHE_DIR:
         named = _patched.readdir_reply
-        return fs.readdir(fh, start_id, lambda e: named(token, e.name, _entry(e.attrs, attrs), e.next_id, e.plus))
+        return fs.readdir(fh, start_id, lambda e: named(token, e.name, _entry(e.attrs, attrs) if e.plus else
+                                                        _name_only(e.attrs, attrs), e.next_id, e.plus))
     reply = pyfuse3.readdir_reply
     return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id))
 

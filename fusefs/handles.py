@@ -526,10 +526,11 @@ class DirHandle(Handle):
                 # A local store lists in a worker thread where it can (a page at a time: its
                 # stats are C calls there, and the loop answers requests meanwhile).
                 in_thread = getattr(fs.store, "iter_dir_in_thread", None)
-                if self.by_name:   # files by name: their types suffice (that listing is not kept)
-                    in_thread = getattr(fs.store, "iter_names_in_thread", in_thread)
+                names = getattr(fs.store, "iter_names", None) if self.by_name else None
+                if names is not None:   # files by name: their d_type suffices, no stat (on the loop)
+                    in_thread = None
                 self.in_thread = in_thread is not None
-                self.source = (in_thread or fs.store.iter_dir)(self.inode.path)
+                self.source = (names or in_thread or fs.store.iter_dir)(self.inode.path)
             else:
                 # Remote listings come in one response; fetch them in a thread once.
                 listing = await fs.io(lambda p: list(fs.store.iter_dir(p)), self.inode.path)
