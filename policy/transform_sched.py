@@ -14,7 +14,9 @@ its plan step is read. This module decides, from predictions only:
 - **the order** (`schedule`): by latest start time, deadline minus predicted wall cost, so heavy
   samples start earliest and nothing starts later than it must;
 - **what goes raw** (`schedule`): the samples storage cannot finish before their step at the
-  measured capacity, chosen cheapest first (the client decodes those fastest), with hysteresis: a
+  measured capacity, chosen by the client work per storage work saved (an image's raw container
+  still costs its decode check on storage), then cheapest first, within a client budget per
+  step (what was handed out raw already counted: `client_used`), with hysteresis: a
   sample is newly sent raw only when the schedule misses at `slowdown x (1 + h)`, and one sent raw
   before goes back to storage only when the schedule meets its deadlines at `slowdown x (1 + 2h)`;
 - **how far ahead** (`Horizon`): the lookahead doubles while the predicted load of the window is
@@ -115,8 +117,15 @@ class _Line:
 
 class OnlineCosts:
     """Predicted CPU seconds of a sample: the plan's estimate when given, else the last measured
-    cost of the same source (same parameters), else its group's line in MiB of source, else the
-    mean of all measured, else DEFAULT_COST_S."""
+    cost of the same source (same parameters), else its work group's line in its decode work
+    (a video's frames to decode x pixels, when the agent indexed it), else its group's line in
+    MiB of source, else the mean of all measured, else DEFAULT_COST_S.
+
+    A video's size says little of its cost (the bench's clips: correlation 0.3, 35-155 ms, its
+    three long clips 22-62 MB costing what a 2 MB one does, which flattened the size line to the
+    mean); the frames its K targets make the decoder decode (its GOP and frame count, from the
+    demuxed index) times its pixels, per codec, do (correlation 0.89-0.93, mean error 7-8 ms
+    against 18 ms; issue 40, run 6)."""
 
     def __init__(self, sources_max: int = SOURCES_MAX):
         self.sources: OrderedDict[Hashable, float] = OrderedDict()
@@ -124,28 +133,39 @@ class OnlineCosts:
         self.groups: dict[str, _Line] = {}
         self.mean = Ewma(0.05)
 
-    def observe(self, group: str, size_bytes: int, source: Hashable, cpu_s: float) -> None:
+    def observe(self, group: str, size_bytes: int, source: Hashable, cpu_s: float,
+                work: tuple[str, float] | None = None) -> None:
+        """`work`: (its group, its x) when the sample's decode work is known before its transform
+        (a video's frames to decode x pixels, from its index): that group's line in x learns too."""
         cpu_s = min(max(float(cpu_s), MIN_COST_S), MAX_COST_S)
         self.sources[source] = cpu_s
         self.sources.move_to_end(source)
         while len(self.sources) > self.sources_max:
             self.sources.popitem(last=False)
-        line = self.groups.get(group)
-        if line is None:
-            if len(self.groups) >= 64:
-                return
-            line = self.groups[group] = _Line()
-        line.add(size_bytes / 2**20, cpu_s)
         self.mean.add(cpu_s)
+        for g, x in ((group, size_bytes / 2**20), *((work,) if work is not None else ())):
+            line = self.groups.get(g)
+            if line is None:
+                if len(self.groups) >= 64:
+                    continue
+                line = self.groups[g] = _Line()
+            line.add(x, cpu_s)
 
-    def predict(self, group: str, size_bytes: int, source: Hashable, est_ms: float | None = None) -> float:
+    def predict(self, group: str, size_bytes: int, source: Hashable, est_ms: float | None = None,
+                work: tuple[str, float] | None = None) -> float:
+        """`work`: as for `observe`; its group's line, once it has seen a transform, comes before
+        the size's."""
         if est_ms is not None and est_ms > 0:
             return min(max(est_ms / 1000.0, MIN_COST_S), MAX_COST_S)
         known = self.sources.get(source)
         if known is not None:
             return known
+        y = None
+        if work is not None and work[0] in self.groups:
+            y = self.groups[work[0]].predict(work[1])
         line = self.groups.get(group)
-        y = line.predict(size_bytes / 2**20) if line is not None else None
+        if y is None and line is not None:
+            y = line.predict(size_bytes / 2**20)
         if y is None:
             y = self.mean.value if self.mean.value is not None else DEFAULT_COST_S
         return min(max(y, MIN_COST_S), MAX_COST_S)
@@ -200,16 +220,18 @@ class Schedule:
 
 
 def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, prefer: set,
-          client_s: float | None = None) -> set:
+          client_s: float | None = None, client_used: dict | None = None) -> set:
     """Keys to send raw so that, at `per_worker` wall seconds per CPU second of work (the workers
     as one machine), every other item in deadline order finishes by its deadline: an item that
-    cannot make it even alone goes itself; else the cheapest before it (those in `prefer` first).
+    cannot make it even alone goes itself; else, of those before it, the one saving storage the
+    most per client work (then the cheapest; those in `prefer` first).
     `client_s`: at most this much predicted client work goes raw per plan step (the client decodes
-    a step's raw samples in that step: past it, the client would stall instead)."""
+    a step's raw samples in that step: past it, the client would stall instead); `client_used`:
+    per step, the client work of samples already handed out raw (no longer items here)."""
     t = t0
     heap: list = []
     shed: set = set()
-    client: dict = {}
+    client: dict = dict(client_used or {})
 
     def fits(it: Item) -> bool:
         if client_s is None or it.step is None:
@@ -227,11 +249,16 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
             t += it.raw_cost_s * per_worker
             continue
         t += it.cost_s * per_worker
-        # cheapest first (the client decodes those fastest). Not by client work per storage work
-        # saved: that sent videos raw first (an image's raw container costs its decode check on
-        # storage), and the client's decode of a video stalled the step (the bench's second run:
-        # p99 111 and 188 ms at load 0.9 and 0.95, against 67 and 85 ms cheapest first)
-        heapq.heappush(heap, (0 if it.key in prefer else 1, it.cost_s, it.seq, id(it), it))
+        # by client work per storage work saved, then cheapest first. An image's raw container
+        # costs its decode check on storage, 0.86-0.92 of its transform's CPU in the bench's
+        # first epoch, so an image sent raw saved storage a tenth of its cost and costs the
+        # client all of it: cheapest first sent 41% raw (mostly images; checks 5.7 s of storage
+        # CPU in a traced 150-step L95, p99 298 ms), this order 25% (checks 2.2 s, p99 140 ms;
+        # issue 40, run 6). Videos raw first stalled the client in the second run (p99 111 and
+        # 188 ms at 0.9 and 0.95 against 67 and 85 ms cheapest first), before the per-step client
+        # budget (`client_s`), which now bounds them.
+        saved = max(it.cost_s - it.raw_cost_s, 1e-9)
+        heapq.heappush(heap, (0 if it.key in prefer else 1, it.cost_s / saved, it.cost_s, it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
             gain = (victim.cost_s - victim.raw_cost_s) * per_worker
@@ -242,14 +269,38 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
     return shed
 
 
+def _within_client(items: list[Item], first: set, more: set, client_s: float | None,
+                   client_used: dict | None = None) -> set:
+    """`first` and those of `more` that fit the per-step client budget left by `first` (`more`:
+    samples kept raw by the hysteresis; each of the two sheds fits the budget alone, their union
+    need not: issue 40, run 6, where steps got up to 172 ms of raw decodes against 92)."""
+    if client_s is None or not more:
+        return first | more
+    used: dict = dict(client_used or {})
+    for it in items:
+        if it.key in first and it.step is not None:
+            used[it.step] = used.get(it.step, 0.0) + it.cost_s
+    out = set(first)
+    for it in items:
+        if it.key in more:
+            if it.step is not None and used.get(it.step, 0.0) + it.cost_s > client_s:
+                continue
+            if it.step is not None:
+                used[it.step] = used.get(it.step, 0.0) + it.cost_s
+            out.add(it.key)
+    return out
+
+
 def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: int = 1,
              slowdown: float = 1.0, prev_raw: set | None = None, fallback: bool = True,
-             hysteresis: float = HYSTERESIS, client_s: float | None = None) -> Schedule:
+             hysteresis: float = HYSTERESIS, client_s: float | None = None,
+             client_used: dict | None = None) -> Schedule:
     """The order to make `items` in and which go raw (see the module's docstring).
 
     `busy_s`: predicted wall seconds until the running transforms are done (per worker, mean);
     `prev_raw`: the keys sent raw by the previous schedule (kept raw unless clearly feasible);
-    `client_s`: the most predicted client work sent raw per plan step (None: no bound)."""
+    `client_s`: the most predicted client work sent raw per plan step (None: no bound);
+    `client_used`: per plan step, the predicted client work of its samples already handed out raw."""
     items = list(items)
     prev = prev_raw or set()
     workers = max(1, workers)
@@ -257,10 +308,11 @@ def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: in
     t0 = now + max(0.0, busy_s)
     raw: set = set()
     if fallback and timed:
-        lo = _shed(timed, t0, slowdown * (1 + hysteresis) / workers, slowdown * (1 + hysteresis), prev, client_s)
+        lo = _shed(timed, t0, slowdown * (1 + hysteresis) / workers, slowdown * (1 + hysteresis), prev, client_s,
+                   client_used)
         hi = _shed(timed, t0, slowdown * (1 + 2 * hysteresis) / workers, slowdown * (1 + 2 * hysteresis), prev,
-                   client_s)
-        raw = lo | (prev & hi)
+                   client_s, client_used)
+        raw = _within_client(timed, lo, (prev & hi) - lo, client_s, client_used)
     keep = [it for it in timed if it.key not in raw]
     keep.sort(key=lambda it: ((it.deadline or 0.0) - it.cost_s * slowdown, it.seq))   # latest start time
     order = [it.key for it in keep]

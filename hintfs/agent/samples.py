@@ -62,6 +62,9 @@ log = logging.getLogger("hintfs.samples")
 
 BAD_MAX = 4096              # sources remembered as failed (LRU)
 DECODED_MAX = 65536         # image sources remembered as decoding, so that a raw container skips the check
+SERVED_MAX = 65536          # samples handed out raw, remembered so that a later window does not queue them again
+WORK_MAX = 65536            # video sources whose decode work (from their index) is remembered
+WORK_BUDGET_S = 0.05        # the most time one plan window spends indexing new videos (the rest: later windows)
 CHECK_WORKERS = 1           # worker processes of the decode checks (`SampleService.checks`), besides the pool
 TRANSIENT_BAD_S = 60.0      # how long a time-out or a worker death is remembered
 JOB_SHARE = 0.5             # of transform_load.cache_bytes: the most one job's prefetched samples hold
@@ -182,6 +185,12 @@ class SampleService:
         self.bad: FIFOCache[tuple, tuple[str, float]] = FIFOCache(BAD_MAX)
         # image sources that decoded (same key): their raw containers need no decode check again
         self.decoded: LRUCache[tuple, None] = LRUCache(DECODED_MAX)
+        # video sources (same key) -> (work group, frames to decode x megapixels) or None (not indexable)
+        self.work: LRUCache[tuple, tuple[str, float] | None] = LRUCache(WORK_MAX)
+        # samples handed out raw (the reader has them): not queued again by the windows that still
+        # name them; and per plan step the predicted client work handed out raw (the client budget)
+        self.served: LRUCache[SampleKey, None] = LRUCache(SERVED_MAX)
+        self.client_used: dict[int, float] = {}
 
     # -- the cache -----------------------------------------------------------------------------
     def _put(self, key: SampleKey, data: bytes, jobs: Iterable[str] = ()) -> None:
@@ -389,7 +398,51 @@ class SampleService:
 
     def _predict(self, key: SampleKey, kind: str, est_ms: float | None = None) -> float:
         """(under lock) The sample's predicted CPU seconds."""
-        return self.costs.predict(self._group(key, kind), key.size, self._bad_key(key), est_ms)
+        bk = self._bad_key(key)
+        return self.costs.predict(self._group(key, kind), key.size, bk, est_ms, self.work.get(bk))
+
+    def _index_new(self, resolved: list) -> None:
+        """The decode work of the window's videos whose cost is not known yet (their index:
+        demuxed, no pixels decoded; ~1-5 ms a 2-10 s clip, 35 ms a 5-minute one, on storage),
+        window order first, for at most WORK_BUDGET_S a window: a video's size says little of
+        its cost (`OnlineCosts`)."""
+        t_end = time.monotonic() + WORK_BUDGET_S
+        for _i, kind, (key, _meta, pjson) in resolved:
+            if kind != "video":
+                continue
+            bk = self._bad_key(key)
+            with self.lock:
+                if bk in self.work or bk in self.costs.sources or key in self.cache or key in self.running:
+                    continue
+                if self._bad_reason(key) is not None:
+                    continue
+            if time.monotonic() > t_end:
+                return
+            w = self._video_work(key, kind, pjson)
+            with self.lock:
+                self.work[bk] = w
+
+    def _video_work(self, key: SampleKey, kind: str, pjson: str) -> tuple[str, float] | None:
+        """(work group, frames to decode x megapixels) of a video sample, or None (what fails
+        here is found by its transform)."""
+        from hintfs.transforms.limits import check_source_size
+        from hintfs.transforms.params import VideoParams, parse_params
+        from hintfs.transforms.video import build_index, frames_to_decode, select_frames
+        try:
+            p = parse_params(kind, pjson)
+            reader, st = self.store.open_reader(key.path)
+            try:
+                check_source_size(st.size, p)
+                raw = reader.read(0, st.size)
+            finally:
+                reader.close()
+            assert isinstance(p, VideoParams)
+            index = build_index(raw, p)
+            n = frames_to_decode(index, select_frames(index, p, key.aug_seed))
+        except Exception:      # noqa: BLE001 (the transform reports it)
+            return None
+        mpx = max(1, index.width * index.height) / 1e6
+        return f"{self._group(key, kind)}/{index.codec}#work", n * mpx
 
     def _learn(self, key: SampleKey, kind: str, f: Future) -> None:
         """A transform is done: its CPU time teaches the cost model, its wall time over that the
@@ -400,7 +453,8 @@ class SampleService:
         cpu, wall = getattr(f, "cpu_s", None), getattr(f, "wall_s", None)
         with self.lock:
             if cpu:
-                self.costs.observe(self._group(key, kind), key.size, self._bad_key(key), cpu)
+                bk = self._bad_key(key)
+                self.costs.observe(self._group(key, kind), key.size, bk, cpu, self.work.get(bk))
                 if wall and not getattr(f, "fresh", False):
                     own = own_share(getattr(f, "probe_s", 0.0) or 0.0, wall, self.cores, self.cfg.workers)
                     self.capacity.observe(wall, cpu, own)
@@ -468,9 +522,14 @@ class SampleService:
             sched.order = [k for k in sched.order if k not in self.raw_keys]
         else:
             sps = [c.seconds_per_step for c in self.clocks.values() if c.seconds_per_step]
+            lo = min((c.step for c in self.clocks.values() if c.step is not None), default=None)
+            if lo is not None:
+                for st in [st for st in self.client_used if st < lo]:
+                    del self.client_used[st]
             sched = schedule(items, now, busy, self.cfg.workers, self.capacity.slowdown, self.raw_keys,
                              fallback=self.cfg.fallback,
-                             client_s=CLIENT_STEP_SHARE * min(sps) if sps else None)
+                             client_s=CLIENT_STEP_SHARE * min(sps) if sps else None,
+                             client_used=self.client_used)
             self.raw_keys = sched.raw
         self.order = sched.order
 
@@ -663,7 +722,7 @@ class SampleService:
             if how is not None:
                 data = self._raw_container(kind, pjson, key, meta)
                 with self.lock:
-                    self.backlog.pop(key, None)
+                    self._served(key, self.backlog.pop(key, None))
                     self.raw_keys.discard(key)
                 self.counts[how] += 1
                 return data, how
@@ -673,6 +732,8 @@ class SampleService:
                                   else None)
             except FutureTimeout:
                 data = self._raw_container(kind, pjson, key, meta)
+                with self.lock:
+                    self._served(key, None)
                 self.counts["raw_deadline"] += 1
                 return data, "raw_deadline"
         except TransformError:
@@ -684,6 +745,18 @@ class SampleService:
             raise
         self.counts["tensor"] += 1
         return data, "tensor"
+
+    def _served(self, key: SampleKey, p: Pending | None) -> None:
+        """(under lock) `key` was handed out raw: the windows that still name it (its step is
+        being read) do not queue it again, and its predicted client work counts against its
+        step's client budget. Before, each such sample came back into the backlog as storage
+        work (issue 40, run 6: all 248 raw samples of a traced 150-step L95, 26 of them then
+        made anyway, 8% of the transforms' CPU), and the step's next samples were sent raw past
+        the budget (one step: 252 ms of raw decodes against 92). (A plan that reads the same
+        sample with the same seed again gets it on demand then: SERVED_MAX, least recently used.)"""
+        self.served[key] = None
+        if p is not None and p.step is not None:
+            self.client_used[p.step] = self.client_used.get(p.step, 0.0) + p.cost_s
 
     def _raw_now(self, key: SampleKey, kind: str) -> str | None:
         """(under lock) Why a sample a reader waits for, not running, goes raw now, or None: the
@@ -733,6 +806,8 @@ class SampleService:
                     continue
                 memo[(path, int(seed))] = ent
             resolved.append((i, kind, ent))
+        if scheduled:
+            self._index_new(resolved)
         work = 0.0
         old_mount = not scheduled and self.cfg.fallback and self.monitor.busy and not self.clocks
         with self.lock:       # one hold of the lock for the window (a window is up to MAX_BATCH samples)
@@ -744,6 +819,8 @@ class SampleService:
                 if key in self.cache:
                     if name in self.jobs:
                         self._hold(hold, name, key, len(self.cache[key]))
+                    continue
+                if key in self.served:
                     continue
                 if key in self.running:
                     self._wanted_by.setdefault(key, set()).add(name)

@@ -201,6 +201,28 @@ def select_frames(index: VideoIndex, params: VideoParams, aug_seed: int) -> list
     return out
 
 
+def frames_to_decode(index: VideoIndex, targets: list[int]) -> int:
+    """How many frames ``decode_frames`` (``use_index``) decodes for ``targets``, from the index
+    alone (no decoding; frames counted in presentation order): the agent's cost prediction for
+    a video before its first transform (issue 40: a clip's size says little of its decode
+    work, which its GOP and frame count set)."""
+    pos = {p: i for i, p in enumerate(index.frame_pts)}
+    cur: int | None = None
+    n = 0
+    for t in sorted(set(targets)):
+        if t not in pos:
+            continue
+        if cur is not None and cur >= t:
+            continue
+        if cur is not None and not index.keyframe_between(cur, t):
+            n += pos[t] - pos[cur]
+        else:
+            key = index.keyframe_at_or_before(t)
+            n += pos[t] - pos.get(key, 0) + 1
+        cur = t
+    return n
+
+
 def _frame_pts(frame) -> int:
     pts: int | None = frame.pts
     if pts is not None:

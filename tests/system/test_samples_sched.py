@@ -101,7 +101,12 @@ def test_the_lookahead_grows_near_capacity(svc):
     _steps(svc, 3, 10.0)
     assert svc.lookahead_for("j") == 2
     # the plan says each sample costs 1 s of CPU and steps take 1 s: the window's load is 2 (2
-    # samples a step): the agent asks for more steps, within lookahead_max_steps
+    # samples a step): the agent asks for more steps, within lookahead_max_steps. (The step rate
+    # and the capacity are set, not measured: the rate's EWMA from 10 s steps and a capacity
+    # measured from real transforms made this pass only on a busy machine.)
+    svc.clocks["j"].rate.value = 1.0
+    svc.capacity.ratio.value = 1.0
+    svc.capacity.observe = lambda *a, **k: None
     for s in range(3, 9):
         svc.clock_.t += 1.0
         _window(svc, s, s, s + svc.lookahead_for("j"), est_ms=1000.0)
@@ -187,3 +192,33 @@ def test_the_pool_tells_a_fresh_worker_and_the_checks_cpu(svc):
 def _kmp(svc, path, seed):
     key, meta, pjson = svc._key_and_meta(path, "image", PARAMS, seed)
     return key, "image", pjson, meta
+
+
+def test_a_videos_cost_is_predicted_from_its_index_before_its_first_transform(svc, tmp_path):
+    # issue 40, run 6: a window's new videos are indexed (demuxed, no decoding) and their cost
+    # predicted from the frames their targets decode, per codec; two clips of about one size
+    # (GOP 1 and GOP 40) decode 8 and ~40 frames for K=8
+    from tests.helpers.media import make_video
+    root = tmp_path / "s"
+    (root / "g1.mp4").write_bytes(make_video("libx264", "mp4", n=40, gop=1))
+    (root / "g40.mp4").write_bytes(make_video("libx264", "mp4", n=40, gop=40))
+    vp = {"frames": 8, "size": 32, "crop": [24, 24]}
+    want = [("g1.mp4", "video", vp, 1), ("g40.mp4", "video", vp, 2)]
+    svc.prefetch(want, job="v", steps=[5, 6], step=0, lookahead=2)
+    keys = {p: svc._key_and_meta(p, "video", vp, s)[0] for p, _k, _x, s in want}
+    work = {p: svc.work.get(svc._bad_key(k)) for p, k in keys.items()}
+    assert work["g1.mp4"][0] == work["g40.mp4"][0] == "video/.mp4/h264#work"
+    mpx = 64 * 48 / 1e6
+    assert work["g1.mp4"][1] == pytest.approx(8 * mpx)
+    assert work["g40.mp4"][1] > 4 * work["g1.mp4"][1]
+    # what transforms teach: the work group's line (here injected; the sources' own costs aside)
+    from policy.transform_sched import OnlineCosts
+    assert wait_for(lambda: svc.status()["running"] == 0, timeout=60)   # (steps 5-6: past the horizon)
+    svc.costs = OnlineCosts()
+    svc.costs.observe("video/.mp4", 1, "a", 0.01, ("video/.mp4/h264#work", 0.1))
+    svc.costs.observe("video/.mp4", 1, "b", 0.05, ("video/.mp4/h264#work", 0.5))
+    svc.costs.observe("video/.mp4", 1, "c", 0.03, ("video/.mp4/h264#work", 0.3))
+    svc.costs.observe("video/.mp4", 1, "d", 0.02, ("video/.mp4/h264#work", 0.2))
+    with svc.lock:
+        p1, p40 = svc._predict(keys["g1.mp4"], "video"), svc._predict(keys["g40.mp4"], "video")
+    assert p1 == pytest.approx(0.1 * work["g1.mp4"][1], rel=0.05) and p40 > 4 * p1

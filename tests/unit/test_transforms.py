@@ -22,7 +22,7 @@ from hintfs.transforms import container as tc  # noqa: E402
 from hintfs.transforms.image import crop_offset, target_size  # noqa: E402
 from hintfs.transforms.params import (ImageParams, TransformRule, VideoParams, default_seed,  # noqa: E402
                                match_rule, params_hash)
-from hintfs.transforms.video import build_index, sample_frames  # noqa: E402
+from hintfs.transforms.video import build_index, frames_to_decode, sample_frames, select_frames  # noqa: E402
 
 from tests.helpers.media import VIDEO_CASES, has_decoder, has_encoder, make_image, make_video, pattern  # noqa: E402,F401
 
@@ -208,6 +208,17 @@ def test_video_seek_matches_decode_everything(video):
     # fewer frames are decoded than by the reference
     _, s = sample_frames(raw, VideoParams(frames=8), 0, idx)
     assert s.seeks >= 1 and s.skipped_seeks >= 1
+
+
+def test_frames_to_decode_counts_what_the_decoder_decodes(video):
+    # the agent's first-pass cost prediction of a video (issue 40): from the index alone, the
+    # frames decode_frames decodes for the sample's targets, every mode and GOP
+    name, raw = video
+    idx = build_index(raw)
+    for p in VIDEO_PARAMS:
+        for seed in (0, 99):
+            _, st = sample_frames(raw, p, seed, idx)
+            assert frames_to_decode(idx, select_frames(idx, p, seed)) == st.decoded, (name, p, seed)
 
 
 def test_video_frames_are_the_right_ones():
