@@ -490,7 +490,7 @@ class TensorHandle(Handle):
 # -- directories --------------------------------------------------------------------------------
 class DirHandle(Handle):
     """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
-    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps", "by_name")
+    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps", "by_name", "types_only")
 
     def __init__(self, inode: Inode, kernel_keeps: bool = False, by_name: bool = False):
         self.inode = inode
@@ -500,6 +500,7 @@ class DirHandle(Handle):
         # Files are given by name, type and inode number only (no inode made, no lookup
         # counted): the caller walks a tree (`fusefs.walks`). Folders keep their attributes.
         self.by_name = by_name
+        self.types_only = False   # listed by `iter_names`: files' attributes are their types alone
         self.entries: list[tuple[str, Stat | None]] = []
         self.source: Iterator[tuple[str, Stat]] | None = None
         self.done = False
@@ -529,6 +530,7 @@ class DirHandle(Handle):
                 names = getattr(fs.store, "iter_names", None) if self.by_name else None
                 if names is not None:   # files by name: their d_type suffices, no stat (on the loop)
                     in_thread = None
+                    self.types_only = True
                 self.in_thread = in_thread is not None
                 self.source = (names or in_thread or fs.store.iter_dir)(self.inode.path)
             else:
@@ -548,9 +550,8 @@ class DirHandle(Handle):
 
     def keep(self, fs: Services) -> None:
         """A whole listing: kept for lookups (and later listings) where the folder or one of its
-        names is declared immutable (`fusefs.listings`); not one that gave files by name (it may
-        hold their types only)."""
-        if self.by_name:
+        names is declared immutable (`fusefs.listings`); not one of files' types alone."""
+        if self.types_only:
             return
         folder = self.inode.path
         prefix = f"{folder}/" if folder else ""
