@@ -41,6 +41,8 @@ Everything here runs on Flight's threads or the pool, never in a trio loop.
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import threading
@@ -65,6 +67,8 @@ DECODED_MAX = 65536         # image sources remembered as decoding, so that a ra
 SERVED_MAX = 65536          # samples handed out raw, remembered so that a later window does not queue them again
 WORK_MAX = 65536            # video sources whose decode work (from their index) is remembered
 WORK_BUDGET_S = 0.05        # the most time one plan window spends indexing new videos (the rest: later windows)
+INDEX_INFLIGHT = 16         # video indexes asked of the check worker and not yet answered, at most
+INDEX_LIMIT_S = 5.0         # the most one index (a demux, no decoding) may take in the check worker
 CHECK_WORKERS = 1           # worker processes of the decode checks (`SampleService.checks`), besides the pool
 TRANSIENT_BAD_S = 60.0      # how long a time-out or a worker death is remembered
 JOB_SHARE = 0.5             # of transform_load.cache_bytes: the most one job's prefetched samples hold
@@ -187,6 +191,7 @@ class SampleService:
         self.decoded: LRUCache[tuple, None] = LRUCache(DECODED_MAX)
         # video sources (same key) -> (work group, frames to decode x megapixels) or None (not indexable)
         self.work: LRUCache[tuple, tuple[str, float] | None] = LRUCache(WORK_MAX)
+        self.indexing: set[tuple] = set()    # video sources whose index the check worker makes now
         # samples handed out raw (the reader has them): not queued again by the windows that still
         # name them; and per plan step the predicted client work handed out raw (the client budget)
         self.served: LRUCache[SampleKey, None] = LRUCache(SERVED_MAX)
@@ -403,46 +408,65 @@ class SampleService:
 
     def _index_new(self, resolved: list) -> None:
         """The decode work of the window's videos whose cost is not known yet (their index:
-        demuxed, no pixels decoded; ~1-5 ms a 2-10 s clip, 35 ms a 5-minute one, on storage),
-        window order first, for at most WORK_BUDGET_S a window: a video's size says little of
-        its cost (`OnlineCosts`)."""
+        demuxed, no pixels decoded; ~1-5 ms a 2-10 s clip, 35 ms a 5-minute one), window order
+        first: a video's size says little of its cost (`OnlineCosts`). The demux runs in the
+        check worker, under the sample's limits (hostile media never reach a decoder in the
+        agent's own process); this only reads the sources, for at most WORK_BUDGET_S a window,
+        with at most INDEX_INFLIGHT indexes asked and not answered. Until its answer, a video is
+        predicted from its size."""
         t_end = time.monotonic() + WORK_BUDGET_S
         for _i, kind, (key, _meta, pjson) in resolved:
             if kind != "video":
                 continue
             bk = self._bad_key(key)
             with self.lock:
-                if bk in self.work or bk in self.costs.sources or key in self.cache or key in self.running:
+                if bk in self.work or bk in self.indexing or bk in self.costs.sources or key in self.cache \
+                        or key in self.running or len(self.indexing) >= INDEX_INFLIGHT:
                     continue
                 if self._bad_reason(key) is not None:
                     continue
+                self.indexing.add(bk)
             if time.monotonic() > t_end:
+                with self.lock:
+                    self.indexing.discard(bk)
                 return
-            w = self._video_work(key, kind, pjson)
-            with self.lock:
-                self.work[bk] = w
-
-    def _video_work(self, key: SampleKey, kind: str, pjson: str) -> tuple[str, float] | None:
-        """(work group, frames to decode x megapixels) of a video sample, or None (what fails
-        here is found by its transform)."""
-        from hintfs.transforms.limits import check_source_size
-        from hintfs.transforms.params import VideoParams, parse_params
-        from hintfs.transforms.video import build_index, frames_to_decode, select_frames
-        try:
-            p = parse_params(kind, pjson)
-            reader, st = self.store.open_reader(key.path)
             try:
-                check_source_size(st.size, p)
-                raw = reader.read(0, st.size)
-            finally:
-                reader.close()
-            assert isinstance(p, VideoParams)
-            index = build_index(raw, p)
-            n = frames_to_decode(index, select_frames(index, p, key.aug_seed))
-        except Exception:      # noqa: BLE001 (the transform reports it)
-            return None
-        mpx = max(1, index.width * index.height) / 1e6
-        return f"{self._group(key, kind)}/{index.codec}#work", n * mpx
+                fut = self._submit_index(key, kind, pjson)
+            except (OSError, TransformError, RuntimeError):
+                fut = None   # (what fails here is found by its transform)
+            if fut is None:
+                with self.lock:
+                    self.indexing.discard(bk)
+                    self.work[bk] = None
+            else:
+                fut.add_done_callback(functools.partial(self._indexed, bk, key, kind))
+
+    def _submit_index(self, key: SampleKey, kind: str, pjson: str) -> Future:
+        """A video's index asked of the check worker (its bytes read here, within the source bound)."""
+        from hintfs.transforms.limits import check_source_size
+        from hintfs.transforms.params import parse_params
+        p = parse_params(kind, pjson)
+        reader, st = self.store.open_reader(key.path)
+        try:
+            check_source_size(st.size, p)
+            raw = reader.read(0, st.size)
+        finally:
+            reader.close()
+        return self.checks.submit((kind, raw, pjson, key.aug_seed, {"work_only": True}),
+                                  min(p.time_limit_s, INDEX_LIMIT_S), key.path)
+
+    def _indexed(self, bk: tuple, key: SampleKey, kind: str, fut: Future) -> None:
+        """The check worker's answer: (work group, frames to decode x megapixels), or None."""
+        work: tuple[str, float] | None = None
+        try:
+            codec, x = json.loads(fut.result())
+            if isinstance(codec, str) and isinstance(x, (int, float)) and 0 <= x < 1e9:
+                work = (f"{self._group(key, kind)}/{codec[:32]}#work", float(x))
+        except Exception:      # noqa: BLE001 (a refused or dead index: the transform reports it)
+            work = None
+        with self.lock:
+            self.indexing.discard(bk)
+            self.work[bk] = work
 
     def _learn(self, key: SampleKey, kind: str, f: Future) -> None:
         """A transform is done: its CPU time teaches the cost model, its wall time over that the

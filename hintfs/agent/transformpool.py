@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import json
 import os
 import signal
 import threading
@@ -48,7 +49,9 @@ def transform_to_container(kind: str, raw: bytes, params_json: str, aug_seed: in
     """Runs in a worker process: decode + transform + encode the `.tensor` bytes, with the
     address space capped for the sample's `max_decoded_bytes`. With `meta["check_only"]`: only
     whether the source decodes (`transforms.check_decodes`, before a raw container goes out);
-    returns b"" or raises as the transform would."""
+    returns b"" or raises as the transform would. With `meta["work_only"]` (a video): its decode
+    work from its index, demuxed and not decoded, as JSON `[codec, frames to decode x megapixels]`
+    (`SampleService._index_new`: the agent never demuxes media in its own process)."""
     from hintfs import transforms
     import hintfs.transforms.image  # noqa: F401  (loads av and FFmpeg's libraries before the cap)
     import hintfs.transforms.video  # noqa: F401
@@ -60,6 +63,14 @@ def transform_to_container(kind: str, raw: bytes, params_json: str, aug_seed: in
             if meta.get("check_only"):
                 transforms.check_decodes(kind, raw, p)
                 return b""
+            if meta.get("work_only"):
+                from hintfs.transforms.params import VideoParams
+                from hintfs.transforms.video import build_index, frames_to_decode, select_frames
+                if not isinstance(p, VideoParams):
+                    raise TransformError(f"no index for a {kind} sample")
+                index = build_index(raw, p)
+                n = frames_to_decode(index, select_frames(index, p, aug_seed))
+                return json.dumps([index.codec, n * max(1, index.width * index.height) / 1e6]).encode()
             arrays = transforms.apply(kind, raw, p, aug_seed)
             return encode_tensor(arrays, make_meta(kind, p, aug_seed, meta["source"], meta["source_size"],
                                                    meta["source_mtime_ns"]))

@@ -3,6 +3,8 @@ the samples storage cannot finish before their step go raw (cheapest first), the
 in latest-start-time order, the lookahead grows near capacity, and a job's raw sample is the same
 tensor for the client. The clock is injected; the transforms run in real workers."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -206,6 +208,9 @@ def test_a_videos_cost_is_predicted_from_its_index_before_its_first_transform(sv
     want = [("g1.mp4", "video", vp, 1), ("g40.mp4", "video", vp, 2)]
     svc.prefetch(want, job="v", steps=[5, 6], step=0, lookahead=2)
     keys = {p: svc._key_and_meta(p, "video", vp, s)[0] for p, _k, _x, s in want}
+    # the demux runs in the check worker (never in the agent's process), answered asynchronously
+    assert svc._checks is not None
+    assert wait_for(lambda: all(svc._bad_key(k) in svc.work for k in keys.values()), timeout=60)
     work = {p: svc.work.get(svc._bad_key(k)) for p, k in keys.items()}
     assert work["g1.mp4"][0] == work["g40.mp4"][0] == "video/.mp4/h264#work"
     mpx = 64 * 48 / 1e6
@@ -222,3 +227,17 @@ def test_a_videos_cost_is_predicted_from_its_index_before_its_first_transform(sv
     with svc.lock:
         p1, p40 = svc._predict(keys["g1.mp4"], "video"), svc._predict(keys["g40.mp4"], "video")
     assert p1 == pytest.approx(0.1 * work["g1.mp4"][1], rel=0.05) and p40 > 4 * p1
+
+
+def test_a_hostile_video_is_indexed_in_the_check_worker_and_predicted_by_size(svc, tmp_path):
+    """A source that does not demux (here garbage named .mp4) gets no index (None) and is
+    predicted by its size; the agent's process never demuxed it and goes on serving."""
+    root = tmp_path / "s"
+    (root / "bad.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(4096))
+    vp = {"frames": 8, "size": 32, "crop": [24, 24]}
+    svc.prefetch([("bad.mp4", "video", vp, 1)], job="h", steps=[5], step=0, lookahead=2)
+    key = svc._key_and_meta("bad.mp4", "video", vp, 1)[0]
+    assert wait_for(lambda: svc._bad_key(key) in svc.work, timeout=60)
+    assert svc.work[svc._bad_key(key)] is None and not svc.indexing
+    with svc.lock:
+        assert svc._predict(key, "video") > 0
