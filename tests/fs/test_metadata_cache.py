@@ -5,6 +5,7 @@ listings (`fusefs.listings`), and the bound on the names the daemon keeps for th
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from types import SimpleNamespace
 
@@ -257,3 +258,48 @@ def test_open_files_and_writers_are_never_asked_to_be_forgotten():
     assert table.to_forget(10) == []                 # asked once
     table.forget(files[2].ino, 1)
     assert files[2].ino not in table.asked and table.over(0) == len(table.by_ino) - 2
+
+
+class _RemoteLike:
+    """The file:// store as an object store lists: in one response, in a thread, no d_type listing."""
+
+    inline_metadata = False
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        if name in ("iter_names", "iter_dir_in_thread"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+def test_a_walking_threads_listing_gives_files_by_name_and_makes_no_inode(tmp_path):
+    """`fusefs.walks`: past its first folders a thread's listings give files by name (plus
+    False, no inode, no lookup) and folders with attributes; a local store's such listing is not
+    kept for lookups (types only), an object store's is (it has the attributes anyway)."""
+    from fusefs.walks import Walks
+    for remote in (False, True):
+        (tmp_path / ("r" if remote else "l")).mkdir()
+        fs, root = _fs(tmp_path / ("r" if remote else "l"), **IMMUTABLE)
+        if remote:
+            fs.store = _RemoteLike(fs.store)
+            fs.meta_inline = False
+        (root / "ck" / "sub").mkdir(parents=True)
+        (root / "ck" / "f").write_bytes(b"abc")
+        fs.names_listings, fs.walks = True, Walks(walk_after=0)
+        walker = SimpleNamespace(**{**vars(CTX), "pid": 4242})
+
+        async def test(fs, _root):
+            ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+            fh = await fs.opendir(ck.st_ino, walker)
+            got: dict = {}
+            await fs.readdir(fh, 0, lambda e: got.update({e.name: e}) or True)
+            await fs.releasedir(fh)
+            assert {n: e.plus for n, e in got.items()} == {b"f": False, b"sub": True}
+            assert stat.S_ISREG(got[b"f"].attrs.st_mode) and stat.S_ISDIR(got[b"sub"].attrs.st_mode)
+            assert fs.inodes.by_path_get("ck/f") is None and fs.inodes.by_path_get("ck/sub") is not None
+            assert (fs.listings.folder("ck") is not None) == remote
+            assert (await fs.lookup(ck.st_ino, b"f", walker)).st_size == 3   # stat of a name: the real size
+            assert fs.walks.back_to_plus == 1
+        trio.run(test, fs, root)
