@@ -15,7 +15,8 @@ its plan step is read. This module decides, from predictions only:
   samples start earliest and nothing starts later than it must;
 - **what goes raw** (`schedule`): the samples storage cannot finish before their step at the
   measured capacity, chosen by the client work per storage work saved (an image's raw container
-  still costs its decode check on storage), then cheapest first, within a client budget per
+  still costs its decode check on storage; one saving storage less than MIN_SAVED_SHARE of its
+  cost, such as an image not checked yet, is not sent raw), then cheapest first, within a client budget per
   step (what was handed out raw already counted: `client_used`), with hysteresis: a
   sample is newly sent raw only when the schedule misses at `slowdown x (1 + h)`, and one sent raw
   before goes back to storage only when the schedule meets its deadlines at `slowdown x (1 + 2h)`;
@@ -44,6 +45,7 @@ SLOWDOWN_MIN, SLOWDOWN_MAX = 0.5, 50.0
 HYSTERESIS = 0.05           # h above
 MARGIN_STEPS = 0.5          # a sample is due this much of a step before its step is read
 CLIENT_STEP_SHARE = 0.5     # of a step: the most predicted client work sent raw per plan step
+MIN_SAVED_SHARE = 0.5       # of its cost: the least storage work a sample sent raw by the schedule must save
 GROW_AT, SHRINK_AT = 0.7, 0.4   # predicted load of the window (work / capacity) that grows / shrinks the lookahead
 
 
@@ -244,7 +246,15 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
     for it in items:
         d = it.deadline
         assert d is not None
-        if t0 + it.cost_s * slowdown > d and fits(it):    # hopeless however the others go
+        # a sample whose raw container costs storage nearly what its transform does (an image not
+        # checked yet: its decode check, 0.86-0.92 of the transform) is not sent raw: the client
+        # would decode it all to save storage a tenth, and its check runs when it is read or just
+        # before, beside the transforms due then. In the bench's first epoch (traced L95, issue
+        # 40 run 7) 82-158 such images went raw in a 150-step run; with the checks made ahead
+        # their check worker took up to 0.43 of the one storage core in steps 17-42, where the
+        # heavy videos due then waited. A video, or an image checked before, saves all of it.
+        worth = it.cost_s - it.raw_cost_s >= MIN_SAVED_SHARE * it.cost_s
+        if worth and t0 + it.cost_s * slowdown > d and fits(it):    # hopeless however the others go
             shed.add(it.key)
             t += it.raw_cost_s * per_worker
             continue
@@ -258,7 +268,8 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # 188 ms at 0.9 and 0.95 against 67 and 85 ms cheapest first), before the per-step client
         # budget (`client_s`), which now bounds them.
         saved = max(it.cost_s - it.raw_cost_s, 1e-9)
-        heapq.heappush(heap, (0 if it.key in prefer else 1, it.cost_s / saved, it.cost_s, it.seq, id(it), it))
+        if worth:
+            heapq.heappush(heap, (0 if it.key in prefer else 1, it.cost_s / saved, it.cost_s, it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
             gain = (victim.cost_s - victim.raw_cost_s) * per_worker
@@ -384,4 +395,5 @@ class FixedShare:
 
 
 __all__ = ["Capacity", "Ewma", "FixedShare", "Horizon", "Item", "OnlineCosts", "Schedule", "StepClock",
-           "late_goes_raw", "own_share", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS"]
+           "late_goes_raw", "own_share", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
+           "MIN_SAVED_SHARE"]

@@ -67,8 +67,10 @@ DECODED_MAX = 65536         # image sources remembered as decoding, so that a ra
 SERVED_MAX = 65536          # samples handed out raw, remembered so that a later window does not queue them again
 WORK_MAX = 65536            # video sources whose decode work (from their index) is remembered
 WORK_BUDGET_S = 0.05        # the most time one plan window spends indexing new videos (the rest: later windows)
+INDEX_AHEAD_STEPS = 8       # a window's new videos are indexed only this many steps past its readers
 INDEX_INFLIGHT = 16         # video indexes asked of the check worker and not yet answered, at most
 INDEX_LIMIT_S = 5.0         # the most one index (a demux, no decoding) may take in the check worker
+CHECK_AHEAD_STEPS = 2       # an image sent raw is decode-checked ahead only this many steps past its job's readers
 CHECK_WORKERS = 1           # worker processes of the decode checks (`SampleService.checks`), besides the pool
 TRANSIENT_BAD_S = 60.0      # how long a time-out or a worker death is remembered
 JOB_SHARE = 0.5             # of transform_load.cache_bytes: the most one job's prefetched samples hold
@@ -406,17 +408,27 @@ class SampleService:
         bk = self._bad_key(key)
         return self.costs.predict(self._group(key, kind), key.size, bk, est_ms, self.work.get(bk))
 
-    def _index_new(self, resolved: list) -> None:
+    def _index_new(self, resolved: list, steps: list[int] | None = None, step: int | None = None) -> None:
         """The decode work of the window's videos whose cost is not known yet (their index:
         demuxed, no pixels decoded; ~1-5 ms a 2-10 s clip, 35 ms a 5-minute one), window order
         first: a video's size says little of its cost (`OnlineCosts`). The demux runs in the
         check worker, under the sample's limits (hostile media never reach a decoder in the
         agent's own process); this only reads the sources, for at most WORK_BUDGET_S a window,
         with at most INDEX_INFLIGHT indexes asked and not answered. Until its answer, a video is
-        predicted from its size."""
+        predicted from its size.
+
+        Only the videos of the next INDEX_AHEAD_STEPS steps past the readers (`steps`, `step`):
+        the lookahead grows to 64 steps and more near full load, and when it did its ~180 new
+        videos were indexed within 3 s (reading each whole and sending it to the check worker):
+        0.3-0.4 of the one storage core in the bench's steps 17-28, where the transforms due then
+        ran at twice their CPU time and started late (issue 40, run 7). A video further ahead is
+        predicted from its size until it comes nearer; the order of heavy samples ahead is set
+        by then."""
         t_end = time.monotonic() + WORK_BUDGET_S
-        for _i, kind, (key, _meta, pjson) in resolved:
+        for i, kind, (key, _meta, pjson) in resolved:
             if kind != "video":
+                continue
+            if steps is not None and step is not None and int(steps[i]) > int(step) + INDEX_AHEAD_STEPS:
                 continue
             bk = self._bad_key(key)
             with self.lock:
@@ -661,7 +673,17 @@ class SampleService:
         """Decode-check ahead one image the schedule sends raw (the earliest step first), so that
         its raw container needs no check when it is read: the reader does not wait for the check
         worker, on a core the transforms keep busy. One check ahead in flight at a time; its
-        storage CPU is what the schedule counts as the image's raw cost."""
+        storage CPU is what the schedule counts as the image's raw cost.
+
+        Only images of the next CHECK_AHEAD_STEPS steps past their job's readers: the schedule
+        counts a check as storage work at its sample's place in deadline order, not at once.
+        Before, every image designated raw over the whole grown lookahead (up to ~300 in the
+        bench's first epoch) was checked at once, back to back: the check worker took 0.18-0.43 s
+        (mostly 0.33-0.43) of each second of the one storage core in steps 17-42 of a traced
+        L95, the transforms due then ran at twice their CPU time and started late (heavy videos'
+        `.tensor` opens waited 146-343 ms), and 234 of the 316 images designated raw were made on storage after
+        all (the designation of a far step changes as the capacity is learned): their checks
+        were wasted (issue 40, run 7)."""
         with self.lock:
             if self._checking is not None or not self.cfg.fallback:
                 return
@@ -671,6 +693,10 @@ class SampleService:
                 if p is None or p.kind != "image" or self._bad_key(key) in self.decoded:
                     continue
                 if self._bad_reason(key) is not None:
+                    continue
+                clock = self.clocks.get(p.job)
+                if p.step is not None and clock is not None and clock.step is not None \
+                        and p.step > clock.step + CHECK_AHEAD_STEPS:
                     continue
                 rank = (p.step if p.step is not None else 1 << 62, p.seq)
                 if pick is None or rank < pick[0]:
@@ -831,7 +857,7 @@ class SampleService:
                 memo[(path, int(seed))] = ent
             resolved.append((i, kind, ent))
         if scheduled:
-            self._index_new(resolved)
+            self._index_new(resolved, steps, step)
         work = 0.0
         old_mount = not scheduled and self.cfg.fallback and self.monitor.busy and not self.clocks
         with self.lock:       # one hold of the lock for the window (a window is up to MAX_BATCH samples)

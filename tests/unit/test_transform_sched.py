@@ -48,10 +48,28 @@ def test_no_raw_without_fallback_and_with_slack():
 
 
 def test_the_check_of_a_raw_image_counts_as_storage_work():
-    # raw_cost close to the cost: sending it raw saves almost nothing, so more samples must go
-    items = [Item(f"i{i}", 1.0, 0.3, raw_cost_s=0.25, seq=i) for i in range(5)]
+    # a raw container that still costs storage half the transform saves less: more samples must go
+    items = [Item(f"i{i}", 1.0, 0.3, raw_cost_s=0.15, seq=i) for i in range(5)]
     free = [Item(f"v{i}", 1.0, 0.3, seq=i) for i in range(5)]
     assert len(schedule(items, now=0.0, hysteresis=0.0).raw) > len(schedule(free, now=0.0, hysteresis=0.0).raw)
+
+
+def test_a_sample_whose_raw_container_saves_storage_little_is_not_sent_raw():
+    """Issue 40, run 7: an image not checked yet costs storage its decode check when sent raw
+    (0.86-0.92 of its transform in the bench), and the check runs when it is read or just before,
+    beside the transforms due then; the client decodes all of it. Such a sample (saving less than
+    MIN_SAVED_SHARE of its cost) is not sent raw by the schedule, late or not: a traced L95 sent
+    82-158 images raw in 150 steps and their checks took up to 0.43 of the storage core in the
+    first epoch's steps 17-42, where its heavy videos then waited. What saves enough still goes."""
+    imgs = [Item(f"i{i}", 1.0, 0.3, raw_cost_s=0.25, seq=i, step=1) for i in range(5)]
+    assert schedule(imgs, now=0.0, hysteresis=0.0).raw == set()
+    assert schedule(imgs, now=0.0, slowdown=10.0, hysteresis=0.0).raw == set()     # hopeless: still made
+    late = [Item("late", 0.01, 0.3, raw_cost_s=0.25, seq=9, step=1)]
+    assert schedule(late, now=0.0, hysteresis=0.0).raw == set()
+    vid = Item("v", 1.0, 0.3, seq=7, step=1)
+    assert schedule(imgs + [vid], now=0.0, hysteresis=0.0).raw == {"v"}
+    checked = [Item(f"c{i}", 1.0, 0.3, raw_cost_s=0.0, seq=i, step=1) for i in range(5)]   # checked before
+    assert schedule(checked, now=0.0, hysteresis=0.0).raw
 
 
 def _simulate(slowdowns, steps_per_phase=200, step_s=0.1, G=4, lookahead=16, seed=1, noise=0.0):
@@ -299,9 +317,10 @@ def test_what_goes_raw_saves_storage_the_most_per_client_work():
     vid = Item("v", 1.0, 0.3, seq=9, step=1)
     s = schedule(imgs + [vid], now=0.0, hysteresis=0.0)          # 1.1 s of work due at 1 s
     assert s.raw == {"v"}
-    # within the client's budget for the step: the video does not fit it, so images go
+    # within the client's budget for the step: the video does not fit it, and the images save
+    # too little to go instead (MIN_SAVED_SHARE; before run 7 they went)
     s = schedule(imgs + [vid], now=0.0, hysteresis=0.0, client_s=0.25)
-    assert "v" not in s.raw and s.raw
+    assert s.raw == set()
     # what was handed out raw in the step already counts against the budget
     s = schedule(imgs + [vid], now=0.0, hysteresis=0.0, client_s=0.35, client_used={1: 0.2})
     assert "v" not in s.raw
