@@ -73,13 +73,21 @@ def test_signal_while_mount_is_still_announcing_itself(tmp_path):
 
 def test_fusermount_u_stops_the_daemon(tmp_path):
     store, mnt, cfg = _dirs(tmp_path)
-    p = _foreground(cfg, mnt)
+    # Unmount once the daemon said READY: before that its own probe (a stat through the mount,
+    # from a thread) may still be in flight, and the kernel refuses the unmount with EBUSY (seen
+    # under load: 2 runs of this module in 10 beside a full test run).
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(20)
+    p = _foreground(cfg, mnt, env={**os.environ, "NOTIFY_SOCKET": sock_path})
     try:
-        assert wait_for(lambda: os.path.ismount(mnt), timeout=20)
-        assert wait_for(lambda: (mnt / ".hintfs" / "stats").exists(), timeout=10)
+        assert sock.recv(4096).decode() == "READY=1"
+        assert os.path.ismount(mnt) and (mnt / ".hintfs" / "stats").exists()
         subprocess.run(["fusermount3", "-u", str(mnt)], check=True)
         assert p.wait(timeout=20) == 0
     finally:
+        sock.close()
         _stop(p, mnt)
 
 
