@@ -454,18 +454,12 @@ class SampleService:
                 fut.add_done_callback(functools.partial(self._indexed, bk, key, kind))
 
     def _submit_index(self, key: SampleKey, kind: str, pjson: str) -> Future:
-        """A video's index asked of the check worker (its bytes read here, within the source bound)."""
-        from hintfs.transforms.limits import check_source_size
+        """A video's index asked of the check worker (its bytes read here, as for its transform:
+        `_read_raw`, within the source bound)."""
         from hintfs.transforms.params import parse_params
-        p = parse_params(kind, pjson)
-        reader, st = self.store.open_reader(key.path)
-        try:
-            check_source_size(st.size, p)
-            raw = reader.read(0, st.size)
-        finally:
-            reader.close()
+        raw = self._read_raw(key, kind, pjson)
         return self.checks.submit((kind, raw, pjson, key.aug_seed, {"work_only": True}),
-                                  min(p.time_limit_s, INDEX_LIMIT_S), key.path)
+                                  min(parse_params(kind, pjson).time_limit_s, INDEX_LIMIT_S), key.path)
 
     def _indexed(self, bk: tuple, key: SampleKey, kind: str, fut: Future) -> None:
         """The check worker's answer: (work group, frames to decode x megapixels), or None."""
