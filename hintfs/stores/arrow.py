@@ -130,8 +130,8 @@ def _stat_of(info: pafs.FileInfo) -> Stat:
     raise FileNotFoundError(errno.ENOENT, "not found", info.path)
 
 
-_ROOT_STAT = Stat(_DIR_MODE, 0, 0, 0, 2)
-_DIR_STAT = Stat(_DIR_MODE, 0, 0, 0, 2)   # (what pyarrow's stat gives an S3 folder: no mtime)
+# A folder's attributes (the root's, and what pyarrow's stat gives an S3 folder: no mtime).
+_DIR_STAT = Stat(_DIR_MODE, 0, 0, 0, 2)
 
 CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 _checksum_lock = threading.Lock()
@@ -259,7 +259,7 @@ class ArrowStore:
             # A bucket (or prefix) has no attributes of its own (no mtime): the root checked at
             # mount time is a directory. No request: the kernel asks for the root's attributes
             # whenever they expire, and each request is a round trip on a long link.
-            return _ROOT_STAT
+            return _DIR_STAT
         listed = self._listed
         if listed is not None:
             with self._listed_lock:
