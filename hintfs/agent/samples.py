@@ -654,10 +654,11 @@ class SampleService:
 
     def _checked(self, key: SampleKey, kind: str, fut: Future) -> None:
         """A decode check passed: remembered, and its CPU time teaches the check's share."""
+        bk = self._bad_key(key)
         with self.lock:
-            if self._bad_key(key) in self.decoded:
+            if bk in self.decoded:
                 return
-            self.decoded[self._bad_key(key)] = None
+            self.decoded[bk] = None
             cpu = getattr(fut, "cpu_s", None)
             if cpu:
                 self.check_share.add(min(1.5, cpu / self._predict(key, kind)))
