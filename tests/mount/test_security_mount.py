@@ -185,3 +185,54 @@ def test_an_empty_control_document_is_refused(world):
     subprocess.run(["sh", "-c", f"""echo '{{"files": {{"data.txt": 2}}}}' > {hints}/bad"""], check=True)
     assert (hints / "bad.error").read_text() == ""
     assert world.log.read_text().count("empty document") == 1   # the redirect's first close logs nothing
+
+
+def test_kept_and_by_name_listings_grant_no_more_than_the_folder(tmp_path):
+    """patches/pyfuse3-readdir.patch's two listings, attacked as uid 65534: the kernel keeps the
+    listing of a folder declared immutable (FOPEN_CACHE_DIR) once root listed it, and a walking
+    thread is given files by name (`fusefs.walks`); neither lists a 0700 folder of root's to
+    another user (EACCES, the kernel's permission check before any listing it keeps)."""
+    base = Path(tempfile.mkdtemp(prefix="hintfs-sec-"))
+    base.chmod(0o755)
+    store, mnt = base / "store", base / "mnt"
+    store.mkdir(mode=0o755)
+    mnt.mkdir()
+    (store / "priv").mkdir(mode=0o700)
+    (store / "priv" / "secret").write_text("s")
+    for d in range(20):
+        (store / "tree" / f"d{d:02d}").mkdir(parents=True, mode=0o755)
+        (store / "tree" / f"d{d:02d}" / "f").write_text("x" * d)
+    (store / "tree").chmod(0o755)
+    (store / "tree" / "d19" / "locked").mkdir(mode=0o700)
+    (store / "tree" / "d19" / "locked" / "inner").write_text("i")
+    log = base / "mount.log"
+    cfg = write_config(base / "hintfs.toml", f"file://{store}",
+                       '\n[cache]\nimmutable_globs = ["priv", "priv/*", "tree", "tree/*"]\n', log)
+    mount_in_process(cfg, mnt, log)
+    m = Mounted(store, mnt, cfg, log)
+    try:
+        assert os.listdir(m.mnt / "priv") == ["secret"] and os.listdir(m.mnt / "priv") == ["secret"]
+        assert os.listdir(m.mnt / "tree" / "d19" / "locked") == ["inner"]      # root: kept by the kernel
+        r = py_as_nobody(f"""
+import json, os
+out = {{}}
+for name in ("priv", "tree/d19/locked"):
+    try:
+        out[name] = os.listdir({str(m.mnt)!r} + "/" + name)
+    except OSError as e:
+        out[name] = e.errno
+out["walk"] = [sorted(os.listdir({str(m.mnt)!r} + f"/tree/d{{d:02d}}")) for d in range(20)]
+out["size"] = os.stat({str(m.mnt)!r} + "/tree/d18/f").st_size
+print(json.dumps(out))
+""")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["priv"] == errno.EACCES and out["tree/d19/locked"] == errno.EACCES, out
+        assert out["walk"][:19] == [["f"]] * 19 and out["walk"][19] == ["f", "locked"]
+        assert out["size"] == 18
+        import pyfuse3
+        if hasattr(pyfuse3, "cache_dir_supported"):   # (the patched pyfuse3: the walk was given names)
+            assert m.stats()["counters"].get("listings_by_name", 0) >= 3
+    finally:
+        m.umount()
+        shutil.rmtree(base, ignore_errors=True)
