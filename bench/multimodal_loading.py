@@ -12,8 +12,11 @@ so reruns skip its generation and the cost measurement.
 
 Storage node (`hintfs agent`, its transform workers, and the CPU burner) is pinned to core 0; the
 training host (the trainer emulator, its DataLoader worker and the FUSE mount daemon, whose CPU
-is reported apart) to core 1. The trainer emulates 2 data-parallel ranks read by one DataLoader
-(one worker, prefetch_factor 2) in plan order: per step it waits for step N's batch (the stall),
+is reported apart) to core 1. The trainer emulates 2 data-parallel ranks read in plan order, C0
+and C1 by one DataLoader (one worker decoding, prefetch_factor 2), the `.tensor` cases by
+`hintfs.dataset.prefetch` (one thread of the trainer, 2 steps ahead, each step's files read into
+one buffer by `read_batch`; `--client-loader workers`: a DataLoader worker process around the
+same `read_batch`): per step it waits for step N's batch (the stall),
 then sleeps the GPU step time. Every case gets the same set-up time (`--init-s`) between creating
 its loader/registering its plan and step 0. Tensors cross the boundary as uint8 (`--float32`:
 normalized float32, 4x the bytes). The plan carries no cost estimates: the agent learns costs
@@ -199,6 +202,19 @@ class _DS:
     def __len__(self):
         return len(self.items)
 
+    def __getitems__(self, idx):
+        """A `.tensor` batch through hintfs.dataset.read_batch (one buffer, shared memory in a
+        worker); raw files (C0, C1) sample by sample, decoded here."""
+        if self.raw:
+            return [self[i] for i in idx]
+        from hintfs.dataset import read_batch
+        t0 = time.time()
+        loaded = read_batch([os.path.join(self.root, self.items[i][0] + self.suffix) for i in idx], with_meta=True)
+        dt = time.time() - t0
+        # (index, sample, mode, batch start, batch read+unpack s, 0): the per-sample trace (`--trace`)
+        return [(tensors, meta.mode, size, (i, self.items[i][0], meta.mode, t0, dt, 0.0))
+                for i, (meta, tensors, size) in zip(idx, loaded)]
+
     def __getitem__(self, i):
         import torch
         rel, seed = self.items[i]
@@ -242,8 +258,13 @@ def trainer_main(spec):
     G = world * B
     ds = _DS(spec["root"], items, suffix, spec["raw"])
     sampler = [list(range(s * G, (s + 1) * G)) for s in range(steps)]
-    loaders = [iter(DataLoader(ds, batch_sampler=sampler, num_workers=1, prefetch_factor=2,
-                               collate_fn=lambda x: x, multiprocessing_context="fork"))]
+    if spec["raw"] or spec["client_loader"] == "workers":
+        loaders = [iter(DataLoader(ds, batch_sampler=sampler, num_workers=1, prefetch_factor=2,
+                                   collate_fn=lambda x: x, multiprocessing_context="fork"))]
+    else:   # `.tensor` files need no decoding: hintfs.dataset.prefetch reads ahead in threads of the trainer
+        from hintfs.dataset import prefetch
+        loaders = [prefetch(sampler, depth=spec.get("prefetch_depth", 2), threads=spec.get("prefetch_threads", 1),
+                            load=ds.__getitems__)]
     # Model and optimizer set-up, the same for every case: the DataLoader worker fills its prefetch
     # queue and the agents make the plan's first steps meanwhile, as in a real job.
     time.sleep(spec["init_s"])
@@ -267,7 +288,10 @@ def trainer_main(spec):
         time.sleep(max(0.0, spec["gpu_step_s"] * (1 - spec["trainer_busy"])))
     wall = time.perf_counter() - wall0
     for it in loaders:
-        it._shutdown_workers()
+        if hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        else:
+            it.close()
     del loaders
     t1 = os.times()
     cpu = (t1.user - t0.user) + (t1.system - t0.system) + (t1.children_user - t0.children_user) + \
@@ -397,7 +421,8 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
                 "world": a.world, "batch": a.batch, "root": root, "raw": raw, "gpu_step_s": gpu_step_s,
                 "register": register, "lookahead": lookahead, "job": name, "out": out,
                 "init_s": a.init_s, "img_params": IMG_PARAMS, "vid_params": VID_PARAMS,
-                "trainer_busy": a.trainer_busy}
+                "trainer_busy": a.trainer_busy, "client_loader": a.client_loader,
+                "prefetch_depth": a.prefetch_depth, "prefetch_threads": a.prefetch_threads}
         d0 = tree_cpu(mpid) if mpid else (0.0, 0.0)
         g0 = tree_cpu(apid) if apid else (0.0, 0.0)
         b0 = tree_cpu(burn.pid)[0] if burn else 0.0
@@ -529,6 +554,14 @@ def main():
     ap.add_argument("--trainer-busy", dest="trainer_busy", type=float, default=0.0,
                     help="share of the GPU step the trainer's main process keeps the training core busy "
                          "(0: it sleeps, as the issue's emulator does)")
+    ap.add_argument("--client-loader", dest="client_loader", choices=("threads", "workers"), default="threads",
+                    help="how the trainer reads `.tensor` batches: hintfs.dataset.prefetch (threads: 2 steps "
+                         "ahead, one thread) or a DataLoader with one worker process (workers); both through "
+                         "hintfs.dataset.read_batch. C0 and C1 always decode in a DataLoader worker")
+    ap.add_argument("--prefetch-depth", dest="prefetch_depth", type=int, default=2,
+                    help="steps the threads loader reads ahead (the DataLoader's prefetch_factor is 2)")
+    ap.add_argument("--prefetch-threads", dest="prefetch_threads", type=int, default=1,
+                    help="threads of the threads loader (each reads a whole step)")
     ap.add_argument("--float32", action="store_true", help="normalized float32 tensors (4x the bytes of uint8)")
     ap.add_argument("--init-s", dest="init_s", type=float, default=2.0,
                     help="trainer set-up time before step 0 (the same for every case)")
@@ -689,6 +722,8 @@ def main():
                   "image_params": IMG_PARAMS, "video_params": VID_PARAMS, "lookahead_steps": W,
                   "lookahead_max_steps": a.lookahead_max, "transform_workers": 1, "burner_duty": a.burner,
                   "init_s": a.init_s, "trainer_busy": a.trainer_busy, "deadline_ms": 500.0,
+                  "client_loader": a.client_loader, "prefetch_depth": a.prefetch_depth,
+                  "prefetch_threads": a.prefetch_threads,
                   "plan_costs": "none (the agent learns them online)",
                   "transform_ms": {"mean": mean_ms, "p50": float(np.percentile(costs, 50)),
                                    "p99": float(np.percentile(costs, 99)), "max": float(max(costs))},

@@ -222,6 +222,12 @@ def load_sample(path_or_bytes: str | os.PathLike | bytes | bytearray | memoryvie
     else:
         data = bytearray(path_or_bytes)
     meta, arrays = decode(data)
+    return materialize(meta, arrays)
+
+
+def materialize(meta: SampleMeta, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The transformed arrays of a decoded `.tensor`: ``arrays`` themselves in tensor mode; in
+    raw mode the transform run here on the stored bytes (``SampleEIO`` if it cannot be)."""
     if meta.mode == "tensor":
         return arrays
     if "raw" not in arrays:

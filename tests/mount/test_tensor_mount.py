@@ -75,6 +75,14 @@ def test_tensor_files_match_local_transforms(media_mount):
     assert np.array_equal(load_sample(str(p))["pixels"], ref["pixels"])
     video = load_sample(str(m.mnt / "vids" / "v.mp4.tensor"))
     assert np.array_equal(video["frames"], _local(m, "vids/v.mp4", "video", {"frames": 4, "size": 32})["frames"])
+    # A step read into one buffer (hintfs.dataset.read_batch): the size of each `.tensor` is exact
+    # once open, so the buffer is laid out from fstat; the same tensors, views of one storage.
+    pytest.importorskip("torch")
+    from hintfs.dataset import read_batch
+    batch = read_batch([str(p), str(m.mnt / "vids" / "v.mp4.tensor")])
+    assert np.array_equal(batch[0]["pixels"].numpy(), ref["pixels"])
+    assert np.array_equal(batch[1]["frames"].numpy(), video["frames"])
+    assert batch[0]["pixels"].untyped_storage().data_ptr() == batch[1]["frames"].untyped_storage().data_ptr()
     # Size exact once open; concurrent handles agree.
     with open(p, "rb") as a, open(p, "rb") as b:
         assert os.fstat(a.fileno()).st_size == len(data)
@@ -93,6 +101,10 @@ def test_fallback_gives_raw_bytes_and_the_same_tensor(media_mount):
     assert meta.mode == "raw" and bytes(arrays["raw"]) == (m.store / "imgs" / "2.jpg").read_bytes()
     ref = _local(m, "imgs/2.jpg", "image", {"size": 64, "crop": [48, 48], "normalize": True})
     assert np.array_equal(load_sample(data)["pixels"], ref["pixels"])    # bit for bit
+    pytest.importorskip("torch")
+    from hintfs.dataset import read_batch   # a step read into one buffer transforms raw files the same way
+    (meta2, tensors, size), = read_batch([str(m.mnt / "imgs" / "2.jpg.tensor")], with_meta=True)
+    assert meta2.mode == "raw" and size == len(data) and np.array_equal(tensors["pixels"].numpy(), ref["pixels"])
 
 
 def test_corrupt_media_is_eio_and_the_raw_file_stays_readable(media_mount):
