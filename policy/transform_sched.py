@@ -212,7 +212,8 @@ class Item:
     cost_s: float                # predicted CPU seconds on storage
     raw_cost_s: float = 0.0      # storage CPU seconds when it goes raw instead (an image's decode check)
     seq: int = 0                 # arrival order (ties, and the order of items without a deadline)
-    step: int | None = None      # its plan step: the client's budget for raw samples is per step
+    step: Hashable | None = None  # its plan step, with its job ((job, step) in the agent): the client's
+    #                               budget for raw samples is per step of a job, not shared by jobs at the same step
 
 
 @dataclass

@@ -197,7 +197,7 @@ class SampleService:
         # samples handed out raw (the reader has them): not queued again by the windows that still
         # name them; and per plan step the predicted client work handed out raw (the client budget)
         self.served: LRUCache[SampleKey, None] = LRUCache(SERVED_MAX)
-        self.client_used: dict[int, float] = {}
+        self.client_used: dict[tuple[str, int], float] = {}   # (job, step) -> client work handed out raw
 
     # -- the cache -----------------------------------------------------------------------------
     def _put(self, key: SampleKey, data: bytes, jobs: Iterable[str] = ()) -> None:
@@ -544,7 +544,8 @@ class SampleService:
                 due = clock.due(p.step, now)
                 if due is not None:
                     deadline = due - MARGIN_STEPS * (clock.seconds_per_step or 0.0)
-            items.append(Item(key, deadline, p.cost_s, self._raw_cost(key, p.kind, p.cost_s), p.seq, p.step))
+            items.append(Item(key, deadline, p.cost_s, self._raw_cost(key, p.kind, p.cost_s), p.seq,
+                              None if p.step is None else (p.job, p.step)))
         self.raw_keys &= self.backlog.keys()
         _free, busy = self._remaining(now)
         if self.fixed is not None:
@@ -552,10 +553,10 @@ class SampleService:
             sched.order = [k for k in sched.order if k not in self.raw_keys]
         else:
             sps = [c.seconds_per_step for c in self.clocks.values() if c.seconds_per_step]
-            lo = min((c.step for c in self.clocks.values() if c.step is not None), default=None)
-            if lo is not None:
-                for st in [st for st in self.client_used if st < lo]:
-                    del self.client_used[st]
+            for job_step in list(self.client_used):   # steps their job's readers have passed
+                clock = self.clocks.get(job_step[0])
+                if clock is None or (clock.step is not None and job_step[1] < clock.step):
+                    del self.client_used[job_step]
             sched = schedule(items, now, busy, self.cfg.workers, self.capacity.slowdown, self.raw_keys,
                              fallback=self.cfg.fallback,
                              client_s=CLIENT_STEP_SHARE * min(sps) if sps else None,
@@ -801,7 +802,7 @@ class SampleService:
         sample with the same seed again gets it on demand then: SERVED_MAX, least recently used.)"""
         self.served[key] = None
         if p is not None and p.step is not None:
-            self.client_used[p.step] = self.client_used.get(p.step, 0.0) + p.cost_s
+            self.client_used[(p.job, p.step)] = self.client_used.get((p.job, p.step), 0.0) + p.cost_s
 
     def _raw_now(self, key: SampleKey, kind: str) -> str | None:
         """(under lock) Why a sample a reader waits for, not running, goes raw now, or None: the

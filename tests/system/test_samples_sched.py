@@ -281,3 +281,27 @@ def test_a_hostile_video_is_indexed_in_the_check_worker_and_predicted_by_size(sv
     assert svc.work[svc._bad_key(key)] is None and not svc.indexing
     with svc.lock:
         assert svc._predict(key, "video") > 0
+
+
+def test_the_client_budget_for_raw_samples_is_kept_per_job_and_step(svc):
+    """A raw sample handed out counts against its own job's step: another job whose plan is at the
+    same step numbers (another trainer) keeps its whole budget; an entry goes once its job's
+    readers are past its step, or the job ended."""
+    from policy.transform_sched import Item, schedule
+    _overload(svc)
+    key = next(iter(svc.raw_keys))
+    _data, how = svc.get(key.path, "image", PARAMS, key.aug_seed)
+    assert how == "raw_planned"
+    assert svc.client_used and {job for job, _step in svc.client_used} == {"j"}
+    (job_step, used), = svc.client_used.items()
+    assert used > 0
+
+    def work(job):   # 1.1 s due at 1 s: the video must go raw, if the step's budget has room for it
+        imgs = [Item(f"i{i}", 1.0, 0.2, raw_cost_s=0.18, seq=i, step=(job, job_step[1])) for i in range(4)]
+        return imgs + [Item("v", 1.0, 0.3, seq=9, step=(job, job_step[1]))]
+    budget = 0.3 + used / 2          # room for the video only in a step where nothing was handed out
+    assert schedule(work("k"), now=0.0, hysteresis=0.0, client_s=budget, client_used=dict(svc.client_used)).raw == {"v"}
+    assert schedule(work("j"), now=0.0, hysteresis=0.0, client_s=budget, client_used=dict(svc.client_used)).raw == set()
+    svc.clock_.t += 0.05
+    _window(svc, job_step[1] + 1, job_step[1] + 1, job_step[1] + 3)   # j's readers pass that step
+    assert job_step not in svc.client_used
