@@ -14,7 +14,7 @@ Storage node (`hintfs agent`, its transform workers, and the CPU burner) is pinn
 training host (the trainer emulator, its DataLoader worker and the FUSE mount daemon, whose CPU
 is reported apart) to core 1. The trainer emulates 2 data-parallel ranks read in plan order, C0
 and C1 by one DataLoader (one worker decoding, prefetch_factor 2), the `.tensor` cases by
-`hintfs.dataset.prefetch` (one thread of the trainer, 2 steps ahead, each step's files read into
+`hintfs.dataset.prefetch` (one thread of the trainer, 3 steps ahead, each step's files read into
 one buffer by `read_batch`; `--client-loader workers`: a DataLoader worker process around the
 same `read_batch`): per step it waits for step N's batch (the stall),
 then sleeps the GPU step time. Every case gets the same set-up time (`--init-s`) between creating
@@ -263,7 +263,7 @@ def trainer_main(spec):
                                    collate_fn=lambda x: x, multiprocessing_context="fork"))]
     else:   # `.tensor` files need no decoding: hintfs.dataset.prefetch reads ahead in threads of the trainer
         from hintfs.dataset import prefetch
-        loaders = [prefetch(sampler, depth=spec.get("prefetch_depth", 2), threads=spec.get("prefetch_threads", 1),
+        loaders = [prefetch(sampler, depth=spec.get("prefetch_depth", 3), threads=spec.get("prefetch_threads", 1),
                             load=ds.__getitems__)]
     # Model and optimizer set-up, the same for every case: the DataLoader worker fills its prefetch
     # queue and the agents make the plan's first steps meanwhile, as in a real job.
@@ -558,8 +558,9 @@ def main():
                     help="how the trainer reads `.tensor` batches: hintfs.dataset.prefetch (threads: 2 steps "
                          "ahead, one thread) or a DataLoader with one worker process (workers); both through "
                          "hintfs.dataset.read_batch. C0 and C1 always decode in a DataLoader worker")
-    ap.add_argument("--prefetch-depth", dest="prefetch_depth", type=int, default=2,
-                    help="steps the threads loader reads ahead (the DataLoader's prefetch_factor is 2)")
+    ap.add_argument("--prefetch-depth", dest="prefetch_depth", type=int, default=3,
+                    help="steps the threads loader reads ahead (hintfs.dataset.prefetch's default; "
+                         "the DataLoader's prefetch_factor is 2)")
     ap.add_argument("--prefetch-threads", dest="prefetch_threads", type=int, default=1,
                     help="threads of the threads loader (each reads a whole step)")
     ap.add_argument("--float32", action="store_true", help="normalized float32 tensors (4x the bytes of uint8)")

@@ -117,12 +117,16 @@ def read_batch(paths: Sequence[str], *, with_meta: bool = False) -> list:
             f.close()
 
 
-def prefetch(batches: Iterable[Sequence], *, depth: int = 2, threads: int = 1,
+def prefetch(batches: Iterable[Sequence], *, depth: int = 3, threads: int = 1,
              load: Callable[[list], list] = read_batch) -> Iterator[list]:
     """`load(batch)` for each batch of paths, in order, with `depth` batches read ahead by
     `threads` threads of this process. `batches` is drawn here, in the caller's thread, as
     each batch is submitted (so a sampler's per-step callback runs `depth` steps ahead). Closing
-    the iterator cancels what was not started and waits for what was."""
+    the iterator cancels what was not started and waits for what was. One thread reads the steps
+    in order; 3 steps give a step whose raw samples take the client longer than a step the slack
+    of the next two (bench/multimodal_loading.py's burner case: p99 37-75 ms with 2, 0.2-0.6 ms
+    with 3). More threads read several steps at once, and a mount then sees its readers' step
+    move ahead by reads of later steps."""
     if depth < 1 or threads < 1:
         raise ValueError(f"depth and threads must be >= 1 (got depth={depth}, threads={threads})")
     pending: collections.deque[Future] = collections.deque()
@@ -215,7 +219,7 @@ class PlanDataset(Dataset):
         return [{"data": item, "step": int(self.step_of[i]), "sample": self.samples[i],
                  "aug_seed": int(self.aug_seeds[i])} for i, item in zip(indices, loaded)]
 
-    def batches(self, job: str | None = None, lookahead: int | None = None, *, depth: int = 2,
+    def batches(self, job: str | None = None, lookahead: int | None = None, *, depth: int = 3,
                 threads: int = 1) -> Iterator[list]:
         """The plan's batches in step order, read `depth` steps ahead by `threads` threads of this
         process (`prefetch`): no worker processes, no tensors passed between processes. For

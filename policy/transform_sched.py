@@ -48,6 +48,9 @@ CLIENT_STEP_SHARE = 0.8     # of a step: the most predicted client work sent raw
 #                             the client read `.tensor` steps in a thread, hintfs.dataset.prefetch: under
 #                             the bench's burner 0.5 left storage behind, p99 234 ms; 0.8 gave 37-75 ms)
 MIN_SAVED_SHARE = 0.5       # of its cost: the least storage work a sample sent raw by the schedule must save
+RAW_CLIENT_BYTES_PER_S = 100e6  # what a raw container's bytes cost the client besides the decode (read from the
+#                             agent, through the mount and into the reader: a 62 MB clip sent raw under the bench's
+#                             burner took the client 1.6 s against its 0.16 s transform, a step's stall of 1.1 s)
 GROW_AT, SHRINK_AT = 0.7, 0.4   # predicted load of the window (work / capacity) that grows / shrinks the lookahead
 
 
@@ -216,6 +219,11 @@ class Item:
     seq: int = 0                 # arrival order (ties, and the order of items without a deadline)
     step: Hashable | None = None  # its plan step, with its job ((job, step) in the agent): the client's
     #                               budget for raw samples is per step of a job, not shared by jobs at the same step
+    client_s: float | None = None  # predicted client seconds when it goes raw (None: cost_s; `client_cost_s`)
+
+    @property
+    def client_work(self) -> float:
+        return self.cost_s if self.client_s is None else self.client_s
 
 
 @dataclass
@@ -241,9 +249,9 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
     def fits(it: Item) -> bool:
         if client_s is None or it.step is None:
             return True
-        if client.get(it.step, 0.0) + it.cost_s > client_s:
+        if client.get(it.step, 0.0) + it.client_work > client_s:
             return False
-        client[it.step] = client.get(it.step, 0.0) + it.cost_s
+        client[it.step] = client.get(it.step, 0.0) + it.client_work
         return True
 
     for it in items:
@@ -272,7 +280,7 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # budget (`client_s`), which now bounds them.
         saved = max(it.cost_s - it.raw_cost_s, 1e-9)
         if worth:
-            heapq.heappush(heap, (0 if it.key in prefer else 1, it.cost_s / saved, it.cost_s, it.seq, id(it), it))
+            heapq.heappush(heap, (0 if it.key in prefer else 1, it.client_work / saved, it.cost_s, it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
             gain = (victim.cost_s - victim.raw_cost_s) * per_worker
@@ -293,14 +301,14 @@ def _within_client(items: list[Item], first: set, more: set, client_s: float | N
     used: dict = dict(client_used or {})
     for it in items:
         if it.key in first and it.step is not None:
-            used[it.step] = used.get(it.step, 0.0) + it.cost_s
+            used[it.step] = used.get(it.step, 0.0) + it.client_work
     out = set(first)
     for it in items:
         if it.key in more:
-            if it.step is not None and used.get(it.step, 0.0) + it.cost_s > client_s:
+            if it.step is not None and used.get(it.step, 0.0) + it.client_work > client_s:
                 continue
             if it.step is not None:
-                used[it.step] = used.get(it.step, 0.0) + it.cost_s
+                used[it.step] = used.get(it.step, 0.0) + it.client_work
             out.add(it.key)
     return out
 
@@ -337,13 +345,21 @@ def schedule(items: Iterable[Item], now: float, busy_s: float = 0.0, workers: in
 LATE_RAW_FACTOR = 1.5        # a late sample goes raw when storage would take this much longer than the client
 
 
-def late_goes_raw(remaining_s: float, cost_s: float, slowdown: float, raw_cost_s: float = 0.0) -> bool:
+def client_cost_s(cost_s: float, raw_bytes: int) -> float:
+    """Predicted client seconds of a sample sent raw: its transform, and its raw container's bytes
+    at RAW_CLIENT_BYTES_PER_S."""
+    return cost_s + max(0, raw_bytes) / RAW_CLIENT_BYTES_PER_S
+
+
+def late_goes_raw(remaining_s: float, cost_s: float, slowdown: float, raw_cost_s: float = 0.0,
+                  client_s: float | None = None) -> bool:
     """A sample a reader waits for that storage has not started: raw when the client (an idle core,
     slowdown 1) would clearly have it sooner than storage: storage's time (the running work,
     `remaining_s`, then its own cost at the measured slowdown) over LATE_RAW_FACTOR x the client's
-    (the raw container's storage work, then the client's transform). Near equal, storage makes it:
-    the client's CPU is what the offload saves."""
-    return remaining_s + cost_s * slowdown > LATE_RAW_FACTOR * (raw_cost_s * slowdown + cost_s)
+    (the raw container's storage work, then the client's: `client_s`, by default the transform's
+    `cost_s`). Near equal, storage makes it: the client's CPU is what the offload saves."""
+    client = cost_s if client_s is None else client_s
+    return remaining_s + cost_s * slowdown > LATE_RAW_FACTOR * (raw_cost_s * slowdown + client)
 
 
 class Horizon:
@@ -398,5 +414,5 @@ class FixedShare:
 
 
 __all__ = ["Capacity", "Ewma", "FixedShare", "Horizon", "Item", "OnlineCosts", "Schedule", "StepClock",
-           "late_goes_raw", "own_share", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
+           "client_cost_s", "late_goes_raw", "own_share", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
            "MIN_SAVED_SHARE"]

@@ -58,7 +58,7 @@ from cachetools import FIFOCache, LRUCache
 from hintfs.agent.transformpool import TransformPool
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
 from policy.transform_sched import (CLIENT_STEP_SHARE, MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
-                                    StepClock, late_goes_raw, own_share, schedule)
+                                    StepClock, client_cost_s, late_goes_raw, own_share, schedule)
 
 log = logging.getLogger("hintfs.samples")
 
@@ -545,7 +545,7 @@ class SampleService:
                 if due is not None:
                     deadline = due - MARGIN_STEPS * (clock.seconds_per_step or 0.0)
             items.append(Item(key, deadline, p.cost_s, self._raw_cost(key, p.kind, p.cost_s), p.seq,
-                              None if p.step is None else (p.job, p.step)))
+                              None if p.step is None else (p.job, p.step), client_cost_s(p.cost_s, key.size)))
         self.raw_keys &= self.backlog.keys()
         _free, busy = self._remaining(now)
         if self.fixed is not None:
@@ -802,7 +802,8 @@ class SampleService:
         sample with the same seed again gets it on demand then: SERVED_MAX, least recently used.)"""
         self.served[key] = None
         if p is not None and p.step is not None:
-            self.client_used[(p.job, p.step)] = self.client_used.get((p.job, p.step), 0.0) + p.cost_s
+            self.client_used[(p.job, p.step)] = (self.client_used.get((p.job, p.step), 0.0)
+                                                 + client_cost_s(p.cost_s, key.size))
 
     def _raw_now(self, key: SampleKey, kind: str) -> str | None:
         """(under lock) Why a sample a reader waits for, not running, goes raw now, or None: the
@@ -815,7 +816,8 @@ class SampleService:
         if self.clocks:
             cost = self._predict(key, kind)
             free, _busy = self._remaining(self.clock())
-            if late_goes_raw(free, cost, self.capacity.slowdown, self._raw_cost(key, kind, cost)):
+            if late_goes_raw(free, cost, self.capacity.slowdown, self._raw_cost(key, kind, cost),
+                             client_cost_s(cost, key.size)):
                 return "raw_late"
             return None
         return "raw_busy" if self.monitor.busy else None

@@ -325,3 +325,21 @@ def test_what_goes_raw_saves_storage_the_most_per_client_work():
     s = schedule(imgs + [vid], now=0.0, hysteresis=0.0, client_s=0.35, client_used={1: 0.2})
     assert "v" not in s.raw
     assert schedule(imgs + [vid], now=0.0, hysteresis=0.0, client_s=0.35).raw == {"v"}
+
+
+def test_a_raw_containers_bytes_count_as_client_work():
+    # two videos of the same transform cost, one a 62 MB long clip: its raw container would take
+    # the client its bytes' time besides the decode (bench run 8: 1.6 s against a 0.16 s
+    # transform), so within a step's client budget only the small one goes raw, and it goes first
+    from policy.transform_sched import RAW_CLIENT_BYTES_PER_S, client_cost_s, late_goes_raw
+    small = Item("small", 1.0, 0.3, seq=1, step=1, client_s=client_cost_s(0.3, 2_000_000))
+    big = Item("big", 1.0, 0.3, seq=0, step=1, client_s=client_cost_s(0.3, 62_000_000))
+    filler = [Item(f"i{i}", 1.0, 0.2, raw_cost_s=0.18, seq=2 + i, step=1) for i in range(3)]
+    assert big.client_work == pytest.approx(0.3 + 62e6 / RAW_CLIENT_BYTES_PER_S)
+    s = schedule([big, small] + filler, now=0.0, hysteresis=0.0, client_s=0.5)   # 1.2 s due at 1 s
+    assert s.raw == {"small"}
+    # with no budget both may go, the one costing the client less per storage work saved first
+    assert "small" in schedule([big, small] + filler, now=0.0, hysteresis=0.0).raw
+    # a late sample: the client's time includes the bytes
+    assert late_goes_raw(0.0, 0.3, 2.5, client_s=client_cost_s(0.3, 2_000_000))
+    assert not late_goes_raw(0.0, 0.3, 2.5, client_s=client_cost_s(0.3, 62_000_000))
