@@ -96,14 +96,18 @@ def test_tensor_files_match_local_transforms(media_mount):
 def test_fallback_gives_raw_bytes_and_the_same_tensor(media_mount):
     from hintfs.transforms.container import decode, load_sample
     m = media_mount('\n[transform_load]\ndeadline_ms = 0.001\n')   # every sample misses its deadline
-    data = (m.mnt / "imgs" / "2.jpg.tensor").read_bytes()
-    meta, arrays = decode(data)
-    assert meta.mode == "raw" and bytes(arrays["raw"]) == (m.store / "imgs" / "2.jpg").read_bytes()
-    ref = _local(m, "imgs/2.jpg", "image", {"size": 64, "crop": [48, 48], "normalize": True})
-    assert np.array_equal(load_sample(data)["pixels"], ref["pixels"])    # bit for bit
-    pytest.importorskip("torch")
-    from hintfs.dataset import read_batch   # a step read into one buffer transforms raw files the same way
-    (meta2, tensors, size), = read_batch([str(m.mnt / "imgs" / "2.jpg.tensor")], with_meta=True)
+    with open(m.mnt / "imgs" / "2.jpg.tensor", "rb") as held:
+        data = held.read()
+        meta, arrays = decode(data)
+        assert meta.mode == "raw" and bytes(arrays["raw"]) == (m.store / "imgs" / "2.jpg").read_bytes()
+        ref = _local(m, "imgs/2.jpg", "image", {"size": 64, "crop": [48, 48], "normalize": True})
+        assert np.array_equal(load_sample(data)["pixels"], ref["pixels"])    # bit for bit
+        pytest.importorskip("torch")
+        # a step read into one buffer transforms raw files the same way (opened while `held` is:
+        # the content is fixed at the first open and shared by every handle open at the time;
+        # the next open after all closed may get the tensor the agent made meanwhile)
+        from hintfs.dataset import read_batch
+        (meta2, tensors, size), = read_batch([str(m.mnt / "imgs" / "2.jpg.tensor")], with_meta=True)
     assert meta2.mode == "raw" and size == len(data) and np.array_equal(tensors["pixels"].numpy(), ref["pixels"])
 
 
