@@ -17,7 +17,8 @@ its plan step is read. This module decides, from predictions only:
   measured capacity, chosen by the client work per storage work saved (an image's raw container
   still costs its decode check on storage; one saving storage less than MIN_SAVED_SHARE of its
   cost, such as an image not checked yet, is not sent raw), then cheapest first, within a client budget per
-  step (what was handed out raw already counted: `client_used`), with hysteresis: a
+  step of a job (a sample's client work is its transform and its raw bytes, `client_cost_s`; what was
+  handed out raw already counted: `client_used`), with hysteresis: a
   sample is newly sent raw only when the schedule misses at `slowdown x (1 + h)`, and one sent raw
   before goes back to storage only when the schedule meets its deadlines at `slowdown x (1 + 2h)`;
 - **how far ahead** (`Horizon`): the lookahead doubles while the predicted load of the window is
