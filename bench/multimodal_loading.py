@@ -263,7 +263,7 @@ def trainer_main(spec):
                                    collate_fn=lambda x: x, multiprocessing_context="fork"))]
     else:   # `.tensor` files need no decoding: hintfs.dataset.prefetch reads ahead in threads of the trainer
         from hintfs.dataset import prefetch
-        loaders = [prefetch(sampler, depth=spec.get("prefetch_depth", 3), threads=spec.get("prefetch_threads", 1),
+        loaders = [prefetch(sampler, depth=spec["prefetch_depth"], threads=spec["prefetch_threads"],
                             load=ds.__getitems__)]
     # Model and optimizer set-up, the same for every case: the DataLoader worker fills its prefetch
     # queue and the agents make the plan's first steps meanwhile, as in a real job.
@@ -555,8 +555,8 @@ def main():
                     help="share of the GPU step the trainer's main process keeps the training core busy "
                          "(0: it sleeps, as the issue's emulator does)")
     ap.add_argument("--client-loader", dest="client_loader", choices=("threads", "workers"), default="threads",
-                    help="how the trainer reads `.tensor` batches: hintfs.dataset.prefetch (threads: 2 steps "
-                         "ahead, one thread) or a DataLoader with one worker process (workers); both through "
+                    help="how the trainer reads `.tensor` batches: hintfs.dataset.prefetch (threads: "
+                         "--prefetch-depth steps ahead, --prefetch-threads threads) or a DataLoader with one worker process (workers); both through "
                          "hintfs.dataset.read_batch. C0 and C1 always decode in a DataLoader worker")
     ap.add_argument("--prefetch-depth", dest="prefetch_depth", type=int, default=3,
                     help="steps the threads loader reads ahead (hintfs.dataset.prefetch's default; "

@@ -185,11 +185,14 @@ class PlanDataset(Dataset):
         return os.path.join(self.mount, self.samples[i] + self.suffix)
 
     def __getitem__(self, i: int):
-        item = self.loader(self.path(i))
+        return self._item(i, self.loader(self.path(i)))
+
+    def _item(self, i: int, data):
+        """Item `i` holding its loaded `data` (with `with_meta`: and its plan row)."""
         if self.with_meta:
-            return {"data": item, "step": int(self.step_of[i]), "sample": self.samples[i],
+            return {"data": data, "step": int(self.step_of[i]), "sample": self.samples[i],
                     "aug_seed": int(self.aug_seeds[i])}
-        return item
+        return data
 
     def batch_sampler(self, job: str | None = None, lookahead: int | None = None,
                       plan_relpath: str | None = None) -> PlanBatchSampler:
@@ -214,10 +217,7 @@ class PlanDataset(Dataset):
         if self.loader is not _default_loader:
             return [self[i] for i in indices]
         loaded = read_batch([self.path(i) for i in indices])
-        if not self.with_meta:
-            return loaded
-        return [{"data": item, "step": int(self.step_of[i]), "sample": self.samples[i],
-                 "aug_seed": int(self.aug_seeds[i])} for i, item in zip(indices, loaded)]
+        return [self._item(i, data) for i, data in zip(indices, loaded)]
 
     def batches(self, job: str | None = None, lookahead: int | None = None, *, depth: int = 3,
                 threads: int = 1) -> Iterator[list]:

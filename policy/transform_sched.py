@@ -233,6 +233,17 @@ class Schedule:
     raw: set = field(default_factory=set)          # keys to send raw
 
 
+def _charge(used: dict, it: Item, client_s: float | None) -> bool:
+    """Whether `it` fits its step's client budget (`client_s`, None: no bound; an item without a
+    step always fits); if so, its client work is added to the step's tally in `used`."""
+    if client_s is None or it.step is None:
+        return True
+    if used.get(it.step, 0.0) + it.client_work > client_s:
+        return False
+    used[it.step] = used.get(it.step, 0.0) + it.client_work
+    return True
+
+
 def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, prefer: set,
           client_s: float | None = None, client_used: dict | None = None) -> set:
     """Keys to send raw so that, at `per_worker` wall seconds per CPU second of work (the workers
@@ -247,14 +258,6 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
     shed: set = set()
     client: dict = dict(client_used or {})
 
-    def fits(it: Item) -> bool:
-        if client_s is None or it.step is None:
-            return True
-        if client.get(it.step, 0.0) + it.client_work > client_s:
-            return False
-        client[it.step] = client.get(it.step, 0.0) + it.client_work
-        return True
-
     for it in items:
         d = it.deadline
         assert d is not None
@@ -266,7 +269,7 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # their check worker took up to 0.43 of the one storage core in steps 17-42, where the
         # heavy videos due then waited. A video, or an image checked before, saves all of it.
         worth = it.cost_s - it.raw_cost_s >= MIN_SAVED_SHARE * it.cost_s
-        if worth and t0 + it.cost_s * slowdown > d and fits(it):    # hopeless however the others go
+        if worth and t0 + it.cost_s * slowdown > d and _charge(client, it, client_s):    # hopeless however the others go
             shed.add(it.key)
             t += it.raw_cost_s * per_worker
             continue
@@ -285,7 +288,7 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
             gain = (victim.cost_s - victim.raw_cost_s) * per_worker
-            if gain <= 0 or not fits(victim):
+            if gain <= 0 or not _charge(client, victim, client_s):
                 continue
             t -= gain
             shed.add(victim.key)
@@ -305,11 +308,7 @@ def _within_client(items: list[Item], first: set, more: set, client_s: float | N
             used[it.step] = used.get(it.step, 0.0) + it.client_work
     out = set(first)
     for it in items:
-        if it.key in more:
-            if it.step is not None and used.get(it.step, 0.0) + it.client_work > client_s:
-                continue
-            if it.step is not None:
-                used[it.step] = used.get(it.step, 0.0) + it.client_work
+        if it.key in more and _charge(used, it, client_s):
             out.add(it.key)
     return out
 

@@ -4,9 +4,9 @@ an address-space cap for its sample (docs/transforms.md)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
-import json
 import os
 import signal
 import threading
