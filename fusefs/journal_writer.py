@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -57,15 +58,15 @@ class JournalWriter:
     async def published(self, path: str, st: Stat, streamed: bool = False) -> str | None:
         """Write the record of `path` at version `st`; `streamed`: this mount streams the file to
         the eval tiers too (followers wait for the stream instead of copying). Its name, or None."""
-        name = record_name(path, st.size, st.mtime_ns, streamed)
         # (if it fails, the file is still published; followers fall back to listing)
-        return name if await self._put(name, path, st.size, st.mtime_ns, "journal_records") else None
+        return await self._put(lambda: record_name(path, st.size, st.mtime_ns, streamed), path, st.size, st.mtime_ns,
+                               "journal_records")
 
     async def removed(self, path: str) -> None:
         """Write the record that `path` is gone from the store (unlinked, or renamed away): eval
         tiers drop what they hold of it. A failure is logged; the tier then keeps serving the old
         bytes until its TTL or `keep_last` drops them, as before removal records existed."""
-        await self._put(record_name(path, removed=True), path, 0, 0, "journal_removals")
+        await self._put(lambda: record_name(path, removed=True), path, 0, 0, "journal_removals")
 
     def folder_renamed(self, path: str) -> None:
         """(trio loop) The folder `path` was renamed into place: `run` journals every file under
@@ -147,9 +148,14 @@ class JournalWriter:
                 self._refused_why = None
             return True
 
-    def _write(self, key: str, data: bytes) -> None:
-        """(thread) The record at `key`, in a time folder of the journal's mode, 0600 itself."""
+    def _write(self, named: Callable[[], str], data: bytes) -> str:
+        """(thread) The record `named()` (its time: now, when the PUT is about to be made, so that
+        records become visible in about the order of their names: readers list a slice from its
+        newest name, `journal.SliceListings`), in a time folder of the journal's mode, 0600
+        itself. Its name."""
         assert self._private is not None
+        name = named()
+        key = f"{self.dir}/{record_key(name)}"
         folder_mode, record_mode = self._private
         if self._modes:
             folder = key.rpartition("/")[0]
@@ -165,20 +171,22 @@ class JournalWriter:
                 self.store.chmod(key, record_mode)
             except OSError as err:    # (written, in a private folder: followers may use it)
                 log.warning("journal record %s left at its created mode: %s", key, err)
+        return name
 
-    async def _put(self, name: str, path: str, size: int, mtime_ns: int, counter: str) -> bool:
-        """Write the record `name` of `path`; counted in `counter` when written, logged when not."""
+    async def _put(self, named: Callable[[], str], path: str, size: int, mtime_ns: int, counter: str) -> str | None:
+        """Write the record `named()` of `path`; counted in `counter` when written, logged when not.
+        Its name, or None."""
         if not await self._ready():
             self.stats.add("journal_records_refused")
-            return False
+            return None
         try:
-            await trio.to_thread.run_sync(self._write, f"{self.dir}/{record_key(name)}",
-                                          encode_record(path, size, mtime_ns), limiter=self.io_limiter)
+            name = await trio.to_thread.run_sync(self._write, named, encode_record(path, size, mtime_ns),
+                                                 limiter=self.io_limiter)
         except OSError as err:
-            log.warning("journal record %s for %s failed: %s", name, path, err)
-            return False
+            log.warning("journal record for %s failed: %s", path, err)
+            return None
         self.stats.add(counter)
-        return True
+        return name
 
 
 __all__ = ["JournalWriter"]

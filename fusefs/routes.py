@@ -354,6 +354,13 @@ class RoutedStore:
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         return self._store.iter_dir(rel)
 
+    @property
+    def lists_after(self) -> bool:
+        return self._store.lists_after
+
+    def iter_dir_after(self, rel: str, after: str) -> Iterator[tuple[str, Stat]]:
+        return self._store.iter_dir_after(rel, after)
+
     def readlink(self, rel: str) -> str:
         return self._store.readlink(rel)
 

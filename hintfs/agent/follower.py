@@ -27,9 +27,9 @@ from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import FollowStatus
 from hintfs.agent.versions import VersionCheck
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
-from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, ListingBudget, bucket_of, bucket_start_ns,
-                            decode_name, decode_record, journal_problem, list_folder, record_time_ns, record_version,
-                            refusal, removed_record, slice_dir, version_refusal, Removals)
+from hintfs.common.journal import (BUCKET_NS, MAX_RECORD_BYTES, TIMED, ListingBudget, SliceListings, bucket_of,
+                            bucket_start_ns, decode_name, decode_record, journal_problem, list_folder, record_time_ns,
+                            record_version, refusal, removed_record, slice_dir, version_refusal, Removals)
 from mountconfig.schema import FollowConfig
 from hintfs.stores.base import Stat, Store, walk_files
 
@@ -38,10 +38,12 @@ log = logging.getLogger("hintfs.follower")
 COPY_WORKERS = 8          # files copied at once (each with `parallel` ranged reads in flight)
 FINISH_WAIT_S = 600.0     # a finisher gives up (and is started again next round) after this
 # Each poll lists the journal's slice folder of now (and the one before or after it within
-# SLACK_NS of its edges: a record of the last moment, a writer's clock a little ahead), by name;
-# a sweep every SWEEP_S lists the journal folder itself (records of older mounts) and the slices
-# of the last SWEEP_BACK_NS (records that became visible late, clocks further off). The first
-# poll lists every slice the retention kept.
+# SLACK_NS of its edges: a record of the last moment, a writer's clock a little ahead), by name,
+# from its newest record (`journal.SliceListings`); a sweep every SWEEP_S lists the journal folder
+# itself (records of older mounts) and, whole, the current slices and those of the last
+# SWEEP_BACK_NS (records that became visible late, clocks further off): an ended slice again
+# once its age has doubled since its last whole listing (30, 60, 120, 240 s: each listed whole
+# 4-5 times, not 10). The first poll lists every slice the retention kept.
 SLACK_NS = 2 * 10**9
 SWEEP_S = 30.0
 SWEEP_BACK_NS = 300 * 10**9
@@ -66,8 +68,14 @@ class Follower:
         self.seen_records: dict[str, set[str]] = {}
         self.swept_at: float | None = None     # monotonic time of the last sweep; None: never
         self.sweep_s = SWEEP_S
-        # the agent's journal listings share one budget (the version check's, when there is one)
+        # the agent's journal listings share one budget and what they know of the recent slices
+        # (the version check's, when there is one)
         self.budget = versions.budget if versions is not None else ListingBudget()
+        self.listings = (versions.listings if versions is not None and versions.listings is not None
+                         and versions.journal_dir == cfg.journal_dir
+                         else SliceListings(store, cfg.journal_dir or "", self.budget))
+        self.swept_ages: dict[str, int] = {}   # slice -> its age (ns past its end) at its last whole listing
+        self._sweeping = False
         # records of a journal version this agent does not read: one line a minute, with a count
         # (a newer training mount writes one per file: docs/versions.md)
         self.version_refusals = RefusalLog(60.0, keep=16)
@@ -118,7 +126,8 @@ class Follower:
     # -- discovering new files -------------------------------------------------------------------
     def _folders_to_list(self) -> list[str] | None:
         """The journal folders this poll lists: slice names, and "" for the journal folder's own
-        records (older mounts'); None if there is no journal. See SWEEP_S."""
+        records (older mounts'); None if there is no journal. Sets `_sweeping` when this poll is
+        a sweep (its slices are listed whole). See SWEEP_S."""
         store = self.store
         now_ns = self.clock.time_ns()
         into = now_ns % BUCKET_NS
@@ -126,6 +135,7 @@ class Follower:
         recent.append(bucket_of(now_ns))
         if BUCKET_NS - into < SLACK_NS:
             recent.append(bucket_of(now_ns + BUCKET_NS))
+        self._sweeping = False
         if self.swept_at is not None and self.clock.monotonic() - self.swept_at < self.sweep_s:
             return None if self.journal_refused else recent
         try:
@@ -146,17 +156,35 @@ class Follower:
             log.info("journal %s followed again", self.cfg.journal_dir)
             self.journal_refused = None
         self._root_records = {n: st for n, st in entries if not st.is_dir}
+        self.budget.spent(self._root_records, self.clock.monotonic())
         back = bucket_of(now_ns - SWEEP_BACK_NS)
         if self.swept_at is None:      # the first poll: every slice the retention kept
             kept = [n for n, st in list_folder(store, f"{self.cfg.journal_dir}/{TIMED}")
                     if st.is_dir and bucket_start_ns(n) is not None]
         else:
-            kept = [bucket_of(t) for t in range(now_ns - SWEEP_BACK_NS, now_ns, BUCKET_NS)]
+            kept = [b for t in range(now_ns - SWEEP_BACK_NS, now_ns, BUCKET_NS)
+                    if self._sweep_due(b := bucket_of(t), now_ns)]
+        for b in kept:
+            start = bucket_start_ns(b)
+            if start is not None:
+                self.swept_ages[b] = now_ns - start - BUCKET_NS
         self.swept_at = self.clock.monotonic()
+        self._sweeping = True
         for b in list(self.seen_records):
             if b and b < back:
                 del self.seen_records[b]   # never listed again
+        for b in [b for b in self.swept_ages if b < back]:
+            del self.swept_ages[b]
         return [""] + sorted(set(kept) | set(recent))
+
+    def _sweep_due(self, bucket: str, now_ns: int) -> bool:
+        """A sweep lists the slice `bucket` whole: it has not ended, was never listed whole after
+        its end, or is twice as old as at its last whole listing."""
+        start = bucket_start_ns(bucket)
+        assert start is not None
+        age = now_ns - start - BUCKET_NS
+        last = self.swept_ages.get(bucket)
+        return age < 0 or last is None or last < 0 or age >= 2 * last
 
     def _new_from_journal(self) -> list[tuple[str, tuple[int, int] | None, str | None]] | None:
         store = self.store
@@ -165,15 +193,15 @@ class Follower:
             return None
         names: list[tuple[str, str]] = []      # (folder, record name)
         listed_st: dict[tuple[str, str], Stat] = {}
+        whole = self._sweeping
 
         def listing(folder: str) -> dict[str, Stat]:
             if not folder:
                 return dict(self._root_records)
-            return dict(list_folder(store, slice_dir(self.cfg.journal_dir, folder)))
+            return self.listings.listing(folder, self.clock.monotonic(), whole=whole)
 
         # (concurrently: each listing is a round trip on a long link)
         listings = list(self.pool.map(listing, folders) if len(folders) > 1 else map(listing, folders))
-        self.budget.spent([n for listed in listings for n in listed], self.clock.monotonic())
         for folder, listed in zip(folders, listings):
             seen = self.seen_records.get(folder, set()) & listed.keys()   # pruned records are gone: forget them
             new = [n for n in sorted(listed) if n not in seen and (n.endswith(".json") or n.endswith(".rec"))]

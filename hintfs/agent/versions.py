@@ -12,7 +12,7 @@ from collections.abc import Callable
 from cachetools import FIFOCache
 
 from hintfs.agent.rpc import as_version
-from hintfs.common.journal import ListingBudget, bucket_of, decode_name, list_folder, removed_record, slice_dir
+from hintfs.common.journal import ListingBudget, SliceListings, bucket_of, decode_name, removed_record
 
 log = logging.getLogger("hintfs.streams")
 
@@ -55,6 +55,8 @@ class VersionCheck:
                  wall_ns: Callable[[], int] = time.time_ns, start: bool = True):
         self.store = store
         self.budget = ListingBudget()   # shared with the follower, which is given this check
+        # what is known of the journal's recent slices (listed from their newest record; shared too)
+        self.listings = SliceListings(store, journal_dir, self.budget) if journal_dir else None
         self.clock = clock
         self.wall_ns = wall_ns
         self._confirm, self._refuse, self._unconfirmed = confirm, refuse, unconfirmed
@@ -173,19 +175,14 @@ class VersionCheck:
             now_ns = self.wall_ns()
             slices = {bucket_of(now_ns), bucket_of(now_ns - EDGE_NS)}
             found = []
-            listed: list[str] = []
+            assert self.listings is not None
             for b in sorted(slices):
-                try:
-                    names = [n for n, _st in list_folder(self.store, slice_dir(journal_dir, b))]
-                except FileNotFoundError:
-                    continue
-                listed += names
-                for n in names:
+                # (charged to the budget: the next listing, ours or the follower's, waits)
+                for n in self.listings.listing(b, self.clock()):
                     rec = decode_name(n)
                     if rec is not None and not removed_record(n):
                         found.append((rec["path"], (rec["size"], rec["mtime_ns"]), n))
             self.counts["listings"] += 1
-            self.budget.spent(listed, self.clock())   # the next listing (ours or the follower's) waits
             if found:
                 self.learned(found)
         except Exception as err:   # a listing that fails: the next one, or the stat, will do

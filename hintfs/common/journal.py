@@ -222,18 +222,20 @@ def slice_dir(journal_dir: str, bucket: str) -> str:
 
 # What the journal's readers (an eval tier's follower and its stream version checks) may take of
 # the link to the store by listing, about: after a listing, the next waits until that one's bytes
-# (its names, and ENTRY_BYTES of each entry besides) fit in this rate. A slice holds every record
-# of its 10 s: listed every 10 ms while a checkpoint of small files was written, the listings were
-# half the bytes on a 400 Mbit/s link and most of the S3 server's CPU (bench/scale_xdc.py: 28,429
-# listings in 13 minutes). Bounded so, they stay a few hundred KB/s at any slice size, and a
-# record is seen within about one listing's time of being written.
+# (its names, ENTRY_BYTES of each entry besides and REQUEST_BYTES for the request) fit in this
+# rate. A slice holds every record of its 10 s: listed whole every 10 ms while a checkpoint of
+# small files was written, the listings were half the bytes on a 400 Mbit/s link and most of the
+# S3 server's CPU (bench/scale_xdc.py: 28,429 listings in 13 minutes). Bounded so, they stay a few
+# hundred KB/s at any slice size; listed from the last name seen (`SliceListings`), most listings
+# carry only the records written since the one before and the budget is seldom reached.
 LIST_BYTES_S = 256 << 10
 ENTRY_BYTES = 300      # an entry of an S3 listing besides its name (key, size, ETag, date, class)
+REQUEST_BYTES = 1000   # a listing's request and its response's headers and envelope
 
 
-def listing_gap_s(names) -> float:
-    """The least wait after a listing of `names` before the next (LIST_BYTES_S)."""
-    return sum(len(n) + ENTRY_BYTES for n in names) / LIST_BYTES_S
+def listing_gap_s(names, requests: int = 1) -> float:
+    """The least wait after `requests` listings of `names` before the next (LIST_BYTES_S)."""
+    return (sum(len(n) + ENTRY_BYTES for n in names) + requests * REQUEST_BYTES) / LIST_BYTES_S
 
 
 class ListingBudget:
@@ -251,9 +253,9 @@ class ListingBudget:
         with self._lock:
             return max(0.0, self._next - now)
 
-    def spent(self, names, now: float) -> None:
-        """A listing of `names` ended at `now`."""
-        gap = listing_gap_s(names)
+    def spent(self, names, now: float, requests: int = 1) -> None:
+        """`requests` listings that carried `names` ended at `now`."""
+        gap = listing_gap_s(names, requests)
         with self._lock:
             self._next = max(self._next, now + gap)
 
@@ -265,6 +267,113 @@ def list_folder(store, rel: str) -> list:
         return list(store.iter_dir(rel))
     except FileNotFoundError:
         return []
+
+
+# How a slice is listed again (`SliceListings`): from its newest record's name (a tail: only what
+# was written since), and at least every LAGGED_EVERY_S from LAG_NS before that record's time (a
+# record named earlier than one already seen, whose PUT took longer, is seen then). Later records
+# still are the follower's sweeps' (whole listings of the last SWEEP_BACK_NS of slices).
+LAG_NS = 2 * 10**9
+LAGGED_EVERY_S = 1.0
+KEPT_SLICES = 8        # slices whose names are kept (the newest: a poll lists at most three)
+
+
+class _Slice:
+    __slots__ = ("lock", "known", "lagged_at")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()         # one listing of a slice at a time
+        self.known: dict | None = None       # name -> Stat, as of the last listing; None: never listed
+        self.lagged_at = float("-inf")       # when it was last listed from before its tail
+
+
+class SliceListings:
+    """The journal's recent time slices as its readers (the follower, the stream version check)
+    know them: `listing(slice)` answers every name the slice holds, as a whole listing would, but
+    asks the store only for the names after the newest record known there (`Store.iter_dir_after`:
+    ListObjectsV2's start-after on S3), so a listing crosses the link with the records written
+    since the last one, not the whole slice again (bench/scale_xdc.py: the whole slice, listed as
+    often as LIST_BYTES_S allowed, was 12% of the bytes written). Names at or before the start
+    are the last listing's; a record removed since (pruned: the retention's, hours old) stays
+    known until the slice is listed whole. Stores that cannot list from a name are listed whole
+    each time, as before. Every listing is charged to `budget` by what it carried. Thread-safe."""
+
+    def __init__(self, store, journal_dir: str, budget: ListingBudget) -> None:
+        self.store = store
+        self.dir = journal_dir
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._slices: dict[str, _Slice] = {}
+        self.counts = {"whole": 0, "tail": 0, "lagged": 0, "names_listed": 0}
+
+    def listing(self, bucket: str, now: float, whole: bool = False) -> dict:
+        """name -> Stat of every entry of the slice `bucket` (a slice nobody wrote in: none);
+        `whole`: ask the store for all of it. Blocking (a store call); `now`: monotonic."""
+        with self._lock:
+            sl = self._slices.get(bucket)
+            kept = sl is not None
+            if sl is None:
+                sl = _Slice()
+        with sl.lock:
+            start, kind = self._start(bucket, sl, now, whole)
+            rel = slice_dir(self.dir, bucket)
+            try:
+                if start is None:
+                    listed = dict(self.store.iter_dir(rel))
+                else:
+                    listed = dict(self.store.iter_dir_after(rel, start))
+            except FileNotFoundError:
+                listed = {}
+            if start is None or sl.known is None:
+                known = listed
+            else:
+                known = {n: st for n, st in sl.known.items() if n <= start}
+                known.update(listed)
+            if kind != "tail":
+                sl.lagged_at = now
+            sl.known = known
+            self.counts[kind] += 1
+            self.counts["names_listed"] += len(listed)
+        self.budget.spent(listed, now)
+        if not kept:
+            self._keep(bucket, sl)
+        return dict(known)
+
+    def _start(self, bucket: str, sl: _Slice, now: float, whole: bool) -> tuple[str | None, str]:
+        """(the name this listing starts after, None for the slice whole; which kind it is)."""
+        if whole or sl.known is None or not getattr(self.store, "lists_after", False):
+            return None, "whole"
+        tail = self._tail(bucket, sl.known)
+        if tail is None:
+            return None, "whole"
+        if now - sl.lagged_at < LAGGED_EVERY_S:
+            return tail, "tail"
+        t = record_time_ns(tail)
+        assert t is not None
+        return f"{max(0, t - LAG_NS):020d}", "lagged"
+
+    @staticmethod
+    def _tail(bucket: str, known: dict) -> str | None:
+        """The newest record name of the slice's own time (names of other times, refused by the
+        readers, must not move the start: one dated far ahead would hide every later record)."""
+        lo = bucket_start_ns(bucket)
+        if lo is None:
+            return None
+        names = [n for n in known if (t := record_time_ns(n)) is not None and lo <= t < lo + BUCKET_NS]
+        return max(names, default=None)
+
+    def _keep(self, bucket: str, sl: _Slice) -> None:
+        """Remember the slice's names if it is among the KEPT_SLICES newest listed (a sweep's old
+        slices are listed whole and not kept)."""
+        with self._lock:
+            if bucket in self._slices:
+                return
+            if len(self._slices) >= KEPT_SLICES:
+                oldest = min(self._slices)
+                if bucket < oldest:
+                    return
+                del self._slices[oldest]
+            self._slices[bucket] = sl
 
 
 def prune(store, journal_dir: str, older_than_ns: int, now_ns: int | None = None) -> int:

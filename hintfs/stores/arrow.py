@@ -229,6 +229,8 @@ class ArrowStore:
         # (any age: only which request the open makes depends on it), bounded like `_listed`.
         self._getter = getter if self._is_s3 and whole_object_bytes > 0 else None
         self._sizes: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if self._getter is not None else None
+        # Listings of the names after a given one (S3 with explicit keys: `iter_dir_after`).
+        self._lister = getter if self._is_s3 else None
         # A folder -> an object a listing showed in it (S3): its stat is two HEADs, not two and a LIST.
         self._children: LRUCache | None = LRUCache(maxsize=_LISTED_MAX // 10) if self._is_s3 else None
         os.close(self._spool())      # at mount time: one line if the spool is not the daemon's own
@@ -344,6 +346,37 @@ class ArrowStore:
                 with self._listed_lock:
                     self._children[rel] = f"{rel}/{name}" if rel else name
             yield name, st
+
+    @property
+    def lists_after(self) -> bool:
+        """`iter_dir_after` lists only the names asked for (one ListObjectsV2 with `start-after`);
+        else it lists the folder whole and filters."""
+        return self._lister is not None
+
+    def iter_dir_after(self, rel: str, after: str) -> Iterator[tuple[str, Stat]]:
+        """The entries of folder `rel` named after `after` (bytewise UTF-8 order, S3's), sorted,
+        with no listing-cache side effects (the journal's readers use it). Where the store cannot
+        list from a name, or the server's answer cannot be used (`S3Getter.list_after`), the whole
+        folder through pyarrow, filtered."""
+        listed = None
+        if self._lister is not None:
+            key = self._key(rel) if rel or "/" in self.root else ""
+            listed = self._lister.list_after(f"{key}/" if key else "", after)
+        if listed is None:
+            self._count("store_lists")
+            infos = self.fs.get_file_info(pafs.FileSelector(self._p(rel), allow_not_found=False, recursive=False))
+            entries = []
+            for info in infos:
+                if info.base_name > after and info.type in (pafs.FileType.File, pafs.FileType.Directory):
+                    entries.append((info.base_name, _stat_of(info)))
+        else:
+            self._count("store_lists_after")
+            entries = [(name, Stat(_DIR_MODE, 0, 0, 0, 2) if is_dir else Stat(_FILE_MODE, size, ns, ns, 1))
+                       for name, size, ns, is_dir in listed]
+        for name, st in sorted(entries, key=lambda e: e[0]):
+            # (S3 lists a folder `after/` after `after`: names are compared here too)
+            if name > after and not name.startswith(STAGING_PREFIX):
+                yield name, st
 
     def _forget_listed(self, *rels: str, tree: bool = False) -> None:
         """A change through this store: what listings said of `rels` (with `tree`, of everything

@@ -143,6 +143,14 @@ class Store(Protocol):
         store has inode numbers; an object's version (its HEAD, with the ETag) on an object store.
         No side effect (no cache counted, no tier told of a read)."""
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]: ...
+    @property
+    def lists_after(self) -> bool:
+        """`iter_dir_after` asks the store for those names only (S3's start-after)."""
+
+    def iter_dir_after(self, rel: str, after: str) -> Iterator[tuple[str, Stat]]:
+        """The entries of folder `rel` named after `after`, sorted: for the journal's readers,
+        whose listings of a time slice should carry only what is new (`journal.SliceListings`).
+        Where `lists_after` is False the folder is listed whole and filtered."""
     def open_reader(self, rel: str) -> tuple[Reader, Stat]: ...
     def readlink(self, rel: str) -> str: ...
     def symlink(self, rel: str, target: str) -> None: ...

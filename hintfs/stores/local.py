@@ -230,6 +230,12 @@ class LocalStore:
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         return self._iter_dir(rel, False)
 
+    lists_after = False    # (a folder is read whole: no link to save bytes on)
+
+    def iter_dir_after(self, rel: str, after: str) -> Iterator[tuple[str, Stat]]:
+        """The entries of folder `rel` named after `after`, sorted (`iter_dir_in_thread`, filtered)."""
+        return iter(sorted((e for e in self._iter_dir(rel, True) if e[0] > after), key=lambda e: e[0]))
+
     def iter_dir_in_thread(self, rel: str) -> Iterator[tuple[str, Stat]]:
         """`iter_dir` for a caller outside the daemon's event loop (a worker thread): each entry's
         attributes by lstat (the C call os.scandir makes, a third of the statx through ctypes

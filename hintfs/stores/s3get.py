@@ -1,4 +1,5 @@
-"""One signed S3 GET that answers an open of a small object by itself (issue 39).
+"""Signed S3 requests pyarrow cannot make: one GET that answers an open of a small object by
+itself (issue 39), and a listing of the names after a given one (issue 37).
 
 pyarrow opens an S3 object with a HEAD (size, Last-Modified, ETag) and reads it with a GET: two
 requests, each a round trip and, on a server that shares the client's cores, CPU. A GET's own
@@ -14,6 +15,16 @@ HEAD and GET as before). Addressing: path style at `endpoint_override`; virtual-
 `s3.<region>.amazonaws.com` for a bucket without dots when no endpoint is given. Anything it
 cannot answer (not found, an error, an object larger than `limit`) is `None`: the caller opens
 the object through pyarrow as before.
+
+`S3Getter.list_after` is a ListObjectsV2 with `start-after`: the entries of one folder whose names
+sort after a given name. pyarrow lists a folder whole; the journal's readers (`journal.SliceListings`)
+list the same time slice many times a second, and a slice of a busy journal is thousands of
+names: listed whole, they were the journal's whole 256 KB/s budget on the link, 12% of the bytes
+written (bench/scale_xdc.py). The response is a server's document: bounded in size per page
+(LIST_PAGE_BYTES) and in pages, parsed by the standard library's expat (which refuses entity
+expansion bombs and never fetches external entities); keys come URL-encoded (`encoding-type=url`:
+a key with characters XML 1.0 cannot carry is still a key), must lie in the folder asked for, and
+anything unexpected makes the answer None (the caller lists through pyarrow as before).
 """
 from __future__ import annotations
 
@@ -25,9 +36,19 @@ import http.client
 import os
 import ssl
 import threading
-from urllib.parse import quote
+import xml.etree.ElementTree as ET
+from urllib.parse import quote, unquote_plus
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+LIST_PAGE_KEYS = 1000              # entries a listing page asks for (S3's own most)
+LIST_PAGE_BYTES = 4 << 20          # a page's response larger than this is not read
+LIST_MAX_PAGES = 100               # a listing of more pages is pyarrow's (the caller's fallback)
+
+
+def _q(value: str) -> str:
+    """SigV4's URI encoding of a query parameter (every byte but A-Z a-z 0-9 - _ . ~)."""
+    return quote(value, safe="-_.~")
 
 
 class Got:
@@ -81,12 +102,16 @@ class S3Getter:
         self._keys = (day, k)
         return k
 
-    def _headers(self, path: str, rng: str, now: dt.datetime) -> dict[str, str]:
+    def _headers(self, path: str, rng: str | None, now: dt.datetime, query: str = "") -> dict[str, str]:
+        """The signed headers of a GET of `path` (`query`: its canonical query string, sorted and
+        encoded by `_q`; `rng`: a Range header, or none)."""
         amz = now.strftime("%Y%m%dT%H%M%SZ")
         day = amz[:8]
-        headers = {"host": self.host, "range": rng, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": amz}
+        headers = {"host": self.host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": amz}
+        if rng is not None:
+            headers["range"] = rng
         signed = ";".join(sorted(headers))
-        canonical = "\n".join(["GET", path, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed,
+        canonical = "\n".join(["GET", path, query, *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed,
                                _EMPTY_SHA256])
         scope = f"{day}/{self.region}/s3/aws4_request"
         to_sign = "\n".join(["AWS4-HMAC-SHA256", amz, scope, hashlib.sha256(canonical.encode()).hexdigest()])
@@ -150,6 +175,104 @@ class S3Getter:
         if mtime is None or not etag:
             return None
         return Got(body, total, mtime, etag)
+
+
+    def list_after(self, folder_key: str, after: str) -> list[tuple[str, int, int, bool]] | None:
+        """The entries of the folder whose keys start with `folder_key` (ending in "/"; "" for
+        the bucket's top) named after `after` (S3's order: bytewise UTF-8), as (name, size,
+        mtime_ns, is_folder), sorted; None where this listing cannot be answered here (an error
+        status, a page too large, more than LIST_MAX_PAGES pages, a document not as S3 writes
+        it): list through pyarrow. TimeoutError where the server does not answer in time."""
+        params = {"list-type": "2", "delimiter": "/", "encoding-type": "url", "max-keys": str(LIST_PAGE_KEYS),
+                  "prefix": folder_key}
+        if after:
+            params["start-after"] = folder_key + after
+        path = self._prefix + "/"
+        out: list[tuple[str, int, int, bool]] = []
+        for _page in range(LIST_MAX_PAGES):
+            query = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted(params.items()))
+            body = self._get_page(path, query)
+            if body is None:
+                return None
+            page = _listing_page(body, folder_key)
+            if page is None:
+                return None
+            entries, token = page
+            out += entries
+            if token is None:
+                return sorted(out)
+            params["continuation-token"] = token
+        return None
+
+    def _get_page(self, path: str, query: str) -> bytes | None:
+        for attempt in range(2):   # (a kept-alive connection the server closed meanwhile: once more)
+            try:
+                conn = self._conn()
+                conn.request("GET", f"{path}?{query}", headers=self._headers(path, None, dt.datetime.now(dt.UTC), query))
+                resp = conn.getresponse()
+                length = int(resp.getheader("content-length", "-1"))
+                if resp.status != 200 or not 0 <= length <= LIST_PAGE_BYTES:
+                    self._drop_conn()     # (an error's document, or a chunked one: not read)
+                    return None
+                body = resp.read()
+            except TimeoutError:
+                self._drop_conn()
+                raise
+            except (http.client.HTTPException, OSError, ValueError):
+                self._drop_conn()
+                if attempt:
+                    return None
+                continue
+            if resp.getheader("connection", "").lower() == "close":
+                self._drop_conn()
+            return body if len(body) == length else None
+        return None
+
+
+def _listing_page(body: bytes, folder_key: str) -> tuple[list[tuple[str, int, int, bool]], str | None] | None:
+    """(entries, the next page's continuation token or None) of a ListObjectsV2 response; None
+    for a document that is not one (or whose keys are not URL-encoded, or lie outside the folder)."""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        return None
+    if root.tag != f"{_NS}ListBucketResult" or (root.findtext(f"{_NS}EncodingType") or "").lower() != "url":
+        return None
+    out: list[tuple[str, int, int, bool]] = []
+    try:
+        for item in root.iterfind(f"{_NS}Contents"):
+            name = _child_name(item.findtext(f"{_NS}Key"), folder_key)
+            stamp = (item.findtext(f"{_NS}LastModified") or "").strip()
+            size = int(item.findtext(f"{_NS}Size") or "-1")
+            when = dt.datetime.fromisoformat(stamp)
+            if name is None or not name or size < 0 or when.tzinfo is None:
+                return None
+            ns = int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
+            out.append((name, size, ns, False))
+        for item in root.iterfind(f"{_NS}CommonPrefixes"):
+            name = _child_name((item.findtext(f"{_NS}Prefix") or "").removesuffix("/") or None, folder_key)
+            if not name:
+                return None
+            out.append((name, 0, 0, True))
+    except ValueError:
+        return None
+    truncated = (root.findtext(f"{_NS}IsTruncated") or "").strip().lower() == "true"
+    token = root.findtext(f"{_NS}NextContinuationToken") if truncated else None
+    if truncated and not token:
+        return None
+    return out, token
+
+
+def _child_name(raw: str | None, folder_key: str) -> str | None:
+    """The name within `folder_key` of a listed key (URL-encoded, form style); None when it is not
+    one there."""
+    if raw is None:
+        return None
+    key = unquote_plus(raw, errors="surrogateescape")   # (S3 and MinIO write a space as "+")
+    if not key.startswith(folder_key):
+        return None
+    name = key[len(folder_key):]
+    return None if "/" in name or name in ("", ".", "..") else name
 
 
 def _whole_size(status: int, content_range: str, length: int) -> int | None:

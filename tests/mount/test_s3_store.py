@@ -231,3 +231,112 @@ def test_a_listed_folder_is_stated_by_heads_not_a_listing(s3_server, tmp_path):
     assert store.stat("d") == plain and store.read_counters["stat_dir_by_child"] == 1
     list(store.iter_dir("d"))                           # a listing names another one
     assert store.stat("d") == plain and store.read_counters["stat_dir_by_child"] == 2
+
+
+def test_a_folder_is_listed_from_a_name_by_one_signed_request_and_matches_pyarrows_listing(s3_server, tmp_path,
+                                                                                           monkeypatch):
+    """Issue 37: the journal's readers list a time slice from its newest record (ListObjectsV2's
+    start-after, signed by hand: pyarrow lists a folder whole). The names after, their sizes
+    and times, sub-folders, keys that need encoding, pages: as pyarrow's listing says, filtered."""
+    from hintfs.stores import s3get
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    names = ["0001-a.rec", "0002-b c.rec", "0003-d+e.rec", "0004-f~g.rec", "0005-h%20.rec"]
+    for i, name in enumerate(names):
+        with fs.open_output_stream(f"{BUCKET}/j/s/{name}") as f:
+            f.write(b"r" * (i + 1))
+    with fs.open_output_stream(f"{BUCKET}/j/s/0006-sub/x") as f:   # a sub-folder
+        f.write(b"x")
+    with fs.open_output_stream(f"{BUCKET}/j/s0/other") as f:      # a sibling sharing the prefix
+        f.write(b"x")
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", getter=S3Getter.of(cfg, BUCKET))
+    assert store.lists_after
+    whole = {n: st for n, st in store.iter_dir("j/s")}
+    monkeypatch.setattr(s3get, "LIST_PAGE_KEYS", 2)                # three pages
+    for after in ("", "0002-b c.rec", "0003", "0006-sub", "9"):
+        got = list(store.iter_dir_after("j/s", after))
+        want = sorted((n, st) for n, st in whole.items() if n > after)
+        assert [n for n, _ in got] == [n for n, _ in want], after
+        for (_n, st), (_m, ref) in zip(got, want):
+            assert (st.is_dir, st.size) == (ref.is_dir, ref.size)
+            assert st.is_dir or abs(st.mtime_ns - ref.mtime_ns) < 10**9
+    assert store.read_counters["store_lists_after"] == 5
+    assert list(store.iter_dir_after("j/none", "")) == []
+    # a store without keys to sign lists through pyarrow, whole, filtered
+    plain = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}")
+    assert not plain.lists_after
+    assert [n for n, _ in plain.iter_dir_after("j/s", "0003")] == ["0003-d+e.rec", "0004-f~g.rec", "0005-h%20.rec",
+                                                                    "0006-sub"]
+    bad = S3Getter.of(StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                                  region="us-east-1", access_key=s3_server.access_key, secret_key="wrong"), BUCKET)
+    assert bad is not None and bad.list_after("j/s/", "") is None   # refused (403): the caller's fallback
+
+
+def test_an_agent_follows_an_s3_journal_listing_only_what_is_new_and_finds_a_late_record(s3_server, tmp_path):
+    """Issue 37, through a real agent and S3 server: after its first poll the follower lists the
+    journal's current slice from its newest record, so a poll carries only the records written
+    since; a record named before one already listed (its PUT took longer) is found by the lagged
+    listing within LAGGED_EVERY_S, one named long before by the next sweep."""
+    import time
+    import tomllib
+
+    from hintfs.agent.server import start_in_process
+    from hintfs.common.clock import FakeClock
+    from hintfs.common.journal import LAGGED_EVERY_S, encode_record, record_key, record_name
+    from hintfs.stores import open_store
+    from mountconfig import parse_config
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    wall = (time.time() // 10) * 10 + 3            # 3 s into a journal slice, on a clock of the test's
+    clock = FakeClock(wall=wall)
+    cfg = parse_config({"store": tomllib.loads(s3_server.store_toml(BUCKET))["store"],
+                        "agent": {"data_dir": str(tmp_path / "tier")},
+                        "follow": {"prefixes": ["ckpt"], "poll_interval_s": 3600}})
+    store = open_store(cfg.store, str(tmp_path / "spool"))
+    assert store.lists_after
+
+    def publish(name: str, at_s: float) -> None:
+        path = f"ckpt/job/step_1/{name}"
+        with fs.open_output_stream(f"{BUCKET}/{path}") as f:
+            f.write(name.encode() * 100)
+        info = fs.get_file_info(f"{BUCKET}/{path}")
+        rec = f"{int((wall + at_s) * 1e9):020d}-h-1-{name[0]}~{info.size}~{info.mtime_ns}~" + \
+            record_name(path).split("~")[-1]
+        with fs.open_output_stream(f"{BUCKET}/.hintfs-journal/{record_key(rec)}") as f:
+            f.write(encode_record(path, info.size, info.mtime_ns))
+
+    publish("a.distcp", 0.0)
+    server, _loc = start_in_process(store, cfg.agent, peers=cfg.agents, follow=cfg.follow,
+                              transform_load=cfg.transform_load, clock=clock)
+    try:
+        f = server.agent.follower
+        f.step(wait=True)                                  # the first poll: whole
+        assert "ckpt/job/step_1/a.distcp" in f.copied
+        publish("b.distcp", 1.0)
+        clock.advance(0.1)
+        f.step(wait=True)
+        assert "ckpt/job/step_1/b.distcp" in f.copied
+        tails = f.listings.counts["tail"]
+        assert tails >= 1 and f.listings.counts["names_listed"] <= 3   # a, then b alone
+        publish("c.distcp", 0.5)                           # named before b, listed after it
+        clock.advance(0.1)
+        f.step(wait=True)
+        assert "ckpt/job/step_1/c.distcp" not in f.copied  # the tail starts after b
+        clock.advance(LAGGED_EVERY_S)
+        f.step(wait=True)
+        assert "ckpt/job/step_1/c.distcp" in f.copied and f.listings.counts["lagged"] >= 1
+        publish("d.distcp", -2.9)                          # far earlier in the slice: the sweep's
+        clock.advance(LAGGED_EVERY_S + 0.1)
+        f.step(wait=True)
+        assert "ckpt/job/step_1/d.distcp" not in f.copied
+        f.sweep_s = 0
+        f.step(wait=True)
+        assert "ckpt/job/step_1/d.distcp" in f.copied
+        assert store.read_counters["store_lists_after"] >= 3
+    finally:
+        server.shutdown()
