@@ -539,6 +539,10 @@ def main() -> int:
         w["breakdown"] = {"streams": streams, "tier_copies": d["copy_bytes"], "tier_demand": d["demand_bytes"],
                           "other": w["wan_bytes"] - streams - d["copy_bytes"] - d["demand_bytes"],
                           "tier_journal_listings": d["listings"]}
+        # the store's side of the link by the request each byte answered (the relay reads the plain
+        # HTTP; totals since the relay started, set-up included)
+        rs = b.relay.stats()
+        w["down_by_request"], w["requests"] = rs.get("down_by_request", {}), rs.get("requests", {})
         st = b.agent.status()
         result["tier_at_end"] = {"replicas": len(st.replicas), "streams": st.streams, "demand": st.demand,
                                  "link_bytes_by_class": st.link_bytes_by_class, "copies": st.copies,

@@ -533,7 +533,7 @@ class RoutedStore:
         except OSError as err:
             log.info("read hint for %s not forwarded to the tier: %s", path, err)
 
-    def open_reader(self, rel: str) -> tuple[Reader, Stat]:
+    def open_reader(self, rel: str, lazy: bool = False) -> tuple[Reader, Stat]:
         client, doc = self._tier(rel)
         if doc["state"] == "copying" and client is not None:   # (no client: "absent")
             # Demand-first: reads do not wait for the whole file (hintfs/agent/demand.py).

@@ -392,9 +392,9 @@ class ArrowStore:
                         for k in [k for k in list(kept.keys()) if k.startswith(prefix)]:
                             kept.pop(k, None)
 
-    def open_reader(self, rel: str) -> tuple[ArrowReader, Stat]:
+    def open_reader(self, rel: str, lazy: bool = False) -> tuple[ArrowReader, Stat]:
         if self._is_s3:
-            small = self._open_small(rel) if self._sizes is not None else None
+            small = self._open_small(rel) if self._sizes is not None and not lazy else None
             if small is not None:
                 return small
             # One request instead of two: opening sends a HEAD whose Last-Modified is the mtime
@@ -408,7 +408,7 @@ class ArrowStore:
                 mtime = _last_modified_ns(f.metadata())
                 if mtime is not None:
                     size = f.size()
-                    reader = self._reader(f, size)
+                    reader = self._reader(f, size, lazy)
                     return reader, Stat(_FILE_MODE, size, mtime, mtime, 1, etag=reader.etag)
                 f.close()
         info = self.fs.get_file_info(self._p(rel))
@@ -416,7 +416,7 @@ class ArrowStore:
         if st.is_dir:
             raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
         f = self.fs.open_input_file(self._p(rel))
-        return self._reader(f, f.size()), st
+        return self._reader(f, f.size(), lazy), st
 
     def _open_small(self, rel: str) -> tuple[ArrowReader, Stat] | None:
         """An object a listing or stat said is small (up to `whole_bytes`): one GET gives its
@@ -456,9 +456,12 @@ class ArrowStore:
         """The object key of `rel` within the bucket (the root's first part)."""
         return self._p(rel).split("/", 1)[1]
 
-    def _reader(self, f, size: int) -> ArrowReader:
+    def _reader(self, f, size: int, lazy: bool = False) -> ArrowReader:
         """The reader of an open file: a small object (up to `whole_bytes`) read whole now, in one
-        request, if the read budget allows; else one whose sequential reads read ahead."""
+        request, if the read budget allows; else one whose sequential reads read ahead. `lazy`:
+        neither (`Store.open_reader`)."""
+        if lazy:
+            return ArrowReader(f, counters=self.read_counters)
         if 0 < size <= self.whole_bytes and self.read_budget.take(size):
             try:
                 self._count("store_gets")

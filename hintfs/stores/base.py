@@ -151,7 +151,12 @@ class Store(Protocol):
         """The entries of folder `rel` named after `after`, sorted: for the journal's readers,
         whose listings of a time slice should carry only what is new (`journal.SliceListings`).
         Where `lists_after` is False the folder is listed whole and filtered."""
-    def open_reader(self, rel: str) -> tuple[Reader, Stat]: ...
+    def open_reader(self, rel: str, lazy: bool = False) -> tuple[Reader, Stat]:
+        """An open reader of file `rel` and the version it reads. An object store may read a
+        small object whole at the open (one GET) and read ahead of sequential reads; `lazy`: it
+        must not (no byte fetched before a read asks for it, and only those: the eval tier's
+        demand readers, opened when a stream is published, would fetch a second copy of what the
+        stream brings across the link)."""
     def readlink(self, rel: str) -> str: ...
     def symlink(self, rel: str, target: str) -> None: ...
     def mknod(self, rel: str, mode: int, rdev: int) -> None:

@@ -681,7 +681,9 @@ class HostCachedStore:
                 self._gauges()
 
     # -- the Store interface: reads ---------------------------------------------------------------
-    def open_reader(self, rel: str) -> tuple[Reader, Stat]:
+    def open_reader(self, rel: str, lazy: bool = False) -> tuple[Reader, Stat]:
+        if lazy:    # (no bytes at the open: nothing to keep either; reads go to the store)
+            return self._store.open_reader(rel, lazy=True)
         reader, st = self._store.open_reader(rel)
         try:
             version = version_of(reader, st)

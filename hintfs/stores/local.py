@@ -371,7 +371,7 @@ class LocalStore:
     def current(self, rel: str) -> Stat:
         return self.stat(rel)
 
-    def open_reader(self, rel: str) -> tuple[LocalReader, Stat]:
+    def open_reader(self, rel: str, lazy: bool = False) -> tuple[LocalReader, Stat]:
         # O_NONBLOCK: a FIFO must never block this open (the kernel serves FIFOs and devices of the
         # mount itself; one reached here is refused).
         fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -100,6 +100,10 @@ class RelayStats:
     failed: int = 0
     active: int = 0
     bytes: dict[str, int] = field(default_factory=lambda: {d: 0 for d in DIRECTIONS})
+    # plain HTTP through the relay (an S3 endpoint): "down" bytes and requests by the kind of the
+    # request they answer (`request_kind`), to tell what crossed
+    down_by_request: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)
     samples: dict[str, collections.deque] = field(default_factory=dict)
     _last: dict[str, int] = field(default_factory=lambda: {d: 0 for d in DIRECTIONS})
 
@@ -119,13 +123,38 @@ class RelayStats:
             "accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
             "active": self.active, "sample_interval_s": self.sample_interval_s,
             "bytes": dict(self.bytes),
+            "down_by_request": dict(self.down_by_request), "requests": dict(self.requests),
             "samples": {d: list(self.samples[d]) for d in DIRECTIONS},
         }
 
 
+_METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
+
+
+def request_kind(chunk: bytes) -> str | None:
+    """The kind of the HTTP request a chunk sent up starts (None: not a request's start): its
+    method, LIST for a bucket listing (LIST-AFTER with start-after), and ":journal" for a hintfs
+    journal's objects."""
+    if not chunk.startswith(_METHODS):
+        return None
+    line = chunk.split(b"\r\n", 1)[0]
+    method = line.split(b" ", 1)[0].decode()
+    if method == "GET" and (b"list-type=" in line or b"delimiter=" in line or b"prefix=" in line):
+        method = "LIST-AFTER" if b"start-after=" in line else "LIST"
+    if b"hintfs-journal" in line or b"hintfs-journal" in line.replace(b"%2F", b"/"):
+        return method + ":journal"
+    if method.startswith("LIST"):
+        return method
+    # an object's request: by the first two folders of its key (after the bucket)
+    parts = line.split(b" ")[1].split(b"?", 1)[0].split(b"/")[2:4] if b" " in line else []
+    return method + ":" + b"/".join(parts).decode(errors="replace")[:60]
+
+
 async def _pump(src: trio.SocketStream, dst: trio.SocketStream, direction: str,
-                bucket: TokenBucket, delay_s: float, max_inflight: int, stats: RelayStats) -> None:
-    """One direction of one connection: read -> bucket -> stamp -> queue -> release at stamp+delay."""
+                bucket: TokenBucket, delay_s: float, max_inflight: int, stats: RelayStats,
+                conn: dict | None = None) -> None:
+    """One direction of one connection: read -> bucket -> stamp -> queue -> release at stamp+delay.
+    `conn`: the connection's state both directions share (the kind of its last request)."""
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
     read_size = read_size_for(bucket.rate)
     inflight = 0
@@ -167,6 +196,15 @@ async def _pump(src: trio.SocketStream, dst: trio.SocketStream, direction: str,
             await dst.send_all(data)
             inflight -= len(data)
             stats.bytes[direction] += len(data)
+            if conn is not None:
+                if direction == "up":
+                    kind = request_kind(data)
+                    if kind is not None:
+                        conn["kind"] = kind
+                        stats.requests[kind] = stats.requests.get(kind, 0) + 1
+                else:
+                    kind = conn.get("kind", "other")
+                    stats.down_by_request[kind] = stats.down_by_request.get(kind, 0) + len(data)
             old, drained = drained, trio.Event()
             old.set()
 
@@ -189,12 +227,13 @@ async def _handle(client: trio.SocketStream, target_host: str, target_port: int,
                 log.warning("wan relay: cannot reach %s:%d: %s", target_host, target_port, e)
                 return
             async with server:
+                conn: dict = {}
                 try:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(_pump, client, server, "up", buckets["up"], delay_s,
-                                           max_inflight, stats)
+                                           max_inflight, stats, conn)
                         nursery.start_soon(_pump, server, client, "down", buckets["down"],
-                                           delay_s, max_inflight, stats)
+                                           delay_s, max_inflight, stats, conn)
                 except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass  # one side went away: close both
     finally:

@@ -340,3 +340,30 @@ def test_an_agent_follows_an_s3_journal_listing_only_what_is_new_and_finds_a_lat
         assert store.read_counters["store_lists_after"] >= 3
     finally:
         server.shutdown()
+
+
+def test_a_lazy_open_of_a_small_object_fetches_no_byte_until_a_read(s3_server, tmp_path):
+    """Issue 37 (WAN bytes): the eval tier opens a demand reader of each stream's version when
+    it is published; a small object's open read it whole (one GET), so every streamed file
+    crossed the link twice (bench/scale_xdc.py: 25.6 MB of GETs beside 53 MB of streams). A lazy
+    open makes the HEAD alone, and a read fetches only what it asks."""
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    with fs.open_output_stream(f"{BUCKET}/f.bin") as f:
+        f.write(bytes(range(256)) * 40)
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", getter=S3Getter.of(cfg, BUCKET))
+    st = store.stat("f.bin")                            # its size is known: a plain open is one GET
+    c = store.read_counters
+    reader, got = store.open_reader("f.bin", lazy=True)
+    assert got.identity() == st.identity() and reader.whole is None
+    assert c.get("store_gets", 0) == 0 and c.get("whole_object_opens", 0) == 0 and store.read_budget.used == 0
+    assert reader.read(256, 4) == bytes(range(4)) and reader._ahead is None   # (no read-ahead either)
+    reader.close()
+    plain, _ = store.open_reader("f.bin")
+    assert plain.whole is not None and c["get_opens"] == 1   # (the mounts' open: unchanged)
+    plain.close()

@@ -193,8 +193,8 @@ class _SlowStore(LocalStore):
         super().__init__(root)
         self.go, self.reading = threading.Event(), threading.Event()
 
-    def open_reader(self, rel):
-        reader, st = super().open_reader(rel)
+    def open_reader(self, rel, lazy=False):
+        reader, st = super().open_reader(rel, lazy)
         inner, go, reading = reader.read, self.go, self.reading
 
         class Slow:
@@ -704,9 +704,9 @@ def test_many_pieces_hinted_before_the_store_reader_is_open_do_not_wait_for_each
     opened = th.Event()
 
     class SlowOpen(LocalStore):
-        def open_reader(self, rel):              # open once the pieces are queued
+        def open_reader(self, rel, lazy=False):  # open once the pieces are queued
             opened.wait(60)
-            return super().open_reader(rel)
+            return super().open_reader(rel, lazy)
 
     # With the open queued behind the fetches in one pool, every piece waited out the timeout:
     # it is past the test's own, so that the bug shows as a failure, not as a slow pass.
