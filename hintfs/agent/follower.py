@@ -23,6 +23,7 @@ from hintfs.agent.catalog import Catalog
 from hintfs.agent.copier import Copier
 from hintfs.agent.copyqueue import CopyQueue
 from hintfs.agent.linkgate import LinkGate
+from hintfs.common.paths import PathDict, PathSet
 from hintfs.common.refusals import RefusalLog
 from hintfs.agent.rpc import FollowStatus
 from hintfs.agent.versions import VersionCheck
@@ -83,9 +84,10 @@ class Follower:
         # why the journal is not followed (the listing is, meanwhile), as of the last sweep
         self.journal_refused: str | None = None
         self.seen_files: dict[str, tuple[int, int]] = {}
-        self.copied: set[str] = set()
+        self.copied = PathSet()   # (by folder too, as `journaled`)
         # journaled version of each file, (size, mtime_ns), and the record that announced it
-        self.journaled: dict[str, tuple[tuple[int, int], str | None]] = {}
+        # (by folder too: a round's removal records look only at the files under them)
+        self.journaled: PathDict = PathDict()
         self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
         self.queued = CopyQueue(self._job)                # files waiting for a copy
         self.running: set[str] = set()
@@ -346,14 +348,21 @@ class Follower:
             made = record_time_ns(j[1]) if j and j[1] else None
             return made is None or made <= t
 
-        known = set(self.journaled) | self.copied | set(self.queued) | set(self.errors) | self.pending_markers
-        known |= {p for files in self.folder_files.values() for p in files}
+        # The files known at or under the removed paths, found by folder (`PathDict`, `PathSet`):
+        # not a pass over every file known (20 rounds a second while jobs delete old steps).
+        # folder_files holds journaled files only.
+        known = {q for path, _t in removals for q in (*self.journaled.under(path), *self.copied.under(path))}
+        known |= set(self.queued) | set(self.errors) | self.pending_markers   # (the work in flight: few)
         gone = {p for p in known if gone_by_now(p)}
         for p in gone:
             self.journaled.pop(p, None)
             self.queued.discard(p)
             self.errors.pop(p, None)
-            self.folder_files.get(posixpath.dirname(p), set()).discard(p)
+            files = self.folder_files.get(posixpath.dirname(p))
+            if files is not None:
+                files.discard(p)
+                if not files:
+                    del self.folder_files[posixpath.dirname(p)]
             if p in self.pending_markers or posixpath.basename(p) == self.cfg.commit_marker:
                 self.pending_markers.discard(p)
                 self.complete.pop(posixpath.dirname(p), None)
@@ -401,15 +410,14 @@ class Follower:
             old = [f for _t, f in done[: max(0, len(done) - self.cfg.keep_last)]]
             if not old:
                 return
-            under = tuple(f + "/" for f in old)
-            drop = [p for p in self.copied if p.startswith(under)]
+            drop = [p for f in old for p in self.copied.under(f)]
             for f in old:
                 del self.complete[f]
                 self.folder_files.pop(f, None)
             for p in drop:
                 self.copied.discard(p)
             # what the journal said of them too: kept, it grew with every file ever followed
-            for p in [p for p in self.journaled if p.startswith(under)]:
+            for p in [p for f in old for p in self.journaled.under(f)]:
                 del self.journaled[p]
             self._publish_kept()
         for p in drop:
