@@ -78,8 +78,9 @@ WRITE = textwrap.dedent("""
         print(json.dumps({"t0": t0, "done": done, "per_file": per_file}), flush=True)
 """)
 
-# The tier's completions: `status` answers every replica (tens of thousands here), so it is parsed in a
-# process of its own on the eval side, not beside the relay's thread. One line per poll.
+# The tier's completions: `status` without the replica list (their number only: the list of tens of
+# thousands was most of the agent's status cost), in a process of its own on the eval side, not
+# beside the relay's thread. One line per poll.
 POLL = textwrap.dedent("""
     import json, sys, time
     from hintfs.agent.client import AgentClient
@@ -88,11 +89,11 @@ POLL = textwrap.dedent("""
     while True:
         t = time.time()
         try:
-            st = c.status()
+            st = c.status(replicas=False)
             f, d = st.follow, st.demand
             new = {p: at for p, at in (f.complete_at if f else {}).items() if p not in seen}
             seen.update(new)
-            out = {"t": t, "call_s": round(time.time() - t, 4), "new": new, "replicas": len(st.replicas),
+            out = {"t": t, "call_s": round(time.time() - t, 4), "new": new, "replicas": st.replica_count,
                    "queued": f.queued if f else None, "errors": len(f.errors) if f else None,
                    "listings": st.streams.get("versions", {}).get("listings"),
                    "copy_bytes": sum((st.link_bytes_by_class or {}).values()),

@@ -102,7 +102,7 @@ ACTIONS: dict[str, Action[Any, Any]] = {
                        "fetch at once the ranges of a file still arriving that an eval will read"),
     "has": Action(rpc.HasRequest, lambda a, r, s: rpc.HasReply(has=a.catalog.has(r.path, r.size, r.mtime_ns)),
                   rpc.HasReply, "whether a complete replica of exactly this version is here"),
-    "status": Action(rpc.EmptyRequest, lambda a, r, s: a.status(), rpc.StatusReply,
+    "status": Action(rpc.StatusRequest, lambda a, r, s: a.status(replicas=r.replicas), rpc.StatusReply,
                      "replicas, load, budget, samples, follow, link"),
     "ping": Action(rpc.EmptyRequest, lambda a, r, s: rpc.PingReply(), rpc.PingReply, "liveness"),
 }

@@ -89,6 +89,7 @@ class AgentClient:
         self._client = fl.FlightClient(location, middleware=[self._agent_version], **kwargs)
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
+        self._status_whole = False   # the agent refused `status` without its replicas (older)
 
     def _action(self, kind: str, body: bytes) -> bytes:
         """One action with this body; the reply's bytes (b"" when the agent sent none)."""
@@ -248,8 +249,20 @@ class AgentClient:
         """Remove the replica of `path`; with `holder`, release that holder's claim only."""
         return self._call("drop", rpc.DropRequest.model_construct(path=path, holder=holder), rpc.DropReply)
 
-    def status(self) -> rpc.StatusReply:
-        return self._call("status", rpc.EmptyRequest.model_construct(), rpc.StatusReply)
+    def status(self, replicas: bool = True) -> rpc.StatusReply:
+        """The agent's state; `replicas=False`: without the list of replicas, their number only
+        (`replica_count`; cheap to ask often). An agent from before that option is asked for all."""
+        if not replicas and not self._status_whole:
+            try:
+                return self._call("status", rpc.StatusRequest.model_construct(replicas=False), rpc.StatusReply)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                self._status_whole = True   # (an older agent refuses the key: it lists them all)
+        reply = self._call("status", rpc.StatusRequest.model_construct(), rpc.StatusReply)
+        if not reply.replica_count and reply.replicas:   # (an older agent's reply)
+            reply = reply.model_copy(update={"replica_count": len(reply.replicas)})
+        return reply
 
     def ping(self) -> bool:
         return self._call("ping", rpc.EmptyRequest.model_construct(), rpc.PingReply).ok

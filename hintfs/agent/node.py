@@ -135,9 +135,10 @@ class Agent:
         self.catalog.expire()
         self.intake.expire()
 
-    def status(self) -> StatusReply:
-        replicas, budget = self.catalog.status()
-        return StatusReply(replicas=replicas, load=self.reads.status(), budget=budget,
+    def status(self, replicas: bool = True) -> StatusReply:
+        """The agent's state; `replicas`: with every replica (else their number only)."""
+        listed, count, budget = self.catalog.status(replicas)
+        return StatusReply(replicas=listed, replica_count=count, load=self.reads.status(), budget=budget,
                            resumed_ranges=self.copier.resumed_ranges, copies=self.copier.copies,
                            streams=self.intake.status(), demand=self.demand.status(),
                            samples=self.reads.samples_status(),

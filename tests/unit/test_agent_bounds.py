@@ -353,3 +353,31 @@ def test_version_check_lists_a_big_slice_no_faster_than_its_bytes_allow():
     _drain(vc)
     assert store.lists == 4 and vc.budget.wait_s(clock()) > 0
     vc.close()
+
+
+def test_status_without_the_replica_list_gives_their_number_and_an_older_agent_is_asked_for_all(
+        tmp_path, monkeypatch):
+    """Issue 37: with tens of thousands of replicas the list was most of the status's cost (the
+    bench polls twice a second). `status(replicas=False)` leaves it out and says how many; an
+    agent from before the key refuses it (EINVAL) and the client asks again for the whole."""
+    (tmp_path / "s").mkdir()
+    for i in range(3):
+        (tmp_path / "s" / f"f{i}").write_bytes(b"x" * 10)
+    cfg = parse_config({"store": {"uri": f"file://{tmp_path / 's'}"}, "agent": {"data_dir": str(tmp_path / "t")}})
+    server, loc = start_in_process(LocalStore(str(tmp_path / "s")), cfg.agent)
+    try:
+        c = AgentClient(loc)
+        for i in range(3):
+            c.replicate(f"f{i}", ttl_s=600)
+        full = c.status()
+        assert sorted(full.replicas) == ["f0", "f1", "f2"] and full.replica_count == 3
+        short = c.status(replicas=False)
+        assert short.replicas == {} and short.replica_count == 3 and short.budget == full.budget
+        old = actions.ACTIONS["status"]
+        monkeypatch.setitem(actions.ACTIONS, "status", actions.Action(
+            rpc.EmptyRequest, lambda a, r, s: a.status(), rpc.StatusReply, old.doc))   # an older agent
+        c2 = AgentClient(loc)
+        got = c2.status(replicas=False)
+        assert sorted(got.replicas) == ["f0", "f1", "f2"] and got.replica_count == 3 and c2._status_whole
+    finally:
+        server.shutdown()

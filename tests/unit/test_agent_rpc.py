@@ -34,7 +34,8 @@ def test_every_action_has_a_typed_request_a_handler_and_a_typed_reply():
                                                                 mtime_ns=7, crcs=[1, 2], record=None)),
     ("plan_window", rpc.PlanWindowRequest.model_construct(keep=[("a", 1)], want=[("a", "image", "{}", 1)],
                                                           job=None)),
-    ("status", rpc.EmptyRequest.model_construct()),
+    ("status", rpc.StatusRequest.model_construct()),
+    ("status", rpc.StatusRequest.model_construct(replicas=False)),
 ])
 def test_what_the_client_sends_parses_back_into_the_same_request(kind, req):
     body = rpc.encode(req)
