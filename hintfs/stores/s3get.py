@@ -37,6 +37,7 @@ import os
 import ssl
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from urllib.parse import quote, unquote_plus
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -145,36 +146,22 @@ class S3Getter:
             path = self._prefix + "/" + quote(key, safe="/-_.~")
         except UnicodeEncodeError:   # (a name that is no UTF-8: pyarrow's to open)
             return None
-        for attempt in range(2):   # (a kept-alive connection the server closed meanwhile: once more)
-            try:
-                conn = self._conn()
-                conn.request("GET", path, headers=self._headers(path, f"bytes=0-{limit - 1}", dt.datetime.now(dt.UTC)))
-                resp = conn.getresponse()
-                length = int(resp.getheader("content-length", "-1"))
-                total = _whole_size(resp.status, resp.getheader("content-range", ""), length)
-                if total is None or not 0 < total <= limit:
-                    # (an error's document, an object larger than asked for: never read into memory)
-                    self._drop_conn()
-                    return None
-                body = resp.read()
-            except TimeoutError:
-                self._drop_conn()   # (the server does not answer: so says the open, no second wait)
-                raise
-            except (http.client.HTTPException, OSError, ValueError):
-                self._drop_conn()
-                if attempt:
-                    return None
-                continue
-            break
-        if resp.getheader("connection", "").lower() == "close":
-            self._drop_conn()
-        if len(body) != total:
+
+        def whole(resp: http.client.HTTPResponse) -> int | None:
+            # (an error's document, an object larger than asked for: never read into memory)
+            total = _whole_size(resp.status, resp.getheader("content-range", ""),
+                                int(resp.getheader("content-length", "-1")))
+            return total if total is not None and 0 < total <= limit else None
+
+        got = self._get(path, path, "", f"bytes=0-{limit - 1}", whole)
+        if got is None:
             return None
+        resp, body = got
         mtime = _http_date_ns(resp.getheader("last-modified"))
         etag = resp.getheader("etag")
         if mtime is None or not etag:
             return None
-        return Got(body, total, mtime, etag)
+        return Got(body, len(body), mtime, etag)
 
 
     def list_after(self, folder_key: str, after: str) -> list[tuple[str, int, int, bool]] | None:
@@ -205,14 +192,28 @@ class S3Getter:
         return None
 
     def _get_page(self, path: str, query: str) -> bytes | None:
-        for attempt in range(2):   # (a kept-alive connection the server closed meanwhile: once more)
+        def listing(resp: http.client.HTTPResponse) -> int | None:
+            # (an error's document, or one too large or chunked: not read)
+            length = int(resp.getheader("content-length", "-1"))
+            return length if resp.status == 200 and 0 <= length <= LIST_PAGE_BYTES else None
+
+        got = self._get(f"{path}?{query}", path, query, None, listing)
+        return None if got is None else got[1]
+
+    def _get(self, target: str, path: str, query: str, rng: str | None,
+             size_of: Callable[[http.client.HTTPResponse], int | None]) -> tuple[http.client.HTTPResponse, bytes] | None:
+        """One signed GET of `target` (`path` and its canonical `query`), once more on a fresh
+        connection if a kept-alive one fails: (the response, its body) where `size_of` accepts
+        the response (the body's length; None: not read) and the body is that long, else None.
+        TimeoutError where the server does not answer within the request timeout (no second wait)."""
+        for attempt in range(2):
             try:
                 conn = self._conn()
-                conn.request("GET", f"{path}?{query}", headers=self._headers(path, None, dt.datetime.now(dt.UTC), query))
+                conn.request("GET", target, headers=self._headers(path, rng, dt.datetime.now(dt.UTC), query))
                 resp = conn.getresponse()
-                length = int(resp.getheader("content-length", "-1"))
-                if resp.status != 200 or not 0 <= length <= LIST_PAGE_BYTES:
-                    self._drop_conn()     # (an error's document, or a chunked one: not read)
+                want = size_of(resp)
+                if want is None:
+                    self._drop_conn()
                     return None
                 body = resp.read()
             except TimeoutError:
@@ -225,7 +226,7 @@ class S3Getter:
                 continue
             if resp.getheader("connection", "").lower() == "close":
                 self._drop_conn()
-            return body if len(body) == length else None
+            return (resp, body) if len(body) == want else None
         return None
 
 
