@@ -270,21 +270,25 @@ def list_folder(store, rel: str) -> list:
 
 
 # How a slice is listed again (`SliceListings`): from its newest record's name (a tail: only what
-# was written since), and at least every LAGGED_EVERY_S from LAG_NS before that record's time (a
-# record named earlier than one already seen, whose PUT took longer, is seen then). Later records
-# still are the follower's sweeps' (whole listings of the last SWEEP_BACK_NS of slices).
+# was written since), and at least every LAGGED_EVERY_S from a lag before that record's time (a
+# record named earlier than one already seen, whose PUT took longer or whose writer's clock is
+# behind, is seen then): LAG_NS, or more where records are seen later than that after their
+# names' time (the store's date of a record, less its name's, over the kept slices, and a
+# second more; a writer whose clock runs behind is followed so), up to the whole slice. Later
+# records still are the follower's sweeps' (whole listings of the last SWEEP_BACK_NS of slices).
 LAG_NS = 2 * 10**9
 LAGGED_EVERY_S = 1.0
 KEPT_SLICES = 8        # slices whose names are kept (the newest: a poll lists at most three)
 
 
 class _Slice:
-    __slots__ = ("lock", "known", "lagged_at")
+    __slots__ = ("lock", "known", "lagged_at", "late_ns")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()         # one listing of a slice at a time
         self.known: dict | None = None       # name -> Stat, as of the last listing; None: never listed
         self.lagged_at = float("-inf")       # when it was last listed from before its tail
+        self.late_ns = 0                     # the most a record's store date was past its name's time
 
 
 class SliceListings:
@@ -332,6 +336,10 @@ class SliceListings:
             if kind != "tail":
                 sl.lagged_at = now
             sl.known = known
+            for name, st in listed.items():
+                t = record_time_ns(name)
+                if t is not None:
+                    sl.late_ns = max(sl.late_ns, min(BUCKET_NS, int(getattr(st, "mtime_ns", 0) or 0) - t))
             self.counts[kind] += 1
             self.counts["names_listed"] += len(listed)
         self.budget.spent(listed, now)
@@ -350,7 +358,13 @@ class SliceListings:
             return tail, "tail"
         t = record_time_ns(tail)
         assert t is not None
-        return f"{max(0, t - LAG_NS):020d}", "lagged"
+        return f"{max(0, t - self.lag_ns()):020d}", "lagged"
+
+    def lag_ns(self) -> int:
+        """How far before a slice's newest record its lagged listings start (see LAG_NS)."""
+        with self._lock:
+            late = max((sl.late_ns for sl in self._slices.values()), default=0)
+        return min(BUCKET_NS, max(LAG_NS, late + 10**9 if late > 0 else 0))
 
     @staticmethod
     def _tail(bucket: str, known: dict) -> str | None:

@@ -180,3 +180,41 @@ def test_a_sweep_lists_an_ended_slice_again_only_once_its_age_has_doubled():
     f.swept_ages[SLICE] = 30 * 10**9
     assert not f._sweep_due(SLICE, end + 59 * 10**9)
     assert f._sweep_due(SLICE, end + 60 * 10**9)
+
+
+def test_a_writer_whose_clock_runs_behind_moves_the_lagged_listings_start_back():
+    # Its records are named 4 s before the store dates them: a lag of LAG_NS (2 s) leaves them to
+    # the sweeps (30 s). The first one a listing sees moves the lag back as far as the store's
+    # dates show (and a second more, up to the slice): its later records are seen within
+    # LAGGED_EVERY_S.
+    class Dated(_Store):
+        def __init__(self):
+            super().__init__()
+            self.dates: dict[str, int] = {}
+
+        def _entries(self, after):
+            out = sorted((n, Stat(0o100600, 10, self.dates[n], self.dates[n])) for n in self.names if n > after)
+            self.carried.append(len(out))
+            return iter(out)
+
+    store = Dated()
+    sl = SliceListings(store, "j", ListingBudget())
+
+    def put(t_ns: int, i: int, behind_ns: int = 0) -> str:
+        name = _name(t_ns - behind_ns, i)
+        store.names.add(name)
+        store.dates[name] = t_ns
+        return name
+
+    put(T0 + 5 * 10**9, 1)
+    sl.listing(SLICE, 0.0)
+    assert sl.lag_ns() == LAG_NS
+    first = put(T0 + 6 * 10**9, 2, behind_ns=4 * 10**9)   # the slow clock's first record
+    assert first not in sl.listing(SLICE, LAGGED_EVERY_S + 0.1)   # 3 s before the newest: missed
+    assert first in sl.listing(SLICE, LAGGED_EVERY_S + 0.2, whole=True)   # the sweep's
+    assert sl.lag_ns() == 5 * 10**9                     # 4 s late, and a second more
+    put(T0 + 6 * 10**9 + 1, 3)                          # the newest now: named at its time
+    late = put(T0 + 7 * 10**9, 4, behind_ns=4 * 10**9)
+    assert late not in sl.listing(SLICE, LAGGED_EVERY_S + 0.3)   # the tail: not it
+    got = sl.listing(SLICE, 2 * LAGGED_EVERY_S + 0.3)   # lagged, 5 s back: it
+    assert late in got and store.asked[-1] == f"{T0 + 6 * 10**9 + 1 - 5 * 10**9:020d}"
