@@ -141,7 +141,7 @@ def request_kind(chunk: bytes) -> str | None:
     method = line.split(b" ", 1)[0].decode()
     if method == "GET" and (b"list-type=" in line or b"delimiter=" in line or b"prefix=" in line):
         method = "LIST-AFTER" if b"start-after=" in line else "LIST"
-    if b"hintfs-journal" in line or b"hintfs-journal" in line.replace(b"%2F", b"/"):
+    if b"hintfs-journal" in line:
         return method + ":journal"
     if method.startswith("LIST"):
         return method

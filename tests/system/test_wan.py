@@ -254,3 +254,16 @@ def test_cli_runs_for_a_bounded_time(tmp_path, server_factory):
     bad = subprocess.run([*relay, "--target", "10.1.1.1:80"],
                          capture_output=True, text=True, timeout=20, cwd=REPO)
     assert bad.returncode == 2 and "loopback" in bad.stderr
+
+
+def test_the_relay_tells_an_s3_endpoints_bytes_by_the_request_they_answer():
+    """bench/scale_xdc.py's split of the WAN's bytes (`down_by_request`): a request's kind from
+    the first line of what the client sent."""
+    from tests.helpers.wan import request_kind
+    assert request_kind(b"GET /bkt/ckpt/bg/job1/step_2/x HTTP/1.1\r\nHost: h\r\n") == "GET:ckpt/bg"
+    assert request_kind(b"HEAD /bkt/base/a HTTP/1.1\r\n") == "HEAD:base/a"
+    assert request_kind(b"GET /bkt/?list-type=2&prefix=ckpt%2F HTTP/1.1\r\n") == "LIST"
+    assert request_kind(b"GET /bkt/?list-type=2&prefix=.hintfs-journal%2Fby-time%2F1&start-after=x HTTP/1.1\r\n") \
+        == "LIST-AFTER:journal"
+    assert request_kind(b"PUT /bkt/.hintfs-journal/by-time/1/r.rec HTTP/1.1\r\n") == "PUT:journal"
+    assert request_kind(b"\x00\x01 some body bytes") is None
