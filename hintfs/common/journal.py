@@ -296,8 +296,8 @@ class SliceListings:
     know them: `listing(slice)` answers every name the slice holds, as a whole listing would, but
     asks the store only for the names after the newest record known there (`Store.iter_dir_after`:
     ListObjectsV2's start-after on S3), so a listing crosses the link with the records written
-    since the last one, not the whole slice again (bench/scale_xdc.py: the whole slice, listed as
-    often as LIST_BYTES_S allowed, was 12% of the bytes written). Names at or before the start
+    since the last one, not the whole slice again (listed whole, only LIST_BYTES_S bounded them;
+    so, 2.5% of the bytes written in bench/scale_xdc.py). Names at or before the start
     are the last listing's; a record removed since (pruned: the retention's, hours old) stays
     known until the slice is listed whole. Stores that cannot list from a name are listed whole
     each time, as before. Every listing is charged to `budget` by what it carried. Thread-safe."""

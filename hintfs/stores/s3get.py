@@ -19,8 +19,8 @@ the object through pyarrow as before.
 `S3Getter.list_after` is a ListObjectsV2 with `start-after`: the entries of one folder whose names
 sort after a given name. pyarrow lists a folder whole; the journal's readers (`journal.SliceListings`)
 list the same time slice many times a second, and a slice of a busy journal is thousands of
-names: listed whole, they were the journal's whole 256 KB/s budget on the link, 12% of the bytes
-written (bench/scale_xdc.py). The response is a server's document: bounded in size per page
+names: listed whole, only the listings' budget (256 KB/s) bounded their bytes; listed from the
+newest record they were 2.5% of the bytes written (bench/scale_xdc.py). The response is a server's document: bounded in size per page
 (LIST_PAGE_BYTES) and in pages, parsed by the standard library's expat (which refuses entity
 expansion bombs and never fetches external entities); keys come URL-encoded (`encoding-type=url`:
 a key with characters XML 1.0 cannot carry is still a key), must lie in the folder asked for, and
