@@ -440,7 +440,7 @@ class Catalog:
         under the lock, not ~75: copies, streams and reads wait for it)."""
         now = self.clock.time()
         with self.lock:
-            rows = ([(p, r.size, r.expires_at, sum(1 for t in r.holders.values() if t > now) if r.holders else 0)
+            rows = ([(p, r.size, r.expires_at, len(r.live_holders(now)) if r.holders else 0)
                      for p, r in self.replicas.items()] if listed else [])
             count = len(self.replicas)
             budget = BudgetStatus(bytes=self.budget, used=self.used_bytes(), evictions=self.evictions)

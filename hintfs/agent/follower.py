@@ -76,7 +76,6 @@ class Follower:
                          and versions.journal_dir == cfg.journal_dir
                          else SliceListings(store, cfg.journal_dir or "", self.budget))
         self.swept_ages: dict[str, int] = {}   # slice -> its age (ns past its end) at its last whole listing
-        self._sweeping = False
         # records of a journal version this agent does not read: one line a minute, with a count
         # (a newer training mount writes one per file: docs/versions.md)
         self.version_refusals = RefusalLog(60.0, keep=16)
@@ -126,10 +125,10 @@ class Follower:
         return posixpath.dirname(posixpath.dirname(path))
 
     # -- discovering new files -------------------------------------------------------------------
-    def _folders_to_list(self) -> list[str] | None:
+    def _folders_to_list(self) -> tuple[list[str], bool] | None:
         """The journal folders this poll lists: slice names, and "" for the journal folder's own
-        records (older mounts'); None if there is no journal. Sets `_sweeping` when this poll is
-        a sweep (its slices are listed whole). See SWEEP_S."""
+        records (older mounts'), and whether this poll is a sweep (its slices are listed whole);
+        None if there is no journal. See SWEEP_S."""
         store = self.store
         now_ns = self.clock.time_ns()
         into = now_ns % BUCKET_NS
@@ -137,9 +136,8 @@ class Follower:
         recent.append(bucket_of(now_ns))
         if BUCKET_NS - into < SLACK_NS:
             recent.append(bucket_of(now_ns + BUCKET_NS))
-        self._sweeping = False
         if self.swept_at is not None and self.clock.monotonic() - self.swept_at < self.sweep_s:
-            return None if self.journal_refused else recent
+            return None if self.journal_refused else (recent, False)
         try:
             entries = list(store.iter_dir(self.cfg.journal_dir))
             why = journal_problem(store, self.cfg.journal_dir, dict(entries))
@@ -171,13 +169,12 @@ class Follower:
             if start is not None:
                 self.swept_ages[b] = now_ns - start - BUCKET_NS
         self.swept_at = self.clock.monotonic()
-        self._sweeping = True
         for b in list(self.seen_records):
             if b and b < back:
                 del self.seen_records[b]   # never listed again
         for b in [b for b in self.swept_ages if b < back]:
             del self.swept_ages[b]
-        return [""] + sorted(set(kept) | set(recent))
+        return [""] + sorted(set(kept) | set(recent)), True
 
     def _sweep_due(self, bucket: str, now_ns: int) -> bool:
         """A sweep lists the slice `bucket` whole: it has not ended, was never listed whole after
@@ -190,12 +187,12 @@ class Follower:
 
     def _new_from_journal(self) -> list[tuple[str, tuple[int, int] | None, str | None]] | None:
         store = self.store
-        folders = self._folders_to_list()
-        if folders is None:
+        to_list = self._folders_to_list()
+        if to_list is None:
             return None
+        folders, whole = to_list
         names: list[tuple[str, str]] = []      # (folder, record name)
         listed_st: dict[tuple[str, str], Stat] = {}
-        whole = self._sweeping
 
         def listing(folder: str) -> dict[str, Stat]:
             if not folder:

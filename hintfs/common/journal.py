@@ -233,9 +233,9 @@ ENTRY_BYTES = 300      # an entry of an S3 listing besides its name (key, size, 
 REQUEST_BYTES = 1000   # a listing's request and its response's headers and envelope
 
 
-def listing_gap_s(names, requests: int = 1) -> float:
-    """The least wait after `requests` listings of `names` before the next (LIST_BYTES_S)."""
-    return (sum(len(n) + ENTRY_BYTES for n in names) + requests * REQUEST_BYTES) / LIST_BYTES_S
+def listing_gap_s(names) -> float:
+    """The least wait after a listing of `names` before the next (LIST_BYTES_S)."""
+    return (sum(len(n) + ENTRY_BYTES for n in names) + REQUEST_BYTES) / LIST_BYTES_S
 
 
 class ListingBudget:
@@ -253,9 +253,9 @@ class ListingBudget:
         with self._lock:
             return max(0.0, self._next - now)
 
-    def spent(self, names, now: float, requests: int = 1) -> None:
-        """`requests` listings that carried `names` ended at `now`."""
-        gap = listing_gap_s(names, requests)
+    def spent(self, names, now: float) -> None:
+        """A listing that carried `names` ended at `now`."""
+        gap = listing_gap_s(names)
         with self._lock:
             self._next = max(self._next, now + gap)
 

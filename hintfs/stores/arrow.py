@@ -365,13 +365,11 @@ class ArrowStore:
         if listed is None:
             self._count("store_lists")
             infos = self.fs.get_file_info(pafs.FileSelector(self._p(rel), allow_not_found=False, recursive=False))
-            entries = []
-            for info in infos:
-                if info.base_name > after and info.type in (pafs.FileType.File, pafs.FileType.Directory):
-                    entries.append((info.base_name, _stat_of(info)))
+            entries = [(info.base_name, _stat_of(info)) for info in infos
+                       if info.type in (pafs.FileType.File, pafs.FileType.Directory)]
         else:
             self._count("store_lists_after")
-            entries = [(name, Stat(_DIR_MODE, 0, 0, 0, 2) if is_dir else Stat(_FILE_MODE, size, ns, ns, 1))
+            entries = [(name, _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1))
                        for name, size, ns, is_dir in listed]
         for name, st in sorted(entries, key=lambda e: e[0]):
             # (S3 lists a folder `after/` after `after`: names are compared here too)
