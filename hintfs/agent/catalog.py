@@ -30,7 +30,7 @@ from hintfs.agent.rpc import BudgetStatus, ReplicaStatus
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.errors import HintfsError
 from hintfs.common.journal import Removals, record_time_ns
-from hintfs.common.paths import PathTree
+from hintfs.common.paths import PathDict
 from policy.tier import TierEntry, pick_evictions
 
 MAX_HOLDERS = 256     # claims kept per replica (`Catalog.hold`): one per hint job that asked for it
@@ -46,20 +46,15 @@ class _Sized(Protocol):
 R = TypeVar("R", bound=_Sized)
 
 
-class ReplicaCatalog(dict[str, R], Generic[R]):
-    """path -> replica; `used_bytes` is the sum of their sizes. Changed only by item assignment,
-    `del`, `pop` and `clear` (the others would bypass the sum: they raise). Not thread-safe: the
-    agent's lock guards it."""
+class ReplicaCatalog(PathDict[R], Generic[R]):
+    """path -> replica; `used_bytes` is the sum of their sizes; `under(path)`: the replicas at or
+    below a path (`PathDict`). Changed only by item assignment, `del`, `pop` and `clear` (the
+    others would bypass the sum: they raise). Not thread-safe: the agent's lock guards it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.used_bytes = 0
         self.reserved_bytes = 0     # counted for what is not a replica (yet): stream chunks
-        self._tree = PathTree()     # (`under`)
-
-    def under(self, path: str) -> list[str]:
-        """The replicas' paths equal to `path` or below it: in time of what is found."""
-        return self._tree.under(path)
 
     @property
     def counted_bytes(self) -> int:
@@ -78,25 +73,21 @@ class ReplicaCatalog(dict[str, R], Generic[R]):
             self.used_bytes -= old.size
         super().__setitem__(path, rep)
         self.used_bytes += rep.size
-        self._tree.add(path)
 
     def __delitem__(self, path: str) -> None:
         self.used_bytes -= self[path].size
         super().__delitem__(path)
-        self._tree.discard(path)
 
     def pop(self, path: str, *default: Any) -> Any:
         if path in self:
             rep = super().pop(path)
             self.used_bytes -= rep.size
-            self._tree.discard(path)
             return rep
         return super().pop(path, *default)
 
     def clear(self) -> None:
         super().clear()
         self.used_bytes = 0
-        self._tree.clear()
 
     def _bypass(self, *_args: Any, **_kwargs: Any) -> NoReturn:
         raise TypeError("ReplicaCatalog changes only by [], del, pop and clear (used_bytes is kept by them)")

@@ -86,7 +86,7 @@ class Follower:
         self.copied = PathSet()   # (by folder too, as `journaled`)
         # journaled version of each file, (size, mtime_ns), and the record that announced it
         # (by folder too: a round's removal records look only at the files under them)
-        self.journaled: PathDict = PathDict()
+        self.journaled: PathDict[tuple[tuple[int, int], str | None]] = PathDict()
         self.folder_files: dict[str, set[str]] = {}       # journaled files per folder
         self.queued = CopyQueue(self._job)                # files waiting for a copy
         self.running: set[str] = set()

@@ -19,7 +19,7 @@ import errno
 import os
 import posixpath
 from collections.abc import Set as AbstractSet
-from typing import Any, Self
+from typing import Generic, Self, TypeVar
 
 from hintfs.common.errors import HintfsError
 
@@ -346,7 +346,10 @@ class PathTree:
             folder = parent
 
 
-class PathDict(dict[str, Any]):
+V = TypeVar("V")
+
+
+class PathDict(dict[str, V], Generic[V]):
     """A dict of relative paths that keeps a `PathTree` of its keys (`under`). Changed only by
     item assignment, `del`, `pop` and `clear`; the other mutators raise."""
 
