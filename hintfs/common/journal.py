@@ -282,11 +282,12 @@ KEPT_SLICES = 8        # slices whose names are kept (the newest: a poll lists a
 
 
 class _Slice:
-    __slots__ = ("lock", "known", "lagged_at", "late_ns")
+    __slots__ = ("lock", "known", "tail", "lagged_at", "late_ns")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()         # one listing of a slice at a time
         self.known: dict | None = None       # name -> Stat, as of the last listing; None: never listed
+        self.tail: str | None = None         # the newest record name of the slice's own time in `known`
         self.lagged_at = float("-inf")       # when it was last listed from before its tail
         self.late_ns = 0                     # the most a record's store date was past its name's time
 
@@ -336,10 +337,18 @@ class SliceListings:
             if kind != "tail":
                 sl.lagged_at = now
             sl.known = known
+            # The newest record of the slice's own time: the last one if the listing kept it (it
+            # started at or after it), or one listed now; a pass over the names kept only where
+            # a listing from before the newest found none of the slice's after its start.
+            lo = bucket_start_ns(bucket)
+            tail = sl.tail if start is not None and sl.tail is not None and sl.tail <= start else None
             for name, st in listed.items():
                 t = record_time_ns(name)
                 if t is not None:
                     sl.late_ns = max(sl.late_ns, min(BUCKET_NS, int(getattr(st, "mtime_ns", 0) or 0) - t))
+                    if lo is not None and lo <= t < lo + BUCKET_NS and (tail is None or name > tail):
+                        tail = name
+            sl.tail = tail if tail is not None or start is None else self._tail(bucket, known)
             self.counts[kind] += 1
             self.counts["names_listed"] += len(listed)
         self.budget.spent(listed, now)
@@ -351,7 +360,7 @@ class SliceListings:
         """(the name this listing starts after, None for the slice whole; which kind it is)."""
         if whole or sl.known is None or not getattr(self.store, "lists_after", False):
             return None, "whole"
-        tail = self._tail(bucket, sl.known)
+        tail = sl.tail
         if tail is None:
             return None, "whole"
         if now - sl.lagged_at < LAGGED_EVERY_S:

@@ -46,11 +46,13 @@ class _Store:
         return self._entries(after)
 
 
-def test_a_slice_is_listed_whole_once_then_from_its_newest_record():
+def test_a_slice_is_listed_whole_once_then_from_its_newest_record(monkeypatch):
     store = _Store(_name(T0 + i * 10**6, i) for i in range(100))
     budget = ListingBudget()
     sl = SliceListings(store, "j", budget)
     got = sl.listing(SLICE, 0.0)
+    # (the newest record is kept listing by listing: no pass over the slice's names for it)
+    monkeypatch.setattr(SliceListings, "_tail", staticmethod(lambda *_a: pytest.fail("a pass over every name")))
     assert set(got) == store.names and store.asked == [None] and store.carried == [100]
     store.names.add(_name(T0 + 200 * 10**6, 200))
     got = sl.listing(SLICE, 0.1)
