@@ -91,10 +91,11 @@ def proc_sample(pid: int) -> tuple[int, int, int, float] | None:
     return rss, fds, threads, cpu
 
 
-def drift(samples: list[Sample], duration_s: float) -> dict:
-    """Per metric, the largest over roles of (last quarter's mean) / (second quarter's mean); for
-    CPU, seconds per operation over each quarter (a restarted daemon's CPU counts from its start)."""
-    out: dict[str, float | None] = {"rss": None, "fds": None, "cpu_per_op": None}
+def drift_by_role(samples: list[Sample], duration_s: float) -> dict[str, dict[str, float | None]]:
+    """Per daemon role and metric, (last quarter's mean) / (second quarter's mean); for CPU, seconds
+    per operation over each quarter (a restarted daemon's CPU counts from its start). A role
+    without samples in both quarters is left out."""
+    out: dict[str, dict[str, float | None]] = {}
     q = duration_s / 4
     for role in sorted({s.role for s in samples}):
         mine = [s for s in samples if s.role == role]
@@ -102,11 +103,12 @@ def drift(samples: list[Sample], duration_s: float) -> dict:
         last = [s for s in mine if s.t >= 3 * q]
         if not second or not last:
             continue
+        row: dict[str, float | None] = {"rss": None, "fds": None, "cpu_per_op": None}
         for key, attr in (("rss", "rss_kb"), ("fds", "fds")):
             a = sum(getattr(s, attr) for s in second) / len(second)
             b = sum(getattr(s, attr) for s in last) / len(last)
             if a > 0:
-                out[key] = max(out[key] or 0.0, b / a)
+                row[key] = b / a
         per_op = []
         for part in (second, last):
             cpu = ops = 0.0
@@ -116,7 +118,18 @@ def drift(samples: list[Sample], duration_s: float) -> dict:
                     ops += y.ops - x.ops
             per_op.append(cpu / ops if ops else None)
         if per_op[0] and per_op[1] is not None:
-            out["cpu_per_op"] = max(out["cpu_per_op"] or 0.0, per_op[1] / per_op[0])
+            row["cpu_per_op"] = per_op[1] / per_op[0]
+        out[role] = row
+    return out
+
+
+def drift(samples: list[Sample], duration_s: float) -> dict:
+    """Per metric, the largest over roles of `drift_by_role`."""
+    out: dict[str, float | None] = {"rss": None, "fds": None, "cpu_per_op": None}
+    for row in drift_by_role(samples, duration_s).values():
+        for key, value in row.items():
+            if value is not None:
+                out[key] = max(out[key] or 0.0, value)
     return out
 
 
@@ -404,7 +417,8 @@ class Soak:
                 self.stop_agent(i)
         duration = self.clock() - self.t0
         return {"duration_s": round(duration, 1), "errors": self.errors, "lost_files": lost,
-                "drift": drift(self.samples, duration), "kills": self.kills, "restarts": self.restarts,
+                "drift": drift(self.samples, duration),
+                "drift_by_role": drift_by_role(self.samples, duration), "kills": self.kills, "restarts": self.restarts,
                 "ops": self.ops, "checkpoints": counts["checkpoint"], "evals": counts["eval"],
                 "storms": counts["storm"], "samples": len(self.samples), "tensor_files": len(self.tensors),
                 "plan": asdict(p)}

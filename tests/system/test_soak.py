@@ -2,7 +2,7 @@
 checkpoints, evals, a restart storm, restarts and SIGKILLs of an agent and of the eval mount,
 with every read checked. Errors and lost files, not drift (a short run has no quarters to trust)."""
 from tests.conftest import needs_fuse
-from tests.helpers.soak import Soak, SoakPlan, drift, Sample
+from tests.helpers.soak import Soak, SoakPlan, drift, drift_by_role, Sample
 
 pytestmark = needs_fuse
 
@@ -43,3 +43,15 @@ def test_drift_is_the_last_quarter_over_the_second():
     assert d["rss"] == 1.5 and d["fds"] == 1.0
     assert d["cpu_per_op"] == (2.0 / 10) / (1.0 / 10)
     assert drift([], 100.0) == {"rss": None, "fds": None, "cpu_per_op": None}
+
+
+def test_drift_is_reported_per_role_and_the_largest_over_roles():
+    rows = [(30, 100, 1.0, 10), (40, 100, 2.0, 20), (80, 150, 5.0, 40), (90, 150, 7.0, 50)]
+    s = [Sample(t, "agent0", 7, rss, 10, 4, cpu, ops) for t, rss, cpu, ops in rows]
+    s += [Sample(t, "mount-eval", 8, 200, 12 if t < 50 else 6, 4, cpu / 2, ops) for t, _, cpu, ops in rows]
+    s.append(Sample(95, "mount-train", 9, 50, 3, 4, 1.0, 55))   # never sampled in the second quarter
+    by_role = drift_by_role(s, 100.0)
+    assert set(by_role) == {"agent0", "mount-eval"}
+    assert by_role["agent0"] == {"rss": 1.5, "fds": 1.0, "cpu_per_op": 2.0}
+    assert by_role["mount-eval"] == {"rss": 1.0, "fds": 0.5, "cpu_per_op": 2.0}
+    assert drift(s, 100.0) == {"rss": 1.5, "fds": 1.0, "cpu_per_op": 2.0}
