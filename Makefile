@@ -51,7 +51,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -ra --durations=15 tests
+	$(PY) -m pytest -q -ra --durations=15 -n 3 --dist loadfile tests
 
 # fio (a case of bench/fuse_throughput.py) and s3fs (a peer of bench/metadata.py and s3_cold.py) from
 # Debian's packages; the
