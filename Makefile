@@ -60,11 +60,10 @@ bench: setup
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s fio s3fs bindfs >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio s3fs bindfs; fi
 	$(PY) -m pip install -q -e '.[bench]'
-	@# libfuse's passthrough_hp (C++17), a peer of bench/small_files.py, and the fast-path prototype
+	@# libfuse's passthrough_hp (C++17), a peer of bench/small_files.py
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v c++ >/dev/null; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++; fi
 	bash bench/build_passthrough_hp.sh $(VENV)
-	bash bench/build_fastpath_prototype.sh $(VENV)
 	$(PY) bench/small_files.py --quick
 	$(PY) bench/fuse_throughput.py --quick
 	$(PY) bench/restart_storm.py --quick

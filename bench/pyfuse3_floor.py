@@ -30,9 +30,9 @@ def serve(root: str, mnt: str, timeout: float = 1.0, mode: str = "plain") -> Non
     """The minimal daemon: `timeout` is its entry and attr timeout (bench/small_files.py gives the
     peers' value). `mode`: "plain" (reads answered by the daemon, keep_cache), "pt" (FUSE
     passthrough: a backing id registered at each open of an inode, released at its last close, as
-    hintfs does), "fast" (passthrough, the backing id kept and the inode marked for the fast-path
-    prototype, patches/pyfuse3-fastpath-prototype.patch: later opens and their releases are
-    answered inside pyfuse3, docs/fastpath.md)."""
+    hintfs does), "fast" (passthrough, the backing id kept and the inode marked for pyfuse3's fast
+    path, patches/pyfuse3-fastpath.patch: later opens and their releases are answered inside
+    pyfuse3, docs/fastpath.md)."""
     import pyfuse3
     import trio
 

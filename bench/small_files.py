@@ -9,7 +9,8 @@
   hintfs          this checkout's `hintfs mount` (file:// store)
   floor           bench/pyfuse3_floor.py's minimal daemon on the same (patched) pyfuse3
   and, beside them: hintfs_imm (immutable_globs over the tree), floor_pt (the floor with FUSE
-  passthrough, as hintfs), floor_fast (floor_pt on the fast-path prototype: docs/fastpath.md)
+  passthrough, as hintfs), floor_fast (floor_pt with every inode marked for pyfuse3's fast path:
+  docs/fastpath.md; hintfs_imm gets it by its own rule, fusefs/fastpath.py)
 
 Cases: p1 (one reader, fresh mount), p1_pass2 (the same reader again on that mount: names and
 attributes cached by the kernel), p8 (eight reader processes, fresh mount). All systems run with
@@ -18,7 +19,7 @@ passthrough_hp has; `--nocache` is 0). CPUs pinned (taskset): every daemon on th
 readers on the first; systems interleaved, the order rotated each round; median of n rounds.
 
 Run as root:  .venv/bin/python bench/small_files.py [--files 5000] [--rounds 5] [--quick]
-(peers built by bench/build_passthrough_hp.sh and bench/build_fastpath_prototype.sh; n/a without)
+(passthrough_hp built by bench/build_passthrough_hp.sh; a system that cannot run here is n/a)
 Writes bench/results/small_files.json (--output) and prints a markdown table.
 """
 from __future__ import annotations
@@ -41,8 +42,8 @@ sys.path.insert(0, HERE)
 from fuse_throughput import _read_files, log, machine, make_tree, run, tree_read, wait_mounted  # noqa: E402
 
 SYSTEMS = ["bindfs", "bindfs_mt", "passthrough_hp", "hintfs", "floor"]
-# Also run by default: hintfs with immutable_globs, the floor with passthrough, the floor on the
-# fast-path prototype (each described in Mounts.available).
+# Also run by default: hintfs with immutable_globs (and so the fast path), the floor with
+# passthrough, the floor with the fast path (each described in Mounts.available).
 EXTRA = ["hintfs_imm", "floor_pt", "floor_fast"]
 PEERS = ["bindfs", "bindfs_mt", "passthrough_hp"]
 CASES = ["p1", "p8", "p1_pass2"]
@@ -50,7 +51,6 @@ CASES = ["p1", "p8", "p1_pass2"]
 GOALS = {"p1": 1.5, "p8": 1.0, "p1_pass2": 2.0}
 FLOOR_GOAL = 0.9
 DEFAULT_HP = os.path.join(REPO, ".venv", "libfuse-build", "src", "fuse3", "build-hp", "example", "passthrough_hp")
-DEFAULT_FAST = os.path.join(REPO, ".venv", "libfuse-build", "fastpath")   # bench/build_fastpath_prototype.sh
 
 
 def cpus() -> tuple[list[int], list[int]]:
@@ -62,10 +62,8 @@ def cpus() -> tuple[list[int], list[int]]:
 
 
 class Mounts:
-    def __init__(self, base: str, store: str, timeout: float, hp: str | None, daemon_cpus: list[int],
-                 fast_pyfuse3: str | None = None):
+    def __init__(self, base: str, store: str, timeout: float, hp: str | None, daemon_cpus: list[int]):
         self.base, self.store, self.timeout, self.hp = base, store, timeout, hp
-        self.fast_pyfuse3 = fast_pyfuse3
         self.pin = ["taskset", "-c", ",".join(map(str, daemon_cpus))]
         self.hintfs = os.path.join(os.path.dirname(sys.executable), "hintfs")
         self.seq = 0
@@ -73,11 +71,12 @@ class Mounts:
 
     def available(self, system: str) -> bool:
         """Not in the default set: hintfs_nopt (hintfs with `[mount] passthrough = "off"`), hintfs_imm
-        (`[cache] immutable_globs = ["tree/*"]`, immutable_timeout_s the same timeout), floor_pt
+        (`[cache] immutable_globs = ["tree/*"]`, immutable_timeout_s the same timeout: the fast path
+        on), hintfs_imm_nofast (the same with `[mount] fast_path_inodes = 0`), floor_pt
         (the floor with FUSE passthrough, a backing id per open as hintfs), floor_fast (the floor on
-        the fast-path prototype's pyfuse3, --fast-pyfuse3: docs/fastpath.md)."""
+        pyfuse3's fast path, patches/pyfuse3-fastpath.patch: docs/fastpath.md)."""
         if system == "floor_fast":
-            return bool(self.fast_pyfuse3) and os.path.isdir(os.path.join(self.fast_pyfuse3, "pyfuse3"))
+            return run([sys.executable, "-c", "import pyfuse3; pyfuse3.fast_supported"], timeout=60).returncode == 0
         if system.startswith("bindfs"):
             return shutil.which("bindfs") is not None
         if system == "passthrough_hp":
@@ -101,8 +100,9 @@ class Mounts:
             f.write(f'[store]\nuri = "file://{self.store}"\n\n[cache]\nattr_timeout_s = {self.timeout}\n'
                     f'entry_timeout_s = {self.timeout}\n\n'
                     + (f'immutable_globs = ["tree/*"]\nimmutable_timeout_s = {self.timeout}\n\n'
-                       if system == "hintfs_imm" else "")
-                    + ('[mount]\npassthrough = "off"\n\n' if system == "hintfs_nopt" else "") +
+                       if system.startswith("hintfs_imm") else "")
+                    + ('[mount]\npassthrough = "off"\n\n' if system == "hintfs_nopt" else "")
+                    + ('[mount]\nfast_path_inodes = 0\n\n' if system == "hintfs_imm_nofast" else "") +
                     f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
         return [*self.pin, self.hintfs, "mount", cfg, mnt]
 
@@ -115,8 +115,7 @@ class Mounts:
         try:
             cmd = self.command(system, mnt)
             if system.startswith("floor"):
-                env = dict(os.environ, PYTHONPATH=self.fast_pyfuse3 or "") if system == "floor_fast" else None
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
             else:
                 r = run(cmd, timeout=60)
                 if r.returncode != 0:
@@ -199,8 +198,6 @@ def main() -> int:
                     help="entry and attr timeout of every system (passthrough_hp: 86400 or 0 only)")
     ap.add_argument("--systems", default=",".join(SYSTEMS + EXTRA))
     ap.add_argument("--passthrough-hp", default=DEFAULT_HP, help="libfuse's example/passthrough_hp binary")
-    ap.add_argument("--fast-pyfuse3", default=DEFAULT_FAST, help="a folder holding pyfuse3 built with patches/pyfuse3-fastpath-prototype.patch "
-                    "(for the floor_fast system)")
     ap.add_argument("--output", help="JSON file ('' to skip; default bench/results/small_files.json, "
                     "small_files_quick.json with --quick)")
     ap.add_argument("--note", action="append", default=[])
@@ -235,13 +232,15 @@ def main() -> int:
         files = make_tree(store, nfiles)
         rels = [rel for rel, _ in files]
         total = sum(s for _, s in files)
-        m = Mounts(base, store, args.timeout, args.passthrough_hp, daemon_cpus, args.fast_pyfuse3)
+        m = Mounts(base, store, args.timeout, args.passthrough_hp, daemon_cpus)
         commands = {s: " ".join(m.command(s, "MNT")).replace(store, "STORE").replace(base, "TMP")
                          .replace(REPO + "/", "").replace(sys.executable, "python") for s in SYSTEMS + EXTRA}
         systems = [s for s in args.systems.split(",") if m.available(s)]
         if "floor_fast" in systems:
-            notes.append("floor_fast: the floor's command with PYTHONPATH=" +
-                         os.path.relpath(args.fast_pyfuse3, REPO) + " (bench/build_fastpath_prototype.sh)")
+            notes.append("floor_fast: the floor marking every inode for pyfuse3's fast path at its first open")
+        if "hintfs_imm" in systems:
+            notes.append("hintfs_imm: immutable_globs over the tree, so reopened files go through the fast path "
+                         "(fusefs/fastpath.py)")
         for s in args.systems.split(","):
             if s not in systems:
                 notes.append(f"{s}: not available, n/a")
@@ -304,8 +303,10 @@ def main() -> int:
             "hintfs/best_peer": round(med["hintfs"] / med[best], 3) if best and "hintfs" in med else None,
             "hintfs/floor": round(med["hintfs"] / med["floor"], 3) if "floor" in med and "hintfs" in med else None,
             **{f"{s}/floor": round(med[s] / med["floor"], 3)
-               for s in ("hintfs_nopt", "hintfs_imm", "floor_pt", "floor_fast") if "floor" in med and s in med},
-            **{f"{s}/best_peer": round(med[s] / med[best], 3) for s in ("hintfs_imm", "floor_fast") if best and s in med},
+               for s in ("hintfs_nopt", "hintfs_imm", "hintfs_imm_nofast", "floor_pt", "floor_fast")
+               if "floor" in med and s in med},
+            **{f"{s}/best_peer": round(med[s] / med[best], 3) for s in ("hintfs_imm", "hintfs_imm_nofast", "floor_fast")
+               if best and s in med},
             "goal_vs_best_peer": GOALS[case], "goal_vs_floor": FLOOR_GOAL,
         }
     out = {

@@ -25,6 +25,7 @@ import itertools
 import logging
 import os
 import re
+import resource
 import stat as stat_mod
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs.walks import Walks
+from fusefs.fastpath import FastBackend, FastPath, fast_eligible
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -158,15 +160,42 @@ class Filesystem:
         self._root_daemon = os.geteuid() == 0
         # FUSE passthrough: on at FUSE init when the kernel granted it (`set_passthrough`).
         self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
+        # The fast path (fusefs/fastpath.py): on with passthrough where pyfuse3 has it.
+        # (a mark holds an fd: at most a quarter of the open-file limit, which the mount raised)
+        self.fast = FastPath(min(options.fast_path_inodes, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4),
+                             self._let_go)
+        self.stats.fast_path = self.fast.snapshot
+        if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
+            self.reads.replicas.router.routed = lambda path: self._fast_off(self.inodes.by_path_get(path))
 
     # -- passthrough ------------------------------------------------------------------------------
     def passthrough_capable(self) -> bool:
         """Whether this store's files can be backing files (a file:// store seen without routes)."""
         return self.store.passthrough_capable
 
-    def set_passthrough(self, result: tuple[Backing | None, str]) -> None:
-        """At FUSE init: passthrough on (a backend) or off (None), and why (`fusefs.fuse`)."""
+    def set_passthrough(self, result: tuple[Backing | None, str], fast: FastBackend | None = None) -> None:
+        """At FUSE init: passthrough on (a backend) or off (None), and why (`fusefs.fuse`); the
+        fast path's table where pyfuse3 has one (used only with passthrough on)."""
         self.pt.set(result)
+        self.fast.backend = fast if result[0] is not None else None
+
+    def _fast_mark(self, node: Inode, backing_id: int, st: Stat, ctx) -> None:
+        """Mark `node` for the fast path, held as one more passthrough open, with the attributes
+        its GETATTRs get meanwhile (fusefs/fastpath.py)."""
+        self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
+        node.opens += 1
+        self.fast.mark(node, backing_id, self.attrs(node, st), ctx.uid if ctx is not None else os.getuid())
+
+    def _let_go(self, node: Inode) -> None:
+        """The open a fast-path mark held is released (as `PassthroughRead.release`)."""
+        self.pt.detach(node)
+        self.inodes.release_open(node)
+
+    def _fast_off(self, node: Inode | None) -> None:
+        """`node` changes through this mount (a write, truncate, rename or unlink): no more fast
+        opens of it; its hold goes once the fast opens still open are released."""
+        if node is not None and node.ino in self.fast:
+            self.fast.unmark(node)
 
     def passthrough_detach(self, node: Inode) -> None:
         """One passthrough handle of `node` released (`fusefs.passthrough.Passthrough.detach`)."""
@@ -446,6 +475,10 @@ class Filesystem:
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:
+            if ino in self.fast:      # forgotten: no open file is left, so neither is a fast open
+                node = self.inodes.get(ino)
+                if node is not None and node.lookups - n <= 0:
+                    self.fast.unmark(node)
             self.inodes.forget(ino, n)
 
     async def getattr(self, inode: int, ctx=None) -> Attributes:
@@ -458,6 +491,7 @@ class Filesystem:
 
     async def setattr(self, inode: int, attr, fields, fh: int | None, ctx) -> Attributes:
         node = self._inode(inode)
+        self._fast_off(node)       # (the fast path answers GETATTR from the attributes of its mark)
         if node.control is not None:
             if fields.update_size:  # `echo x > .hintfs/loglevel` truncates first
                 h = self.handles.get(fh) if fh is not None else None
@@ -529,6 +563,7 @@ class Filesystem:
         return node.publishing
 
     async def _truncate(self, node: Inode, size: int) -> None:
+        self._fast_off(node)
         async with self.publish_lock(node):
             if node.writer is not None and node.writer_refs > 0:
                 # a write handle is open: cut its staging, published at its close
@@ -636,6 +671,7 @@ class Filesystem:
         path = self._new_name(parent, new_name)
         if node.unlinked:
             raise Refused(errno.ENOENT, f"{node.path} was unlinked")
+        self._fast_off(node)       # (its nlink changes)
         if node.writer is not None and node.writer.changed():
             await self.commit(node)   # link what was written so far (as rename does)
         await self.io(self.store.link, node.path, path, inline=self.meta_inline)
@@ -687,6 +723,7 @@ class Filesystem:
         if self.reserved(path):
             raise Refused(errno.EACCES, "a reserved name")
         inode = self.inodes.by_path_get(path)
+        self._fast_off(inode)
         try:
             # In a thread even for file://: freeing a large file's blocks can take 100s of ms.
             await self.io(self.store.unlink, path)
@@ -721,6 +758,8 @@ class Filesystem:
             # the rename moves the data the writer has produced (`mv` of a file still open).
             await self.commit(inode)
         replaced = self.inodes.by_path_get(new)
+        self._fast_off(inode)
+        self._fast_off(replaced)
         if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
             self._refuse_if_writing_in(new)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
@@ -862,6 +901,14 @@ class Filesystem:
         node.opens += 1
         fh = next(self._fh)
         self.handles[fh] = handle
+        if backing_id and self.fast.on:
+            if self.fast.draining:
+                self.fast.settle()
+            if node.ino not in self.fast and fast_eligible(
+                    kind, self.immutable(node.path) > 0,
+                    self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
+                assert seen.st is not None
+                self._fast_mark(node, backing_id, seen.st, ctx)
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
         # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.
         # (OpenFile's fields in order: fh, keep_cache, direct_io, backing_id, noflush)
@@ -910,6 +957,7 @@ class Filesystem:
         return _Seen(False, False, False, keep_cache, reader, st, source, local)
 
     async def _see_write(self, node: Inode, truncate: bool) -> _Seen:
+        self._fast_off(node)
         # Under the publish lock: a last release may be publishing and dropping this very staging
         # (it waits, then closes its fd); the open takes the writer only before or after that.
         async with self.publish_lock(node):
@@ -1056,6 +1104,7 @@ class Filesystem:
         set_owner = self._root_daemon and bool(ctx.uid or ctx.gid)
         parent_st = await self._stat_inode(parent) if set_owner else None
         inode = self.inodes.ensure(path)
+        self._fast_off(inode)
         async with self.publish_lock(inode):    # (as `_see_write`: never a staging a release drops)
             if self.inodes.by_ino.get(inode.ino) is not inode:
                 # forgotten by the release this create waited for: a fresh inode for the name

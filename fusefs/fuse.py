@@ -217,6 +217,30 @@ def passthrough_backend(setting: str, store_capable: bool,
     return _Backing(), "on"
 
 
+class _Fast:
+    """The fast path's table in the patched pyfuse3 (patches/pyfuse3-fastpath.patch)."""
+
+    def mark(self, ino: int, backing_id: int, attrs: Attributes) -> None:
+        _patched.fast_mark(ino, backing_id, _entry(attrs))
+
+    def unmark(self, ino: int) -> int:
+        left: int = _patched.fast_unmark(ino)
+        return left
+
+    def opens(self, ino: int) -> int:
+        n: int = _patched.fast_opens(ino)
+        return n
+
+    def stats(self) -> tuple[int, int, int, int]:
+        opened, released, serving, getattrs = _patched.fast_stats()
+        return opened, released, serving, getattrs
+
+
+def fast_backend() -> _Fast | None:
+    """The fast path's table, or None with a pyfuse3 that has none (stock, or an older build)."""
+    return _Fast() if hasattr(pyfuse3, "fast_supported") else None
+
+
 class FuseOperations(pyfuse3.Operations):
     """What `pyfuse3.init` gets: each operation is `Filesystem`'s method of the same name (the
     function, bound to `self.fs` at each call) with its arguments and result converted."""
@@ -234,7 +258,7 @@ class FuseOperations(pyfuse3.Operations):
     def init(self) -> None:
         """FUSE init (before any request): passthrough is on if the kernel granted it."""
         self.fs.set_passthrough(passthrough_backend(self.options.passthrough, self.fs.passthrough_capable(),
-                                                    self.options.writeback_cache))
+                                                    self.options.writeback_cache), fast_backend())
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)

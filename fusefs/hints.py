@@ -75,6 +75,9 @@ class ReplicaRouter:
         # Seeded apart on each host: with one seed, every mount of a storm picked the same replica
         # for its first reads of a hot file (bench/scale_storm.py: 16 hosts, all on one of 3 agents).
         self.rng = rng or random.Random()
+        # Told when a path gets its first replica: reads of it go elsewhere from now on (the
+        # filesystem ends its fast-path mark, fusefs/fastpath.py).
+        self.routed: Callable[[str], None] = lambda path: None
 
     def _decay(self) -> None:
         now = self.clock()
@@ -272,6 +275,8 @@ class HintsManager:
         if dest not in state.ready:
             state.ready.append(dest)
         locs = self.router.replicas.setdefault(path, [])
+        if not locs:
+            self.router.routed(path)
         if dest not in locs:
             locs.append(dest)
         self.stats.add("replicas_made")

@@ -31,7 +31,7 @@ import trio
 from hintfs.agent.client import AgentClient
 from hintfs.agent.fdserver import receive_replica_fd, receive_tier_bytes
 from hintfs.common import paths
-from hintfs.common.fdlimit import raise_open_file_limit
+from hintfs.common.fdlimit import raise_open_file_limit, reserve_fd_table
 from hintfs.common.journal import prune, prune_interval_s
 from hintfs.common.logline import ABANDONED_MARK   # the log line `hintfs umount` looks for (_report_abandoned)
 from hintfs.common.mounts import dead_mount_at, detach_lazily
@@ -350,7 +350,11 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Store | None = None,
     EXIT_ABANDONED when files still open for writing were abandoned at unmount."""
     mp = check_mountpoint(mountpoint, cfg)
     check_fuse_device()
-    raise_open_file_limit()   # passthrough opens and the in-process agent's replicas hold fds
+    soft = raise_open_file_limit()   # passthrough opens and the in-process agent's replicas hold fds
+    if cfg.mount.fast_path_inodes:
+        # Each fast-path mark holds an fd: the table is grown now, before the daemon's threads
+        # start, not by doublings on first-pass opens (each waits for an RCU grace period).
+        reserve_fd_table(2 * min(cfg.mount.fast_path_inodes, soft // 4) + 1024)
     store = open_checked_store(cfg, store)
     mount = assemble(cfg, store)
     try:

@@ -145,6 +145,8 @@ class Stats:
         self.errno_log = errno_log or ErrnoLog()
         # Where this mount's metrics are served (`fusefs.metrics`): shown in the stats, never a series.
         self.metrics: dict = {}
+        # The fast path's table (`fusefs.fastpath.FastPath.snapshot`, set by the filesystem).
+        self.fast_path: Callable[[], dict] = dict
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -189,6 +191,7 @@ class Stats:
             "passthrough": {"state": self.passthrough,
                             **{k[len("passthrough_"):]: v for k, v in sorted(c.items())
                                if k.startswith("passthrough_")}},
+            "fast_path": self.fast_path(),
             "requests_read_queued": self.queued_reads(),
             "usage": usage or {},
             **({"metrics": dict(self.metrics)} if self.metrics else {}),

@@ -211,6 +211,16 @@ class MountOptions(Section):
         "may have failed unseen. 0: passthrough whatever the free space, and no check at publish. "
         "docs/semantics.md, \"The publish rule\".",
     )
+    fast_path_inodes: int = Field(
+        65536, ge=0, le=1 << 22,
+        description="Files whose later read-only opens are answered inside the daemon's FUSE library "
+        "without Python (the fast path, docs/fastpath.md): only plain files of this host's store, "
+        "under FUSE passthrough, matching `cache.immutable_globs`, never a path a route names or a hint "
+        "has replicas of. Each holds one open fd and one backing id until the kernel forgets the file, a "
+        "write, truncate, rename or unlink through this mount, a hint's replica of it, or a newer file "
+        "needs its place (the user holding the most gives up its oldest). At most a quarter of the "
+        "daemon's open-file limit. 0: off.",
+    )
     writeback_cache: bool = Field(
         False, description="Let the kernel batch small writes into larger ones. The kernel then trusts "
         "its own idea of file sizes, so changes made to the store by anyone else are not seen until "

@@ -8,6 +8,8 @@ units in systemd/ and as Go's runtime does for every Go program.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import resource
 
 _NR_OPEN = "/proc/sys/fs/nr_open"   # the kernel's ceiling for RLIMIT_NOFILE
@@ -33,4 +35,27 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-__all__ = ["raise_open_file_limit"]
+def reserve_fd_table(n: int) -> int:
+    """Grow this process's fd table now to hold `n` fds (at most the soft RLIMIT_NOFILE), so
+    that holding many fds later (a lend of a hundred pages over SCM_RIGHTS; a mount's fast-path
+    marks) does not grow it then. Growing the table of a process with several threads waits for
+    an RCU grace period (synchronize_rcu in the kernel's expand_fdtable): 13-14 ms measured on the
+    H200 host on the first large lend, 9-16 ms on a mount's open here, once per doubling. The
+    table never shrinks. Returns the size reserved (0: nothing)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        n = min(n, soft)
+    if n < 4:
+        return 0
+    fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:   # F_DUPFD takes the lowest free fd >= n - 1 and never closes one in use
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, n - 1)
+        os.close(high)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return n
+
+
+__all__ = ["raise_open_file_limit", "reserve_fd_table"]

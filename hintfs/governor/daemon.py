@@ -42,7 +42,8 @@ from mountconfig.governor import GiB, GovernorConfig
 from hintfs.governor import messages as m
 from hintfs.governor.ledger import ClientEntry, GpuLedger, HeldBack, LedgerError, MemoryKind, Role
 from hintfs.governor.messages import MAX_FDS_PER_MESSAGE, LineBuffer, ProtocolError, encode
-from hintfs.governor.pagebroker import PageBroker, close_fds, reserve_fd_table
+from hintfs.common.fdlimit import reserve_fd_table
+from hintfs.governor.pagebroker import PageBroker, close_fds
 from hintfs.governor.protocol import (
     ACK_ABORTED, ACK_FREED, ACK_LENT, ACK_RELEASED, CMD_GROW, CMD_SHRINK, H_BUSY, H_CLIENT, H_GPU,
     ROLE_INFERENCE, ROLE_TRAINING, W_ACK, W_ACK_FLAGS, W_FREED, W_OWNER, W_QUOTA, W_ROLE, W_T_DETECT,

@@ -33,7 +33,7 @@ class InferenceClient:
                                      accept_pages=accept_pages, reconnect_timeout_s=reconnect_timeout_s)
         if accept_pages:   # lent pages come as fds with a grant: room for them, table grown now
             from hintfs.common.fdlimit import raise_open_file_limit
-            from hintfs.governor.pagebroker import reserve_fd_table
+            from hintfs.common.fdlimit import reserve_fd_table
             raise_open_file_limit()
             reserve_fd_table(4096)
         self.timings: list[dict] = []

@@ -188,7 +188,7 @@ def _raise_fd_limit() -> None:
     #                            exporting at lend time)
     # the fd table for a device's worth of pages, now (growing it later, while torch's threads
     # run, waits for an RCU grace period inside a page's creation)
-    from hintfs.governor.pagebroker import reserve_fd_table
+    from hintfs.common.fdlimit import reserve_fd_table
     reserve_fd_table(8192)
 
 

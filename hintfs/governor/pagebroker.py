@@ -12,9 +12,7 @@ process must never import it.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import resource
 import time
 
 
@@ -25,28 +23,6 @@ def close_fds(fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-def reserve_fd_table(n: int) -> int:
-    """Grow this process's fd table now to hold `n` fds (at most the soft RLIMIT_NOFILE), so
-    that receiving many fds later (a lend of a hundred pages, SCM_RIGHTS) does not grow it then.
-    Growing the table of a process with several threads waits for an RCU grace period
-    (synchronize_rcu in the kernel's expand_fdtable): 13-14 ms measured on the H200 host, once,
-    on the first large lend. The table never shrinks. Returns the size reserved (0: nothing)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY:
-        n = min(n, soft)
-    if n < 4:
-        return 0
-    fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:   # F_DUPFD takes the lowest free fd >= n - 1 and never closes one in use
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, n - 1)
-        os.close(high)
-    except OSError:
-        return 0
-    finally:
-        os.close(fd)
-    return n
 
 
 class PageBroker:

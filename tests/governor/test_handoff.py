@@ -163,7 +163,7 @@ def test_the_fd_table_is_grown_up_front_for_lent_pages():
     """Growing the fd table of a process with threads waits for an RCU grace period (13-14 ms
     on the first large lend, measured on the H200 host): daemon and page-accepting inference
     clients grow it when they start."""
-    from hintfs.governor.pagebroker import reserve_fd_table
+    from hintfs.common.fdlimit import reserve_fd_table
 
     def fd_size():
         with open("/proc/self/status") as f:

@@ -177,6 +177,9 @@ class Run:
     workers: int = 3
     steps: list[Step] = field(default_factory=list)
     check_store_every: int = 25
+    # Share of opens made read-only (O_RDONLY) on top of the flags' own draw; 0 keeps every
+    # seed's sequence as it always was. The fast path's test reopens files for reading more.
+    read_bias: float = 0.0
 
     def __post_init__(self) -> None:
         self.model = Model(len(self.rig.mounts), self.rig.passthrough, local_store=self.rig.read_tree is None)
@@ -197,7 +200,8 @@ class Run:
     def _releases(self, mount: int) -> int:
         with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
             doc = json.loads(f.read())
-        return doc["counters"].get("file_releases", 0)
+        # (releases of opens the fast path answered never reach Python: counted there)
+        return doc["counters"].get("file_releases", 0) + doc.get("fast_path", {}).get("releases", 0)
 
     def _settled_releases(self, mount: int) -> int:
         """The release count once no release is in flight (an earlier run's workers are gone)."""
@@ -388,6 +392,8 @@ class Run:
                          [30, 6, 4, 4, 2, 5, 7, 1, 2, 2, 1, 1, 2])[0]
         if op == "open":
             fl = rng.choice(OPEN_FLAGS)[0]
+            if self.read_bias and rng.random() < self.read_bias:
+                fl = "r"
             return Step("open", worker, mount, (rng.choice(FILES), fl), label=index)
         if op in ("stat", "unlink", "truncate", "chmod", "utime", "readlink"):
             rel = rng.choice(FILES + (DIRS if op == "stat" else []) + ["s0"])
@@ -583,9 +589,10 @@ def fresh_folder(rig: Rig, tag: str) -> str:
     return folder
 
 
-def run_seed(rig: Rig, seed: int, steps: int, workers: int = 3, crash_every: int = 0) -> Run:
+def run_seed(rig: Rig, seed: int, steps: int, workers: int = 3, crash_every: int = 0,
+             read_bias: float = 0.0) -> Run:
     """Generate and run one seed's sequence; DivergenceError (with `.run`) if it diverges."""
-    run = Run(rig, fresh_folder(rig, f"s{seed}"), workers)
+    run = Run(rig, fresh_folder(rig, f"s{seed}"), workers, read_bias=read_bias)
     try:
         run.generate(random.Random(seed), steps, crash_every)
         run.check_store(len(run.steps), Step("check_store"))

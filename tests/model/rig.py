@@ -19,7 +19,7 @@ uri = "file://{store}"
 [cache]
 attr_timeout_s = 0
 entry_timeout_s = 0
-
+{immutable}
 [mount]
 passthrough = "{passthrough}"
 
@@ -70,8 +70,12 @@ def _remount_and_pids(mnts: list[Path], cfgs: list[Path]):
 
 
 @contextlib.contextmanager
-def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = None) -> Iterator[Rig]:
-    """A store and `mounts` mounts of it; everything unmounted and removed at the end."""
+def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = None,
+              fast_path: bool = False) -> Iterator[Rig]:
+    """A store and `mounts` mounts of it; everything unmounted and removed at the end. With
+    `fast_path`, every path is declared immutable, so that reopened files are answered by the
+    fast path (fusefs/fastpath.py): meant for one mount, whose own changes the kernel sees (two
+    mounts would each keep what the other changed, as the declaration allows)."""
     own = base is None
     base = Path(tempfile.mkdtemp(prefix="hintfs-model-")) if base is None else base
     store = base / "store"
@@ -83,7 +87,8 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             mnt.mkdir(exist_ok=True)
             cfg = base / f"m{i}.toml"
             cfg.write_text(CONFIG.format(store=store, passthrough="auto" if passthrough else "off",
-                                         log=base / f"m{i}.log"))
+                                         log=base / f"m{i}.log",
+                                         immutable='immutable_globs = ["*"]' if fast_path else ""))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)

@@ -42,6 +42,28 @@ def test_random_operations_match_the_model(mounts, passthrough):
         assert ops >= len(SEEDS) * STEPS
 
 
+def test_random_operations_with_the_fast_path_match_the_model():
+    """One mount, passthrough on, every path declared immutable: files reopened after their first
+    open are answered by the fast path (fusefs/fastpath.py), with writes, truncates, renames and
+    unlinks through the mount between them."""
+    import json
+    with model_rig(1, True, fast_path=True) as rig:
+        state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["fast_path"]["state"]
+        if state != "on":
+            pytest.skip(f"the fast path is not available here: {state}")
+        ops = 0
+        for seed in SEEDS:
+            try:
+                ops += run_seed(rig, seed, STEPS, read_bias=0.6).ops
+            except DivergenceError as err:
+                steps = err.run.steps[:err.index + 1]   # type: ignore[attr-defined]
+                tail = "\n".join(f"  {i}: {s}" for i, s in enumerate(steps) if i >= len(steps) - 12)
+                pytest.fail(f"seed {seed} (fast path): {err}\n{tail}")
+        fast = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["fast_path"]
+        assert ops >= len(SEEDS) * STEPS
+        assert fast["opens"] > 0 and fast["marked"] > 0 and fast["unmarked"] > 0, fast
+
+
 def _regressions() -> list[Path]:
     return sorted(REGRESSIONS.glob("*.json")) if REGRESSIONS.exists() else []
 

@@ -1,0 +1,149 @@
+"""The fast path: later read-only opens of a plain store file answered inside pyfuse3.
+
+A fresh small file costs the daemon three requests answered in Python (LOOKUP, OPEN, RELEASE); a
+second pass over a dataset two (OPEN, RELEASE). For a file this mount reads from its store
+through FUSE passthrough, where the config declares the path immutable (`cache.immutable_globs`)
+and no route or hint replica can send a read elsewhere, the first open marks the inode: the
+patched pyfuse3 (`patches/pyfuse3-fastpath.patch`) then answers read-only opens of it, their
+releases and its GETATTRs inside its C callbacks, from the backing id and the attributes of that
+first open, with no Python frame. (Every read through passthrough makes the kernel ask for the
+attributes again at the next `fstat`: it drops the atime it caches.)
+
+Which opens may be marked is `fast_eligible`, a pure function of the handle kind the open got
+(`fusefs.handles.choose_handle`, the one rule for every open) and of what the path is: never a
+control file, a `.tensor`, a staging file, a file open for writing, a replica or a tier copy.
+What a mark skips, and why that is still the mount's rule (docs/fastpath.md):
+
+- the close-to-open check, and fresh attributes: the config declared the path immutable, the same
+  declaration that lets the kernel keep its attributes and listings for `immutable_timeout_s`
+  (a marked file's atime stays the one of its mark); a setattr, link, write, truncate, rename or
+  unlink through this mount ends the mark first;
+- the access check: the kernel's (`default_permissions`) runs before any OPEN is sent, the only
+  check a plain read open ever had;
+- the per-principal bounds on handles: a fast open holds nothing in the daemon. A mark holds one
+  fd and one backing id: `[mount] fast_path_inodes` of them in all (at most a quarter of the
+  daemon's open-file limit). A mark is charged to the user whose open made it; when the table is
+  full, the user holding the most marks gives up its oldest: one user may fill an idle table (a
+  training job's dataset), and any other user still gets room.
+
+A mark is held as one more passthrough open of the inode (no handle in the filesystem's table): the inode stays known, its backing id stays registered, and every rule that
+already looks at open handles sees it (a write open while reads are open through passthrough is
+ETXTBSY; an inode with open handles is never forgotten). `unmark` ends a mark when a write,
+truncate, setattr, link, rename or unlink through this mount changes the file, when the kernel forgets the inode,
+or when the table needs the room: new opens go to Python at once, and the hold is let go once the
+opens the fast path served are released (until then a writer gets ETXTBSY, as with any open
+passthrough reader).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+from collections.abc import Callable
+
+from fusefs.attrs import Attributes
+from fusefs.handles import HandleKind
+from fusefs.inodes import Inode
+
+
+class FastBackend(Protocol):
+    """The patched pyfuse3's fast-path table (`fusefs.fuse.fast_backend`)."""
+    def mark(self, ino: int, backing_id: int, attrs: Attributes) -> None: ...
+    def unmark(self, ino: int) -> int: ...
+    def opens(self, ino: int) -> int: ...
+    def stats(self) -> tuple[int, int, int, int]: ...
+
+
+def fast_eligible(kind: HandleKind, immutable: bool, routed: bool, unlinked: bool) -> bool:
+    """Whether an open that got `kind` may mark its inode for the fast path; pure.
+
+    Only `PASSTHROUGH_STORE`: a read of the store file itself, on this host, by passthrough, with no
+    writer, no staging and no other source (`choose_handle` gives it to nothing else: no hint
+    replica of the path now; one made later ends the mark, `ReplicaRouter.routed`). Only where the
+    config declares the path `immutable`, never on a path a route names (`routed`: the eval side's
+    tier may hold it later), and not once unlinked."""
+    return kind is HandleKind.PASSTHROUGH_STORE and immutable and not routed and not unlinked
+
+
+class FastPath:
+    """The marks of one mount. Each holds one passthrough open of its inode (taken by the
+    filesystem before `mark`); `release(node)` lets it go (the filesystem's release of a
+    passthrough open: its backing id at the last one, the inode forgettable again). A mark is
+    (inode, uid): every mark made on a first pass over a dataset stays alive, so each is kept small
+    (objects made per open cost the daemon's garbage collector more than their making)."""
+
+    def __init__(self, limit: int, release: Callable[[Inode], None]):
+        self.limit = max(0, limit)
+        self.backend: FastBackend | None = None
+        self._release = release
+        self.marked: dict[int, tuple[Inode, int]] = {}
+        self.by_uid: dict[int, OrderedDict[int, None]] = {}   # each user's marks, oldest first
+        self.draining: dict[int, Inode] = {}     # unmarked, fast opens still open
+        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0}
+
+    @property
+    def on(self) -> bool:
+        return self.backend is not None and self.limit > 0
+
+    def __contains__(self, ino: int) -> bool:
+        return ino in self.marked or ino in self.draining
+
+    def mark(self, node: Inode, backing_id: int, attrs: Attributes, uid: int) -> None:
+        """Answer later read-only opens of `node` from `backing_id` (its passthrough backing), and
+        its GETATTRs with `attrs`, while the mark holds its open. A full table first gives up the
+        oldest mark of the user that holds the most."""
+        assert self.backend is not None and node.ino not in self
+        while len(self.marked) + len(self.draining) >= self.limit and self.marked:
+            most = max(self.by_uid.values(), key=len)
+            self._give_up(next(iter(most)))
+        if len(self.marked) + len(self.draining) >= self.limit:
+            self._release(node)       # every place is held by opens not yet released: no mark
+            return
+        self.backend.mark(node.ino, backing_id, attrs)
+        self.marked[node.ino] = (node, uid)
+        mine = self.by_uid.get(uid)
+        if mine is None:
+            mine = self.by_uid[uid] = OrderedDict()
+        mine[node.ino] = None
+        self.counts["marked"] += 1
+
+    def unmark(self, node: Inode) -> int:
+        """No more fast opens of `node`; how many it served are still open (0: the hold is let go
+        now; else at a later `unmark` or `settle` once they are released)."""
+        m = self.marked.pop(node.ino, None)
+        if m is not None:
+            mine = self.by_uid[m[1]]
+            del mine[node.ino]
+            if not mine:
+                del self.by_uid[m[1]]
+            self.counts["unmarked"] += 1
+            self.draining[node.ino] = m[0]
+        held = self.draining.get(node.ino)
+        if held is None:
+            return 0
+        assert self.backend is not None
+        left = self.backend.unmark(node.ino)
+        if left == 0:
+            del self.draining[node.ino]
+            self._release(held)
+        return left
+
+    def settle(self) -> None:
+        """Let go the holds of unmarked inodes whose fast opens have all been released."""
+        for ino in [ino for ino in self.draining if self.backend is not None and self.backend.opens(ino) == 0]:
+            self.unmark(self.draining[ino])
+
+    def _give_up(self, ino: int) -> None:
+        self.counts["given_up_for_room"] += 1
+        self.unmark(self.marked[ino][0])
+
+    def snapshot(self) -> dict:
+        """What `.hintfs/stats` shows under "fast_path"."""
+        if not self.on:
+            return {"state": "off" if self.limit == 0 else "unavailable (pyfuse3 without the fast path, or no passthrough)"}
+        assert self.backend is not None
+        opened, released, serving, getattrs = self.backend.stats()
+        return {"state": "on", "opens": opened, "releases": released, "getattrs": getattrs, "inodes": serving,
+                "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
+
+
+__all__ = ["FastBackend", "FastPath", "fast_eligible"]

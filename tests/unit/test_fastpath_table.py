@@ -1,0 +1,91 @@
+"""fusefs.fastpath without a kernel: which opens may be marked (`fast_eligible`, pure), and the
+table's bound, its fairness between users and the holds it lets go (`FastPath`)."""
+from __future__ import annotations
+
+import pytest
+
+from fusefs.fastpath import FastPath, fast_eligible
+from fusefs.handles import HandleKind
+from fusefs.inodes import Inode
+
+
+class FakeBackend:
+    """pyfuse3's table: marks, and the opens it served that are still open."""
+
+    def __init__(self) -> None:
+        self.serving: dict[int, int] = {}
+        self.open: dict[int, int] = {}
+
+    def mark(self, ino: int, backing_id: int, attrs) -> None:
+        self.serving[ino] = backing_id
+
+    def unmark(self, ino: int) -> int:
+        self.serving.pop(ino, None)
+        return self.open.get(ino, 0)
+
+    def opens(self, ino: int) -> int:
+        return self.open.get(ino, 0)
+
+    def stats(self) -> tuple[int, int, int, int]:
+        return 0, 0, len(self.serving), 0
+
+
+def _table(limit: int):
+    released: list[int] = []
+    fp = FastPath(limit, lambda node: released.append(node.ino))
+    fp.backend = FakeBackend()
+    return fp, released
+
+
+@pytest.mark.parametrize("kind", list(HandleKind))
+def test_only_a_plain_store_read_of_an_immutable_unrouted_linked_path_is_eligible(kind):
+    assert fast_eligible(kind, True, False, False) is (kind is HandleKind.PASSTHROUGH_STORE)
+    assert not fast_eligible(kind, False, False, False)     # not declared immutable
+    assert not fast_eligible(kind, True, True, False)       # a route names the path
+    assert not fast_eligible(kind, True, False, True)       # unlinked
+
+
+def test_a_full_table_takes_room_from_the_user_holding_the_most():
+    fp, released = _table(4)
+    for ino in (10, 11, 12):                  # user 1 fills most of an idle table
+        fp.mark(Inode(ino, f"d/{ino}"), 5, None, uid=1)
+    fp.mark(Inode(20, "d/20"), 5, None, uid=2)
+    assert set(fp.marked) == {10, 11, 12, 20} and released == []
+    fp.mark(Inode(21, "d/21"), 5, None, uid=2)  # full: user 1 (3 marks) gives up its oldest
+    assert set(fp.marked) == {11, 12, 20, 21} and released == [10]
+    fp.mark(Inode(22, "d/22"), 5, None, uid=2)  # 2 against 2: the first of the most (user 1)
+    assert released == [10, 11] and fp.counts["given_up_for_room"] == 2
+    fp.mark(Inode(13, "d/13"), 5, None, uid=1)  # user 2 holds 3 now: its oldest goes
+    assert released == [10, 11, 20] and set(fp.marked) == {12, 13, 21, 22}
+    assert fp.backend.serving.keys() == fp.marked.keys()
+
+
+def test_an_unmark_with_fast_opens_still_open_keeps_the_hold_until_they_are_released():
+    fp, released = _table(8)
+    node = Inode(30, "d/a")
+    fp.mark(node, 7, None, uid=0)
+    fp.backend.open[30] = 2                  # two opens answered in pyfuse3, still open
+    assert fp.unmark(node) == 2 and released == [] and 30 in fp and 30 not in fp.marked
+    fp.settle()
+    assert released == []
+    fp.backend.open[30] = 0                  # their releases came
+    fp.settle()
+    assert released == [30] and 30 not in fp
+    assert fp.unmark(node) == 0 and released == [30]      # nothing left to let go
+
+
+def test_a_table_of_holds_not_yet_released_marks_nothing_more():
+    fp, released = _table(1)
+    a = Inode(40, "d/a")
+    fp.mark(a, 7, None, uid=0)
+    fp.backend.open[40] = 1
+    fp.mark(Inode(41, "d/b"), 7, None, uid=0)  # a is given up, but its fast open holds the place
+    assert released == [41] and 41 not in fp and 40 in fp.draining
+
+
+def test_off_and_unavailable_are_said_in_the_stats():
+    assert FastPath(0, lambda h: None).snapshot()["state"] == "off"
+    assert FastPath(8, lambda h: None).snapshot()["state"].startswith("unavailable")
+    fp, _ = _table(8)
+    snap = fp.snapshot()
+    assert snap["state"] == "on" and snap["limit"] == 8 and snap["inodes"] == 0
