@@ -22,45 +22,45 @@ SEEDS = range(1, 18)
 STEPS = 300
 
 
+def _run_seeds(rig, what: str, read_bias: float = 0.0) -> None:
+    """Every seed of SEEDS, STEPS steps each; a divergence fails with its last steps."""
+    ops = 0
+    for seed in SEEDS:
+        try:
+            ops += run_seed(rig, seed, STEPS, read_bias=read_bias).ops
+        except DivergenceError as err:
+            steps = err.run.steps[:err.index + 1]   # type: ignore[attr-defined]
+            tail = "\n".join(f"  {i}: {s}" for i, s in enumerate(steps) if i >= len(steps) - 12)
+            pytest.fail(f"seed {seed} ({what}): {err}\n{tail}\n"
+                        "shrink it with bench/model_test.py --shrink and save it as a regression")
+    assert ops >= len(SEEDS) * STEPS
+
+
+def _stats(rig) -> dict:
+    import json
+    return json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())
+
+
 @pytest.mark.parametrize("mounts,passthrough", CONFIGS, ids=lambda v: str(v))
 def test_random_operations_match_the_model(mounts, passthrough):
     with model_rig(mounts, passthrough) as rig:
         if passthrough:
-            import json
-            state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["passthrough"]["state"]
+            state = _stats(rig)["passthrough"]["state"]
             if state != "on":
                 pytest.skip(f"FUSE passthrough is not available here: {state}")
-        ops = 0
-        for seed in SEEDS:
-            try:
-                ops += run_seed(rig, seed, STEPS).ops
-            except DivergenceError as err:
-                steps = err.run.steps[:err.index + 1]   # type: ignore[attr-defined]
-                tail = "\n".join(f"  {i}: {s}" for i, s in enumerate(steps) if i >= len(steps) - 12)
-                pytest.fail(f"seed {seed} ({mounts} mount(s), passthrough {passthrough}): {err}\n{tail}\n"
-                            "shrink it with bench/model_test.py --shrink and save it as a regression")
-        assert ops >= len(SEEDS) * STEPS
+        _run_seeds(rig, f"{mounts} mount(s), passthrough {passthrough}")
 
 
 def test_random_operations_with_the_fast_path_match_the_model():
     """One mount, passthrough on, every path declared immutable: files reopened after their first
     open are answered by the fast path (fusefs/fastpath.py), with writes, truncates, renames and
     unlinks through the mount between them."""
-    import json
     with model_rig(1, True, fast_path=True) as rig:
-        state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["fast_path"]["state"]
+        state = _stats(rig)["fast_path"]["state"]
         if state != "on":
             pytest.skip(f"the fast path is not available here: {state}")
-        ops = 0
-        for seed in SEEDS:
-            try:
-                ops += run_seed(rig, seed, STEPS, read_bias=0.6).ops
-            except DivergenceError as err:
-                steps = err.run.steps[:err.index + 1]   # type: ignore[attr-defined]
-                tail = "\n".join(f"  {i}: {s}" for i, s in enumerate(steps) if i >= len(steps) - 12)
-                pytest.fail(f"seed {seed} (fast path): {err}\n{tail}")
-        fast = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["fast_path"]
-        assert ops >= len(SEEDS) * STEPS
+        _run_seeds(rig, "fast path", read_bias=0.6)
+        fast = _stats(rig)["fast_path"]
         assert fast["opens"] > 0 and fast["marked"] > 0 and fast["unmarked"] > 0, fast
 
 
