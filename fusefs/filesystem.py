@@ -192,8 +192,10 @@ class Filesystem:
         self.inodes.release_open(node)
 
     def _fast_off(self, node: Inode | None) -> None:
-        """`node` changes through this mount (a write, truncate, rename or unlink): no more fast
-        opens of it; its hold goes once the fast opens still open are released."""
+        """`node` changes through this mount (a write open or create, a truncate or setattr, a
+        link, rename or unlink) or its reads go elsewhere (a hint's first replica): no more fast
+        opens or GETATTRs of it; the open its mark holds goes once the fast opens C served are
+        released (fusefs/fastpath.py)."""
         if node is not None and node.ino in self.fast:
             self.fast.unmark(node)
 
