@@ -949,7 +949,12 @@ class Filesystem:
             source = source_of(reader)   # (what `ReadPath.source` answers without routes or replicas)
         else:
             reader, source = await reads.source(node.path, reader, st)
-        if source is Source.STORE:
+        if node.writers_pending:
+            # A write open is making its staging: a passthrough backing taken now would be shared
+            # by its handle (the kernel serves an inode from one backing file), and its writes
+            # would go into this file in place, then be replaced by its publish. The daemon reads.
+            local = -1
+        elif source is Source.STORE:
             local = getattr(reader, "fd", -1) if self.pt.backend is not None else -1
         elif self.pt.on:
             local = await reads.local_fd(node.path, reader, source, st.identity())
@@ -962,8 +967,13 @@ class Filesystem:
         self._fast_off(node)
         # Under the publish lock: a last release may be publishing and dropping this very staging
         # (it waits, then closes its fd); the open takes the writer only before or after that.
-        async with self.publish_lock(node):
-            return await self._see_write_locked(node, truncate)
+        # Meanwhile read opens get no passthrough backing (`writers_pending`, `_see`).
+        node.writers_pending += 1
+        try:
+            async with self.publish_lock(node):
+                return await self._see_write_locked(node, truncate)
+        finally:
+            node.writers_pending -= 1
 
     async def _see_write_locked(self, node: Inode, truncate: bool) -> _Seen:
         if node.pt_refs and node.writer is not None and node.writer.live and node.pt_staging is node.writer:

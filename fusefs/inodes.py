@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
-                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key", "kind")
+                 "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key", "kind",
+                 "writers_pending")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -61,6 +62,9 @@ class Inode:
         # page cache per inode, `Filesystem._renew`); None while nothing is open.
         self.file_key: tuple | None = None
         self.kind = 0             # S_IFMT of the store entry it was last looked up as (0: unknown)
+        # Write opens between their first check and their staging (`Filesystem._see_write`): a read
+        # open meanwhile gets no passthrough backing, which the writer would otherwise share.
+        self.writers_pending = 0
 
     def open_fd(self) -> int:
         """An fd of the open file (the writer's staging, else a reader's), or -1: what getattr
