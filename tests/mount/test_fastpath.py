@@ -144,11 +144,23 @@ def test_a_truncate_by_path_ends_the_mark(mount_factory):
     assert f.read_bytes() == b"\0" * 10 and (m.store / "data" / "f000").stat().st_size == 10
 
 
-def test_control_files_are_never_fast(mount_factory):
+def test_control_files_and_staging_files_are_never_fast(mount_factory):
     m = mount_factory(IMMUTABLE.replace('"data/*"', '"*"'))
     _skip_unless_on(m)
     for _ in range(3):
         (m.mnt / ".hintfs" / "stats").read_bytes()
+    # A writer's staging file beside its target, in the store: never a name of the mount.
+    with open(m.mnt / "w", "wb") as w:
+        w.write(b"being written")
+        w.flush()
+        staging = [n for n in os.listdir(m.store) if n.startswith(".hintfs-tmp.")]
+        assert staging, os.listdir(m.store)
+        for name in staging:
+            for _ in range(2):
+                with pytest.raises(OSError):
+                    (m.mnt / name).read_bytes()
+        assert (m.mnt / "w").read_bytes() == b"being written"    # the writer's staged data
+        assert _fast(m)["marked"] == 0                            # (a file being written)
     assert _fast(m)["marked"] == 0
 
 

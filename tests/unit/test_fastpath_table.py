@@ -89,3 +89,46 @@ def test_off_and_unavailable_are_said_in_the_stats():
     fp, _ = _table(8)
     snap = fp.snapshot()
     assert snap["state"] == "on" and snap["limit"] == 8 and snap["inodes"] == 0
+
+
+def test_the_filesystem_never_marks_a_path_a_route_names(tmp_path):
+    """A routed path (the eval side's tier may hold it later) is read from the store now, by
+    passthrough, and never marked; an unrouted path beside it is."""
+    import os
+
+    import trio
+
+    from fusefs.filesystem import Filesystem
+    from fusefs.readpath import ReadPath
+    from fusefs.stats import Stats
+    from hintfs.stores.local import LocalStore
+    from mountconfig.schema import CacheConfig
+    from tests.helpers.backing import CountingBacking
+
+    class Routes:                       # routes "ckpt/..." and lets the store answer for now
+        def routes_path(self, path: str) -> bool:
+            return path.startswith("ckpt/")
+
+        async def at_open(self, path, reader, st):
+            return reader
+
+    for folder in ("ckpt", "data"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "f").write_bytes(b"x" * 100)
+    stats = Stats()
+    fs = Filesystem(LocalStore(str(tmp_path)), cache=CacheConfig(immutable_globs=["*"]), stats=stats,
+                    reads=ReadPath(stats, routes=Routes()))   # type: ignore[arg-type]
+    fast = FakeBackend()
+    fs.set_passthrough((CountingBacking(), "on"), fast)
+
+    async def main():
+        for folder in (b"ckpt", b"data"):
+            d = await fs.lookup(1, folder)
+            f = await fs.lookup(d.st_ino, b"f")
+            h = await fs.open(f.st_ino, os.O_RDONLY)
+            assert h.backing_id                       # both read by passthrough from the store
+            await fs.release(h.fh)
+        marked = [fs.inodes.by_ino[ino].path for ino in fast.serving]
+        assert marked == ["data/f"], marked
+
+    trio.run(main)
