@@ -36,6 +36,7 @@ passthrough reader).
 """
 from __future__ import annotations
 
+import resource
 from collections import OrderedDict
 from typing import Protocol
 from collections.abc import Callable
@@ -51,6 +52,13 @@ class FastBackend(Protocol):
     def unmark(self, ino: int) -> int: ...
     def opens(self, ino: int) -> int: ...
     def stats(self) -> tuple[int, int, int, int]: ...
+
+
+def mark_limit(configured: int) -> int:
+    """How many marks this process may hold: `[mount] fast_path_inodes`, at most a quarter of the
+    soft open-file limit (each mark holds an fd)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return configured if soft == resource.RLIM_INFINITY else min(configured, soft // 4)
 
 
 def fast_eligible(kind: HandleKind, immutable: bool, routed: bool, unlinked: bool) -> bool:
@@ -146,4 +154,4 @@ class FastPath:
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 
 
-__all__ = ["FastBackend", "FastPath", "fast_eligible"]
+__all__ = ["FastBackend", "FastPath", "fast_eligible", "mark_limit"]

@@ -25,7 +25,6 @@ import itertools
 import logging
 import os
 import re
-import resource
 import stat as stat_mod
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +37,7 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs.walks import Walks
-from fusefs.fastpath import FastBackend, FastPath, fast_eligible
+from fusefs.fastpath import FastBackend, FastPath, fast_eligible, mark_limit
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -161,9 +160,7 @@ class Filesystem:
         # FUSE passthrough: on at FUSE init when the kernel granted it (`set_passthrough`).
         self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
         # The fast path (fusefs/fastpath.py): on with passthrough where pyfuse3 has it.
-        # (a mark holds an fd: at most a quarter of the open-file limit, which the mount raised)
-        self.fast = FastPath(min(options.fast_path_inodes, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4),
-                             self._let_go)
+        self.fast = FastPath(mark_limit(options.fast_path_inodes), self._let_go)
         self.stats.fast_path = self.fast.snapshot
         if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
             self.reads.replicas.router.routed = lambda path: self._fast_off(self.inodes.by_path_get(path))

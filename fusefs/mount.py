@@ -40,6 +40,7 @@ from hintfs.common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
+from fusefs.fastpath import mark_limit
 from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
@@ -350,11 +351,11 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Store | None = None,
     EXIT_ABANDONED when files still open for writing were abandoned at unmount."""
     mp = check_mountpoint(mountpoint, cfg)
     check_fuse_device()
-    soft = raise_open_file_limit()   # passthrough opens and the in-process agent's replicas hold fds
+    raise_open_file_limit()   # passthrough opens, fast-path marks and the in-process agent's replicas hold fds
     if cfg.mount.fast_path_inodes:
         # Each fast-path mark holds an fd: the table is grown now, before the daemon's threads
         # start, not by doublings on first-pass opens (each waits for an RCU grace period).
-        reserve_fd_table(2 * min(cfg.mount.fast_path_inodes, soft // 4) + 1024)
+        reserve_fd_table(2 * mark_limit(cfg.mount.fast_path_inodes) + 1024)
     store = open_checked_store(cfg, store)
     mount = assemble(cfg, store)
     try:
