@@ -59,6 +59,16 @@ class StatsCollector:
                 g = GaugeMetricFamily(f"hintfs_{name}", doc)
                 g.add_metric([], levels[name])
                 yield g
+        fast = self.stats.fast_path()
+        if fast.get("state") == "on":   # requests answered inside pyfuse3: never in hintfs_fuse_ops
+            answers = CounterMetricFamily("hintfs_fast_path_answers", "Requests the fast path answered "
+                                          "inside pyfuse3 (docs/fastpath.md)", labels=["request"])
+            for request, key in (("open", "opens"), ("release", "releases"), ("getattr", "getattrs")):
+                answers.add_metric([request], fast[key])
+            yield answers
+            marked = GaugeMetricFamily("hintfs_fast_path_inodes", "Files marked for the fast path")
+            marked.add_metric([], fast["inodes"])
+            yield marked
         jobs = GaugeMetricFamily("hintfs_job_files", "Control job files each user holds", labels=["uid", "folder"])
         usage = self.usage()
         for uid, per_folder in usage.get("job_files_by_uid", {}).items():

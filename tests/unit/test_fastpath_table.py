@@ -132,3 +132,20 @@ def test_the_filesystem_never_marks_a_path_a_route_names(tmp_path):
         assert marked == ["data/f"], marked
 
     trio.run(main)
+
+
+def test_the_metrics_show_what_the_fast_path_answered():
+    from fusefs.metrics import StatsCollector
+    from fusefs.stats import Stats
+
+    stats = Stats()
+    fp, _ = _table(8)
+    fp.backend.stats = lambda: (5, 4, 2, 3)          # type: ignore[method-assign]
+    stats.fast_path = fp.snapshot
+    got = {(m.name, tuple(sorted(sm.labels.items()))): sm.value
+           for m in StatsCollector(stats).collect() for sm in m.samples}
+    assert got[("hintfs_fast_path_answers", (("request", "open"),))] == 5
+    assert got[("hintfs_fast_path_answers", (("request", "getattr"),))] == 3
+    assert got[("hintfs_fast_path_inodes", ())] == 2
+    off = Stats()
+    assert not any(m.name.startswith("hintfs_fast_path") for m in StatsCollector(off).collect())
