@@ -31,6 +31,10 @@ def format_status(snap: dict) -> str:
     if "passthrough" in snap:   # the kernel serves these files' bytes: not in the byte counts above
         pt = dict(snap["passthrough"])
         lines.append(f"passthrough: {pt.pop('state')}" + "".join(f", {k} {v:,}" for k, v in pt.items()))
+    fast = snap.get("fast_path")
+    if fast:   # answered inside pyfuse3: not in the op table below
+        fast = dict(fast)
+        lines.append(f"fast path: {fast.pop('state')}" + "".join(f", {k} {v:,}" for k, v in fast.items()))
     if snap.get("requests_read_queued") is not None:   # the patched pyfuse3's loop reads these without a wait
         lines.append(f"requests read while queued: {snap['requests_read_queued']:,}")
     metrics = snap.get("metrics")

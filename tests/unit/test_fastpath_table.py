@@ -149,3 +149,16 @@ def test_the_metrics_show_what_the_fast_path_answered():
     assert got[("hintfs_fast_path_inodes", ())] == 2
     off = Stats()
     assert not any(m.name.startswith("hintfs_fast_path") for m in StatsCollector(off).collect())
+
+
+def test_hintfs_status_says_what_the_fast_path_answered():
+    from hintfs.status import format_status
+    from fusefs.stats import Stats
+
+    stats = Stats()
+    fp, _ = _table(8)
+    stats.fast_path = fp.snapshot
+    text = format_status(stats.snapshot())
+    assert "fast path: on, opens 0, releases 0, getattrs 0, inodes 0" in text
+    stats.fast_path = FastPath(0, lambda node: None).snapshot
+    assert "fast path: off" in format_status(stats.snapshot())
