@@ -51,7 +51,7 @@ class FastBackend(Protocol):
     def mark(self, ino: int, backing_id: int, attrs: Attributes) -> None: ...
     def unmark(self, ino: int) -> int: ...
     def opens(self, ino: int) -> int: ...
-    def stats(self) -> tuple[int, int, int, int, int]: ...
+    def stats(self) -> tuple[int, int, int, int]: ...
 
 
 def mark_limit(configured: int) -> int:
@@ -149,9 +149,8 @@ class FastPath:
         if not self.on:
             return {"state": "off" if self.limit == 0 else "unavailable (pyfuse3 without the fast path, or no passthrough)"}
         assert self.backend is not None
-        opened, released, serving, getattrs, spun = self.backend.stats()
-        return {"state": "on", "opens": opened, "releases": released, "getattrs": getattrs,
-                "read_while_spinning": spun, "inodes": serving,
+        opened, released, serving, getattrs = self.backend.stats()
+        return {"state": "on", "opens": opened, "releases": released, "getattrs": getattrs, "inodes": serving,
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 
 

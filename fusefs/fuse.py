@@ -231,18 +231,25 @@ class _Fast:
         n: int = _patched.fast_opens(ino)
         return n
 
-    def stats(self) -> tuple[int, int, int, int, int]:
-        opened, released, serving, getattrs, spun = _patched.fast_stats()
-        return opened, released, serving, getattrs, spun
+    def stats(self) -> tuple[int, int, int, int]:
+        opened, released, serving, getattrs = _patched.fast_stats()
+        return opened, released, serving, getattrs
 
 
-def fast_backend(spin_us: int = 0) -> _Fast | None:
-    """The fast path's table, or None with a pyfuse3 that has none (stock, or an older build);
-    `spin_us`: `[mount] fast_path_spin_us`."""
-    if not hasattr(pyfuse3, "fast_supported"):
-        return None
-    _patched.fast_spin(spin_us)
-    return _Fast()
+def fast_backend() -> _Fast | None:
+    """The fast path's table, or None with a pyfuse3 that has none (stock, or an older build)."""
+    return _Fast() if hasattr(pyfuse3, "fast_supported") else None
+
+
+# Requests the loop read while spinning after the one before (the patched pyfuse3; None with stock).
+spun_reads: Callable[[], int | None] = getattr(pyfuse3, "spun_reads", lambda: None)
+
+
+def set_request_spin(microseconds: int) -> None:
+    """`[mount] request_spin_us` for pyfuse3's loop (a pyfuse3 without it: nothing)."""
+    spin = getattr(pyfuse3, "loop_spin", None)
+    if spin is not None:
+        spin(microseconds)
 
 
 class FuseOperations(pyfuse3.Operations):
@@ -262,8 +269,8 @@ class FuseOperations(pyfuse3.Operations):
     def init(self) -> None:
         """FUSE init (before any request): passthrough is on if the kernel granted it."""
         self.fs.set_passthrough(passthrough_backend(self.options.passthrough, self.fs.passthrough_capable(),
-                                                    self.options.writeback_cache),
-                                fast_backend(self.options.fast_path_spin_us))
+                                                    self.options.writeback_cache), fast_backend())
+        set_request_spin(self.options.request_spin_us)
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)

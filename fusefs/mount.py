@@ -41,7 +41,7 @@ from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
 from fusefs.fastpath import mark_limit
-from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads
+from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads, spun_reads
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
 from fusefs.replicaread import ReplicaReads
@@ -265,7 +265,7 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
     private = log_is_private()   # errno lines name an example path only in a log other users cannot read
     if not private:
         log.warning("the log is readable by other users: its errno lines leave out paths (chmod 600 the log file)")
-    stats = Stats(queued_reads=queued_reads, errno_log=ErrnoLog(with_paths=private))
+    stats = Stats(queued_reads=queued_reads, errno_log=ErrnoLog(with_paths=private), spun_reads=spun_reads)
     host_cache = store if isinstance(store, HostCachedStore) else None
     if host_cache is not None:
         host_cache.attach_stats(stats)

@@ -135,13 +135,15 @@ def log_is_private() -> bool:
 
 class Stats:
     def __init__(self, queued_reads: Callable[[], int | None] | None = None,
-                 errno_log: ErrnoLog | None = None) -> None:
+                 errno_log: ErrnoLog | None = None, spun_reads: Callable[[], int | None] | None = None) -> None:
         self.started = time.time()
         self.ops: dict[str, OpStats] = defaultdict(OpStats)
         self.counters: dict[str, int] = defaultdict(int)
         self.passthrough = "off"   # FUSE passthrough: "on", or why not (set by the filesystem)
         # Requests the FUSE loop read while queued, without a wait (patched pyfuse3: fusefs.fuse)
         self.queued_reads: Callable[[], int | None] = queued_reads or (lambda: None)
+        # ... and those it read while spinning after the one before (`[mount] request_spin_us`)
+        self.spun_reads: Callable[[], int | None] = spun_reads or (lambda: None)
         self.errno_log = errno_log or ErrnoLog()
         # Where this mount's metrics are served (`fusefs.metrics`): shown in the stats, never a series.
         self.metrics: dict = {}
@@ -193,6 +195,7 @@ class Stats:
                                if k.startswith("passthrough_")}},
             "fast_path": self.fast_path(),
             "requests_read_queued": self.queued_reads(),
+            "requests_read_spinning": self.spun_reads(),
             "usage": usage or {},
             **({"metrics": dict(self.metrics)} if self.metrics else {}),
             "errors": {k.split(".", 1)[1]: v for k, v in sorted(c.items()) if k.startswith("errno.")},

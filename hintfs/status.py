@@ -36,7 +36,9 @@ def format_status(snap: dict) -> str:
         fast = dict(fast)
         lines.append(f"fast path: {fast.pop('state')}" + "".join(f", {k} {v:,}" for k, v in fast.items()))
     if snap.get("requests_read_queued") is not None:   # the patched pyfuse3's loop reads these without a wait
-        lines.append(f"requests read while queued: {snap['requests_read_queued']:,}")
+        lines.append(f"requests read while queued: {snap['requests_read_queued']:,}"
+                     + (f", while spinning: {snap['requests_read_spinning']:,}"
+                        if snap.get("requests_read_spinning") is not None else ""))
     metrics = snap.get("metrics")
     if metrics:   # the host's endpoint (fusefs.exporter): this mount's, another mount's, or none
         if metrics.get("url"):

@@ -26,8 +26,8 @@ class FakeBackend:
     def opens(self, ino: int) -> int:
         return self.open.get(ino, 0)
 
-    def stats(self) -> tuple[int, int, int, int, int]:
-        return 0, 0, len(self.serving), 0, 0
+    def stats(self) -> tuple[int, int, int, int]:
+        return 0, 0, len(self.serving), 0
 
 
 def _table(limit: int):
@@ -140,7 +140,7 @@ def test_the_metrics_show_what_the_fast_path_answered():
 
     stats = Stats()
     fp, _ = _table(8)
-    fp.backend.stats = lambda: (5, 4, 2, 3, 0)       # type: ignore[method-assign]
+    fp.backend.stats = lambda: (5, 4, 2, 3)          # type: ignore[method-assign]
     stats.fast_path = fp.snapshot
     got = {(m.name, tuple(sorted(sm.labels.items()))): sm.value
            for m in StatsCollector(stats).collect() for sm in m.samples}
@@ -159,21 +159,21 @@ def test_hintfs_status_says_what_the_fast_path_answered():
     fp, _ = _table(8)
     stats.fast_path = fp.snapshot
     text = format_status(stats.snapshot())
-    assert "fast path: on, opens 0, releases 0, getattrs 0, read_while_spinning 0, inodes 0" in text
+    assert "fast path: on, opens 0, releases 0, getattrs 0, inodes 0" in text
     stats.fast_path = FastPath(0, lambda node: None).snapshot
     assert "fast path: off" in format_status(stats.snapshot())
 
 
-def test_the_spin_after_a_fast_answer_is_bounded():
+def test_the_loops_spin_is_bounded():
     pyfuse3 = pytest.importorskip("pyfuse3")
-    if not hasattr(pyfuse3, "fast_spin"):
-        pytest.skip("pyfuse3 without the fast path (make setup builds it)")
+    if not hasattr(pyfuse3, "loop_spin"):
+        pytest.skip("pyfuse3 without the patches (make setup builds it)")
     with pytest.raises(ValueError):
-        pyfuse3.fast_spin(1001)
+        pyfuse3.loop_spin(1001)
     with pytest.raises(ValueError):
-        pyfuse3.fast_spin(-1)
-    pyfuse3.fast_spin(0)
+        pyfuse3.loop_spin(-1)
+    pyfuse3.loop_spin(0)
     from mountconfig.schema import MountOptions
-    assert MountOptions().fast_path_spin_us == 20
+    assert MountOptions().request_spin_us == 20
     with pytest.raises(ValueError):
-        MountOptions(fast_path_spin_us=1001)
+        MountOptions(request_spin_us=1001)
