@@ -103,7 +103,8 @@ class CacheConfig(Section):
         description="Paths (fnmatch globs, relative to the store root) that are never modified once "
         "written, e.g. checkpoints: their attributes and names are cached for `immutable_timeout_s`, "
         "and the kernel keeps the listing of a folder that matches (until it changes through this mount "
-        "or its mtime does).",
+        "or its mtime does); a file of this host's store opened once is then reopened without Python "
+        "(the fast path, `mount.fast_path_inodes`, docs/fastpath.md), reading the version that open found.",
     )
     immutable_timeout_s: float = Field(3600.0, ge=0, description="Attr/entry timeout for immutable paths.")
     max_entries: int = Field(
