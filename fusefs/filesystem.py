@@ -156,6 +156,9 @@ class Filesystem:
         self.own_dev = 0
         # Names the kernel must forget (fusefs.fuse.KernelNotices); none without a kernel.
         self.kernel = kernel
+        # Folders whose listing the kernel may keep (opened with FOPEN_CACHE_DIR): a file published
+        # in one later is a name that listing lacks (`_published` tells the kernel).
+        self._kernel_listed: set[int] = set()
         self._root_daemon = os.geteuid() == 0
         # FUSE passthrough: on at FUSE init when the kernel granted it (`set_passthrough`).
         self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
@@ -479,6 +482,8 @@ class Filesystem:
                 if node is not None and node.lookups - n <= 0:
                     self.fast.unmark(node)
             self.inodes.forget(ino, n)
+            if ino not in self.inodes.by_ino:
+                self._kernel_listed.discard(ino)
 
     async def getattr(self, inode: int, ctx=None) -> Attributes:
         node = self._inode(inode)
@@ -870,6 +875,8 @@ class Filesystem:
             # A folder declared immutable: the kernel may keep its listing too (pass 2 of a
             # `find` or `ls` then never reaches the daemon; docs/semantics.md).
             handle = DirHandle(node, kernel_keeps=immutable, by_name=by_name)
+            if immutable:
+                self._kernel_listed.add(inode)
         node.opens += 1
         return self._add_handle(handle)
 
@@ -1287,8 +1294,15 @@ class Filesystem:
         return (st.dev, st.ino) == (mine.st_dev, mine.st_ino)
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
-        """A version of `node` is in the store: count it, journal it, tell the stream."""
-        self.listings.drop(node.path.rpartition("/")[0])
+        """A version of `node` is in the store: count it, journal it, tell the stream; a listing the
+        kernel keeps of its folder may lack its name (it was created through this mount and
+        listed before its close): the kernel drops it first."""
+        folder = node.path.rpartition("/")[0]
+        self.listings.drop(folder)
+        parent = self.inodes.by_path_get(folder)
+        if parent is not None and parent.ino in self._kernel_listed and self.kernel is not None:
+            self._kernel_listed.discard(parent.ino)
+            await trio.to_thread.run_sync(self.kernel.invalidate_listing, parent.ino)
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", st.size)
         record = None

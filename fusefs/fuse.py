@@ -177,6 +177,13 @@ class KernelNotices:
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
 
+    def invalidate_listing(self, folder: int) -> None:
+        """pyfuse3.invalidate_inode of a folder: its kept listing lives in its page cache."""
+        try:
+            pyfuse3.invalidate_inode(folder, attr_only=False)
+        except FileNotFoundError:
+            pass      # the kernel no longer knows the folder: nothing kept
+
     def invalidate_entry_now(self, parent: int, name: bytes) -> None:
         """pyfuse3.invalidate_entry, blocking until the kernel applied it; a name it no longer
         caches is fine (the async form's ignore_enoent)."""

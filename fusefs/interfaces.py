@@ -45,6 +45,10 @@ class KernelNotices(Protocol):
         """Forget the cached name, returning once the kernel has (blocking: a worker thread, and
         only from a request during which the kernel holds no directory lock)."""
 
+    def invalidate_listing(self, folder: int) -> None:
+        """Drop the folder's listing the kernel keeps (FOPEN_CACHE_DIR) and its attributes,
+        returning once the kernel has (blocking: a worker thread)."""
+
 
 class TensorSource(Protocol):
     def match(self, path: str) -> tuple | None:

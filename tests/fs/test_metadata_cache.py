@@ -208,12 +208,16 @@ def test_an_immutable_folder_is_listed_from_memory_until_this_mount_changes_it(t
 class _Kernel:
     def __init__(self):
         self.asked: list[tuple[int, bytes]] = []
+        self.listings: list[int] = []
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         self.asked.append((parent, name))
 
     def invalidate_entry_now(self, parent: int, name: bytes) -> None:
         self.asked.append((parent, name))
+
+    def invalidate_listing(self, folder: int) -> None:
+        self.listings.append(folder)
 
 
 def test_past_max_entries_the_kernel_is_asked_to_forget_the_oldest_idle_names(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 from tests.conftest import needs_fuse
 
@@ -97,3 +98,25 @@ def test_a_walk_gets_files_by_name_until_it_stats_them(mount_factory):
     assert by_name() == 3
     r = subprocess.run(["ls", "-l", str(m.mnt / f"d{WALK_AFTER + 4:02d}")], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.count("\n-") == 5 and by_name() == 3
+
+
+def test_a_file_created_in_an_immutable_folder_is_listed_once_closed(mount_factory):
+    """A created file's name appears at its close (publish on close); the kernel may have kept
+    the folder's listing from while it was open (FOPEN_CACHE_DIR): the publish makes it drop
+    that listing. (Found by the model-based test with every path immutable: `rename(d0, d0)`, which
+    the kernel answers itself, kept the listing from being read again.)"""
+    m = mount_factory('\n[cache]\nimmutable_globs = ["*"]\n')
+    os.mkdir(m.mnt / "d0")
+    fd = os.open(m.mnt / "d0" / "f1", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert os.listdir(m.mnt / "d0") == []       # not published yet
+        os.rename(m.mnt / "d0", m.mnt / "d0")
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    for _ in range(200):                            # the RELEASE comes after close() returned
+        if (m.store / "d0" / "f1").exists():
+            break
+        time.sleep(0.01)
+    assert os.listdir(m.store / "d0") == ["f1"]
+    assert os.listdir(m.mnt / "d0") == ["f1"]
