@@ -582,10 +582,14 @@ class Filesystem:
         staging = await self.io(self.store.new_staging, node.path, size > 0)
         try:
             await self.io(os.ftruncate, staging.fd, size)
-            await self.io(self.store.commit, staging, node.path)
+            st = await self.io(self.store.commit, staging, node.path)
         finally:
             self.store.discard(staging)
         node.cached_identity = None
+        # A new version at the name, as a close publishes one: kept listings of its folder go
+        # (their Stat said the old size: a lookup after this truncate answered it), followers
+        # are told (the journal), the stats count it.
+        await self._published(node, st, True)
 
     async def readlink(self, inode: int, ctx=None) -> bytes:
         node = self._inode(inode)

@@ -120,3 +120,18 @@ def test_a_file_created_in_an_immutable_folder_is_listed_once_closed(mount_facto
         time.sleep(0.01)
     assert os.listdir(m.store / "d0") == ["f1"]
     assert os.listdir(m.mnt / "d0") == ["f1"]
+
+
+def test_a_truncate_by_path_in_an_immutable_folder_is_seen_at_once(mount_factory):
+    """A truncate by path through the mount publishes a new version: a stat after it, and an open
+    after it, see the new size, not the one the folder's kept listing said (found by the
+    model-based test with every path immutable)."""
+    m = mount_factory('\n[cache]\nimmutable_globs = ["*"]\n')
+    os.mkdir(m.mnt / "d1")
+    (m.mnt / "d1" / "f0").write_bytes(b"")
+    assert os.listdir(m.mnt / "d1") == ["f0"]           # the folder's listing, kept
+    with open(m.mnt / "d1" / "f0", "rb"):               # a reader open across the truncate
+        os.truncate(m.mnt / "d1" / "f0", 3)
+        with open(m.mnt / "d1" / "f0", "rb") as f:
+            assert os.fstat(f.fileno()).st_size == 3
+    assert os.stat(m.mnt / "d1" / "f0").st_size == 3 == (m.store / "d1" / "f0").stat().st_size
