@@ -1303,6 +1303,11 @@ class Filesystem:
         listed before its close): the kernel drops it first."""
         folder = node.path.rpartition("/")[0]
         self.listings.drop(folder)
+        if folder:
+            # (the folder's own entry in its parent's kept listing has its mtime from before: a
+            # lookup of the folder answered from it would let the kernel take its kept listing,
+            # which the kernel checks against that mtime, for current)
+            self.listings.drop(folder.rpartition("/")[0])
         parent = self.inodes.by_path_get(folder)
         if parent is not None and parent.ino in self._kernel_listed and self.kernel is not None:
             self._kernel_listed.discard(parent.ino)
