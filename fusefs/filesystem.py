@@ -567,7 +567,6 @@ class Filesystem:
         return node.publishing
 
     async def _truncate(self, node: Inode, size: int) -> None:
-        self._fast_off(node)
         async with self.publish_lock(node):
             if node.writer is not None and node.writer_refs > 0:
                 # a write handle is open: cut its staging, published at its close
