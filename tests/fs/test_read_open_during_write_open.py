@@ -16,7 +16,7 @@ import trio
 
 from fusefs.filesystem import Filesystem
 from hintfs.stores.local import LocalStore
-from tests.helpers.backing import CountingBacking
+from tests.helpers.backing import CountingBacking, FakeFastTable
 
 
 class FileBacking(CountingBacking):
@@ -47,14 +47,7 @@ def test_a_write_open_never_shares_a_backing_a_read_open_took_while_it_made_its_
     (store / "f").write_bytes(b"old old")
     fs = Filesystem(LocalStore(str(store)), cache=CacheConfig(immutable_globs=["*"] if immutable else []))
     backing = FileBacking()
-
-    class Fast:
-        def mark(self, ino, bid, attrs): pass
-        def unmark(self, ino): return 0
-        def opens(self, ino): return 0
-        def stats(self): return (0, 0, 0, 0)
-
-    fs.set_passthrough((backing, "on"), Fast())
+    fs.set_passthrough((backing, "on"), FakeFastTable())
     real_io = fs.io
     making, reader_in = trio.Event(), trio.Event()
 

@@ -1,5 +1,6 @@
-"""A stand-in for the kernel's FUSE passthrough registrations (`fusefs.passthrough.Backing`), for
-tests that drive `Filesystem` directly: it checks each fd is open and counts the live ids."""
+"""Stand-ins for tests that drive `Filesystem` directly: the kernel's FUSE passthrough
+registrations (`fusefs.passthrough.Backing`: it checks each fd is open and counts the live ids),
+and pyfuse3's fast-path table (`fusefs.fastpath.FastBackend`)."""
 from __future__ import annotations
 
 import os
@@ -18,3 +19,25 @@ class CountingBacking:
 
     def close(self, backing_id: int) -> None:
         self.live.remove(backing_id)
+
+
+class FakeFastTable:
+    """A stand-in for pyfuse3's fast-path table (`fusefs.fastpath.FastBackend`): the marks, and
+    the opens it served that are still open (set `open[ino]` to play them)."""
+
+    def __init__(self) -> None:
+        self.serving: dict[int, int] = {}
+        self.open: dict[int, int] = {}
+
+    def mark(self, ino: int, backing_id: int, attrs) -> None:
+        self.serving[ino] = backing_id
+
+    def unmark(self, ino: int) -> int:
+        self.serving.pop(ino, None)
+        return self.open.get(ino, 0)
+
+    def opens(self, ino: int) -> int:
+        return self.open.get(ino, 0)
+
+    def stats(self) -> tuple[int, int, int, int]:
+        return 0, 0, len(self.serving), 0

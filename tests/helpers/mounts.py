@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tests.helpers.procs import run_hintfs
 
@@ -117,3 +119,27 @@ def write_config(path: Path, store_uri: str, extra: str = "", log: Path | None =
         text += f'\n[logging]\nfile = "{log}"\nlevel = "DEBUG"\n'
     path.write_text(text + extra)
     return path
+
+
+@contextlib.contextmanager
+def world_mount(setup: Callable[[Path], str], prefix: str = "hintfs-world-") -> Iterator[Mounted]:
+    """A mount of a `file://` store in a fresh folder every user may traverse (0755; pytest's
+    tmp_path is 0700 under root's name), for tests that act as another user. `setup(base)` fills
+    `base / "store"` (made, empty) and returns the config's extra text; unmounted and removed at
+    the end."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        base.chmod(0o755)
+        store, mnt = base / "store", base / "mnt"
+        store.mkdir()
+        mnt.mkdir()
+        log = base / "mount.log"
+        cfg = write_config(base / "hintfs.toml", f"file://{store}", setup(base), log)
+        mount_in_process(cfg, mnt, log)
+        m = Mounted(store, mnt, cfg, log)
+        try:
+            yield m
+        finally:
+            m.umount()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mounted, mount_in_process, needs_fuse, write_config
+from tests.conftest import needs_fuse
 from tests.helpers.media import jpeg_file
+from tests.helpers.mounts import world_mount
 from tests.helpers.security import can_run_as_nobody, nobody_read_files
 
 pytestmark = needs_fuse
@@ -196,26 +195,19 @@ def test_the_table_is_bounded(mount_factory):
 @pytest.fixture
 def world():
     """A mount in a folder every user may traverse: `imgs/*` immutable, with an image transform."""
-    base = Path(tempfile.mkdtemp(prefix="hintfs-fast-"))
-    base.chmod(0o755)
-    store, mnt = base / "store", base / "mnt"
-    (store / "imgs").mkdir(parents=True)
-    mnt.mkdir()
-    store.chmod(0o755)
-    jpeg_file(store / "imgs" / "open.jpg", seed=1)
-    jpeg_file(store / "imgs" / "secret.jpg", seed=2)
-    (store / "imgs" / "secret.jpg").chmod(0o600)
-    (store / "imgs" / "open.jpg").chmod(0o644)
-    log = base / "mount.log"
-    cfg = write_config(base / "hintfs.toml", f"file://{store}", '\n[cache]\nimmutable_globs = ["imgs/*"]\n'
-                       '[[transforms]]\nglob = "imgs/*.jpg"\nkind = "image"\nparams = { size = 32 }\n', log)
-    mount_in_process(cfg, mnt, log)
-    m = Mounted(store, mnt, cfg, log)
-    try:
+    def setup(base: Path) -> str:
+        store = base / "store"
+        (store / "imgs").mkdir()
+        store.chmod(0o755)
+        jpeg_file(store / "imgs" / "open.jpg", seed=1)
+        jpeg_file(store / "imgs" / "secret.jpg", seed=2)
+        (store / "imgs" / "secret.jpg").chmod(0o600)
+        (store / "imgs" / "open.jpg").chmod(0o644)
+        return ('\n[cache]\nimmutable_globs = ["imgs/*"]\n'
+                '[[transforms]]\nglob = "imgs/*.jpg"\nkind = "image"\nparams = { size = 32 }\n')
+
+    with world_mount(setup, prefix="hintfs-fast-") as m:
         yield m
-    finally:
-        m.umount()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")

@@ -8,16 +8,15 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mounted, mount_in_process, needs_fuse, wait_for, write_config
+from tests.conftest import needs_fuse, wait_for
 from tests.helpers.media import jpeg_file
+from tests.helpers.mounts import world_mount
 
 pytestmark = needs_fuse
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -46,32 +45,23 @@ def py_as_nobody(code: str) -> subprocess.CompletedProcess:
 def world():
     """A mount over a store whose root is 1777 (any user may create there), in a folder every user
     may traverse, with image transforms; unmounted and removed at the end."""
-    base = Path(tempfile.mkdtemp(prefix="hintfs-sec-"))
-    base.chmod(0o755)
-    store, mnt = base / "store", base / "mnt"
-    store.mkdir()
-    mnt.mkdir()
-    store.chmod(0o1777)
-    (store / "imgs").mkdir(mode=0o755)
-    jpeg_file(store / "imgs" / "open.jpg", seed=1)
-    jpeg_file(store / "imgs" / "secret.jpg", seed=2)
-    (store / "imgs" / "secret.jpg").chmod(0o600)
-    (store / "imgs" / "open.jpg").chmod(0o644)
-    (store / "hidden").mkdir(mode=0o700)
-    jpeg_file(store / "hidden" / "h.jpg", seed=3)
-    (store / "hidden" / "h.jpg").chmod(0o644)
-    (store / "data.txt").write_text("data\n")
-    (store / "data.txt").chmod(0o644)
-    log = base / "mount.log"
-    cfg = write_config(base / "hintfs.toml", f"file://{store}",
-                       f'\n[agent]\ndata_dir = "{base / "rep"}"\n' + RULES.replace("imgs/*.jpg", "*/*.jpg"), log)
-    mount_in_process(cfg, mnt, log)
-    m = Mounted(store, mnt, cfg, log)
-    try:
+    def setup(base: Path) -> str:
+        store = base / "store"
+        store.chmod(0o1777)
+        (store / "imgs").mkdir(mode=0o755)
+        jpeg_file(store / "imgs" / "open.jpg", seed=1)
+        jpeg_file(store / "imgs" / "secret.jpg", seed=2)
+        (store / "imgs" / "secret.jpg").chmod(0o600)
+        (store / "imgs" / "open.jpg").chmod(0o644)
+        (store / "hidden").mkdir(mode=0o700)
+        jpeg_file(store / "hidden" / "h.jpg", seed=3)
+        (store / "hidden" / "h.jpg").chmod(0o644)
+        (store / "data.txt").write_text("data\n")
+        (store / "data.txt").chmod(0o644)
+        return f'\n[agent]\ndata_dir = "{base / "rep"}"\n' + RULES.replace("imgs/*.jpg", "*/*.jpg")
+
+    with world_mount(setup, prefix="hintfs-sec-") as m:
         yield m
-    finally:
-        m.umount()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_tensor_grants_exactly_what_its_source_grants(world):
@@ -192,25 +182,20 @@ def test_kept_and_by_name_listings_grant_no_more_than_the_folder(tmp_path):
     listing of a folder declared immutable (FOPEN_CACHE_DIR) once root listed it, and a walking
     thread is given files by name (`fusefs.walks`); neither lists a 0700 folder of root's to
     another user (EACCES, the kernel's permission check before any listing it keeps)."""
-    base = Path(tempfile.mkdtemp(prefix="hintfs-sec-"))
-    base.chmod(0o755)
-    store, mnt = base / "store", base / "mnt"
-    store.mkdir(mode=0o755)
-    mnt.mkdir()
-    (store / "priv").mkdir(mode=0o700)
-    (store / "priv" / "secret").write_text("s")
-    for d in range(20):
-        (store / "tree" / f"d{d:02d}").mkdir(parents=True, mode=0o755)
-        (store / "tree" / f"d{d:02d}" / "f").write_text("x" * d)
-    (store / "tree").chmod(0o755)
-    (store / "tree" / "d19" / "locked").mkdir(mode=0o700)
-    (store / "tree" / "d19" / "locked" / "inner").write_text("i")
-    log = base / "mount.log"
-    cfg = write_config(base / "hintfs.toml", f"file://{store}",
-                       '\n[cache]\nimmutable_globs = ["priv", "priv/*", "tree", "tree/*"]\n', log)
-    mount_in_process(cfg, mnt, log)
-    m = Mounted(store, mnt, cfg, log)
-    try:
+    def setup(base: Path) -> str:
+        store = base / "store"
+        store.chmod(0o755)
+        (store / "priv").mkdir(mode=0o700)
+        (store / "priv" / "secret").write_text("s")
+        for d in range(20):
+            (store / "tree" / f"d{d:02d}").mkdir(parents=True, mode=0o755)
+            (store / "tree" / f"d{d:02d}" / "f").write_text("x" * d)
+        (store / "tree").chmod(0o755)
+        (store / "tree" / "d19" / "locked").mkdir(mode=0o700)
+        (store / "tree" / "d19" / "locked" / "inner").write_text("i")
+        return '\n[cache]\nimmutable_globs = ["priv", "priv/*", "tree", "tree/*"]\n'
+
+    with world_mount(setup, prefix="hintfs-sec-") as m:
         assert os.listdir(m.mnt / "priv") == ["secret"] and os.listdir(m.mnt / "priv") == ["secret"]
         assert os.listdir(m.mnt / "tree" / "d19" / "locked") == ["inner"]      # root: kept by the kernel
         r = py_as_nobody(f"""
@@ -233,6 +218,3 @@ print(json.dumps(out))
         import pyfuse3
         if hasattr(pyfuse3, "cache_dir_supported"):   # (the patched pyfuse3: the walk was given names)
             assert m.stats()["counters"].get("listings_by_name", 0) >= 3
-    finally:
-        m.umount()
-        shutil.rmtree(base, ignore_errors=True)

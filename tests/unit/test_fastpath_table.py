@@ -7,33 +7,13 @@ import pytest
 from fusefs.fastpath import FastPath, fast_eligible
 from fusefs.handles import HandleKind
 from fusefs.inodes import Inode
-
-
-class FakeBackend:
-    """pyfuse3's table: marks, and the opens it served that are still open."""
-
-    def __init__(self) -> None:
-        self.serving: dict[int, int] = {}
-        self.open: dict[int, int] = {}
-
-    def mark(self, ino: int, backing_id: int, attrs) -> None:
-        self.serving[ino] = backing_id
-
-    def unmark(self, ino: int) -> int:
-        self.serving.pop(ino, None)
-        return self.open.get(ino, 0)
-
-    def opens(self, ino: int) -> int:
-        return self.open.get(ino, 0)
-
-    def stats(self) -> tuple[int, int, int, int]:
-        return 0, 0, len(self.serving), 0
+from tests.helpers.backing import FakeFastTable
 
 
 def _table(limit: int):
     released: list[int] = []
     fp = FastPath(limit, lambda node: released.append(node.ino))
-    fp.backend = FakeBackend()
+    fp.backend = FakeFastTable()
     return fp, released
 
 
@@ -118,7 +98,7 @@ def test_the_filesystem_never_marks_a_path_a_route_names(tmp_path):
     stats = Stats()
     fs = Filesystem(LocalStore(str(tmp_path)), cache=CacheConfig(immutable_globs=["*"]), stats=stats,
                     reads=ReadPath(stats, routes=Routes()))   # type: ignore[arg-type]
-    fast = FakeBackend()
+    fast = FakeFastTable()
     fs.set_passthrough((CountingBacking(), "on"), fast)
 
     async def main():
