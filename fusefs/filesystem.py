@@ -710,8 +710,16 @@ class Filesystem:
         for handle in self.handles.values():       # (a file open for writing has a handle)
             node = handle.inode
             if node.writer is not None and not node.unlinked and node.path.startswith(prefix) \
-                    and "/" not in node.path[len(prefix):]:
+                    and "/" not in node.path[len(prefix):] and not self._still_named(node):
                 raise Refused(errno.ENOTEMPTY, f"{folder} holds {node.path}, open for writing")
+
+    def _still_named(self, node: Inode) -> bool:
+        """`node` was published in place and its name became a new inode (`_renew(still_named=
+        True)`): a dup may still write it and publish to the name, but it has no staging file in
+        the folder (it is the file the store had there, or a nameless one once that name went):
+        it keeps no folder from being removed (the store says whether it is empty), and its
+        publish, if the folder is gone, fails."""
+        return node.writer is not None and node.writer.live and self.inodes.by_path_get(node.path) is not node
 
     async def unlink(self, parent_inode: int, name: bytes, ctx=None) -> None:
         parent = self._inode(parent_inode)
@@ -1086,8 +1094,12 @@ class Filesystem:
             node.unlinked = False
         head, _, name = node.path.rpartition("/")
         parent = self.inodes.by_path_get(head)
-        if parent is not None and self.kernel is not None:
-            self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        if self.kernel is not None:
+            # the old inode is now the older file its handles read: attributes the kernel keeps
+            # of it were the name's (a truncate's reply, say: kept for an immutable path's timeout)
+            self.kernel.invalidate_attrs(node.ino)
+            if parent is not None:
+                self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
         return Refused(errno.ESTALE, f"{node.path} {why}: open it again")
 
     async def _check_backing_current(self, node: Inode) -> None:
@@ -1256,6 +1268,7 @@ class Filesystem:
                 await self._published(node, Stat.from_os(os.fstat(staging.fd)), final)
             else:
                 st = await self.io(self.store.commit, staging, node.path, True)
+                self._name_replaced(node)
                 await self._published(node, st, final)
             return
         # (taken before an upload: a write while it runs makes the next publish send it again)
@@ -1295,6 +1308,21 @@ class Filesystem:
             return False
         mine = os.fstat(staging.fd)
         return (st.dev, st.ino) == (mine.st_dev, mine.st_ino)
+
+    def _name_replaced(self, node: Inode) -> None:
+        """A file published in place, whose name this mount gave a new inode since (`_still_named`),
+        was just published to the name again, by copy: what the name held on this mount (another
+        file, a symlink) was replaced, as by a rename over it from elsewhere: the kernel looks the
+        name up again. A writer of the name keeps it (the mount shows its staged file there, and
+        its own publish comes later)."""
+        holder = self.inodes.by_path_get(node.path)
+        if not self._still_named(node) or (holder is not None and holder.writer is not None):
+            return
+        self.inodes.detach(node.path)
+        head, _, name = node.path.rpartition("/")
+        parent = self.inodes.by_path_get(head)
+        if parent is not None and self.kernel is not None:
+            self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
         """A version of `node` is in the store: count it, journal it, tell the stream; a listing the

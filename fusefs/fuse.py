@@ -184,6 +184,14 @@ class KernelNotices:
         except FileNotFoundError:
             pass      # the kernel no longer knows the folder: nothing kept
 
+    def invalidate_attrs(self, inode: int) -> None:
+        """pyfuse3.invalidate_inode with attr_only: the kernel drops the attributes (no page, no
+        lock: it does not wait on a request in flight)."""
+        try:
+            pyfuse3.invalidate_inode(inode, attr_only=True)
+        except FileNotFoundError:
+            pass
+
     def invalidate_entry_now(self, parent: int, name: bytes) -> None:
         """pyfuse3.invalidate_entry, blocking until the kernel applied it; a name it no longer
         caches is fine (the async form's ignore_enoent)."""

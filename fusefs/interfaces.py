@@ -49,6 +49,10 @@ class KernelNotices(Protocol):
         """Drop the folder's listing the kernel keeps (FOPEN_CACHE_DIR) and its attributes,
         returning once the kernel has (blocking: a worker thread)."""
 
+    def invalidate_attrs(self, inode: int) -> None:
+        """Drop the attributes the kernel keeps of `inode` (its pages stay): its next stat asks
+        (returns at once; an inode the kernel no longer knows is fine)."""
+
 
 class TensorSource(Protocol):
     def match(self, path: str) -> tuple | None:

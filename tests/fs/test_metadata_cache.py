@@ -209,6 +209,7 @@ class _Kernel:
     def __init__(self):
         self.asked: list[tuple[int, bytes]] = []
         self.listings: list[int] = []
+        self.attrs: list[int] = []
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         self.asked.append((parent, name))
@@ -218,6 +219,9 @@ class _Kernel:
 
     def invalidate_listing(self, folder: int) -> None:
         self.listings.append(folder)
+
+    def invalidate_attrs(self, inode: int) -> None:
+        self.attrs.append(inode)
 
 
 def test_past_max_entries_the_kernel_is_asked_to_forget_the_oldest_idle_names(tmp_path):

