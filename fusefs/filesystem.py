@@ -39,7 +39,7 @@ from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs.walks import Walks
 from fusefs.fastpath import FastBackend, FastPath, fast_eligible, mark_limit
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
-                            PassthroughWrite, Reply, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
+                            PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
 from fusefs.listings import Listings
 from fusefs.interfaces import KernelNotices, PublishJournal, Source, StreamHooks, TensorSource
@@ -891,10 +891,11 @@ class Filesystem:
         node.opens += 1
         return self._add_handle(handle)
 
-    async def readdir(self, fh: int, start_id: int, reply: Reply) -> None:
+    async def readdir(self, fh: int, start_id: int, reply: Reply, names: ReplyNames | None = None) -> None:
         """Offer the entries from `start_id` on to `reply` until it returns False (the kernel's
-        buffer is full) or the listing ends. Only entries it took count as lookups."""
-        await self.handles[fh].readdir(self, start_id, reply)
+        buffer is full) or the listing ends. Only entries it took count as lookups. `names`: where
+        the FUSE binding can, files given by name alone (`fusefs.walks`) go a run at a time."""
+        await self.handles[fh].readdir(self, start_id, reply, names)
         self.bound_entries()
 
     async def releasedir(self, fh: int) -> None:

@@ -148,6 +148,8 @@ def _created(r: tuple[OpenFile, Attributes]) -> tuple[pyfuse3.FileInfo, pyfuse3.
 # pyfuse3 with patches/pyfuse3-readdir.patch takes (fh, cache_dir) from opendir and entries
 # without attributes in readdir_reply (`plus`); stock, an fh only and readdirplus entries.
 _CACHE_DIR = hasattr(pyfuse3, "cache_dir_supported")
+# patches/pyfuse3-readdir-names.patch: a run of name-only entries in one call
+_READDIR_NAMES = hasattr(pyfuse3, "readdir_names")
 names_listings = _CACHE_DIR
 
 
@@ -165,8 +167,13 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     attrs = pyfuse3.EntryAttributes()
     if _CACHE_DIR:
         named = _patched.readdir_reply
+        batch = None
+        if _READDIR_NAMES:
+            def batch(names: list, inos: list, kinds: bytes, first: int) -> int:
+                took: int = _patched.readdir_names(token, names, inos, kinds, first)
+                return took
         return fs.readdir(fh, start_id, lambda e: named(token, e.name, _entry(e.attrs, attrs) if e.plus else
-                                                        _name_only(e.attrs, attrs), e.next_id, e.plus))
+                                                        _name_only(e.attrs, attrs), e.next_id, e.plus), batch)
     reply = pyfuse3.readdir_reply
     return fs.readdir(fh, start_id, lambda e: reply(token, e.name, _entry(e.attrs, attrs), e.next_id))
 

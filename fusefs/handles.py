@@ -51,6 +51,10 @@ EMPTY_DOCUMENT = "an empty document: nothing applied"
 
 # readdir's callback: False when the kernel's buffer is full (the entry was not taken).
 Reply = Callable[[DirEntry], bool]
+# readdir's batch of name-only entries (the patched pyfuse3's `readdir_names`): names, their
+# inode numbers, their types (S_IFMT >> 12, one byte each) and the next_id before the first; how
+# many the kernel's buffer took.
+ReplyNames = Callable[[list, list, bytes, int], int]
 # The inode number of a name listed without an inode (libfuse's FUSE_UNKNOWN_INO): its `stat`
 # gives the real one.
 UNKNOWN_INO = 0xFFFFFFFF
@@ -154,7 +158,7 @@ class Handle:
     async def write(self, fs: Services, off: int, buf: bytes) -> int:
         raise Refused(errno.EBADF, "not open for writing")
 
-    async def readdir(self, fs: Services, start_id: int, reply: Reply) -> None:
+    async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> None:
         raise Refused(errno.ENOTDIR, "not a folder")
 
     async def flush(self, fs: Services) -> None:
@@ -561,9 +565,13 @@ class DirHandle(Handle):
         if ttl:
             fs.listings.put(folder, self.entries, ttl, since=self.since)
 
-    async def readdir(self, fs: Services, start_id: int, reply: Reply) -> None:
+    async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> None:
+        """`names`: files given by name (`by_name`) go to the kernel a run at a time
+        (`reply_names`), not one by one."""
         page_size = fs.readdir_page
         await self.fill(fs, start_id + page_size)
+        if names is not None and (not self.by_name or self._hides(fs)):
+            names = None
         i = start_id
         while True:
             if i >= len(self.entries):
@@ -572,21 +580,53 @@ class DirHandle(Handle):
                 await self.fill(fs, i + page_size)
                 if i >= len(self.entries):
                     return
+            if names is not None:
+                i, full = self.reply_names(fs, i, names)
+                if full:
+                    return
+                if i >= len(self.entries):
+                    continue
             name, st = self.entries[i]
             i += 1
             if not self.reply_one(fs, name, st, i, reply):
                 return
+
+    def reply_names(self, fs: Services, i: int, reply: ReplyNames) -> tuple[int, bool]:
+        """The run of files (not folders) from entry `i` on, given by name in one batch: (the
+        entry after the last one the kernel took, whether its buffer is full). The same entries
+        `reply_one` gives one at a time."""
+        entries = self.entries
+        end = i
+        while end < len(entries) and (st := entries[end][1]) is not None and not st.is_dir:
+            end += 1
+        if end == i:
+            return i, False
+        parent = self.inode.path
+        prefix = f"{parent}/" if parent else ""
+        known = fs.inodes.by_path.get
+        run = entries[i:end]
+        raw = [os.fsencode(name) for name, _ in run]
+        inos = [k.ino if (k := known(prefix + name)) is not None else UNKNOWN_INO for name, _ in run]
+        kinds = bytes((st.mode & 0o170000) >> 12 for _, st in run if st is not None)
+        took = reply(raw, inos, kinds, i)
+        return i + took, took < len(run)
+
+    def _hides(self, fs: Services) -> bool:
+        """Whether this folder may hold a store folder named like the control dir or the journal
+        (hidden from listings): the root, or the folder of a configured journal."""
+        hides = self.hides
+        if hides is None:
+            parent = self.inode.path
+            journal = getattr(fs, "journal_dir", paths.JOURNAL_DIR)
+            hides = self.hides = parent in {t.rpartition("/")[0] for t in (paths.CONTROL_DIR, paths.JOURNAL_DIR, journal)}
+        return hides
 
     def reply_one(self, fs: Services, name: str, st: Stat | None, next_id: int, reply: Reply) -> bool:
         """Offer one entry; False when the kernel took no more. An entry the kernel took counts
         as a lookup of its inode (it may `forget` it later)."""
         parent = self.inode.path
         path = f"{parent}/{name}" if parent else name
-        hides = self.hides
-        if hides is None:
-            journal = getattr(fs, "journal_dir", paths.JOURNAL_DIR)
-            hides = self.hides = parent in {t.rpartition("/")[0] for t in (paths.CONTROL_DIR, paths.JOURNAL_DIR, journal)}
-        if hides and fs.reserved(path):
+        if self._hides(fs) and fs.reserved(path):
             return True   # a store folder named like the control dir or the journal stays hidden
         if self.by_name and st is not None and not st.is_dir:
             known = fs.inodes.by_path_get(path)
@@ -634,4 +674,4 @@ def _take(iterator, n: int) -> list:
     return list(itertools.islice(iterator, n))
 
 __all__ = ["HandleKind", "OpenFacts", "choose_handle", "Handle", "StoreRead", "StagingRead", "ReplicaRead", "WriteHandle", "PassthroughRead", "PassthroughWrite", "ControlHandle", "TensorHandle",
-           "DirHandle", "ControlDirHandle", "Services", "Reply"]
+           "DirHandle", "ControlDirHandle", "Services", "Reply", "ReplyNames"]

@@ -4,8 +4,9 @@
 #      a deb-src entry derived from this machine's apt sources, in a private apt state: nothing in
 #      /etc/apt changes), built with meson and ninja from PyPI into VENV/libfuse;
 #   2. pyfuse3 from its PyPI sdist with patches/pyfuse3-passthrough.patch,
-#      patches/pyfuse3-queued-reads.patch, patches/pyfuse3-readdir.patch and
-#      patches/pyfuse3-fastpath.patch, linked against it (rpath).
+#      patches/pyfuse3-queued-reads.patch, patches/pyfuse3-readdir.patch,
+#      patches/pyfuse3-fastpath.patch and patches/pyfuse3-readdir-names.patch, linked against it
+#      (rpath).
 # Idempotent (a stamp keyed by this script and the patches). Any failure leaves the stock pyfuse3 in
 # place, prints one line and exits 0: hintfs then runs without passthrough.
 set -u
@@ -18,7 +19,7 @@ WORK=$VENV/libfuse-build
 STAMP=$VENV/.passthrough-done
 LOG=$WORK/build.log
 SUITE=${PASSTHROUGH_SUITE:-trixie}
-PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch"
+PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch"
 KEY=$( (cat "$0" && cd "$HERE" && cat $PATCHES) | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$KEY" ]; then

@@ -111,6 +111,11 @@ def statx_nosync(dir_fd: int, name: str) -> Stat:
                 a_s * 1_000_000_000 + a_n, os.makedev(dmaj, dmin), ino, os.makedev(rmaj, rmin))
 
 
+# A file or a symlink listed by its type alone (`iter_names`): one Stat each, shared (Stat is frozen).
+_A_FILE = Stat(stat_mod.S_IFREG, 0, 0, 0)
+_A_SYMLINK = Stat(stat_mod.S_IFLNK, 0, 0, 0)
+
+
 class LocalReader:
     __slots__ = ("fd", "dev", "_mode")
 
@@ -261,10 +266,14 @@ class LocalStore:
                         self._reap_stale_staging(fd, name, now)
                         continue
                     try:
-                        if types_only and (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+                        if types_only:
                             # (d_type: no stat, unless the folder's file system gives DT_UNKNOWN)
-                            yield name, Stat(stat_mod.S_IFLNK if entry.is_symlink() else stat_mod.S_IFREG, 0, 0, 0)
-                            continue
+                            if entry.is_file(follow_symlinks=False):
+                                yield name, _A_FILE
+                                continue
+                            if entry.is_symlink():
+                                yield name, _A_SYMLINK
+                                continue
                         if in_thread or not self.own_dev:
                             st = Stat.from_os(entry.stat(follow_symlinks=False))
                             if self.own_dev and st.dev == self.own_dev:

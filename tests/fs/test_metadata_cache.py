@@ -311,3 +311,63 @@ def test_a_walking_threads_listing_gives_files_by_name_and_makes_no_inode(tmp_pa
             assert (await fs.lookup(ck.st_ino, b"f", walker)).st_size == 3   # stat of a name: the real size
             assert fs.walks.back_to_plus == 1
         trio.run(test, fs, root)
+
+
+def test_a_walks_files_given_in_batches_are_the_entries_given_one_by_one(tmp_path):
+    """The batch of name-only entries (`DirHandle.reply_names`, the patched pyfuse3's
+    `readdir_names`) gives exactly what `reply_one` gives one at a time: names, inode numbers (an
+    inode the daemon knows keeps its number), types and next ids, folders still with their
+    attributes; cut where the kernel's buffer is full, a listing resumes at the next id."""
+    from fusefs.walks import Walks
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    ck = root / "ck"
+    ck.mkdir()
+    for i in range(40):
+        if i % 7 == 3:
+            (ck / f"e{i:02d}").mkdir()
+        elif i % 11 == 5:
+            (ck / f"e{i:02d}").symlink_to("nowhere")
+        else:
+            (ck / f"e{i:02d}").write_bytes(b"x" * i)
+    fs.names_listings, fs.walks = True, Walks(walk_after=0)
+    walker = SimpleNamespace(**{**vars(CTX), "pid": 4242})
+
+    async def listing(fs, batch: bool, budget: int) -> list:
+        got: list = []
+        ck_attrs = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        known = await fs.lookup(ck_attrs.st_ino, b"e02", CTX)       # a file the daemon knows
+        fh = await fs.opendir(ck_attrs.st_ino, walker)
+        start = 0
+        while True:
+            room = [budget]
+
+            def one(e) -> bool:
+                if room[0] == 0:
+                    return False
+                room[0] -= 1
+                got.append((e.name, e.attrs.st_ino, stat.S_IFMT(e.attrs.st_mode) >> 12, e.next_id, e.plus))
+                return True
+
+            def names(raw, inos, kinds, first) -> int:
+                took = min(room[0], len(raw))
+                room[0] -= took
+                got.extend((raw[i], inos[i], kinds[i], first + i + 1, False) for i in range(took))
+                return took
+
+            before = len(got)
+            await fs.readdir(fh, start, one, names if batch else None)
+            if len(got) == before:
+                break
+            start = got[-1][3]
+        await fs.releasedir(fh)
+        return [(n, ino if n != b"e02" else ("known", ino == known.st_ino), k, nid, plus) for n, ino, k, nid, plus in got]
+
+    async def test(fs, _root):
+        one_by_one = await listing(fs, False, 10**6)
+        assert len(one_by_one) == 40 and [e[3] for e in one_by_one] == list(range(1, 41))
+        assert {e[0]: e[4] for e in one_by_one}[b"e03"] is True                 # a folder: attributes
+        assert {e[0]: e[1] for e in one_by_one}[b"e02"] == ("known", True)
+        assert {e[0]: e[2] for e in one_by_one}[b"e05"] == stat.S_IFLNK >> 12
+        for budget in (10**6, 7, 1):
+            assert await listing(fs, True, budget) == one_by_one, budget
+    trio.run(test, fs, root)

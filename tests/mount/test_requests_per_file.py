@@ -102,6 +102,40 @@ def test_a_walk_gets_files_by_name_until_it_stats_them(mount_factory):
     assert r.returncode == 0 and r.stdout.count("\n-") == 5 and by_name() == 3
 
 
+def test_a_walk_lists_a_folder_bigger_than_the_kernels_buffer_by_name(mount_factory):
+    """A walking thread's listing of a folder whose names fill the kernel's buffer several times:
+    runs of files go by name in batches (the patched pyfuse3's `readdir_names`), cut where the
+    buffer is full and resumed at the next request; every name comes once, with its type,
+    folders among them with their attributes."""
+    import pyfuse3
+    from fusefs.walks import WALK_AFTER
+    m = mount_factory()
+    for d in range(WALK_AFTER + 1):
+        (m.store / f"w{d:02d}").mkdir()
+    big = m.store / "big"
+    big.mkdir()
+    want = set()
+    for i in range(900):
+        if i % 97 == 0:
+            (big / f"sub-{i:04d}").mkdir()
+            want.add((f"sub-{i:04d}", True, False))
+        elif i % 89 == 0:
+            (big / f"link-{i:04d}").symlink_to("nowhere")
+            want.add((f"link-{i:04d}", False, False))
+        else:
+            name = f"file-{i:04d}-" + "n" * 40
+            (big / name).write_bytes(b"")
+            want.add((name, False, True))
+    for d in range(WALK_AFTER + 1):
+        os.listdir(m.mnt / f"w{d:02d}")
+    with os.scandir(m.mnt / "big") as it:
+        seen = [(e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in it]
+    assert len(seen) == len(want) and set(seen) == want
+    if hasattr(pyfuse3, "cache_dir_supported"):
+        assert m.stats()["counters"].get("listings_by_name", 0) >= 1
+        assert m.stats()["ops"]["readdir"]["count"] >= 3     # more than one buffer, and the end
+
+
 def test_a_file_created_in_an_immutable_folder_is_listed_once_closed(mount_factory):
     """A created file's name appears at its close (publish on close); the kernel may have kept
     the folder's listing from while it was open (FOPEN_CACHE_DIR): the publish makes it drop
