@@ -42,7 +42,7 @@ from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, 
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
 from fusefs.listings import Listings
-from fusefs.interfaces import KernelNotices, PublishJournal, Source, StreamHooks, TensorSource
+from fusefs.interfaces import KernelNotices, ListingEnds, PublishJournal, Source, StreamHooks, TensorSource
 from fusefs.passthrough import Backing, HeldFd, Passthrough, backing_key
 from fusefs.readpath import ReadPath, source_of
 from fusefs.stats import Stats
@@ -156,6 +156,8 @@ class Filesystem:
         self.own_dev = 0
         # Names the kernel must forget (fusefs.fuse.KernelNotices); none without a kernel.
         self.kernel = kernel
+        # listings the FUSE binding finishes (`readdir`); set at FUSE init where pyfuse3 can
+        self.listing_ends: ListingEnds | None = None
         # Folders whose listing the kernel may keep (opened with FOPEN_CACHE_DIR): a file published
         # in one later is a name that listing lacks (`_published` tells the kernel).
         self._kernel_listed: set[int] = set()
@@ -871,6 +873,7 @@ class Filesystem:
 
     # -- directories ---------------------------------------------------------------------------
     async def opendir(self, inode: int, ctx=None) -> int:
+        await self.listings_released()
         node = self._inode(inode)
         if node.control is not None:
             handle: DirHandle = ControlDirHandle(node)
@@ -895,11 +898,30 @@ class Filesystem:
         """Offer the entries from `start_id` on to `reply` until it returns False (the kernel's
         buffer is full) or the listing ends. Only entries it took count as lookups. `names`: where
         the FUSE binding can, files given by name alone (`fusefs.walks`) go a run at a time."""
-        await self.handles[fh].readdir(self, start_id, reply, names)
+        end = await self.handles[fh].readdir(self, start_id, reply, names)
+        if end is not None and self.listing_ends is not None:
+            # given to its end: the kernel's next READDIR (it finds nothing) and the RELEASEDIR
+            # are answered by the FUSE binding; the handle comes back in `listings_released`
+            self.listing_ends.ended(fh, end)
+            self.stats.add("listings_ended")
         self.bound_entries()
 
     async def releasedir(self, fh: int) -> None:
         await self.handles.pop(fh).release(self)
+
+    async def listings_released(self) -> int:
+        """Release the directory handles the FUSE binding released for us (`readdir`); how many.
+        Called at each opendir and about once a second (`fusefs.mount`)."""
+        if self.listing_ends is None:
+            return 0
+        fhs = self.listing_ends.released()
+        for fh in fhs:
+            handle = self.handles.pop(fh, None)
+            if handle is not None:
+                await handle.release(self)
+        if fhs:
+            self.stats.add("listings_released_by_pyfuse3", len(fhs))
+        return len(fhs)
 
     # -- files ---------------------------------------------------------------------------------
     async def open(self, inode: int, flags: int, ctx=None) -> OpenFile:

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from typing import Any
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import pyfuse3
 import trio
@@ -263,6 +263,26 @@ def fast_backend() -> _Fast | None:
     return _Fast() if hasattr(pyfuse3, "fast_supported") else None
 
 
+class _ListingEnds:
+    """`fusefs.interfaces.ListingEnds` over the patched pyfuse3 (patches/pyfuse3-readdir-names.patch)."""
+
+    def ended(self, fh: int, end: int) -> None:
+        _patched.dir_ended(fh, end)
+
+    def released(self) -> Sequence[int]:
+        fhs: Sequence[int] = _patched.dirs_released()
+        return fhs
+
+    def stats(self) -> tuple[int, int]:
+        ends, releases = _patched.dir_end_stats()
+        return ends, releases
+
+
+def listing_ends() -> _ListingEnds | None:
+    """Where pyfuse3 finishes listings itself (`fusefs.interfaces.ListingEnds`), else None."""
+    return _ListingEnds() if hasattr(pyfuse3, "dir_ended") else None
+
+
 # Requests the loop read while spinning after the one before (the patched pyfuse3; None with stock).
 spun_reads: Callable[[], int | None] = getattr(pyfuse3, "spun_reads", lambda: None)
 
@@ -292,6 +312,7 @@ class FuseOperations(pyfuse3.Operations):
         """FUSE init (before any request): passthrough is on if the kernel granted it."""
         self.fs.set_passthrough(passthrough_backend(self.options.passthrough, self.fs.passthrough_capable(),
                                                     self.options.writeback_cache), fast_backend())
+        self.fs.listing_ends = listing_ends()
         set_request_spin(self.options.request_spin_us)
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails

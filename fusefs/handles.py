@@ -158,7 +158,7 @@ class Handle:
     async def write(self, fs: Services, off: int, buf: bytes) -> int:
         raise Refused(errno.EBADF, "not open for writing")
 
-    async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> None:
+    async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> int | None:
         raise Refused(errno.ENOTDIR, "not a folder")
 
     async def flush(self, fs: Services) -> None:
@@ -565,9 +565,10 @@ class DirHandle(Handle):
         if ttl:
             fs.listings.put(folder, self.entries, ttl, since=self.since)
 
-    async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> None:
+    async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> int | None:
         """`names`: files given by name (`by_name`) go to the kernel a run at a time
-        (`reply_names`), not one by one."""
+        (`reply_names`), not one by one. The offset the listing ends at when this call gave its
+        last entry (or had none left to give), else None (the kernel's buffer filled first)."""
         page_size = fs.readdir_page
         await self.fill(fs, start_id + page_size)
         if names is not None and (not self.by_name or self._hides(fs)):
@@ -576,20 +577,20 @@ class DirHandle(Handle):
         while True:
             if i >= len(self.entries):
                 if self.done:
-                    return
+                    return len(self.entries)
                 await self.fill(fs, i + page_size)
                 if i >= len(self.entries):
-                    return
+                    return len(self.entries) if self.done else None
             if names is not None:
                 i, full = self.reply_names(fs, i, names)
                 if full:
-                    return
+                    return None
                 if i >= len(self.entries):
                     continue
             name, st = self.entries[i]
             i += 1
             if not self.reply_one(fs, name, st, i, reply):
-                return
+                return None
 
     def reply_names(self, fs: Services, i: int, reply: ReplyNames) -> tuple[int, bool]:
         """The run of files (not folders) from entry `i` on, given by name in one batch: (the

@@ -54,6 +54,21 @@ class KernelNotices(Protocol):
         (returns at once; an inode the kernel no longer knows is fine)."""
 
 
+class ListingEnds(Protocol):
+    """Listings the FUSE binding finishes itself (the patched pyfuse3's `dir_ended`,
+    patches/pyfuse3-readdir-names.patch): once a directory handle's listing was given to its end,
+    the kernel's last READDIR (the one that finds nothing) and its RELEASEDIR are answered there,
+    and the handle comes back to the filesystem later, in `released`."""
+    def ended(self, fh: int, end: int) -> None:
+        """Handle `fh`'s listing ends at offset `end`."""
+
+    def released(self) -> Sequence[int]:
+        """The ended handles the kernel released since the last call."""
+
+    def stats(self) -> tuple[int, int]:
+        """(end READDIRs answered there, RELEASEDIRs answered there)."""
+
+
 class TensorSource(Protocol):
     def match(self, path: str) -> tuple | None:
         """(source path, transform rule) when `path` is a virtual `x.tensor` file, else None."""

@@ -446,8 +446,17 @@ async def _serve(mount: Assembly, mp: str, on_ready, options: MountOptions, jour
         nursery.start_soon(_announce_ready, mp, on_ready, options.read_ahead_kb)
         if journal.enabled:
             nursery.start_soon(_prune_journal, mount.store, journal)
+        nursery.start_soon(_release_listings, mount.fs)
         await pyfuse3.main(min_tasks=1, max_tasks=options.max_tasks)
         nursery.cancel_scope.cancel()
+
+
+async def _release_listings(fs: Filesystem) -> None:
+    """Directory handles whose RELEASEDIR pyfuse3 answered (`Filesystem.listings_released`) go
+    at the next opendir; an idle mount lets them go within a second."""
+    while True:
+        await trio.sleep(1.0)
+        await fs.listings_released()
 
 
 async def _watch_signals(fs: Filesystem, timeout_s: float) -> None:

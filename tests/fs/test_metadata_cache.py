@@ -371,3 +371,57 @@ def test_a_walks_files_given_in_batches_are_the_entries_given_one_by_one(tmp_pat
         for budget in (10**6, 7, 1):
             assert await listing(fs, True, budget) == one_by_one, budget
     trio.run(test, fs, root)
+
+
+class _Ends:
+    """A FUSE binding that finishes listings itself (`fusefs.interfaces.ListingEnds`)."""
+    def __init__(self):
+        self.ends: dict[int, int] = {}
+        self.gone: list[int] = []
+
+    def ended(self, fh: int, end: int) -> None:
+        self.ends[fh] = end
+
+    def released(self) -> list[int]:
+        out, self.gone = self.gone, []
+        return out
+
+    def stats(self) -> tuple[int, int]:
+        return 0, 0
+
+
+def test_a_listing_given_to_its_end_is_finished_and_released_by_the_binding(tmp_path):
+    """A handle whose listing was given whole is reported with the offset it ends at (the
+    binding then answers the kernel's last READDIR and the RELEASEDIR); one whose listing the
+    kernel's buffer cut is not. A handle the binding released goes at the next opendir, and its
+    folder's inode with it once the kernel forgets it."""
+    fs, root = _fs(tmp_path)
+    for i in range(5):
+        (root / f"f{i}").write_bytes(b"x")
+    (root / "d").mkdir()
+    fs.listing_ends = ends = _Ends()
+
+    async def test(fs, _root):
+        d = await fs.lookup(ROOT_INODE, b"d", CTX)
+        fh = await fs.opendir(ROOT_INODE, CTX)
+        room = [3]
+
+        def some(e) -> bool:
+            room[0] -= 1
+            return room[0] >= 0
+
+        await fs.readdir(fh, 0, some)
+        assert fh not in ends.ends                      # cut by the buffer: not ended
+        await fs.readdir(fh, 3, lambda e: True)
+        assert ends.ends[fh] == 6                       # 5 files and d: it ends at offset 6
+        fd = await fs.opendir(d.st_ino, CTX)
+        await fs.readdir(fd, 0, lambda e: True)
+        assert ends.ends[fd] == 0                       # an empty folder ends at once
+        node = fs.inodes.by_ino[d.st_ino]
+        opens = node.opens
+        ends.gone = [fd, fh]                            # the binding answered their RELEASEDIRs
+        await fs.opendir(ROOT_INODE, CTX)
+        assert fd not in fs.handles and fh not in fs.handles
+        assert node.opens == opens - 1
+        assert fs.stats.snapshot()["counters"]["listings_released_by_pyfuse3"] == 2
+    trio.run(test, fs, root)

@@ -136,6 +136,38 @@ def test_a_walk_lists_a_folder_bigger_than_the_kernels_buffer_by_name(mount_fact
         assert m.stats()["ops"]["readdir"]["count"] >= 3     # more than one buffer, and the end
 
 
+def test_a_listing_given_to_its_end_is_finished_by_pyfuse3(mount_factory):
+    """The patched pyfuse3 answers a listing's last READDIR (the kernel asks once more, to find
+    nothing) and its RELEASEDIR itself once the daemon gave the listing whole; the daemon takes
+    the handle back later (within a second when idle). A listing read again through the same
+    descriptor (rewinddir) still reaches the daemon and gives the same names."""
+    import pyfuse3
+    m = mount_factory()
+    for d in range(6):
+        (m.store / f"d{d}").mkdir()
+        for i in range(d * 7):
+            (m.store / f"d{d}" / f"f{i}").write_bytes(b"x")
+    for d in range(6):
+        assert sorted(os.listdir(m.mnt / f"d{d}")) == sorted(f"f{i}" for i in range(d * 7))
+    fd = os.open(m.mnt / "d5", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        first = os.listdir(fd)
+        assert sorted(os.listdir(fd)) == sorted(first) and len(first) == 35
+    finally:
+        os.close(fd)
+    if not hasattr(pyfuse3, "dir_ended"):
+        return
+    ops = m.stats()["ops"]
+    assert "releasedir" not in ops and ops["readdir"]["count"] >= 7
+    counters: dict = {}
+    for _ in range(100):
+        counters = m.stats()["counters"]
+        if counters.get("listings_released_by_pyfuse3", 0) >= 7:
+            break
+        time.sleep(0.05)
+    assert counters["listings_ended"] >= 7 and counters["listings_released_by_pyfuse3"] >= 7, counters
+
+
 def test_a_file_created_in_an_immutable_folder_is_listed_once_closed(mount_factory):
     """A created file's name appears at its close (publish on close); the kernel may have kept
     the folder's listing from while it was open (FOPEN_CACHE_DIR): the publish makes it drop
