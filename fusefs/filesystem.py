@@ -892,7 +892,12 @@ class Filesystem:
             if immutable:
                 self._kernel_listed.add(inode)
         node.opens += 1
-        return self._add_handle(handle)
+        fh = self._add_handle(handle)
+        if self.listing_ends is not None:
+            # its RELEASEDIR is answered by the FUSE binding (a listing the kernel keeps reaches
+            # no readdir here: its handle's release would be the only request left but this one)
+            self.listing_ends.ended(fh, None)
+        return fh
 
     async def readdir(self, fh: int, start_id: int, reply: Reply, names: ReplyNames | None = None) -> None:
         """Offer the entries from `start_id` on to `reply` until it returns False (the kernel's
@@ -910,7 +915,7 @@ class Filesystem:
         await self.handles.pop(fh).release(self)
 
     async def listings_released(self) -> int:
-        """Release the directory handles the FUSE binding released for us (`readdir`); how many.
+        """Release the directory handles the FUSE binding released for us (`opendir`); how many.
         Called at each opendir and about once a second (`fusefs.mount`)."""
         if self.listing_ends is None:
             return 0

@@ -266,8 +266,8 @@ def fast_backend() -> _Fast | None:
 class _ListingEnds:
     """`fusefs.interfaces.ListingEnds` over the patched pyfuse3 (patches/pyfuse3-readdir-names.patch)."""
 
-    def ended(self, fh: int, end: int) -> None:
-        _patched.dir_ended(fh, end)
+    def ended(self, fh: int, end: int | None) -> None:
+        _patched.dir_ended(fh, (1 << 63) - 1 if end is None else end)
 
     def released(self) -> Sequence[int]:
         fhs: Sequence[int] = _patched.dirs_released()

@@ -56,11 +56,12 @@ class KernelNotices(Protocol):
 
 class ListingEnds(Protocol):
     """Listings the FUSE binding finishes itself (the patched pyfuse3's `dir_ended`,
-    patches/pyfuse3-readdir-names.patch): once a directory handle's listing was given to its end,
-    the kernel's last READDIR (the one that finds nothing) and its RELEASEDIR are answered there,
-    and the handle comes back to the filesystem later, in `released`."""
-    def ended(self, fh: int, end: int) -> None:
-        """Handle `fh`'s listing ends at offset `end`."""
+    patches/pyfuse3-readdir-names.patch): a directory handle's RELEASEDIR is answered there, and
+    once its listing was given to its end the kernel's last READDIR (the one that finds nothing)
+    too; the handle comes back to the filesystem later, in `released`."""
+    def ended(self, fh: int, end: int | None) -> None:
+        """Handle `fh`'s listing ends at offset `end` (None: not known yet; only its RELEASEDIR
+        is answered there)."""
 
     def released(self) -> Sequence[int]:
         """The ended handles the kernel released since the last call."""

@@ -379,7 +379,7 @@ class _Ends:
         self.ends: dict[int, int] = {}
         self.gone: list[int] = []
 
-    def ended(self, fh: int, end: int) -> None:
+    def ended(self, fh: int, end: int | None) -> None:
         self.ends[fh] = end
 
     def released(self) -> list[int]:
@@ -410,8 +410,9 @@ def test_a_listing_given_to_its_end_is_finished_and_released_by_the_binding(tmp_
             room[0] -= 1
             return room[0] >= 0
 
+        assert ends.ends[fh] is None                    # its release: the binding's from the start
         await fs.readdir(fh, 0, some)
-        assert fh not in ends.ends                      # cut by the buffer: not ended
+        assert ends.ends[fh] is None                    # cut by the buffer: not ended
         await fs.readdir(fh, 3, lambda e: True)
         assert ends.ends[fh] == 6                       # 5 files and d: it ends at offset 6
         fd = await fs.opendir(d.st_ino, CTX)
