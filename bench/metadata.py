@@ -24,7 +24,7 @@ Daemon memory: hintfs's RSS (VmRSS) after mount and after `du -s` of the whole t
 looked up and cached: an inode each), and with `[cache] max_entries` below the tree's size.
 
 Run as root:  .venv/bin/python bench/metadata.py [--quick] [--folder N] [--tree M] [--s3-folder N]
-    [--s3-tree M] [--repeats n]
+    [--s3-tree M] [--repeats n] [--ab-listing-spin]   (hintfs-nolistspin: `[mount] listing_spin_us = 0`)
 Writes bench/results/metadata.json (metadata_quick.json with --quick): median of n per case and
 system, ratios, goals. A full-size file:// repeat takes ~8 minutes on 2 vCPUs (bindfs's stat of 1M
 paths is 80-100 s a pass); S3 objects are created at ~180/s through the gateway, hence the
@@ -238,6 +238,8 @@ class Mounts:
                 with open(cfg, "w") as f:
                     f.write(s3.store_toml(BUCKET) if s3 is not None else f'[store]\nuri = "file://{store}"\n')
                     f.write("\n" + (IMMUTABLE if immutable else "[cache]\n") + extra + "\n")
+                    if system == "hintfs-nolistspin":
+                        f.write("[mount]\nlisting_spin_us = 0\n")
                     f.write(f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
                 r = run(pinned(DAEMON_CPU, [self.hintfs, "mount", cfg, mnt]), timeout=60)
                 if r.returncode != 0:
@@ -247,17 +249,17 @@ class Mounts:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{system} did not mount within 30 s")
                 time.sleep(0.02)
-            if system == "hintfs":
+            if system.startswith("hintfs"):
                 with open(os.path.join(mnt, ".hintfs", "stats")) as f:
                     pid = json.load(f)["pid"]
             yield mnt, pid
         finally:
-            if system == "hintfs" and os.path.ismount(mnt):
+            if system.startswith("hintfs") and os.path.ismount(mnt):
                 r = run([self.hintfs, "umount", mnt], timeout=120)
                 if r.returncode != 0:
                     self.notes.append(f"hintfs umount: {r.stdout.strip()[-200:]}")
             if os.path.ismount(mnt):
-                cmd = "fusermount3" if system == "hintfs" else "fusermount"
+                cmd = "fusermount3" if system.startswith("hintfs") else "fusermount"
                 if run([cmd, "-u", mnt], timeout=60).returncode != 0:
                     time.sleep(1)
                     run([cmd, "-u", "-z", mnt], timeout=60)
@@ -336,6 +338,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: file,s3,rss")
     ap.add_argument("--ops", default=",".join(OPS), help="comma list of the operations to run (default: all)")
+    ap.add_argument("--ab-listing-spin", action="store_true",
+                    help="file://: also hintfs-nolistspin, hintfs with [mount] listing_spin_us = 0 (an A/B "
+                         "of the spin after a listing, interleaved with the others)")
     ap.add_argument("--max-entries", type=int, default=0,
                     help="also measure RSS with [cache] max_entries = this (0: a tenth of the tree)")
     ap.add_argument("--out", default="", help="results JSON (default bench/results/metadata.json, "
@@ -378,7 +383,8 @@ def main() -> None:
                 return op_fuse(op, mnt, list_file), op_fuse(op, mnt, list_file)
 
         if "file" not in skip:
-            measure(results, "file", FILE_SYSTEMS, args.repeats, one_file, args.ops.split(","))
+            systems = FILE_SYSTEMS + (["hintfs-nolistspin"] if args.ab_listing_spin else [])
+            measure(results, "file", systems, args.repeats, one_file, args.ops.split(","))
         if "rss" not in skip:
             results["rss"] = measure_rss(m, store, entries, args.max_entries or max(1000, entries // 10))
         if "s3" not in skip:

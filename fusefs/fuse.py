@@ -287,11 +287,15 @@ def listing_ends() -> _ListingEnds | None:
 spun_reads: Callable[[], int | None] = getattr(pyfuse3, "spun_reads", lambda: None)
 
 
-def set_request_spin(microseconds: int) -> None:
-    """`[mount] request_spin_us` for pyfuse3's loop (a pyfuse3 without it: nothing)."""
+def set_request_spin(microseconds: int, after_listing: int = 0) -> None:
+    """`[mount] request_spin_us` and `listing_spin_us` for pyfuse3's loop (a pyfuse3 without
+    them: nothing)."""
     spin = getattr(pyfuse3, "loop_spin", None)
     if spin is not None:
         spin(microseconds)
+    listing = getattr(pyfuse3, "listing_spin", None)
+    if listing is not None:
+        listing(after_listing)
 
 
 class FuseOperations(pyfuse3.Operations):
@@ -313,7 +317,7 @@ class FuseOperations(pyfuse3.Operations):
         self.fs.set_passthrough(passthrough_backend(self.options.passthrough, self.fs.passthrough_capable(),
                                                     self.options.writeback_cache), fast_backend())
         self.fs.listing_ends = listing_ends()
-        set_request_spin(self.options.request_spin_us)
+        set_request_spin(self.options.request_spin_us, self.options.listing_spin_us)
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails
         self.fs.forget(inode_list)

@@ -230,6 +230,14 @@ class MountOptions(Section):
         "more. It spends that much CPU at the end of each run of requests (small files, one reader: "
         "+35% files/s on a first pass, docs/fastpath.md). Needs the patched pyfuse3. 0: wait at once.",
     )
+    listing_spin_us: int = Field(
+        300, ge=0, le=5000,
+        description="After a listing ends (the daemon gave a folder's last names), the next wait for a "
+        "request spins up to this many microseconds instead of `request_spin_us`: a walk (`find`, "
+        "`os.walk`) opens its next folder once it has gone through this one's names, ~100-300 "
+        "microseconds later. At most that much CPU per folder listed (`find` over 1,000,000 files: "
+        "bench/notes/metadata.md). Needs the patched pyfuse3. 0: no longer than `request_spin_us`.",
+    )
     writeback_cache: bool = Field(
         False, description="Let the kernel batch small writes into larger ones. The kernel then trusts "
         "its own idea of file sizes, so changes made to the store by anyone else are not seen until "

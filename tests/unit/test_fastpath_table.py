@@ -157,3 +157,10 @@ def test_the_loops_spin_is_bounded():
     assert MountOptions().request_spin_us == 20
     with pytest.raises(ValueError):
         MountOptions(request_spin_us=1001)
+    if hasattr(pyfuse3, "listing_spin"):        # (patches/pyfuse3-readdir-names.patch)
+        with pytest.raises(ValueError):
+            pyfuse3.listing_spin(5001)
+        pyfuse3.listing_spin(0)
+    assert MountOptions().listing_spin_us == 300
+    with pytest.raises(ValueError):
+        MountOptions(listing_spin_us=5001)
