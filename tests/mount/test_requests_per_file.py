@@ -136,11 +136,57 @@ def test_a_walk_lists_a_folder_bigger_than_the_kernels_buffer_by_name(mount_fact
         assert m.stats()["ops"]["readdir"]["count"] >= 3     # more than one buffer, and the end
 
 
+def _list_then_seek_back(folder, back_to: int) -> tuple[list[str], list[str]]:
+    """readdir(3) a folder to its end, then seekdir(3) back to the position before entry
+    `back_to` and read on: (every name, the names read after the seek)."""
+    import ctypes
+    import ctypes.util
+
+    class Dirent(ctypes.Structure):
+        _fields_ = [("d_ino", ctypes.c_uint64), ("d_off", ctypes.c_int64), ("d_reclen", ctypes.c_ushort),
+                    ("d_type", ctypes.c_ubyte), ("d_name", ctypes.c_char * 256)]
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.opendir.restype = ctypes.c_void_p
+    libc.readdir.restype = ctypes.POINTER(Dirent)
+    libc.readdir.argtypes = [ctypes.c_void_p]
+    libc.telldir.restype = ctypes.c_long
+    libc.telldir.argtypes = [ctypes.c_void_p]
+    libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    libc.closedir.argtypes = [ctypes.c_void_p]
+    d = libc.opendir(os.fsencode(folder))
+    assert d, os.strerror(ctypes.get_errno())
+
+    def read_on() -> list[str]:
+        out = []
+        while e := libc.readdir(d):
+            name = e.contents.d_name.decode()
+            if name not in (".", ".."):
+                out.append(name)
+        return out
+
+    try:
+        names, marks = [], []
+        while True:
+            mark = libc.telldir(d)
+            e = libc.readdir(d)
+            if not e:
+                break
+            if e.contents.d_name not in (b".", b".."):
+                names.append(e.contents.d_name.decode())
+                marks.append(mark)
+        libc.seekdir(d, marks[back_to])
+        return names, read_on()
+    finally:
+        libc.closedir(d)
+
+
 def test_a_listing_given_to_its_end_is_finished_by_pyfuse3(mount_factory):
     """The patched pyfuse3 answers a listing's last READDIR (the kernel asks once more, to find
     nothing) and its RELEASEDIR itself once the daemon gave the listing whole; the daemon takes
     the handle back later (within a second when idle). A listing read again through the same
-    descriptor (rewinddir) still reaches the daemon and gives the same names."""
+    descriptor (rewinddir), or from a position before its end (seekdir), still reaches the daemon
+    and gives the same names."""
     import pyfuse3
     m = mount_factory()
     for d in range(6):
@@ -155,6 +201,10 @@ def test_a_listing_given_to_its_end_is_finished_by_pyfuse3(mount_factory):
         assert sorted(os.listdir(fd)) == sorted(first) and len(first) == 35
     finally:
         os.close(fd)
+    names, rest = _list_then_seek_back(m.mnt / "d5", 20)
+    assert len(names) == 35 and rest == names[20:]      # a READDIR before the end: the daemon's
+    names, rest = _list_then_seek_back(m.mnt / "d5", 0)
+    assert rest == names
     if not hasattr(pyfuse3, "dir_ended"):
         return
     ops = m.stats()["ops"]
