@@ -45,7 +45,9 @@ def test_queued_requests_are_read_at_once_and_a_timer_beside_the_loop_still_runs
         assert sum(counts) > 1000, counts
         assert ticks["queued_reads"] > 0, ticks          # the kernel had requests queued
         # 16 requests at most between passes through the event loop: a few ms, not the flood's 1.5 s
-        assert ticks["max_gap_s"] < 0.3, ticks
+        # (the bound is half the flood: a starved timer would wait all of it; a loaded 2-vCPU VM
+        # has descheduled the whole daemon for 0.33 s)
+        assert ticks["max_gap_s"] < 0.75, ticks
     finally:
         force_unmount(mnt)
         p.wait(timeout=20)

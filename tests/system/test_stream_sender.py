@@ -82,6 +82,8 @@ def test_a_sender_killed_mid_stream_is_started_again_and_the_file_arrives_whole(
             f.write(data[6 * CHUNK:])             # the writer goes on: nothing waits for the sender
         assert time.monotonic() - t0 < 2.0
         assert wait_for(lambda: train.stats()["counters"].get("stream_sender_restarts") == 1, 10)
+        # (the count comes before the new child is started: wait for it)
+        assert wait_for(lambda: len(sender_of(train.pid)) == 1, 10), sender_of(train.pid)
         (new,) = sender_of(train.pid)
         assert new != kid
         st = os.stat(store / PATH)
