@@ -273,10 +273,6 @@ class _ListingEnds:
         fhs: Sequence[int] = _patched.dirs_released()
         return fhs
 
-    def stats(self) -> tuple[int, int]:
-        ends, releases = _patched.dir_end_stats()
-        return ends, releases
-
 
 def listing_ends() -> _ListingEnds | None:
     """Where pyfuse3 finishes listings itself (`fusefs.interfaces.ListingEnds`), else None."""

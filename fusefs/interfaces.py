@@ -66,9 +66,6 @@ class ListingEnds(Protocol):
     def released(self) -> Sequence[int]:
         """The ended handles the kernel released since the last call."""
 
-    def stats(self) -> tuple[int, int]:
-        """(end READDIRs answered there, RELEASEDIRs answered there)."""
-
 
 class TensorSource(Protocol):
     def match(self, path: str) -> tuple | None:

@@ -386,9 +386,6 @@ class _Ends:
         out, self.gone = self.gone, []
         return out
 
-    def stats(self) -> tuple[int, int]:
-        return 0, 0
-
 
 def test_a_listing_given_to_its_end_is_finished_and_released_by_the_binding(tmp_path):
     """A handle whose listing was given whole is reported with the offset it ends at (the
