@@ -156,6 +156,9 @@ class Filesystem:
         self.own_dev = 0
         # Names the kernel must forget (fusefs.fuse.KernelNotices); none without a kernel.
         self.kernel = kernel
+        # Inodes published in place whose name a new open took since, by that name
+        # (`_renew(still_named=True)`, `_end_still_named`)
+        self._named_still: dict[str, list[Inode]] = {}
         # listings the FUSE binding finishes (`readdir`); set at FUSE init where pyfuse3 can
         self.listing_ends: ListingEnds | None = None
         # Folders whose listing the kernel may keep (opened with FOPEN_CACHE_DIR): a file published
@@ -715,6 +718,17 @@ class Filesystem:
                     and "/" not in node.path[len(prefix):] and not self._still_named(node):
                 raise Refused(errno.ENOTEMPTY, f"{folder} holds {node.path}, open for writing")
 
+    def _end_still_named(self, path: str) -> None:
+        """`path` went through this mount (unlinked, or a file renamed over it): the writers of
+        a file published in place there whose name a new open took since (`_still_named`) no
+        longer publish to it (their descriptors keep working, on a nameless file), as the
+        writer of an unlinked file never publishes."""
+        for node in self._named_still.pop(path, ()):
+            if self._still_named(node) and node.path == path and not node.unlinked:
+                node.unlinked = True
+                if self.streams is not None:
+                    self.streams.dropped(node.ino)
+
     def _still_named(self, node: Inode) -> bool:
         """`node` was published in place and its name became a new inode (`_renew(still_named=
         True)`): a dup may still write it and publish to the name, but it has no staging file in
@@ -756,6 +770,7 @@ class Filesystem:
         self.listings.drop(parent.path)
         self.inodes.detach(path)
         await self._unnamed(inode)
+        self._end_still_named(path)
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx=None) -> None:
@@ -780,6 +795,13 @@ class Filesystem:
         if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
             self._refuse_if_writing_in(new)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
+        if new != old and new in self._named_still:
+            try:                            # (a file renamed over a name still-named writers had)
+                moved_dir = (await self._store_now(new)).is_dir
+            except OSError:
+                moved_dir = False           # (gone again meanwhile: the name went all the same)
+            if not moved_dir:
+                self._end_still_named(new)
         self.listings.drop_under(old)
         self.listings.drop_under(new)
         self.inodes.move(old, new)
@@ -1120,6 +1142,10 @@ class Filesystem:
         self.inodes.detach(node.path)
         if still_named:
             node.unlinked = False
+            if len(self._named_still) > 4096:   # (names whose writers are gone: let go)
+                self._named_still = {p: live for p, ns in self._named_still.items()
+                                     if (live := [n for n in ns if self._still_named(n) and n.path == p])}
+            self._named_still.setdefault(node.path, []).append(node)
         head, _, name = node.path.rpartition("/")
         parent = self.inodes.by_path_get(head)
         if self.kernel is not None:

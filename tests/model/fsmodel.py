@@ -580,7 +580,18 @@ class Model:
         if w is not None:
             w.unlinked = True          # never published; its descriptors keep working
             del self.writers[m][path]
+        self._end_still_named(m, path)
         return ok()
+
+    def _end_still_named(self, m: int, path: str) -> None:
+        """The name went through mount `m` (unlinked, or renamed over): the writers of a file
+        published in place there whose name a new open took since (`open`: "the new open gets its
+        own file") no longer publish to it."""
+        for ofd in self.ofds.values():
+            w = ofd.writer
+            if ofd.mount == m and w is not None and w.path == path and not w.unlinked \
+                    and self.writers[m].get(path) is not w:
+                w.unlinked = True
 
     def _detach(self, m: int, path: str, w: Writer | None) -> None:
         for ofd in self.ofds.values():
@@ -719,6 +730,8 @@ class Model:
         if new in ws and new != old:
             replaced = ws.pop(new)     # a file being written, renamed over: its writes go nowhere
             replaced.unlinked = True
+        if src != DIR:
+            self._end_still_named(m, new)
         for p in [p for p in ws if p == old or p.startswith(old + "/")]:
             moved_w = ws.pop(p)
             moved_w.path = new + p[len(old):]
