@@ -533,6 +533,11 @@ class Filesystem:
                 staging.dirty = True
             else:
                 await self._apply(node, self.store.utimens, _futimens, atime, mtime)
+        if node.path and (uid != -1 or gid != -1 or fields.update_mode or fields.update_atime
+                          or fields.update_mtime):
+            # a kept listing of its folder has the attributes from before (a later readdirplus
+            # would give them to the kernel again)
+            self.listings.drop(node.path.rpartition("/")[0])
         return self.attrs(node, await self._stat_inode(node))
 
     async def _apply(self, node: Inode, by_path: Callable, by_fd: Callable, *args) -> None:
