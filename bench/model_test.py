@@ -27,7 +27,8 @@ this run's configurations to the file's (a configuration it already has is repla
 them again; `--add-results FILE` merges another run's file too (`--accumulate`: added to the
 configurations of the same name, seeds apart: a long run in parts); the file is written after each
 configuration. A divergence is shrunk (at most `--shrink-budget-s`, its `shrink_seconds` counted in
-`seconds`; a crash is a step like the others) and printed; save it with
+`seconds`; a crash is a step like the others; one that does not diverge again when replayed
+depends on timing: kept as `not_replayed` with its steps) and printed; save it with
 `--shrink SEED ... --save NAME` as a regression (tests/model/regressions/), which CI replays.
 To shrink a seed of a run, give `--shrink` that run's `--steps` and `--crash-every` (crashes draw
 from the seed's generator too; `--shrink` runs without crashes unless `--crash-every` is given).
@@ -145,8 +146,13 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                 if shrink_budget_s > 0:
                     t_shrink = time.monotonic()
                     with contextlib.redirect_stdout(io.StringIO()):
-                        steps_found = shrink(rig, err.run.steps[:err.index + 1], shrink_budget_s)  # type: ignore[attr-defined]
-                    found["shrunk"] = [str(s) for s in steps_found]
+                        if replays(rig, err.run.steps[:err.index + 1]) is None:   # type: ignore[attr-defined]
+                            # it depends on timing: kept, with the whole sequence to look at
+                            found["not_replayed"] = True
+                            found["steps"] = [str(s) for s in err.run.steps[:err.index + 1]]  # type: ignore[attr-defined]
+                        else:
+                            steps_found = shrink(rig, err.run.steps[:err.index + 1], shrink_budget_s)  # type: ignore[attr-defined]
+                            found["shrunk"] = [str(s) for s in steps_found]
                     found["shrink_seconds"] = round(time.monotonic() - t_shrink, 1)   # (in `seconds` too)
                 out["divergences"].append(found)
                 print(f"  divergence: seed {seed}: {str(err)[:300]}", file=log, flush=True)
