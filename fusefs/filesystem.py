@@ -1151,15 +1151,19 @@ class Filesystem:
                 self._named_still = {p: live for p, ns in self._named_still.items()
                                      if (live := [n for n in ns if self._still_named(n) and n.path == p])}
             self._named_still.setdefault(node.path, []).append(node)
-        head, _, name = node.path.rpartition("/")
-        parent = self.inodes.by_path_get(head)
         if self.kernel is not None:
             # the old inode is now the older file its handles read: attributes the kernel keeps
             # of it were the name's (a truncate's reply, say: kept for an immutable path's timeout)
             self.kernel.invalidate_attrs(node.ino)
-            if parent is not None:
-                self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        self._kernel_forgets_name(node.path)
         return Refused(errno.ESTALE, f"{node.path} {why}: open it again")
+
+    def _kernel_forgets_name(self, path: str) -> None:
+        """The kernel looks `path` up again (its entry, if it has one, is dropped: queued)."""
+        head, _, name = path.rpartition("/")
+        parent = self.inodes.by_path_get(head)
+        if parent is not None and self.kernel is not None:
+            self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
 
     async def _check_backing_current(self, node: Inode) -> None:
         """Close-to-open under passthrough: the open files of `node` read the store file they
@@ -1377,11 +1381,8 @@ class Filesystem:
         holder = self.inodes.by_path_get(node.path)
         if not self._still_named(node) or (holder is not None and holder.writer is not None):
             return
-        self.inodes.detach(node.path)
-        head, _, name = node.path.rpartition("/")
-        parent = self.inodes.by_path_get(head)
-        if parent is not None and self.kernel is not None:
-            self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
+        self._stale_name(node.path)
+        self._kernel_forgets_name(node.path)
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
         """A version of `node` is in the store: count it, journal it, tell the stream; a listing the

@@ -167,11 +167,7 @@ def _readdir(fs: Filesystem, fh: int, start_id: int, token) -> Awaitable[None]:
     attrs = pyfuse3.EntryAttributes()
     if _CACHE_DIR:
         named = _patched.readdir_reply
-        batch = None
-        if _READDIR_NAMES:
-            def batch(names: list, inos: list, kinds: bytes, first: int) -> int:
-                took: int = _patched.readdir_names(token, names, inos, kinds, first)
-                return took
+        batch = functools.partial(_patched.readdir_names, token) if _READDIR_NAMES else None
         return fs.readdir(fh, start_id, lambda e: named(token, e.name, _entry(e.attrs, attrs) if e.plus else
                                                         _name_only(e.attrs, attrs), e.next_id, e.plus), batch)
     reply = pyfuse3.readdir_reply
