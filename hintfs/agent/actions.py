@@ -112,9 +112,19 @@ def _one_range(data: bytes) -> pa.Table:
     return pa.table({"data": pa.array([data], type=pa.large_binary())})
 
 
+def _read_reply(payload: tuple[bytes, int | None]) -> pa.Table:
+    """A read's answer: its bytes; a compressed range (ReadRequest.compress) also carries its raw
+    size in `raw_size` (a client that did not ask never gets one)."""
+    data, raw_size = payload
+    if raw_size is None:
+        return _one_range(data)
+    return pa.table({"data": pa.array([data], type=pa.large_binary()),
+                     "raw_size": pa.array([raw_size], type=pa.int64())})
+
+
 TICKETS: dict[str, Ticket[Any]] = {
-    "read": Ticket(rpc.ReadRequest, lambda a, r: _one_range(
-        a.reads.read_range(r.path, r.offset, r.length, r.replica_only, r.expect, r.demand))),
+    "read": Ticket(rpc.ReadRequest, lambda a, r: _read_reply(
+        a.reads.read_range(r.path, r.offset, r.length, r.replica_only, r.expect, r.demand, r.compress is not None))),
     "sample": Ticket(rpc.SampleRequest, lambda a, r: _one_range(a.reads.sample(r))),
     "samples_ready": Ticket(rpc.SamplesReadyRequest, lambda a, r: a.reads.samples_ready(r)),
 }

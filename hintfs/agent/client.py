@@ -90,6 +90,7 @@ class AgentClient:
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
         self._status_whole = False   # the agent refused `status` without its replicas (older)
+        self._plain_reads = False    # the agent refused compressed ranges (older)
 
     def _action(self, kind: str, body: bytes) -> bytes:
         """One action with this body; the reply's bytes (b"" when the agent sent none)."""
@@ -126,15 +127,26 @@ class AgentClient:
         return table
 
     def read(self, path: str, offset: int, length: int, replica_only: bool = False,
-             expect: tuple[int, int] | None = None, demand: bool = False) -> bytes:
+             expect: tuple[int, int] | None = None, demand: bool = False, compress: bool = True) -> bytes:
         """Bytes of `path`; with `expect` = (size, mtime_ns), never from a replica of another
-        version; with `demand` too, also while that version is still arriving (hintfs/agent/demand.py)."""
+        version; with `demand` too, also while that version is still arriving (hintfs/agent/demand.py).
+        With `compress` the agent may send the range compressed where that saves a quarter of
+        its bytes (`rpc.pack_range`); an agent from before that option is asked plainly."""
+        packed = compress and not self._plain_reads
         req = rpc.ReadRequest.model_construct(path=path, offset=offset, length=length, replica_only=replica_only,
                                               expect=rpc.as_version(expect) if expect is not None else None,
-                                              demand=demand)
-        table = self._ticket(rpc.encode(req), f"read {path}")
+                                              demand=demand, compress="zstd" if packed else None)
+        try:
+            table = self._ticket(rpc.encode(req), f"read {path}")
+        except OSError as err:
+            if not packed or err.errno != errno.EINVAL or "compress" not in str(err):
+                raise
+            self._plain_reads = True     # (an older agent refuses the key: ask again without it)
+            return self.read(path, offset, length, replica_only, expect, demand, compress=False)
         col = table.column(0)
         data: bytes = col[0].as_py() if len(col) else b""
+        if packed and "raw_size" in table.column_names:
+            data = rpc.unpack_range(data, table.column("raw_size")[0].as_py(), length)
         return data
 
     def sample(self, path: str, kind: rpc.Kind, params_json: str, aug_seed: int, allow_raw: bool = True) -> bytes:

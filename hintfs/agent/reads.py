@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from hintfs.agent import rpc
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.demand import DemandReads
 from hintfs.agent.lru import EvictingLRU
@@ -63,6 +64,7 @@ class Reads:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.bytes_served = 0
+        self.bytes_saved = 0
         self.reads_served = 0
         self.started = clock.monotonic()
         self._retired: list[Any] = []      # readers replaced while reads may still use them
@@ -72,17 +74,19 @@ class Reads:
         self._samples: SampleService | None = None
 
     def read_range(self, path: str, offset: int, length: int, replica_only: bool = False,
-                   expect: tuple[int, int] | None = None, demand: bool = False) -> bytes:
+                   expect: tuple[int, int] | None = None, demand: bool = False,
+                   compress: bool = False) -> tuple[bytes, int | None]:
         """Bytes of `path`: from its replica (of version `expect` when given); with `demand`
-        (and `expect`), also while the replica is still arriving (hintfs/agent/demand.py)."""
+        (and `expect`), also while the replica is still arriving (hintfs/agent/demand.py).
+        Returns (payload, raw size): with `compress`, the payload is the range compressed where
+        that pays (`rpc.pack_range`) and the raw size its length; else (the bytes, None)."""
         if demand:
             if expect is None:
                 raise rpc_error(errno.EINVAL, "a demand read names the version it opened (expect)")
             self.memory.remember(path, [(offset, length)])
             with self.slots:
                 data = self.demand.read(path, (int(expect[0]), int(expect[1])), offset, length)
-                self._served(len(data))
-                return data
+                return self._send(data, compress, charge=False)
         with self.slots:
             with self.lock:
                 self.in_flight += 1
@@ -100,16 +104,25 @@ class Reads:
                     raise rpc_error(errno.ENOENT, f"no replica of {path}")
                 else:
                     data = self._store_reader(path).read(offset, length)
-                self.bucket.take(len(data))
-                self._served(len(data))
-                return data
+                return self._send(data, compress, charge=True)
             finally:
                 with self.lock:
                     self.in_flight -= 1
 
-    def _served(self, nbytes: int, reads: int = 1) -> None:
+    def _send(self, data: bytes, compress: bool, charge: bool) -> tuple[bytes, int | None]:
+        """The payload of a read (compressed where asked and it pays), counted and, with
+        `charge`, taken from the bandwidth bucket: both count the bytes sent."""
+        packed = rpc.pack_range(data) if compress else None
+        payload = data if packed is None else packed
+        if charge:
+            self.bucket.take(len(payload))
+        self._served(len(payload), saved=len(data) - len(payload))
+        return payload, None if packed is None else len(data)
+
+    def _served(self, nbytes: int, reads: int = 1, saved: int = 0) -> None:
         with self.lock:
             self.bytes_served += nbytes
+            self.bytes_saved += saved
             self.reads_served += reads
 
     def _store_reader(self, path: str) -> Any:
@@ -174,7 +187,8 @@ class Reads:
         with self.lock:
             elapsed = max(self.clock.monotonic() - self.started, 1e-9)
             return LoadStatus(reads_in_flight=self.in_flight, reads_served=self.reads_served,
-                              bytes_served=self.bytes_served, bytes_per_s=round(self.bytes_served / elapsed, 1))
+                              bytes_served=self.bytes_served, bytes_per_s=round(self.bytes_served / elapsed, 1),
+                              bytes_saved=self.bytes_saved)
 
     def close(self) -> None:
         if self._samples is not None:

@@ -1,5 +1,6 @@
 """The storage agent over Flight on loopback: ranges, replicas, fan-out, TTL, budget, auth."""
 import errno
+import os
 
 import pytest
 
@@ -54,7 +55,8 @@ def test_ranges_replicas_fanout_and_ttl(tmp_path, store):
         # Tree fan-out: the second agent copies from the first, not from the store.
         assert c2.replicate("ckpt/a.bin", ttl_s=30, source=l1)["size"] == len(data)
         assert c2.read("ckpt/a.bin", 0, len(data), replica_only=True) == data
-        assert c1.status()["load"]["bytes_served"] >= len(data)
+        load = c1.status()["load"]
+        assert load["bytes_served"] + load["bytes_saved"] >= len(data)
         assert "ckpt/a.bin" in c1.status()["replicas"]
         clock.advance(0.4)
         assert s1.agent.catalog.expire() == []                    # not before its TTL
@@ -104,9 +106,37 @@ def test_bandwidth_limit_binds(tmp_path, store):
     s, loc = _agent(tmp_path, store, clock=clock, bandwidth_bytes_s=2 << 20)
     c = AgentClient(loc)
     try:
-        for i in range(4):
-            c.read("ckpt/a.bin", 0, 1 << 20)   # 4 MiB at 2 MiB/s with a 1 s burst: 1 s of waits
+        for i in range(4):                     # (plain: a.bin's byte ramp compresses to nothing)
+            c.read("ckpt/a.bin", 0, 1 << 20, compress=False)   # 4 MiB at 2 MiB/s, 1 s burst: 1 s of waits
         assert clock.slept == pytest.approx(1.0)
+    finally:
+        s.shutdown()
+
+
+def test_compressed_ranges_are_the_same_bytes_and_the_bucket_counts_what_is_sent(tmp_path, store):
+    """A range that compresses (DCP's `.metadata`, a pickle: here text) is sent compressed and
+    charged by what crosses the wire; one that does not (random bytes) is sent as it is."""
+    text = b"".join(b"{'fqn': 'layers.%d.mlp.w', 'offsets': [0, %d], 'sizes': [4096, 128]}\n" % (i, i * 128)
+                    for i in range(40_000))
+    noise = os.urandom(1 << 20)
+    (store / "ckpt" / ".metadata").write_bytes(text)
+    (store / "ckpt" / "noise.bin").write_bytes(noise)
+    clock = FakeClock()
+    s, loc = _agent(tmp_path, store, clock=clock, bandwidth_bytes_s=1 << 20)
+    c = AgentClient(loc)
+    try:
+        for _ in range(4):                     # 4 x 3.1 MB of text: 4 x 0.15 MB on the wire, within the burst
+            assert c.read("ckpt/.metadata", 0, len(text)) == text
+        assert clock.slept == 0
+        load = c.status()["load"]
+        assert load["bytes_saved"] > 3 * len(text)
+        assert load["bytes_served"] + load["bytes_saved"] == 4 * len(text)
+        assert c.read("ckpt/noise.bin", 0, len(noise)) == noise
+        after = c.status()["load"]
+        assert after["bytes_saved"] == load["bytes_saved"]          # noise went as it is
+        assert after["bytes_served"] == load["bytes_served"] + len(noise)
+        assert c.read("ckpt/.metadata", 100, 50, compress=False) == text[100:150]
+        assert c.status()["load"]["bytes_saved"] == load["bytes_saved"]
     finally:
         s.shutdown()
 

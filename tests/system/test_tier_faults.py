@@ -171,7 +171,7 @@ def test_persistent_agent_rebuilds_its_catalog_after_a_stop(tmp_path):
     second = _tcp(cfg, LocalStore(str(store)))
     try:
         assert set(second.agent.catalog.replicas) == {"a", "b"}
-        assert second.agent.reads.read_range("b", 0, 5000, replica_only=True) == b"b" * 3000
+        assert second.agent.reads.read_range("b", 0, 5000, replica_only=True) == (b"b" * 3000, None)
         st = os.stat(store / "a")
         assert second.agent.catalog.has("a", 1000, st.st_mtime_ns)
     finally:
@@ -218,7 +218,7 @@ def test_a_cut_copy_resumes_after_the_agent_restarts(tmp_path):
         assert "w.bin" not in second.agent.catalog.replicas   # a cut copy is not a replica
         second.agent.copier.replicate("w.bin", 600, None, parallel=1)
         assert fs2.reads == 16 - 5 and second.agent.copier.resumed_ranges == 5
-        assert second.agent.reads.read_range("w.bin", 0, len(data) + 1, replica_only=True) == data
+        assert second.agent.reads.read_range("w.bin", 0, len(data) + 1, replica_only=True) == (data, None)
         assert not list((tmp_path / "tier").glob("*/*.progress"))
     finally:
         second.shutdown()

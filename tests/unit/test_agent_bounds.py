@@ -381,3 +381,51 @@ def test_status_without_the_replica_list_gives_their_number_and_an_older_agent_i
         assert sorted(got.replicas) == ["f0", "f1", "f2"] and got.replica_count == 3 and c2._status_whole
     finally:
         server.shutdown()
+
+
+def test_a_compressed_range_is_bounded_by_the_read_it_answers():
+    """A hostile or broken agent's compressed range: a raw size past what was asked, one the
+    stream does not inflate to, or a stream that is not zstd: EIO, no allocation past the read."""
+    data = b"metadata " * 10_000
+    packed = rpc.pack_range(data)
+    assert packed is not None and len(packed) < len(data) // 10
+    assert rpc.unpack_range(packed, len(data), len(data)) == data
+    for raw_size, asked in [(len(data) + 1, len(data) + 1 << 10), (len(data), len(data) - 1),
+                            (len(data) - 1, len(data)), (-1, 10)]:
+        with pytest.raises(OSError) as exc:
+            rpc.unpack_range(packed, raw_size, asked)
+        assert exc.value.errno == errno.EIO
+    with pytest.raises(OSError) as exc:
+        rpc.unpack_range(b"not zstd at all", 100, 100)
+    assert exc.value.errno == errno.EIO
+    assert rpc.pack_range(bytes(range(256)) * 16) is not None and rpc.pack_range(b"x" * 4095) is None   # (too small to try)
+
+
+def test_a_compressed_read_is_asked_plainly_of_an_agent_that_refuses_the_key(tmp_path, monkeypatch):
+    """An agent from before compressed ranges refuses the `compress` key (EINVAL naming it): the
+    client asks again without it, and keeps asking plainly; other EINVALs are not retried."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "f").write_bytes(b"abc" * 5000)
+    cfg = parse_config({"store": {"uri": f"file://{tmp_path / 's'}"}, "agent": {"data_dir": str(tmp_path / "a")}})
+    server, loc = start_in_process(LocalStore(str(tmp_path / "s")), cfg.agent)
+    real = actions.parse_ticket
+    asked: list[dict] = []
+
+    def older(body):
+        doc = json.loads(body)
+        asked.append(doc)
+        if "compress" in doc:
+            raise rpc.rpc_error(errno.EINVAL, "compress: Extra inputs are not permitted")
+        return real(body)
+
+    monkeypatch.setattr(actions, "parse_ticket", older)
+    c = AgentClient(loc)
+    try:
+        assert c.read("f", 0, 15000) == b"abc" * 5000
+        assert c.read("f", 3, 3) == b"abc"
+        assert ["compress" in d for d in asked] == [True, False, False]
+        with pytest.raises(OSError) as exc:
+            c.read("f", (1 << 63) - 2, 10)
+        assert exc.value.errno == errno.EINVAL
+    finally:
+        server.shutdown()
