@@ -91,14 +91,14 @@ def make_layout(out: str, world: int, layers: int = 32, dim: int = 2048, experts
         raise ValueError(f"world must be a multiple of {TP}")
     os.makedirs(out)
     g = torch.Generator().manual_seed(seed)
-    blobs: dict[tuple, bytes] = {}
 
-    def blob(shape) -> bytes:      # one torch.save'd tensor per shape (content is not what is measured)
-        if shape not in blobs:
-            b = io.BytesIO()
-            torch.save(torch.randn(*shape, generator=g), b)
-            blobs[shape] = b.getvalue()
-        return blobs[shape]
+    def blob(shape) -> bytes:
+        """A torch.save'd tensor of its own random values: no two chunks alike, as in a trained
+        model (the agents compress ranges that compress: one tensor per shape, repeated, made
+        the checkpoint's files compress 2x, which no real one does)."""
+        b = io.BytesIO()
+        torch.save(torch.randn(*shape, generator=g), b)
+        return b.getvalue()
 
     sd_md: dict = {}
     storage: dict = {}

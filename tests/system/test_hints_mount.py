@@ -135,13 +135,15 @@ def agents(tmp_path):
                        f'[agents]\nlocations = {json.dumps([x for x in locs if x != loc])}\ntoken_file = "{token}"\n'
                        f'[logging]\nfile = "{tmp_path / f"agent{i}.log"}"\n')
         procs.append(subprocess.Popen(HINTFS + ["agent", str(cfg)], cwd=REPO))
-    for loc in locs:
-        assert wait_for(lambda: _pings(loc), timeout=20)
-    yield store, locs, procs, token
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            p.wait(timeout=20)
+    try:    # (agents that never answer are stopped too: a failed wait must not leave them running)
+        for loc in locs:
+            assert wait_for(lambda: _pings(loc), timeout=60)
+        yield store, locs, procs, token
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=20)
 
 
 def _pings(loc):
