@@ -18,14 +18,13 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
 from hintfs.common.documents import HintDocument, parse_hint
 from hintfs.agent.rpc import without_grpc_context
-from policy.replicas import (ReplicaTarget, choose_least_sent, hash_order, place, place_weight, placement_order,
-                             plan_replicas)
+from policy.replicas import ReplicaTarget, choose_least_sent, hash_order, place, plan_replicas
 from fusefs.control import ControlDir, ControlFile, ControlInputError
 from mountconfig.schema import ReplicasConfig
 
@@ -35,33 +34,12 @@ SENT_HALF_LIFE_S = 10.0   # how fast a host forgets the bytes it asked of each a
 FILES_AT_ONCE = 16     # hinted files whose replicas are copied at the same time, hottest first
 
 
-SIZE_FOLDERS = 64       # folders listed for a hint's file sizes (sizes_from_listings); the rest unknown
-
-
-def sizes_from_listings(store, paths: list[str], max_folders: int = SIZE_FOLDERS) -> dict[str, int]:
-    """(blocking) The sizes of `paths` that one listing of each of their first `max_folders`
-    folders says: a hint's files mostly share a checkpoint's folder, and a listing is one call
-    where a stat of each file (an S3 HEAD) is one call a file. Files not listed are left out."""
-    by_folder: dict[str, set[str]] = {}
-    for p in paths:
-        folder, _, name = p.rpartition("/")
-        by_folder.setdefault(folder, set()).add(name)
-    sizes: dict[str, int] = {}
-    for folder in list(by_folder)[:max_folders]:
-        names = by_folder[folder]
-        for name, st in store.iter_dir(folder):
-            if name in names and not st.is_dir:
-                sizes[f"{folder}/{name}" if folder else name] = st.size
-    return sizes
-
-
 @dataclass
 class FileState:
     target: int
     readers: int
     ready: list[str] = field(default_factory=list)   # agent locations holding a complete copy
     places: list[str] | None = None   # where its copies go (counted in `placed`); [] once unplaced
-    weight: float = 0.0               # what each of them counts in `placed` (policy.replicas.place_weight)
     error: str = ""
 
 
@@ -129,8 +107,7 @@ class ReplicaRouter:
 
 class HintsManager:
     def __init__(self, options: ReplicasConfig, agents: list[str], clients, stats, *,
-                 prefetch: Callable[[str], object] | None = None, holder: str | None = None,
-                 sizes: Callable[[list[str]], Mapping[str, int]] | None = None):
+                 prefetch: Callable[[str], object] | None = None, holder: str | None = None):
         self.options = options
         # This mount's name as a replica's holder at the agents (one per mount process): each job's
         # copies are claimed as "<holder>/<job>", so that a job that ends releases only its own claim
@@ -140,10 +117,7 @@ class HintsManager:
         self.stats = stats
         self.jobs: dict[str, Job] = {}
         self.router = ReplicaRouter()
-        # agent -> what this mount's live jobs placed on it: the bytes each replica will serve this
-        # host (policy.replicas.place_weight), from the files' sizes (`sizes`: blocking, in a thread)
-        self.placed: dict[str, float] = {}
-        self.sizes = sizes
+        self.placed: dict[str, int] = {}    # agent -> replicas of this mount's live jobs placed on it
         self.limiter = trio.CapacityLimiter(max(4, 2 * len(agents)))
         self._send, self._recv = trio.open_memory_channel(1000)
         # A host cache's `prefetch` (remote stores with `[cache] dir`): hinted files fetched ahead.
@@ -217,24 +191,13 @@ class HintsManager:
         except trio.WouldBlock:
             raise ControlInputError("too many hint jobs queued; try again") from None
 
-    def _agents_for(self, state: FileState, path: str, n: int, weight: float) -> list[str]:
+    def _agents_for(self, path: str, n: int) -> list[str]:
         """Where `path`'s `n` replicas go (`policy.replicas.place`: among its hash order's first
-        agents, those this mount has placed the least on); counted as placed, `weight` each."""
+        agents, those this mount has placed the fewest replicas on); counted as placed."""
         places = place(hash_order(path, self.agents), n, self.placed)
         for loc in places:
-            self.placed[loc] = self.placed.get(loc, 0.0) + weight
-        state.weight = weight
+            self.placed[loc] = self.placed.get(loc, 0) + 1
         return places
-
-    async def _sizes_of(self, targets: list[ReplicaTarget]) -> dict[str, int]:
-        """The hinted files' sizes as far as the store says them cheaply (`sizes`); {} on error."""
-        if self.sizes is None or not targets:
-            return {}
-        try:
-            return dict(await trio.to_thread.run_sync(self.sizes, [t.path for t in targets], limiter=self.limiter))
-        except (OSError, ValueError) as err:
-            log.info("hint: the files' sizes are not known (replicas placed by count): %s", err)
-            return {}
 
     async def run(self) -> None:
         """Background task: copy planned replicas, tree fan-out, hottest file first; reclaim at TTL."""
@@ -253,11 +216,8 @@ class HintsManager:
         # Placed here, in the targets' order (hottest first), before any copy starts: the fan-outs
         # run concurrently in an order trio does not fix, and hosts that hint the same files must
         # place them alike (policy.replicas.place).
-        sizes = await self._sizes_of(targets)
-        typical = sum(sizes.values()) / len(sizes) if sizes else 1.0
-        for t in placement_order(targets, sizes):
-            state = job.files[t.path]
-            state.places = self._agents_for(state, t.path, t.replicas, place_weight(sizes.get(t.path), t.replicas, typical))
+        for t in targets:
+            job.files[t.path].places = self._agents_for(t.path, t.replicas)
         try:
             for _readers, group in itertools.groupby(targets, key=lambda t: t.readers):
                 async with trio.open_nursery() as n:
@@ -278,7 +238,7 @@ class HintsManager:
         try:
             state = job.files[t.path]
             if state.places is None:
-                state.places = self._agents_for(state, t.path, t.replicas, place_weight(None, t.replicas, 1.0))
+                state.places = self._agents_for(t.path, t.replicas)
             places = state.places
             if not places:
                 return
@@ -325,11 +285,8 @@ class HintsManager:
         """`job`'s replicas no longer count as placed by this mount (it ended, or was replaced)."""
         for state in job.files.values():
             for loc in state.places or ():
-                left = self.placed.get(loc, 0.0) - state.weight
-                if left > 1e-9:
-                    self.placed[loc] = left
-                else:
-                    self.placed.pop(loc, None)
+                if self.placed.get(loc, 0) > 0:
+                    self.placed[loc] -= 1
             state.places = []
 
     def claim(self, job: str) -> str:

@@ -42,7 +42,7 @@ from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
 from fusefs.fastpath import mark_limit
 from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads, spun_reads
-from fusefs.hints import HintsManager, sizes_from_listings
+from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
 from fusefs.replicaread import ReplicaReads
 from fusefs.readpath import ReadPath
@@ -433,8 +433,7 @@ def build_agents(cfg: MountConfig, store: Store, stats: Stats, control: ControlD
     route_agents = [r.local_agent for r in cfg.routes]
     clients = {loc: AgentClient(loc, token=token, tls_root=tls_root, timeout_s=cfg.replicas.read_timeout_s * 10)
                for loc in dict.fromkeys(locations + route_agents)}
-    hints = HintsManager(cfg.replicas, locations, clients, stats, prefetch=prefetch,
-                         sizes=functools.partial(sizes_from_listings, store))
+    hints = HintsManager(cfg.replicas, locations, clients, stats, prefetch=prefetch)
     control.add_dir(hints.control_dir())
     return hints, clients, server
 

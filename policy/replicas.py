@@ -77,8 +77,8 @@ def hash_order(path: str, agents: Sequence[str]) -> list[str]:
 
 def place(order: Sequence[str], n: int, placed: Mapping[str, float], spread: int | None = None) -> list[str]:
     """The `n` agents a hinted file's replicas go to: of its first `n * spread` agents in hash
-    order (`hash_order`; None: all of them), the `n` this host has placed the least on
-    (`placed`: replicas, or the bytes they will serve it, `place_weight`), ties in hash order.
+    order (`hash_order`; None: all of them), the `n` this host has placed the fewest replicas on
+    (`placed`), ties in hash order.
 
     Placing by the hash alone puts a host's files on agents as balls in bins: in
     bench/scale_storm.py's weak scaling (4,096 per-rank files of one reader each on 64 agents, each
@@ -95,26 +95,6 @@ def place(order: Sequence[str], n: int, placed: Mapping[str, float], spread: int
     cands = list(order if spread is None else order[:min(len(order), n * max(1, spread))])
     rank = {a: i for i, a in enumerate(cands)}
     return sorted(cands, key=lambda a: (placed.get(a, 0), rank[a]))[:n]
-
-
-def placement_order(targets: Sequence[ReplicaTarget], sizes: Mapping[str, int]) -> list[ReplicaTarget]:
-    """The order a hint's files are placed in: hottest first (the files every host hints come
-    first, so hosts place them alike), the biggest first among equally hot ones (greedy placement
-    of the biggest first leaves the least imbalance), then by path."""
-    return sorted(targets, key=lambda t: (-t.readers, -sizes.get(t.path, 0), t.path))
-
-
-def place_weight(size: int | None, replicas: int, typical: float) -> float:
-    """What one replica of a file weighs in `place`'s counts: the bytes one host asks of it when it
-    reads the file once, its size over its replicas (`typical` for a size not known).
-
-    Counting replicas instead put 2x the files on some agents and 0.75x the bytes: in
-    bench/scale_storm.py's weak scaling each host hints 7 TP files of 0.9 MB at 8 replicas
-    (alike on every host) and 64 per-rank files of 18 KB at one, and the 8 agents without a TP
-    replica got two small files per host where the others got one (tests/unit/test_policy_replicas.py)."""
-    if replicas < 1:
-        raise ValueError("replicas must be >= 1")
-    return (typical if size is None or size < 0 else float(size)) / replicas
 
 
 def fanout_rounds(target: int, sources: int = 1) -> list[int]:

@@ -38,13 +38,12 @@ def fan_out(agents: int, slow: int | None = None, fail: int | None = None) -> Re
     names = [f"a{i}" for i in range(agents)]
     m = Recorder(names, slow=None if slow is None else names[slow], fail=None if fail is None else names[fail])
     target = ReplicaTarget("hot", 4096, agents, 1e9)
-    state = FileState(agents, 4096)
-    places = m._agents_for(state, "hot", agents, 1.0)
+    places = m._agents_for("hot", agents)
     if slow is not None:
         m.slow = places[slow]
     if fail is not None:
         m.fail = places[fail]
-    job = Job("j", None, {"hot": state}, 1e9, 1e9)  # type: ignore[arg-type]
+    job = Job("j", None, {"hot": FileState(agents, 4096)}, 1e9, 1e9)  # type: ignore[arg-type]
 
     async def main() -> None:
         files = trio.CapacityLimiter(1)
@@ -77,39 +76,3 @@ def test_a_failed_copy_leaves_its_slot_empty_and_the_rest_go_on():
     m = fan_out(16, fail=3)
     assert len(m.ready_at) == 15 and m.fail not in m.ready_at
     assert all(s != m.fail for _, _, s in m.copies)   # never a source
-
-
-def test_a_hint_is_placed_by_the_bytes_its_replicas_serve_and_unplaced_alike(tmp_path):
-    """Sizes from one listing of the folder: a 4 MB file at 2 replicas weighs 2 MB on each of its
-    agents, so the 1 KB files go to the other two agents first; a job that ends takes its weights
-    back exactly."""
-    from fusefs.hints import sizes_from_listings
-    from hintfs.common.documents import parse_hint
-    from hintfs.stores.local import LocalStore
-
-    (tmp_path / "ck").mkdir()
-    (tmp_path / "ck" / "big").write_bytes(b"x" * 4_000_000)
-    for i in range(4):
-        (tmp_path / "ck" / f"s{i}").write_bytes(b"y" * 1000)
-    store = LocalStore(str(tmp_path))
-    assert sizes_from_listings(store, ["ck/big", "ck/s0", "ck/none"]) == {"ck/big": 4_000_000, "ck/s0": 1000}
-    names = ["a0", "a1", "a2", "a3"]
-    m = Recorder(names)
-    m.sizes = lambda paths: sizes_from_listings(store, paths)
-    doc = parse_hint({"files": {"ck/big": 8, "ck/s0": 1, "ck/s1": 1, "ck/s2": 1, "ck/s3": 1},
-                      "safe_readers_per_replica": 4}, m.options.max_hint_files)
-
-    async def main() -> None:
-        m.submit("j", doc)
-        job, targets = m._recv.receive_nowait()
-        await m._materialize(job, targets)
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    files = m.jobs["j"].files
-    big = set(files["ck/big"].places or [])
-    assert len(big) == 2 and files["ck/big"].weight == 2_000_000
-    small = [a for i in range(4) for a in files[f"ck/s{i}"].places or []]
-    assert len(small) == 4 and not big & set(small)        # by count, two of them would share big's agents
-    assert sorted(m.placed.values()) == [2000.0, 2000.0, 2_000_000.0, 2_000_000.0]
-    m._unplace(m.jobs["j"])
-    assert m.placed == {}
