@@ -90,7 +90,9 @@ class AgentClient:
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._opts = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
         self._status_whole = False   # the agent refused `status` without its replicas (older)
-        self._plain_reads = False    # the agent refused compressed ranges (older)
+        # ranges are asked plainly of an agent that refused compressed ones (older), and of one on
+        # this host's unix socket (the mount's own agent), where compressing only costs CPU
+        self._plain_reads = location.startswith("grpc+unix:")
 
     def _action(self, kind: str, body: bytes) -> bytes:
         """One action with this body; the reply's bytes (b"" when the agent sent none)."""

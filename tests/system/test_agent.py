@@ -32,11 +32,11 @@ def _agent(tmp_path, store, name="a", clock=SYSTEM_CLOCK, **agent):
     return server, loc
 
 
-def _tcp_agent(tmp_path, store, name, peers=(), clock=SYSTEM_CLOCK):
+def _tcp_agent(tmp_path, store, name, peers=(), clock=SYSTEM_CLOCK, **agent):
     """A storage-node agent on loopback TCP (a copy's source must be a network agent it trusts:
     one of its `[agents] locations`, `peers`)."""
     cfg = parse_config({"store": {"uri": f"file://{store}"}, "agents": {"locations": list(peers)},
-                        "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1}})
+                        "agent": {"data_dir": str(tmp_path / name), "reclaim_interval_s": 0.1, **agent}})
     server = AgentServer(LocalStore(str(store)), cfg.agent, location="grpc://127.0.0.1:0", clock=clock, **_parts(cfg))
     return server, f"grpc://127.0.0.1:{server.port}"
 
@@ -115,16 +115,20 @@ def test_bandwidth_limit_binds(tmp_path, store):
 
 def test_compressed_ranges_are_the_same_bytes_and_the_bucket_counts_what_is_sent(tmp_path, store):
     """A range that compresses (DCP's `.metadata`, a pickle: here text) is sent compressed and
-    charged by what crosses the wire; one that does not (random bytes) is sent as it is."""
+    charged by what crosses the wire; one that does not (random bytes) is sent as it is. The
+    mount's own agent (a unix socket on this host) is asked plainly."""
     text = b"".join(b"{'fqn': 'layers.%d.mlp.w', 'offsets': [0, %d], 'sizes': [4096, 128]}\n" % (i, i * 128)
                     for i in range(40_000))
     noise = os.urandom(1 << 20)
     (store / "ckpt" / ".metadata").write_bytes(text)
     (store / "ckpt" / "noise.bin").write_bytes(noise)
     clock = FakeClock()
-    s, loc = _agent(tmp_path, store, clock=clock, bandwidth_bytes_s=1 << 20)
+    s, loc = _tcp_agent(tmp_path, store, "a", clock=clock, bandwidth_bytes_s=1 << 20)
+    own, own_loc = _agent(tmp_path, store, "own")
     c = AgentClient(loc)
     try:
+        assert AgentClient(own_loc).read("ckpt/.metadata", 0, len(text)) == text
+        assert own.agent.reads.status().bytes_saved == 0
         for _ in range(4):                     # 4 x 3.1 MB of text: 4 x 0.15 MB on the wire, within the burst
             assert c.read("ckpt/.metadata", 0, len(text)) == text
         assert clock.slept == 0
@@ -139,6 +143,7 @@ def test_compressed_ranges_are_the_same_bytes_and_the_bucket_counts_what_is_sent
         assert c.status()["load"]["bytes_saved"] == load["bytes_saved"]
     finally:
         s.shutdown()
+        own.shutdown()
 
 
 def test_the_token_bucket_paces_by_its_clock():

@@ -406,8 +406,10 @@ def test_a_compressed_read_is_asked_plainly_of_an_agent_that_refuses_the_key(tmp
     client asks again without it, and keeps asking plainly; other EINVALs are not retried."""
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "f").write_bytes(b"abc" * 5000)
+    from hintfs.agent.server import AgentServer
     cfg = parse_config({"store": {"uri": f"file://{tmp_path / 's'}"}, "agent": {"data_dir": str(tmp_path / "a")}})
-    server, loc = start_in_process(LocalStore(str(tmp_path / "s")), cfg.agent)
+    server = AgentServer(LocalStore(str(tmp_path / "s")), cfg.agent, location="grpc://127.0.0.1:0")
+    loc = f"grpc://127.0.0.1:{server.port}"   # (over TCP: the unix socket of a mount's own agent is asked plainly)
     real = actions.parse_ticket
     asked: list[dict] = []
 
