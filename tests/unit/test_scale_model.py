@@ -249,6 +249,20 @@ def test_plan_prints_replicas_and_the_predicted_times(checkpoint, capsys):
     assert doc["replicas"] == {".metadata": 8, "__0_0.distcp": 8}      # 256 readers / 32 safe, on 8 agents
     assert doc["load_time_s"]["hints"] < doc["load_time_s"]["default"]
     assert doc["max_replicas"] == 8 and doc["agents_assumed"] is False
+    assert doc["metadata_bytes"] == (checkpoint / ".metadata").stat().st_size
+    assert 0 < doc["metadata_wire_bytes"] <= doc["metadata_bytes"]
+
+
+def test_the_plan_weighs_the_metadata_as_it_crosses():
+    """Agents compress what compresses: a pickle-like `.metadata` weighs a fraction of its size in
+    the plan's reads and copies; random bytes weigh what they are."""
+    import os
+    from hintfs.cli.hints_plan import wire_bytes
+    text = b"".join(b"TensorStorageMetadata(layers.%d.w, chunks=[(0, 0), (4096, 128)])\n" % i for i in range(20_000))
+    assert wire_bytes(text) < len(text) // 5
+    noise = os.urandom(600_000)
+    assert wire_bytes(noise) == len(noise)
+    assert wire_bytes(b"") == 0
 
 
 def test_plan_with_a_costs_file_and_a_cap(checkpoint, tmp_path, capsys):
