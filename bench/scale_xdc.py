@@ -449,6 +449,26 @@ def summarize(b: ScaleBench, rows: list[dict], idle: list[dict], w_total: int, w
     return out
 
 
+UNIT_NOFILE = 1 << 20     # the LimitNOFILE of the units in systemd/
+
+
+def units_open_file_limit() -> int:
+    """The open-file limit the daemons this bench starts inherit: as the units give them
+    (LimitNOFILE=1048576), where this process may raise its hard limit (root); else as it is. A
+    tier agent keeps one file open per replica: 16,384-file checkpoints kept 3 deep, with 200
+    background jobs, passed a shell's hard limit of 20,000 and every copy past it failed with
+    EMFILE, retried for ever (2026-12-06, bench/notes/scale_xdc.md; on that VM root could not
+    raise it either). The JSON records the limit the run had (`settings.open_file_limit`)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < UNIT_NOFILE:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (UNIT_NOFILE, UNIT_NOFILE))
+        except (ValueError, OSError):
+            return soft
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     arg = ap.add_argument
@@ -490,13 +510,14 @@ def main() -> int:
     for k, v in BASE_ARGS.items():
         setattr(a, k, v)
     t_begin = time.monotonic()
+    nofile = units_open_file_limit()
 
     def on_term(signum, _frame):
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, on_term)
     b = ScaleBench(a)
     result: dict = {"settings": {"argv": sys.argv, "bandwidth_mbit": a.bandwidth_mbit, "delay_ms_each_way": a.delay_ms,
-                                 **{k: v for k, v in vars(a).items() if k not in BASE_ARGS}, "cpus": os.cpu_count(),
+                                 **{k: v for k, v in vars(a).items() if k not in BASE_ARGS}, "cpus": os.cpu_count(), "open_file_limit": nofile,
                                  "cpu_split": b.cpu_split, "bg_writes_through": "streaming mount" if a.bg_stream
                                  else "copy-after-close mount"},
                     "files_per_checkpoint": None, "checkpoints": a.checkpoints, "background_jobs": a.background_jobs,
