@@ -14,8 +14,10 @@ checkpoint's marker never waits for another's.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import posixpath
+import resource
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -79,6 +81,7 @@ class Follower:
         # records of a journal version this agent does not read: one line a minute, with a count
         # (a newer training mount writes one per file: docs/versions.md)
         self.version_refusals = RefusalLog(60.0, keep=16)
+        self.fd_refusals = RefusalLog(60.0, keep=1)   # copies refused for want of open files
         self._root_records: dict[str, Stat] = {}  # records of older mounts, at the last sweep
         # why the journal is not followed (the listing is, meanwhile), as of the last sweep
         self.journal_refused: str | None = None
@@ -318,8 +321,25 @@ class Follower:
                     return False           # the store removed it: nothing to retry
                 self.errors[path] = str(err)
                 # The journaled version may be gone (rewritten): the retry stats the store.
-            log.warning("predictive copy of %s failed (will retry): %s", path, err)
+            if isinstance(err, OSError) and err.errno == errno.EMFILE:
+                self._out_of_files(path, err)
+            else:
+                log.warning("predictive copy of %s failed (will retry): %s", path, err)
             return False
+
+    def _out_of_files(self, path: str, err: OSError) -> None:
+        """A copy refused for want of open files: the agent keeps one per replica, so past its
+        limit every copy fails until replicas go. One error line a minute that says what to set
+        (16,384-file checkpoints kept 3 deep passed a limit of 20,000: 4,830 warnings, and the
+        tier never completed the checkpoint; docs/operations.md)."""
+        since = self.fd_refusals.note("EMFILE")
+        if since is None:
+            return
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        log.error("predictive copies fail: this agent is out of open files (limit %s; it keeps one per "
+                  "replica) and retries them; raise LimitNOFILE / ulimit -Hn above the replicas this tier "
+                  "holds (files per checkpoint x (keep_last + 1) + the rest), e.g. %s: %s%s",
+                  soft, path, err.strerror or err, RefusalLog.more(since))
 
     def _removed_since(self, path: str, record: str | None) -> bool:
         """(under cond) A removal record of `path` or a folder above it is newer than `record`
