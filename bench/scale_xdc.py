@@ -453,20 +453,21 @@ UNIT_NOFILE = 1 << 20     # the LimitNOFILE of the units in systemd/
 
 
 def units_open_file_limit() -> int:
-    """The open-file limit the daemons this bench starts inherit: as the units give them
-    (LimitNOFILE=1048576), where this process may raise its hard limit (root); else as it is. A
+    """The open-file limit the daemons this bench starts get (they raise their soft limit to the
+    inherited hard one, hintfs/common/fdlimit.py): as the units give them (LimitNOFILE=1048576),
+    where this process may raise its hard limit (root); else the hard limit as it is. A
     tier agent keeps one file open per replica: 16,384-file checkpoints kept 3 deep, with 200
     background jobs, passed a shell's hard limit of 20,000 and every copy past it failed with
     EMFILE, retried for ever (2026-12-06, bench/notes/scale_xdc.md; on that VM root could not
     raise it either). The JSON records the limit the run had (`settings.open_file_limit`)."""
     import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < UNIT_NOFILE:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (UNIT_NOFILE, UNIT_NOFILE))
         except (ValueError, OSError):
-            return soft
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return hard
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 
 
 def main() -> int:

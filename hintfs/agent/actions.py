@@ -116,10 +116,8 @@ def _read_reply(payload: tuple[bytes, int | None]) -> pa.Table:
     """A read's answer: its bytes; a compressed range (ReadRequest.compress) also carries its raw
     size in `raw_size` (a client that did not ask never gets one)."""
     data, raw_size = payload
-    if raw_size is None:
-        return _one_range(data)
-    return pa.table({"data": pa.array([data], type=pa.large_binary()),
-                     "raw_size": pa.array([raw_size], type=pa.int64())})
+    table = _one_range(data)
+    return table if raw_size is None else table.append_column("raw_size", pa.array([raw_size], type=pa.int64()))
 
 
 TICKETS: dict[str, Ticket[Any]] = {
