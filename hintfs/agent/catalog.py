@@ -8,6 +8,14 @@ a stream's chunks (`make_room`, by `policy.tier`). The follower says which check
 eviction must spare (`keep`): it is never asked back. `lock` is the agent's state lock; the
 arrivals (`hintfs.agent.tier.Arrivals`) share it.
 
+A replica's fd is opened when it is read and kept for the next read (a read is one pread),
+but only for the `max_open_fds` replicas read last (`_fd`): a tier of three 16,384-file
+checkpoints kept one fd per replica and hit its open-file limit, after which every copy failed
+with EMFILE (bench/notes/scale_xdc.md). A read outside the lock pins the replica (`read`), so
+that neither the cache nor a drop closes the fd under it; the fd of a dropped replica closes when
+its last read ends. An fd is opened by the replica's file name and checked against the inode the
+replica was made with: a newer version renamed over that name is never read as the older one.
+
 `ReplicaCatalog` is its table: every copy asks how much of the budget is used (`make_room`).
 Summing the catalog each time made a copy cost more the more replicas the tier held, under the
 agent's lock: quadratic over a checkpoint of thousands of files (bench/follower_queue.py). Bytes
@@ -19,9 +27,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
@@ -29,6 +39,7 @@ from hintfs.agent import persist
 from hintfs.agent.rpc import BudgetStatus, ReplicaStatus
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from hintfs.common.errors import HintfsError
+from hintfs.common.fdlimit import share_of_open_files
 from hintfs.common.journal import Removals, record_time_ns
 from hintfs.common.paths import PathDict
 from policy.tier import TierEntry, pick_evictions
@@ -103,13 +114,16 @@ class Replica:
     local: str
     size: int
     expires_at: float          # wall-clock time (kept in the sidecar across restarts)
-    fd: int = -1               # kept open: a read is one pread, not open+read+close
+    fd: int = -1               # open while among the replicas read last (`Catalog._fd`), else -1
     source_mtime_ns: int = 0   # the version copied (size + mtime verify a replica)
     last_used: float = 0.0     # monotonic time of the last read or copy (eviction order)
     record: str | None = None   # the journal record this copy answered (one per close)
     # who asked to keep it and until when (wall clock): a mount's hint job each (`Catalog.hold`);
     # a release by one of them drops the replica only once no other claim is live
     holders: dict[str, float] = field(default_factory=dict)
+    ino: tuple[int, int] = (0, 0)   # (st_dev, st_ino) of its file: what a reopen must find
+    pins: int = 0                   # reads using `fd` outside the catalog's lock
+    retired: bool = False           # dropped: never reopened; its fd closes with the last pin
 
     @property
     def version(self) -> tuple[int, int]:
@@ -140,7 +154,8 @@ class Catalog:
     """The replicas of one agent instance (in `folder`), `budget` bytes at most with the stream
     chunks counted beside them. `persistent`: each replica has a sidecar (`persist.write_sidecar`)."""
 
-    def __init__(self, folder: str, budget: int, persistent: bool, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, folder: str, budget: int, persistent: bool, clock: Clock = SYSTEM_CLOCK,
+                 max_open_fds: int | None = None) -> None:
         self.folder = folder
         self.budget = budget
         self.persistent = persistent
@@ -152,7 +167,11 @@ class Catalog:
         # store: a replica of it from before then is dropped, and not cataloged when a copy or
         # stream of it finishes later (`removed_from_store`; a restarted agent reads the journal again)
         self._removed = Removals()
-        self._retired_fds: list[int] = []    # fds of replicas gone while reads may still use them
+        # the replicas whose fd is open, least recently read first: at most `max_open_fds` of
+        # them (half the open-file limit by default) unless more are pinned by reads
+        self.max_open_fds = max_open_fds if max_open_fds is not None else share_of_open_files(0.5)
+        self._open: OrderedDict[int, Replica] = OrderedDict()     # id(replica) -> replica
+        self.fd_opens = 0          # fds opened for reads (a count that grows with cache misses)
         # checkpoint folders eviction spares, as the follower last said: (newest complete, being copied)
         self._kept: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
@@ -174,16 +193,92 @@ class Catalog:
             rep = self.replicas.get(path)
             return rep is not None and rep.size == size and rep.source_mtime_ns == mtime_ns
 
-    def touch(self, rep: Replica) -> None:
-        rep.last_used = self.clock.monotonic()
-
     def pread(self, path: str, version: tuple[int, int], offset: int, n: int) -> bytes | None:
         """(under `lock`) `n` bytes at `offset` of the replica of exactly `version`, or None."""
         rep = self.replicas.get(path)
-        if rep is not None and rep.version == version and rep.fd >= 0:
-            rep.last_used = self.clock.monotonic()
-            return os.pread(rep.fd, n, offset)
+        if rep is not None and rep.version == version:
+            fd = self._fd(rep)
+            if fd >= 0:
+                rep.last_used = self.clock.monotonic()
+                return os.pread(fd, n, offset)
         return None
+
+    def read(self, rep: Replica, offset: int, n: int) -> bytes | None:
+        """`n` bytes at `offset` of `rep`, read outside the lock (a read from disk does not hold up
+        the copies and reads waiting for it), or None: the replica was dropped or its file is gone."""
+        with self.lock:
+            fd = self._fd(rep)
+            if fd < 0:
+                return None
+            rep.pins += 1
+            rep.last_used = self.clock.monotonic()
+        try:
+            return os.pread(fd, n, offset)
+        finally:
+            with self.lock:
+                rep.pins -= 1
+                if rep.retired and rep.pins == 0:
+                    self._close_fd(rep)
+
+    def _fd(self, rep: Replica) -> int:
+        """(under `lock`) The replica's fd, opened now if it is not among the replicas read last;
+        -1 when it was dropped or its file is not the one it was made with (gone, or a newer
+        version renamed over its name)."""
+        if rep.retired:
+            return -1
+        if rep.fd >= 0:
+            self._open.move_to_end(id(rep))
+            return rep.fd
+        try:
+            fd = self._open_file(rep.local)
+        except FileNotFoundError:
+            return -1
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != rep.ino:
+            os.close(fd)
+            return -1
+        rep.fd = fd
+        self._open[id(rep)] = rep
+        self.fd_opens += 1
+        self._shed(len(self._open) - self.max_open_fds, keep=rep)
+        return fd
+
+    def _open_file(self, name: str) -> int:
+        """(under `lock`) Open a replica's file; out of open files (the limit was lowered, or
+        other fds took it), close a quarter of the cached ones and try once more."""
+        try:
+            return os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            if err.errno not in (errno.EMFILE, errno.ENFILE) or not self._shed(max(1, len(self._open) // 4)):
+                raise
+        return os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _shed(self, n: int, keep: Replica | None = None) -> int:
+        """(under `lock`) Close the fds of up to `n` replicas read least recently and not being
+        read now (pinned ones stay open: their reads are running), never `keep`'s; how many."""
+        closed = 0
+        if n <= 0:
+            return 0
+        # a few pinned ones at the front are passed over; a bounded look, not the whole table
+        for rep in list(itertools.islice(self._open.values(), n + 64)):
+            if closed >= n:
+                break
+            if rep.pins == 0 and rep is not keep:
+                self._close_fd(rep)
+                closed += 1
+        return closed
+
+    def _close_fd(self, rep: Replica) -> None:
+        """(under `lock`) Close the replica's fd, if open."""
+        self._open.pop(id(rep), None)
+        if rep.fd >= 0:
+            os.close(rep.fd)
+            rep.fd = -1
+
+    def open_fds(self) -> int:
+        """How many replicas have their fd open now."""
+        with self.lock:
+            return len(self._open)
 
     def local_fd(self, path: str, size: int, mtime_ns: int) -> int:
         """A new fd of a complete, unexpired replica of exactly this version of `path`, or -1: for
@@ -191,11 +286,14 @@ class Catalog:
         The fd keeps the file's data should the replica be evicted meanwhile."""
         with self.lock:
             rep = self.replicas.get(path)
-            if (rep is None or rep.fd < 0 or rep.size != size or rep.source_mtime_ns != mtime_ns
+            if (rep is None or rep.size != size or rep.source_mtime_ns != mtime_ns
                     or rep.expires_at <= self.clock.time()):
                 return -1
+            fd = self._fd(rep)
+            if fd < 0:
+                return -1
             rep.last_used = self.clock.monotonic()
-            return os.dup(rep.fd)
+            return os.dup(fd)
 
     def renew(self, rep: Replica, ttl_s: float) -> None:
         """(under `lock`) A copy asked for again: kept at least `ttl_s` more."""
@@ -249,9 +347,10 @@ class Catalog:
         (size, mtime_ns) of `path`, with its sidecar in a persistent agent; `add_unless_removed`
         catalogs it."""
         local = self.local_name(path)
+        st = os.stat(part)
         os.rename(part, local)
-        rep = Replica(path, local, size, self.clock.time() + ttl_s, os.open(local, os.O_RDONLY | os.O_CLOEXEC),
-                      mtime_ns, self.clock.monotonic(), record)
+        rep = Replica(path, local, size, self.clock.time() + ttl_s, -1, mtime_ns, self.clock.monotonic(), record,
+                      ino=(st.st_dev, st.st_ino))
         if self.persistent:
             self.write_sidecar(rep)
         return rep
@@ -278,19 +377,18 @@ class Catalog:
         return True
 
     def retire(self, rep: Replica) -> None:
-        """Remove a replica's files; its fd is closed a reclaim round later (a read running on
-        another thread may still hold it)."""
-        self._retired_fds.append(rep.fd)
+        """Remove a replica's files; its fd closes now, or when the reads running on it end."""
+        with self.lock:
+            rep.retired = True
+            if rep.pins == 0:
+                self._close_fd(rep)
+            else:
+                self._open.pop(id(rep), None)     # the last read closes it
         for name in (rep.local + ".meta", rep.local):   # the description first: no orphan data is trusted
             try:
                 os.unlink(name)
             except FileNotFoundError:
                 pass
-
-    def take_retired_fds(self) -> list[int]:
-        with self.lock:
-            fds, self._retired_fds = self._retired_fds, []
-        return fds
 
     def expire(self) -> list[str]:
         """Drop the replicas whose TTL ran out; their paths."""
@@ -395,20 +493,17 @@ class Catalog:
                 if old is not None and old.source_mtime_ns >= int(meta["mtime_ns"]):
                     continue
                 local = self.local_name(path)
-                # opened before the move: a failed open (EMFILE) leaves it with the old folder
-                fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.rename(data, local)
-                except OSError:
-                    os.close(fd)
-                    raise
-                rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]), fd,
+                st = os.stat(data)
+                os.rename(data, local)
+                rep = Replica(path, local, int(meta["size"]), float(meta["expires_at"]), -1,
                               int(meta["mtime_ns"]), self.clock.monotonic(), meta.get("record"),
-                              persist.holders_of(meta))
+                              persist.holders_of(meta), ino=(st.st_dev, st.st_ino))
                 self.write_sidecar(rep)
-                if old is not None:
-                    os.close(old.fd)
                 with self.lock:
+                    if old is not None:        # its file was just renamed over: never read again
+                        old.retired = True
+                        if old.pins == 0:
+                            self._close_fd(old)
                     self.replicas[path] = rep
                 adopted += 1
             except (OSError, ValueError, KeyError) as err:
@@ -420,8 +515,8 @@ class Catalog:
         another leaves them to its folder's removal."""
         if self.persistent:
             with self.lock:
-                for r in self.replicas.values():
-                    os.close(r.fd)
+                for r in list(self._open.values()):
+                    self._close_fd(r)
                 self.replicas.clear()
 
     # -- status ----------------------------------------------------------------------------------

@@ -328,17 +328,17 @@ class Follower:
             return False
 
     def _out_of_files(self, path: str, err: OSError) -> None:
-        """A copy refused for want of open files: the agent keeps one per replica, so past its
-        limit every copy fails until replicas go. One error line a minute that says what to set
-        (16,384-file checkpoints kept 3 deep passed a limit of 20,000: 4,830 warnings, and the
-        tier never completed the checkpoint; docs/operations.md)."""
+        """A copy refused for want of open files. The replicas' fds take at most half the limit
+        (`Catalog.max_open_fds`), the streams' a quarter; the rest (copies, connections, store
+        readers) ran out. One error line a minute that says what to set, not a warning per copy
+        (16,384-file checkpoints, when every replica kept an fd: 4,830 warnings; docs/operations.md)."""
         since = self.fd_refusals.note("EMFILE")
         if since is None:
             return
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        log.error("predictive copies fail: this agent is out of open files (limit %s; it keeps one per "
-                  "replica) and retries them; raise LimitNOFILE / ulimit -Hn above the replicas this tier "
-                  "holds (files per checkpoint x (keep_last + 1) + the rest), e.g. %s: %s%s",
+        log.error("predictive copies fail: this agent is out of open files (limit %s; half of it for "
+                  "replicas read lately, a quarter for streams) and retries them; raise LimitNOFILE / "
+                  "ulimit -Hn, e.g. %s: %s%s",
                   soft, path, err.strerror or err, RefusalLog.more(since))
 
     def _removed_since(self, path: str, record: str | None) -> bool:

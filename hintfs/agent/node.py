@@ -123,15 +123,12 @@ class Agent:
             self.reclaim()
 
     def reclaim(self) -> None:
-        """One round: close the readers and fds retired a round ago, drop the replicas and streams
+        """One round: close the store readers retired a round ago, drop the replicas and streams
         whose time ran out, save the streams' progress."""
         readers = self.reads.take_retired()
-        fds = self.catalog.take_retired_fds()
         self._stop.wait(min(self.config.reclaim_interval_s, 1.0))   # let reads that picked them up finish
         for r in readers:
             r.close()
-        for fd in fds:
-            os.close(fd)
         self.catalog.expire()
         self.intake.expire()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import threading
 from typing import Any
 
@@ -97,13 +96,10 @@ class Reads:
                     if replica_only:
                         raise rpc_error(errno.ESTALE, f"the replica of {path} is of another version")
                     rep = None
-                if rep is not None:
-                    self.catalog.touch(rep)
-                    data = os.pread(rep.fd, length, offset)
-                elif replica_only:
+                held = self.catalog.read(rep, offset, length) if rep is not None else None
+                if held is None and replica_only:
                     raise rpc_error(errno.ENOENT, f"no replica of {path}")
-                else:
-                    data = self._store_reader(path).read(offset, length)
+                data = held if held is not None else self._store_reader(path).read(offset, length)
                 return self._send(data, compress, charge=True)
             finally:
                 with self.lock:

@@ -210,10 +210,10 @@ def run_agent(config: AgentConfig, *, store: StoreConfig, spool_dir: str, peers:
     if not config.token_file and config.auth == "none":
         log.warning("agent at %s runs WITHOUT authentication ([agent] auth = \"none\"): anyone who can "
                     "reach it can read every file of %s", config.location, opened.description)
-    open_files = raise_open_file_limit()   # one fd per replica (before adopting a stopped agent's)
+    open_files = raise_open_file_limit()   # before the catalog sizes its fd cache from it
     server = AgentServer(opened, config, peers=peers, follow=follow, transform_load=transform_load,
                          persistent=True, require_token=True)
-    log.info("agent serving %s at %s (replicas in %s; up to %d open files: one per replica)", opened.description,
+    log.info("agent serving %s at %s (replicas in %s; up to %d open files, half for replicas read lately)", opened.description,
              config.location, config.data_dir, open_files)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=server.shutdown).start())

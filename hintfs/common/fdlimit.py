@@ -1,10 +1,11 @@
 """The open-file limit of a long-running hintfs process.
 
-A tier agent keeps one fd open per replica (a read is one pread), a mount one per passthrough
-open, the GPU governor one per lent page. Started from a shell, they get its soft limit, often
-1,024: past about that many replicas, every copy fails with EMFILE and is retried for ever.
-At start they raise the soft limit to the hard one, as systemd's `LimitNOFILE` does for the
-units in systemd/ and as Go's runtime does for every Go program.
+A tier agent keeps fds open for the replicas read lately (at most half its limit,
+`share_of_open_files`), a mount one per passthrough open, the GPU governor one per lent page.
+Started from a shell, they get its soft limit, often 1,024: a mount with a thousand open files,
+or a governor lending a thousand pages, then fails with EMFILE. At start they raise the soft
+limit to the hard one, as systemd's `LimitNOFILE` does for the units in systemd/ and as Go's
+runtime does for every Go program.
 """
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+def share_of_open_files(share: float, floor: int = 64) -> int:
+    """`share` of this process's soft RLIMIT_NOFILE (at least `floor`): what one kind of fd may
+    hold open at a time, so that the others (sockets, copies, streams) still find room."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(floor, int(soft * share))
+
+
 def reserve_fd_table(n: int) -> int:
     """Grow this process's fd table now to hold `n` fds (at most the soft RLIMIT_NOFILE), so
     that holding many fds later (a lend of a hundred pages over SCM_RIGHTS; a mount's fast-path
@@ -58,4 +68,4 @@ def reserve_fd_table(n: int) -> int:
     return n
 
 
-__all__ = ["raise_open_file_limit", "reserve_fd_table"]
+__all__ = ["raise_open_file_limit", "reserve_fd_table", "share_of_open_files"]

@@ -5,7 +5,6 @@ a job's expiry dropped the file's replicas under every other job that still want
 from __future__ import annotations
 
 import json
-import os
 
 import trio
 
@@ -75,7 +74,7 @@ def test_claims_survive_an_agent_restart(tmp_path):
     assert rep is not None
     meta = json.loads(open(rep.local + ".meta").read())
     assert set(meta["holders"]) == {"hostA/job1", "hostB/job2"}
-    os.close(rep.fd)
+    old.close()                        # the old agent stops (its files stay for the next)
     new = _catalog(tmp_path, clock, persistent=True, name="new")
     assert new.adopt(str(tmp_path / "old")) == 1
     assert new.unhold("a", "hostA/job1") is False and new.get("a") is not None
