@@ -14,8 +14,9 @@ class FlightTransport:
 
     SMALL = 256 << 10    # a publish carrying at most this many bytes goes by the control connection
 
-    def __init__(self, client, ttl_s: float = 86400.0, control=None, urgent=None):
+    def __init__(self, client, ttl_s: float = 86400.0, control=None, urgent=None, compress: bool = False):
         self.client = client
+        self.compress = compress      # `[stream] compress`: chunks compressed where that pays
         # Opens, publishes and aborts on a connection of their own: on a long link, a publish
         # sent behind the chunks in flight on the bulk connection waits for all of them (the
         # eval side then waits for the file's version, or copies it a second time).
@@ -31,7 +32,7 @@ class FlightTransport:
         doc = (self.urgent if urgent else self.client).stream_put(
             sid, gen, list(chunks),
             opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
-            seen=seen)
+            seen=seen, compress=self.compress)
         return PutAnswer(doc.get("first", []) if opening is not None else None, doc.get("state") == "ready")
 
     def publish(self, sid, gen, path, size, mtime_ns, crcs, record=None, chunks=(), opening=None):
@@ -40,7 +41,7 @@ class FlightTransport:
             sid, gen, list(chunks),
             opening=None if opening is None else {"path": opening[0], "chunk": opening[1], "job": opening[2]},
             publish={"path": path, "size": size, "mtime_ns": mtime_ns, "crcs": list(crcs), "record": record,
-                     "ttl_s": self.ttl_s})
+                     "ttl_s": self.ttl_s}, compress=self.compress)
         return PublishAnswer(doc.get("state", "fill"), tuple(int(i) for i in doc.get("fetch", ())),
                              doc.get("first", []) if opening is not None else None)
 
@@ -56,7 +57,7 @@ def build_streamers(sc: StreamConfig, token: str | None, tls_root: bytes | None)
         def own() -> AgentClient:
             return AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s, own_connection=True)
         return FlightTransport(AgentClient(loc, token=token, tls_root=tls_root, timeout_s=sc.timeout_s),
-                               control=own(), urgent=own() if sc.first_by_reads else None)
+                               control=own(), urgent=own() if sc.first_by_reads else None, compress=sc.compress)
     return [Streamer(transport(loc), sc.chunk_bytes, parallel=sc.parallel, link=link, call_bytes=sc.call_bytes,
                      first_by_reads=sc.first_by_reads, others_in_flight=sc.others_in_flight, nice=sc.sender_nice,
                      others_while_writing=sc.others_while_writing)

@@ -12,6 +12,7 @@ import os
 from typing import cast
 from collections.abc import Iterable
 
+from hintfs.agent import rpc
 from hintfs.agent.catalog import Catalog
 from hintfs.agent.demand import ReadHints
 from hintfs.agent.readmemory import ReadMemory
@@ -47,6 +48,8 @@ class StreamIntake:
         self.refusals = refusals
         self.published = 0              # streams made replicas
         self.first_chunks = 0           # chunks named to send first at stream opens (ReadMemory)
+        self.packed_chunks = 0          # chunks that came compressed, and the bytes that saved
+        self.bytes_saved = 0
         # A stream's version is served only once the store's word confirms it (VersionCheck):
         # the journal the follower reads, or a batched stat.
         self.versions = VersionCheck(store, clock.monotonic, self._version_confirmed, self._version_refused,
@@ -112,11 +115,23 @@ class StreamIntake:
                 offsets = data.column("offset").to_pylist()
                 crcs = data.column("crc").to_pylist()
                 chunks = data.column("data")
-                for i, (off, crc) in enumerate(zip(offsets, crcs)):
+                raw_sizes = data.column("raw_size").to_pylist() if req.compress else [None] * len(offsets)
+                for i, (off, crc, raw_size) in enumerate(zip(offsets, crcs, raw_sizes)):
                     # A view of Arrow's buffer, not a copy: `as_py()` copied each chunk (4 MiB)
                     # holding the GIL, the agent's largest CPU cost while receiving streams.
-                    view = memoryview(chunks[i].as_buffer())
+                    view: memoryview | bytes = memoryview(chunks[i].as_buffer())
+                    wire = len(view)
+                    if raw_size is not None:   # inflated to at most the stream's chunk, exactly
+                        limit = self.streams.chunk_bytes(req.stream, req.gen, sender)
+                        try:
+                            view = rpc.unpack_range(view, raw_size, limit)
+                        except OSError as err:
+                            raise StreamError(f"stream {req.stream}: chunk at {off}: {err.strerror}") from None
                     complete |= self.streams.put(req.stream, req.gen, int(off), view, int(crc), sender)
+                    if raw_size is not None:
+                        with self.catalog.lock:
+                            self.packed_chunks += 1
+                            self.bytes_saved += raw_size - wire
                 self.arrivals.notify()   # demand reads may be waiting for these chunks
         except StreamFinished:
             for _ in reader:          # the rest of the call's chunks: the tier holds them
@@ -244,6 +259,7 @@ class StreamIntake:
         return {"open": len(self.streams.streams), "published": self.published,
                 "bytes_held": self.streams.bytes_held(), "bytes_counted": self.catalog.replicas.reserved_bytes,
                 "first_chunks": self.first_chunks,
+                "packed_chunks": self.packed_chunks, "bytes_saved": self.bytes_saved,
                 "files_read_remembered": len(self.memory),
                 "unconfirmed": len(self.streams.unconfirmed()),
                 "by_sender": {k: {"open": u.open, "bytes": u.bytes, "refused": u.refused}

@@ -199,6 +199,11 @@ class StreamTier(StreamReads):
             cutoff = self.clock() - self.idle_s
             self.folder_calls = {k: t for k, t in self.folder_calls.items() if t > cutoff}
 
+    def chunk_bytes(self, sid: str, gen: int, sender: Sender = ANYONE) -> int:
+        """The stream's chunk size: the most bytes one of its chunks holds (a compressed chunk is
+        inflated to no more than this, `StreamIntake.put`)."""
+        return self._get(sid, gen, sender).ranges.chunk
+
     def put(self, sid: str, gen: int, offset: int, data: bytes | memoryview, crc: int,
             sender: Sender = ANYONE) -> bool:
         """One aligned chunk; refused (nothing written) when its CRC is not the bytes', or when
