@@ -622,7 +622,7 @@ def encode(req: Request) -> bytes:
     """A request as the client sends it: JSON of the fields not at their default (an older agent
     never sees a key it does not know unless the caller set it). Built with `model_construct`
     by the client: the agent validates, the client only types."""
-    return json.dumps(req.model_dump(exclude_defaults=True, warnings=False)).encode()
+    return json.dumps(req.model_dump(exclude_defaults=True, warnings=False), separators=(",", ":")).encode()
 
 
 # The tail pyarrow's Flight errors carry (gRPC's debug context: ~300 characters of client state):
