@@ -533,10 +533,12 @@ class Filesystem:
                 staging.dirty = True
             else:
                 await self._apply(node, self.store.utimens, _futimens, atime, mtime)
-        if node.path and (uid != -1 or gid != -1 or fields.update_mode or fields.update_atime
-                          or fields.update_mtime):
-            # a kept listing of its folder has the attributes from before (a later readdirplus
-            # would give them to the kernel again)
+        if node.path and (fields.update_size or uid != -1 or gid != -1 or fields.update_mode
+                          or fields.update_atime or fields.update_mtime):
+            # a kept listing of its folder has the attributes from before: a lookup answered from
+            # it (after a close-to-open renewal, say) or a later readdirplus would give them to the
+            # kernel again, kept for an immutable path's timeout (model seed 500142: a truncate,
+            # then the size from before the truncate)
             self.listings.drop(node.path.rpartition("/")[0])
         return self.attrs(node, await self._stat_inode(node))
 

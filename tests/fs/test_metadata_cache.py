@@ -15,7 +15,7 @@ from fusefs.attrs import ROOT_INODE
 from fusefs.inodes import InodeTable
 from fusefs.listings import LIST_AFTER, Listings
 from hintfs.stores.base import Stat
-from tests.fs.test_filesystem_api import CTX, make_fs, write_file
+from tests.fs.test_filesystem_api import CTX, fields, make_fs, write_file
 
 IMMUTABLE = {"cache": {"immutable_globs": ["ck", "ck/*"], "max_entries": 1000}}
 
@@ -202,6 +202,35 @@ def test_an_immutable_folder_is_listed_from_memory_until_this_mount_changes_it(t
         await fs.rename(ck.st_ino, b"c", ck.st_ino, b"d", 0, CTX)
         assert await _names(fs, ck.st_ino) == ["a", "d"]
         assert os.listdir(root / "ck") and sorted(os.listdir(root / "ck")) == ["a", "d"]
+    trio.run(test, fs, root)
+
+
+def test_a_truncate_through_the_mount_drops_the_kept_listing(tmp_path):
+    """Model seed 500142 (1fast): a file listed (its folder's listing kept), then truncated by
+    path while a writer had it open. The listing kept the size from before; a lookup after the
+    kernel forgot the name (a close-to-open renewal) was answered from it, and the kernel kept
+    that size for the immutable timeout. A truncate drops the kept listing, with or without a
+    writer, as chmod, chown and utimens do."""
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    (root / "ck").mkdir()
+    (root / "ck" / "a").write_bytes(b"a")
+    (root / "ck" / "b").write_bytes(b"b")
+    attr = SimpleNamespace(st_size=9000, st_mode=0o644, st_uid=0, st_gid=0, st_atime_ns=0, st_mtime_ns=0)
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        for name in (b"a", b"b"):
+            assert await _names(fs, ck.st_ino) == ["a", "b"]
+            f = await fs.lookup(ck.st_ino, name, CTX)
+            assert f.st_size == 1 and fs.listings.folder("ck") is not None
+            writer = await fs.open(f.st_ino, os.O_WRONLY, CTX) if name == b"b" else None
+            got = await fs.setattr(f.st_ino, attr, fields(update_size=True), writer.fh if writer else None, CTX)
+            assert got.st_size == 9000
+            assert fs.listings.folder("ck") is None          # (with a writer open: kept before)
+            assert (await fs.lookup(ck.st_ino, name, CTX)).st_size == 9000
+            if writer is not None:
+                await fs.release(writer.fh)
+            assert os.path.getsize(root / "ck" / name.decode()) == 9000
     trio.run(test, fs, root)
 
 
