@@ -280,6 +280,11 @@ class Catalog:
         with self.lock:
             return len(self._open)
 
+    def fd_status(self) -> dict[str, int]:
+        """The replicas' fds, for the agent's status: open now, the most kept, opened so far."""
+        with self.lock:
+            return {"open": len(self._open), "max": self.max_open_fds, "opened": self.fd_opens}
+
     def local_fd(self, path: str, size: int, mtime_ns: int) -> int:
         """A new fd of a complete, unexpired replica of exactly this version of `path`, or -1: for
         the mount in this process, whose kernel then reads the replica file itself (passthrough).

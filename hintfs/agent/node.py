@@ -140,7 +140,8 @@ class Agent:
                            streams=self.intake.status(), demand=self.demand.status(),
                            samples=self.reads.samples_status(),
                            follow=self.follower.status() if self.follower is not None else None,
-                           link_bytes_by_class=dict(self.link.sent) if self.link is not None else None)
+                           link_bytes_by_class=dict(self.link.sent) if self.link is not None else None,
+                           replica_fds=self.catalog.fd_status())
 
     def stop(self) -> None:
         """Stop the threads (before the Flight server stops taking calls)."""

@@ -517,6 +517,8 @@ class StatusReply(Reply):
     samples: dict[str, Any] | None = None
     follow: FollowStatus | None = None
     link_bytes_by_class: dict[str, int] | None = None
+    # the replicas' fds: open now, the most kept open (half the open-file limit), opens so far
+    replica_fds: dict[str, int] | None = None
 
 
 def rpc_error(code: int, message: str) -> fl.FlightServerError:

@@ -26,6 +26,8 @@ def test_an_agent_started_with_a_low_soft_limit_holds_more_replicas_than_that(tm
         assert len(c.status()["replicas"]) == n
         for k in range(n):
             assert c.read(f"ckpt/{k}.bin", 0, 10, replica_only=True) == b"%d" % k
+        fds = c.status()["replica_fds"]
+        assert fds["opened"] >= n and fds["open"] <= fds["max"], fds
         agent.kill()                            # and a restart adopts them all
         c = agent.start(soft_open_files=128)
         assert len(c.status()["replicas"]) == n
