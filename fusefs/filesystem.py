@@ -418,7 +418,10 @@ class Filesystem:
         if inode is not None and inode.writer is not None and inode.path == path:
             st = await self._stat_inode(inode)
         else:
-            kept = self._listed(parent.path, path) if self._immutable_match is not None else None
+            # (not for a name a writer of a file published in place may still be writing, since a
+            # close-to-open renewal gave the name a new inode: the store file changes under it)
+            kept = (self._listed(parent.path, path)
+                    if self._immutable_match is not None and not self._written_in_place(path) else None)
             try:
                 st = kept or await self.io(self.store.stat, path, inline=self.meta_inline)
             except FileNotFoundError:
@@ -735,6 +738,11 @@ class Filesystem:
                 node.unlinked = True
                 if self.streams is not None:
                     self.streams.dropped(node.ino)
+
+    def _written_in_place(self, path: str) -> bool:
+        """A writer of a file published in place at `path`, whose name a new inode took since
+        (`_still_named`), may still be writing the store file there."""
+        return any(self._still_named(n) and n.path == path for n in self._named_still.get(path, ()))
 
     def _still_named(self, node: Inode) -> bool:
         """`node` was published in place and its name became a new inode (`_renew(still_named=
