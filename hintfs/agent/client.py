@@ -221,6 +221,7 @@ class AgentClient:
         compressed where that saves a twentieth of its bytes (`rpc.STREAM_COMPRESS_KEEP`); an
         agent from before that option gets them plainly."""
         packed = compress and not self._plain_streams
+        chunks = list(chunks)        # (sent again plainly if an older agent refuses `compress`)
         req = rpc.StreamPutRequest.model_construct(
             op="stream", stream=sid, gen=gen, seen=seen, compress="zstd" if packed else None,
             open=None if opening is None else rpc.StreamOpenRequest.model_construct(stream=sid, gen=gen, **opening),
