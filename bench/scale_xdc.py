@@ -456,10 +456,11 @@ def units_open_file_limit() -> int:
     """The open-file limit the daemons this bench starts get (they raise their soft limit to the
     inherited hard one, hintfs/common/fdlimit.py): as the units give them (LimitNOFILE=1048576),
     where this process may raise its hard limit (root); else the hard limit as it is. A
-    tier agent keeps one file open per replica: 16,384-file checkpoints kept 3 deep, with 200
+    tier agent then kept one file open per replica: 16,384-file checkpoints kept 3 deep, with 200
     background jobs, passed a shell's hard limit of 20,000 and every copy past it failed with
     EMFILE, retried for ever (2026-12-06, bench/notes/scale_xdc.md; on that VM root could not
-    raise it either). The JSON records the limit the run had (`settings.open_file_limit`)."""
+    raise it either). It now keeps at most half its limit open; the limit still sizes that cache.
+    The JSON records the limit the run had (`settings.open_file_limit`)."""
     import resource
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < UNIT_NOFILE:

@@ -268,6 +268,15 @@ class Catalog:
                 closed += 1
         return closed
 
+    def _retire_fd(self, rep: Replica) -> None:
+        """(under `lock`) A replica dropped or replaced: never reopened; its fd closes now, or
+        when the last read running on it ends (`read`)."""
+        rep.retired = True
+        if rep.pins == 0:
+            self._close_fd(rep)
+        else:
+            self._open.pop(id(rep), None)   # no longer the cache's to close
+
     def _close_fd(self, rep: Replica) -> None:
         """(under `lock`) Close the replica's fd, if open."""
         self._open.pop(id(rep), None)
@@ -384,11 +393,7 @@ class Catalog:
     def retire(self, rep: Replica) -> None:
         """Remove a replica's files; its fd closes now, or when the reads running on it end."""
         with self.lock:
-            rep.retired = True
-            if rep.pins == 0:
-                self._close_fd(rep)
-            else:
-                self._open.pop(id(rep), None)     # the last read closes it
+            self._retire_fd(rep)
         for name in (rep.local + ".meta", rep.local):   # the description first: no orphan data is trusted
             try:
                 os.unlink(name)
@@ -506,9 +511,7 @@ class Catalog:
                 self.write_sidecar(rep)
                 with self.lock:
                     if old is not None:        # its file was just renamed over: never read again
-                        old.retired = True
-                        if old.pins == 0:
-                            self._close_fd(old)
+                        self._retire_fd(old)
                     self.replicas[path] = rep
                 adopted += 1
             except (OSError, ValueError, KeyError) as err:
