@@ -421,7 +421,7 @@ class Filesystem:
             # (not for a name a writer of a file published in place may still be writing, since a
             # close-to-open renewal gave the name a new inode: the store file changes under it)
             kept = (self._listed(parent.path, path)
-                    if self._immutable_match is not None and not self._written_in_place(path) else None)
+                    if self._immutable_match is not None and not self._still_named_at(path) else None)
             try:
                 st = kept or await self.io(self.store.stat, path, inline=self.meta_inline)
             except FileNotFoundError:
@@ -733,16 +733,17 @@ class Filesystem:
         a file published in place there whose name a new open took since (`_still_named`) no
         longer publish to it (their descriptors keep working, on a nameless file), as the
         writer of an unlinked file never publishes."""
-        for node in self._named_still.pop(path, ()):
-            if self._still_named(node) and node.path == path and not node.unlinked:
+        for node in self._still_named_at(path):
+            if not node.unlinked:
                 node.unlinked = True
                 if self.streams is not None:
                     self.streams.dropped(node.ino)
+        self._named_still.pop(path, None)
 
-    def _written_in_place(self, path: str) -> bool:
-        """A writer of a file published in place at `path`, whose name a new inode took since
-        (`_still_named`), may still be writing the store file there."""
-        return any(self._still_named(n) and n.path == path for n in self._named_still.get(path, ()))
+    def _still_named_at(self, path: str) -> list[Inode]:
+        """The writers of a file published in place at `path` whose name a new inode took since
+        (`_still_named`): they may still write the store file there, and publish to the name."""
+        return [n for n in self._named_still.get(path, ()) if self._still_named(n) and n.path == path]
 
     def _still_named(self, node: Inode) -> bool:
         """`node` was published in place and its name became a new inode (`_renew(still_named=
@@ -1158,8 +1159,7 @@ class Filesystem:
         if still_named:
             node.unlinked = False
             if len(self._named_still) > 4096:   # (names whose writers are gone: let go)
-                self._named_still = {p: live for p, ns in self._named_still.items()
-                                     if (live := [n for n in ns if self._still_named(n) and n.path == p])}
+                self._named_still = {p: live for p in self._named_still if (live := self._still_named_at(p))}
             self._named_still.setdefault(node.path, []).append(node)
         if self.kernel is not None:
             # the old inode is now the older file its handles read: attributes the kernel keeps
