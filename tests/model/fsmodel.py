@@ -267,6 +267,10 @@ class Model:
                 self._detach(m, path, w)
                 w = None
                 e = self.store.get(path)
+                if e is not None and not isinstance(e, Ino):
+                    # another mount put a symlink or a folder there: the open is of what the
+                    # name now holds, resolved like any other (a loop is ELOOP)
+                    return self.open(m, path, flags, served_by_daemon)
                 if e is None and not flags & os.O_CREAT:
                     return err(errno.ENOENT)
             if w is None and self.passthrough and not served_by_daemon and any(
