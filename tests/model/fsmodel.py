@@ -189,6 +189,7 @@ class Model:
             # name holds another file by now, which this one replaces again, whole, by copy
             if self.store.get(path) is not w.staging:
                 self.store[path] = w.staging.copy()
+                self._name_replaced(w)
             return
         if self.passthrough and self.local_store:
             keep = w.refs - (1 if closing else 0) > 0
@@ -207,6 +208,20 @@ class Model:
             while folder and folder not in self.store:
                 self.store[folder] = DIR
                 folder = self.parent(folder)
+
+    def _name_replaced(self, w: Writer) -> None:
+        """`w`, published in place and no longer the file its mount shows at its name (a new open
+        took the name: "the new open gets its own file"), just replaced the name again by copy. As
+        with a rename over the name through that mount, the readers open there on the file the name
+        held keep that file, and their fstat is of it; a writer the mount has at the name keeps
+        the name (its publish comes later)."""
+        m = next((o.mount for o in self.ofds.values() if o.writer is w), None)
+        if m is None or self.writers[m].get(w.path) is not None:
+            return
+        for o in self.ofds.values():
+            if o.mount == m and o.path == w.path and o.writer is None and o.follow is None \
+                    and not o.detached and o.bound is not w.staging:
+                o.detached, o.node_writer = True, None
 
     def _private(self, w: Writer) -> None:
         """Before a write through the daemon after a publish: the staging is copied (the published
