@@ -14,18 +14,18 @@ its plan step is read. This module decides, from predictions only:
 - **the order** (`schedule`): by latest start time, deadline minus predicted wall cost, so heavy
   samples start earliest and nothing starts later than it must;
 - **what goes raw** (`schedule`): the samples storage cannot finish before their step at the
-  measured capacity, chosen by the client work per storage work saved (an image's raw container
-  still costs its decode check on storage; one saving storage less than MIN_SAVED_SHARE of its
-  cost, such as an image not checked yet, is not sent raw), then cheapest first, within a client budget per
-  step of a job (a sample's client work is its transform and its raw bytes, `client_cost_s`; what was
+  measured capacity, the cheapest for the client first, weighed by the client work per storage work
+  saved (`raw_rank`: an image's raw container still costs its decode check on storage; one saving
+  storage less than MIN_SAVED_SHARE of its cost, such as an image not checked yet, is not sent
+  raw), within a client budget per step of a job (a sample's client work is its transform and its raw bytes, `client_cost_s`; what was
   handed out raw already counted: `client_used`), with hysteresis: a
   sample is newly sent raw only when the schedule misses at `slowdown x (1 + h)`, and one sent raw
   before goes back to storage only when the schedule meets its deadlines at `slowdown x (1 + 2h)`;
 - **how far ahead** (`Horizon`): the lookahead doubles while the predicted load of the window is
   near the capacity and halves when it is well under it, within the steps the job's memory share
   holds;
-- **a fixed raw share** (`FixedShare`, for measurement): the cheapest `share` of samples, by the
-  running distribution of predicted costs.
+- **a fixed raw share** (`FixedShare`, for measurement): the cheapest `share` of the samples worth
+  sending raw, by the running distribution of their `raw_rank`.
 """
 from __future__ import annotations
 
@@ -248,8 +248,8 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
           client_s: float | None = None, client_used: dict | None = None) -> set:
     """Keys to send raw so that, at `per_worker` wall seconds per CPU second of work (the workers
     as one machine), every other item in deadline order finishes by its deadline: an item that
-    cannot make it even alone goes itself; else, of those before it, the one saving storage the
-    most per client work (then the cheapest; those in `prefer` first).
+    cannot make it even alone goes itself; else, of those before it, those in `prefer` first, then
+    by `raw_rank` (the cheapest for the client, weighed by client work per storage work saved).
     `client_s`: at most this much predicted client work goes raw per plan step (the client decodes
     a step's raw samples in that step: past it, the client would stall instead); `client_used`:
     per step, the client work of samples already handed out raw (no longer items here)."""
@@ -268,13 +268,14 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # 40 run 7) 82-158 such images went raw in a 150-step run; with the checks made ahead
         # their check worker took up to 0.43 of the one storage core in steps 17-42, where the
         # heavy videos due then waited. A video, or an image checked before, saves all of it.
-        worth = it.cost_s - it.raw_cost_s >= MIN_SAVED_SHARE * it.cost_s
+        worth = worth_raw(it)
         if worth and t0 + it.cost_s * slowdown > d and _charge(client, it, client_s):    # hopeless however the others go
             shed.add(it.key)
             t += it.raw_cost_s * per_worker
             continue
         t += it.cost_s * per_worker
-        # by client work per storage work saved, then cheapest first. An image's raw container
+        # by `raw_rank`. History: by client work per storage work saved, then cheapest first, until
+        # run 10 (that sent the dearest videos first); before that cheapest first alone. An image's raw container
         # costs its decode check on storage, 0.86-0.92 of its transform's CPU in the bench's
         # first epoch, so an image sent raw saved storage a tenth of its cost and costs the
         # client all of it: cheapest first sent 41% raw (mostly images; checks 5.7 s of storage
@@ -282,9 +283,8 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # issue 40, run 6). Videos raw first stalled the client in the second run (p99 111 and
         # 188 ms at 0.9 and 0.95 against 67 and 85 ms cheapest first), before the per-step client
         # budget (`client_s`), which now bounds them.
-        saved = max(it.cost_s - it.raw_cost_s, 1e-9)
         if worth:
-            heapq.heappush(heap, (0 if it.key in prefer else 1, it.client_work / saved, it.cost_s, it.seq, id(it), it))
+            heapq.heappush(heap, (0 if it.key in prefer else 1, raw_rank(it), it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
             gain = (victim.cost_s - victim.raw_cost_s) * per_worker
@@ -293,6 +293,25 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
             t -= gain
             shed.add(victim.key)
     return shed
+
+
+def worth_raw(it: Item) -> bool:
+    """Whether sending `it` raw saves storage at least MIN_SAVED_SHARE of its cost (`_shed`)."""
+    return it.cost_s - it.raw_cost_s >= MIN_SAVED_SHARE * it.cost_s
+
+
+def raw_rank(it: Item) -> float:
+    """The order in which samples worth sending raw go raw, lowest first: the client's work for
+    it, times its client work per storage work saved. Among samples that save storage all their
+    cost (a video; an image checked before) and cost the client about that much, the cheapest go
+    first, since the client decodes them fastest (issue 40); a raw container that costs the client
+    more than it saves storage (a long clip's bytes; an image's check on storage) goes later.
+    Before (run 9), samples went by client work per storage work saved alone: a clip's bytes weigh
+    less against a dear transform, so the dearest videos went first, ~1.7x the mean sample each on
+    the client, and the trainer's CPU under the burner (17.4 ms a sample at a raw share of 0.24)
+    missed its bound (the share x the DataLoader's mean sample + 1 ms: 10.9)."""
+    saved = max(it.cost_s - it.raw_cost_s, 1e-9)
+    return it.client_work * (it.client_work / saved)
 
 
 def _within_client(items: list[Item], first: set, more: set, client_s: float | None,
@@ -384,8 +403,11 @@ class Horizon:
 
 
 class FixedShare:
-    """For measurement: a sample goes raw when its predicted cost is among the cheapest `share`
-    of the last `window` predictions (so about `share` of samples go raw, the cheapest first)."""
+    """For measurement: a sample goes raw when its value (the agent gives `raw_rank`, and asks only
+    for samples `worth_raw`) is among the lowest `share` of the last `window` values (so about
+    `share` of those samples go raw, the cheapest first). Before run 10 it ranked every sample by
+    its predicted cost: the cheapest were images whose raw container costs storage its decode
+    check, so no fixed share relieved storage and the sweep of shares had no reference."""
 
     def __init__(self, share: float, window: int = 1024):
         self.share = min(max(share, 0.0), 1.0)
@@ -414,5 +436,5 @@ class FixedShare:
 
 
 __all__ = ["Capacity", "Ewma", "FixedShare", "Horizon", "Item", "OnlineCosts", "Schedule", "StepClock",
-           "client_cost_s", "late_goes_raw", "own_share", "schedule", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
+           "client_cost_s", "late_goes_raw", "own_share", "raw_rank", "schedule", "worth_raw", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
            "MIN_SAVED_SHARE"]

@@ -58,7 +58,7 @@ from cachetools import FIFOCache, LRUCache
 from hintfs.agent.transformpool import TransformPool
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
 from policy.transform_sched import (CLIENT_STEP_SHARE, MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
-                                    StepClock, client_cost_s, late_goes_raw, own_share, schedule)
+                                    StepClock, client_cost_s, late_goes_raw, own_share, raw_rank, schedule, worth_raw)
 
 log = logging.getLogger("hintfs.samples")
 
@@ -885,8 +885,10 @@ class SampleService:
                     break   # an older mount: do not add load while shedding it
                 self._seq += 1
                 self.backlog[key] = Pending(kind, pjson, meta, name, sstep, cost, self._seq, {name}, est)
-                if self.fixed is not None and self.fixed.decide(cost):
-                    self.raw_keys.add(key)
+                if self.fixed is not None:
+                    it = Item(key, None, cost, self._raw_cost(key, kind, cost), client_s=client_cost_s(cost, key.size))
+                    if worth_raw(it) and self.fixed.decide(raw_rank(it)):
+                        self.raw_keys.add(key)
                 started += 1
         with self.lock:
             if scheduled and steps:
