@@ -108,6 +108,24 @@ def test_a_corrupt_image_that_passes_the_header_checks_is_never_served_raw(servi
     assert service.status()["decode_checks"] == 1
 
 
+@pytest.mark.parametrize("service", [True], indirect=True)
+def test_an_image_transformed_once_goes_out_raw_without_a_check(service):
+    """A transform decodes the source with the decoder, options and bounds of the decode check:
+    once an image was transformed, its raw containers (another seed, a later epoch) need no check
+    and cost storage nothing (issue 40, run 10)."""
+    from hintfs.transforms.container import decode
+    service.get("1.jpg", "image", PARAMS, 1)                 # made on storage (idle)
+    key = next(k for k in service.cache if k.path == "1.jpg")
+    assert service._raw_cost(key, "image", 0.03) == 0.0
+    service.monitor.update(0.99)            # as if the CPU were saturated: fallback to raw
+    data, how = service.get("1.jpg", "image", PARAMS, 2)
+    assert how == "raw_busy" and decode(data)[0].mode == "raw"
+    assert service.status()["decode_checks"] == 0
+    # an image never transformed still costs its check
+    data, how = service.get("2.jpg", "image", PARAMS, 1)
+    assert how == "raw_busy" and service.status()["decode_checks"] == 1
+
+
 def test_one_jobs_plan_window_never_frees_another_jobs_prefetched_samples(service):
     """Issue 34, finding 8: `forget(keep)` freed every cached sample not in the window of the
     plan that called it, another job's prefetched samples included. Now each job holds its own:
