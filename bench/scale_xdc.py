@@ -486,7 +486,8 @@ def main() -> int:
     arg("--bg-stream", action="store_true", help="background jobs write through the streaming mount")
     arg("--keep-last", type=int, default=3, help="[follow] keep_last")
     arg("--anomaly-every", type=int, default=6, help="every k-th checkpoint is an anomaly eval (from the "
-                                                    "k/2-th; with fewer checkpoints, the middle one)")
+                                                    "k/2-th; with fewer checkpoints, the middle one; 0: none, "
+                                                    "and no idle baseline)")
     arg("--remote-every", type=int, default=0, help="the direct-remote reference every k-th checkpoint too "
                                                    "(always at the first and the last)")
     arg("--idle-warmup", action=argparse.BooleanOptionalAction, default=True,
@@ -532,9 +533,10 @@ def main() -> int:
         result.update(s3_server=b.s3.name, checkpoint=b.facts, files_per_checkpoint=b.facts["files"])
         w0, s0, p0, t0 = b.wan_down(), b.relay.reverse_stats()["bytes"]["up"], dict(b.poll_last), time.time()
         base = "ckpt/hintfs_stream"
-        if a.idle_warmup:
-            idle.append(b.checkpoint(f"{base}/idle/step_0", anomaly=False, remote=False))
-        idle.append(b.checkpoint(f"{base}/idle/step_{len(idle)}", anomaly=True, remote=False))
+        if a.anomaly_every > 0:      # (no anomaly evals: no idle baseline for them)
+            if a.idle_warmup:
+                idle.append(b.checkpoint(f"{base}/idle/step_0", anomaly=False, remote=False))
+            idle.append(b.checkpoint(f"{base}/idle/step_{len(idle)}", anomaly=True, remote=False))
         bg_thread = threading.Thread(target=b.bg_loop, name="scale-bg", daemon=True)
         bg_thread.start()
         for i in range(a.checkpoints):
