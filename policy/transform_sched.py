@@ -277,8 +277,10 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # by client work per storage work saved, then cheapest first. Not `raw_rank` (cheapest for
         # the client first, as issue 40 asks): under the bench's burner the per-step client budget
         # binds, and cheap samples save storage less per client work (their bytes weigh more), so
-        # storage fell behind: B run 10, n = 2,000, p99 278 ms, 159 samples raw late and 431 made
-        # while a reader waited (run 9: 20.9 ms, 20 and 53). An image's raw container
+        # storage fell behind: B in run 10, interleaved, n = 2,000 each, p99 111 and 55 ms, 60 and
+        # 24 samples raw late, against 0.2, 56 and 0.2 ms, 28, 18 and 9 in this order (which misses
+        # the trainer-CPU bound by 14-26% where cheapest first met it within 2%: the stall comes
+        # first). An image's raw container
         # costs its decode check on storage, 0.86-0.92 of its transform's CPU in the bench's
         # first epoch, so an image sent raw saved storage a tenth of its cost and costs the
         # client all of it: cheapest first sent 41% raw (mostly images; checks 5.7 s of storage
