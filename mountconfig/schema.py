@@ -424,8 +424,9 @@ class TransformLoadConfig(Section):
     cpu_leave: float = Field(0.70, gt=0, le=1, description="Superseded, as `cpu_enter`: the share below which "
                              "that stops.")
     fixed_raw_share: float | None = Field(None, ge=0, le=1, description="For measurement: send this share of "
-                                          "the plans' samples raw (the cheapest predicted first) instead of "
-                                          "following the capacity; no other fallback then.")
+                                          "the plans' samples worth sending raw (not an image still needing "
+                                          "its decode check) raw, the cheapest for the client first, instead "
+                                          "of following the capacity; no other fallback then.")
     deadline_ms: float = Field(2000.0, gt=0, description="A sample not transformed by then is served raw "
                                "(with fallback on).")
     mount_pull_bytes: int = Field(256 << 20, ge=0, description="Mount side: at the first read of plan step N, "
