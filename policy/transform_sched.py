@@ -226,6 +226,11 @@ class Item:
     def client_work(self) -> float:
         return self.cost_s if self.client_s is None else self.client_s
 
+    @property
+    def saved_s(self) -> float:
+        """Storage CPU seconds saved when it goes raw (its transform less its raw container's)."""
+        return self.cost_s - self.raw_cost_s
+
 
 @dataclass
 class Schedule:
@@ -289,11 +294,11 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # 188 ms at 0.9 and 0.95 against 67 and 85 ms cheapest first), before the per-step client
         # budget (`client_s`), which now bounds them.
         if worth:
-            saved = max(it.cost_s - it.raw_cost_s, 1e-9)
-            heapq.heappush(heap, (0 if it.key in prefer else 1, it.client_work / saved, it.cost_s, it.seq, id(it), it))
+            heapq.heappush(heap, (0 if it.key in prefer else 1, it.client_work / max(it.saved_s, 1e-9), it.cost_s,
+                                  it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
-            gain = (victim.cost_s - victim.raw_cost_s) * per_worker
+            gain = victim.saved_s * per_worker
             if gain <= 0 or not _charge(client, victim, client_s):
                 continue
             t -= gain
@@ -303,7 +308,7 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
 
 def worth_raw(it: Item) -> bool:
     """Whether sending `it` raw saves storage at least MIN_SAVED_SHARE of its cost (`_shed`)."""
-    return it.cost_s - it.raw_cost_s >= MIN_SAVED_SHARE * it.cost_s
+    return it.saved_s >= MIN_SAVED_SHARE * it.cost_s
 
 
 def raw_rank(it: Item) -> float:
@@ -313,8 +318,7 @@ def raw_rank(it: Item) -> float:
     since the client decodes them fastest (issue 40); a raw container that costs the client more
     than it saves storage (a long clip's bytes) goes later. The schedule (`_shed`) does not use it:
     see there (run 10)."""
-    saved = max(it.cost_s - it.raw_cost_s, 1e-9)
-    return it.client_work * (it.client_work / saved)
+    return it.client_work * (it.client_work / max(it.saved_s, 1e-9))
 
 
 def _within_client(items: list[Item], first: set, more: set, client_s: float | None,
