@@ -302,7 +302,7 @@ def trainer_main(spec):
 
 # -- storage side --------------------------------------------------------------------------------
 def write_config(path, store, data_dir, log, lookahead, fallback, location, workers=1, cpu_enter=0.5,
-                 cpu_leave=0.42, deadline_ms=500.0, lookahead_max=128, fixed_share=None):
+                 cpu_leave=0.42, deadline_ms=500.0, lookahead_max=128, fixed_share=None, image_check="decode"):
     def toml(v):
         if isinstance(v, bool):
             return str(v).lower()
@@ -320,7 +320,7 @@ def write_config(path, store, data_dir, log, lookahead, fallback, location, work
                 f'[transform_load]\nworkers = {workers}\ncache_bytes = {512 << 20}\n'
                 f'lookahead_steps = {lookahead}\nfallback = {str(fallback).lower()}\n'
                 f'cpu_enter = {cpu_enter}\ncpu_leave = {cpu_leave}\ndeadline_ms = {deadline_ms}\n'
-                f'lookahead_max_steps = {lookahead_max}\n'
+                f'lookahead_max_steps = {lookahead_max}\nimage_raw_check = "{image_check}"\n'
                 + (f'fixed_raw_share = {fixed_share}\n' if fixed_share is not None else ''))
 
 
@@ -403,7 +403,8 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
         port = free_port()
         log = os.path.join(tmp, f"{name}.log")
         write_config(cfg, ctx["store"], os.path.join(tmp, "agent"), log, lookahead, fallback,
-                     f"grpc://127.0.0.1:{port}", lookahead_max=a.lookahead_max, fixed_share=fixed_share)
+                     f"grpc://127.0.0.1:{port}", lookahead_max=a.lookahead_max, fixed_share=fixed_share,
+                     image_check=a.image_raw_check)
         agent = start_agent(cfg, port, log)
         apid = agent.pid
         mpid = mount(cfg, mnt)
@@ -494,7 +495,7 @@ def run_case(name, a, ctx, gpu_step_s, raw, via_mount, lookahead=0, register=Fal
         "bytes_per_sample": res["bytes"] / n, "modes": res["modes"],
         "fallback_rate": raw_n / n if not raw else None,
         "n": n, "raw_share": raw_n / n if not raw else 1.0,
-        "fixed_raw_share": fixed_share, "burner": burner,
+        "fixed_raw_share": fixed_share, "burner": burner, "image_raw_check": a.image_raw_check,
         "agent_samples": (agent_status or {}).get("samples") if isinstance(agent_status, dict) else None,
         **({"trace": {"asked": res["asked"], "samples": res["trace"]}} if a.trace else {}),
     }
@@ -549,6 +550,9 @@ def main():
     ap.add_argument("--shares", default="0,0.1,0.2,0.3,0.4,0.5,0.6",
                     help="fixed raw shares of the sweep under the burner (cases F<share x 100>)")
     ap.add_argument("--burner", type=float, default=1.0, help="burner duty on the storage core (1: always busy)")
+    ap.add_argument("--image-raw-check", dest="image_raw_check", choices=("decode", "header"), default="decode",
+                    help="transform_load.image_raw_check of the agent (decode: an image is decoded on storage "
+                         "before its raw container goes out; header: the decoder-free checks only)")
     ap.add_argument("--lookahead-max", dest="lookahead_max", type=int, default=128,
                     help="transform_load.lookahead_max_steps of the agent")
     ap.add_argument("--trainer-busy", dest="trainer_busy", type=float, default=0.0,
@@ -722,6 +726,7 @@ def main():
                   "video": "320x240 24 fps, H.264 (mbtree off)/H.265, GOP 25 or 250; the long ones every other GOP 250",
                   "image_params": IMG_PARAMS, "video_params": VID_PARAMS, "lookahead_steps": W,
                   "lookahead_max_steps": a.lookahead_max, "transform_workers": 1, "burner_duty": a.burner,
+                  "image_raw_check": a.image_raw_check,
                   "init_s": a.init_s, "trainer_busy": a.trainer_busy, "deadline_ms": 500.0,
                   "client_loader": a.client_loader, "prefetch_depth": a.prefetch_depth,
                   "prefetch_threads": a.prefetch_threads,

@@ -427,6 +427,13 @@ class TransformLoadConfig(Section):
                                           "the plans' samples worth sending raw (not an image still needing "
                                           "its decode check) raw, the cheapest for the client first, instead "
                                           "of following the capacity; no other fallback then.")
+    image_raw_check: Literal["decode", "header"] = Field(
+        "decode", description="What an image gets on storage before its raw container goes out (fallback): "
+        "`decode` decodes it once, as the transform would, so a `.tensor` never holds an image the transform "
+        "refuses (its raw container then saves storage only the resize and encode, unless the image was "
+        "checked or transformed before); `header` only the checks that need no decoder, as a video gets: "
+        "the raw container saves storage the whole transform, and damage only a decoder finds is `EIO` from "
+        "the client's `load_sample` instead of at the open (docs/transforms.md).")
     deadline_ms: float = Field(2000.0, gt=0, description="A sample not transformed by then is served raw "
                                "(with fallback on).")
     mount_pull_bytes: int = Field(256 << 20, ge=0, description="Mount side: at the first read of plan step N, "

@@ -521,10 +521,17 @@ class SampleService:
                 self._check_procs.pop(pid, None)
         return total
 
+    def _needs_check(self, key: SampleKey, kind: str) -> bool:
+        """(under lock) Whether the sample's raw container waits for a decode check on storage: an
+        image not known to decode, unless the config asks only the decoder-free checks of images
+        (`transform_load.image_raw_check = "header"`, as for videos)."""
+        return (kind == "image" and getattr(self.cfg, "image_raw_check", "decode") == "decode"
+                and self._bad_key(key) not in self.decoded)
+
     def _raw_cost(self, key: SampleKey, kind: str, cost_s: float) -> float:
         """(under lock) Storage CPU seconds of the sample's raw container: an image not known to
         decode is decoded once (the check)."""
-        if kind == "image" and self._bad_key(key) not in self.decoded:
+        if self._needs_check(key, kind):
             return cost_s * (self.check_share.value or 0.0)
         return 0.0
 
@@ -610,10 +617,11 @@ class SampleService:
     def _raw_container(self, kind: str, pjson: str, key: SampleKey, meta: dict) -> bytes:
         """The raw-mode `.tensor` of a sample, after the checks that need no decoder (size,
         truncation, an image's header against the limits, a video's container) and, for an
-        image, one decode in a worker (`_decodes`): what fails them is EIO here and remembered,
-        never handed out raw. A `.tensor` holds only bytes the transform accepts; for a video,
-        damage inside its frames is found by the client's transform of the raw bytes
-        (`load_sample`: EIO) and by the agent's own transform when it runs."""
+        image, one decode in a worker (`_decodes`; not with `image_raw_check = "header"`): what
+        fails them is EIO here and remembered, never handed out raw. A `.tensor` holds only bytes
+        the transform accepts; for a video (and an image checked by its header only), damage
+        inside its frames is found by the client's transform of the raw bytes (`load_sample`:
+        EIO) and by the agent's own transform when it runs."""
         from hintfs.transforms.container import encode_raw, make_meta
         from hintfs.transforms.limits import precheck
         from hintfs.transforms.params import parse_params
@@ -621,7 +629,9 @@ class SampleService:
         try:
             p = parse_params(kind, pjson)
             precheck(kind, raw, p)
-            if kind == "image":
+            with self.lock:
+                check = self._needs_check(key, kind)
+            if check:
                 self._decodes(key, kind, raw, pjson, meta, p.time_limit_s)
         except TransformError as err:
             self._refuse(key, err)
@@ -692,7 +702,7 @@ class SampleService:
             pick = None
             for key in self.raw_keys:
                 p = self.backlog.get(key)
-                if p is None or p.kind != "image" or self._bad_key(key) in self.decoded:
+                if p is None or not self._needs_check(key, p.kind):
                     continue
                 if self._bad_reason(key) is not None:
                     continue

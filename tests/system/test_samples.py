@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hintfs.stores.local import LocalStore
-from hintfs.agent.samples import LoadMonitor, SampleService
+from hintfs.agent.samples import LoadMonitor, SampleKey, SampleService
 from mountconfig import parse_config
 from tests.conftest import wait_for
 
@@ -106,6 +106,44 @@ def test_a_corrupt_image_that_passes_the_header_checks_is_never_served_raw(servi
     assert how == "raw_busy" and decode(data)[0].mode == "raw"
     service.get("0.jpg", "image", PARAMS, 2)
     assert service.status()["decode_checks"] == 1
+
+
+def test_with_header_checks_only_an_image_goes_out_raw_as_a_video_does(tmp_path):
+    """`image_raw_check = "header"`: an image's raw container gets only the checks that need no
+    decoder (as a video's): no decode on storage, so it saves storage its whole transform. A
+    corrupt image that passes them goes out raw, and the client's `load_sample` is EIO, never a
+    tensor; one that fails them (truncated) is EIO at the agent still, in both modes."""
+    from hintfs.transforms import SampleEIO, TransformError
+    from hintfs.transforms.container import decode, load_sample
+    root = tmp_path / "s"
+    root.mkdir()
+    _corrupt_png(root / "bad.png")
+    from tests.helpers.media import jpeg_file
+    jpeg_file(root / "0.jpg", seed=0, w=64, h=48)
+    (root / "cut.jpg").write_bytes((root / "0.jpg").read_bytes()[:-200])
+    cfg = parse_config({"transform_load": {"workers": 1, "deadline_ms": 60000, "fallback": True,
+                                           "image_raw_check": "header"}})
+    svc = SampleService(LocalStore(str(root)), cfg.transform_load)
+    try:
+        svc.monitor.stop()
+        svc.monitor.update(0.99)            # as if the CPU were saturated: fallback to raw
+        assert svc._raw_cost(SampleKey("0.jpg", 1, 1, "p", 1), "image", 0.03) == 0.0   # no check to pay
+        data, how = svc.get("0.jpg", "image", PARAMS, 1)
+        assert how == "raw_busy" and decode(data)[0].mode == "raw"
+        bad, how = svc.get("bad.png", "image", PARAMS, 1)
+        assert how == "raw_busy" and decode(bad)[0].mode == "raw"
+        with pytest.raises(SampleEIO):      # the client's transform refuses it: EIO, never a tensor
+            load_sample(bad)
+        with pytest.raises(TransformError):  # the header checks still refuse at the agent
+            svc.get("cut.jpg", "image", PARAMS, 1)
+        st = svc.status()
+        assert st["decode_checks"] == 0 and st["raw_busy"] == 2 and st["refused"] == 1
+        svc.monitor.update(0.0)             # idle: the same sample made on storage is the same tensor
+        tensor, how = svc.get("0.jpg", "image", PARAMS, 1)
+        assert how == "tensor"
+        assert np.array_equal(load_sample(data)["pixels"], load_sample(tensor)["pixels"])
+    finally:
+        svc.close()
 
 
 @pytest.mark.parametrize("service", [True], indirect=True)
