@@ -185,7 +185,7 @@ class StoreRead(Handle):
         self.inode = inode
         self.reader = reader
         if reader is not None:
-            inode.readers.append(reader)
+            inode.add_reader(reader)
 
     async def read(self, fs: Services, off: int, size: int) -> bytes:
         node = self.inode
@@ -209,8 +209,7 @@ class StoreRead(Handle):
 
     async def release(self, fs: Services) -> None:
         if self.reader is not None:
-            if self.reader in self.inode.readers:
-                self.inode.readers.remove(self.reader)
+            self.inode.drop_reader(self.reader)
             self.reader.close()
         fs.inodes.release_open(self.inode)
 
@@ -232,7 +231,7 @@ class StagingRead(StoreRead):
                 return await read_staging(fs, staging, off, size)
             # The writer closed meanwhile: fall back to the store copy.
             self.reader, _st = await fs.io(fs.store.open_reader, self.inode.path, inline=fs.meta_inline)
-            self.inode.readers.append(self.reader)
+            self.inode.add_reader(self.reader)
         return await StoreRead.read(self, fs, off, size)
 
 

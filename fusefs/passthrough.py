@@ -115,7 +115,7 @@ class Passthrough:
         kernel holds its own reference to that file; `holder` (a reader or `HeldFd` of it) stays
         open until the last passthrough close, for getattr once the name is unlinked."""
         node.pt_file, node.pt_reader = key, holder
-        node.readers.append(holder)
+        node.add_reader(holder)
         return PassthroughRead(node)
 
     def detach(self, node: Inode) -> None:
@@ -125,7 +125,7 @@ class Passthrough:
             return
         backing_id, node.pt_id, node.pt_staging = node.pt_id, 0, None
         if node.pt_reader is not None:
-            node.readers.remove(node.pt_reader)
+            node.drop_reader(node.pt_reader)
             node.pt_reader.close()
             node.pt_reader = None
         try:
