@@ -36,7 +36,6 @@ passthrough reader).
 """
 from __future__ import annotations
 
-import resource
 from collections import OrderedDict
 from typing import Protocol
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from collections.abc import Callable
 from fusefs.attrs import Attributes
 from fusefs.handles import HandleKind
 from fusefs.inodes import Inode
+from hintfs.common.fdlimit import share_of_open_files
 
 
 class FastBackend(Protocol):
@@ -57,8 +57,7 @@ class FastBackend(Protocol):
 def mark_limit(configured: int) -> int:
     """How many marks this process may hold: `[mount] fast_path_inodes`, at most a quarter of the
     soft open-file limit (each mark holds an fd)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return configured if soft == resource.RLIM_INFINITY else min(configured, soft // 4)
+    return min(configured, share_of_open_files(0.25, floor=0))
 
 
 def fast_eligible(kind: HandleKind, immutable: bool, routed: bool, unlinked: bool) -> bool:
