@@ -139,8 +139,12 @@ class TierView:
             ver = a.copying_version.get(path)
             if ver is not None and not gone(path, ver):
                 return TierStatReply(state="copying", size=ver[0], mtime_ns=ver[1])
-            prefix = path.rstrip("/") + "/"
-            if any(p.startswith(prefix) for p in self.catalog.replicas) or any(p.startswith(prefix) for p in a.copying):
+            folder = path.rstrip("/")
+            prefix = folder + "/"
+            # (the catalog's folder index: a scan of every replica, under the lock, for each stat
+            # of a folder or of a name not here made an eval tier slower with every checkpoint it
+            # held; copies in flight are few)
+            if (folder and self.catalog.replicas.has_below(folder)) or any(p.startswith(prefix) for p in a.copying):
                 return TierStatReply(state="dir")
         if self.streams.below(path.rstrip("/") + "/"):
             return TierStatReply(state="dir")

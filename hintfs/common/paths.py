@@ -324,6 +324,11 @@ class PathTree:
             stack.extend(self._subs.get(f, ()))
         return out
 
+    def has_below(self, folder: str) -> bool:
+        """Whether a path below `folder` is indexed (not `folder` itself), without walking them:
+        a folder is in the index only while it holds one (`_unlink`)."""
+        return folder in self._files or bool(self._subs.get(folder))
+
     def _link(self, folder: str) -> None:
         while folder:
             parent = folder.rpartition("/")[0]
@@ -360,6 +365,10 @@ class PathDict(dict[str, V], Generic[V]):
     def under(self, path: str) -> list[str]:
         """The keys equal to `path` or below it."""
         return self._tree.under(path)
+
+    def has_below(self, folder: str) -> bool:
+        """Whether a key lies below `folder` (`PathTree.has_below`)."""
+        return self._tree.has_below(folder)
 
     def __setitem__(self, path, value) -> None:
         super().__setitem__(path, value)
