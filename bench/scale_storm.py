@@ -417,10 +417,18 @@ def footprint(pids: list[int]) -> dict:
 
 
 def machine_cpu() -> tuple[int, int]:
+    """(busy, total) ticks of the CPUs this process may run on (all of them unless pinned by taskset)."""
+    mine = os.sched_getaffinity(0)
+    busy = total = 0
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]
-    return sum(v) - idle, sum(v)
+        for line in f:
+            name, *rest = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            if int(name[3:]) in mine:
+                v = [int(x) for x in rest]
+                busy, total = busy + sum(v) - v[3] - v[4], total + sum(v)
+    return busy, total
 
 
 def parallel(fn, items) -> list:
@@ -842,6 +850,7 @@ def phase_hint_ready(args, layout, base, out, store: str) -> None:
                          "agents_cpu_s": round(agent_cpu, 2)})
             print(f"hint -> hot set ready at {k} replicas: {runs[-1]}", flush=True)
         out["hint_to_ready"] = {"agents": k, "mounts": 2, "nic_mbit": args.ready_nic_mbit,
+                                "cpus_usable": len(os.sched_getaffinity(0)),
                                 "hot_set_bytes": sum(layout["sizes"][p] for p in HOT_FILES),
                                 "hot_set_files": list(HOT_FILES), "cluster_start_s": started, "runs": runs}
         out["hint_to_ready_s"] = sorted(r["hint_to_hot_ready_s"] for r in runs)[len(runs) // 2]
@@ -968,7 +977,7 @@ def main() -> int:
             "safe_readers_per_replica": args.safe_readers, "reactive_qps_threshold": args.qps_threshold,
             "threads_per_process": args.threads_per_process, "replicas": spec.replicas,
             "weak_scaling": {"readers_per_host_agent_and_replica": args.weak_per, "ns": args.weak_ns},
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0))}
         out.update(hosts=args.policy_hosts, agents=args.mount_agents, readers=args.ns)
         with signals_raise():
             if "policies" in phases or "weak" in phases:
