@@ -39,6 +39,18 @@ def cpu_s(pid: int) -> float:
     return total / 1e9
 
 
+def ticks(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return round(kb / 1024, 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", type=int, default=12)
@@ -68,6 +80,7 @@ def main() -> int:
                 for n in names:
                     ca.replicate(n, 3600.0)
                 rows = []
+                ticks0 = {k: ticks(ag.p.pid) for k, ag in (("src", a), ("dest", b))}
                 for i, n in enumerate(names):
                     a0, b0, t0 = cpu_s(a.p.pid), cpu_s(b.p.pid), time.monotonic()
                     rep = cb.replicate(n, 3600.0, source=a.location)
@@ -76,6 +89,10 @@ def main() -> int:
                                  "src_cpu_ms": round(1e3 * (cpu_s(a.p.pid) - a0), 1),
                                  "wall_ms": round(1e3 * wall, 1), "already": rep.already})
                     print(json.dumps(rows[-1]), flush=True)
+                rss_mb = {k: rss(ag.p.pid) for k, ag in (("src", a), ("dest", b))}
+                # all copies together from /proc/PID/stat (threads that ended included; 10 ms ticks)
+                per_copy_ms = {k: round(1e3 * (ticks(ag.p.pid) - ticks0[k]) / len(names), 1)
+                               for k, ag in (("src", a), ("dest", b))}
             finally:
                 cb.close()
                 b.stop()
@@ -84,6 +101,8 @@ def main() -> int:
             a.stop()
     late = sorted(r["dest_cpu_ms"] + r["src_cpu_ms"] for r in rows[len(rows) // 2:])
     out = {"benchmark": "peer_copy_cost", "argv": sys.argv[1:], "bytes": size, "cpus": len(os.sched_getaffinity(0)),
+           "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "rss_mb_at_end": rss_mb,
+           "mean_cpu_ms_per_copy": per_copy_ms,
            "rows": rows, "first_copy_cpu_ms": rows[0]["dest_cpu_ms"] + rows[0]["src_cpu_ms"],
            "later_half_median_cpu_ms": late[len(late) // 2], "n_later": len(late)}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

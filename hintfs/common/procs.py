@@ -95,6 +95,40 @@ def become_isolated_daemon(module: str, argv: list[str], *, keep_cwd: bool = Fal
         os.execv(cmd[0], cmd)
     if not keep_cwd and not is_isolated_daemon():
         os.chdir(DAEMON_CWD)
+    tune_malloc()
+
+
+# glibc's malloc hands a block of 128 KiB or more to mmap and gives it back at its free, so every
+# multi-MB buffer a daemon moves (a peer copy's range, a store GET, a stream chunk) lands in fresh
+# pages the kernel must fault in and zero, and on these VMs a fresh page is slow. Its dynamic
+# threshold does not hold that off: a freed block at the heap's top past the trim threshold is
+# returned too. With both raised the buffers reuse the heap's pages: one peer copy of 3.9 MB cost
+# its destination agent 10.6 and 8.1 ms of CPU against 16.9 and 17.5 with glibc's defaults, its
+# RSS 30-37 MB more (bench/peer_copy_cost.py, 16 copies a run; docs/operations.md "Memory").
+MALLOC_MMAP_THRESHOLD = 32 << 20     # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+MALLOC_TRIM_THRESHOLD = 256 << 20    # free memory a heap may keep at its top
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3     # mallopt's parameters (malloc.h)
+
+
+def tune_malloc() -> bool:
+    """Raise glibc malloc's mmap and trim thresholds in this daemon, and (GLIBC_TUNABLES) in every
+    process it starts. An operator who set any `glibc.malloc.*` tunable keeps glibc as they set
+    it; another C library (no `mallopt`, or one that refuses) is left alone. True if tuned."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc." in tunables:
+        return False
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) != 1 or mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) != 1:
+        return False
+    ours = (f"glibc.malloc.mmap_threshold={MALLOC_MMAP_THRESHOLD}:"
+            f"glibc.malloc.trim_threshold={MALLOC_TRIM_THRESHOLD}")
+    os.environ["GLIBC_TUNABLES"] = f"{tunables}:{ours}" if tunables else ours
+    return True
 
 
 def absolute_paths(*paths: str) -> list[str]:
