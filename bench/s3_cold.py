@@ -5,7 +5,9 @@ cache), s3fs-fuse (Debian `s3fs`, `-o use_path_request_style`) and rclone mount 
 off`), all against JuiceFS's S3 gateway on loopback (tests/helpers/s3server.py).
 
 Optional system `hintfs-nocache` (`--systems ...,hintfs-nocache`): no host cache, the store reader's
-own read-ahead (`[store] read_ahead_bytes`). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
+own read-ahead (`[store] read_ahead_bytes`); `hintfs-glibcmalloc`: the defaults with glibc's own malloc
+thresholds (`GLIBC_TUNABLES=glibc.malloc.perturb=0`, so the daemon leaves malloc alone:
+docs/operations.md "Memory"). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
 (the data set declared immutable: names and attributes kept, as s3fs (stat cache, 15 min) and rclone
 (dir cache, 5 min) keep them by default).
 
@@ -286,7 +288,9 @@ class Mounts:
                             f'[cache]\nspool_dir = "{os.path.join(self.base, "spool")}"\n{cache_line}{imm}\n'
                             f'[mount]\npassthrough = "auto"\n{self.mount_extra}\n'
                             f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
-                r = run([self.hintfs, "mount", cfg, mnt], timeout=60)
+                env = ({**os.environ, "GLIBC_TUNABLES": "glibc.malloc.perturb=0"}
+                       if system == "hintfs-glibcmalloc" else None)
+                r = run([self.hintfs, "mount", cfg, mnt], timeout=60, env=env)
                 if r.returncode != 0:
                     raise RuntimeError(f"hintfs mount failed: {r.stdout.strip()[-300:]}")
             elif system == "s3fs":
@@ -537,7 +541,10 @@ def summarize(raw: dict, again: list[dict], args, systems: list[str], notes: lis
         best = max([v for s, v in m.items() if s.startswith("direct") and v] or [0]) or None
         out[key[case]] = {"direct": best, "direct_one_stream": m.get("direct1"), "direct_parallel": m.get("directN"),
                           "hintfs": m.get("hintfs"), "hintfs_immutable": m.get("hintfs-immutable"),
+                          "hintfs_glibcmalloc": m.get("hintfs-glibcmalloc"),
                           "s3fs": m.get("s3fs"), "rclone": m.get("rclone"),
+                          "daemon_cpu_s": {s: med([r["daemon_cpu_s"] for r in v]) for s, v in per.items()
+                                           if s.startswith("hintfs")},
                           "n": {s: len(v) for s, v in per.items()},
                           "gateway_cpu_s": {s: med([r["gateway_cpu_s"] for r in v]) for s, v in per.items()},
                           "fetched_over_read": {s: med([r["fetched_over_read"] for r in v if r["fetched_over_read"]])
