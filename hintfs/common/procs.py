@@ -103,8 +103,9 @@ def become_isolated_daemon(module: str, argv: list[str], *, keep_cwd: bool = Fal
 # pages the kernel must fault in and zero, and on these VMs a fresh page is slow. Its dynamic
 # threshold does not hold that off: a freed block at the heap's top past the trim threshold is
 # returned too. With both raised the buffers reuse the heap's pages: one peer copy of 3.9 MB cost
-# its destination agent 10.6 and 8.1 ms of CPU against 16.9 and 17.5 with glibc's defaults, its
-# RSS 30-37 MB more (bench/peer_copy_cost.py, 16 copies a run; docs/operations.md "Memory").
+# its destination agent 11.2 and 7.5 ms of CPU against 12.5 and 14.4 with glibc's defaults on a quiet
+# VM (12.5/11.3 against 16.2/18.1 beside a bench), its RSS 11-44 MB more (bench/peer_copy_cost.py,
+# 16 copies a run, 2 runs each; docs/operations.md "Memory"). Cold S3 reads did not change.
 MALLOC_MMAP_THRESHOLD = 32 << 20     # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
 MALLOC_TRIM_THRESHOLD = 256 << 20    # free memory a heap may keep at its top
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3     # mallopt's parameters (malloc.h)
