@@ -29,7 +29,7 @@ import time
 
 from fuse_throughput import MiB, make_big_file, make_tree, run, seq_read, seq_write  # bench/ is the script dir
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from tests.helpers.procs import proc_cpu_s as cpu_seconds  # (fuse_throughput put the repo on the path)
 
 
 def daemon_pid(mountpoint: str) -> int:
@@ -46,12 +46,6 @@ def daemon_pid(mountpoint: str) -> int:
         if os.fsencode(mountpoint) in argv and any(b"fusefs" in a for a in argv):
             return int(entry)
     raise RuntimeError(f"no daemon found for {mountpoint}")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK   # utime + stime, all threads
 
 
 def make_store(store: str, files: int, seq_mib: int) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.helpers.agent_process import AgentProcess  # noqa: E402
+from tests.helpers.procs import proc_cpu_s, rss_mib  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,18 +38,6 @@ def cpu_s(pid: int) -> float:
         except (FileNotFoundError, ProcessLookupError):
             pass
     return total / 1e9
-
-
-def ticks(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return round(kb / 1024, 1)
 
 
 def main() -> int:
@@ -80,7 +69,7 @@ def main() -> int:
                 for n in names:
                     ca.replicate(n, 3600.0)
                 rows = []
-                ticks0 = {k: ticks(ag.p.pid) for k, ag in (("src", a), ("dest", b))}
+                cpu0 = {k: proc_cpu_s(ag.p.pid) for k, ag in (("src", a), ("dest", b))}
                 for i, n in enumerate(names):
                     a0, b0, t0 = cpu_s(a.p.pid), cpu_s(b.p.pid), time.monotonic()
                     rep = cb.replicate(n, 3600.0, source=a.location)
@@ -89,9 +78,9 @@ def main() -> int:
                                  "src_cpu_ms": round(1e3 * (cpu_s(a.p.pid) - a0), 1),
                                  "wall_ms": round(1e3 * wall, 1), "already": rep.already})
                     print(json.dumps(rows[-1]), flush=True)
-                rss_mb = {k: rss(ag.p.pid) for k, ag in (("src", a), ("dest", b))}
+                rss_mb = {k: round(rss_mib(ag.p.pid), 1) for k, ag in (("src", a), ("dest", b))}
                 # all copies together from /proc/PID/stat (threads that ended included; 10 ms ticks)
-                per_copy_ms = {k: round(1e3 * (ticks(ag.p.pid) - ticks0[k]) / len(names), 1)
+                per_copy_ms = {k: round(1e3 * (proc_cpu_s(ag.p.pid) - cpu0[k]) / len(names), 1)
                                for k, ag in (("src", a), ("dest", b))}
             finally:
                 cb.close()

@@ -54,7 +54,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from tests.helpers.s3server import JuiceFSGateway  # noqa: E402
-from tests.helpers.procs import wait_mounted  # noqa: E402
+from tests.helpers.procs import proc_cpu_s, wait_mounted  # noqa: E402
 
 MiB = 1 << 20
 SEED = 20261205
@@ -96,11 +96,7 @@ def group_pids(pgid: int) -> list[int]:
 
 def proc_cpu(pid: int | None) -> float:
     """CPU seconds (user + system) of process `pid` so far; 0 for None."""
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0 if pid is None else proc_cpu_s(pid)
 
 
 def gateway_counters(gw: JuiceFSGateway) -> tuple[float, int]:
