@@ -7,7 +7,8 @@ off`), all against JuiceFS's S3 gateway on loopback (tests/helpers/s3server.py).
 Optional system `hintfs-nocache` (`--systems ...,hintfs-nocache`): no host cache, the store reader's
 own read-ahead (`[store] read_ahead_bytes`); `hintfs-glibcmalloc`: the defaults with glibc's own malloc
 thresholds (`GLIBC_TUNABLES=glibc.malloc.perturb=0`, so the daemon leaves malloc alone:
-docs/operations.md "Memory"). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
+docs/operations.md "Memory"); `hintfs-unmapped`: the defaults with `[cache] fetch_mapped = false` (blocks
+read through pyarrow and written with pwrite, as before the mapped fetch). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
 (the data set declared immutable: names and attributes kept, as s3fs (stat cache, 15 min) and rclone
 (dir cache, 5 min) keep them by default).
 
@@ -73,10 +74,18 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+DROPPED = {"ok": True}    # False once /proc/sys/vm/drop_caches refused a write (a container): not cold
+
+
 def drop_caches() -> None:
     os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as err:
+        if DROPPED["ok"]:
+            log(f"page cache NOT dropped ({err}): the gateway's bucket may be read from memory")
+        DROPPED["ok"] = False
 
 
 # -- the gateway's own counters -----------------------------------------------------------------
@@ -278,6 +287,8 @@ class Mounts:
                 cfg = os.path.join(self.base, f"hintfs-{self.seq}.toml")
                 imm = 'immutable_globs = ["*"]\n' if system == "hintfs-immutable" else ""
                 imm += self.cache_extra
+                if system == "hintfs-unmapped":
+                    imm += "fetch_mapped = false\n"
                 cache_line = "" if system == "hintfs-nocache" else f'dir = "{cache_dir}"\n'
                 with open(cfg, "w") as f:
                     f.write(gw.store_toml(BUCKET) + "\n"
@@ -393,7 +404,7 @@ def measure(gw: JuiceFSGateway, mounts: Mounts, fs_factory, system: str, case: s
                                                "hostcache_fetch_jumps", "read_thread",
                                                "read_nowait_hit", "stat_from_listing", "store_heads",
                                                "store_gets", "store_lists", "get_opens", "get_open_misses",
-                                               "stat_dir_by_child")
+                                               "stat_dir_by_child", "store_gets_into", "store_gets_into_refused")
                          if k in c}
         rec["hintfs"]["ops"] = {k: v.get("count") for k, v in mounts.last_stats.get("ops", {}).items()
                                 if k in ("lookup", "getattr", "open", "read", "readdir", "release")}
@@ -531,13 +542,14 @@ def summarize(raw: dict, again: list[dict], args, systems: list[str], notes: lis
                  "repeats": args.repeats, "s3_server": server, "hintfs_cache_extra": args.hintfs_cache, "hintfs_mount_extra": args.hintfs_mount,
                  "host_cache_on": "the gateway's disk" if args.cache_on_disk else "a tmpfs (a local disk of its own)", "machine": machine(), "wall_s": round(wall, 1),
                  "direct_parallel": {"threads": args.threads, "chunk_bytes": args.chunk_mib * MiB},
-                 "notes": notes, "goals": []}
+                 "notes": notes, "page_cache_dropped": DROPPED["ok"], "goals": []}
     for case, per in raw.items():
         m = {s: med([r["value"] for r in recs]) for s, recs in per.items()}
         best = max([v for s, v in m.items() if s.startswith("direct") and v] or [0]) or None
         out[key[case]] = {"direct": best, "direct_one_stream": m.get("direct1"), "direct_parallel": m.get("directN"),
                           "hintfs": m.get("hintfs"), "hintfs_immutable": m.get("hintfs-immutable"),
                           "hintfs_glibcmalloc": m.get("hintfs-glibcmalloc"),
+                          "hintfs_unmapped": m.get("hintfs-unmapped"),
                           "s3fs": m.get("s3fs"), "rclone": m.get("rclone"),
                           "daemon_cpu_s": {s: med([r["daemon_cpu_s"] for r in v]) for s, v in per.items()
                                            if s.startswith("hintfs")},

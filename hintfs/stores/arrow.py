@@ -39,7 +39,7 @@ class ArrowReader:
     """One open file of a pyarrow filesystem: its reads are positional (`read_at`). `whole`: the
     object fetched whole at open (small objects: one GET), every read served from memory.
     `ahead`: read-ahead for sequential reads (hintfs.stores.readahead); `plain()` turns it off."""
-    __slots__ = ("_file", "_lock", "whole", "_etag", "_ahead", "_held", "_budget", "counters")
+    __slots__ = ("_file", "_lock", "whole", "_etag", "_ahead", "_held", "_budget", "counters", "ranged")
 
     def __init__(self, f, whole: bytes | None = None, etag: str | None = None, ahead: ReadAhead | None = None,
                  budget: Budget | None = None, counters: dict[str, int] | None = None):
@@ -51,6 +51,29 @@ class ArrowReader:
         self._ahead = ahead
         self._budget = budget
         self._held = len(whole) if whole is not None and budget is not None else 0
+        # (key, S3Getter) where this object's ranges can be read straight into a buffer
+        # (`read_into`: the host cache's fetch); None elsewhere.
+        self.ranged: tuple[str, S3Getter] | None = None
+
+    def read_into(self, offset: int, buf: memoryview) -> bool:
+        """Fill `buf` with the object's bytes at `offset`, of this open's version, by one ranged
+        GET whose body lands in `buf` itself (`S3Getter.get_range_into`); False where this reader
+        cannot (no signing keys, not S3, no ETag) or the store answered anything else (another
+        version, an error): read the range with `read` instead. Counted as a GET either way."""
+        ranged = self.ranged
+        if ranged is None or self.whole is not None:
+            return False
+        etag = self.etag
+        if not etag:
+            return False
+        c = self.counters
+        c["store_gets"] = c.get("store_gets", 0) + 1
+        key, getter = ranged
+        if getter.get_range_into(key, offset, buf, etag):
+            c["store_gets_into"] = c.get("store_gets_into", 0) + 1
+            return True
+        c["store_gets_into_refused"] = c.get("store_gets_into_refused", 0) + 1
+        return False
 
     def read(self, offset: int, size: int) -> bytes:
         whole = self.whole
@@ -407,6 +430,8 @@ class ArrowStore:
                 if mtime is not None:
                     size = f.size()
                     reader = self._reader(f, size, lazy)
+                    if self._lister is not None and reader.whole is None:
+                        reader.ranged = (self._key(rel), self._lister)
                     return reader, Stat(_FILE_MODE, size, mtime, mtime, 1, etag=reader.etag)
                 f.close()
         info = self.fs.get_file_info(self._p(rel))

@@ -38,6 +38,7 @@ import hashlib
 import itertools
 import json
 import logging
+import mmap
 import os
 import stat as stat_mod
 import threading
@@ -122,6 +123,10 @@ class _Job:
     cursor: int = 0
     nblocks: int = 0
     started: bool = False       # a worker has it
+    # The fetch's file mapped (shared, read-write) where its blocks are read straight into it
+    # (`_fetch_block`); reads of fetched blocks are answered from it. Never closed by hand: a
+    # reply still holding a view keeps it mapped until the view goes.
+    mm: mmap.mmap | None = None
 
     def next_block(self) -> int | None:
         """The next block to fetch: the first not yet submitted at or after `cursor`, wrapping."""
@@ -229,6 +234,7 @@ class HostCachedStore:
         self.min_bytes = cache_cfg.min_file_bytes
         self.max_bytes = min(cache_cfg.max_file_bytes or cache_cfg.budget_bytes, cache_cfg.budget_bytes)
         self.block = cache_cfg.fetch_block_bytes
+        self.map_fetches = cache_cfg.fetch_mapped   # (blocks read into a mapping of the file: _fetch_block)
         self.counters: dict[str, int] = defaultdict(int)
         for key in COUNTERS:
             self.counters[key] = 0
@@ -435,13 +441,17 @@ class HostCachedStore:
             tmp = f"{name}.{os.getpid()}.{next(_seq)}{_TMP_SUFFIX}"
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=self.dir_fd)
+            mm = None
             try:
                 os.posix_fallocate(fd, 0, size)   # ENOSPC now, not halfway through
+                if self.map_fetches and getattr(reader, "ranged", None) is not None:
+                    # Every page is allocated: stores through the mapping cannot fail (no SIGBUS).
+                    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             except OSError as err:
                 if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
             with self._cond:
-                job.fd, job.size, job.version = fd, size, version
+                job.fd, job.size, job.version, job.mm = fd, size, version, mm
                 job.nblocks = -(-size // self.block)
                 self._cond.notify_all()
             self._fetch_blocks(job, reader, fd)
@@ -494,6 +504,7 @@ class HostCachedStore:
         finally:
             with self._lock:
                 job.fd = -1                    # no new partial read takes it (they dup it)
+                job.mm = None                  # (unmapped once no reply holds a view of it)
             if fd >= 0:
                 os.close(fd)
             if tmp:
@@ -514,13 +525,26 @@ class HostCachedStore:
     def _fetch_block(self, job: _Job, reader: Reader, fd: int, off: int, n: int) -> None:
         if self._closed or job.cancelled:
             raise _Stale("stopped")
-        data = memoryview(reader.read(off, n))
-        if len(data) != n:
-            raise OSError(errno.EIO, f"short read from the store: {len(data)} of {n} bytes at {off}")
         start = off
-        while data:
-            w = os.pwrite(fd, data, off)
-            data, off = data[w:], off + w
+        mm = job.mm
+        if mm is not None:
+            # Into the mapping of the file: the GET's body goes from the socket to the file's
+            # pages (one copy), where a read through pyarrow and a pwrite copy it three times.
+            # (Not MADV_POPULATE_WRITE first: on a 16-core host that made the fetch slower
+            # than letting the copy fault the pages in, bench/notes/s3_cold.md.)
+            with memoryview(mm) as whole, whole[off:off + n] as view:
+                if not reader.read_into(off, view):   # type: ignore[attr-defined]
+                    got = reader.read(off, n)
+                    if len(got) != n:
+                        raise OSError(errno.EIO, f"short read from the store: {len(got)} of {n} bytes at {off}")
+                    view[:] = got
+        else:
+            data = memoryview(reader.read(off, n))
+            if len(data) != n:
+                raise OSError(errno.EIO, f"short read from the store: {len(data)} of {n} bytes at {off}")
+            while data:
+                w = os.pwrite(fd, data, off)
+                data, off = data[w:], off + w
         with self._cond:
             job.blocks.add(start // self.block)
             self._cond.notify_all()
@@ -580,8 +604,11 @@ class HostCachedStore:
                 first, last = offset // self.block, (end - 1) // self.block
                 missing = [b for b in range(first, last + 1) if b not in job.blocks]
                 if not missing:
-                    fd = os.dup(job.fd)
                     self.counters["hostcache_partial_reads"] += 1
+                    mm = job.mm
+                    if mm is not None:
+                        return mm[offset:end]
+                    fd = os.dup(job.fd)
                     break
                 ahead = [b for b in missing if b not in job.submitted]
                 if ahead and not 0 <= ahead[0] - job.cursor <= self._window:
@@ -606,6 +633,11 @@ class HostCachedStore:
             if end <= offset or any(b not in job.blocks
                                     for b in range(offset // self.block, (end - 1) // self.block + 1)):
                 return None
+            mm = job.mm
+            if mm is not None:   # a view of the mapping: the reply copies from the file's pages
+                self.counters["hostcache_partial_reads"] += 1
+                with memoryview(mm) as whole:
+                    return cast(bytes, whole[offset:end])
             fd = os.dup(job.fd)
         mode = self._read_mode      # (local.read_mode: a memory filesystem is read inline, always)
         try:
@@ -639,8 +671,11 @@ class HostCachedStore:
                 return None
             if any(b not in job.blocks for b in range(offset // self.block, (end - 1) // self.block + 1)):
                 return None
-            fd = os.dup(job.fd)
             self.counters["hostcache_partial_reads"] += 1
+            mm = job.mm
+            if mm is not None:
+                return mm[offset:end]
+            fd = os.dup(job.fd)
         try:
             return os.pread(fd, end - offset, offset)
         finally:

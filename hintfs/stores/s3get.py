@@ -16,6 +16,10 @@ HEAD and GET as before). Addressing: path style at `endpoint_override`; virtual-
 cannot answer (not found, an error, an object larger than `limit`) is `None`: the caller opens
 the object through pyarrow as before.
 
+`S3Getter.get_range_into` is a ranged GET of one version (`If-Match`) whose body goes from the
+socket straight into the caller's buffer: the host cache's fetch reads each block into its mapping
+of the cache file (no copy through pyarrow's buffers, no `pwrite`; docs/hostcache.md).
+
 `S3Getter.list_after` is a ListObjectsV2 with `start-after`: the entries of one folder whose names
 sort after a given name. pyarrow lists a folder whole; the journal's readers (`journal.SliceListings`)
 list the same time slice many times a second, and a slice of a busy journal is thousands of
@@ -103,14 +107,18 @@ class S3Getter:
         self._keys = (day, k)
         return k
 
-    def _headers(self, path: str, rng: str | None, now: dt.datetime, query: str = "") -> dict[str, str]:
+    def _headers(self, path: str, rng: str | None, now: dt.datetime, query: str = "",
+                 extra: dict[str, str] | None = None) -> dict[str, str]:
         """The signed headers of a GET of `path` (`query`: its canonical query string, sorted and
-        encoded by `_q`; `rng`: a Range header, or none)."""
+        encoded by `_q`; `rng`: a Range header, or none; `extra`: more headers, lower-case names,
+        signed too)."""
         amz = now.strftime("%Y%m%dT%H%M%SZ")
         day = amz[:8]
         headers = {"host": self.host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": amz}
         if rng is not None:
             headers["range"] = rng
+        if extra:
+            headers.update(extra)
         signed = ";".join(sorted(headers))
         canonical = "\n".join(["GET", path, query, *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed,
                                _EMPTY_SHA256])
@@ -163,6 +171,54 @@ class S3Getter:
             return None
         return Got(body, len(body), mtime, etag)
 
+
+    def get_range_into(self, key: str, offset: int, buf: memoryview, etag: str) -> bool:
+        """The object's bytes at `offset`, `len(buf)` of them, read from the socket straight into
+        `buf` (a host cache fetch's block: its mapping of the cache file) by one ranged GET that
+        only the version `etag` answers (`If-Match`: a replaced object is 412). True when `buf`
+        was filled by that version; False for anything else (an error, another version, a short
+        or longer answer; `buf` may then hold part of the answer): the caller reads the block
+        through pyarrow. TimeoutError where the server does not answer within the request timeout."""
+        n = len(buf)
+        if n <= 0 or offset < 0 or not etag:
+            return False
+        try:
+            path = self._prefix + "/" + quote(key, safe="/-_.~")
+        except UnicodeEncodeError:
+            return False
+        rng = f"bytes={offset}-{offset + n - 1}"
+        for attempt in range(2):
+            try:
+                conn = self._conn()
+                headers = self._headers(path, rng, dt.datetime.now(dt.UTC), extra={"if-match": etag})
+                conn.request("GET", path, headers=headers)
+                resp = conn.getresponse()
+                if (resp.status != 206 or int(resp.getheader("content-length", "-1")) != n
+                        or resp.getheader("etag") != etag
+                        or not resp.getheader("content-range", "").startswith(f"bytes {offset}-{offset + n - 1}/")):
+                    self._drop_conn()   # (an error's document or another answer: never read)
+                    return False
+                got = 0
+                while got < n:   # (http.client reads from the socket into the slice given)
+                    k = resp.readinto(buf[got:])
+                    if not k:
+                        break
+                    got += k
+            except TimeoutError:
+                self._drop_conn()
+                raise
+            except (http.client.HTTPException, OSError, ValueError):
+                self._drop_conn()
+                if attempt:
+                    return False
+                continue
+            if got != n:
+                self._drop_conn()
+                return False
+            if resp.getheader("connection", "").lower() == "close":
+                self._drop_conn()
+            return True
+        return False
 
     def list_after(self, folder_key: str, after: str) -> list[tuple[str, int, int, bool]] | None:
         """The entries of the folder whose keys start with `folder_key` (ending in "/"; "" for

@@ -181,3 +181,37 @@ def test_a_cold_read_fetches_each_byte_once_and_a_small_object_in_one_request(hc
     assert c["whole_object_opens"] == 1 and c["hostcache_whole"] == 1 and c["hostcache_fetches"] == 2
     assert (hc.m.mnt / "ckpt" / "small.bin").read_bytes() == small
     assert hc.counters()["hostcache_hits"] >= 1
+
+
+def test_a_fetch_reads_each_block_straight_into_the_cache_file(hc):
+    """Issue 39 (cold S3 reads): each block of a fetch is one ranged GET of the open's version
+    (If-Match) whose body lands in the fetch's mapping of the cache file; reads of fetched blocks
+    come from that mapping. The bytes are the object's, by any read size and offset."""
+    data = os.urandom(5 * MiB + 77)
+    hc.put("ckpt/mapped.bin", data)
+    path = hc.m.mnt / "ckpt" / "mapped.bin"
+    with open(path, "rb", buffering=0) as f:
+        got = b"".join(iter(lambda: f.read(300_001), b""))
+    assert got == data
+    assert hc.fetched(1), hc.counters()
+    c = hc.counters()
+    assert c["store_gets_into"] == 6 and c.get("store_gets_into_refused", 0) == 0, c
+    assert c["hostcache_fetched_bytes"] == len(data)
+    assert path.read_bytes() == data               # the complete copy, as fetched
+    assert hc.get("ckpt/mapped.bin") == data
+
+
+def test_fetch_mapped_false_reads_blocks_through_pyarrow(s3_server, mount_factory, tmp_path):
+    fs = s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{tmp_path / "hc"}"\nfetch_block_bytes = {MiB}\n'
+             'fetch_mapped = false\n')
+    m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(s3_server))
+    data = os.urandom(3 * MiB + 1)
+    with fs.open_output_stream(f"{BUCKET}/u.bin") as f:
+        f.write(data)
+    assert (m.mnt / "u.bin").read_bytes() == data
+    assert wait_for(lambda: m.stats()["counters"]["hostcache_fetches"] >= 1, timeout=30)
+    c = m.stats()["counters"]
+    assert c.get("store_gets_into", 0) == 0 and c["hostcache_fetched_bytes"] == len(data)
+    assert (m.mnt / "u.bin").read_bytes() == data

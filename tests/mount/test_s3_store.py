@@ -366,3 +366,49 @@ def test_a_lazy_open_of_a_small_object_fetches_no_byte_until_a_read(s3_server, t
     plain, _ = store.open_reader("f.bin")
     assert plain.whole is not None and c["get_opens"] == 1   # (the mounts' open: unchanged)
     plain.close()
+
+
+def test_a_ranged_get_into_a_buffer_reads_only_the_version_asked(s3_server, tmp_path):
+    """Issue 39 (cold S3 reads): the host cache's blocks are ranged GETs whose bodies go straight
+    into its buffer (`S3Getter.get_range_into`), answered only by the version the open saw
+    (If-Match on its ETag); anything else is False and the caller reads through pyarrow."""
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    data = os.urandom(300_000)
+    with fs.open_output_stream(f"{BUCKET}/d/b x.bin") as f:   # (a key that needs quoting)
+        f.write(data)
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", whole_object_bytes=0,
+                       getter=S3Getter.of(cfg, BUCKET))
+    reader, st = store.open_reader("d/b x.bin")
+    assert reader.ranged is not None and st.etag
+    buf = bytearray(100_000)
+    assert reader.read_into(150_000, memoryview(buf)) and bytes(buf) == data[150_000:250_000]
+    assert reader.read_into(200_000, memoryview(buf)) and bytes(buf) == data[200_000:300_000]
+    assert not reader.read_into(250_000, memoryview(buf))       # past the end: not the range asked
+    c = store.read_counters
+    assert c["store_gets_into"] == 2 and c["store_gets_into_refused"] == 1
+    with fs.open_output_stream(f"{BUCKET}/d/b x.bin") as f:     # another version now
+        f.write(os.urandom(300_000))
+    assert not reader.read_into(0, memoryview(buf))             # 412: the open's version is gone
+    reader.close()
+    getter = S3Getter.of(cfg, BUCKET)
+    assert getter is not None
+    assert not getter.get_range_into("d/none", 0, memoryview(buf), st.etag)   # missing
+    assert not getter.get_range_into("d/b x.bin", 0, memoryview(buf), "")     # no version to ask for
+    bad = S3Getter.of(StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                                  region="us-east-1", access_key=s3_server.access_key, secret_key="wrong"), BUCKET)
+    assert bad is not None
+    reader2, st2 = store.open_reader("d/b x.bin")
+    assert not bad.get_range_into("d/b x.bin", 0, memoryview(buf), st2.etag)  # refused (403)
+    assert getter.get_range_into("d/b x.bin", 0, memoryview(buf), st2.etag)
+    assert bytes(buf) == reader2.read(0, 100_000)
+    reader2.close()
+    lazy = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}")              # no keys: pyarrow's reads
+    r3, _ = lazy.open_reader("d/b x.bin")
+    assert r3.ranged is None and not r3.read_into(0, memoryview(buf))
+    r3.close()
