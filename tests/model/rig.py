@@ -121,10 +121,13 @@ level = "INFO"
 
 
 @contextlib.contextmanager
-def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = None) -> Iterator[Rig]:
+def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = None,
+                 blocks: bool = False) -> Iterator[Rig]:
     """An S3 store (JuiceFS's S3 gateway on loopback) and `mounts` mounts of it; with `host_cache`,
     each mount has a `[cache] dir` (its writes then go by passthrough from the spool file, and
-    complete files are read from the cache)."""
+    complete files are read from the cache). `blocks` (with `host_cache`): no object is read whole
+    at open (`whole_object_bytes = 0`) and fetches go by 64 KiB blocks, so the model's files
+    (up to ~170 KB) are read from fetches in flight and their mapped blocks (docs/hostcache.md)."""
     from tests.helpers.s3server import JuiceFSGateway
     own = base is None
     base = Path(tempfile.mkdtemp(prefix="hintfs-model-s3-")) if base is None else base
@@ -139,8 +142,11 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
             mnt.mkdir(exist_ok=True)
             cfg = base / f"m{i}.toml"
             cfg.write_text(S3_CONFIG.format(
-                bucket=bucket, keys=server.store_keys('connect_timeout_s = 2\nrequest_timeout_s = 10\n'),
-                spool=base / f"spool{i}", cache_dir=f'dir = "{base / f"hc{i}"}"' if host_cache else "",
+                bucket=bucket, keys=server.store_keys('connect_timeout_s = 2\nrequest_timeout_s = 10\n'
+                                                      + ("whole_object_bytes = 0\n" if blocks else "")),
+                spool=base / f"spool{i}",
+                cache_dir=(f'dir = "{base / f"hc{i}"}"' + ("\nfetch_block_bytes = 65536" if blocks else ""))
+                if host_cache else "",
                 passthrough="auto" if host_cache else "off", log=base / f"m{i}.log"))
             _mount(cfg, mnt)
             mnts.append(mnt)
