@@ -18,8 +18,9 @@ Configurations (`--configs`, comma-separated names or groups):
     s3_1, s3_2               S3, 1 or 2 mounts, no host cache: writes through the daemon (group `s3`)
     s3hc_1, s3hc_2           S3, 1 or 2 mounts, each with a host cache `[cache] dir` (passthrough
                              from the spool and from complete cached files) (group `s3`)
-    s3hcb_1, s3hcb_2         the same, no object read whole at open and fetches by 64 KiB blocks:
-                             reads from fetches in flight and their mapped blocks (group `s3`)
+    s3hcb_1, s3hcb_2         the same, no object read whole at open, fetches by 64 KiB blocks and
+                             more opens read-only: reads from fetches in flight and their mapped
+                             blocks (group `s3`)
     all                      file and s3 (the default); `none`: no run (with --add-results)
 Each configuration runs `--ops` operations (whole seeds of `--steps` steps, from `--first-seed` on).
 
@@ -67,7 +68,7 @@ class Config(NamedTuple):
     @property
     def read_bias(self) -> float:
         """Extra share of read-only opens (tests/model/harness.py `Run.read_bias`)."""
-        return 0.6 if self.fast else 0.0
+        return 0.6 if self.fast or self.blocks else 0.0
 
     @property
     def regression_store(self) -> str:
