@@ -31,7 +31,7 @@ PASSTHROUGH_BUILD := env -u DESTDIR bash patches/build-passthrough.sh $(VENV)
 passthrough-libs: $(STAMP)
 	@$(PASSTHROUGH_BUILD)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile patches/build-passthrough.sh $(wildcard patches/*.patch)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
