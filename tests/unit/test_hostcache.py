@@ -40,6 +40,27 @@ class MemReader:
         self.store.closed += 1
 
 
+class RangedMemReader(MemReader):
+    """A reader whose ranges can be read into a caller's buffer (as an S3 reader with signing keys:
+    `ArrowReader.read_into`); `store.ranged` says how: "ok", "refuse" (False, nothing written),
+    "partial" (half the buffer written, then False), or a callable hook(offset) run first."""
+    ranged = ("key", None)
+
+    def read_into(self, offset: int, buf: memoryview) -> bool:
+        self.store.ranged_calls += 1
+        mode = self.store.ranged
+        if callable(mode):
+            mode = mode(offset) or "ok"
+        want = self.data[offset:offset + len(buf)]
+        if mode == "refuse" or len(want) != len(buf):
+            return False
+        if mode == "partial":
+            buf[:len(buf) // 2] = b"\xee" * (len(buf) // 2)
+            return False
+        buf[:] = want
+        return True
+
+
 class MemStore:
     """A remote store in memory: (data, mtime_ns, etag) per path; counts opens and reads."""
     inline_metadata = False
@@ -53,6 +74,8 @@ class MemStore:
         self.reads = 0
         self.closed = 0
         self.on_read = None
+        self.ranged = None          # set: readers are RangedMemReader (see there)
+        self.ranged_calls = 0
         self.lock = threading.Lock()
         self.committed: list[str] = []
 
@@ -74,7 +97,8 @@ class MemStore:
         if rel not in self.files:
             raise FileNotFoundError(errno.ENOENT, "not found", rel)
         data, _mtime, etag = self.files[rel]
-        return MemReader(self, rel, data, etag), self._stat(rel)
+        cls = MemReader if self.ranged is None else RangedMemReader
+        return cls(self, rel, data, etag), self._stat(rel)
 
     def unlink(self, rel):
         del self.files[rel]
@@ -552,3 +576,61 @@ def test_an_open_reads_from_its_fetch_and_the_fetch_follows_the_reader(make, rem
         reader.close()
     assert hc.wait_idle(10)
     assert read_all(hc, "big.bin")[0] == data
+
+
+@pytest.mark.parametrize("mode", ["ok", "refuse", "partial"])
+def test_a_mapped_fetch_fills_the_file_by_ranged_reads_or_falls_back_to_reads(make, remote, mode):
+    """Issue 39: with a reader that reads ranges into a buffer, each block goes into the fetch's
+    mapping of its file; a block it cannot read (refused, or half written) is read and copied over
+    it. The complete file is exactly the store's, by either way."""
+    data = os.urandom(5 * (64 << 10) + 123)
+    remote.put("m.bin", data)
+    remote.ranged = mode
+    hc = make()
+    assert read_all(hc, "m.bin")[0] == data
+    assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
+    assert remote.ranged_calls == 6
+    assert remote.reads == (0 if mode == "ok" else 6)   # (the open's read waited for its block)
+    with open(os.path.join(hc.root, cache_name("m.bin")), "rb") as f:
+        assert f.read() == data
+    assert read_all(hc, "m.bin")[0] == data and hc.counters["hostcache_hits"] == 1
+
+
+def test_fetch_mapped_false_never_reads_into_a_buffer(make, remote):
+    data = os.urandom(3 * (64 << 10))
+    remote.put("u.bin", data)
+    remote.ranged = "ok"
+    hc = make(fetch_mapped=False)
+    assert read_all(hc, "u.bin")[0] == data
+    assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
+    assert remote.ranged_calls == 0
+
+
+def test_a_view_of_the_mapping_outlives_the_fetch_and_the_files_removal(make, remote):
+    """A read answered from a fetch in flight is a view of the fetch's mapping (the reply copies
+    from it): it keeps its bytes after the fetch ends, the file is renamed into the cache and then
+    dropped from it, since the mapping is never unmapped while a view holds it."""
+    data = os.urandom(4 * (64 << 10))
+    remote.put("v.bin", data)
+    last = threading.Event()
+
+    def hook(offset):
+        if offset == 3 * (64 << 10):
+            assert last.wait(10)
+
+    remote.ranged = hook
+    hc = make(fetch_threads=1)
+    reader, st = hc.open_reader("v.bin")
+    version = (st.size, st.mtime_ns, remote.files["v.bin"][2])
+    assert isinstance(reader, CachedReader)
+    assert bytes(reader.read(0, 100)) == data[:100]        # asks for the fetch; block 0 waited for
+    assert wait_for(lambda: hc.read_fetched_nowait("v.bin", version, 64 << 10, 64 << 10) is not None)
+    view = hc.read_fetched_nowait("v.bin", version, 64 << 10, 64 << 10)
+    assert isinstance(view, memoryview) and bytes(view) == data[64 << 10:128 << 10]
+    last.set()
+    assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
+    reader.close()
+    hc.invalidate("v.bin")
+    assert cache_name("v.bin") not in files_in(hc)
+    assert bytes(view) == data[64 << 10:128 << 10]
+    view.release()
