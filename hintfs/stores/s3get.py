@@ -171,7 +171,6 @@ class S3Getter:
             return None
         return Got(body, len(body), mtime, etag)
 
-
     def get_range_into(self, key: str, offset: int, buf: memoryview, etag: str) -> bool:
         """The object's bytes at `offset`, `len(buf)` of them, read from the socket straight into
         `buf` (a host cache fetch's block: its mapping of the cache file) by one ranged GET that
@@ -187,38 +186,15 @@ class S3Getter:
         except UnicodeEncodeError:
             return False
         rng = f"bytes={offset}-{offset + n - 1}"
-        for attempt in range(2):
-            try:
-                conn = self._conn()
-                headers = self._headers(path, rng, dt.datetime.now(dt.UTC), extra={"if-match": etag})
-                conn.request("GET", path, headers=headers)
-                resp = conn.getresponse()
-                if (resp.status != 206 or int(resp.getheader("content-length", "-1")) != n
-                        or resp.getheader("etag") != etag
-                        or not resp.getheader("content-range", "").startswith(f"bytes {offset}-{offset + n - 1}/")):
-                    self._drop_conn()   # (an error's document or another answer: never read)
-                    return False
-                got = 0
-                while got < n:   # (http.client reads from the socket into the slice given)
-                    k = resp.readinto(buf[got:])
-                    if not k:
-                        break
-                    got += k
-            except TimeoutError:
-                self._drop_conn()
-                raise
-            except (http.client.HTTPException, OSError, ValueError):
-                self._drop_conn()
-                if attempt:
-                    return False
-                continue
-            if got != n:
-                self._drop_conn()
-                return False
-            if resp.getheader("connection", "").lower() == "close":
-                self._drop_conn()
-            return True
-        return False
+
+        def exact(resp: http.client.HTTPResponse) -> int | None:
+            # (an error's document, another version or another range: never read)
+            ok = (resp.status == 206 and int(resp.getheader("content-length", "-1")) == n
+                  and resp.getheader("etag") == etag
+                  and resp.getheader("content-range", "").startswith(f"bytes {offset}-{offset + n - 1}/"))
+            return n if ok else None
+
+        return self._get(path, path, "", rng, exact, extra={"if-match": etag}, into=buf) is not None
 
     def list_after(self, folder_key: str, after: str) -> list[tuple[str, int, int, bool]] | None:
         """The entries of the folder whose keys start with `folder_key` (ending in "/"; "" for
@@ -257,21 +233,33 @@ class S3Getter:
         return None if got is None else got[1]
 
     def _get(self, target: str, path: str, query: str, rng: str | None,
-             size_of: Callable[[http.client.HTTPResponse], int | None]) -> tuple[http.client.HTTPResponse, bytes] | None:
-        """One signed GET of `target` (`path` and its canonical `query`), once more on a fresh
-        connection if a kept-alive one fails: (the response, its body) where `size_of` accepts
-        the response (the body's length; None: not read) and the body is that long, else None.
-        TimeoutError where the server does not answer within the request timeout (no second wait)."""
+             size_of: Callable[[http.client.HTTPResponse], int | None], extra: dict[str, str] | None = None,
+             into: memoryview | None = None) -> tuple[http.client.HTTPResponse, bytes] | None:
+        """One signed GET of `target` (`path` and its canonical `query`; `extra`: more signed
+        headers), once more on a fresh connection if a kept-alive one fails: (the response, its
+        body) where `size_of` accepts the response (the body's length; None: not read) and the
+        body is that long, else None. `into`: the body is read from the socket into this buffer
+        (as long as `size_of` says) and the body returned is b"". TimeoutError where the server
+        does not answer within the request timeout (no second wait)."""
         for attempt in range(2):
             try:
                 conn = self._conn()
-                conn.request("GET", target, headers=self._headers(path, rng, dt.datetime.now(dt.UTC), query))
+                conn.request("GET", target, headers=self._headers(path, rng, dt.datetime.now(dt.UTC), query, extra))
                 resp = conn.getresponse()
                 want = size_of(resp)
                 if want is None:
                     self._drop_conn()
                     return None
-                body = resp.read()
+                if into is None:
+                    body = resp.read()
+                    got = len(body)
+                else:
+                    body, got = b"", 0
+                    while got < want:   # (http.client reads from the socket into the slice given)
+                        k = resp.readinto(into[got:want])
+                        if not k:
+                            break
+                        got += k
             except TimeoutError:
                 self._drop_conn()
                 raise
@@ -280,9 +268,9 @@ class S3Getter:
                 if attempt:
                     return None
                 continue
-            if resp.getheader("connection", "").lower() == "close":
-                self._drop_conn()
-            return (resp, body) if len(body) == want else None
+            if got != want or resp.getheader("connection", "").lower() == "close":
+                self._drop_conn()   # (a short body leaves the connection mid-response)
+            return (resp, body) if got == want else None
         return None
 
 
