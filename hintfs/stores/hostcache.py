@@ -606,9 +606,7 @@ class HostCachedStore:
                 if not missing:
                     self.counters["hostcache_partial_reads"] += 1
                     mm = job.mm
-                    if mm is not None:
-                        return mm[offset:end]
-                    fd = os.dup(job.fd)
+                    fd = os.dup(job.fd) if mm is None else -1
                     break
                 ahead = [b for b in missing if b not in job.submitted]
                 if ahead and not 0 <= ahead[0] - job.cursor <= self._window:
@@ -617,6 +615,8 @@ class HostCachedStore:
                     return None
                 self.counters["hostcache_read_waits"] += 1
                 self._cond.wait()
+        if mm is not None:   # (copied out of the mapping with no lock held)
+            return mm[offset:end]
         try:
             return os.pread(fd, end - offset, offset)
         finally:
@@ -634,7 +634,10 @@ class HostCachedStore:
                                     for b in range(offset // self.block, (end - 1) // self.block + 1)):
                 return None
             mm = job.mm
-            if mm is not None:   # a view of the mapping: the reply copies from the file's pages
+            if mm is not None and self._read_mode == "memory":
+                # A view of the mapping: the reply copies from the file's pages. (On a disk a
+                # page written back and then reclaimed would be read from it by a fault, on the
+                # event loop: there the bytes come by RWF_NOWAIT as before.)
                 self.counters["hostcache_partial_reads"] += 1
                 with memoryview(mm) as whole:
                     return cast(bytes, whole[offset:end])
@@ -673,9 +676,9 @@ class HostCachedStore:
                 return None
             self.counters["hostcache_partial_reads"] += 1
             mm = job.mm
-            if mm is not None:
-                return mm[offset:end]
-            fd = os.dup(job.fd)
+            fd = os.dup(job.fd) if mm is None else -1
+        if mm is not None:   # (copied out of the mapping with no lock held)
+            return mm[offset:end]
         try:
             return os.pread(fd, end - offset, offset)
         finally:
