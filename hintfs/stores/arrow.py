@@ -33,6 +33,12 @@ _DIR_MODE = stat_mod.S_IFDIR | 0o755
 _READ_THREADS = 16          # ranged reads ahead in flight, over all open files of a store
 _READ_CHUNK = 8 << 20       # bytes per ranged read ahead (less where read_ahead_bytes is small)
 _LISTED_MAX = 100_000       # entries of listings kept for stat (about 300 bytes each)
+# A folder whose listed names keep being asked for after the listing's answers expired (a reader
+# going through a big folder for longer than the attribute timeout) is listed again, once, instead
+# of a HEAD per name: after RELIST_AFTER_MISSES such stats, if its last listing had at most
+# RELIST_MAX_ENTRIES entries (one LIST page is 1,000).
+RELIST_AFTER_MISSES = 8
+RELIST_MAX_ENTRIES = 10_000
 
 
 class ArrowReader:
@@ -248,6 +254,10 @@ class ArrowStore:
         self._clock = clock
         self._listed: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if listing_ttl is not None else None
         self._listed_lock = threading.Lock()
+        # folder -> [stats of its expired names since its last listing, entries of that listing]
+        # (`_relist_due`); the folders being listed again now.
+        self._relist: LRUCache = LRUCache(maxsize=1024)
+        self._relisting: set[str] = set()
         # Small objects opened in one GET (hintfs.stores.s3get): the sizes listings and stats said
         # (any age: only which request the open makes depends on it), bounded like `_listed`.
         self._getter = getter if self._is_s3 and whole_object_bytes > 0 else None
@@ -293,6 +303,21 @@ class ArrowStore:
                 self._count("stat_from_listing")
                 st: Stat = kept[0]
                 return st
+            if kept is not None and rel and self._relist_due(folder := rel.rpartition("/")[0]):
+                try:
+                    for _ in self.iter_dir(folder):   # (its answers for the next attribute timeout)
+                        pass
+                except OSError:
+                    pass   # (the HEAD below says what is wrong, if anything)
+                finally:
+                    with self._listed_lock:
+                        self._relisting.discard(folder)
+                with self._listed_lock:
+                    kept = listed.get(rel)
+                if kept is not None and self._clock() < kept[1]:
+                    self._count("stat_from_relisting")
+                    st = kept[0]
+                    return st
         if self._children is not None:
             known = self._dir_by_child(rel)
             if known is not None:
@@ -303,6 +328,20 @@ class ArrowStore:
         if st.is_file:
             self._size_seen(rel, st.size)
         return st
+
+    def _relist_due(self, folder: str) -> bool:
+        """One more stat of a name `folder`'s listing gave, after that answer expired: True (and
+        this caller lists it again) on the RELIST_AFTER_MISSES-th since its last listing, if that
+        listing was small enough and no other thread is listing it now."""
+        with self._listed_lock:
+            seen = self._relist.get(folder)
+            if seen is None or seen[1] > RELIST_MAX_ENTRIES or folder in self._relisting:
+                return False
+            seen[0] += 1
+            if seen[0] < RELIST_AFTER_MISSES:
+                return False
+            self._relisting.add(folder)
+            return True
 
     def _dir_by_child(self, rel: str) -> Stat | None:
         """A folder a listing showed with an object in it, asked in two HEADs: `rel` is no object
@@ -348,6 +387,9 @@ class ArrowStore:
         child_seen = not rel   # (the root needs none: it is never asked for)
         infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
         listed = self._listed
+        if listed is not None:
+            with self._listed_lock:
+                self._relist[rel] = [0, len(infos)]
         for info in infos:
             name = info.base_name
             if not name or name.startswith(STAGING_PREFIX):

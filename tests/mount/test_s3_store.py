@@ -412,3 +412,46 @@ def test_a_ranged_get_into_a_buffer_reads_only_the_version_asked(s3_server, tmp_
     r3, _ = lazy.open_reader("d/b x.bin")
     assert r3.ranged is None and not r3.read_into(0, memoryview(buf))
     r3.close()
+
+
+def test_a_folder_whose_listed_names_keep_being_stated_after_expiry_is_listed_again(s3_server, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 39 (small objects with the defaults): a reader going through a folder for longer than
+    the attribute timeout stats names whose listed answers expired; after RELIST_AFTER_MISSES of
+    them (each a HEAD) the folder is listed again, once, and the next stats are answered from that
+    listing, as fresh as a HEAD. A name gone meanwhile is still a HEAD (not found); a folder
+    whose listing was larger than RELIST_MAX_ENTRIES is never listed again for stats."""
+    from hintfs.stores import arrow
+    from hintfs.stores.arrow import ArrowStore
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    for i in range(20):
+        with fs.open_output_stream(f"{BUCKET}/d/f{i:02d}") as f:
+            f.write(b"x" * (i + 1))
+    now = [100.0]
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 1.0,
+                       clock=lambda: now[0])
+    c = store.read_counters
+    assert len(list(store.iter_dir("d"))) == 20 and c["store_lists"] == 1
+    assert store.stat("d/f00").size == 1 and c["stat_from_listing"] == 1
+    now[0] += 2.0                                          # every listed answer expired
+    for i in range(arrow.RELIST_AFTER_MISSES - 1):
+        assert store.stat(f"d/f{i:02d}").size == i + 1
+    assert c["store_heads"] == arrow.RELIST_AFTER_MISSES - 1 and c["store_lists"] == 1
+    fs.delete_file(f"{BUCKET}/d/f19")
+    n = arrow.RELIST_AFTER_MISSES
+    assert store.stat(f"d/f{n:02d}").size == n + 1         # the 8th: the folder listed again
+    assert c["store_lists"] == 2 and c["stat_from_relisting"] == 1
+    heads = c["store_heads"]
+    for i in range(n + 1, 19):
+        assert store.stat(f"d/f{i:02d}").size == i + 1
+    assert c["store_heads"] == heads                        # answered from the new listing
+    with pytest.raises(FileNotFoundError):
+        store.stat("d/f19")                                 # not in it: a HEAD says it is gone
+    monkeypatch.setattr(arrow, "RELIST_MAX_ENTRIES", 5)     # a large folder: a HEAD each, always
+    list(store.iter_dir("d"))
+    now[0] += 2.0
+    lists = c["store_lists"]
+    for i in range(2 * n):
+        store.stat(f"d/f{i % 19:02d}")
+    assert c["store_lists"] == lists
