@@ -303,7 +303,7 @@ class ArrowStore:
                 self._count("stat_from_listing")
                 st: Stat = kept[0]
                 return st
-            if kept is not None and rel and self._relist_due(folder := rel.rpartition("/")[0]):
+            if kept is not None and rel and self._is_s3 and self._relist_due(folder := rel.rpartition("/")[0]):
                 try:
                     for _ in self.iter_dir(folder):   # (its answers for the next attribute timeout)
                         pass
