@@ -444,12 +444,17 @@ class HostCachedStore:
             mm = None
             try:
                 os.posix_fallocate(fd, 0, size)   # ENOSPC now, not halfway through
-                if self.map_fetches and getattr(reader, "ranged", None) is not None:
-                    # Every page is allocated: stores through the mapping cannot fail (no SIGBUS).
-                    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                allocated = True
             except OSError as err:
                 if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
+                allocated = False
+            if allocated and self.map_fetches and getattr(reader, "ranged", None) is not None:
+                # Every page is allocated: stores through the mapping cannot fail (no SIGBUS).
+                try:
+                    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                except (OSError, ValueError) as err:   # (a filesystem without shared mappings)
+                    log.debug("host cache: %s not mapped (%s): written with pwrite", rel, err)
             with self._cond:
                 job.fd, job.size, job.version, job.mm = fd, size, version, mm
                 job.nblocks = -(-size // self.block)

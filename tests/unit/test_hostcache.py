@@ -640,3 +640,26 @@ def test_a_view_of_the_mapping_outlives_the_fetch_and_the_files_removal(make, re
     assert cache_name("v.bin") not in files_in(hc)
     assert bytes(view) == data[64 << 10:128 << 10]
     view.release()
+
+
+def test_a_file_that_cannot_be_mapped_is_fetched_by_pwrite(make, remote, monkeypatch):
+    """A cache directory on a filesystem without shared writable mappings: the fetch writes its
+    blocks with pwrite as before, never fails for it."""
+    from hintfs.stores import hostcache
+
+    class NoMap:
+        MAP_SHARED, PROT_READ, PROT_WRITE = 1, 1, 2
+
+        @staticmethod
+        def mmap(*_a, **_k):
+            raise OSError(errno.ENODEV, "no mappings here")
+
+    monkeypatch.setattr(hostcache, "mmap", NoMap)
+    data = os.urandom(3 * (64 << 10) + 5)
+    remote.put("n.bin", data)
+    remote.ranged = "ok"
+    hc = make()
+    assert read_all(hc, "n.bin")[0] == data
+    assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
+    assert remote.ranged_calls == 0 and hc.counters["hostcache_fetch_failed"] == 0
+    assert read_all(hc, "n.bin")[0] == data and hc.counters["hostcache_hits"] == 1
