@@ -657,7 +657,8 @@ def shrink(rig: Rig, steps: list[Step], budget_s: float = 300.0) -> list[Step]:
 
 def save_regression(steps: list[Step], name: str, note: str, mounts: int, passthrough: bool,
                     store: str = "file", fast_path: bool = False) -> Path:
-    """`store`: "file", "s3" or "s3-hostcache" (then `passthrough` is the host cache's);
+    """`store`: "file", "s3", "s3-hostcache" (then `passthrough` is the host cache's) or
+    "s3-hostcache-blocks" (`model_rig_s3(blocks=True)`, bench/model_test.py's s3hcb configurations);
     `fast_path`: file:// with every path immutable (`model_rig(fast_path=True)`)."""
     REGRESSIONS.mkdir(exist_ok=True)
     path = REGRESSIONS / f"{name}.json"
