@@ -45,6 +45,11 @@ class _Sink(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog is 5: 40 connections at once overflowed the accept queue, and
+    # the kernel answered with SYN cookies and dropped handshakes (nstat: 12 ListenOverflows a
+    # run here, none at 128). CI once saw 5 of 40 echoes cut short within seconds, which this is
+    # the likeliest cause of (not reproduced in 68 loaded runs). The test is about the relay.
+    request_queue_size = 128
 
 
 @pytest.fixture
@@ -127,7 +132,7 @@ def test_many_concurrent_connections_share_the_bucket(server_factory):
                 nursery.start_soon(send)
                 while chunk := await stream.receive_some(65536):
                     got += chunk
-        results[i] = bytes(got) == data
+        results[i] = len(got) if bytes(got) != data else True
 
     async def main(port):
         results = {}
@@ -145,7 +150,8 @@ def test_many_concurrent_connections_share_the_bucket(server_factory):
         while relay.stats()["active"] and time.monotonic() < deadline:
             time.sleep(0.02)
         stats = relay.stats()
-    assert len(results) == n and all(results.values())
+    assert len(results) == n and all(v is True for v in results.values()), (
+        {i: v for i, v in results.items() if v is not True}, stats["failed"], stats["bytes"])
     assert stats["accepted"] == n and stats["bytes"]["up"] == n * size == stats["bytes"]["down"]
     # the shared bucket caps the aggregate: n*size bytes at bw take at least n*size/bw
     assert elapsed >= n * size / bw * 0.9
