@@ -80,3 +80,82 @@ def test_act_checks_the_handler_answers_its_reply_model():
     reply = actions.act(Stub(), "has", b'{"path": "ckpt/a", "size": 1, "mtime_ns": 2}', ANYONE)
     assert reply == rpc.HasReply(has=True) and reply.wire() == b'{"has":true}'
     assert actions.act(Stub(), "ping", b"", ANYONE).wire() == b'{"ok":true}'
+
+
+def _huge_publish() -> bytes:
+    """A publish of a 10-byte file with 2^20 CRCs: ~12 MiB of JSON, above LARGE_BODY."""
+    return json.dumps({"stream": "tiny", "gen": 0, "path": "ckpt/t/tiny", "size": 10, "mtime_ns": 1,
+                       "crcs": [4294967295] * (1 << 20)}).encode()
+
+
+def test_large_bodies_are_parsed_one_at_a_time_and_small_ones_never_wait(monkeypatch):
+    """Callers arriving together cannot multiply a large parse's memory (50-100 MiB each): what
+    tests/system/test_security_streams.py sees from outside as the agent's peak, here exactly."""
+    import threading
+    import time
+
+    inside, most, lock = [0], [0], threading.Lock()
+    real = rpc._load
+
+    def load(body):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)          # (a parse takes long enough for the others to arrive)
+        try:
+            return real(body)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(rpc, "_load", load)
+    big = json.dumps({"stream": "s", "gen": 0, "path": "ckpt/a", "size": 5000, "mtime_ns": 1,
+                      "crcs": [1], "record": None, "pad": "x" * (rpc.LARGE_BODY + 1)}).encode()
+    errors = []
+
+    def one():
+        try:
+            rpc.parse(rpc.StreamPublishRequest, big)
+        except fl.FlightServerError as err:   # (the pad is an unknown key)
+            errors.append(json.loads(err.extra_info)["errno"])
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [errno.EINVAL] * 6 and most[0] == 1
+    # small bodies do not queue behind a large one being parsed
+    most[0] = 0
+    with rpc._large_parse:
+        small = json.dumps({"stream": "s", "gen": 0, "path": "ckpt/a", "size": 5000, "mtime_ns": 1,
+                            "crcs": [1, 2]}).encode()
+        assert rpc.parse(rpc.StreamPublishRequest, small).crcs == [1, 2]
+
+
+def test_a_body_over_max_body_is_refused_before_it_is_parsed(monkeypatch):
+    monkeypatch.setattr(rpc, "_load", lambda body: pytest.fail("parsed"))
+    with pytest.raises(fl.FlightServerError) as err:
+        rpc.parse(rpc.StreamPublishRequest, b" " * (rpc.MAX_BODY + 1))
+    assert json.loads(err.value.extra_info)["errno"] == errno.EINVAL
+
+
+def test_a_refused_huge_publish_leaves_nothing_behind_without_a_collection():
+    """The refusal keeps no reference to what was parsed: before the fix, the validator's exception
+    held the 2^20 parsed CRCs (~40 MiB) in a reference cycle until a full collection."""
+    import gc
+    import sys
+
+    body = _huge_publish()
+    gc.collect()
+    gc.disable()
+    try:
+        before = sys.getallocatedblocks()
+        with pytest.raises(fl.FlightServerError) as err:
+            rpc.parse(rpc.StreamPublishRequest, body)
+        assert json.loads(err.value.extra_info)["errno"] == errno.EINVAL
+        del err
+        kept = sys.getallocatedblocks() - before
+    finally:
+        gc.enable()
+    assert kept < 10_000, f"{kept} blocks kept (the 2^20 CRCs are a million)"
