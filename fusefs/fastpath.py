@@ -46,6 +46,15 @@ from fusefs.inodes import Inode
 from hintfs.common.fdlimit import share_of_open_files
 
 
+class NamesBackend(Protocol):
+    """The patched pyfuse3's table of names answered at LOOKUP (`fusefs.fuse.names_backend`)."""
+    def put(self, parent: int, entries: list[tuple[bytes, Attributes]], deadline_ns: int) -> None: ...
+    def drop(self, parent: int) -> int: ...
+    def take(self, ino: int) -> int: ...
+    def stats(self) -> tuple[int, int, int]: ...
+    def now_ns(self) -> int: ...
+
+
 class FastBackend(Protocol):
     """The patched pyfuse3's fast-path table (`fusefs.fuse.fast_backend`)."""
     def mark(self, ino: int, backing_id: int, attrs: Attributes) -> None: ...
@@ -153,4 +162,75 @@ class FastPath:
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 
 
-__all__ = ["FastBackend", "FastPath", "fast_eligible", "mark_limit"]
+class FastNames:
+    """Names of kept folders whose LOOKUPs pyfuse3 answers (docs/fastpath.md, "Lookups").
+
+    When a folder of immutable paths is listed for the lookups to come (`Filesystem._listed`: a
+    tool going through it by path), its plain files' names are registered with the entries the
+    Python lookup would answer, until the listing's time is up. Each registered inode holds one
+    lookup here (`Inode.fast_named`): it stays known, and the trimming of cached entries passes it
+    by. The kernel's lookups answered inside pyfuse3 are counted there per inode; the filesystem
+    adds them to the inode's count at FORGET (`taken`) and when the names are dropped (`drop`:
+    the listing went, expired or was trimmed, or the folder changed through this mount)."""
+
+    def __init__(self, let_go: Callable[[Inode, int], None], enabled: bool = True):
+        self.enabled = enabled      # `[mount] fast_lookups`
+        self.backend: NamesBackend | None = None
+        self._let_go = let_go       # (inode, lookups answered in pyfuse3): the registration's hold ends
+        self.folders: dict[str, tuple[Inode, list[Inode]]] = {}   # folder -> (its inode, the inodes named)
+        self.counts = {"folders_named": 0, "names": 0, "folders_dropped": 0}
+
+    @property
+    def on(self) -> bool:
+        return self.backend is not None
+
+    def register(self, folder: str, parent: Inode, named: list[tuple[bytes, Inode, Attributes]],
+                 ttl_s: float) -> None:
+        """Answer LOOKUPs of `named` (name, its inode, its entry) in `folder` for `ttl_s`. The
+        folder's inode is held too: pyfuse3 knows the names by its number, and a folder the kernel
+        forgot and looks up again must get the same one."""
+        assert self.backend is not None
+        self.drop(folder)
+        if not named or ttl_s <= 0:
+            return
+        parent.lookups += 1
+        inodes = []
+        for _name, node, _attrs in named:
+            node.lookups += 1
+            node.fast_named = True
+            inodes.append(node)
+        self.folders[folder] = (parent, inodes)
+        self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
+                         self.backend.now_ns() + int(ttl_s * 1e9))
+        self.counts["folders_named"] += 1
+        self.counts["names"] += len(inodes)
+
+    def drop(self, folder: str) -> None:
+        """No more LOOKUPs in `folder` answered in pyfuse3; each named inode's hold ends."""
+        got = self.folders.pop(folder, None)
+        if got is None:
+            return
+        assert self.backend is not None
+        parent, inodes = got
+        self.backend.drop(parent.ino)
+        self.counts["folders_dropped"] += 1
+        for node in inodes:
+            node.fast_named = False
+            self._let_go(node, self.backend.take(node.ino))
+        self._let_go(parent, 0)
+
+    def taken(self, ino: int) -> int:
+        """The kernel's lookups of `ino` answered in pyfuse3 since last asked."""
+        return self.backend.take(ino) if self.backend is not None else 0
+
+    def snapshot(self) -> dict:
+        """What `.hintfs/stats` shows under "fast_lookups"."""
+        if not self.enabled:
+            return {"state": "off"}
+        if self.backend is None:
+            return {"state": "unavailable (pyfuse3 without fast lookups)"}
+        served, folders, names = self.backend.stats()
+        return {"state": "on", "lookups": served, "folders": folders, "names": names, **self.counts}
+
+
+__all__ = ["FastBackend", "FastNames", "FastPath", "NamesBackend", "fast_eligible", "mark_limit"]

@@ -37,7 +37,7 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs.walks import Walks
-from fusefs.fastpath import FastBackend, FastPath, fast_eligible, mark_limit
+from fusefs.fastpath import FastBackend, FastNames, FastPath, fast_eligible, mark_limit
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -170,6 +170,10 @@ class Filesystem:
         # The fast path (fusefs/fastpath.py): on with passthrough where pyfuse3 has it.
         self.fast = FastPath(mark_limit(options.fast_path_inodes), self._let_go)
         self.stats.fast_path = self.fast.snapshot
+        # Lookups of kept folders' names answered in pyfuse3 (fusefs/fastpath.py): set at FUSE init.
+        self.names = FastNames(self._unname, options.fast_lookups)
+        self.stats.fast_lookups = self.names.snapshot
+        self.listings.on_drop = self.names.drop
         if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
             self.reads.replicas.router.routed = lambda path: self._fast_off(self.inodes.by_path_get(path))
 
@@ -200,9 +204,45 @@ class Filesystem:
         """`node` changes through this mount (a write open or create, a truncate or setattr, a
         link, rename or unlink) or its reads go elsewhere (a hint's first replica): no more fast
         opens or GETATTRs of it; the open its mark holds goes once the fast opens C served are
-        released (fusefs/fastpath.py)."""
-        if node is not None and node.ino in self.fast:
+        released (fusefs/fastpath.py). Its folder's names are no longer answered in pyfuse3."""
+        if node is None:
+            return
+        if node.ino in self.fast:
             self.fast.unmark(node)
+        if self.names.folders:
+            self.names.drop(node.path.rpartition("/")[0])
+
+    def _unname(self, node: Inode, answered: int) -> None:
+        """A name's registration in pyfuse3 ends (`FastNames.drop`): the lookups pyfuse3 answered
+        for it are the kernel's now, and the registration's own goes."""
+        node.lookups += answered - 1
+        self.inodes.maybe_drop(node)
+
+    def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float) -> None:
+        """Register the plain files of `folder`'s kept listing for lookups answered in pyfuse3
+        (`FastNames`): each name whose Python lookup would answer from that listing, as it would.
+        Not if the entries would pass `[cache] max_entries`."""
+        parent = self.inodes.by_path_get(folder)
+        if parent is None or parent.path != folder or parent.control is not None:
+            return
+        if len(self.inodes.by_ino) + len(listing) > self.max_entries:
+            return
+        prefix = folder + "/" if folder else ""
+        named: list[tuple[bytes, Inode, Attributes]] = []
+        for name, st in listing:
+            path = prefix + name
+            if (st is None or not st.is_file or st.nlink > 1 or (self.own_dev and st.dev == self.own_dev)
+                    or paths.is_hidden_name(name) or self.reserved(path) or not self.immutable(path)):
+                continue
+            node = self.inodes.by_path_get(path)
+            if node is not None and (node.writer is not None or node.path != path or node.unlinked
+                                     or node.fast_named or node.ino in self.fast):
+                continue
+            if self._named_still and self._still_named_at(path):
+                continue
+            node = self.inode_for(path, st)
+            named.append((os.fsencode(name), node, self.attrs(node, st)))
+        self.names.register(folder, parent, named, ttl)
 
     def passthrough_detach(self, node: Inode) -> None:
         """One passthrough handle of `node` released (`fusefs.passthrough.Passthrough.detach`)."""
@@ -482,9 +522,17 @@ class Filesystem:
             self.listings.too_big(folder)
         else:
             self.listings.put(folder, listing, ttl, since=since)
+            if self.names.on and self.listings.folder(folder) is not None:
+                self._name_folder(folder, listing, ttl)
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:
+            if self.names.on:    # the lookups pyfuse3 answered are in the kernel's count
+                answered = self.names.taken(ino)
+                if answered:
+                    node = self.inodes.get(ino)
+                    if node is not None:
+                        node.lookups += answered
             if ino in self.fast:      # forgotten: no open file is left, so neither is a fast open
                 node = self.inodes.get(ino)
                 if node is not None and node.lookups - n <= 0:
@@ -1155,6 +1203,8 @@ class Filesystem:
         again and retry the open on it, once, inside open(2). `still_named`: the old inode's
         writer still publishes to the name (a dup of a file published in place)."""
         self.stats.add("opens_renewed")
+        if self.names.folders:   # (pyfuse3 answers the name with this inode no more)
+            self.names.drop(node.path.rpartition("/")[0])
         self.inodes.detach(node.path)
         if still_named:
             node.unlinked = False

@@ -259,6 +259,34 @@ def fast_backend() -> _Fast | None:
     return _Fast() if hasattr(pyfuse3, "fast_supported") else None
 
 
+class _Names:
+    """The names answered at LOOKUP in the patched pyfuse3 (patches/pyfuse3-fastlookup.patch)."""
+
+    def put(self, parent: int, entries: list[tuple[bytes, Attributes]], deadline_ns: int) -> None:
+        _patched.fast_names_put(parent, [(name, _entry(a)) for name, a in entries], deadline_ns)
+
+    def drop(self, parent: int) -> int:
+        n: int = _patched.fast_names_drop(parent)
+        return n
+
+    def take(self, ino: int) -> int:
+        n: int = _patched.fast_lookups_take(ino)
+        return n
+
+    def stats(self) -> tuple[int, int, int]:
+        served, folders, names = _patched.fast_names_stats()
+        return served, folders, names
+
+    def now_ns(self) -> int:
+        t: int = _patched.fast_monotonic_ns()
+        return t
+
+
+def names_backend() -> _Names | None:
+    """The table of names answered at LOOKUP, or None with a pyfuse3 that has none."""
+    return _Names() if hasattr(pyfuse3, "fast_names_put") else None
+
+
 class _ListingEnds:
     """`fusefs.interfaces.ListingEnds` over the patched pyfuse3 (patches/pyfuse3-readdir-names.patch)."""
 
@@ -309,6 +337,7 @@ class FuseOperations(pyfuse3.Operations):
         self.fs.set_passthrough(passthrough_backend(self.options.passthrough, self.fs.passthrough_capable(),
                                                     self.options.writeback_cache), fast_backend())
         self.fs.listing_ends = listing_ends()
+        self.fs.names.backend = names_backend() if self.fs.names.enabled else None
         set_request_spin(self.options.request_spin_us, self.options.listing_spin_us)
 
     async def forget(self, inode_list):   # not timed: the kernel's bookkeeping, never fails

@@ -24,7 +24,7 @@ class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
                  "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key", "kind",
-                 "writers_pending")
+                 "writers_pending", "fast_named")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -69,6 +69,9 @@ class Inode:
         # Write opens between their first check and their staging (`Filesystem._see_write`): a read
         # open meanwhile gets no passthrough backing, which the writer would otherwise share.
         self.writers_pending = 0
+        # Its name is answered inside pyfuse3 (`fusefs.fastpath.FastNames`): one lookup here is
+        # that registration's, and the kernel's lookups answered there are added at FORGET.
+        self.fast_named = False
 
     def add_reader(self, reader) -> None:
         self.readers = (*self.readers, reader)
@@ -171,7 +174,8 @@ class InodeTable:
             return out
         for inode in self.by_ino.values():
             if (inode.lookups <= 0 or inode.opens > 0 or inode.writer is not None or inode.control is not None
-                    or inode.ino == ROOT_INODE or inode.ino in self.asked or inode.kept is not None):
+                    or inode.ino == ROOT_INODE or inode.ino in self.asked or inode.kept is not None
+                    or inode.fast_named):
                 continue
             parent_path, _, name = inode.path.rpartition("/")
             parent = self.by_path.get(parent_path)

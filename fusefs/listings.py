@@ -41,6 +41,9 @@ class Listings:
         # Folders dropped so far: a listing begun before a drop is not kept (it may lack a name
         # this mount created, or hold one it removed, meanwhile).
         self.changes = 0
+        # Told each folder whose listing goes (dropped, expired, replaced, trimmed, cleared): the
+        # names pyfuse3 answers from it go too (`Filesystem._names_dropped`).
+        self.on_drop: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._by_folder)
@@ -91,8 +94,10 @@ class Listings:
         self._by_folder[folder] = (self.clock() + ttl, names)
         self.entries += len(names)
         while self.entries > self.max_entries and self._by_folder:
-            _, (_, old) = self._by_folder.popitem(last=False)
+            gone, (_, old) = self._by_folder.popitem(last=False)
             self.entries -= len(old)
+            if self.on_drop is not None:
+                self.on_drop(gone)
 
     def drop(self, folder: str) -> None:
         """`folder` changed through this mount."""
@@ -103,6 +108,8 @@ class Listings:
         hit = self._by_folder.pop(folder, None)
         if hit is not None:
             self.entries -= len(hit[1])
+            if self.on_drop is not None:
+                self.on_drop(folder)
 
     def drop_under(self, path: str) -> None:
         """`path` was removed or renamed: its folder's listing and the listings under it go."""
@@ -112,6 +119,9 @@ class Listings:
             self._remove(folder)
 
     def clear(self) -> None:
+        if self.on_drop is not None:
+            for folder in list(self._by_folder):
+                self.on_drop(folder)
         self._by_folder.clear()
         self._misses.clear()
         self.entries = 0

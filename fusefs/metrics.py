@@ -69,6 +69,12 @@ class StatsCollector:
             marked = GaugeMetricFamily("hintfs_fast_path_inodes", "Files marked for the fast path")
             marked.add_metric([], fast["inodes"])
             yield marked
+        names = self.stats.fast_lookups()
+        if names.get("state") == "on":   # lookups answered inside pyfuse3: never in hintfs_fuse_ops
+            served = CounterMetricFamily("hintfs_fast_lookups", "Lookups answered inside pyfuse3 from "
+                                         "kept listings (docs/fastpath.md)")
+            served.add_metric([], names["lookups"])
+            yield served
         jobs = GaugeMetricFamily("hintfs_job_files", "Control job files each user holds", labels=["uid", "folder"])
         usage = self.usage()
         for uid, per_folder in usage.get("job_files_by_uid", {}).items():

@@ -149,6 +149,7 @@ class Stats:
         self.metrics: dict = {}
         # The fast path's table (`fusefs.fastpath.FastPath.snapshot`, set by the filesystem).
         self.fast_path: Callable[[], dict] = dict
+        self.fast_lookups: Callable[[], dict] = dict
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -194,6 +195,7 @@ class Stats:
                             **{k[len("passthrough_"):]: v for k, v in sorted(c.items())
                                if k.startswith("passthrough_")}},
             "fast_path": self.fast_path(),
+            "fast_lookups": self.fast_lookups(),
             "requests_read_queued": self.queued_reads(),
             "requests_read_spinning": self.spun_reads(),
             "usage": usage or {},

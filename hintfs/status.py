@@ -35,6 +35,10 @@ def format_status(snap: dict) -> str:
     if fast:   # answered inside pyfuse3: not in the op table below
         fast = dict(fast)
         lines.append(f"fast path: {fast.pop('state')}" + "".join(f", {k} {v:,}" for k, v in fast.items()))
+    names = snap.get("fast_lookups")
+    if names:   # lookups answered inside pyfuse3: not in the op table below
+        names = dict(names)
+        lines.append(f"fast lookups: {names.pop('state')}" + "".join(f", {k} {v:,}" for k, v in names.items()))
     if snap.get("requests_read_queued") is not None:   # the patched pyfuse3's loop reads these without a wait
         lines.append(f"requests read while queued: {snap['requests_read_queued']:,}"
                      + (f", while spinning: {snap['requests_read_spinning']:,}"

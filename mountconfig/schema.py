@@ -227,6 +227,15 @@ class MountOptions(Section):
         "needs its place (the user holding the most gives up its oldest). At most a quarter of the "
         "daemon's open-file limit. 0: off.",
     )
+    fast_lookups: bool = Field(
+        True,
+        description="Lookups of the plain files of a folder listed for the lookups to come (a tool "
+        "going through a folder of `cache.immutable_globs` paths by path: `stat`, a loader's opens) "
+        "are answered inside the daemon's FUSE library without Python, from that listing, until it "
+        "expires or anything in the folder changes through this mount (docs/fastpath.md, "
+        "\"Lookups\"). Each name listed then holds one cached entry (bounded by `cache.max_entries`). "
+        "Needs the patched pyfuse3. false: every lookup in Python.",
+    )
     request_spin_us: int = Field(
         20, ge=0, le=1000,
         description="After answering a request, keep reading /dev/fuse for up to this many "

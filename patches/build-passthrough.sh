@@ -5,8 +5,9 @@
 #      /etc/apt changes), built with meson and ninja from PyPI into VENV/libfuse;
 #   2. pyfuse3 from its PyPI sdist with patches/pyfuse3-passthrough.patch,
 #      patches/pyfuse3-queued-reads.patch, patches/pyfuse3-readdir.patch,
-#      patches/pyfuse3-fastpath.patch, patches/pyfuse3-readdir-names.patch and
-#      patches/pyfuse3-read-reply-nogil.patch (a read's reply copies without the GIL), linked against it
+#      patches/pyfuse3-fastpath.patch, patches/pyfuse3-readdir-names.patch,
+#      patches/pyfuse3-read-reply-nogil.patch (a read's reply copies without the GIL) and
+#      patches/pyfuse3-fastlookup.patch (lookups of kept folders' names in C), linked against it
 #      (rpath).
 # Idempotent (a stamp keyed by this script and the patches). Any failure leaves the stock pyfuse3 in
 # place, prints one line and exits 0: hintfs then runs without passthrough.
@@ -20,7 +21,7 @@ WORK=$VENV/libfuse-build
 STAMP=$VENV/.passthrough-done
 LOG=$WORK/build.log
 SUITE=${PASSTHROUGH_SUITE:-trixie}
-PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch pyfuse3-read-reply-nogil.patch"
+PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch pyfuse3-read-reply-nogil.patch pyfuse3-fastlookup.patch"
 KEY=$( (cat "$0" && cd "$HERE" && cat $PATCHES) | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$KEY" ]; then

@@ -14,6 +14,7 @@ import trio
 from fusefs.attrs import ROOT_INODE
 from fusefs.inodes import InodeTable
 from fusefs.listings import LIST_AFTER, Listings
+from hintfs.common import paths
 from hintfs.stores.base import Stat
 from tests.fs.test_filesystem_api import CTX, fields, make_fs, write_file
 
@@ -451,4 +452,95 @@ def test_a_listing_given_to_its_end_is_finished_and_released_by_the_binding(tmp_
         assert fd not in fs.handles and fh not in fs.handles
         assert node.opens == opens - 1
         assert fs.stats.snapshot()["counters"]["listings_released_by_pyfuse3"] == 2
+    trio.run(test, fs, root)
+
+
+class _FakeNames:
+    """pyfuse3's table of names answered at LOOKUP (`fusefs.fastpath.NamesBackend`): `answer`
+    plays a LOOKUP pyfuse3 answered, as fuse_lookup counts it."""
+
+    def __init__(self) -> None:
+        self.folders: dict[int, dict[bytes, object]] = {}
+        self.counts: dict[int, int] = {}
+
+    def put(self, parent, entries, deadline_ns):
+        self.folders[parent] = dict(entries)
+
+    def drop(self, parent):
+        return len(self.folders.pop(parent, {}))
+
+    def take(self, ino):
+        return self.counts.pop(ino, 0)
+
+    def stats(self):
+        return sum(self.counts.values()), len(self.folders), sum(len(v) for v in self.folders.values())
+
+    def now_ns(self):
+        return 0
+
+    def answer(self, parent: int, name: bytes) -> int:
+        attrs = self.folders[parent][name]
+        self.counts[attrs.st_ino] = self.counts.get(attrs.st_ino, 0) + 1
+        return attrs.st_ino
+
+
+def test_lookups_answered_in_pyfuse3_are_the_kernels_at_forget_and_when_the_names_go(tmp_path):
+    """A registered name's inode is held by the registration; the kernel's FORGET counts the
+    lookups pyfuse3 answered (added first), so the inode stays exactly as long as the kernel or the
+    registration holds it; when the names go, the lookups answered meanwhile are the kernel's."""
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    names = fs.names.backend = _FakeNames()
+    (root / "ck").mkdir()
+    for i in range(20):
+        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    (root / "ck" / (paths.STAGING_PREFIX + "w")).write_bytes(b"h")   # a write in progress
+    (root / "ck" / "sub").mkdir()
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        for i in range(LIST_AFTER):
+            await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
+        await _listed(fs, "ck")
+        registered = names.folders[ck.st_ino]
+        assert fs.inodes[ck.st_ino].lookups == 2          # the kernel's, and the registration's
+        # plain files only: no staging file, no folder; each with the attributes Python answers
+        assert set(registered) == {f"f{i:02d}".encode() for i in range(20)}
+        for i in (0, 7):
+            a = await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
+            assert registered[f"f{i:02d}".encode()] == a
+            fs.forget([(a.st_ino, 1)])                    # (that Python lookup, given back)
+        ino = names.answer(ck.st_ino, b"f05")
+        names.answer(ck.st_ino, b"f05")
+        fs.forget([(ino, 2)])                             # both answered in pyfuse3: held still
+        assert fs.inodes.get(ino) is not None and fs.inodes[ino].lookups == 1
+        ino9 = names.answer(ck.st_ino, b"f09")
+        f9 = fs.inodes[ino9]
+        fs.listings.drop("ck")                            # the names go: the kernel still holds f09
+        assert not names.folders and not fs.names.folders
+        assert fs.inodes.get(ino9) is f9 and f9.lookups == 1 and not f9.fast_named
+        assert fs.inodes.get(ino) is None                 # nobody holds f05 any more
+        fs.forget([(ino9, 1)])
+        assert fs.inodes.get(ino9) is None
+        # the folder's inode was held by the registration only while it lasted
+        assert fs.inodes[ck.st_ino].lookups == 1
+    trio.run(test, fs, root)
+
+
+def test_a_change_through_the_mount_ends_the_names_answered_in_pyfuse3(tmp_path):
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    names = fs.names.backend = _FakeNames()
+    (root / "ck").mkdir()
+    for i in range(10):
+        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        for i in range(LIST_AFTER):
+            await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
+        await _listed(fs, "ck")
+        assert names.folders
+        a = await fs.lookup(ck.st_ino, b"f08", CTX)
+        fh = (await fs.open(a.st_ino, os.O_WRONLY, CTX)).fh   # a write open of a name there
+        assert not names.folders and not fs.names.folders
+        await fs.release(fh)
     trio.run(test, fs, root)

@@ -53,8 +53,9 @@ def test_random_operations_match_the_model(mounts, passthrough):
 
 def test_random_operations_with_the_fast_path_match_the_model():
     """One mount, passthrough on, every path declared immutable: files reopened after their first
-    open are answered by the fast path (fusefs/fastpath.py), with writes, truncates, renames and
-    unlinks through the mount between them."""
+    open are answered by the fast path (fusefs/fastpath.py), and names of folders listed for
+    lookups by pyfuse3 (`FastNames`), with writes, truncates, renames and unlinks through the
+    mount between them."""
     with model_rig(1, True, fast_path=True) as rig:
         state = _stats(rig)["fast_path"]["state"]
         if state != "on":
@@ -62,6 +63,9 @@ def test_random_operations_with_the_fast_path_match_the_model():
         _run_seeds(rig, "fast path", read_bias=0.6)
         fast = _stats(rig)["fast_path"]
         assert fast["opens"] > 0 and fast["marked"] > 0 and fast["unmarked"] > 0, fast
+        names = _stats(rig)["fast_lookups"]   # folders listed for lookups: names answered in pyfuse3
+        if names["state"] == "on":
+            assert names["folders_named"] > 0 and names["folders_dropped"] > 0, names
 
 
 def _regressions() -> list[Path]:

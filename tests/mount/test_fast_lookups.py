@@ -1,0 +1,105 @@
+"""Lookups answered inside pyfuse3 (fusefs/fastpath.py FastNames, patches/pyfuse3-fastlookup.patch):
+the names of a folder of immutable paths listed for the lookups to come are answered without
+Python, as Python's lookup from that listing would answer them, and never once anything in the
+folder changed through this mount or the listing's time is up. The kernel's lookups answered there
+are the daemon's to count: an inode the kernel still holds is never dropped (its next request
+would be ESTALE; the counting at FORGET is tests/fs/test_metadata_cache.py's, where no global
+drop_caches disturbs the other mounts' tests)."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from fusefs.listings import LIST_AFTER
+from tests.conftest import needs_fuse
+from tests.helpers.procs import wait_for
+
+pytestmark = needs_fuse
+
+N = 200
+
+
+def _mount(mount_factory, extra: str = ""):
+    m = mount_factory(f'\n[cache]\nimmutable_globs = ["ck/*"]\n{extra}')
+    if m.stats()["fast_lookups"].get("state") != "on":
+        pytest.skip("fast lookups unavailable (needs the patched pyfuse3)")
+    (m.store / "ck").mkdir()
+    for i in range(N):
+        (m.store / "ck" / f"f{i:03d}").write_bytes(b"y" * i)
+    return m
+
+
+def _no_estale(m) -> None:
+    """No request named an inode the daemon had let go (the kernel retries an open once after
+    ESTALE, so reads alone would not show it)."""
+    assert "ESTALE" not in m.stats()["errors"], m.stats()["errors"]
+
+
+def _listed(m) -> None:
+    """Stat names by path until the folder is listed for lookups and its names registered."""
+    for i in range(10):
+        assert os.stat(m.mnt / "ck" / f"f{i:03d}").st_size == i
+    assert wait_for(lambda: m.stats()["fast_lookups"]["names"] >= N - 10, timeout=60), m.stats()["fast_lookups"]
+
+
+def test_names_of_a_folder_listed_for_lookups_are_answered_in_pyfuse3(mount_factory):
+    m = _mount(mount_factory)
+    _listed(m)
+    before = m.stats()
+    for i in range(10, N):
+        st = os.stat(m.mnt / "ck" / f"f{i:03d}")
+        assert (st.st_size, st.st_mode & 0o777) == (i, os.stat(m.store / "ck" / f"f{i:03d}").st_mode & 0o777)
+    after = m.stats()
+    assert after["fast_lookups"]["lookups"] - before["fast_lookups"]["lookups"] == N - 10, (
+        after["fast_lookups"], after["ops"]["lookup"], after["counters"], before["ops"]["lookup"])
+    # none reached Python (which answers them from the same listing otherwise)
+    assert after["counters"].get("lookup_from_listing", 0) == before["counters"].get("lookup_from_listing", 0)
+    # what they read is the files' own bytes (the inodes answered are the daemon's)
+    for i in range(10, N, 37):
+        assert (m.mnt / "ck" / f"f{i:03d}").read_bytes() == b"y" * i
+
+
+def test_a_change_through_the_mount_ends_the_folders_answers(mount_factory):
+    m = _mount(mount_factory)
+    _listed(m)
+    for i in range(10, 20):   # answered in pyfuse3: the kernel holds these inodes
+        os.stat(m.mnt / "ck" / f"f{i:03d}")
+    os.unlink(m.mnt / "ck" / "f150")          # (its LOOKUP answered there, its UNLINK in Python)
+    assert m.stats()["fast_lookups"]["folders"] == 0
+    with pytest.raises(FileNotFoundError):
+        os.stat(m.mnt / "ck" / "f150")
+    assert not (m.store / "ck" / "f150").exists()
+    # a name never looked up is asked of Python now: a file written there by this mount is seen
+    with open(m.mnt / "ck" / "f151", "wb") as f:
+        f.write(b"new")
+    assert os.stat(m.mnt / "ck" / "f151").st_size == 3
+    # the inodes pyfuse3 answered stay known: opening them is no ESTALE
+    for i in range(10, 20):
+        assert (m.mnt / "ck" / f"f{i:03d}").read_bytes() == b"y" * i
+    _no_estale(m)
+
+
+def test_names_are_not_answered_past_the_listings_time(mount_factory):
+    m = _mount(mount_factory, "immutable_timeout_s = 2\n")
+    for i in range(10):
+        assert os.stat(m.mnt / "ck" / f"f{i:03d}").st_size == i
+    assert wait_for(lambda: m.stats()["fast_lookups"]["folders_named"] == 1, timeout=60), m.stats()["fast_lookups"]
+    served = m.stats()["fast_lookups"]["lookups"]
+    time.sleep(2.5)   # registered before it was seen: its 2 s are up (pyfuse3's CLOCK_MONOTONIC)
+    # never looked up: the kernel asks, pyfuse3 passes them on (fewer than LIST_AFTER of them: the
+    # folder is not listed again for lookups meanwhile)
+    for i in range(100, 100 + LIST_AFTER - 1):
+        assert os.stat(m.mnt / "ck" / f"f{i:03d}").st_size == i
+    assert m.stats()["fast_lookups"]["lookups"] == served
+
+
+def test_off_in_the_config(mount_factory):
+    m = mount_factory('\n[cache]\nimmutable_globs = ["ck/*"]\n\n[mount]\nfast_lookups = false\n')
+    assert m.stats()["fast_lookups"]["state"] == "off"
+    (m.store / "ck").mkdir()
+    for i in range(50):
+        (m.store / "ck" / f"f{i:03d}").write_bytes(b"y" * i)
+    for i in range(50):
+        assert os.stat(m.mnt / "ck" / f"f{i:03d}").st_size == i
