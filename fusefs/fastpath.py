@@ -179,6 +179,9 @@ class FastNames:
         self._let_go = let_go       # (inode, lookups answered in pyfuse3): the registration's hold ends
         self.folders: dict[str, tuple[Inode, list[Inode]]] = {}   # folder -> (its inode, the inodes named)
         self.counts = {"folders_named": 0, "names": 0, "folders_dropped": 0}
+        # Counts every `drop` (a folder's names or not): a registration whose entries were made
+        # across a drop is not made (`Filesystem._name_folder`).
+        self.epoch = 0
 
     @property
     def on(self) -> bool:
@@ -207,6 +210,7 @@ class FastNames:
 
     def drop(self, folder: str) -> None:
         """No more LOOKUPs in `folder` answered in pyfuse3; each named inode's hold ends."""
+        self.epoch += 1
         got = self.folders.pop(folder, None)
         if got is None:
             return

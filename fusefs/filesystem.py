@@ -92,6 +92,13 @@ class _Seen:
     space_ok: bool = True
 
 
+# Lookups answered inside pyfuse3 (`FastNames`): a folder of more names is not registered (its
+# lookups are answered from its kept listing in Python, as before), and the entries of one are
+# made this many at a time, the event loop free between.
+FAST_NAMES_MAX = 20_000
+NAME_CHUNK = 512
+
+
 def _list_all(store: Store, folder: str, most: int) -> list[tuple[str, Stat]]:
     """A folder's listing, at most `most` names, in a worker thread (a local store's off-loop
     listing)."""
@@ -209,7 +216,7 @@ class Filesystem:
             return
         if node.ino in self.fast:
             self.fast.unmark(node)
-        if self.names.folders:
+        if self.names.on:
             self.names.drop(node.path.rpartition("/")[0])
 
     def _unname(self, node: Inode, answered: int) -> None:
@@ -218,31 +225,43 @@ class Filesystem:
         node.lookups += answered - 1
         self.inodes.maybe_drop(node)
 
-    def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float) -> None:
+    async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float) -> None:
         """Register the plain files of `folder`'s kept listing for lookups answered in pyfuse3
         (`FastNames`): each name whose Python lookup would answer from that listing, as it would.
-        Not if the entries would pass `[cache] max_entries`."""
+        Not past FAST_NAMES_MAX names or `[cache] max_entries`. The entries are made NAME_CHUNK at
+        a time, the loop free between (~8 µs a name here); anything that drops names meanwhile
+        (a change in the folder, the listing gone) ends it with nothing registered."""
         parent = self.inodes.by_path_get(folder)
-        if parent is None or parent.path != folder or parent.control is not None:
+        if (parent is None or parent.path != folder or parent.control is not None or len(listing) > FAST_NAMES_MAX
+                or len(self.inodes.by_ino) + len(listing) > self.max_entries):
             return
-        if len(self.inodes.by_ino) + len(listing) > self.max_entries:
-            return
+        epoch, kept = self.names.epoch, self.listings.folder(folder)
         prefix = folder + "/" if folder else ""
         named: list[tuple[bytes, Inode, Attributes]] = []
-        for name, st in listing:
+        for i, (name, st) in enumerate(listing):
+            if i and i % NAME_CHUNK == 0:
+                await trio.sleep(0)
+                if self.names.epoch != epoch or self.listings.folder(folder) is not kept:
+                    for _name, node, _attrs in named:   # (made for this: no one else holds them)
+                        self.inodes.maybe_drop(node)
+                    return
             path = prefix + name
             if (st is None or not st.is_file or st.nlink > 1 or (self.own_dev and st.dev == self.own_dev)
                     or paths.is_hidden_name(name) or self.reserved(path) or not self.immutable(path)):
                 continue
-            node = self.inodes.by_path_get(path)
-            if node is not None and (node.writer is not None or node.path != path or node.unlinked
-                                     or node.fast_named or node.ino in self.fast):
+            known = self.inodes.by_path_get(path)
+            if known is not None and (known.writer is not None or known.path != path or known.unlinked
+                                      or known.fast_named or known.ino in self.fast):
                 continue
             if self._named_still and self._still_named_at(path):
                 continue
             node = self.inode_for(path, st)
             named.append((os.fsencode(name), node, self.attrs(node, st)))
-        self.names.register(folder, parent, named, ttl)
+        if self.names.epoch == epoch and self.listings.folder(folder) is kept and self.inodes.get(parent.ino) is parent:
+            self.names.register(folder, parent, named, ttl)
+        else:
+            for _name, node, _attrs in named:
+                self.inodes.maybe_drop(node)
 
     def passthrough_detach(self, node: Inode) -> None:
         """One passthrough handle of `node` released (`fusefs.passthrough.Passthrough.detach`)."""
@@ -523,7 +542,7 @@ class Filesystem:
         else:
             self.listings.put(folder, listing, ttl, since=since)
             if self.names.on and self.listings.folder(folder) is not None:
-                self._name_folder(folder, listing, ttl)
+                await self._name_folder(folder, listing, ttl)
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:
@@ -1203,7 +1222,7 @@ class Filesystem:
         again and retry the open on it, once, inside open(2). `still_named`: the old inode's
         writer still publishes to the name (a dup of a file published in place)."""
         self.stats.add("opens_renewed")
-        if self.names.folders:   # (pyfuse3 answers the name with this inode no more)
+        if self.names.on:   # (pyfuse3 answers the name with this inode no more)
             self.names.drop(node.path.rpartition("/")[0])
         self.inodes.detach(node.path)
         if still_named:

@@ -544,3 +544,40 @@ def test_a_change_through_the_mount_ends_the_names_answered_in_pyfuse3(tmp_path)
         assert not names.folders and not fs.names.folders
         await fs.release(fh)
     trio.run(test, fs, root)
+
+
+def test_a_registration_made_across_a_change_registers_nothing_and_keeps_no_inode(tmp_path, monkeypatch):
+    """The entries are made a chunk at a time, the loop free between: a change in the folder
+    meanwhile (here a write open's `_fast_off`) ends the registration, and the inodes made for it
+    go."""
+    import fusefs.filesystem as filesystem
+    monkeypatch.setattr(filesystem, "NAME_CHUNK", 4)
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    names = fs.names.backend = _FakeNames()
+    (root / "ck").mkdir()
+    for i in range(20):
+        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        listing = list(fs.store.iter_dir("ck"))
+        fs.listings.put("ck", listing, 3600.0)
+        known = len(fs.inodes.by_ino)
+        f03 = await fs.lookup(ck.st_ino, b"f03", CTX)   # (one the kernel holds: it stays)
+
+        made, inode_for = [], fs.inode_for
+
+        def making(path, st):                                # while the entries are made, after
+            made.append(path)                                # the first chunk's wait: a write
+            if len(made) == 6:                               # open of f03, say
+                fs._fast_off(fs.inodes[f03.st_ino])
+            return inode_for(path, st)
+        fs.inode_for = making
+        await fs._name_folder("ck", listing, 3600.0)
+        del fs.inode_for
+        assert len(made) == 8                                # it stopped at the next wait
+        assert not names.folders and not fs.names.folders
+        assert len(fs.inodes.by_ino) == known + 1            # only f03, which the kernel holds
+        await fs._name_folder("ck", listing, 3600.0)         # undisturbed: every name
+        assert len(names.folders[ck.st_ino]) == 20
+    trio.run(test, fs, root)
