@@ -7,13 +7,17 @@ would be ESTALE; the counting at FORGET is tests/fs/test_metadata_cache.py's, wh
 drop_caches disturbs the other mounts' tests)."""
 from __future__ import annotations
 
+import errno
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from fusefs.listings import LIST_AFTER
 from tests.conftest import needs_fuse
+from tests.helpers.mounts import world_mount
+from tests.helpers.security import as_nobody, can_run_as_nobody
 from tests.helpers.procs import wait_for
 
 pytestmark = needs_fuse
@@ -103,3 +107,45 @@ def test_off_in_the_config(mount_factory):
         (m.store / "ck" / f"f{i:03d}").write_bytes(b"y" * i)
     for i in range(50):
         assert os.stat(m.mnt / "ck" / f"f{i:03d}").st_size == i
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_names_answered_in_pyfuse3_open_no_folder_a_user_may_not_search():
+    """The attack: root's stats register a closed folder's names; another user then asks for
+    them. The kernel checks search permission on the folder (`default_permissions`) before any
+    LOOKUP is sent, whoever would answer it: EACCES, as without fast lookups; and in an open
+    folder, a file's own mode still refuses its read."""
+    def setup(base: Path) -> str:
+        for folder, mode in (("shut", 0o700), ("open", 0o755)):
+            (base / "store" / folder).mkdir()
+            (base / "store" / folder).chmod(mode)
+            for i in range(40):
+                f = base / "store" / folder / f"f{i:02d}"
+                f.write_bytes(b"s" * i)
+                f.chmod(0o600 if i % 2 else 0o644)
+        return '\n[cache]\nimmutable_globs = ["shut/*", "open/*"]\n'
+
+    with world_mount(setup, prefix="hintfs-fastlookup-") as m:
+        if m.stats()["fast_lookups"].get("state") != "on":
+            pytest.skip("fast lookups unavailable (needs the patched pyfuse3)")
+        for folder in ("shut", "open"):
+            for i in range(10):
+                os.stat(m.mnt / folder / f"f{i:02d}")
+        assert wait_for(lambda: m.stats()["fast_lookups"]["folders"] == 2, timeout=60), m.stats()["fast_lookups"]
+        got = as_nobody(f"""
+            import json, os
+            out = {{}}
+            for p in {[str(m.mnt / f / f"f{i:02d}") for f in ("shut", "open") for i in (20, 21)]!r}:
+                try:
+                    st = os.stat(p)
+                    out[p] = st.st_size
+                    with open(p, "rb") as f:
+                        out[p] = len(f.read())
+                except OSError as err:
+                    out[p] = "errno %d" % err.errno
+            print(json.dumps(out))
+        """)
+        shut, opened = m.mnt / "shut", m.mnt / "open"
+        assert got[str(shut / "f20")] == got[str(shut / "f21")] == f"errno {errno.EACCES}", got
+        assert got[str(opened / "f20")] == 20, got                      # 0644: stat and read
+        assert got[str(opened / "f21")] == f"errno {errno.EACCES}", got  # 0600: stat yes, read no
