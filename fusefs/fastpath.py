@@ -178,7 +178,7 @@ class FastNames:
         self.backend: NamesBackend | None = None
         self._let_go = let_go       # (inode, lookups answered in pyfuse3): the registration's hold ends
         self.folders: dict[str, tuple[Inode, list[Inode]]] = {}   # folder -> (its inode, the inodes named)
-        self.counts = {"folders_named": 0, "names": 0, "folders_dropped": 0}
+        self.counts = {"folders_named": 0, "names_registered": 0, "folders_dropped": 0}
         # Counts every `drop` (a folder's names or not): a registration whose entries were made
         # across a drop is not made (`Filesystem._name_folder`).
         self.epoch = 0
@@ -206,7 +206,7 @@ class FastNames:
         self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
                          self.backend.now_ns() + int(ttl_s * 1e9))
         self.counts["folders_named"] += 1
-        self.counts["names"] += len(inodes)
+        self.counts["names_registered"] += len(inodes)
 
     def drop(self, folder: str) -> None:
         """No more LOOKUPs in `folder` answered in pyfuse3; each named inode's hold ends."""

@@ -164,3 +164,42 @@ def test_the_loops_spin_is_bounded():
     assert MountOptions().listing_spin_us == 300
     with pytest.raises(ValueError):
         MountOptions(listing_spin_us=5001)
+
+
+def test_the_metrics_and_status_show_the_lookups_answered_in_pyfuse3():
+    from fusefs.fastpath import FastNames
+    from fusefs.metrics import StatsCollector
+    from fusefs.stats import Stats
+    from hintfs.status import format_status
+
+    class _Table:
+        def stats(self):
+            return (7, 1, 40)
+
+    stats = Stats()
+    names = FastNames(lambda node, n: None)
+    names.backend = _Table()                             # type: ignore[assignment]
+    stats.fast_lookups = names.snapshot
+    got = {(m.name, tuple(sorted(sm.labels.items()))): sm.value
+           for m in StatsCollector(stats).collect() for sm in m.samples}
+    assert got[("hintfs_fast_lookups", ())] == 7
+    assert "fast lookups: on, lookups 7, folders 1, names 40" in format_status(stats.snapshot())
+    stats.fast_lookups = FastNames(lambda node, n: None, enabled=False).snapshot
+    assert "fast lookups: off" in format_status(stats.snapshot())
+    assert not any(m.name.startswith("hintfs_fast_lookups") for m in StatsCollector(stats).collect())
+
+
+def test_pyfuse3s_table_of_names_refuses_what_is_not_an_entry():
+    pyfuse3 = pytest.importorskip("pyfuse3")
+    if not hasattr(pyfuse3, "fast_names_put"):
+        pytest.skip("pyfuse3 without the patches (make setup builds it)")
+    with pytest.raises(TypeError):
+        pyfuse3.fast_names_put(5, [("str, not bytes", pyfuse3.EntryAttributes())], 1)
+    with pytest.raises(TypeError):
+        pyfuse3.fast_names_put(5, [(b"f", object())], 1)
+    pyfuse3.fast_names_put(5, [(b"f", pyfuse3.EntryAttributes())], pyfuse3.fast_monotonic_ns() + 10**9)
+    assert pyfuse3.fast_names_stats()[1:] == (1, 1)
+    assert pyfuse3.fast_lookups_take(123) == 0            # nothing answered (no FUSE session here)
+    assert pyfuse3.fast_names_drop(5) == 1 and pyfuse3.fast_names_drop(5) == 0
+    pyfuse3.fast_names_put(5, [], 1)                      # no names: nothing kept
+    assert pyfuse3.fast_names_stats()[1:] == (0, 0)
