@@ -162,6 +162,11 @@ class FastPath:
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 
 
+# A registration's time, at most (pyfuse3's deadline is a signed 64-bit count of nanoseconds; the
+# listing it comes from expires by `immutable_timeout_s`, which the config does not bound).
+MAX_TTL_S = 10 * 365 * 86400
+
+
 class FastNames:
     """Names of kept folders whose LOOKUPs pyfuse3 answers (docs/fastpath.md, "Lookups").
 
@@ -196,6 +201,8 @@ class FastNames:
         self.drop(folder)
         if not named or ttl_s <= 0:
             return
+        self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
+                         self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9))
         parent.lookups += 1
         inodes = []
         for _name, node, _attrs in named:
@@ -203,8 +210,6 @@ class FastNames:
             node.fast_named = True
             inodes.append(node)
         self.folders[folder] = (parent, inodes)
-        self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
-                         self.backend.now_ns() + int(ttl_s * 1e9))
         self.counts["folders_named"] += 1
         self.counts["names_registered"] += len(inodes)
 

@@ -542,7 +542,10 @@ class Filesystem:
         else:
             self.listings.put(folder, listing, ttl, since=since)
             if self.names.on and self.listings.folder(folder) is not None:
-                await self._name_folder(folder, listing, ttl)
+                try:
+                    await self._name_folder(folder, listing, ttl)
+                except Exception:   # (a system task's error would end the mount: Python answers)
+                    log.exception("fast lookups of %r not registered", folder)
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:

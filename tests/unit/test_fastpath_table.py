@@ -203,3 +203,24 @@ def test_pyfuse3s_table_of_names_refuses_what_is_not_an_entry():
     assert pyfuse3.fast_names_drop(5) == 1 and pyfuse3.fast_names_drop(5) == 0
     pyfuse3.fast_names_put(5, [], 1)                      # no names: nothing kept
     assert pyfuse3.fast_names_stats()[1:] == (0, 0)
+
+
+def test_a_registration_for_longer_than_pyfuse3s_clock_holds_is_made_for_ten_years():
+    """`immutable_timeout_s` has no upper bound in the config; pyfuse3's deadline is a signed
+    64-bit count of nanoseconds (1e15 s would overflow it, and the registration fail)."""
+    from fusefs.attrs import Attributes
+    from fusefs.fastpath import MAX_TTL_S, FastNames
+    from fusefs.fuse import names_backend
+    from fusefs.inodes import Inode
+
+    backend = names_backend()
+    if backend is None:
+        pytest.skip("pyfuse3 without the patches (make setup builds it)")
+    names = FastNames(lambda node, n: None)
+    names.backend = backend
+    folder, f = Inode(900001, "ck"), Inode(900002, "ck/f")
+    names.register("ck", folder, [(b"f", f, Attributes(st_ino=f.ino, st_mode=0o100644))], 1e15)
+    assert f.fast_named and f.lookups == 1 and folder.lookups == 1
+    assert backend.stats()[1:] >= (1, 1)
+    names.drop("ck")
+    assert not f.fast_named and MAX_TTL_S * 1e9 < 2 ** 63
