@@ -484,15 +484,21 @@ class _FakeNames:
         return attrs.st_ino
 
 
+def _named_fs(tmp_path, files: int):
+    """A filesystem with a fake table of names and `files` files in the immutable folder ck."""
+    fs, root = _fs(tmp_path, **IMMUTABLE)
+    names = fs.names.backend = _FakeNames()
+    (root / "ck").mkdir()
+    for i in range(files):
+        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    return fs, root, names
+
+
 def test_lookups_answered_in_pyfuse3_are_the_kernels_at_forget_and_when_the_names_go(tmp_path):
     """A registered name's inode is held by the registration; the kernel's FORGET counts the
     lookups pyfuse3 answered (added first), so the inode stays exactly as long as the kernel or the
     registration holds it; when the names go, the lookups answered meanwhile are the kernel's."""
-    fs, root = _fs(tmp_path, **IMMUTABLE)
-    names = fs.names.backend = _FakeNames()
-    (root / "ck").mkdir()
-    for i in range(20):
-        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    fs, root, names = _named_fs(tmp_path, 20)
     (root / "ck" / (paths.STAGING_PREFIX + "w")).write_bytes(b"h")   # a write in progress
     (root / "ck" / "sub").mkdir()
 
@@ -527,11 +533,7 @@ def test_lookups_answered_in_pyfuse3_are_the_kernels_at_forget_and_when_the_name
 
 
 def test_a_change_through_the_mount_ends_the_names_answered_in_pyfuse3(tmp_path):
-    fs, root = _fs(tmp_path, **IMMUTABLE)
-    names = fs.names.backend = _FakeNames()
-    (root / "ck").mkdir()
-    for i in range(10):
-        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    fs, root, names = _named_fs(tmp_path, 10)
 
     async def test(fs, _root):
         ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
@@ -552,11 +554,7 @@ def test_a_registration_made_across_a_change_registers_nothing_and_keeps_no_inod
     go."""
     import fusefs.filesystem as filesystem
     monkeypatch.setattr(filesystem, "NAME_CHUNK", 4)
-    fs, root = _fs(tmp_path, **IMMUTABLE)
-    names = fs.names.backend = _FakeNames()
-    (root / "ck").mkdir()
-    for i in range(20):
-        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    fs, root, names = _named_fs(tmp_path, 20)
 
     async def test(fs, _root):
         ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
