@@ -26,6 +26,7 @@ looked up and cached: an inode each), and with `[cache] max_entries` below the t
 Run as root:  .venv/bin/python bench/metadata.py [--quick] [--folder N] [--tree M] [--s3-folder N]
     [--s3-tree M] [--repeats n] [--ab-listing-spin]   (hintfs-nolistspin: `[mount] listing_spin_us = 0`)
     [--ab-fast-lookups]   (hintfs-nofastlookups: `[mount] fast_lookups = false`)
+    [--ab-request-spin US]   (hintfs-spinUS: `[mount] request_spin_us = US`)
 Writes bench/results/metadata.json (metadata_quick.json with --quick): median of n per case and
 system, ratios, goals. A full-size file:// repeat takes ~8 minutes on 2 vCPUs (bindfs's stat of 1M
 paths is 80-100 s a pass); S3 objects are created at ~180/s through the gateway, hence the
@@ -243,6 +244,8 @@ class Mounts:
                         f.write("[mount]\nlisting_spin_us = 0\n")
                     if system == "hintfs-nofastlookups":
                         f.write("[mount]\nfast_lookups = false\n")
+                    if system.startswith("hintfs-spin"):   # (--ab-request-spin US)
+                        f.write(f"[mount]\nrequest_spin_us = {int(system[len('hintfs-spin'):])}\n")
                     f.write(f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
                 r = run(pinned(DAEMON_CPU, [self.hintfs, "mount", cfg, mnt]), timeout=60)
                 if r.returncode != 0:
@@ -347,6 +350,9 @@ def main() -> None:
     ap.add_argument("--ab-fast-lookups", action="store_true",
                     help="file://: also hintfs-nofastlookups, hintfs with [mount] fast_lookups = false (an A/B "
                          "of lookups answered inside pyfuse3, interleaved with the others)")
+    ap.add_argument("--ab-request-spin", type=int, default=None, metavar="US",
+                    help="file://: also hintfs-spinUS, hintfs with [mount] request_spin_us = US (an A/B of the "
+                         "loop's spin after a request, interleaved with the others)")
     ap.add_argument("--max-entries", type=int, default=0,
                     help="also measure RSS with [cache] max_entries = this (0: a tenth of the tree)")
     ap.add_argument("--out", default="", help="results JSON (default bench/results/metadata.json, "
@@ -390,7 +396,8 @@ def main() -> None:
 
         if "file" not in skip:
             systems = (FILE_SYSTEMS + (["hintfs-nolistspin"] if args.ab_listing_spin else [])
-                       + (["hintfs-nofastlookups"] if args.ab_fast_lookups else []))
+                       + (["hintfs-nofastlookups"] if args.ab_fast_lookups else [])
+                       + ([f"hintfs-spin{args.ab_request_spin}"] if args.ab_request_spin is not None else []))
             measure(results, "file", systems, args.repeats, one_file, args.ops.split(","))
         if "rss" not in skip:
             results["rss"] = measure_rss(m, store, entries, args.max_entries or max(1000, entries // 10))
