@@ -120,9 +120,11 @@ def rig_of(cfg: Config):
 
 
 def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_seed: int,
-               shrink_budget_s: float, log, progress=None) -> dict:
+               shrink_budget_s: float, log, progress=None, drop_caches: bool = False) -> dict:
     """One configuration's run; `progress(partial)` is called every 20 seeds with what it has so
-    far (so a run cut short still leaves its figures in the results file)."""
+    far (so a run cut short still leaves its figures in the results file). `drop_caches`: before
+    each seed the kernel drops its dentries and inodes (the whole machine's), so that it forgets
+    what the mounts answered and looks names up again (FORGET and lookups answered in pyfuse3)."""
     out: dict = {"mounts": cfg.mounts, "passthrough": cfg.passthrough, "store": cfg.store, "ops": 0, "crashes": 0,
                  "divergences": [], "seeds": [], "seconds": 0.0}
     if cfg.store != "file://":
@@ -157,6 +159,9 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
             out["skipped"] = f"FUSE passthrough is not available: {state}"
             return out
         while out["ops"] < ops_goal:
+            if drop_caches:
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("2\n")
             try:
                 with contextlib.redirect_stdout(io.StringIO()):    # (each remount prints a line)
                     run = run_seed(rig, seed, steps, crash_every=crash_every, read_bias=cfg.read_bias)
@@ -319,6 +324,9 @@ def main() -> int:
                     help="with --add-results: add each file's configurations to those of the same name "
                          "(their seeds must not overlap) instead of replacing them")
     ap.add_argument("--shrink-budget-s", type=float, default=300.0)
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="before each seed, echo 2 > /proc/sys/vm/drop_caches (the whole machine's): the kernel "
+                         "forgets names and inodes and looks them up again")
     ap.add_argument("--shrink", type=int, help="shrink this seed's divergence and print the steps")
     ap.add_argument("--config", help="with --shrink: the configuration by name (e.g. s3hc_1); else --mounts/--passthrough")
     ap.add_argument("--mounts", type=int, default=1, help="with --shrink: file:// mounts")
@@ -362,7 +370,7 @@ def main() -> int:
                                                         for r in results + [partial]}, earlier), args.out)
 
         results.append(run_config(cfg, args.ops, args.steps, crash_every, args.first_seed,
-                                  args.shrink_budget_s, sys.stdout, progress))
+                                  args.shrink_budget_s, sys.stdout, progress, args.drop_caches))
         doc = summary(results, {config_of(r): (args.steps, crash_every) for r in results}, earlier)
         write_results(doc, args.out)
     print(f"{'config':<28} {'ops':>10} {'crashes':>8} {'divergences':>12} {'seconds':>8}")
