@@ -42,7 +42,7 @@ class Listings:
         # this mount created, or hold one it removed, meanwhile).
         self.changes = 0
         # Told each folder whose listing goes (dropped, expired, replaced, trimmed, cleared): the
-        # names pyfuse3 answers from it go too (`Filesystem._names_dropped`).
+        # names pyfuse3 answers from it go too (`FastNames.drop`, set by the filesystem).
         self.on_drop: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
