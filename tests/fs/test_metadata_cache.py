@@ -579,3 +579,31 @@ def test_a_registration_made_across_a_change_registers_nothing_and_keeps_no_inod
         await fs._name_folder("ck", listing, 3600.0)         # undisturbed: every name
         assert len(names.folders[ck.st_ino]) == 20
     trio.run(test, fs, root)
+
+
+def test_a_local_folder_is_listed_for_lookups_on_the_loop_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """On a local store the listing for lookups runs on the event loop (a worker thread's listing
+    came too late: each entry's stat gave the GIL up, and the busy loop kept it), LIST_CHUNK entries
+    at a time with other tasks running between, and it stops at `most`."""
+    import fusefs.filesystem as filesystem
+    monkeypatch.setattr(filesystem, "LIST_CHUNK", 4)
+    fs, root, _names = _named_fs(tmp_path, 20)
+    turns = [0]
+
+    async def test(fs, _root):
+        async def other():
+            while True:
+                turns[0] += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            await trio.sleep(0)
+            start = turns[0]
+            listing = await fs._list_inline("ck", 1000)
+            ran = turns[0] - start
+            nursery.cancel_scope.cancel()
+        assert sorted(n for n, _ in listing) == [f"f{i:02d}" for i in range(20)]
+        assert ran >= 20 // 4 - 1, ran                     # the loop was free between chunks
+        assert len(await fs._list_inline("ck", 7)) == 7
+    trio.run(test, fs, root)
