@@ -52,6 +52,24 @@ def test_listings_expire_and_stay_under_their_bound():
     assert ls.folder("d") is None and ls.folder("d/e") is None and ls.entries == 0
 
 
+def test_a_folder_being_written_through_the_mount_is_not_listed_for_lookups_until_left_alone():
+    """A writer creating file after file drops the folder's listing at each create, and its
+    lookups of new names miss: listed again every LIST_AFTER files, each time whole, it cost work
+    growing with the square of the folder's size (`make demo`: 235 listings for 400 files)."""
+    from fusefs.listings import QUIET_AFTER_CHANGE_S
+    clock = _Clock()
+    ls = Listings(max_entries=100, clock=clock)
+    ls.drop("ck")                                     # a create in it
+    assert not any(ls.missed("ck") for _ in range(3 * LIST_AFTER))
+    clock.now += QUIET_AFTER_CHANGE_S / 2
+    ls.drop("ck")                                     # another: the quiet time starts again
+    clock.now += QUIET_AFTER_CHANGE_S * 0.9
+    assert not ls.missed("ck")
+    clock.now += QUIET_AFTER_CHANGE_S * 0.2           # left alone long enough
+    assert [ls.missed("ck") for _ in range(LIST_AFTER)] == [False] * (LIST_AFTER - 1) + [True]
+    assert [ls.missed("other") for _ in range(LIST_AFTER)][-1]   # other folders as before
+
+
 def test_a_folder_is_listed_for_lookups_after_a_few_misses():
     ls = Listings(max_entries=100)
     assert [ls.missed("f") for _ in range(LIST_AFTER)] == [False] * (LIST_AFTER - 1) + [True]
