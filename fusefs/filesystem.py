@@ -152,7 +152,7 @@ class Filesystem:
         self._immutable_match = (re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in self._immutable)).match
                                  if self._immutable else None)
         self.max_entries = cache.max_entries
-        self.listings = Listings(cache.max_entries)   # of immutable folders (fusefs/listings.py)
+        self.listings = Listings(cache.max_entries, quiet_s=cache.relist_quiet_s)   # (fusefs/listings.py)
         # Listings may give files by name only (a readdirplus entry with nodeid 0): set by the
         # mount where pyfuse3 has patches/pyfuse3-readdir.patch; to whom: `fusefs.walks`.
         self.names_listings = False

@@ -33,11 +33,13 @@ _MISS_FOLDERS = 4096      # folders whose misses are counted at once (then the c
 # create, and its lookups of new names miss, so it was listed again every LIST_AFTER files, each
 # time whole (and its names registered for fast lookups): work growing with the square of the
 # folder's size (`make demo`: 235 listings for 400 files written).
-QUIET_AFTER_CHANGE_S = 2.0
+QUIET_AFTER_CHANGE_S = 2.0   # (the default of `[cache] relist_quiet_s`)
 
 
 class Listings:
-    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic,
+                 quiet_s: float = QUIET_AFTER_CHANGE_S):
+        self.quiet_s = quiet_s   # `[cache] relist_quiet_s`
         self.max_entries = max_entries
         self.clock = clock
         self._by_folder: OrderedDict[str, tuple[float, dict[str, Stat]]] = OrderedDict()
@@ -79,7 +81,7 @@ class Listings:
             return False   # too big to keep
         changed = self._changed.get(folder)
         if changed is not None:
-            if self.clock() - changed < QUIET_AFTER_CHANGE_S:
+            if self.clock() - changed < self.quiet_s:
                 return False   # being written through this mount: its lookups ask the store
             del self._changed[folder]
         if len(self._misses) >= _MISS_FOLDERS and folder not in self._misses:

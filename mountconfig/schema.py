@@ -107,6 +107,13 @@ class CacheConfig(Section):
         "(the fast path, `mount.fast_path_inodes`, docs/fastpath.md), reading the version that open found.",
     )
     immutable_timeout_s: float = Field(3600.0, ge=0, description="Attr/entry timeout for immutable paths.")
+    relist_quiet_s: float = Field(
+        2.0, ge=0, le=3600,
+        description="A folder of `immutable_globs` paths changed through this mount is listed for the "
+        "lookups to come (and its names answered inside the daemon's FUSE library, `mount.fast_lookups`) "
+        "only once it has been left alone this long: a writer creating file after file there would "
+        "otherwise have it listed again every few files (docs/fastpath.md). 0: at once.",
+    )
     max_entries: int = Field(
         2_000_000, ge=1000, le=1 << 40,
         description="Most names (inodes) the daemon keeps for the kernel's cache: every entry a listing "

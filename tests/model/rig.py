@@ -88,7 +88,8 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             cfg = base / f"m{i}.toml"
             cfg.write_text(CONFIG.format(store=store, passthrough="auto" if passthrough else "off",
                                          log=base / f"m{i}.log",
-                                         immutable='immutable_globs = ["*"]' if fast_path else ""))
+                                         immutable='immutable_globs = ["*"]\nrelist_quiet_s = 0'
+                                         if fast_path else ""))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)
