@@ -218,8 +218,7 @@ class Filesystem:
             return
         if node.ino in self.fast:
             self.fast.unmark(node)
-        if self.names.on:
-            self.names.drop(node.path.rpartition("/")[0])
+        self.names.drop(node.path.rpartition("/")[0])
 
     def _unname(self, node: Inode, answered: int) -> None:
         """A name's registration in pyfuse3 ends (`FastNames.drop`): the lookups pyfuse3 answered
@@ -238,15 +237,17 @@ class Filesystem:
                 or len(self.inodes.by_ino) + len(listing) > self.max_entries):
             return
         epoch, kept = self.names.epoch, self.listings.folder(folder)
+
+        def undisturbed() -> bool:
+            return self.names.epoch == epoch and self.listings.folder(folder) is kept
+
         prefix = folder + "/" if folder else ""
         named: list[tuple[bytes, Inode, Attributes]] = []
         for i, (name, st) in enumerate(listing):
             if i and i % NAME_CHUNK == 0:
                 await trio.sleep(0)
-                if self.names.epoch != epoch or self.listings.folder(folder) is not kept:
-                    for _name, node, _attrs in named:   # (made for this: no one else holds them)
-                        self.inodes.maybe_drop(node)
-                    return
+                if not undisturbed():
+                    break
             path = prefix + name
             if (st is None or not st.is_file or st.nlink > 1 or (self.own_dev and st.dev == self.own_dev)
                     or paths.is_hidden_name(name) or self.reserved(path) or not self.immutable(path)):
@@ -259,11 +260,11 @@ class Filesystem:
                 continue
             node = self.inode_for(path, st)
             named.append((os.fsencode(name), node, self.attrs(node, st)))
-        if self.names.epoch == epoch and self.listings.folder(folder) is kept and self.inodes.get(parent.ino) is parent:
+        if undisturbed() and self.inodes.get(parent.ino) is parent:
             self.names.register(folder, parent, named, ttl)
-        else:
-            for _name, node, _attrs in named:
-                self.inodes.maybe_drop(node)
+            return
+        for _name, node, _attrs in named:   # (made for this: no one else holds them)
+            self.inodes.maybe_drop(node)
 
     def passthrough_detach(self, node: Inode) -> None:
         """One passthrough handle of `node` released (`fusefs.passthrough.Passthrough.detach`)."""
@@ -577,12 +578,11 @@ class Filesystem:
 
     def forget(self, inode_list) -> None:
         for ino, n in inode_list:
-            if self.names.on:    # the lookups pyfuse3 answered are in the kernel's count
-                answered = self.names.taken(ino)
-                if answered:
-                    node = self.inodes.get(ino)
-                    if node is not None:
-                        node.lookups += answered
+            answered = self.names.taken(ino)   # (the lookups pyfuse3 answered are in the kernel's count)
+            if answered:
+                node = self.inodes.get(ino)
+                if node is not None:
+                    node.lookups += answered
             if ino in self.fast:      # forgotten: no open file is left, so neither is a fast open
                 node = self.inodes.get(ino)
                 if node is not None and node.lookups - n <= 0:
@@ -1253,8 +1253,7 @@ class Filesystem:
         again and retry the open on it, once, inside open(2). `still_named`: the old inode's
         writer still publishes to the name (a dup of a file published in place)."""
         self.stats.add("opens_renewed")
-        if self.names.on:   # (pyfuse3 answers the name with this inode no more)
-            self.names.drop(node.path.rpartition("/")[0])
+        self.names.drop(node.path.rpartition("/")[0])   # (pyfuse3 answers the name with this inode no more)
         self.inodes.detach(node.path)
         if still_named:
             node.unlinked = False

@@ -28,17 +28,13 @@ def format_status(snap: dict) -> str:
              f"bytes read {snap['bytes']['read']:,}  written {snap['bytes']['written']:,}  "
              f"uploaded {snap['bytes']['uploaded']:,}",
              "cache: " + ", ".join(f"{k} {v:,}" for k, v in snap["cache"].items())]
-    if "passthrough" in snap:   # the kernel serves these files' bytes: not in the byte counts above
-        pt = dict(snap["passthrough"])
-        lines.append(f"passthrough: {pt.pop('state')}" + "".join(f", {k} {v:,}" for k, v in pt.items()))
-    fast = snap.get("fast_path")
-    if fast:   # answered inside pyfuse3: not in the op table below
-        fast = dict(fast)
-        lines.append(f"fast path: {fast.pop('state')}" + "".join(f", {k} {v:,}" for k, v in fast.items()))
-    names = snap.get("fast_lookups")
-    if names:   # lookups answered inside pyfuse3: not in the op table below
-        names = dict(names)
-        lines.append(f"fast lookups: {names.pop('state')}" + "".join(f", {k} {v:,}" for k, v in names.items()))
+    # The kernel serves passthrough files' bytes (not in the byte counts above); what the fast path
+    # and fast lookups answer inside pyfuse3 is not in the op table below.
+    for key, label in (("passthrough", "passthrough"), ("fast_path", "fast path"), ("fast_lookups", "fast lookups")):
+        part = snap.get(key)
+        if part:
+            counts = {k: v for k, v in part.items() if k != "state"}
+            lines.append(f"{label}: {part['state']}" + "".join(f", {k} {v:,}" for k, v in counts.items()))
     if snap.get("requests_read_queued") is not None:   # the patched pyfuse3's loop reads these without a wait
         lines.append(f"requests read while queued: {snap['requests_read_queued']:,}"
                      + (f", while spinning: {snap['requests_read_spinning']:,}"
