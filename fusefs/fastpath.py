@@ -94,7 +94,7 @@ class FastPath:
         self.marked: dict[int, tuple[Inode, int]] = {}
         self.by_uid: dict[int, OrderedDict[int, None]] = {}   # each user's marks, oldest first
         self.draining: dict[int, Inode] = {}     # unmarked, fast opens still open
-        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0}
+        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0}
 
     @property
     def on(self) -> bool:
@@ -152,6 +152,10 @@ class FastPath:
         self.counts["given_up_for_room"] += 1
         self.unmark(self.marked[ino][0])
 
+    def room(self) -> int:
+        """Places free in the table (marks made ahead take only these)."""
+        return self.limit - len(self.marked) - len(self.draining)
+
     def snapshot(self) -> dict:
         """What `.hintfs/stats` shows under "fast_path"."""
         if not self.on:
@@ -165,6 +169,9 @@ class FastPath:
 # A registration's time, at most (pyfuse3's deadline is a signed 64-bit count of nanoseconds; the
 # listing it comes from expires by `immutable_timeout_s`, which the config does not bound).
 MAX_TTL_S = 10 * 365 * 86400
+# First opens of a named folder's files answered in Python before its other files are marked ahead
+# (`[mount] fast_opens_ahead`).
+OPEN_AHEAD_AFTER = 2
 
 
 class FastNames:
@@ -187,6 +194,7 @@ class FastNames:
         # Counts every `drop` (a folder's names or not): a registration whose entries were made
         # across a drop is not made (`Filesystem._name_folder`).
         self.epoch = 0
+        self.opened_in: dict[str, int] = {}     # folder -> its named files' first opens answered in Python
 
     @property
     def on(self) -> bool:
@@ -213,9 +221,19 @@ class FastNames:
         self.counts["folders_named"] += 1
         self.counts["names_registered"] += len(inodes)
 
+    def opened(self, folder: str) -> bool:
+        """A named file of `folder` got its first open in Python (and its mark); True once per
+        registration, at the OPEN_AHEAD_AFTER-th: a reader is going through the folder, time to mark
+        its other files ahead (`Filesystem._open_ahead`)."""
+        if folder not in self.folders:
+            return False
+        n = self.opened_in[folder] = self.opened_in.get(folder, 0) + 1
+        return n == OPEN_AHEAD_AFTER
+
     def drop(self, folder: str) -> None:
         """No more LOOKUPs in `folder` answered in pyfuse3; each named inode's hold ends."""
         self.epoch += 1
+        self.opened_in.pop(folder, None)
         got = self.folders.pop(folder, None)
         if got is None:
             return
@@ -242,4 +260,4 @@ class FastNames:
         return {"state": "on", "lookups": served, "folders": folders, "names": names, **self.counts}
 
 
-__all__ = ["FastBackend", "FastNames", "FastPath", "NamesBackend", "fast_eligible", "mark_limit"]
+__all__ = ["FastBackend", "FastNames", "FastPath", "NamesBackend", "OPEN_AHEAD_AFTER", "fast_eligible", "mark_limit"]

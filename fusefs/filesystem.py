@@ -97,6 +97,9 @@ class _Seen:
 # made this many at a time, the event loop free between.
 FAST_NAMES_MAX = 20_000
 NAME_CHUNK = 512
+# Files of a folder marked ahead for the fast path (`_open_ahead`) at a time, the loop free between
+# (~15 µs each here).
+AHEAD_CHUNK = 64
 # A local store's folder listed for lookups: entries read on the loop at a time (~3 µs each).
 LIST_CHUNK = 256
 
@@ -181,6 +184,7 @@ class Filesystem:
         self.stats.fast_path = self.fast.snapshot
         # Lookups of kept folders' names answered in pyfuse3 (fusefs/fastpath.py): set at FUSE init.
         self.names = FastNames(self._unname, options.fast_lookups)
+        self.open_ahead = options.fast_opens_ahead   # (`_open_ahead`)
         self.stats.fast_lookups = self.names.snapshot
         self.listings.on_drop = self.names.drop
         if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
@@ -197,12 +201,66 @@ class Filesystem:
         self.pt.set(result)
         self.fast.backend = fast if result[0] is not None else None
 
-    def _fast_mark(self, node: Inode, backing_id: int, st: Stat, ctx) -> None:
-        """Mark `node` for the fast path, held as one more passthrough open, with the attributes
-        its GETATTRs get meanwhile (fusefs/fastpath.py)."""
+    def _fast_mark(self, node: Inode, kind: HandleKind, backing_id: int, st: Stat | None, uid: int) -> bool:
+        """Mark `node` for the fast path if this open of it (`kind`, `backing_id`) may
+        (`fast_eligible`), held as one more passthrough open, with the attributes its GETATTRs get
+        meanwhile (fusefs/fastpath.py); whether it was."""
+        if self.fast.draining:
+            self.fast.settle()
+        if node.ino in self.fast or not fast_eligible(
+                kind, self.immutable(node.path) > 0,
+                self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
+            return False
+        assert st is not None
         self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
         node.opens += 1
-        self.fast.mark(node, backing_id, self.attrs(node, st), ctx.uid if ctx is not None else os.getuid())
+        self.fast.mark(node, backing_id, self.attrs(node, st), uid)
+        return node.ino in self.fast
+
+    async def _open_ahead(self, folder: str, uid: int) -> None:
+        """A reader is going through `folder`, whose names pyfuse3 answers (`FastNames.opened`):
+        mark its other registered files for the fast path now, as their own first opens would
+        (`_mark_ahead`), so that those opens and their releases are answered in pyfuse3 too. Only
+        in places the table has free (no other mark is given up for these), AHEAD_CHUNK at a time
+        with the loop free between; it stops when the folder's names go (a change in it, the
+        listing gone). A system task: it never fails the mount."""
+        got = self.names.folders.get(folder)
+        if got is None:
+            return
+        marked = 0
+        try:
+            for i, node in enumerate(list(got[1])):
+                if i and i % AHEAD_CHUNK == 0:
+                    await trio.sleep(0)
+                    if self.names.folders.get(folder) is not got:
+                        break
+                if self.fast.room() <= 0 or not self.fast.on:
+                    break
+                if (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
+                        or node.unlinked or not node.fast_named or self.inodes.get(node.ino) is not node):
+                    continue
+                try:
+                    marked += await self._mark_ahead(node, uid)
+                except (Refused, OSError) as err:   # (its own open would have met the same)
+                    log.debug("%s not marked ahead: %s", node.path, err)
+        except Exception:   # (a system task's error would end the mount: opens go to Python)
+            log.exception("marking the files of %r ahead failed", folder)
+        self.fast.counts["marked_ahead"] += marked
+
+    async def _mark_ahead(self, node: Inode, uid: int) -> bool:
+        """What a read-only open of `node` would do, up to its mark, without the open: its
+        close-to-open check, the handle kind (`choose_handle`), the backing id and the mark
+        (`_fast_mark`), then the handle goes (the mark holds an open of its own)."""
+        seen = await self._see(node, os.O_RDONLY)
+        kind = self._kind(node, seen)
+        if kind is HandleKind.CONTROL or kind is HandleKind.TENSOR:   # (never a named file)
+            return False
+        handle, backing_id = self._make(kind, node, seen)
+        node.opens += 1
+        try:
+            return bool(backing_id) and self._fast_mark(node, kind, backing_id, seen.st, uid)
+        finally:
+            await handle.release(self)
 
     def _let_go(self, node: Inode) -> None:
         """The open a fast-path mark held is released (as `PassthroughRead.release`)."""
@@ -222,8 +280,11 @@ class Filesystem:
 
     def _unname(self, node: Inode, answered: int) -> None:
         """A name's registration in pyfuse3 ends (`FastNames.drop`): the lookups pyfuse3 answered
-        for it are the kernel's now, and the registration's own goes."""
+        for it are the kernel's now, and the registration's own goes. An inode the kernel does not
+        know (marked ahead, never looked up) can be opened no more: its mark goes too."""
         node.lookups += answered - 1
+        if node.lookups <= 0 and node.ino in self.fast:
+            self.fast.unmark(node)
         self.inodes.maybe_drop(node)
 
     async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float) -> None:
@@ -1070,10 +1131,7 @@ class Filesystem:
         opens) decides the kind of handle (`choose_handle`, a pure function); `_make` builds it."""
         node = self._inode(inode)
         seen = await self._see(node, flags)
-        # (OpenFacts positionally, in field order: keywords cost as much as the choice itself)
-        kind = choose_handle(OpenFacts(node.control is not None, node.virtual is not None, seen.writing, self.pt.on,
-                                       seen.shared, seen.writer, node.opens > 0, seen.source, seen.local_fd >= 0,
-                                       seen.space_ok))
+        kind = self._kind(node, seen)
         if kind is HandleKind.CONTROL:
             return self._open_control(node, flags, Caller.of(ctx))
         if kind is HandleKind.TENSOR:
@@ -1083,17 +1141,21 @@ class Filesystem:
         fh = next(self._fh)
         self.handles[fh] = handle
         if backing_id and self.fast.on:
-            if self.fast.draining:
-                self.fast.settle()
-            if node.ino not in self.fast and fast_eligible(
-                    kind, self.immutable(node.path) > 0,
-                    self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
-                assert seen.st is not None
-                self._fast_mark(node, backing_id, seen.st, ctx)
+            uid = ctx.uid if ctx is not None else os.getuid()
+            if (self._fast_mark(node, kind, backing_id, seen.st, uid) and node.fast_named and self.open_ahead
+                    and self.meta_inline and self.names.opened(folder := node.path.rpartition("/")[0])):
+                trio.lowlevel.spawn_system_task(self._open_ahead, folder, uid)
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
         # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.
         # (OpenFile's fields in order: fh, keep_cache, direct_io, backing_id, noflush)
         return OpenFile(fh, seen.keep_cache and not backing_id, False, backing_id, not isinstance(handle, WriteHandle))
+
+    def _kind(self, node: Inode, seen: _Seen) -> HandleKind:
+        """The handle an open of `node` that saw `seen` gets (`choose_handle`, pure)."""
+        # (OpenFacts positionally, in field order: keywords cost as much as the choice itself)
+        return choose_handle(OpenFacts(node.control is not None, node.virtual is not None, seen.writing, self.pt.on,
+                                       seen.shared, seen.writer, node.opens > 0, seen.source, seen.local_fd >= 0,
+                                       seen.space_ok))
 
     async def _see(self, node: Inode, flags: int) -> _Seen:
         """What an open of a store file sees, once its close-to-open checks passed (else ESTALE:

@@ -10,6 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import trio
+import trio.testing
 
 from fusefs.attrs import ROOT_INODE
 from fusefs.inodes import InodeTable
@@ -624,4 +625,122 @@ def test_a_local_folder_is_listed_for_lookups_on_the_loop_a_chunk_at_a_time(tmp_
         assert sorted(n for n, _ in listing) == [f"f{i:02d}" for i in range(20)]
         assert ran >= 20 // 4 - 1, ran                     # the loop was free between chunks
         assert len(await fs._list_inline("ck", 7)) == 7
+    trio.run(test, fs, root)
+
+
+def _ahead_fs(tmp_path, files: int, **mount):
+    """`_named_fs` with passthrough and the fast path's table (stand-ins: tests/helpers/backing.py)."""
+    from tests.helpers.backing import CountingBacking, FakeFastTable
+    cfg = {"cache": IMMUTABLE["cache"], "mount": mount}
+    fs, root = _fs(tmp_path, **cfg)
+    names = fs.names.backend = _FakeNames()
+    backing, fast = CountingBacking(), FakeFastTable()
+    fs.set_passthrough((backing, "on"), fast)
+    (root / "ck").mkdir()
+    for i in range(files):
+        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    return fs, root, names, backing, fast
+
+
+async def _read_through(fs, ck: int, names, *which: int, ctx=CTX) -> None:
+    """Open and release each of `which` as a reader would: its LOOKUP answered in pyfuse3 (the fake
+    table) once the folder is named, its OPEN and RELEASE in Python."""
+    for i in which:
+        name = f"f{i:02d}".encode()
+        ino = names.answer(ck, name) if ck in names.folders else (await fs.lookup(ck, name, ctx)).st_ino
+        h = await fs.open(ino, os.O_RDONLY, ctx)
+        await fs.release(h.fh)
+
+
+async def _named(fs, names) -> int:
+    ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+    for i in range(LIST_AFTER):
+        await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
+    await _listed(fs, "ck")
+    assert ck.st_ino in names.folders
+    return ck.st_ino
+
+
+def test_a_reader_going_through_a_named_folder_gets_its_other_files_marked_ahead(tmp_path):
+    """After OPEN_AHEAD_AFTER first opens in Python in a folder whose names pyfuse3 answers, the
+    folder's other files are marked for the fast path as their own opens would mark them (the
+    store file's backing, the attributes), by the same user, and counted apart; no RELEASE is
+    counted for them (the model-based test waits for real ones). When the names go, the files the
+    kernel never looked up lose their marks and their backing ids."""
+    from fusefs.fastpath import OPEN_AHEAD_AFTER
+    fs, root, names, backing, fast = _ahead_fs(tmp_path, 20)
+
+    async def test(fs, _root):
+        ck = await _named(fs, names)
+        await _read_through(fs, ck, names, *range(OPEN_AHEAD_AFTER - 1))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fast.serving) == OPEN_AHEAD_AFTER - 1       # not yet: only its own mark
+        await _read_through(fs, ck, names, 10)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fast.serving) == 20 and len(backing.live) == 20
+        assert fs.fast.counts["marked_ahead"] == 20 - OPEN_AHEAD_AFTER
+        assert set(fs.fast.by_uid) == {CTX.uid}
+        for ino, bid in fast.serving.items():                  # each with its own file's backing
+            node = fs.inodes[ino]
+            assert node.pt_id == bid and node.opens == 1 and node.fast_named
+        assert fs.stats.counters["file_releases"] == OPEN_AHEAD_AFTER
+        fs.listings.drop("ck")
+        # the files the kernel looked up (f00-f03, in Python) or was answered (f10) it still holds:
+        # only theirs stay marked, and only their inodes stay known
+        kept = {"ck/f00", "ck/f01", "ck/f02", "ck/f03", "ck/f10"}
+        assert {fs.inodes[i].path for i in fast.serving} == kept and len(backing.live) == len(kept)
+        assert {n.path for n in fs.inodes.by_ino.values() if n.path.startswith("ck/")} == kept
+    trio.run(test, fs, root)
+
+
+def test_files_are_marked_ahead_only_in_free_places_and_never_when_off(tmp_path):
+    """Marks made ahead take no place another mark holds (another user's included), and
+    `[mount] fast_opens_ahead = false` makes none."""
+    fs, root, names, backing, fast = _ahead_fs(tmp_path, 20, fast_path_inodes=6)
+    other = SimpleNamespace(uid=CTX.uid + 1, gid=CTX.gid, pid=CTX.pid, umask=0o022)
+    (root / "other").write_bytes(b"y")
+
+    async def test(fs, _root):
+        o = await fs.lookup(ROOT_INODE, b"other", other)
+        fs.immutable = lambda path: 1                          # (every path, for this one)
+        h = await fs.open(o.st_ino, os.O_RDONLY, other)
+        await fs.release(h.fh)
+        del fs.immutable
+        assert o.st_ino in fast.serving
+        ck = await _named(fs, names)
+        await _read_through(fs, ck, names, 0, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fast.serving) == 6 and o.st_ino in fast.serving     # the other user's kept
+        assert fs.fast.counts["marked_ahead"] == 3 and fs.fast.counts["given_up_for_room"] == 0
+    trio.run(test, fs, root)
+
+    (tmp_path / "off").mkdir()
+    fs, root, names, backing, fast = _ahead_fs(tmp_path / "off", 20, fast_opens_ahead=False)
+
+    async def off(fs, _root):
+        ck = await _named(fs, names)
+        await _read_through(fs, ck, names, 0, 1, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fast.serving) == 3 and fs.fast.counts["marked_ahead"] == 0
+    trio.run(off, fs, root)
+
+
+def test_marking_ahead_stops_at_a_change_in_the_folder_and_its_marks_go(tmp_path, monkeypatch):
+    """The files are marked AHEAD_CHUNK at a time, the loop free between: a write open in the folder
+    meanwhile ends the names, and so the marking; the marks it made go with the names (the kernel
+    never looked those files up); a file being written is never marked."""
+    import fusefs.filesystem as filesystem
+    monkeypatch.setattr(filesystem, "AHEAD_CHUNK", 3)
+    fs, root, names, backing, fast = _ahead_fs(tmp_path, 20)
+
+    async def test(fs, _root):
+        ck = await _named(fs, names)
+        f15 = await fs.lookup(ck, b"f15", CTX)
+        await _read_through(fs, ck, names, 0, 1)           # the marking ahead starts
+        w = await fs.open(f15.st_ino, os.O_WRONLY, CTX)    # before it ran: names end at once
+        await trio.testing.wait_all_tasks_blocked()
+        assert not names.folders
+        assert {fs.inodes[i].path for i in fast.serving} == {"ck/f00", "ck/f01"}
+        assert fs.fast.counts["marked_ahead"] == 0
+        await fs.release(w.fh)
     trio.run(test, fs, root)

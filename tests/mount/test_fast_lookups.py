@@ -149,3 +149,73 @@ def test_names_answered_in_pyfuse3_open_no_folder_a_user_may_not_search():
         assert got[str(shut / "f20")] == got[str(shut / "f21")] == f"errno {errno.EACCES}", got
         assert got[str(opened / "f20")] == 20, got                      # 0644: stat and read
         assert got[str(opened / "f21")] == f"errno {errno.EACCES}", got  # 0600: stat yes, read no
+
+
+def test_files_of_a_folder_a_reader_goes_through_are_opened_in_pyfuse3_after_two(mount_factory):
+    """Opens ahead (`[mount] fast_opens_ahead`, Filesystem._open_ahead): once a reader opened two
+    files of a folder whose names pyfuse3 answers, its other files are marked, and their first
+    opens and releases are answered in pyfuse3 with the files' own bytes. A change in the folder
+    ends it: the marks of files never opened go, the opened ones still read."""
+    m = _mount(mount_factory)
+    if m.stats()["fast_path"].get("state") != "on":
+        pytest.skip("the fast path is unavailable (needs passthrough and the patched pyfuse3)")
+    _listed(m)
+    for i in (10, 11):
+        assert (m.mnt / "ck" / f"f{i:03d}").read_bytes() == b"y" * i
+    assert wait_for(lambda: m.stats()["fast_path"]["marked_ahead"] >= N - 2 - 10, timeout=60), m.stats()["fast_path"]
+    before = m.stats()
+    for i in range(12, N):
+        assert (m.mnt / "ck" / f"f{i:03d}").read_bytes() == b"y" * i
+    after = m.stats()
+    assert after["fast_path"]["opens"] - before["fast_path"]["opens"] == N - 12, after["fast_path"]
+    assert after["counters"].get("file_releases") == before["counters"].get("file_releases")   # none in Python
+    marked = after["fast_path"]["inodes"]
+    os.unlink(m.mnt / "ck" / "f005")            # the folder changes through the mount
+    assert m.stats()["fast_lookups"]["folders"] == 0
+    # the files read keep their marks (the kernel holds them); none read was marked ahead
+    assert wait_for(lambda: m.stats()["fast_path"]["inodes"] <= marked, timeout=10)
+    for i in range(12, N, 23):
+        assert (m.mnt / "ck" / f"f{i:03d}").read_bytes() == b"y" * i
+    _no_estale(m)
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_files_opened_ahead_open_nothing_a_user_may_not_read():
+    """The attack: root reads two files of a folder, so its other files are marked for opens in
+    pyfuse3, a 0600 file of root's among them; another user then opens them. The kernel checks the
+    file's mode (`default_permissions`) before any OPEN is sent, whoever would answer it: EACCES
+    for the 0600 file, its bytes for the 0644 one."""
+    def setup(base: Path) -> str:
+        (base / "store" / "open").mkdir()
+        (base / "store" / "open").chmod(0o755)
+        for i in range(40):
+            f = base / "store" / "open" / f"f{i:02d}"
+            f.write_bytes(b"s" * i)
+            f.chmod(0o600 if i % 2 else 0o644)
+        return '\n[cache]\nimmutable_globs = ["open/*"]\n'
+
+    with world_mount(setup, prefix="hintfs-openahead-") as m:
+        if m.stats()["fast_path"].get("state") != "on" or m.stats()["fast_lookups"].get("state") != "on":
+            pytest.skip("the fast path is unavailable (needs passthrough and the patched pyfuse3)")
+        for i in range(10):
+            os.stat(m.mnt / "open" / f"f{i:02d}")
+        assert wait_for(lambda: m.stats()["fast_lookups"]["folders"] == 1, timeout=60), m.stats()["fast_lookups"]
+        for i in (10, 11):
+            (m.mnt / "open" / f"f{i:02d}").read_bytes()
+        assert wait_for(lambda: m.stats()["fast_path"]["marked_ahead"] >= 20, timeout=60), m.stats()["fast_path"]
+        opens = m.stats()["fast_path"]["opens"]
+        got = as_nobody(f"""
+            import json
+            out = {{}}
+            for p in {[str(m.mnt / "open" / f"f{i:02d}") for i in (20, 21, 31)]!r}:
+                try:
+                    with open(p, "rb") as f:
+                        out[p] = len(f.read())
+                except OSError as err:
+                    out[p] = "errno %d" % err.errno
+            print(json.dumps(out))
+        """)
+        d = m.mnt / "open"
+        assert got[str(d / "f20")] == 20, got                                   # 0644: read
+        assert got[str(d / "f21")] == got[str(d / "f31")] == f"errno {errno.EACCES}", got   # 0600: no
+        assert m.stats()["fast_path"]["opens"] == opens + 1                     # f20's, in pyfuse3
