@@ -7,8 +7,9 @@ off`), all against JuiceFS's S3 gateway on loopback (tests/helpers/s3server.py).
 Optional system `hintfs-nocache` (`--systems ...,hintfs-nocache`): no host cache, the store reader's
 own read-ahead (`[store] read_ahead_bytes`); `hintfs-glibcmalloc`: the defaults with glibc's own malloc
 thresholds (`GLIBC_TUNABLES=glibc.malloc.perturb=0`, so the daemon leaves malloc alone:
-docs/operations.md "Memory"); `hintfs-unmapped`: the defaults with `[cache] fetch_mapped = false` (blocks
-read through pyarrow and written with pwrite, as before the mapped fetch). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
+docs/operations.md "Memory"); `hintfs-unmapped`: the defaults with `[cache] fetch_mapped = false` (each
+block's GET read into a fetch thread's buffer, then pwrite); `hintfs-sdk`: also `fetch_buffered = false`
+(blocks read through pyarrow and written with pwrite, as before the mapped fetch). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
 (the data set declared immutable: names and attributes kept, as s3fs (stat cache, 15 min) and rclone
 (dir cache, 5 min) keep them by default).
 
@@ -287,8 +288,10 @@ class Mounts:
                 cfg = os.path.join(self.base, f"hintfs-{self.seq}.toml")
                 imm = 'immutable_globs = ["*"]\n' if system == "hintfs-immutable" else ""
                 imm += self.cache_extra
-                if system == "hintfs-unmapped":
+                if system in ("hintfs-unmapped", "hintfs-sdk"):
                     imm += "fetch_mapped = false\n"
+                if system == "hintfs-sdk":
+                    imm += "fetch_buffered = false\n"
                 cache_line = "" if system == "hintfs-nocache" else f'dir = "{cache_dir}"\n'
                 with open(cfg, "w") as f:
                     f.write(gw.store_toml(BUCKET) + "\n"
@@ -549,7 +552,7 @@ def summarize(raw: dict, again: list[dict], args, systems: list[str], notes: lis
         out[key[case]] = {"direct": best, "direct_one_stream": m.get("direct1"), "direct_parallel": m.get("directN"),
                           "hintfs": m.get("hintfs"), "hintfs_immutable": m.get("hintfs-immutable"),
                           "hintfs_glibcmalloc": m.get("hintfs-glibcmalloc"),
-                          "hintfs_unmapped": m.get("hintfs-unmapped"),
+                          "hintfs_unmapped": m.get("hintfs-unmapped"), "hintfs_sdk": m.get("hintfs-sdk"),
                           "s3fs": m.get("s3fs"), "rclone": m.get("rclone"),
                           "daemon_cpu_s": {s: med([r["daemon_cpu_s"] for r in v]) for s, v in per.items()
                                            if s.startswith("hintfs")},

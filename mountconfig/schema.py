@@ -157,6 +157,12 @@ class CacheConfig(Section):
         "GET straight into it, and reads of fetched blocks are answered from the mapping (one copy of each "
         "byte instead of three); false: blocks are read through pyarrow and written with pwrite.",
     )
+    fetch_buffered: bool = Field(
+        True, description="Host cache, S3 with explicit keys, where blocks are not read into a mapping "
+        "(`fetch_mapped = false`, or a filesystem without shared mappings): each block's GET is read into a "
+        "buffer of the fetch thread and written with pwrite (two copies of each byte, no page faults on the "
+        "cache file); false: read through pyarrow.",
+    )
     min_file_bytes: int = Field(
         1, ge=0, description="Host cache: smaller files are never cached (read from the store each time).",
     )
@@ -457,6 +463,10 @@ class TransformLoadConfig(Section):
                                           "the plans' samples worth sending raw (not an image still needing "
                                           "its decode check) raw, the cheapest for the client first, instead "
                                           "of following the capacity; no other fallback then.")
+    fixed_raw_order: Literal["client", "relief"] = Field(
+        "client", description="For measurement, with `fixed_raw_share`: which samples that share is: "
+        "`client`, the cheapest for the client first (issue 40's order); `relief`, the schedule's own "
+        "order (the most storage work saved per unit of client work first).")
     image_raw_check: Literal["decode", "header"] = Field(
         "decode", description="What an image gets on storage before its raw container goes out (fallback): "
         "`decode` decodes it once, as the transform would, so a `.tensor` never holds an image the transform "

@@ -294,7 +294,7 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
         # 188 ms at 0.9 and 0.95 against 67 and 85 ms cheapest first), before the per-step client
         # budget (`client_s`), which now bounds them.
         if worth:
-            heapq.heappush(heap, (0 if it.key in prefer else 1, it.client_work / max(it.saved_s, 1e-9), it.cost_s,
+            heapq.heappush(heap, (0 if it.key in prefer else 1, relief_rank(it), it.cost_s,
                                   it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
@@ -319,6 +319,14 @@ def raw_rank(it: Item) -> float:
     than it saves storage (a long clip's bytes) goes later. The schedule (`_shed`) does not use it:
     see there (run 10)."""
     return it.client_work * (it.client_work / max(it.saved_s, 1e-9))
+
+
+def relief_rank(it: Item) -> float:
+    """The schedule's order of what goes raw (`_shed`), lowest first: the client's work per
+    storage work saved (the most storage relief per unit of client work). Also a fixed share's
+    order for measurement (`transform_load.fixed_raw_order = "relief"`), so that the sweep of fixed
+    shares can be read against the schedule in its own order (issue 40, run 12)."""
+    return it.client_work / max(it.saved_s, 1e-9)
 
 
 def _within_client(items: list[Item], first: set, more: set, client_s: float | None,
@@ -443,5 +451,5 @@ class FixedShare:
 
 
 __all__ = ["Capacity", "Ewma", "FixedShare", "Horizon", "Item", "OnlineCosts", "Schedule", "StepClock",
-           "client_cost_s", "late_goes_raw", "own_share", "raw_rank", "schedule", "worth_raw", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
+           "client_cost_s", "late_goes_raw", "own_share", "raw_rank", "relief_rank", "schedule", "worth_raw", "GROW_AT", "SHRINK_AT", "HYSTERESIS", "MARGIN_STEPS",
            "MIN_SAVED_SHARE"]

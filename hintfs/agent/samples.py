@@ -58,7 +58,8 @@ from cachetools import FIFOCache, LRUCache
 from hintfs.agent.transformpool import TransformPool
 from hintfs.transforms.errors import TransformError, TransformTimeout, WorkerDied
 from policy.transform_sched import (CLIENT_STEP_SHARE, MARGIN_STEPS, Capacity, Ewma, FixedShare, Horizon, Item, OnlineCosts,
-                                    StepClock, client_cost_s, late_goes_raw, own_share, raw_rank, schedule, worth_raw)
+                                    StepClock, client_cost_s, late_goes_raw, own_share, raw_rank, relief_rank, schedule,
+                                    worth_raw)
 
 log = logging.getLogger("hintfs.samples")
 
@@ -184,6 +185,7 @@ class SampleService:
         self._checking: tuple | None = None      # (source, future) of the decode check made ahead
         share = getattr(load_cfg, "fixed_raw_share", None)
         self.fixed = FixedShare(share) if share is not None else None
+        self.fixed_rank = relief_rank if getattr(load_cfg, "fixed_raw_order", "client") == "relief" else raw_rank
         self.counts = {"tensor": 0, "raw_busy": 0, "raw_deadline": 0, "raw_planned": 0, "raw_late": 0,
                        "cache_hits": 0, "prefetched": 0, "errors": 0, "refused": 0, "decode_checks": 0}
         # sources whose transform failed: (path, size, mtime_ns, params_hash) -> (reason, expiry),
@@ -903,7 +905,7 @@ class SampleService:
                 self.backlog[key] = Pending(kind, pjson, meta, name, sstep, cost, self._seq, {name}, est)
                 if self.fixed is not None:
                     it = Item(key, None, cost, self._raw_cost(key, kind, cost), client_s=client_cost_s(cost, key.size))
-                    if worth_raw(it) and self.fixed.decide(raw_rank(it)):
+                    if worth_raw(it) and self.fixed.decide(self.fixed_rank(it)):
                         self.raw_keys.add(key)
                 started += 1
         with self.lock:

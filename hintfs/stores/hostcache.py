@@ -235,6 +235,8 @@ class HostCachedStore:
         self.max_bytes = min(cache_cfg.max_file_bytes or cache_cfg.budget_bytes, cache_cfg.budget_bytes)
         self.block = cache_cfg.fetch_block_bytes
         self.map_fetches = cache_cfg.fetch_mapped   # (blocks read into a mapping of the file: _fetch_block)
+        self.buffer_fetches = cache_cfg.fetch_buffered   # (else into a fetch thread's own buffer, then pwrite)
+        self._buffers = threading.local()               # each fetch thread's buffer (`_buffer`)
         self.counters: dict[str, int] = defaultdict(int)
         for key in COUNTERS:
             self.counters[key] = 0
@@ -544,7 +546,14 @@ class HostCachedStore:
                         raise OSError(errno.EIO, f"short read from the store: {len(got)} of {n} bytes at {off}")
                     view[:] = got
         else:
-            data = memoryview(reader.read(off, n))
+            buf = self._buffer(n) if self.buffer_fetches and getattr(reader, "ranged", None) is not None else None
+            if buf is not None and reader.read_into(off, buf[:n]):   # type: ignore[attr-defined]
+                # The GET's body into this thread's buffer (its pages long in place), then one
+                # pwrite: no page faults on the cache file's pages, which a 16-core host paid for
+                # in the mapping (bench/notes/s3_cold.md), and no pyarrow.
+                data = buf[:n]
+            else:
+                data = memoryview(reader.read(off, n))
             if len(data) != n:
                 raise OSError(errno.EIO, f"short read from the store: {len(data)} of {n} bytes at {off}")
             while data:
@@ -553,6 +562,14 @@ class HostCachedStore:
         with self._cond:
             job.blocks.add(start // self.block)
             self._cond.notify_all()
+
+    def _buffer(self, n: int) -> memoryview:
+        """This fetch thread's buffer of at least `n` bytes (one a thread: `fetch_threads` x
+        `fetch_block_bytes` in all, allocated and touched once)."""
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._buffers.buf = memoryview(bytearray(max(n, self.block)))
+        return buf
 
     def _fetch_blocks(self, job: _Job, reader: Reader, fd: int) -> None:
         """Every block of `job` into `fd`, at most `self._window` of them in flight (in the shared

@@ -305,3 +305,21 @@ def test_the_client_budget_for_raw_samples_is_kept_per_job_and_step(svc):
     svc.clock_.t += 0.05
     _window(svc, job_step[1] + 1, job_step[1] + 1, job_step[1] + 3)   # j's readers pass that step
     assert job_step not in svc.client_used
+
+
+def test_a_fixed_share_takes_the_order_the_config_names(tmp_path):
+    """`fixed_raw_share` (for measurement) ranks by `raw_rank` (the cheapest for the client first),
+    or with `fixed_raw_order = "relief"` by the schedule's own order (`relief_rank`); anything
+    else is refused at parse."""
+    from mountconfig.load import ConfigError
+    from policy.transform_sched import raw_rank, relief_rank
+    (tmp_path / "s").mkdir()
+    for order, rank in (("client", raw_rank), ("relief", relief_rank)):
+        cfg = parse_config({"transform_load": {"fixed_raw_share": 0.4, "fixed_raw_order": order}})
+        s = SampleService(LocalStore(str(tmp_path / "s")), cfg.transform_load)
+        try:
+            assert s.fixed is not None and s.fixed.share == 0.4 and s.fixed_rank is rank
+        finally:
+            s.close()
+    with pytest.raises(ConfigError):
+        parse_config({"transform_load": {"fixed_raw_share": 0.4, "fixed_raw_order": "random"}})

@@ -596,14 +596,24 @@ def test_a_mapped_fetch_fills_the_file_by_ranged_reads_or_falls_back_to_reads(ma
     assert read_all(hc, "m.bin")[0] == data and hc.counters["hostcache_hits"] == 1
 
 
-def test_fetch_mapped_false_never_reads_into_a_buffer(make, remote):
-    data = os.urandom(3 * (64 << 10))
+def test_fetch_mapped_false_reads_each_block_into_the_threads_buffer_then_pwrites(make, remote):
+    """`fetch_mapped = false`: each block's GET goes into the fetch thread's own buffer (one per
+    thread, reused), then into the file by pwrite; `fetch_buffered = false` too: through the store's
+    reader (pyarrow), as before either existed. The same bytes every way."""
+    data = os.urandom(3 * (64 << 10) + 7)
     remote.put("u.bin", data)
     remote.ranged = "ok"
-    hc = make(fetch_mapped=False)
+    hc = make(fetch_mapped=False, fetch_threads=1)
     assert read_all(hc, "u.bin")[0] == data
     assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
-    assert remote.ranged_calls == 0
+    assert remote.ranged_calls == 4
+    assert read_all(hc, "u.bin")[0] == data and hc.counters["hostcache_hits"] == 1
+    hc.close()
+    remote.put("s.bin", data)
+    sdk = make(fetch_mapped=False, fetch_buffered=False)
+    assert read_all(sdk, "s.bin")[0] == data
+    assert wait_for(lambda: sdk.counters["hostcache_fetches"] == 1)
+    assert remote.ranged_calls == 4                     # none more
 
 
 def test_a_view_of_the_mapping_outlives_the_fetch_and_the_files_removal(make, remote):
@@ -644,7 +654,7 @@ def test_a_view_of_the_mapping_outlives_the_fetch_and_the_files_removal(make, re
 
 def test_a_file_that_cannot_be_mapped_is_fetched_by_pwrite(make, remote, monkeypatch):
     """A cache directory on a filesystem without shared writable mappings: the fetch writes its
-    blocks with pwrite as before, never fails for it."""
+    blocks with pwrite (each read into the fetch thread's buffer), never fails for it."""
     from hintfs.stores import hostcache
 
     class NoMap:
@@ -661,5 +671,5 @@ def test_a_file_that_cannot_be_mapped_is_fetched_by_pwrite(make, remote, monkeyp
     hc = make()
     assert read_all(hc, "n.bin")[0] == data
     assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
-    assert remote.ranged_calls == 0 and hc.counters["hostcache_fetch_failed"] == 0
+    assert remote.ranged_calls == 4 and hc.counters["hostcache_fetch_failed"] == 0
     assert read_all(hc, "n.bin")[0] == data and hc.counters["hostcache_hits"] == 1

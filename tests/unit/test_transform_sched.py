@@ -371,3 +371,19 @@ def test_a_fixed_share_ranks_by_raw_rank_among_samples_worth_sending():
         elif not image_unchecked:
             kept += 1
     assert sent / (sent + kept) == pytest.approx(0.5, abs=0.05)
+
+
+def test_the_schedules_order_is_the_most_storage_saved_per_client_work_first():
+    """`relief_rank`: the order `_shed` picks what goes raw in, and a fixed share's order with
+    `fixed_raw_order = "relief"` (the bench's second sweep). A dear video saves storage all its cost
+    for about as much client work: before a cheap one whose bytes weigh more on the client, and
+    before an image whose raw container still costs storage its decode check."""
+    from policy.transform_sched import client_cost_s, raw_rank, relief_rank
+    dear = Item("dear", 1.0, 0.10, client_s=client_cost_s(0.10, 2_000_000))
+    cheap = Item("cheap", 1.0, 0.04, client_s=client_cost_s(0.04, 2_000_000))
+    unchecked = Item("img", 1.0, 0.02, raw_cost_s=0.018, client_s=client_cost_s(0.02, 200_000))
+    assert relief_rank(dear) < relief_rank(cheap) < relief_rank(unchecked)
+    assert raw_rank(cheap) < raw_rank(dear)            # (the issue's order: the other way round)
+    f = FixedShare(0.5)
+    picked = [it.key for it in [dear, cheap] * 50 if f.decide(relief_rank(it))]
+    assert picked.count("dear") > 40 and picked.count("cheap") < 10
