@@ -134,7 +134,7 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                                                         ", sqlite3 + file bucket, loopback)"}
     if cfg.fast:
         out = {"config": cfg.name, **out, "fast_path": True, "read_bias": cfg.read_bias, "fast_lookups": 0,
-               "folders_named": 0}
+               "folders_named": 0, "marked_ahead": 0}
     if cfg.blocks:
         out = {"config": cfg.name, **out, "blocks": True, "mapped_block_gets": 0}
     t0 = time.monotonic()
@@ -190,6 +190,7 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
             if cfg.fast:     # (lookups answered inside pyfuse3: docs/fastpath.md, "Lookups")
                 count(rig, "fast_lookups", lambda doc: doc.get("fast_lookups", {}).get("lookups", 0))
                 count(rig, "folders_named", lambda doc: doc.get("fast_lookups", {}).get("folders_named", 0))
+                count(rig, "marked_ahead", lambda doc: doc.get("fast_path", {}).get("marked_ahead", 0))
             out["seeds"].append(seed)
             seed += 1
             if len(out["seeds"]) % 20 == 0:

@@ -714,22 +714,28 @@ def main():
     if c0 and "B" in results:
         b = results["B"]
         bound = 0.2 * c0["stall_p99_s"]
-        meeting = sorted(x["fixed_share"] for x in sweep if x["stall_p99_s"] <= bound)
-        meeting10 = sorted(x["fixed_share"] for x in sweep if x["stall_p99_s"] <= 0.010)
-        smallest = meeting[0] if meeting else None
+        def smallest_meeting(cases, limit):
+            """The case of the smallest fixed share whose p99 meets `limit`: (its share as set, the
+            share it sent raw). With `image_raw_check = decode` the two differ: a share is of the
+            samples worth sending raw, and an image not yet checked is not."""
+            ok = sorted((x["fixed_share"], x["raw_share"]) for x in cases if x["stall_p99_s"] <= limit)
+            return ok[0] if ok else (None, None)
+
+        set_, sent = smallest_meeting(sweep, bound)
         goals["burner_p99_le_0.2x_C0"] = {"B_s": b["stall_p99_s"], "C0_s": c0["stall_p99_s"], "bound_s": bound,
                                           "n": b["n"], "met": b["stall_p99_s"] <= bound}
+        # B's raw share (what it sent) against what the smallest fixed share that meets sent
         goals["burner_raw_share_within_10pts_of_smallest_fixed"] = {
-            "B_raw_share": b["raw_share"], "smallest_fixed_share_meeting_0.2x_C0": smallest,
-            "smallest_fixed_share_meeting_10ms": meeting10[0] if meeting10 else None,
-            "met": smallest is not None and abs(b["raw_share"] - smallest) <= 0.10}
+            "B_raw_share": b["raw_share"], "smallest_fixed_share_meeting_0.2x_C0": set_,
+            "its_raw_share": sent, "smallest_fixed_share_meeting_10ms": smallest_meeting(sweep, 0.010)[0],
+            "shares_tried": sorted(x["fixed_share"] for x in sweep),
+            "met": sent is not None and abs(b["raw_share"] - sent) <= 0.10}
         if relief_sweep:   # the same, against fixed shares taken in the schedule's own order
-            meeting_r = sorted(x["fixed_share"] for x in relief_sweep if x["stall_p99_s"] <= bound)
-            smallest_r = meeting_r[0] if meeting_r else None
+            set_r, sent_r = smallest_meeting(relief_sweep, bound)
             goals["burner_raw_share_within_10pts_of_smallest_fixed_in_the_schedules_order"] = {
-                "B_raw_share": b["raw_share"], "smallest_fixed_share_meeting_0.2x_C0": smallest_r,
+                "B_raw_share": b["raw_share"], "smallest_fixed_share_meeting_0.2x_C0": set_r, "its_raw_share": sent_r,
                 "shares_tried": sorted(x["fixed_share"] for x in relief_sweep),
-                "met": smallest_r is not None and abs(b["raw_share"] - smallest_r) <= 0.10}
+                "met": sent_r is not None and abs(b["raw_share"] - sent_r) <= 0.10}
     if c0:
         c0_cpu = c0["client_cpu_s_per_sample"]
         goals["trainer_cpu_le_raw_share_x_C0_plus_1ms"] = {

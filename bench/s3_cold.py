@@ -7,9 +7,11 @@ off`), all against JuiceFS's S3 gateway on loopback (tests/helpers/s3server.py).
 Optional system `hintfs-nocache` (`--systems ...,hintfs-nocache`): no host cache, the store reader's
 own read-ahead (`[store] read_ahead_bytes`); `hintfs-glibcmalloc`: the defaults with glibc's own malloc
 thresholds (`GLIBC_TUNABLES=glibc.malloc.perturb=0`, so the daemon leaves malloc alone:
-docs/operations.md "Memory"); `hintfs-unmapped`: the defaults with `[cache] fetch_mapped = false` (each
-block's GET read into a fetch thread's buffer, then pwrite); `hintfs-sdk`: also `fetch_buffered = false`
-(blocks read through pyarrow and written with pwrite, as before the mapped fetch). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
+docs/operations.md "Memory"); `hintfs-unmapped`: `[cache] fetch_mapped = false` (each block's GET read
+into a fetch thread's buffer, then pwrite: the default since the late night of 2026-12-06);
+`hintfs-mapped`: `fetch_mapped = true` (each block's GET read into a mapping of the cache file);
+`hintfs-sdk`: `fetch_mapped = false`, `fetch_buffered = false` (blocks read through pyarrow and written
+with pwrite, as before either). hintfs runs twice: with the defaults, and as "hintfs-immutable" with `[cache] immutable_globs = ["*"]`
 (the data set declared immutable: names and attributes kept, as s3fs (stat cache, 15 min) and rclone
 (dir cache, 5 min) keep them by default).
 
@@ -290,6 +292,8 @@ class Mounts:
                 imm += self.cache_extra
                 if system in ("hintfs-unmapped", "hintfs-sdk"):
                     imm += "fetch_mapped = false\n"
+                if system == "hintfs-mapped":
+                    imm += "fetch_mapped = true\n"
                 if system == "hintfs-sdk":
                     imm += "fetch_buffered = false\n"
                 cache_line = "" if system == "hintfs-nocache" else f'dir = "{cache_dir}"\n'
@@ -553,6 +557,7 @@ def summarize(raw: dict, again: list[dict], args, systems: list[str], notes: lis
                           "hintfs": m.get("hintfs"), "hintfs_immutable": m.get("hintfs-immutable"),
                           "hintfs_glibcmalloc": m.get("hintfs-glibcmalloc"),
                           "hintfs_unmapped": m.get("hintfs-unmapped"), "hintfs_sdk": m.get("hintfs-sdk"),
+                          "hintfs_mapped": m.get("hintfs-mapped"),
                           "s3fs": m.get("s3fs"), "rclone": m.get("rclone"),
                           "daemon_cpu_s": {s: med([r["daemon_cpu_s"] for r in v]) for s, v in per.items()
                                            if s.startswith("hintfs")},
@@ -590,14 +595,15 @@ def machine() -> dict:
 
 
 def table(out: dict) -> str:
-    lines = ["| case | best direct | direct 1 stream | direct N | hintfs | hintfs immutable | hintfs unmapped | s3fs | rclone |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | best direct | direct 1 stream | direct N | hintfs | hintfs immutable | hintfs unmapped | "
+             "hintfs mapped | hintfs sdk | s3fs | rclone |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in ("seq_gbps", "par8_gbps", "small_files_s"):
         r = out.get(k)
         if r:
             lines.append(f"| {k} | " + " | ".join(str(r.get(s)) for s in ("direct", "direct_one_stream",
                                                                          "direct_parallel", "hintfs", "hintfs_immutable",
-                                                                         "hintfs_unmapped", "s3fs", "rclone")) + " |")
+                                                                         "hintfs_unmapped", "hintfs_mapped", "hintfs_sdk",
+                                                                         "s3fs", "rclone")) + " |")
     lines += [""] + [f"- {g['goal']}: {g['ratio']} (goal >= {g['min_ratio']}): "
                      f"{'met' if g['met'] else 'MISSED' if g['met'] is False else 'n/a'}" for g in out["goals"]]
     return "\n".join(lines)

@@ -227,6 +227,7 @@ class Filesystem:
         got = self.names.folders.get(folder)
         if got is None:
             return
+        routes = self.reads.routes
         marked = 0
         try:
             for i, node in enumerate(list(got[1])):
@@ -237,8 +238,9 @@ class Filesystem:
                 if self.fast.room() <= 0 or not self.fast.on:
                     break
                 if (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
-                        or node.unlinked or not node.fast_named or self.inodes.get(node.ino) is not node):
-                    continue
+                        or node.unlinked or not node.fast_named or self.inodes.get(node.ino) is not node
+                        or (routes is not None and routes.routes_path(node.path))):
+                    continue   # (a routed path is never marked, `fast_eligible`: its open may read elsewhere)
                 try:
                     marked += await self._mark_ahead(node, uid)
                 except (Refused, OSError) as err:   # (its own open would have met the same)

@@ -183,10 +183,19 @@ def test_a_cold_read_fetches_each_byte_once_and_a_small_object_in_one_request(hc
     assert hc.counters()["hostcache_hits"] >= 1
 
 
-def test_a_fetch_reads_each_block_straight_into_the_cache_file(hc):
+@pytest.mark.parametrize("mapped", ["true", "false"])
+def test_a_fetch_reads_each_block_by_one_ranged_get_into_the_cache_file(s3_server, mount_factory, tmp_path, mapped):
     """Issue 39 (cold S3 reads): each block of a fetch is one ranged GET of the open's version
-    (If-Match) whose body lands in the fetch's mapping of the cache file; reads of fetched blocks
-    come from that mapping. The bytes are the object's, by any read size and offset."""
+    (If-Match) whose body lands in the fetch's mapping of the cache file (`fetch_mapped = true`;
+    reads of fetched blocks come from that mapping) or in the fetch thread's buffer, then pwrite
+    (the default). The bytes are the object's, by any read size and offset."""
+    fs = s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    cache_dir = tmp_path / "hostcache"
+    extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{cache_dir}"\nfetch_block_bytes = {MiB}\n'
+             f'fetch_mapped = {mapped}\n\n[mount]\npassthrough = "auto"\n')
+    m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(s3_server))
+    hc = HostCacheMount(m, fs, str(cache_dir))
     data = os.urandom(5 * MiB + 77)
     hc.put("ckpt/mapped.bin", data)
     path = hc.m.mnt / "ckpt" / "mapped.bin"
@@ -201,11 +210,11 @@ def test_a_fetch_reads_each_block_straight_into_the_cache_file(hc):
     assert hc.get("ckpt/mapped.bin") == data
 
 
-def test_fetch_mapped_false_reads_blocks_through_pyarrow(s3_server, mount_factory, tmp_path):
+def test_fetch_buffered_false_reads_blocks_through_pyarrow(s3_server, mount_factory, tmp_path):
     fs = s3fs(s3_server)
     fs.create_dir(BUCKET)
     extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{tmp_path / "hc"}"\nfetch_block_bytes = {MiB}\n'
-             'fetch_mapped = false\n')
+             'fetch_mapped = false\nfetch_buffered = false\n')
     m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(s3_server))
     data = os.urandom(3 * MiB + 1)
     with fs.open_output_stream(f"{BUCKET}/u.bin") as f:

@@ -578,15 +578,17 @@ def test_an_open_reads_from_its_fetch_and_the_fetch_follows_the_reader(make, rem
     assert read_all(hc, "big.bin")[0] == data
 
 
+@pytest.mark.parametrize("mapped", [True, False])
 @pytest.mark.parametrize("mode", ["ok", "refuse", "partial"])
-def test_a_mapped_fetch_fills_the_file_by_ranged_reads_or_falls_back_to_reads(make, remote, mode):
+def test_a_fetch_fills_the_file_by_ranged_reads_or_falls_back_to_reads(make, remote, mode, mapped):
     """Issue 39: with a reader that reads ranges into a buffer, each block goes into the fetch's
-    mapping of its file; a block it cannot read (refused, or half written) is read and copied over
-    it. The complete file is exactly the store's, by either way."""
+    mapping of its file (`fetch_mapped`) or the fetch thread's buffer, then pwrite; a block it
+    cannot read (refused, or half written) is read and copied over it. The complete file is
+    exactly the store's, by either way."""
     data = os.urandom(5 * (64 << 10) + 123)
     remote.put("m.bin", data)
     remote.ranged = mode
-    hc = make()
+    hc = make(fetch_mapped=mapped)
     assert read_all(hc, "m.bin")[0] == data
     assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
     assert remote.ranged_calls == 6
@@ -629,7 +631,7 @@ def test_a_view_of_the_mapping_outlives_the_fetch_and_the_files_removal(make, re
             assert last.wait(10)
 
     remote.ranged = hook
-    hc = make(fetch_threads=1)
+    hc = make(fetch_threads=1, fetch_mapped=True)
     disk_mode = hc._read_mode
     hc._read_mode = "memory"    # (a cache on a memory filesystem: views; tests/unit run on any disk)
     reader, st = hc.open_reader("v.bin")
@@ -668,7 +670,7 @@ def test_a_file_that_cannot_be_mapped_is_fetched_by_pwrite(make, remote, monkeyp
     data = os.urandom(3 * (64 << 10) + 5)
     remote.put("n.bin", data)
     remote.ranged = "ok"
-    hc = make()
+    hc = make(fetch_mapped=True)
     assert read_all(hc, "n.bin")[0] == data
     assert wait_for(lambda: hc.counters["hostcache_fetches"] == 1)
     assert remote.ranged_calls == 4 and hc.counters["hostcache_fetch_failed"] == 0
