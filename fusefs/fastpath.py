@@ -170,7 +170,7 @@ class FastPath:
 # listing it comes from expires by `immutable_timeout_s`, which the config does not bound).
 MAX_TTL_S = 10 * 365 * 86400
 # First opens of a named folder's files answered in Python before its other files are marked ahead
-# (`[mount] fast_opens_ahead`).
+# (`[mount] fast_opens_ahead`'s default).
 OPEN_AHEAD_AFTER = 2
 
 
@@ -221,14 +221,14 @@ class FastNames:
         self.counts["folders_named"] += 1
         self.counts["names_registered"] += len(inodes)
 
-    def opened(self, folder: str) -> bool:
+    def opened(self, folder: str, after: int = OPEN_AHEAD_AFTER) -> bool:
         """A named file of `folder` got its first open in Python (and its mark); True once per
-        registration, at the OPEN_AHEAD_AFTER-th: a reader is going through the folder, time to mark
-        its other files ahead (`Filesystem._open_ahead`)."""
+        registration, at the `after`-th: a reader is going through the folder, time to mark its
+        other files ahead (`Filesystem._open_ahead`)."""
         if folder not in self.folders:
             return False
         n = self.opened_in[folder] = self.opened_in.get(folder, 0) + 1
-        return n == OPEN_AHEAD_AFTER
+        return n == after
 
     def drop(self, folder: str) -> None:
         """No more LOOKUPs in `folder` answered in pyfuse3; each named inode's hold ends."""

@@ -184,7 +184,7 @@ class Filesystem:
         self.stats.fast_path = self.fast.snapshot
         # Lookups of kept folders' names answered in pyfuse3 (fusefs/fastpath.py): set at FUSE init.
         self.names = FastNames(self._unname, options.fast_lookups)
-        self.open_ahead = options.fast_opens_ahead   # (`_open_ahead`)
+        self.open_ahead = options.fast_opens_ahead   # (`_open_ahead`: after this many first opens; 0: never)
         self.stats.fast_lookups = self.names.snapshot
         self.listings.on_drop = self.names.drop
         if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
@@ -1145,7 +1145,7 @@ class Filesystem:
         if backing_id and self.fast.on:
             uid = ctx.uid if ctx is not None else os.getuid()
             if (self._fast_mark(node, kind, backing_id, seen.st, uid) and node.fast_named and self.open_ahead
-                    and self.meta_inline and self.names.opened(folder := node.path.rpartition("/")[0])):
+                    and self.meta_inline and self.names.opened(folder := node.path.rpartition("/")[0], self.open_ahead)):
                 trio.lowlevel.spawn_system_task(self._open_ahead, folder, uid)
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
         # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.

@@ -250,14 +250,14 @@ class MountOptions(Section):
         "\"Lookups\"). Each name listed then holds one cached entry (bounded by `cache.max_entries`). "
         "Needs the patched pyfuse3. false: every lookup in Python.",
     )
-    fast_opens_ahead: bool = Field(
-        True,
-        description="Once two files of a folder whose names are answered inside the FUSE library "
+    fast_opens_ahead: int = Field(
+        2, ge=0, le=1_000_000,
+        description="Once this many files of a folder whose names are answered inside the FUSE library "
         "(`fast_lookups`) were opened for reading through Python, its other registered files are marked "
         "for the fast path ahead of their opens (`fast_path_inodes`: each holds an fd and a backing id; "
         "only free places are taken, none another mark holds), so their first opens and releases are "
         "answered without Python too (a loader going through a folder of small files; docs/fastpath.md, "
-        "\"Opens ahead\"). A local store only. false: a file is marked at its own first open.",
+        "\"Opens ahead\"). A local store only. 0: a file is marked at its own first open.",
     )
     request_spin_us: int = Field(
         20, ge=0, le=1000,

@@ -695,7 +695,7 @@ def test_a_reader_going_through_a_named_folder_gets_its_other_files_marked_ahead
 
 def test_files_are_marked_ahead_only_in_free_places_and_never_when_off(tmp_path):
     """Marks made ahead take no place another mark holds (another user's included), and
-    `[mount] fast_opens_ahead = false` makes none."""
+    `[mount] fast_opens_ahead = 0` makes none."""
     fs, root, names, backing, fast = _ahead_fs(tmp_path, 20, fast_path_inodes=6)
     other = SimpleNamespace(uid=CTX.uid + 1, gid=CTX.gid, pid=CTX.pid, umask=0o022)
     (root / "other").write_bytes(b"y")
@@ -715,7 +715,7 @@ def test_files_are_marked_ahead_only_in_free_places_and_never_when_off(tmp_path)
     trio.run(test, fs, root)
 
     (tmp_path / "off").mkdir()
-    fs, root, names, backing, fast = _ahead_fs(tmp_path / "off", 20, fast_opens_ahead=False)
+    fs, root, names, backing, fast = _ahead_fs(tmp_path / "off", 20, fast_opens_ahead=0)
 
     async def off(fs, _root):
         ck = await _named(fs, names)

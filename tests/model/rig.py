@@ -22,6 +22,7 @@ entry_timeout_s = 0
 {immutable}
 [mount]
 passthrough = "{passthrough}"
+{mount_extra}
 
 [logging]
 file = "{log}"
@@ -75,7 +76,9 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
     """A store and `mounts` mounts of it; everything unmounted and removed at the end. With
     `fast_path`, every path is declared immutable, so that reopened files are answered by the
     fast path (fusefs/fastpath.py): meant for one mount, whose own changes the kernel sees (two
-    mounts would each keep what the other changed, as the declaration allows)."""
+    mounts would each keep what the other changed, as the declaration allows). Its folders change
+    all the time: they are listed for lookups at once (`relist_quiet_s = 0`) and their files marked
+    ahead after one open (`fast_opens_ahead = 1`), or the model would meet neither."""
     own = base is None
     base = Path(tempfile.mkdtemp(prefix="hintfs-model-")) if base is None else base
     store = base / "store"
@@ -89,7 +92,8 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             cfg.write_text(CONFIG.format(store=store, passthrough="auto" if passthrough else "off",
                                          log=base / f"m{i}.log",
                                          immutable='immutable_globs = ["*"]\nrelist_quiet_s = 0'
-                                         if fast_path else ""))
+                                         if fast_path else "",
+                                         mount_extra="fast_opens_ahead = 1" if fast_path else ""))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)
