@@ -1338,6 +1338,16 @@ class Filesystem:
         if parent is not None and self.kernel is not None:
             self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
 
+    async def _kernel_forgets_name_now(self, path: str) -> None:
+        """As `_kernel_forgets_name`, but done before this returns (in a worker thread: the kernel
+        takes the folder's lock). Only from a request that holds no directory lock in the kernel
+        (a close's FLUSH, a RELEASE), or it would wait on itself."""
+        head, _, name = path.rpartition("/")
+        parent = self.inodes.by_path_get(head)
+        if parent is not None and self.kernel is not None:
+            await trio.to_thread.run_sync(self.kernel.invalidate_entry_now, parent.ino,
+                                          name.encode("utf-8", "surrogateescape"))
+
     async def _check_backing_current(self, node: Inode) -> None:
         """Close-to-open under passthrough: the open files of `node` read the store file they
         were opened on, and the kernel gives one inode one backing file. If the store now has
@@ -1504,7 +1514,7 @@ class Filesystem:
                 await self._published(node, Stat.from_os(os.fstat(staging.fd)), final)
             else:
                 st = await self.io(self.store.commit, staging, node.path, True)
-                self._name_replaced(node)
+                await self._name_replaced(node, no_dir_locks)
                 await self._published(node, st, final)
             return
         # (taken before an upload: a write while it runs makes the next publish send it again)
@@ -1522,17 +1532,10 @@ class Filesystem:
         if node.aliases or node.backing is not None:
             # The other names keep the file as it was: the kernel must look them up again.
             for path in self.inodes.split_aliases(node):
-                head, _, name = path.rpartition("/")
-                parent = self.inodes.by_path_get(head)
-                if parent is None:
-                    continue
-                raw = name.encode("utf-8", "surrogateescape")
-                if self.kernel is None:
-                    continue
                 if no_dir_locks:
-                    await trio.to_thread.run_sync(self.kernel.invalidate_entry_now, parent.ino, raw)
+                    await self._kernel_forgets_name_now(path)
                 else:
-                    self.kernel.invalidate_entry(parent.ino, raw)
+                    self._kernel_forgets_name(path)
         node.cached_identity = st.version()
         await self._published(node, st, final and not keep)
 
@@ -1545,17 +1548,22 @@ class Filesystem:
         mine = os.fstat(staging.fd)
         return (st.dev, st.ino) == (mine.st_dev, mine.st_ino)
 
-    def _name_replaced(self, node: Inode) -> None:
+    async def _name_replaced(self, node: Inode, no_dir_locks: bool) -> None:
         """A file published in place, whose name this mount gave a new inode since (`_still_named`),
         was just published to the name again, by copy: what the name held on this mount (another
         file, a symlink) was replaced, as by a rename over it from elsewhere: the kernel looks the
-        name up again. A writer of the name keeps it (the mount shows its staged file there, and
-        its own publish comes later)."""
+        name up again, before the close returns where it can (`no_dir_locks`: a queued
+        invalidation came after the next `stat` under load, which saw the symlink the kernel kept
+        for an immutable path's timeout). A writer of the name keeps it (the mount shows its staged
+        file there, and its own publish comes later)."""
         holder = self.inodes.by_path_get(node.path)
         if not self._still_named(node) or (holder is not None and holder.writer is not None):
             return
         self._stale_name(node.path)
-        self._kernel_forgets_name(node.path)
+        if no_dir_locks:
+            await self._kernel_forgets_name_now(node.path)
+        else:
+            self._kernel_forgets_name(node.path)
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
         """A version of `node` is in the store: count it, journal it, tell the stream; a listing the
