@@ -185,12 +185,19 @@ class FastNames:
     adds them to the inode's count at FORGET (`taken`) and when the names are dropped (`drop`:
     the listing went, expired or was trimmed, or the folder changed through this mount)."""
 
-    def __init__(self, let_go: Callable[[Inode, int], None], enabled: bool = True):
+    def __init__(self, let_go: Callable[[Inode, int], None], enabled: bool = True, share: int = 1 << 62):
         self.enabled = enabled      # `[mount] fast_lookups`
+        # Most names registered for one user (whose lookups had the folder listed), their oldest
+        # folders given up first: half of `[cache] max_entries` (`Filesystem`), so that one user's
+        # walk never holds every registered inode of the mount.
+        self.share = share
+        self.by_uid: dict[int, OrderedDict[str, int]] = {}   # uid -> its folders, oldest first -> names
+        self.owner: dict[str, int] = {}                       # folder -> the uid it counts to
+        self.held: dict[int, int] = {}                        # uid -> names registered for it
         self.backend: NamesBackend | None = None
         self._let_go = let_go       # (inode, lookups answered in pyfuse3): the registration's hold ends
         self.folders: dict[str, tuple[Inode, list[Inode]]] = {}   # folder -> (its inode, the inodes named)
-        self.counts = {"folders_named": 0, "names_registered": 0, "folders_dropped": 0}
+        self.counts = {"folders_named": 0, "names_registered": 0, "folders_dropped": 0, "given_up_for_share": 0}
         # Counts every `drop` (a folder's names or not): a registration whose entries were made
         # across a drop is not made (`Filesystem._name_folder`).
         self.epoch = 0
@@ -201,14 +208,19 @@ class FastNames:
         return self.backend is not None
 
     def register(self, folder: str, parent: Inode, named: list[tuple[bytes, Inode, Attributes]],
-                 ttl_s: float) -> None:
-        """Answer LOOKUPs of `named` (name, its inode, its entry) in `folder` for `ttl_s`. The
-        folder's inode is held too: pyfuse3 knows the names by its number, and a folder the kernel
-        forgot and looks up again must get the same one."""
+                 ttl_s: float, uid: int = 0) -> bool:
+        """Answer LOOKUPs of `named` (name, its inode, its entry) in `folder` for `ttl_s`, counted to
+        `uid`; whether they are. The folder's inode is held too: pyfuse3 knows the names by its
+        number, and a folder the kernel forgot and looks up again must get the same one. A user past
+        its share (`share` names) first gives up its oldest folders; more names than the share
+        alone are not registered (Python answers them from the listing, as before)."""
         assert self.backend is not None
         self.drop(folder)
-        if not named or ttl_s <= 0:
-            return
+        if not named or ttl_s <= 0 or len(named) > self.share:
+            return False
+        while self.held.get(uid, 0) + len(named) > self.share:
+            self.counts["given_up_for_share"] += 1
+            self.drop(next(iter(self.by_uid[uid])))
         self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
                          self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9))
         parent.lookups += 1
@@ -218,8 +230,12 @@ class FastNames:
             node.fast_named = True
             inodes.append(node)
         self.folders[folder] = (parent, inodes)
+        self.by_uid.setdefault(uid, OrderedDict())[folder] = len(inodes)
+        self.owner[folder] = uid
+        self.held[uid] = self.held.get(uid, 0) + len(inodes)
         self.counts["folders_named"] += 1
         self.counts["names_registered"] += len(inodes)
+        return True
 
     def opened(self, folder: str, after: int = OPEN_AHEAD_AFTER) -> bool:
         """A named file of `folder` got its first open in Python (and its mark); True once per
@@ -237,6 +253,11 @@ class FastNames:
         got = self.folders.pop(folder, None)
         if got is None:
             return
+        uid = self.owner.pop(folder)
+        mine = self.by_uid[uid]
+        self.held[uid] -= mine.pop(folder)
+        if not mine:
+            del self.by_uid[uid], self.held[uid]
         assert self.backend is not None
         parent, inodes = got
         self.backend.drop(parent.ino)
@@ -257,7 +278,8 @@ class FastNames:
         if self.backend is None:
             return {"state": "unavailable (pyfuse3 without fast lookups)"}
         served, folders, names = self.backend.stats()
-        return {"state": "on", "lookups": served, "folders": folders, "names": names, **self.counts}
+        return {"state": "on", "lookups": served, "folders": folders, "names": names, "users": len(self.by_uid),
+                "share": self.share, **self.counts}
 
 
 __all__ = ["FastBackend", "FastNames", "FastPath", "NamesBackend", "OPEN_AHEAD_AFTER", "fast_eligible", "mark_limit"]

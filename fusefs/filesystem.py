@@ -183,7 +183,7 @@ class Filesystem:
         self.fast = FastPath(mark_limit(options.fast_path_inodes), self._let_go)
         self.stats.fast_path = self.fast.snapshot
         # Lookups of kept folders' names answered in pyfuse3 (fusefs/fastpath.py): set at FUSE init.
-        self.names = FastNames(self._unname, options.fast_lookups)
+        self.names = FastNames(self._unname, options.fast_lookups, share=self.max_entries // 2)
         self.open_ahead = options.fast_opens_ahead   # (`_open_ahead`: after this many first opens; 0: never)
         self.stats.fast_lookups = self.names.snapshot
         self.listings.on_drop = self.names.drop
@@ -289,10 +289,11 @@ class Filesystem:
             self.fast.unmark(node)
         self.inodes.maybe_drop(node)
 
-    async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float) -> None:
+    async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float, uid: int = 0) -> None:
         """Register the plain files of `folder`'s kept listing for lookups answered in pyfuse3
-        (`FastNames`): each name whose Python lookup would answer from that listing, as it would.
-        Not past FAST_NAMES_MAX names or `[cache] max_entries`. The entries are made NAME_CHUNK at
+        (`FastNames`): each name whose Python lookup would answer from that listing, as it would,
+        counted to `uid` (whose lookups had it listed: `FastNames.share` per user). Not past
+        FAST_NAMES_MAX names or `[cache] max_entries`. The entries are made NAME_CHUNK at
         a time, the loop free between (~8 µs a name here); anything that drops names meanwhile
         (a change in the folder, the listing gone) ends it with nothing registered."""
         parent = self.inodes.by_path_get(folder)
@@ -323,8 +324,8 @@ class Filesystem:
                 continue
             node = self.inode_for(path, st)
             named.append((os.fsencode(name), node, self.attrs(node, st)))
-        if undisturbed() and self.inodes.get(parent.ino) is parent:
-            self.names.register(folder, parent, named, ttl)
+        if (undisturbed() and self.inodes.get(parent.ino) is parent
+                and self.names.register(folder, parent, named, ttl, uid)):
             return
         for _name, node, _attrs in named:   # (made for this: no one else holds them)
             self.inodes.maybe_drop(node)
@@ -545,7 +546,7 @@ class Filesystem:
         else:
             # (not for a name a writer of a file published in place may still be writing, since a
             # close-to-open renewal gave the name a new inode: the store file changes under it)
-            kept = (self._listed(parent.path, path)
+            kept = (self._listed(parent.path, path, ctx.uid if ctx is not None else 0)
                     if self._immutable_match is not None and not self._still_named_at(path) else None)
             try:
                 st = kept or await self.io(self.store.stat, path, inline=self.meta_inline)
@@ -572,7 +573,7 @@ class Filesystem:
             self.bound_entries()
         return self.attrs(inode, st)
 
-    def _listed(self, folder: str, path: str) -> Stat | None:
+    def _listed(self, folder: str, path: str, uid: int = 0) -> Stat | None:
         """`path`'s attributes from the kept listing of its folder, where `path` is immutable
         (`fusefs.listings`); a folder looked up in by path again and again is listed once, in the
         background, for the next lookups. None: ask the store."""
@@ -583,14 +584,14 @@ class Filesystem:
         if names is None:
             if self.listings.missed(folder):
                 self.listings.listing.add(folder)
-                trio.lowlevel.spawn_system_task(self._list_for_lookups, folder, ttl, self.listings.changes)
+                trio.lowlevel.spawn_system_task(self._list_for_lookups, folder, ttl, self.listings.changes, uid)
             return None
         st = names.get(path[len(folder) + 1:] if folder else path)
         if st is not None:
             self.stats.add("lookup_from_listing")
         return st
 
-    async def _list_for_lookups(self, folder: str, ttl: float, since: int) -> None:
+    async def _list_for_lookups(self, folder: str, ttl: float, since: int, uid: int = 0) -> None:
         """List `folder` for the lookups to come (a system task: it never fails the mount). A
         folder of more than `max_entries` names is not kept (nor listed again)."""
         most = self.listings.max_entries
@@ -612,7 +613,7 @@ class Filesystem:
             self.listings.put(folder, listing, ttl, since=since)
             if self.names.on and self.listings.folder(folder) is not None:
                 try:
-                    await self._name_folder(folder, listing, ttl)
+                    await self._name_folder(folder, listing, ttl, uid)
                 except Exception:   # (a system task's error would end the mount: Python answers)
                     log.exception("fast lookups of %r not registered", folder)
 

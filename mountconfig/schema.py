@@ -247,7 +247,8 @@ class MountOptions(Section):
         "going through a folder of `cache.immutable_globs` paths by path: `stat`, a loader's opens) "
         "are answered inside the daemon's FUSE library without Python, from that listing, until it "
         "expires or anything in the folder changes through this mount (docs/fastpath.md, "
-        "\"Lookups\"). Each name listed then holds one cached entry (bounded by `cache.max_entries`). "
+        "\"Lookups\"). Each name listed then holds one cached entry (bounded by `cache.max_entries`; the "
+        "names registered for one user's lookups by half of it, that user's oldest folders given up first). "
         "Needs the patched pyfuse3. false: every lookup in Python.",
     )
     fast_opens_ahead: int = Field(

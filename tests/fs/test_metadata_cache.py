@@ -744,3 +744,37 @@ def test_marking_ahead_stops_at_a_change_in_the_folder_and_its_marks_go(tmp_path
         assert fs.fast.counts["marked_ahead"] == 0
         await fs.release(w.fh)
     trio.run(test, fs, root)
+
+
+def test_one_users_walk_gives_up_its_own_oldest_names_never_another_users(tmp_path):
+    """The names registered for lookups in pyfuse3 count to the user whose lookups had the folder
+    listed, at most half of `[cache] max_entries` each: past it, that user's oldest folder goes
+    (its names answered by Python again), and another user's stay."""
+    fs, root = _fs(tmp_path, cache={"immutable_globs": ["*"], "max_entries": 1000})
+    names = fs.names.backend = _FakeNames()
+    for d in ("a", "b", "c", "z"):
+        (root / d).mkdir()
+        for i in range(200):
+            (root / d / f"f{i:03d}").write_bytes(b"x")
+    walker = SimpleNamespace(uid=CTX.uid + 1, gid=CTX.gid, pid=CTX.pid, umask=0o022)
+
+    async def walk(fs, folder: str, ctx) -> int:
+        d = await fs.lookup(ROOT_INODE, folder.encode(), ctx)
+        for i in range(LIST_AFTER):
+            await fs.lookup(d.st_ino, f"f{i:03d}".encode(), ctx)
+        await _listed(fs, folder)
+        await trio.testing.wait_all_tasks_blocked()
+        return d.st_ino
+
+    async def test(fs, _root):
+        z = await walk(fs, "z", CTX)
+        a = await walk(fs, "a", walker)
+        b = await walk(fs, "b", walker)
+        assert set(fs.names.folders) == {"z", "a", "b"} and fs.names.share == 500
+        c = await walk(fs, "c", walker)                 # the walker's 600th name: its oldest goes
+        assert set(fs.names.folders) == {"z", "b", "c"}
+        assert set(names.folders) == {z, b, c} and a not in names.folders
+        assert fs.names.counts["given_up_for_share"] == 1
+        assert sum(fs.names.by_uid[walker.uid].values()) == 400 and sum(fs.names.by_uid[CTX.uid].values()) == 200
+        assert (await fs.lookup(a, b"f150", walker)).st_size == 1   # Python answers a's names again
+    trio.run(test, fs, root)

@@ -224,3 +224,54 @@ def test_a_registration_for_longer_than_pyfuse3s_clock_holds_is_made_for_ten_yea
     assert backend.stats()[1:] >= (1, 1)
     names.drop("ck")
     assert not f.fast_named and MAX_TTL_S * 1e9 < 2 ** 63
+
+
+def test_each_user_holds_at_most_its_share_of_the_names_registered():
+    """A folder's names are counted to the user whose lookups had it listed. A user past its share
+    gives up its own oldest folders first, never another user's; more names than the share alone
+    are not registered at all. Each folder given up ends its holds as any drop."""
+    from fusefs.attrs import Attributes
+    from fusefs.fastpath import FastNames
+    from fusefs.inodes import Inode
+
+    class _Table:
+        def __init__(self):
+            self.kept: dict[int, int] = {}
+
+        def put(self, parent, entries, deadline_ns):
+            self.kept[parent] = len(entries)
+
+        def drop(self, parent):
+            return self.kept.pop(parent, 0)
+
+        def take(self, ino):
+            return 0
+
+        def now_ns(self):
+            return 0
+
+        def stats(self):
+            return 0, len(self.kept), sum(self.kept.values())
+
+    let_go: list[int] = []
+    names = FastNames(lambda node, n: let_go.append(node.ino), share=10)
+    names.backend = table = _Table()                      # type: ignore[assignment]
+    ino = iter(range(1000, 2000))
+
+    def folder(path: str, n: int, uid: int) -> bool:
+        parent = Inode(next(ino), path)
+        named = [(f"f{i}".encode(), f := Inode(next(ino), f"{path}/f{i}"), Attributes(st_ino=f.ino, st_mode=0o100644))
+                 for i in range(n)]
+        return names.register(path, parent, named, 60.0, uid)
+
+    assert folder("a1", 4, uid=1) and folder("a2", 4, uid=1) and folder("b1", 6, uid=2)
+    assert folder("a3", 4, uid=1)                         # 12 > 10: user 1's oldest (a1) goes
+    assert set(names.folders) == {"a2", "a3", "b1"} and len(table.kept) == 3
+    assert len(let_go) == 4 + 1                           # a1's four names and its folder let go
+    assert names.counts["given_up_for_share"] == 1
+    assert not folder("b2", 11, uid=2)                    # more than a share alone: not registered
+    assert "b1" in names.folders and "b2" not in names.folders
+    assert folder("b3", 4, uid=2) and set(names.folders) == {"a2", "a3", "b1", "b3"}   # 6 + 4 = 10: fits
+    names.drop("a2")
+    names.drop("a3")
+    assert set(names.by_uid) == {2} and names.snapshot()["users"] == 1
