@@ -6,9 +6,11 @@ never torn or unpublished data, and the writer never waits for the link."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,18 @@ PATH = "ckpt/run/step_1/__0_0.distcp"
 
 def _held(client: AgentClient) -> int:
     return client.status()["streams"]["bytes_held"]
+
+
+def _progress_chunks(tier: Path) -> int:
+    """Chunks the tier's stream progress files list (`hintfs.agent.streams`: what a restarted
+    agent adopts and the sender is not asked for again)."""
+    n = 0
+    for p in tier.rglob("stream-*.part.progress"):
+        try:
+            n += len(json.loads(p.read_text())["held"])
+        except (OSError, ValueError, KeyError):   # (being replaced: read it at the next try)
+            pass
+    return n
 
 
 def _eval_mount(mount_factory, store, loc: str, name: str = "eval", token_file=None):
@@ -74,7 +88,9 @@ def test_a_tier_agent_killed_mid_stream_is_adopted_and_only_the_rest_is_sent(mou
             f.write(data[: 12 * CHUNK])
             f.flush()
             assert wait_for(lambda: _held(client) >= 12 * CHUNK, 10)
-            time.sleep(1.0)                        # a progress file lists them (within ~0.7 s)
+            # a progress file lists them (every progress_every_s, 0.5 s): what a restart adopts
+            # (a fixed 1 s sleep here was too short once under a loaded make test)
+            assert wait_for(lambda: _progress_chunks(tmp_path / "tier") >= 12, 30)
             agent.kill()
             t0 = time.monotonic()
             f.write(data[12 * CHUNK:])             # the writer goes on; nothing waits for the tier
