@@ -191,12 +191,12 @@ class FastNames:
         # folders given up first: half of `[cache] max_entries` (`Filesystem`), so that one user's
         # walk never holds every registered inode of the mount.
         self.share = share
-        self.by_uid: dict[int, OrderedDict[str, int]] = {}   # uid -> its folders, oldest first -> names
-        self.owner: dict[str, int] = {}                       # folder -> the uid it counts to
-        self.held: dict[int, int] = {}                        # uid -> names registered for it
+        self.by_uid: dict[int, OrderedDict[str, None]] = {}   # uid -> its folders, oldest first
+        self.held: dict[int, int] = {}                         # uid -> names registered for it
         self.backend: NamesBackend | None = None
         self._let_go = let_go       # (inode, lookups answered in pyfuse3): the registration's hold ends
-        self.folders: dict[str, tuple[Inode, list[Inode]]] = {}   # folder -> (its inode, the inodes named)
+        # folder -> (its inode, the inodes named, the uid they count to)
+        self.folders: dict[str, tuple[Inode, list[Inode], int]] = {}
         self.counts = {"folders_named": 0, "names_registered": 0, "folders_dropped": 0, "given_up_for_share": 0}
         # Counts every `drop` (a folder's names or not): a registration whose entries were made
         # across a drop is not made (`Filesystem._name_folder`).
@@ -229,9 +229,8 @@ class FastNames:
             node.lookups += 1
             node.fast_named = True
             inodes.append(node)
-        self.folders[folder] = (parent, inodes)
-        self.by_uid.setdefault(uid, OrderedDict())[folder] = len(inodes)
-        self.owner[folder] = uid
+        self.folders[folder] = (parent, inodes, uid)
+        self.by_uid.setdefault(uid, OrderedDict())[folder] = None
         self.held[uid] = self.held.get(uid, 0) + len(inodes)
         self.counts["folders_named"] += 1
         self.counts["names_registered"] += len(inodes)
@@ -253,13 +252,13 @@ class FastNames:
         got = self.folders.pop(folder, None)
         if got is None:
             return
-        uid = self.owner.pop(folder)
+        parent, inodes, uid = got
         mine = self.by_uid[uid]
-        self.held[uid] -= mine.pop(folder)
+        del mine[folder]
+        self.held[uid] -= len(inodes)
         if not mine:
             del self.by_uid[uid], self.held[uid]
         assert self.backend is not None
-        parent, inodes = got
         self.backend.drop(parent.ino)
         self.counts["folders_dropped"] += 1
         for node in inodes:

@@ -230,7 +230,7 @@ class Filesystem:
         routes = self.reads.routes
         marked = 0
         try:
-            for i, node in enumerate(list(got[1])):
+            for i, node in enumerate(list(got[1])):   # (its inodes named)
                 if i and i % AHEAD_CHUNK == 0:
                     await trio.sleep(0)
                     if self.names.folders.get(folder) is not got:
@@ -1339,13 +1339,16 @@ class Filesystem:
         if parent is not None and self.kernel is not None:
             self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
 
-    async def _kernel_forgets_name_now(self, path: str) -> None:
-        """As `_kernel_forgets_name`, but done before this returns (in a worker thread: the kernel
-        takes the folder's lock). Only from a request that holds no directory lock in the kernel
-        (a close's FLUSH, a RELEASE), or it would wait on itself."""
+    async def _kernel_forgets_name_at_once(self, path: str, no_dir_locks: bool) -> None:
+        """As `_kernel_forgets_name`, but done before this returns where the request being
+        answered holds no directory lock in the kernel (`no_dir_locks`: a close's FLUSH), in a
+        worker thread (the kernel takes the folder's lock); queued otherwise, or it would wait on
+        itself."""
         head, _, name = path.rpartition("/")
         parent = self.inodes.by_path_get(head)
-        if parent is not None and self.kernel is not None:
+        if not no_dir_locks:
+            self._kernel_forgets_name(path)
+        elif parent is not None and self.kernel is not None:
             await trio.to_thread.run_sync(self.kernel.invalidate_entry_now, parent.ino,
                                           name.encode("utf-8", "surrogateescape"))
 
@@ -1533,10 +1536,7 @@ class Filesystem:
         if node.aliases or node.backing is not None:
             # The other names keep the file as it was: the kernel must look them up again.
             for path in self.inodes.split_aliases(node):
-                if no_dir_locks:
-                    await self._kernel_forgets_name_now(path)
-                else:
-                    self._kernel_forgets_name(path)
+                await self._kernel_forgets_name_at_once(path, no_dir_locks)
         node.cached_identity = st.version()
         await self._published(node, st, final and not keep)
 
@@ -1561,10 +1561,7 @@ class Filesystem:
         if not self._still_named(node) or (holder is not None and holder.writer is not None):
             return
         self._stale_name(node.path)
-        if no_dir_locks:
-            await self._kernel_forgets_name_now(node.path)
-        else:
-            self._kernel_forgets_name(node.path)
+        await self._kernel_forgets_name_at_once(node.path, no_dir_locks)
 
     async def _published(self, node: Inode, st: Stat, final: bool) -> None:
         """A version of `node` is in the store: count it, journal it, tell the stream; a listing the

@@ -318,7 +318,7 @@ def raw_rank(it: Item) -> float:
     since the client decodes them fastest (issue 40); a raw container that costs the client more
     than it saves storage (a long clip's bytes) goes later. The schedule (`_shed`) does not use it:
     see there (run 10)."""
-    return it.client_work * (it.client_work / max(it.saved_s, 1e-9))
+    return it.client_work * relief_rank(it)
 
 
 def relief_rank(it: Item) -> float:

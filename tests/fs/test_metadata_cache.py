@@ -775,6 +775,6 @@ def test_one_users_walk_gives_up_its_own_oldest_names_never_another_users(tmp_pa
         assert set(fs.names.folders) == {"z", "b", "c"}
         assert set(names.folders) == {z, b, c} and a not in names.folders
         assert fs.names.counts["given_up_for_share"] == 1
-        assert sum(fs.names.by_uid[walker.uid].values()) == 400 and sum(fs.names.by_uid[CTX.uid].values()) == 200
+        assert fs.names.held[walker.uid] == 400 and fs.names.held[CTX.uid] == 200
         assert (await fs.lookup(a, b"f150", walker)).st_size == 1   # Python answers a's names again
     trio.run(test, fs, root)
