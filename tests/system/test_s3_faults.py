@@ -26,9 +26,11 @@ TIMEOUTS = "connect_timeout_s = 1\nrequest_timeout_s = 3\n"
 
 
 class FaultProxy:
-    """A TCP proxy on loopback in front of the S3 server. `reset_after`: each of the next
-    `resets` connections is reset (RST) once it has carried that many request bytes; `blackhole`:
-    new connections are accepted and read, never answered. Threads stop at `close()`."""
+    """A TCP proxy on loopback in front of the S3 server. `reset_after`: the next `resets`
+    connections to carry that many request bytes are reset (RST) there; a connection that never
+    carries that much (a HEAD, a listing) takes none of them, so which of the client's pooled
+    connections an upload uses does not decide whether the fault happens; `blackhole`: new
+    connections are accepted and read, never answered. Threads stop at `close()`."""
 
     def __init__(self, upstream_port: int):
         self.upstream = ("127.0.0.1", upstream_port)
@@ -59,14 +61,19 @@ class FaultProxy:
                 return
             with self.lock:
                 self.conns.append(client)
-                reset_at = 0
-                if self.resets > 0:
-                    self.resets -= 1
-                    reset_at = self.reset_after
                 hole = self.blackhole
-            threading.Thread(target=self._serve, args=(client, reset_at, hole), daemon=True).start()
+            threading.Thread(target=self._serve, args=(client, hole), daemon=True).start()
 
-    def _serve(self, client: socket.socket, reset_at: int, hole: bool) -> None:
+    def _take_reset(self, carried: int) -> bool:
+        """Whether a connection that has now carried `carried` request bytes is to be reset."""
+        with self.lock:
+            if self.resets > 0 and self.reset_after and carried >= self.reset_after:
+                self.resets -= 1
+                self.reset_done += 1
+                return True
+        return False
+
+    def _serve(self, client: socket.socket, hole: bool) -> None:
         if hole:
             try:
                 while not self.closed and client.recv(65536):
@@ -93,9 +100,7 @@ class FaultProxy:
                         carried[0] += len(data)
                         with self.lock:
                             self.sent += len(data)
-                        if reset_at and carried[0] >= reset_at:
-                            with self.lock:
-                                self.reset_done += 1
+                        if self._take_reset(carried[0]):
                             for s in (client, upstream):   # RST both ways
                                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
                                 s.close()
