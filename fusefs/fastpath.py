@@ -103,13 +103,16 @@ class FastPath:
     def __contains__(self, ino: int) -> bool:
         return ino in self.marked or ino in self.draining
 
-    def mark(self, node: Inode, backing_id: int, attrs: Attributes, uid: int) -> None:
+    def mark(self, node: Inode, backing_id: int, attrs: Attributes, uid: int, own: bool = False) -> None:
         """Answer later read-only opens of `node` from `backing_id` (its passthrough backing), and
         its GETATTRs with `attrs`, while the mark holds its open. A full table first gives up the
-        oldest mark of the user that holds the most."""
+        oldest mark of the user that holds the most; `own` (a mark made ahead of an open): only
+        `uid`'s own oldest marks, never another user's."""
         assert self.backend is not None and node.ino not in self
         while len(self.marked) + len(self.draining) >= self.limit and self.marked:
-            most = max(self.by_uid.values(), key=len)
+            most = self.by_uid.get(uid) if own else max(self.by_uid.values(), key=len)
+            if not most:
+                break
             self._give_up(next(iter(most)))
         if len(self.marked) + len(self.draining) >= self.limit:
             self._release(node)       # every place is held by opens not yet released: no mark
@@ -153,8 +156,14 @@ class FastPath:
         self.unmark(self.marked[ino][0])
 
     def room(self) -> int:
-        """Places free in the table (marks made ahead take only these)."""
+        """Places free in the table."""
         return self.limit - len(self.marked) - len(self.draining)
+
+    def room_for(self, uid: int) -> int:
+        """Places marks made ahead for `uid` may take: the free ones, then that user's own marks,
+        oldest first (`mark(own=True)`)."""
+        mine = self.by_uid.get(uid)
+        return self.room() + (len(mine) if mine else 0)
 
     def snapshot(self) -> dict:
         """What `.hintfs/stats` shows under "fast_path"."""

@@ -201,10 +201,12 @@ class Filesystem:
         self.pt.set(result)
         self.fast.backend = fast if result[0] is not None else None
 
-    def _fast_mark(self, node: Inode, kind: HandleKind, backing_id: int, st: Stat | None, uid: int) -> bool:
+    def _fast_mark(self, node: Inode, kind: HandleKind, backing_id: int, st: Stat | None, uid: int,
+                   ahead: bool = False) -> bool:
         """Mark `node` for the fast path if this open of it (`kind`, `backing_id`) may
         (`fast_eligible`), held as one more passthrough open, with the attributes its GETATTRs get
-        meanwhile (fusefs/fastpath.py); whether it was."""
+        meanwhile (fusefs/fastpath.py); whether it was. `ahead` (`_mark_ahead`): a full table gives
+        up only `uid`'s own oldest marks for it."""
         if self.fast.draining:
             self.fast.settle()
         if node.ino in self.fast or not fast_eligible(
@@ -214,28 +216,31 @@ class Filesystem:
         assert st is not None
         self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
         node.opens += 1
-        self.fast.mark(node, backing_id, self.attrs(node, st), uid)
+        self.fast.mark(node, backing_id, self.attrs(node, st), uid, own=ahead)
         return node.ino in self.fast
 
     async def _open_ahead(self, folder: str, uid: int) -> None:
         """A reader is going through `folder`, whose names pyfuse3 answers (`FastNames.opened`):
         mark its other registered files for the fast path now, as their own first opens would
-        (`_mark_ahead`), so that those opens and their releases are answered in pyfuse3 too. Only
-        in places the table has free (no other mark is given up for these), AHEAD_CHUNK at a time
-        with the loop free between; it stops when the folder's names go (a change in it, the
-        listing gone). A system task: it never fails the mount."""
+        (`_mark_ahead`), so that those opens and their releases are answered in pyfuse3 too. In
+        the table's free places, then in place of `uid`'s own oldest marks (a reader going through
+        more files than the table holds: those it read before), never another user's; at most as
+        many as were free or the user's when it started, so that these never give up each other.
+        AHEAD_CHUNK at a time with the loop free between; it stops when the folder's names go (a
+        change in it, the listing gone). A system task: it never fails the mount."""
         got = self.names.folders.get(folder)
         if got is None:
             return
         routes = self.reads.routes
         marked = 0
+        budget = self.fast.room_for(uid)
         try:
             for i, node in enumerate(list(got[1])):   # (its inodes named)
                 if i and i % AHEAD_CHUNK == 0:
                     await trio.sleep(0)
                     if self.names.folders.get(folder) is not got:
                         break
-                if self.fast.room() <= 0 or not self.fast.on:
+                if marked >= budget or not self.fast.on:
                     break
                 if (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
                         or node.unlinked or not node.fast_named or self.inodes.get(node.ino) is not node
@@ -260,7 +265,7 @@ class Filesystem:
         handle, backing_id = self._make(kind, node, seen)
         node.opens += 1
         try:
-            return bool(backing_id) and self._fast_mark(node, kind, backing_id, seen.st, uid)
+            return bool(backing_id) and self._fast_mark(node, kind, backing_id, seen.st, uid, ahead=True)
         finally:
             await handle.release(self)
 

@@ -256,7 +256,7 @@ class MountOptions(Section):
         description="Once this many files of a folder whose names are answered inside the FUSE library "
         "(`fast_lookups`) were opened for reading through Python, its other registered files are marked "
         "for the fast path ahead of their opens (`fast_path_inodes`: each holds an fd and a backing id; "
-        "only free places are taken, none another mark holds), so their first opens and releases are "
+        "free places are taken, then those of the same user's oldest marks, never another user's), so their first opens and releases are "
         "answered without Python too (a loader going through a folder of small files; docs/fastpath.md, "
         "\"Opens ahead\"). A local store only. 0: a file is marked at its own first open.",
     )

@@ -628,17 +628,19 @@ def test_a_local_folder_is_listed_for_lookups_on_the_loop_a_chunk_at_a_time(tmp_
     trio.run(test, fs, root)
 
 
-def _ahead_fs(tmp_path, files: int, **mount):
+def _ahead_fs(tmp_path, files: int, folders=("ck",), **mount):
     """`_named_fs` with passthrough and the fast path's table (stand-ins: tests/helpers/backing.py)."""
     from tests.helpers.backing import CountingBacking, FakeFastTable
-    cfg = {"cache": IMMUTABLE["cache"], "mount": mount}
+    cfg = {"cache": {**IMMUTABLE["cache"], "immutable_globs": [g for f in folders for g in (f, f"{f}/*")]},
+           "mount": mount}
     fs, root = _fs(tmp_path, **cfg)
     names = fs.names.backend = _FakeNames()
     backing, fast = CountingBacking(), FakeFastTable()
     fs.set_passthrough((backing, "on"), fast)
-    (root / "ck").mkdir()
-    for i in range(files):
-        (root / "ck" / f"f{i:02d}").write_bytes(b"x" * i)
+    for folder in folders:
+        (root / folder).mkdir()
+        for i in range(files):
+            (root / folder / f"f{i:02d}").write_bytes(b"x" * i)
     return fs, root, names, backing, fast
 
 
@@ -652,11 +654,11 @@ async def _read_through(fs, ck: int, names, *which: int, ctx=CTX) -> None:
         await fs.release(h.fh)
 
 
-async def _named(fs, names) -> int:
-    ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+async def _named(fs, names, folder: str = "ck") -> int:
+    ck = await fs.lookup(ROOT_INODE, folder.encode(), CTX)
     for i in range(LIST_AFTER):
         await fs.lookup(ck.st_ino, f"f{i:02d}".encode(), CTX)
-    await _listed(fs, "ck")
+    await _listed(fs, folder)
     assert ck.st_ino in names.folders
     return ck.st_ino
 
@@ -693,9 +695,10 @@ def test_a_reader_going_through_a_named_folder_gets_its_other_files_marked_ahead
     trio.run(test, fs, root)
 
 
-def test_files_are_marked_ahead_only_in_free_places_and_never_when_off(tmp_path):
-    """Marks made ahead take no place another mark holds (another user's included), and
-    `[mount] fast_opens_ahead = 0` makes none."""
+def test_files_are_marked_ahead_in_free_places_or_the_users_own_and_never_when_off(tmp_path):
+    """Marks made ahead take the free places, then those of the same user's oldest marks, never
+    another user's; no more than there were of both when the marking began (they never give up
+    each other); `[mount] fast_opens_ahead = 0` makes none."""
     fs, root, names, backing, fast = _ahead_fs(tmp_path, 20, fast_path_inodes=6)
     other = SimpleNamespace(uid=CTX.uid + 1, gid=CTX.gid, pid=CTX.pid, umask=0o022)
     (root / "other").write_bytes(b"y")
@@ -711,7 +714,10 @@ def test_files_are_marked_ahead_only_in_free_places_and_never_when_off(tmp_path)
         await _read_through(fs, ck, names, 0, 1)
         await trio.testing.wait_all_tasks_blocked()
         assert len(fast.serving) == 6 and o.st_ino in fast.serving     # the other user's kept
-        assert fs.fast.counts["marked_ahead"] == 3 and fs.fast.counts["given_up_for_room"] == 0
+        # 3 free places, then the places of f00 and f01 (this user's, the oldest): 5 marked ahead
+        assert fs.fast.counts["marked_ahead"] == 5 and fs.fast.counts["given_up_for_room"] == 2
+        ahead = {fs.inodes[i].path for i in fast.serving if i != o.st_ino}
+        assert len(ahead) == 5 and not ahead & {"ck/f00", "ck/f01"}, ahead
     trio.run(test, fs, root)
 
     (tmp_path / "off").mkdir()
@@ -723,6 +729,26 @@ def test_files_are_marked_ahead_only_in_free_places_and_never_when_off(tmp_path)
         await trio.testing.wait_all_tasks_blocked()
         assert len(fast.serving) == 3 and fs.fast.counts["marked_ahead"] == 0
     trio.run(off, fs, root)
+
+
+def test_a_reader_going_through_more_files_than_the_table_holds_gets_each_folder_marked_ahead(tmp_path):
+    """A full table (a pass over a dataset larger than `fast_path_inodes`): the next folder's files
+    are marked ahead in place of the reader's oldest marks, those of the folder it has gone
+    through, so its opens stay in pyfuse3 (a table of free places only marked none of them)."""
+    fs, root, names, backing, fast = _ahead_fs(tmp_path, 6, folders=("ck", "ck2"), fast_path_inodes=6)
+
+    async def test(fs, _root):
+        ck = await _named(fs, names)
+        await _read_through(fs, ck, names, 0, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert {fs.inodes[i].path for i in fast.serving} == {f"ck/f{i:02d}" for i in range(6)}
+        ck2 = await _named(fs, names, "ck2")
+        await _read_through(fs, ck2, names, 0, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert {fs.inodes[i].path for i in fast.serving} == {f"ck2/f{i:02d}" for i in range(6)}
+        assert fs.fast.counts["marked_ahead"] == 8 and fs.fast.counts["given_up_for_room"] == 6
+        assert len(backing.live) == 6          # each given-up mark let its backing id go
+    trio.run(test, fs, root)
 
 
 def test_marking_ahead_stops_at_a_change_in_the_folder_and_its_marks_go(tmp_path, monkeypatch):

@@ -40,6 +40,18 @@ def test_a_full_table_takes_room_from_the_user_holding_the_most():
     assert fp.backend.serving.keys() == fp.marked.keys()
 
 
+def test_a_mark_made_ahead_takes_only_a_free_place_or_its_own_users_oldest():
+    fp, released = _table(4)
+    for ino in (10, 11, 12):                  # user 1 holds the most
+        fp.mark(Inode(ino, f"d/{ino}"), 5, None, uid=1)
+    fp.mark(Inode(20, "d/20"), 5, None, uid=2)
+    assert fp.room() == 0 and fp.room_for(2) == 1 and fp.room_for(1) == 3 and fp.room_for(3) == 0
+    fp.mark(Inode(21, "d/21"), 5, None, uid=2, own=True)   # user 2's own oldest, not user 1's
+    assert released == [20] and set(fp.marked) == {10, 11, 12, 21}
+    fp.mark(Inode(30, "d/30"), 5, None, uid=3, own=True)   # user 3 holds none: no mark
+    assert released == [20, 30] and 30 not in fp and set(fp.marked) == {10, 11, 12, 21}
+
+
 def test_an_unmark_with_fast_opens_still_open_keeps_the_hold_until_they_are_released():
     fp, released = _table(8)
     node = Inode(30, "d/a")
