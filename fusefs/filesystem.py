@@ -311,6 +311,11 @@ class Filesystem:
             return self.names.epoch == epoch and self.listings.folder(folder) is kept
 
         prefix = folder + "/" if folder else ""
+        # (per name, what costs: a reserved name can be in a few folders only; an immutable path's
+        # timeouts are the immutable ones, without matching it again as `attrs` would)
+        reserved = self.reserved if paths.may_hold_reserved(folder, self.journal_dir) else None
+        timeouts = (self._immutable_timeout, self._immutable_timeout)
+        immutable, by_path, own_dev = self.immutable, self.inodes.by_path_get, self.own_dev
         named: list[tuple[bytes, Inode, Attributes]] = []
         for i, (name, st) in enumerate(listing):
             if i and i % NAME_CHUNK == 0:
@@ -318,17 +323,18 @@ class Filesystem:
                 if not undisturbed():
                     break
             path = prefix + name
-            if (st is None or not st.is_file or st.nlink > 1 or (self.own_dev and st.dev == self.own_dev)
-                    or paths.is_hidden_name(name) or self.reserved(path) or not self.immutable(path)):
+            if (st is None or not st.is_file or st.nlink > 1 or (own_dev and st.dev == own_dev)
+                    or paths.is_hidden_name(name) or (reserved is not None and reserved(path))
+                    or not immutable(path)):
                 continue
-            known = self.inodes.by_path_get(path)
+            known = by_path(path)
             if known is not None and (known.writer is not None or known.path != path or known.unlinked
                                       or known.fast_named or known.ino in self.fast):
                 continue
             if self._named_still and self._still_named_at(path):
                 continue
             node = self.inode_for(path, st)
-            named.append((os.fsencode(name), node, self.attrs(node, st)))
+            named.append((name.encode("utf-8", "surrogateescape"), node, self.attrs(node, st, timeouts)))
         if (undisturbed() and self.inodes.get(parent.ino) is parent
                 and self.names.register(folder, parent, named, ttl, uid)):
             return
@@ -404,8 +410,10 @@ class Filesystem:
             self.kernel.invalidate_entry(parent.ino, name.encode("utf-8", "surrogateescape"))
         self.stats.add("entries_trimmed", len(asked))
 
-    def attrs(self, inode: Inode, st: Stat) -> Attributes:
-        attr_timeout, entry_timeout = self._timeouts(inode.path)
+    def attrs(self, inode: Inode, st: Stat, timeouts: tuple[float, float] | None = None) -> Attributes:
+        """What the kernel gets for `inode`, whose store attributes are `st`; `timeouts` (attr,
+        entry) where the caller knows them (else `_timeouts` of its path)."""
+        attr_timeout, entry_timeout = timeouts or self._timeouts(inode.path)
         # Positional, in field order (keywords cost twice as much on every lookup and getattr).
         return Attributes(inode.ino, st.mode, st.nlink, st.size, st.uid, st.gid, BLOCK_SIZE, (st.size + 511) // 512,
                           st.mtime_ns, st.ctime_ns, st.atime_ns or st.mtime_ns, attr_timeout, entry_timeout, st.rdev)
@@ -415,7 +423,7 @@ class Filesystem:
         unlinked while open is stat'ed through its open fd, with st_nlink 0)."""
         if inode.writer is not None and inode.writer.fd >= 0:
             staged = Stat.from_os(os.fstat(inode.writer.fd))
-            return dataclasses.replace(staged, nlink=0) if inode.unlinked else staged
+            return staged._replace(nlink=0) if inode.unlinked else staged
         if inode.unlinked:
             fd = inode.open_fd()
             if fd >= 0:
@@ -435,7 +443,7 @@ class Filesystem:
             if st is None:
                 raise FileNotFoundError(errno.ENOENT, f"{inode.path} is gone")
             return st
-        return dataclasses.replace(Stat.from_os(os.fstat(fd)), nlink=0)
+        return Stat.from_os(os.fstat(fd))._replace(nlink=0)
 
     def inode_for(self, path: str, st: Stat) -> Inode:
         """The inode of `path`, whose store attributes are `st`: a file with several names

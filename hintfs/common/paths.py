@@ -133,6 +133,14 @@ def reserved(path: str, journal_dir: str = JOURNAL_DIR) -> bool:
     return False
 
 
+def may_hold_reserved(folder: str, journal_dir: str = JOURNAL_DIR) -> bool:
+    """Whether a name in `folder` may be `reserved`: the folder is one of those paths or under
+    one, or one of them is under it (the root always)."""
+    prefix = folder + "/" if folder else ""
+    return any(folder == top or folder.startswith(top + "/") or top.startswith(prefix)
+               for top in (CONTROL_DIR, JOURNAL_DIR, journal_dir))
+
+
 def is_hidden_name(name: str) -> bool:
     """Names the mount never shows: staging files of writes in progress."""
     return name.startswith(STAGING_PREFIX)

@@ -108,3 +108,17 @@ def test_snapshot_shape():
 ])
 def test_errno_mapping(exc, code):
     assert errno_of(exc) == code
+
+
+_seg = st.sampled_from(["a", "b", ".hintfs", ".hintfs-journal", "jr", "ab"])
+
+
+@given(folder=st.lists(_seg, max_size=3), name=_seg, journal=st.lists(_seg, min_size=1, max_size=3))
+@settings(max_examples=500, deadline=None)
+def test_a_folder_said_to_hold_no_reserved_name_holds_none(folder, name, journal):
+    """`may_hold_reserved` lets the naming of a folder's entries skip `reserved` per name: it must
+    never say False of a folder where some name is reserved."""
+    f, j = "/".join(folder), "/".join(journal)
+    if paths.reserved(f"{f}/{name}" if f else name, j):
+        assert paths.may_hold_reserved(f, j)
+    assert paths.may_hold_reserved("", j)
