@@ -47,7 +47,7 @@ from fusefs.passthrough import Backing, HeldFd, Passthrough, backing_key
 from fusefs.readpath import ReadPath, source_of
 from fusefs.stats import Stats
 from mountconfig.schema import CacheConfig, MountOptions
-from hintfs.stores.base import Reader, Stat, Store
+from hintfs.stores.base import Reader, Stat, StatxDirFactory, Store
 
 log = logging.getLogger("hintfs.ops")
 
@@ -478,12 +478,13 @@ class Filesystem:
             return False
         return (st.dev, st.ino) == key
 
-    def refuse_device(self, st_dev: int) -> None:
+    def refuse_device(self, st_dev: int, statx_dir: StatxDirFactory | None = None) -> None:
         """The mount's own FUSE device, known once mounted: the store never serves entries of it
         (a bind mount of the mountpoint inside the store would otherwise make a lookup wait on
-        this daemon itself). Stores without devices (object stores) ignore it."""
+        this daemon itself). Stores without devices (object stores) ignore it. `statx_dir`: the
+        FUSE library's lister of a folder's entries (`Store.refuse_device`)."""
         self.own_dev = st_dev
-        self.store.refuse_device(st_dev)
+        self.store.refuse_device(st_dev, statx_dir)
 
     # -- control files -------------------------------------------------------------------------
     def control_inode(self, node) -> Inode:

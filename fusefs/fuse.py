@@ -25,6 +25,7 @@ from fusefs import attrs
 from fusefs.attrs import Attributes, FsStats, OpenFile, Refused
 from fusefs.filesystem import Filesystem
 from mountconfig.schema import MountOptions
+from hintfs.stores.base import StatxDirFactory
 from hintfs.stores.errors import errno_of
 
 log = logging.getLogger("hintfs.ops")
@@ -280,6 +281,12 @@ class _Names:
     def now_ns(self) -> int:
         t: int = _patched.fast_monotonic_ns()
         return t
+
+
+def statx_dir() -> StatxDirFactory | None:
+    """The patched pyfuse3's lister of a folder's entries with their statx (patches/pyfuse3-statdir.patch:
+    `LocalStore.refuse_device`), or None with a pyfuse3 that has none."""
+    return getattr(pyfuse3, "StatxDir", None)
 
 
 def names_backend() -> _Names | None:

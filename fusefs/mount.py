@@ -41,7 +41,7 @@ from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
 from fusefs.fastpath import mark_limit
-from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads, spun_reads
+from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads, spun_reads, statx_dir
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
 from fusefs.replicaread import ReplicaReads
@@ -367,7 +367,7 @@ def run_mount(cfg: MountConfig, mountpoint: str, store: Store | None = None,
     if cfg.metrics.enabled:   # the host's exporter: this mount serves the port, or another does
         from fusefs.metrics import start_metrics   # (prometheus_client only when asked for)
         exporter = start_metrics(mount.stats, mount.usage, cfg.metrics, mp)
-    mount.fs.refuse_device(fuse_device_of(mp))   # never serve this mount through itself
+    mount.fs.refuse_device(fuse_device_of(mp), statx_dir())   # never serve this mount through itself
     unmount = True
     status = 0
     try:

@@ -62,7 +62,7 @@ from hintfs.common.clock import SYSTEM_CLOCK, Clock
 from fusefs.interfaces import Source
 from fusefs.stats import Stats
 from mountconfig.schema import RouteConfig
-from hintfs.stores.base import Reader, Stat, Staging, Store
+from hintfs.stores.base import Reader, Stat, Staging, StatxDirFactory, Store
 
 if TYPE_CHECKING:
     from hintfs.agent.client import AgentClient
@@ -348,8 +348,8 @@ class RoutedStore:
     def check(self) -> None:
         self._store.check()
 
-    def refuse_device(self, st_dev: int) -> None:
-        self._store.refuse_device(st_dev)
+    def refuse_device(self, st_dev: int, statx_dir: StatxDirFactory | None = None) -> None:
+        self._store.refuse_device(st_dev, statx_dir)
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
         return self._store.iter_dir(rel)

@@ -21,7 +21,7 @@ from cachetools import LRUCache
 
 from hintfs.common.errors import HintfsError
 from hintfs.common.owndir import make_own_dir
-from hintfs.stores.base import STAGING_PREFIX, Stat, Staging, copy_fd
+from hintfs.stores.base import STAGING_PREFIX, Stat, Staging, StatxDirFactory, copy_fd
 from hintfs.stores.readahead import Budget, ReadAhead, ReadPool
 from hintfs.stores.s3get import S3Getter
 from datetime import UTC
@@ -277,7 +277,7 @@ class ArrowStore:
     def _p(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
-    def refuse_device(self, st_dev: int) -> None:
+    def refuse_device(self, st_dev: int, statx_dir: StatxDirFactory | None = None) -> None:
         """Objects live on no device: nothing of the mount can appear in the store."""
 
     def check(self) -> None:

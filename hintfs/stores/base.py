@@ -11,10 +11,22 @@ import errno
 import os
 import stat as stat_mod
 from typing import NamedTuple, Protocol
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 from hintfs.common.paths import STAGING_PREFIX  # noqa: F401  (re-exported)
+
+
+class StatxDirLister(Protocol):
+    """A folder's entries, each with its attributes by statx(AT_SYMLINK_NOFOLLOW |
+    AT_STATX_DONT_SYNC), `most` at a time ([] at the end): (name, 0, Stat's fields) or (name,
+    errno, None) (patches/pyfuse3-statdir.patch)."""
+    def next(self, most: int) -> list[tuple[str, int, tuple[int, int, int, int, int, int, int, int, int, int, int] | None]]:
+        ...
+    def close(self) -> None: ...
+
+
+StatxDirFactory = Callable[[int], StatxDirLister]   # (a folder's fd, which stays the caller's)
 
 
 class Stat(NamedTuple):
@@ -135,9 +147,11 @@ class Store(Protocol):
     # its version, which only `open_reader`'s Stat has in full (the ETag): `Stat.file_key`.
     inode_numbers: bool
 
-    def refuse_device(self, st_dev: int) -> None:
+    def refuse_device(self, st_dev: int, statx_dir: StatxDirFactory | None = None) -> None:
         """Never serve entries of this device (the mount's own, should the store contain its
-        mountpoint through a bind mount); a no-op where the store has no devices."""
+        mountpoint through a bind mount); a no-op where the store has no devices. `statx_dir`:
+        the FUSE library's lister of a folder's entries with their attributes as the kernel has
+        them (pyfuse3.StatxDir, where patched), for listings on the event loop."""
 
     def stat(self, rel: str) -> Stat: ...
     def current(self, rel: str) -> Stat:

@@ -53,7 +53,7 @@ from cachetools import LRUCache, TTLCache
 from hintfs.common.errors import HintfsError
 from hintfs.common.formatversion import placed
 from hintfs.common.owndir import make_own_dir, open_own_dir
-from hintfs.stores.base import Reader, Stat, Staging, Store
+from hintfs.stores.base import Reader, Stat, Staging, StatxDirFactory, Store
 from hintfs.stores.local import LocalReader, read_mode
 from hintfs.stores.readahead import ReadPool
 
@@ -859,8 +859,8 @@ class HostCachedStore:
     def check(self) -> None:
         self._store.check()
 
-    def refuse_device(self, st_dev: int) -> None:
-        self._store.refuse_device(st_dev)
+    def refuse_device(self, st_dev: int, statx_dir: StatxDirFactory | None = None) -> None:
+        self._store.refuse_device(st_dev, statx_dir)
 
     # -- the Store interface: changes (each forgets what it touches, before and after) -----------
     def _changing(self, rels: tuple[str, ...], tree: bool, fn: Callable[..., _R], *args: Any) -> _R:
