@@ -328,9 +328,9 @@ class Filesystem:
                     or not immutable(path)):
                 continue
             known = by_path(path)
-            if known is not None and (known.writer is not None or known.path != path or known.unlinked
-                                      or known.fast_named or known.ino in self.fast):
-                continue
+            if known is not None and (known.writer is not None or known.writers_pending or known.path != path
+                                      or known.unlinked or known.fast_named or known.ino in self.fast):
+                continue   # (a write open pending dropped the names before this began: its size will change)
             if self._named_still and self._still_named_at(path):
                 continue
             node = self.inode_for(path, st)

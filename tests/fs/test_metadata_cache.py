@@ -513,6 +513,36 @@ def _named_fs(tmp_path, files: int):
     return fs, root, names
 
 
+def test_a_name_whose_write_open_is_pending_is_not_registered(tmp_path):
+    """A folder named while a write open of one of its files waits (for the publish lock, after
+    that open dropped the folder's names): that file is not registered, or pyfuse3 would answer
+    its LOOKUPs with the listing's size while the writer grows it (model seed 4500083: `stat` gave
+    3 bytes, the open writer had written 70,536)."""
+    fs, root, names = _named_fs(tmp_path, 6)
+
+    async def test(fs, _root):
+        ck = await fs.lookup(ROOT_INODE, b"ck", CTX)
+        f3 = await fs.lookup(ck.st_ino, b"f03", CTX)
+        node = fs.inodes[f3.st_ino]
+        opened = []
+
+        async def write_open():
+            opened.append(await fs.open(f3.st_ino, os.O_WRONLY, CTX))
+
+        async with trio.open_nursery() as nursery:
+            async with fs.publish_lock(node):
+                nursery.start_soon(write_open)
+                await trio.testing.wait_all_tasks_blocked()
+                assert node.writers_pending == 1 and node.writer is None
+                listing = list(fs.store.iter_dir("ck"))
+                fs.listings.put("ck", listing, 3600.0)
+                await fs._name_folder("ck", listing, 3600.0, CTX.uid)
+                registered = names.folders.get(ck.st_ino, {})
+                assert b"f02" in registered and b"f03" not in registered
+        await fs.release(opened[0].fh)
+    trio.run(test, fs, root)
+
+
 def test_lookups_answered_in_pyfuse3_are_the_kernels_at_forget_and_when_the_names_go(tmp_path):
     """A registered name's inode is held by the registration; the kernel's FORGET counts the
     lookups pyfuse3 answered (added first), so the inode stays exactly as long as the kernel or the
