@@ -156,6 +156,7 @@ class Filesystem:
                                  if self._immutable else None)
         self.max_entries = cache.max_entries
         self.listings = Listings(cache.max_entries, quiet_s=cache.relist_quiet_s)   # (fusefs/listings.py)
+        self.stats.kept_listings = self.listings.snapshot
         # Listings may give files by name only (a readdirplus entry with nodeid 0): set by the
         # mount where pyfuse3 has patches/pyfuse3-readdir.patch; to whom: `fusefs.walks`.
         self.names_listings = False
@@ -607,8 +608,8 @@ class Filesystem:
 
     async def _list_for_lookups(self, folder: str, ttl: float, since: int, uid: int = 0) -> None:
         """List `folder` for the lookups to come (a system task: it never fails the mount). A
-        folder of more than `max_entries` names is not kept (nor listed again)."""
-        most = self.listings.max_entries
+        folder of more names than one user's share of `max_entries` is not kept (nor listed again)."""
+        most = self.listings.share
         try:
             if self.meta_inline:   # a local store: on the loop, a chunk at a time (see _list_inline)
                 listing = await self._list_inline(folder, most + 1)
@@ -624,7 +625,7 @@ class Filesystem:
         if len(listing) > most:
             self.listings.too_big(folder)
         else:
-            self.listings.put(folder, listing, ttl, since=since)
+            self.listings.put(folder, listing, ttl, since=since, uid=uid)
             if self.names.on and self.listings.folder(folder) is not None:
                 try:
                     await self._name_folder(folder, listing, ttl, uid)
@@ -1102,7 +1103,7 @@ class Filesystem:
                 self.stats.add("listings_by_name")
             # A folder declared immutable: the kernel may keep its listing too (pass 2 of a
             # `find` or `ls` then never reaches the daemon; docs/semantics.md).
-            handle = DirHandle(node, kernel_keeps=immutable, by_name=by_name)
+            handle = DirHandle(node, kernel_keeps=immutable, by_name=by_name, uid=getattr(ctx, "uid", 0))
             if immutable:
                 self._kernel_listed.add(inode)
         node.opens += 1

@@ -501,10 +501,12 @@ class TensorHandle(Handle):
 # -- directories --------------------------------------------------------------------------------
 class DirHandle(Handle):
     """A store directory, listed page by page as the kernel asks (remote stores: at once)."""
-    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps", "by_name", "types_only")
+    __slots__ = ("entries", "source", "done", "in_thread", "hides", "since", "kernel_keeps", "by_name", "types_only",
+                 "uid")
 
-    def __init__(self, inode: Inode, kernel_keeps: bool = False, by_name: bool = False):
+    def __init__(self, inode: Inode, kernel_keeps: bool = False, by_name: bool = False, uid: int = 0):
         self.inode = inode
+        self.uid = uid   # whose opendir: a listing kept from it counts to that user (`Listings.share`)
         # The kernel may keep this listing (FOPEN_CACHE_DIR): a folder declared immutable
         # (`Filesystem.opendir`); it drops it when the folder changes through this mount.
         self.kernel_keeps = kernel_keeps
@@ -570,7 +572,7 @@ class DirHandle(Handle):
         if not ttl:
             ttl = next((t for name, _ in self.entries if (t := fs.immutable(prefix + name))), 0.0)
         if ttl:
-            fs.listings.put(folder, self.entries, ttl, since=self.since)
+            fs.listings.put(folder, self.entries, ttl, since=self.since, uid=self.uid)
 
     async def readdir(self, fs: Services, start_id: int, reply: Reply, names: ReplyNames | None = None) -> int | None:
         """`names`: files given by name (`by_name`) go to the kernel a run at a time

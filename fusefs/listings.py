@@ -16,7 +16,10 @@ it forgot. This keeps whole folder listings (name -> `Stat`) for that long:
 Names created, removed or renamed through this mount drop the folder's listing (`drop`), and a
 listing begun before any such change is not kept (one count for all folders: under steady writes
 through the mount a listing may not be kept, and lookups ask the store as without it). Bounded:
-at most `max_entries` names in all; past it the least recently used folders are dropped.
+at most `max_entries` names in all; past it the least recently used folders are dropped. Each
+listing counts to the user whose lookups or listing had it made, and one user holds at most half
+of the names (`share`): past it, that user's own least recently used folders go first, never
+another user's; a folder larger than the share is not kept (nor listed again for lookups).
 """
 from __future__ import annotations
 
@@ -41,8 +44,13 @@ class Listings:
                  quiet_s: float = QUIET_AFTER_CHANGE_S):
         self.quiet_s = quiet_s   # `[cache] relist_quiet_s`
         self.max_entries = max_entries
+        self.share = max(1, max_entries // 2)   # names one user's listings may hold
         self.clock = clock
-        self._by_folder: OrderedDict[str, tuple[float, dict[str, Stat]]] = OrderedDict()
+        # folder -> (expiry, name -> Stat, the uid it counts to), least recently used first
+        self._by_folder: OrderedDict[str, tuple[float, dict[str, Stat], int]] = OrderedDict()
+        self._by_uid: dict[int, OrderedDict[str, None]] = {}   # each user's folders, least recently used first
+        self.held: dict[int, int] = {}       # uid -> names its listings hold
+        self.given_up_for_share = 0
         self.entries = 0                     # names kept, all folders
         self._misses: dict[str, int] = {}
         self.listing: set[str] = set()       # folders being listed for lookups now
@@ -62,11 +70,12 @@ class Listings:
         hit = self._by_folder.get(folder)
         if hit is None:
             return None
-        expires, names = hit
+        expires, names, uid = hit
         if self.clock() >= expires:
             self._remove(folder)
             return None
         self._by_folder.move_to_end(folder)
+        self._by_uid[uid].move_to_end(folder)
         return names
 
     def get(self, folder: str, name: str) -> Stat | None:
@@ -91,27 +100,35 @@ class Listings:
         return n >= LIST_AFTER
 
     def too_big(self, folder: str) -> None:
-        """`folder` has more names than the bound: its misses no longer list it."""
+        """`folder` has more names than one user's share: its misses no longer list it."""
         self._misses[folder] = -1
 
     def put(self, folder: str, entries: Iterable[tuple[str, Stat | None]], ttl: float,
-            since: int | None = None) -> None:
-        """Keep `folder`'s whole listing for `ttl` seconds; `since`: the `changes` count when
-        the listing began (not kept if anything was dropped since)."""
+            since: int | None = None, uid: int = 0) -> None:
+        """Keep `folder`'s whole listing for `ttl` seconds, counted to `uid` (whose lookups or
+        listing had it made); `since`: the `changes` count when the listing began (not kept if
+        anything was dropped since)."""
         if ttl <= 0 or (since is not None and since != self.changes):
             return
         names = {name: st for name, st in entries if st is not None}
-        if len(names) > self.max_entries:
+        if len(names) > self.share:
             return
         self._remove(folder)
         self._misses.pop(folder, None)
-        self._by_folder[folder] = (self.clock() + ttl, names)
+        while self.held.get(uid, 0) + len(names) > self.share:   # that user's own oldest first
+            self.given_up_for_share += 1
+            self._remove(next(iter(self._by_uid[uid])))
+        self._by_folder[folder] = (self.clock() + ttl, names, uid)
+        self._by_uid.setdefault(uid, OrderedDict())[folder] = None
+        self.held[uid] = self.held.get(uid, 0) + len(names)
         self.entries += len(names)
         while self.entries > self.max_entries and self._by_folder:
-            gone, (_, old) = self._by_folder.popitem(last=False)
-            self.entries -= len(old)
-            if self.on_drop is not None:
-                self.on_drop(gone)
+            self._remove(next(iter(self._by_folder)))
+
+    def snapshot(self) -> dict:
+        """What `.hintfs/stats` shows under "kept_listings"."""
+        return {"folders": len(self._by_folder), "names": self.entries, "users": len(self._by_uid),
+                "share": self.share, "given_up_for_share": self.given_up_for_share}
 
     def drop(self, folder: str) -> None:
         """`folder` changed through this mount."""
@@ -124,7 +141,13 @@ class Listings:
     def _remove(self, folder: str) -> None:
         hit = self._by_folder.pop(folder, None)
         if hit is not None:
-            self.entries -= len(hit[1])
+            _, names, uid = hit
+            self.entries -= len(names)
+            mine = self._by_uid[uid]
+            del mine[folder]
+            self.held[uid] -= len(names)
+            if not mine:
+                del self._by_uid[uid], self.held[uid]
             if self.on_drop is not None:
                 self.on_drop(folder)
 
@@ -141,6 +164,8 @@ class Listings:
             for folder in list(self._by_folder):
                 self.on_drop(folder)
         self._by_folder.clear()
+        self._by_uid.clear()
+        self.held.clear()
         self._misses.clear()
         self.entries = 0
 

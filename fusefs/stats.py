@@ -150,6 +150,7 @@ class Stats:
         # The fast path's table (`fusefs.fastpath.FastPath.snapshot`, set by the filesystem).
         self.fast_path: Callable[[], dict] = dict
         self.fast_lookups: Callable[[], dict] = dict
+        self.kept_listings: Callable[[], dict] = dict   # (`fusefs.listings.Listings.snapshot`)
 
     def record(self, op: str, ns: int) -> None:
         self.ops[op].record(ns)
@@ -196,6 +197,7 @@ class Stats:
                                if k.startswith("passthrough_")}},
             "fast_path": self.fast_path(),
             "fast_lookups": self.fast_lookups(),
+            "kept_listings": self.kept_listings(),
             "requests_read_queued": self.queued_reads(),
             "requests_read_spinning": self.spun_reads(),
             "usage": usage or {},

@@ -121,7 +121,9 @@ class CacheConfig(Section):
         "each; 1,040 with the listings kept for `immutable_globs`, docs/operations.md). Past this count "
         "the daemon asks the kernel to forget the oldest idle names (down to 90%): a later `stat` of one "
         "is a lookup again. Open files and files being written are never asked. The listings kept for "
-        "immutable folders hold at most this many names too (least recently used folders go first).",
+        "immutable folders hold at most this many names too (least recently used folders go first), "
+        "those made for one user at most half of it (that user's own oldest go first; a larger folder "
+        "is not kept).",
     )
     spool_dir: str = Field(
         "/var/cache/hintfs/spool",

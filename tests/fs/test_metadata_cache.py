@@ -36,21 +36,45 @@ class _Clock:
 
 def test_listings_expire_and_stay_under_their_bound():
     clock = _Clock()
-    ls = Listings(max_entries=5, clock=clock)
-    ls.put("a", [("x", _st(1)), ("y", _st(2))], ttl=10)
+    ls = Listings(max_entries=10, clock=clock)      # (each user's share: 5)
+    ls.put("a", [("x", _st(1)), ("y", _st(2))], ttl=10, uid=1)
     assert ls.get("a", "x").size == 1 and ls.get("a", "z") is None
-    ls.put("b", [("x", _st(3)), ("y", _st(4)), ("z", _st(5))], ttl=10)
-    assert ls.entries == 5
-    ls.put("c", [("x", _st(6))], ttl=10)          # past the bound: the least recently used goes
-    assert ls.folder("a") is None and ls.entries == 4
-    ls.put("huge", [(str(i), _st()) for i in range(6)], ttl=10)   # bigger than the bound: not kept
+    ls.put("b", [("x", _st(3)), ("y", _st(4)), ("z", _st(5))], ttl=10, uid=2)
+    ls.put("b2", [(n, _st()) for n in "vwxyz"], ttl=10, uid=3)
+    assert ls.entries == 10
+    ls.put("c", [("x", _st(6))], ttl=10, uid=4)   # past the bound: the least recently used goes
+    assert ls.folder("a") is None and ls.entries == 9
+    ls.put("huge", [(str(i), _st()) for i in range(6)], ttl=10, uid=5)   # bigger than a share: not kept
     assert ls.folder("huge") is None
     clock.now += 10
-    assert ls.folder("b") is None and ls.folder("c") is None and ls.entries == 0
+    assert ls.folder("b") is None and ls.folder("b2") is None and ls.folder("c") is None and ls.entries == 0
+    assert ls.held == {}
     ls.put("d/e", [("x", _st())], ttl=10)
     ls.put("d", [("e", _st())], ttl=10)
     ls.drop_under("d/e")                            # removed or renamed: it and its folder go
     assert ls.folder("d") is None and ls.folder("d/e") is None and ls.entries == 0
+
+
+def test_one_users_listings_give_up_their_own_oldest_never_another_users():
+    """Each kept listing counts to the user whose lookups or listing had it made; one user holds at
+    most half of `max_entries` names: past it, that user's least recently used folders go first,
+    another user's stay; a folder larger than the share is not kept."""
+    ls = Listings(max_entries=10)
+    assert ls.share == 5
+    ls.put("f1", [("a", _st()), ("b", _st())], ttl=10, uid=1)
+    ls.put("f2", [("a", _st()), ("b", _st())], ttl=10, uid=1)
+    ls.put("g", [("a", _st()), ("b", _st()), ("c", _st())], ttl=10, uid=2)
+    ls.put("f3", [("a", _st()), ("b", _st())], ttl=10, uid=1)     # 6 > 5: user 1's oldest (f1) goes
+    assert ls.folder("f1") is None and ls.folder("g") is not None and ls.held == {1: 4, 2: 3}
+    ls.folder("f2")                                                # used: f3 is user 1's oldest now
+    ls.put("f4", [("a", _st()), ("b", _st())], ttl=10, uid=1)
+    assert ls.folder("f3") is None and ls.folder("f2") is not None and ls.folder("g") is not None
+    assert ls.given_up_for_share == 2 and ls.held == {1: 4, 2: 3} and ls.entries == 7
+    assert ls.snapshot() == {"folders": 3, "names": 7, "users": 2, "share": 5, "given_up_for_share": 2}
+    ls.put("big", [(str(i), _st()) for i in range(6)], ttl=10, uid=2)
+    assert ls.folder("big") is None and ls.held[2] == 3
+    ls.clear()
+    assert ls.held == {} and ls.entries == 0
 
 
 def test_a_folder_being_written_through_the_mount_is_not_listed_for_lookups_until_left_alone():
@@ -805,7 +829,9 @@ def test_marking_ahead_stops_at_a_change_in_the_folder_and_its_marks_go(tmp_path
 def test_one_users_walk_gives_up_its_own_oldest_names_never_another_users(tmp_path):
     """The names registered for lookups in pyfuse3 count to the user whose lookups had the folder
     listed, at most half of `[cache] max_entries` each: past it, that user's oldest folder goes
-    (its names answered by Python again), and another user's stay."""
+    (its names answered by Python again), and another user's stay. The kept listings have the same
+    share per user and give the folder up first (its names go with it); `FastNames.share` holds
+    the names alone (tests/unit/test_fastpath_table.py)."""
     fs, root = _fs(tmp_path, cache={"immutable_globs": ["*"], "max_entries": 1000})
     names = fs.names.backend = _FakeNames()
     for d in ("a", "b", "c", "z"):
@@ -830,7 +856,8 @@ def test_one_users_walk_gives_up_its_own_oldest_names_never_another_users(tmp_pa
         c = await walk(fs, "c", walker)                 # the walker's 600th name: its oldest goes
         assert set(fs.names.folders) == {"z", "b", "c"}
         assert set(names.folders) == {z, b, c} and a not in names.folders
-        assert fs.names.counts["given_up_for_share"] == 1
+        assert fs.listings.given_up_for_share == 1   # (the walker holds b, c and the root's 4 names)
+        assert fs.listings.held == {walker.uid: 404, CTX.uid: 200}
         assert fs.names.held[walker.uid] == 400 and fs.names.held[CTX.uid] == 200
         assert (await fs.lookup(a, b"f150", walker)).st_size == 1   # Python answers a's names again
     trio.run(test, fs, root)
