@@ -1,7 +1,6 @@
 """s3:// stores through a real S3 server on loopback (JuiceFS's S3 gateway), not a mocked client."""
 from __future__ import annotations
 
-import dataclasses
 import errno
 import itertools
 import os
@@ -128,7 +127,7 @@ def test_open_reader_stat_matches_stat_in_one_request(s3_server, tmp_path):
     reader, st = store.open_reader("d/x.bin")
     try:
         assert st.etag and st.file_key() == ("object", 1234, st.mtime_ns, st.etag)
-        assert dataclasses.replace(st, etag="") == store.stat("d/x.bin") and st.size == 1234
+        assert st._replace(etag="") == store.stat("d/x.bin") and st.size == 1234
         assert reader.read(0, 10) == b"x" * 10
     finally:
         reader.close()
