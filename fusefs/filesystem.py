@@ -564,7 +564,8 @@ class Filesystem:
             kept = (self._listed(parent.path, path, ctx.uid if ctx is not None else 0)
                     if self._immutable_match is not None and not self._still_named_at(path) else None)
             try:
-                st = kept or await self.io(self.store.stat, path, inline=self.meta_inline)
+                # (a local store's stat directly, not through `io`'s coroutine: one per lookup)
+                st = kept or (self.store.stat(path) if self.meta_inline else await self.io(self.store.stat, path))
             except FileNotFoundError:
                 virtual = self.tensors.match(path) if self.tensors is not None else None
                 if virtual is None:
@@ -1158,7 +1159,7 @@ class Filesystem:
         node.opens += 1
         fh = next(self._fh)
         self.handles[fh] = handle
-        if backing_id and self.fast.on:
+        if backing_id and self.fast.on and self._immutable_match is not None:   # (`fast_eligible`: immutable only)
             uid = ctx.uid if ctx is not None else os.getuid()
             if (self._fast_mark(node, kind, backing_id, seen.st, uid) and node.fast_named and self.open_ahead
                     and self.meta_inline and self.names.opened(folder := node.path.rpartition("/")[0], self.open_ahead)):
