@@ -219,3 +219,37 @@ def test_files_opened_ahead_open_nothing_a_user_may_not_read():
         assert got[str(d / "f20")] == 20, got                                   # 0644: read
         assert got[str(d / "f21")] == got[str(d / "f31")] == f"errno {errno.EACCES}", got   # 0600: no
         assert m.stats()["fast_path"]["opens"] == opens + 1                     # f20's, in pyfuse3
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_another_users_walk_pushes_out_only_its_own_kept_listings():
+    """The attack: another user stats its way through more large folders than its share of the
+    kept listings (half of `[cache] max_entries`). Its own oldest folder is given up; root's kept
+    listing and the names registered from it stay."""
+    def setup(base: Path) -> str:
+        for d in ("mine", "d0", "d1", "d2"):
+            (base / "store" / d).mkdir()
+            (base / "store" / d).chmod(0o755)
+            for i in range(200):
+                (base / "store" / d / f"f{i:03d}").write_bytes(b"w")
+        return '\n[cache]\nimmutable_globs = ["mine/*", "d*/*"]\nmax_entries = 1000\n'
+
+    with world_mount(setup, prefix="hintfs-listshare-") as m:
+        if m.stats()["fast_lookups"].get("state") != "on":
+            pytest.skip("fast lookups unavailable (needs the patched pyfuse3)")
+        for i in range(10):
+            os.stat(m.mnt / "mine" / f"f{i:03d}")
+        assert wait_for(lambda: m.stats()["fast_lookups"]["folders"] == 1, timeout=60), m.stats()["fast_lookups"]
+        for n, d in enumerate(("d0", "d1", "d2"), start=2):
+            as_nobody(f"""
+                import os
+                for i in range(10):
+                    os.stat({str(m.mnt / d)!r} + "/f%03d" % i)
+                print("{{}}")
+            """)
+            assert wait_for(lambda: m.stats()["fast_lookups"]["folders_named"] == n, timeout=60), m.stats()
+        assert m.stats()["fast_lookups"]["folders"] == 3, m.stats()["fast_lookups"]
+        kept = m.stats()["kept_listings"]
+        assert kept["share"] == 500 and kept["users"] == 2 and kept["given_up_for_share"] == 1, kept
+        assert kept["folders"] == 3 and kept["names"] == 600, kept    # mine, d1, d2: d0 (the walker's oldest) gone
+        assert m.stats()["fast_lookups"]["users"] == 2
