@@ -469,7 +469,9 @@ class Filesystem:
             inode = None
         if inode is None:
             inode = self.inodes.ensure(path)
-        inode.kind = kind
+        # (a file this mount is writing is a regular file, whatever another host has put at its name
+        # meanwhile: its publish replaces that, and the name must not become a new inode after it)
+        inode.kind = stat_mod.S_IFREG if inode.writer is not None else kind
         return inode
 
     def _same_file(self, path: str, key: tuple[int, int]) -> bool:
