@@ -210,14 +210,15 @@ class Filesystem:
         up only `uid`'s own oldest marks for it."""
         if self.fast.draining:
             self.fast.settle()
+        ttl = self.immutable(node.path)   # (an eligible path's timeouts, for `attrs`: matched once)
         if node.ino in self.fast or not fast_eligible(
-                kind, self.immutable(node.path) > 0,
-                self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
+                kind, ttl > 0, self.reads.routes is not None and self.reads.routes.routes_path(node.path),
+                node.unlinked):
             return False
         assert st is not None
         self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
         node.opens += 1
-        self.fast.mark(node, backing_id, self.attrs(node, st), uid, own=ahead)
+        self.fast.mark(node, backing_id, self.attrs(node, st, (ttl, ttl)), uid, own=ahead)
         return node.ino in self.fast
 
     async def _open_ahead(self, folder: str, uid: int) -> None:

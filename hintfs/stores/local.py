@@ -211,28 +211,24 @@ class LocalStore:
 
     def _iter_statx(self, fd: int, lister: StatxDirLister, now: float) -> Iterator[tuple[str, Stat]]:
         """`_iter_dir` on the event loop with a C lister (`refuse_device`): each entry as
-        `_stat_at` gives it (the mount's own device left out, a file system where the kernel's
-        attributes may be stale stat'ed again), a staging file reaped as there."""
-        own, exact = self.own_dev, exact_without_sync
+        `_stat_at` gives it (`_as_stat_gives`), a staging file reaped as there."""
         try:
             while chunk := lister.next(64):
                 for name, err, fields in chunk:
                     if name.startswith(STAGING_PREFIX):
                         self._reap_stale_staging(fd, name, now)
                         continue
-                    if err:
-                        if err == errno.ENOENT:
-                            continue  # removed while listing
-                        raise OSError(err, os.strerror(err), name)
-                    assert fields is not None
-                    st = Stat(*fields)
-                    if st.dev == own:
-                        continue  # the mount itself (through a bind mount): never listed
-                    if not exact(st.dev):
-                        try:
-                            st = Stat.from_os(os.stat(name, dir_fd=fd, follow_symlinks=False))
-                        except FileNotFoundError:
-                            continue
+                    try:
+                        if err:
+                            raise OSError(err, os.strerror(err), name)
+                        assert fields is not None
+                        st = self._as_stat_gives(Stat(*fields), fd, name)
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    except HintfsError as e:
+                        if e.errno == errno.ELOOP:
+                            continue  # the mount itself (through a bind mount): never listed
+                        raise
                     yield name, st
         finally:
             lister.close()
@@ -251,11 +247,17 @@ class LocalStore:
 
     def _stat_at(self, d: int, name: str) -> Stat:
         if self.own_dev:
-            st = statx_nosync(d, name)
-            if st.dev == self.own_dev:
-                raise HintfsError(errno.ELOOP, f"{name!r} is this mount itself (through a bind mount)")
-            if exact_without_sync(st.dev):
-                return st
+            return self._as_stat_gives(statx_nosync(d, name), d, name)
+        return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
+
+    def _as_stat_gives(self, st: Stat, d: int, name: str) -> Stat:
+        """`st`, the kernel's attributes of `name` in `d` (statx AT_STATX_DONT_SYNC), as a stat on
+        the event loop gives them: ELOOP for the mount's own device; stat'ed again on a file system
+        where the kernel's attributes may be stale."""
+        if st.dev == self.own_dev:
+            raise HintfsError(errno.ELOOP, f"{name!r} is this mount itself (through a bind mount)")
+        if exact_without_sync(st.dev):
+            return st
         return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
 
     def stat(self, rel: str) -> Stat:
