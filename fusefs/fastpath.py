@@ -43,6 +43,7 @@ from collections.abc import Callable
 from fusefs.attrs import Attributes
 from fusefs.handles import HandleKind
 from fusefs.inodes import Inode
+from fusefs.shares import UserShares
 from hintfs.common.fdlimit import share_of_open_files
 
 
@@ -199,9 +200,7 @@ class FastNames:
         # Most names registered for one user (whose lookups had the folder listed), their oldest
         # folders given up first: half of `[cache] max_entries` (`Filesystem`), so that one user's
         # walk never holds every registered inode of the mount.
-        self.share = share
-        self.by_uid: dict[int, OrderedDict[str, None]] = {}   # uid -> its folders, oldest first
-        self.held: dict[int, int] = {}                         # uid -> names registered for it
+        self.users = UserShares(share)
         self.backend: NamesBackend | None = None
         self._let_go = let_go       # (inode, lookups answered in pyfuse3): the registration's hold ends
         # folder -> (its inode, the inodes named, the uid they count to)
@@ -225,11 +224,11 @@ class FastNames:
         alone are not registered (Python answers them from the listing, as before)."""
         assert self.backend is not None
         self.drop(folder)
-        if not named or ttl_s <= 0 or len(named) > self.share:
+        if not named or ttl_s <= 0 or len(named) > self.users.share:
             return False
-        while self.held.get(uid, 0) + len(named) > self.share:
+        while not self.users.fits(uid, len(named)):
             self.counts["given_up_for_share"] += 1
-            self.drop(next(iter(self.by_uid[uid])))
+            self.drop(self.users.oldest(uid))
         self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
                          self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9))
         parent.lookups += 1
@@ -239,8 +238,7 @@ class FastNames:
             node.fast_named = True
             inodes.append(node)
         self.folders[folder] = (parent, inodes, uid)
-        self.by_uid.setdefault(uid, OrderedDict())[folder] = None
-        self.held[uid] = self.held.get(uid, 0) + len(inodes)
+        self.users.add(uid, folder, len(inodes))
         self.counts["folders_named"] += 1
         self.counts["names_registered"] += len(inodes)
         return True
@@ -262,11 +260,7 @@ class FastNames:
         if got is None:
             return
         parent, inodes, uid = got
-        mine = self.by_uid[uid]
-        del mine[folder]
-        self.held[uid] -= len(inodes)
-        if not mine:
-            del self.by_uid[uid], self.held[uid]
+        self.users.remove(uid, folder)
         assert self.backend is not None
         self.backend.drop(parent.ino)
         self.counts["folders_dropped"] += 1
@@ -286,8 +280,8 @@ class FastNames:
         if self.backend is None:
             return {"state": "unavailable (pyfuse3 without fast lookups)"}
         served, folders, names = self.backend.stats()
-        return {"state": "on", "lookups": served, "folders": folders, "names": names, "users": len(self.by_uid),
-                "share": self.share, **self.counts}
+        return {"state": "on", "lookups": served, "folders": folders, "names": names,
+                "users": len(self.users.by_uid), "share": self.users.share, **self.counts}
 
 
 __all__ = ["FastBackend", "FastNames", "FastPath", "NamesBackend", "OPEN_AHEAD_AFTER", "fast_eligible", "mark_limit"]

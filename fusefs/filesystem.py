@@ -299,7 +299,7 @@ class Filesystem:
     async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float, uid: int = 0) -> None:
         """Register the plain files of `folder`'s kept listing for lookups answered in pyfuse3
         (`FastNames`): each name whose Python lookup would answer from that listing, as it would,
-        counted to `uid` (whose lookups had it listed: `FastNames.share` per user). Not past
+        counted to `uid` (whose lookups had it listed: `FastNames.users`: a share per user). Not past
         FAST_NAMES_MAX names or `[cache] max_entries`. The entries are made NAME_CHUNK at
         a time, the loop free between (~8 µs a name here); anything that drops names meanwhile
         (a change in the folder, the listing gone) ends it with nothing registered."""
@@ -613,7 +613,7 @@ class Filesystem:
     async def _list_for_lookups(self, folder: str, ttl: float, since: int, uid: int = 0) -> None:
         """List `folder` for the lookups to come (a system task: it never fails the mount). A
         folder of more names than one user's share of `max_entries` is not kept (nor listed again)."""
-        most = self.listings.share
+        most = self.listings.users.share
         try:
             if self.meta_inline:   # a local store: on the loop, a chunk at a time (see _list_inline)
                 listing = await self._list_inline(folder, most + 1)

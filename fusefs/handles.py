@@ -506,7 +506,7 @@ class DirHandle(Handle):
 
     def __init__(self, inode: Inode, kernel_keeps: bool = False, by_name: bool = False, uid: int = 0):
         self.inode = inode
-        self.uid = uid   # whose opendir: a listing kept from it counts to that user (`Listings.share`)
+        self.uid = uid   # whose opendir: a listing kept from it counts to that user (`Listings.users`)
         # The kernel may keep this listing (FOPEN_CACHE_DIR): a folder declared immutable
         # (`Filesystem.opendir`); it drops it when the folder changes through this mount.
         self.kernel_keeps = kernel_keeps

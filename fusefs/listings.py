@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from fusefs.shares import UserShares
 from hintfs.stores.base import Stat
 
 LIST_AFTER = 4            # lookups missing in one folder before it is listed for the next ones
@@ -44,12 +45,10 @@ class Listings:
                  quiet_s: float = QUIET_AFTER_CHANGE_S):
         self.quiet_s = quiet_s   # `[cache] relist_quiet_s`
         self.max_entries = max_entries
-        self.share = max(1, max_entries // 2)   # names one user's listings may hold
+        self.users = UserShares(max(1, max_entries // 2))   # (names one user's listings may hold)
         self.clock = clock
         # folder -> (expiry, name -> Stat, the uid it counts to), least recently used first
         self._by_folder: OrderedDict[str, tuple[float, dict[str, Stat], int]] = OrderedDict()
-        self._by_uid: dict[int, OrderedDict[str, None]] = {}   # each user's folders, least recently used first
-        self.held: dict[int, int] = {}       # uid -> names its listings hold
         self.given_up_for_share = 0
         self.entries = 0                     # names kept, all folders
         self._misses: dict[str, int] = {}
@@ -75,7 +74,7 @@ class Listings:
             self._remove(folder)
             return None
         self._by_folder.move_to_end(folder)
-        self._by_uid[uid].move_to_end(folder)
+        self.users.used(uid, folder)
         return names
 
     def get(self, folder: str, name: str) -> Stat | None:
@@ -111,24 +110,23 @@ class Listings:
         if ttl <= 0 or (since is not None and since != self.changes):
             return
         names = {name: st for name, st in entries if st is not None}
-        if len(names) > self.share:
+        if len(names) > self.users.share:
             return
         self._remove(folder)
         self._misses.pop(folder, None)
-        while self.held.get(uid, 0) + len(names) > self.share:   # that user's own oldest first
+        while not self.users.fits(uid, len(names)):   # that user's own oldest first
             self.given_up_for_share += 1
-            self._remove(next(iter(self._by_uid[uid])))
+            self._remove(self.users.oldest(uid))
         self._by_folder[folder] = (self.clock() + ttl, names, uid)
-        self._by_uid.setdefault(uid, OrderedDict())[folder] = None
-        self.held[uid] = self.held.get(uid, 0) + len(names)
+        self.users.add(uid, folder, len(names))
         self.entries += len(names)
         while self.entries > self.max_entries and self._by_folder:
             self._remove(next(iter(self._by_folder)))
 
     def snapshot(self) -> dict:
         """What `.hintfs/stats` shows under "kept_listings"."""
-        return {"folders": len(self._by_folder), "names": self.entries, "users": len(self._by_uid),
-                "share": self.share, "given_up_for_share": self.given_up_for_share}
+        return {"folders": len(self._by_folder), "names": self.entries, "users": len(self.users.by_uid),
+                "share": self.users.share, "given_up_for_share": self.given_up_for_share}
 
     def drop(self, folder: str) -> None:
         """`folder` changed through this mount."""
@@ -143,11 +141,7 @@ class Listings:
         if hit is not None:
             _, names, uid = hit
             self.entries -= len(names)
-            mine = self._by_uid[uid]
-            del mine[folder]
-            self.held[uid] -= len(names)
-            if not mine:
-                del self._by_uid[uid], self.held[uid]
+            self.users.remove(uid, folder)
             if self.on_drop is not None:
                 self.on_drop(folder)
 
@@ -164,8 +158,7 @@ class Listings:
             for folder in list(self._by_folder):
                 self.on_drop(folder)
         self._by_folder.clear()
-        self._by_uid.clear()
-        self.held.clear()
+        self.users.clear()
         self._misses.clear()
         self.entries = 0
 

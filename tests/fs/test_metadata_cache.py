@@ -48,7 +48,7 @@ def test_listings_expire_and_stay_under_their_bound():
     assert ls.folder("huge") is None
     clock.now += 10
     assert ls.folder("b") is None and ls.folder("b2") is None and ls.folder("c") is None and ls.entries == 0
-    assert ls.held == {}
+    assert ls.users.held == {}
     ls.put("d/e", [("x", _st())], ttl=10)
     ls.put("d", [("e", _st())], ttl=10)
     ls.drop_under("d/e")                            # removed or renamed: it and its folder go
@@ -60,21 +60,21 @@ def test_one_users_listings_give_up_their_own_oldest_never_another_users():
     most half of `max_entries` names: past it, that user's least recently used folders go first,
     another user's stay; a folder larger than the share is not kept."""
     ls = Listings(max_entries=10)
-    assert ls.share == 5
+    assert ls.users.share == 5
     ls.put("f1", [("a", _st()), ("b", _st())], ttl=10, uid=1)
     ls.put("f2", [("a", _st()), ("b", _st())], ttl=10, uid=1)
     ls.put("g", [("a", _st()), ("b", _st()), ("c", _st())], ttl=10, uid=2)
     ls.put("f3", [("a", _st()), ("b", _st())], ttl=10, uid=1)     # 6 > 5: user 1's oldest (f1) goes
-    assert ls.folder("f1") is None and ls.folder("g") is not None and ls.held == {1: 4, 2: 3}
+    assert ls.folder("f1") is None and ls.folder("g") is not None and ls.users.held == {1: 4, 2: 3}
     ls.folder("f2")                                                # used: f3 is user 1's oldest now
     ls.put("f4", [("a", _st()), ("b", _st())], ttl=10, uid=1)
     assert ls.folder("f3") is None and ls.folder("f2") is not None and ls.folder("g") is not None
-    assert ls.given_up_for_share == 2 and ls.held == {1: 4, 2: 3} and ls.entries == 7
+    assert ls.given_up_for_share == 2 and ls.users.held == {1: 4, 2: 3} and ls.entries == 7
     assert ls.snapshot() == {"folders": 3, "names": 7, "users": 2, "share": 5, "given_up_for_share": 2}
     ls.put("big", [(str(i), _st()) for i in range(6)], ttl=10, uid=2)
-    assert ls.folder("big") is None and ls.held[2] == 3
+    assert ls.folder("big") is None and ls.users.held[2] == 3
     ls.clear()
-    assert ls.held == {} and ls.entries == 0
+    assert ls.users.held == {} and ls.entries == 0
 
 
 def test_a_folder_being_written_through_the_mount_is_not_listed_for_lookups_until_left_alone():
@@ -830,7 +830,7 @@ def test_one_users_walk_gives_up_its_own_oldest_names_never_another_users(tmp_pa
     """The names registered for lookups in pyfuse3 count to the user whose lookups had the folder
     listed, at most half of `[cache] max_entries` each: past it, that user's oldest folder goes
     (its names answered by Python again), and another user's stay. The kept listings have the same
-    share per user and give the folder up first (its names go with it); `FastNames.share` holds
+    share per user and give the folder up first (its names go with it); `FastNames.users` holds
     the names alone (tests/unit/test_fastpath_table.py)."""
     fs, root = _fs(tmp_path, cache={"immutable_globs": ["*"], "max_entries": 1000})
     names = fs.names.backend = _FakeNames()
@@ -852,12 +852,12 @@ def test_one_users_walk_gives_up_its_own_oldest_names_never_another_users(tmp_pa
         z = await walk(fs, "z", CTX)
         a = await walk(fs, "a", walker)
         b = await walk(fs, "b", walker)
-        assert set(fs.names.folders) == {"z", "a", "b"} and fs.names.share == 500
+        assert set(fs.names.folders) == {"z", "a", "b"} and fs.names.users.share == 500
         c = await walk(fs, "c", walker)                 # the walker's 600th name: its oldest goes
         assert set(fs.names.folders) == {"z", "b", "c"}
         assert set(names.folders) == {z, b, c} and a not in names.folders
         assert fs.listings.given_up_for_share == 1   # (the walker holds b, c and the root's 4 names)
-        assert fs.listings.held == {walker.uid: 404, CTX.uid: 200}
-        assert fs.names.held[walker.uid] == 400 and fs.names.held[CTX.uid] == 200
+        assert fs.listings.users.held == {walker.uid: 404, CTX.uid: 200}
+        assert fs.names.users.held[walker.uid] == 400 and fs.names.users.held[CTX.uid] == 200
         assert (await fs.lookup(a, b"f150", walker)).st_size == 1   # Python answers a's names again
     trio.run(test, fs, root)

@@ -286,4 +286,4 @@ def test_each_user_holds_at_most_its_share_of_the_names_registered():
     assert folder("b3", 4, uid=2) and set(names.folders) == {"a2", "a3", "b1", "b3"}   # 6 + 4 = 10: fits
     names.drop("a2")
     names.drop("a3")
-    assert set(names.by_uid) == {2} and names.snapshot()["users"] == 1
+    assert set(names.users.by_uid) == {2} and names.snapshot()["users"] == 1
