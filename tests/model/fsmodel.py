@@ -40,6 +40,7 @@ class Ino:
     data: bytearray = field(default_factory=bytearray)
     mode: int = 0o644
     id: int = field(default_factory=lambda: next(_ino_ids))
+    moves: int = 0     # renames in an object store (each a copy: a new Last-Modified, or the same second's)
 
     def copy(self) -> Ino:
         return Ino(bytearray(self.data), self.mode)
@@ -96,6 +97,11 @@ class OFD:
     detached: bool = False
     node_writer: Writer | None = None   # the writer of the same file when it was detached
     key: str = ""               # the name it was opened by (an object store reads that key)
+    moves_at_open: int = 0      # its object's `Ino.moves` when it was opened
+    # an object-store reader whose object was renamed away and back (by another mount) before this
+    # mount's writer of the name was made: whether that writer's file is the reader's is timing's
+    # (a new Last-Modified second or not), so what it reads and its fstat are unspecified
+    unsure: bool = False
 
 
 
@@ -322,6 +328,8 @@ class Model:
                 # file, one page cache per mount): readers opened before the writer too
                 if other.mount == m and other.path == path and other.writer is None and not other.detached:
                     other.follow = w
+                    if other.bound is not None and other.bound.moves != other.moves_at_open:
+                        other.unsure = True
         else:
             w = ws.get(path)
             if w is not None:
@@ -331,6 +339,7 @@ class Model:
                     ofd.follow = w
             else:
                 ofd.bound = e
+                ofd.moves_at_open = e.moves
                 self._opened_object[id(ofd)] = e
         h = next(self._ofd_ids)
         self.ofds[h] = ofd
@@ -372,6 +381,8 @@ class Model:
         """Object stores read an open file by its key (ranged GETs): once the store holds another
         object there, or none, the open file's reads are the new object's or ENOENT
         (docs/semantics.md, "Object stores")."""
+        if ofd.unsure:
+            return ("any", None)
         if self.local_store or ofd.writer is not None or ofd.follow is not None:
             return None
         cur = self.store.get(ofd.key)
@@ -503,6 +514,8 @@ class Model:
         reader sees the mount's current view of its file's name (a writer's staged size on that
         mount), while its reads keep the content it opened."""
         ofd = self._ofd(h)
+        if ofd.unsure:
+            return ("any", None)
         if not self.local_store and ofd.writer is None and ofd.follow is None and (
                 (not ofd.detached and self.view(ofd.mount, ofd.path) is None) or self._object_gone(ofd)):
             # an object store's reader has no local file to stat once the object it opened is gone,
@@ -743,6 +756,8 @@ class Model:
         if src == DIR and dst == DIR:
             del self.store[new]
         for p, e in moved.items():
+            if not self.local_store and isinstance(e, Ino):
+                e.moves += 1      # (a copy and a delete: the object's version may be new)
             self.store[new + p[len(old):]] = e
         # This mount's writers follow the rename (the other mounts' do not know of it).
         ws = self.writers[m]
