@@ -24,7 +24,7 @@ done
 (cd $B/src/fuse3 && tar cf - --exclude=doc/html --exclude=./build --exclude=.git .) | (cd $D/fuse3 && tar xf -)
 cp -r $B/pyfuse3-3.5.0/src/pyfuse3 $B/pyfuse3-3.5.0/Include $D/pyfuse3src/
 for p in trio outcome sniffio pydantic pydantic_core annotated-types typing-inspection cachetools crc32c \
-         tomli_w cryptography cffi pycparser typing_extensions; do
+         tomli_w cryptography cffi pycparser typing_extensions pycurl; do
   v=$(.venv/bin/python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$p")
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -8,13 +8,20 @@ bytes, so an open of an object known to be small (a listing or a stat said so) a
 `limit` bytes in one GET and gets the version and the whole object at once: the open's request
 to the store is still made at the open (close-to-open is unchanged), one request instead of two.
 
-`S3Getter` is that GET: SigV4-signed by hand (the standard library's hmac and http.client, one
-kept-alive connection per thread), for stores with an explicit access key (the AWS default chain
+`S3Getter` is that GET: SigV4-signed by hand (the standard library's hmac; one kept-alive
+connection per thread), for stores with an explicit access key (the AWS default chain
 of credentials, session tokens or instance roles, is pyarrow's alone: there the open is pyarrow's
 HEAD and GET as before). Addressing: path style at `endpoint_override`; virtual-hosted style at
 `s3.<region>.amazonaws.com` for a bucket without dots when no endpoint is given. Anything it
 cannot answer (not found, an error, an object larger than `limit`) is `None`: the caller opens
 the object through pyarrow as before.
+
+The whole-object GET goes through libcurl (`pycurl`) where it is installed: the request, the
+response's headers and its body are read in C with the interpreter's lock released, and the only
+Python calls are one `list.append` per header line and one `BytesIO.write` per body chunk. A
+mount reading thousands of small objects is bound by that lock (one core), and http.client spends
+~3x as much of it per GET (its status line, headers and body are read by Python code, the headers
+parsed by `email`): bench/notes/s3_cold.md. Without pycurl, http.client does it as before.
 
 `S3Getter.get_range_into` is a ranged GET of one version (`If-Match`) whose body goes from the
 socket straight into the caller's buffer: the host cache's fetch reads each block into its mapping
@@ -42,7 +49,13 @@ import ssl
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from io import BytesIO
 from urllib.parse import quote, unquote_plus
+
+try:   # (libcurl: the small objects' GETs off the interpreter's lock; optional, see above)
+    import pycurl
+except ImportError:   # pragma: no cover - pycurl is a dependency; http.client is the fallback
+    pycurl = None
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -83,6 +96,7 @@ class S3Getter:
         if scheme == "https":
             self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
         self._keys: tuple[str, bytes] | None = None   # (date, signing key of that day)
+        self.use_curl = pycurl is not None
 
     @classmethod
     def of(cls, store_cfg, bucket: str) -> S3Getter | None:
@@ -155,6 +169,9 @@ class S3Getter:
         except UnicodeEncodeError:   # (a name that is no UTF-8: pyarrow's to open)
             return None
 
+        if self.use_curl:
+            return self._curl_whole(path, limit)
+
         def whole(resp: http.client.HTTPResponse) -> int | None:
             # (an error's document, an object larger than asked for: never read into memory)
             total = _whole_size(resp.status, resp.getheader("content-range", ""),
@@ -170,6 +187,59 @@ class S3Getter:
         if mtime is None or not etag:
             return None
         return Got(body, len(body), mtime, etag)
+
+    # -- the whole-object GET through libcurl -----------------------------------------------------
+    def _curl(self):
+        c = getattr(self._local, "curl", None)
+        if c is None:
+            c = pycurl.Curl()
+            c.setopt(pycurl.NOSIGNAL, 1)
+            c.setopt(pycurl.PROXY, "")               # (as http.client and pyarrow: no proxy from the environment)
+            c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+            c.setopt(pycurl.CONNECTTIMEOUT_MS, int(self.timeout * 1000))
+            c.setopt(pycurl.TIMEOUT_MS, int(self.timeout * 1000))
+            if self.scheme == "https":
+                ca = os.environ.get("AWS_CA_BUNDLE") or ssl.get_default_verify_paths().cafile
+                if ca:
+                    c.setopt(pycurl.CAINFO, ca)
+                capath = ssl.get_default_verify_paths().capath
+                if capath and not os.environ.get("AWS_CA_BUNDLE"):
+                    c.setopt(pycurl.CAPATH, capath)
+            self._local.curl = c
+        return c
+
+    def _curl_whole(self, path: str, limit: int) -> Got | None:
+        """`get_whole` by libcurl: the same request (the Host header is the signed one), the same
+        answers. A body longer than `limit` is refused by curl before or while it arrives."""
+        c = self._curl()
+        headers = self._headers(path, f"bytes=0-{limit - 1}", dt.datetime.now(dt.UTC))
+        lines: list[bytes] = []
+        body = BytesIO()
+        c.setopt(pycurl.URL, f"{self.scheme}://{self.host}{path}")
+        c.setopt(pycurl.HTTPHEADER, [f"{k}: {v}" for k, v in headers.items()])
+        c.setopt(pycurl.MAXFILESIZE_LARGE, limit)
+        c.setopt(pycurl.HEADERFUNCTION, lines.append)
+        c.setopt(pycurl.WRITEFUNCTION, body.write)
+        try:
+            c.perform()
+        except pycurl.error as err:
+            code = err.args[0] if err.args else 0
+            c.close()
+            self._local.curl = None
+            if code == pycurl.E_OPERATION_TIMEDOUT:
+                raise TimeoutError(f"S3 GET of {path}: no answer within {self.timeout:g} s") from None
+            return None
+        status = c.getinfo(pycurl.RESPONSE_CODE)
+        got = _header_fields(lines)
+        data = body.getvalue()
+        total = _whole_size(status, got.get("content-range", ""), int(got.get("content-length", "-1")))
+        if total is None or not 0 < total <= limit or len(data) != total:
+            return None
+        mtime = _http_date_ns(got.get("last-modified"))
+        etag = got.get("etag")
+        if mtime is None or not etag:
+            return None
+        return Got(data, total, mtime, etag)
 
     def get_range_into(self, key: str, offset: int, buf: memoryview, etag: str) -> bool:
         """The object's bytes at `offset`, `len(buf)` of them, read from the socket straight into
@@ -318,6 +388,21 @@ def _child_name(raw: str | None, folder_key: str) -> str | None:
         return None
     name = key[len(folder_key):]
     return None if "/" in name or name in ("", ".", "..") else name
+
+
+def _header_fields(lines: list[bytes]) -> dict[str, str]:
+    """The header fields of the last response in `lines` (curl's header lines: a status line, then
+    `Name: value` lines; an interim 1xx response before the final one is skipped), names
+    lower-cased; a field given twice keeps the last value."""
+    out: dict[str, str] = {}
+    for raw in lines:
+        line = raw.decode("latin-1").rstrip("\r\n")
+        if line.startswith("HTTP/"):
+            out = {}
+        elif ":" in line:
+            name, _, value = line.partition(":")
+            out[name.strip().lower()] = value.strip()
+    return out
 
 
 def _whole_size(status: int, content_range: str, length: int) -> int | None:
