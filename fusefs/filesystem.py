@@ -36,6 +36,7 @@ from hintfs.common.errors import HintfsError
 from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE, Attributes, FsStats, OpenFile,
                           Refused)
 from fusefs.control import Caller, ControlDir, ControlFile
+from fusefs import workers
 from fusefs.walks import Walks
 from fusefs.fastpath import FastBackend, FastNames, FastPath, fast_eligible, mark_limit
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
@@ -352,7 +353,7 @@ class Filesystem:
         """Run a store call: inline if it cannot block for long, else in a worker thread."""
         if inline:
             return fn(*args)
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+        return await workers.run_sync(fn, *args, limiter=self.io_limiter)
 
     def reserved(self, path: str) -> bool:
         """Names no request may create, rename, link or look up: `.hintfs` at the root, the journal

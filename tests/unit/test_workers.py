@@ -1,0 +1,78 @@
+"""fusefs.workers.run_sync, the store calls' hop to a worker thread: what trio.to_thread.run_sync
+promises them (a value, an exception, the limiter's bound, no call abandoned on cancel)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from fusefs import workers
+
+
+def test_a_call_gives_its_value_or_raises_its_exception_in_another_thread():
+    async def main():
+        lim = trio.CapacityLimiter(2)
+        here = threading.get_ident()
+        assert await workers.run_sync(lambda a, b: (a + b, threading.get_ident() != here), 1, 2, limiter=lim) == (3, True)
+
+        def boom():
+            raise FileNotFoundError(2, "gone", "x")
+        with pytest.raises(FileNotFoundError) as exc:
+            await workers.run_sync(boom, limiter=lim)
+        assert exc.value.filename == "x" and lim.borrowed_tokens == 0
+    trio.run(main)
+
+
+def test_at_most_the_limiters_tokens_run_at_once():
+    running, most = [0], [0]
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def call():
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+
+    async def main():
+        lim = trio.CapacityLimiter(3)
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(lambda: workers.run_sync(call, limiter=lim))
+            while lim.borrowed_tokens < 3 or running[0] < 3:
+                await trio.sleep(0.001)
+            assert lim.statistics().tasks_waiting == 5
+            release.set()
+        assert lim.borrowed_tokens == 0
+    trio.run(main)
+    assert most[0] == 3
+
+
+def test_a_cancelled_request_waits_for_its_call_and_is_cancelled_after():
+    started, finish = threading.Event(), threading.Event()
+    done = []
+
+    def call():
+        started.set()
+        finish.wait(10)
+        done.append(True)
+        return 7
+
+    async def main():
+        lim = trio.CapacityLimiter(1)
+        got = []
+        with trio.CancelScope() as scope:
+            async def cancel_when_started():
+                await trio.to_thread.run_sync(started.wait, 10)
+                scope.cancel()
+                finish.set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_when_started)
+                got.append(await workers.run_sync(call, limiter=lim))
+                await trio.lowlevel.checkpoint()
+                got.append("not cancelled")
+        assert done == [True] and got == [7] and scope.cancelled_caught and lim.borrowed_tokens == 0
+    trio.run(main)
