@@ -9,7 +9,8 @@
 #      patches/pyfuse3-read-reply-nogil.patch (a read's reply copies without the GIL) and
 #      patches/pyfuse3-fastlookup.patch (lookups of kept folders' names in C) and
 #      patches/pyfuse3-statdir.patch (a folder's entries with their statx, for listings on the
-#      event loop), linked against it (rpath).
+#      event loop) and patches/pyfuse3-spin-nogil.patch (the loop's spin for the next request
+#      without the GIL), linked against it (rpath).
 # Idempotent (a stamp keyed by this script and the patches). Any failure leaves the stock pyfuse3 in
 # place, prints one line and exits 0: hintfs then runs without passthrough.
 set -u
@@ -22,7 +23,7 @@ WORK=$VENV/libfuse-build
 STAMP=$VENV/.passthrough-done
 LOG=$WORK/build.log
 SUITE=${PASSTHROUGH_SUITE:-trixie}
-PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch pyfuse3-read-reply-nogil.patch pyfuse3-fastlookup.patch pyfuse3-statdir.patch"
+PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch pyfuse3-read-reply-nogil.patch pyfuse3-fastlookup.patch pyfuse3-statdir.patch pyfuse3-spin-nogil.patch"
 KEY=$( (cat "$0" && cd "$HERE" && cat $PATCHES) | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$KEY" ]; then
