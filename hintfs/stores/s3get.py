@@ -44,6 +44,7 @@ import email.utils
 import hashlib
 import hmac
 import http.client
+import logging
 import os
 import ssl
 import threading
@@ -57,6 +58,7 @@ try:   # (libcurl: the small objects' GETs off the interpreter's lock; optional,
 except ImportError:   # pragma: no cover - pycurl is a dependency; http.client is the fallback
     pycurl = None
 
+log = logging.getLogger("hintfs.s3get")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 LIST_PAGE_KEYS = 1000              # entries a listing page asks for (S3's own most)
@@ -97,6 +99,7 @@ class S3Getter:
             self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
         self._keys: tuple[str, bytes] | None = None   # (date, signing key of that day)
         self.use_curl = pycurl is not None
+        self._curl_errors_logged: set[int] = set()
 
     @classmethod
     def of(cls, store_cfg, bucket: str) -> S3Getter | None:
@@ -228,11 +231,18 @@ class S3Getter:
             self._local.curl = None
             if code == pycurl.E_OPERATION_TIMEDOUT:
                 raise TimeoutError(f"S3 GET of {path}: no answer within {self.timeout:g} s") from None
+            if code not in self._curl_errors_logged and code != pycurl.E_FILESIZE_EXCEEDED:
+                self._curl_errors_logged.add(code)   # (once per kind: a TLS set-up that fails fails every time)
+                log.warning("S3 GET by libcurl failed (%s): such opens go through pyarrow", err.args[-1])
             return None
         status = c.getinfo(pycurl.RESPONSE_CODE)
         got = _header_fields(lines)
         data = body.getvalue()
-        total = _whole_size(status, got.get("content-range", ""), int(got.get("content-length", "-1")))
+        try:
+            length = int(got.get("content-length", "-1"))
+        except ValueError:   # (a server's header: anything)
+            return None
+        total = _whole_size(status, got.get("content-range", ""), length)
         if total is None or not 0 < total <= limit or len(data) != total:
             return None
         mtime = _http_date_ns(got.get("last-modified"))

@@ -122,3 +122,54 @@ def test_header_lines_of_the_last_response_are_read():
     lines = [b"HTTP/1.1 100 Continue\r\n", b"ETag: old\r\n", b"\r\n", b"HTTP/1.1 206 Partial Content\r\n",
              b"Content-Range: bytes 0-2/3\r\n", b"etag:  \"v\" \r\n", b"X-Twice: 1\r\n", b"x-twice: 2\r\n", b"\r\n"]
     assert _header_fields(lines) == {"content-range": "bytes 0-2/3", "etag": '"v"', "x-twice": "2"}
+
+
+@contextmanager
+def _raw_server(response: bytes):
+    """A server that answers each connection's first request with `response`, byte for byte."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    lsock.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(response)
+                except OSError:
+                    pass
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield lsock.getsockname()[1]
+    finally:
+        stop.set()
+        t.join(5)
+        lsock.close()
+
+
+@pytest.mark.parametrize("curl", WAYS)
+def test_a_garbled_answer_is_none_not_an_error(curl, caplog):
+    """What a broken or hostile server sends (a length that is no number, no HTTP at all) is no
+    object: None, for pyarrow to open; libcurl's failures are logged once per kind, not per open."""
+    garbled = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-2/3\r\nETag: \"a\"\r\n"
+               b"Last-Modified: " + LAST_MODIFIED.encode() + b"\r\nContent-Length: 3x\r\n\r\nabc")
+    with _raw_server(garbled) as port:
+        assert _getter(port, curl).get_whole("k", 1024) is None
+    def logged() -> int:
+        return len([r for r in caplog.records if "libcurl failed" in r.getMessage()])
+    before = logged()
+    with _raw_server(b"SSH-2.0-OpenSSH_9.2\r\n") as port:
+        g = _getter(port, curl)
+        assert g.get_whole("k", 1024) is None
+        first = logged()
+        assert g.get_whole("k", 1024) is None and g.get_whole("k", 1024) is None
+    assert logged() == first == before + (1 if curl else 0)
