@@ -173,3 +173,29 @@ def test_a_garbled_answer_is_none_not_an_error(curl, caplog):
         first = logged()
         assert g.get_whole("k", 1024) is None and g.get_whole("k", 1024) is None
     assert logged() == first == before + (1 if curl else 0)
+
+
+@pytest.mark.parametrize("curl", WAYS)
+def test_https_trusts_the_ca_bundle_of_the_environment_and_nothing_else(curl, tmp_path, monkeypatch):
+    """An S3 endpoint over TLS: its certificate is checked against `AWS_CA_BUNDLE` (as pyarrow's
+    SDK does); signed by a CA not in the bundle, the GET is refused (None: pyarrow then refuses
+    it too), never sent in the clear or unchecked."""
+    import ssl
+
+    from tests.helpers.certs import make_ca
+    ca, other = make_ca(tmp_path / "ca"), make_ca(tmp_path / "other", "another CA")
+    cert, key = ca.host(tmp_path / "host", "127.0.0.1")
+    answer = (206, {"Content-Range": "bytes 0-2/3", "ETag": '"a"', "Last-Modified": LAST_MODIFIED}, b"abc")
+    with _server(answer) as srv:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        port = srv.server_address[1]
+        for bundle, ok in ((ca.pem, True), (other.pem, False)):
+            monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+            g = S3Getter(bucket="b", access_key="AK", secret_key="SK", region="us-east-1", scheme="https",
+                         endpoint=f"127.0.0.1:{port}", timeout_s=5.0)
+            g.use_curl = curl
+            got = g.get_whole("k", 1024)
+            assert (got is not None and got.data == b"abc") if ok else got is None, (bundle, got)
+    assert len(srv.seen) == 1      # (the refused handshake sent no request)
