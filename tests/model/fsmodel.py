@@ -98,9 +98,11 @@ class OFD:
     node_writer: Writer | None = None   # the writer of the same file when it was detached
     key: str = ""               # the name it was opened by (an object store reads that key)
     moves_at_open: int = 0      # its object's `Ino.moves` when it was opened
-    # an object-store reader whose object was renamed away and back (by another mount) before this
-    # mount's writer of the name was made: whether that writer's file is the reader's is timing's
-    # (a new Last-Modified second or not), so what it reads and its fstat are unspecified
+    # an object-store reader whose object was renamed (a copy and a delete; away and back, so its
+    # key holds it again) between its open and this mount's writer of the name: whether that
+    # writer's file is the reader's is timing's (a new Last-Modified second or not, as another
+    # mount sees it), so what it reads and its fstat are unspecified (the model does not tell
+    # which mount renamed it: for this mount's own renames that is broader than needed)
     unsure: bool = False
 
 
