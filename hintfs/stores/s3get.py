@@ -177,19 +177,13 @@ class S3Getter:
 
         def whole(resp: http.client.HTTPResponse) -> int | None:
             # (an error's document, an object larger than asked for: never read into memory)
-            total = _whole_size(resp.status, resp.getheader("content-range", ""),
-                                int(resp.getheader("content-length", "-1")))
-            return total if total is not None and 0 < total <= limit else None
+            return _whole_total(resp.status, resp.getheader, limit)
 
         got = self._get(path, path, "", f"bytes=0-{limit - 1}", whole)
         if got is None:
             return None
         resp, body = got
-        mtime = _http_date_ns(resp.getheader("last-modified"))
-        etag = resp.getheader("etag")
-        if mtime is None or not etag:
-            return None
-        return Got(body, len(body), mtime, etag)
+        return _got(body, resp.getheader)
 
     # -- the whole-object GET through libcurl -----------------------------------------------------
     def _curl(self):
@@ -201,13 +195,12 @@ class S3Getter:
             c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
             c.setopt(pycurl.CONNECTTIMEOUT_MS, int(self.timeout * 1000))
             c.setopt(pycurl.TIMEOUT_MS, int(self.timeout * 1000))
-            if self.scheme == "https":
-                ca = os.environ.get("AWS_CA_BUNDLE") or ssl.get_default_verify_paths().cafile
-                if ca:
-                    c.setopt(pycurl.CAINFO, ca)
-                capath = ssl.get_default_verify_paths().capath
-                if capath and not os.environ.get("AWS_CA_BUNDLE"):
-                    c.setopt(pycurl.CAPATH, capath)
+            if self.scheme == "https":   # (the CAs http.client's context trusts: `__init__`)
+                bundle, system = os.environ.get("AWS_CA_BUNDLE"), ssl.get_default_verify_paths()
+                if bundle or system.cafile:
+                    c.setopt(pycurl.CAINFO, bundle or system.cafile)
+                if system.capath and not bundle:
+                    c.setopt(pycurl.CAPATH, system.capath)
             self._local.curl = c
         return c
 
@@ -235,21 +228,10 @@ class S3Getter:
                 self._curl_errors_logged.add(code)   # (once per kind: a TLS set-up that fails fails every time)
                 log.warning("S3 GET by libcurl failed (%s): such opens go through pyarrow", err.args[-1])
             return None
-        status = c.getinfo(pycurl.RESPONSE_CODE)
-        got = _header_fields(lines)
+        header = _header_fields(lines).get
         data = body.getvalue()
-        try:
-            length = int(got.get("content-length", "-1"))
-        except ValueError:   # (a server's header: anything)
-            return None
-        total = _whole_size(status, got.get("content-range", ""), length)
-        if total is None or not 0 < total <= limit or len(data) != total:
-            return None
-        mtime = _http_date_ns(got.get("last-modified"))
-        etag = got.get("etag")
-        if mtime is None or not etag:
-            return None
-        return Got(data, total, mtime, etag)
+        total = _whole_total(c.getinfo(pycurl.RESPONSE_CODE), header, limit)
+        return _got(data, header) if total is not None and len(data) == total else None
 
     def get_range_into(self, key: str, offset: int, buf: memoryview, etag: str) -> bool:
         """The object's bytes at `offset`, `len(buf)` of them, read from the socket straight into
@@ -413,6 +395,26 @@ def _header_fields(lines: list[bytes]) -> dict[str, str]:
             name, _, value = line.partition(":")
             out[name.strip().lower()] = value.strip()
     return out
+
+
+def _whole_total(status: int, header: Callable[[str], str | None], limit: int) -> int | None:
+    """The object's size where a response to `Range: bytes=0-(limit-1)` holds all of it and it has
+    1..`limit` bytes (`header(name)`: the response's header, lower-case name, or None); None for
+    anything else (an error, a larger object, a Content-Length that is no number)."""
+    try:
+        length = int(header("content-length") or "-1")
+    except ValueError:   # (a server's header: anything)
+        return None
+    total = _whole_size(status, header("content-range") or "", length)
+    return total if total is not None and 0 < total <= limit else None
+
+
+def _got(body: bytes, header: Callable[[str], str | None]) -> Got | None:
+    """`body`, an object read whole, with the version its response's headers give; None where
+    they give none (no ETag, a Last-Modified that is no HTTP date)."""
+    mtime = _http_date_ns(header("last-modified"))
+    etag = header("etag")
+    return Got(body, len(body), mtime, etag) if mtime is not None and etag else None
 
 
 def _whole_size(status: int, content_range: str, length: int) -> int | None:
