@@ -26,6 +26,7 @@ from collections.abc import Callable
 import trio
 
 from hintfs.common.journal import JournalRefused, encode_record, has_modes, prepare_journal, record_key, record_name
+from fusefs import workers
 from fusefs.stats import Stats
 from hintfs.stores.base import Stat, Store, walk_files
 
@@ -82,7 +83,7 @@ class JournalWriter:
         """Beside the FUSE loop: journal the files of each renamed folder, in the order renamed."""
         async for folder in self._folders_out:
             try:
-                files = await trio.to_thread.run_sync(self._files_under, folder, limiter=self.io_limiter)
+                files = await workers.run_sync(self._files_under, folder, limiter=self.io_limiter)
             except OSError as err:    # renamed or removed again since: its new name has its own turn
                 log.info("journal: renamed folder %s not listed: %s", folder, err)
                 continue
@@ -130,8 +131,8 @@ class JournalWriter:
             if time.monotonic() < self._refused_until:
                 return False
             try:
-                self._private = await trio.to_thread.run_sync(prepare_journal, self.store, self.dir,
-                                                              limiter=self.io_limiter)
+                self._private = await workers.run_sync(prepare_journal, self.store, self.dir,
+                                                       limiter=self.io_limiter)
             except JournalRefused as err:
                 self._refused_until = time.monotonic() + RETRY_S
                 if err.strerror != self._refused_why:
@@ -180,8 +181,8 @@ class JournalWriter:
             self.stats.add("journal_records_refused")
             return None
         try:
-            name = await trio.to_thread.run_sync(self._write, named, encode_record(path, size, mtime_ns),
-                                                 limiter=self.io_limiter)
+            name = await workers.run_sync(self._write, named, encode_record(path, size, mtime_ns),
+                                          limiter=self.io_limiter)
         except OSError as err:
             log.warning("journal record for %s failed: %s", path, err)
             return None

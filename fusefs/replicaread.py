@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import trio
 from cachetools import LRUCache
 
+from fusefs import workers
 from fusefs.hints import ReplicaRouter
 from fusefs.stats import Stats
 from mountconfig.schema import ReplicasConfig
@@ -70,7 +71,7 @@ class ReplicaReads:
 
     async def store_read(self, fallback: Reader, off: int, length: int) -> bytes:
         """One read of the store copy (the last fallback of replica reads)."""
-        return await trio.to_thread.run_sync(fallback.read, off, length, limiter=self.io_limiter)
+        return await workers.run_sync(fallback.read, off, length, limiter=self.io_limiter)
 
     def has_replicas(self, path: str) -> bool:
         return bool(self.router.replicas.get(path))

@@ -59,6 +59,7 @@ from cachetools import LRUCache, TTLCache
 
 from hintfs.agent.fdserver import TierSocket
 from hintfs.common.clock import SYSTEM_CLOCK, Clock
+from fusefs import workers
 from fusefs.interfaces import Source
 from fusefs.stats import Stats
 from mountconfig.schema import RouteConfig
@@ -570,8 +571,8 @@ class RoutedStore:
         local = isinstance(reader, TierReplicaReader) or self.state.holds(path, identity)
         if not local:
             try:
-                local = await trio.to_thread.run_sync(self.clients[route.local_agent].has, path, *identity,
-                                                      limiter=self.io_limiter)
+                local = await workers.run_sync(self.clients[route.local_agent].has, path, *identity,
+                                               limiter=self.io_limiter)
             except OSError as err:
                 log.warning("local tier %s unavailable for %s: %s", route.local_agent, path, err)
             if local:
@@ -589,9 +590,9 @@ class RoutedStore:
         try:
             # An eval is waiting for this file: eval class, twice the weight of predictive copies.
             job = "/".join(path.split("/")[:-2])
-            await trio.to_thread.run_sync(functools.partial(client.replicate, path, ttl_s=ROUTED_TTL_S,
-                                                            priority="eval", job=job, importance=EVAL_IMPORTANCE),
-                                          limiter=self.io_limiter)
+            await workers.run_sync(functools.partial(client.replicate, path, ttl_s=ROUTED_TTL_S,
+                                                     priority="eval", job=job, importance=EVAL_IMPORTANCE),
+                                   limiter=self.io_limiter)
             self.stats.add("route_fetches")
         except OSError as err:
             log.warning("local tier fetch of %s failed: %s", path, err)
