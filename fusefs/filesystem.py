@@ -1194,7 +1194,8 @@ class Filesystem:
                 await self._check_backing_current(node)
             elif node.writer is None:
                 await self._check_staging_current(node, node.pt_staging)
-            return _Seen(False, shared=True)
+            if node.pt_refs:   # (else they were all released while the check waited: a first open)
+                return _Seen(False, shared=True)
         if node.writer is not None:
             return _Seen(False, writer=True)   # reads the staged data of the open writer
         # (The read of a small file spends most of its daemon time here: inline store calls are
@@ -1224,6 +1225,13 @@ class Filesystem:
             local = await reads.local_fd(node.path, reader, source, st.identity())
         else:
             local = -1
+        if node.pt_refs:
+            # Another open of this file got a passthrough backing while this one waited for the
+            # store: the kernel serves an inode's opens from one backing file and fails an open
+            # without it (EIO), so this one shares that file (its version was current as late).
+            reader.close()
+            self.stats.add("passthrough_joined")
+            return _Seen(False, shared=True)
         # (fields in order: writing, shared, writer, keep_cache, reader, st, source, local_fd)
         return _Seen(False, False, False, keep_cache, reader, st, source, local)
 

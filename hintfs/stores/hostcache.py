@@ -253,7 +253,8 @@ class HostCachedStore:
         self._running = 0           # fetches that have a worker (the others wait for one)
         self._blocks = ReadPool(cache_cfg.fetch_threads, "hostcache-read")
         self.root, self.dir_fd, self._lock_fd = _open_cache_dir(cache_cfg.dir, store_id or store.description)
-        self._read_mode = read_mode(os.fstat(self.dir_fd).st_dev)
+        self._dev = os.fstat(self.dir_fd).st_dev
+        self._read_mode = read_mode(self._dev)
         try:
             self._restore()
         except BaseException:
@@ -759,29 +760,35 @@ class HostCachedStore:
         whole = getattr(reader, "whole", None)
         if whole is not None:
             # A small object the store read whole at open (one GET): kept here now, from these
-            # very bytes, and the open served from them (hintfs.stores.arrow.ArrowStore._reader).
-            self._keep_whole(rel, version, whole)
+            # very bytes (hintfs.stores.arrow.ArrowStore._reader), and the open served from the
+            # copy just written, so that the kernel can read it itself (passthrough: no READ
+            # request reaches the daemon); from the bytes in memory if it was not kept.
+            kept = self._keep_whole(rel, version, whole)
+            if kept is not None:
+                reader.close()
+                return kept, st
             return reader, st
         plain = getattr(reader, "plain", None)
         if plain is not None:
             plain()   # the cache's fetch is this open's read-ahead (`read_fetched`)
         return CachedReader(self, rel, version, reader), st
 
-    def _keep_whole(self, rel: str, version: Version, data: bytes) -> None:
+    def _keep_whole(self, rel: str, version: Version, data: bytes) -> LocalReader | None:
         """Enter `data`, the whole of `rel` at `version` (read in one request), as a complete copy,
-        within the bounds and the budget as a fetch would; never over a fetch of `rel` running."""
+        within the bounds and the budget as a fetch would; never over a fetch of `rel` running.
+        A reader of the copy if it was entered, else None."""
         size = len(data)
         if size != version[0] or not self.min_bytes <= size <= self.max_bytes or size == 0:
-            return
+            return None
         with self._lock:
             if self._closed or rel in self._fetching or (rel, version) in self._failed:
-                return
+                return None
             entry = self._index.get(rel)
             if entry is not None and entry.version == version:
-                return
+                return None
             if not self._make_room(size):
                 self.counters["hostcache_fetch_skipped"] += 1
-                return
+                return None
             self._reserved += size
             job = self._fetching[rel] = _Job(version)   # (a change through the mount cancels it)
             job.started = True
@@ -807,6 +814,10 @@ class HostCachedStore:
                     raise _Stale("changed through the mount")
                 os.rename(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
                 tmp = ""
+                try:   # (under the lock: the name is this version's until the lock is let go)
+                    copy = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+                except OSError:
+                    copy = -1   # (kept all the same; this open reads the bytes in memory)
                 self._index.pop(rel, None)
                 self._reserved -= size
                 size = 0
@@ -819,9 +830,11 @@ class HostCachedStore:
                 self._gauges()
         except _Stale:
             self.count("hostcache_fetch_dropped")
+            return None
         except OSError as err:
             self.count("hostcache_fetch_failed")
             log.warning("host cache: %s not kept: %s", rel, err)
+            return None
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -833,6 +846,7 @@ class HostCachedStore:
                     del self._fetching[rel]
                 job.done.set()
                 self._cond.notify_all()
+        return LocalReader(copy, self._dev) if copy >= 0 else None
 
     def stat(self, rel: str) -> Stat:
         return self._store.stat(rel)

@@ -4,6 +4,7 @@ it), with the same bytes; a file replaced in S3 between opens is read fresh; wri
 and unlinks through the mount drop the cached copy."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import itertools
 import os
 import stat as stat_mod
@@ -181,6 +182,54 @@ def test_a_cold_read_fetches_each_byte_once_and_a_small_object_in_one_request(hc
     assert c["whole_object_opens"] == 1 and c["hostcache_whole"] == 1 and c["hostcache_fetches"] == 2
     assert (hc.m.mnt / "ckpt" / "small.bin").read_bytes() == small
     assert hc.counters()["hostcache_hits"] >= 1
+
+
+def test_the_first_open_of_a_small_object_is_read_by_the_kernel_from_the_copy_just_kept(hc):
+    """Issue 39: the open that GETs a small object whole serves it from the host cache's copy of
+    those bytes, by passthrough where this host has it: no READ request reaches the daemon."""
+    small = os.urandom(48 << 10)
+    hc.put("ds/a.bin", small)
+    s0 = hc.m.stats()
+    with open(hc.m.mnt / "ds" / "a.bin", "rb") as f:
+        assert f.read() == small
+        assert os.fstat(f.fileno()).st_size == len(small)
+    s1 = hc.m.stats()
+    assert s1["counters"]["hostcache_whole"] == 1 and s1["counters"]["get_opens"] == 1
+    if hc.passthrough():
+        assert s1["passthrough"]["opens"] > s0["passthrough"].get("opens", 0)
+        assert s1["bytes"]["read"] == s0["bytes"]["read"]
+    assert hc.released()
+
+
+def test_concurrent_opens_of_one_file_share_its_backing(hc):
+    """Several threads open the same files at once, first from S3 and then from the host cache:
+    every open reads the file's bytes. The kernel serves an inode's opens from one passthrough
+    backing file and fails an open without it (EIO): an open that waited for the store while
+    another got a backing joins that one (`passthrough_joined`); one whose shared backing was
+    released while it waited opens as a first open (it got EBADF)."""
+    datas = {f"d/f{i:03d}": os.urandom(1000 + i * 37) for i in range(40)}
+    for rel, data in datas.items():
+        hc.put(rel, data)
+    root = hc.m.mnt
+    errors: list[OSError] = []
+
+    def read(rel: str) -> bool:
+        try:
+            return (root / rel).read_bytes() == datas[rel]
+        except OSError as err:
+            errors.append(err)
+            return False
+
+    for _ in range(3):
+        with cf.ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(read, [rel for rel in datas for _ in range(4)]))
+        assert not errors, errors[:3]
+        assert all(got)
+    c = hc.counters()
+    assert c["hostcache_whole"] == len(datas)
+    if hc.passthrough():
+        assert c.get("passthrough_failed", 0) == 0
+        assert wait_for(hc.released, timeout=10), hc.m.stats()["passthrough"]
 
 
 @pytest.mark.parametrize("mapped", ["true", "false"])

@@ -208,16 +208,19 @@ def test_the_host_cache_keeps_a_small_object_from_the_bytes_the_open_read(tmp_pa
                          store_id="local://bucket")
     try:
         reader, st = hc.open_reader("s")
-        assert reader.read_nowait(0, len(data)) == data        # the open's own bytes
+        # the open's own bytes, served from the copy just kept (a passthrough backing on a mount)
+        assert isinstance(reader, LocalReader) and reader.read_nowait(0, len(data)) == data
         assert hc.counters["hostcache_whole"] == 1 and hc.counters["hostcache_fetches"] == 1
         reader.close()
         again, _st = hc.open_reader("s")                       # a complete local copy: a hit
         assert isinstance(again, LocalReader) and again.read(0, len(data)) == data
         again.close()
         assert hc.counters["hostcache_hits"] == 1
-        (tmp_path / "bucket" / "s").write_bytes(os.urandom(31 * KiB))   # another version
+        newer = os.urandom(31 * KiB)
+        (tmp_path / "bucket" / "s").write_bytes(newer)        # another version: read whole, kept again
         third, st3 = hc.open_reader("s")
-        assert not isinstance(third, LocalReader) and st3.size == 31 * KiB
+        assert st3.size == len(newer) and third.read(0, len(newer)) == newer
+        assert hc.counters["hostcache_whole"] == 2 and hc.counters["hostcache_stale"] == 1
         third.close()
     finally:
         hc.close()
