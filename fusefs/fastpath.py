@@ -40,6 +40,8 @@ from collections import OrderedDict
 from typing import Protocol
 from collections.abc import Callable
 
+import trio
+
 from fusefs.attrs import Attributes
 from fusefs.handles import HandleKind
 from fusefs.inodes import Inode
@@ -95,7 +97,7 @@ class FastPath:
         self.marked: dict[int, tuple[Inode, int]] = {}
         self.by_uid: dict[int, OrderedDict[int, None]] = {}   # each user's marks, oldest first
         self.draining: dict[int, Inode] = {}     # unmarked, fast opens still open
-        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0}
+        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0, "fetched_ahead": 0}
 
     @property
     def on(self) -> bool:
@@ -284,4 +286,29 @@ class FastNames:
                 "users": len(self.users.by_uid), "share": self.users.share, **self.counts}
 
 
-__all__ = ["FastBackend", "FastNames", "FastPath", "NamesBackend", "OPEN_AHEAD_AFTER", "fast_eligible", "mark_limit"]
+class FetchAhead:
+    """An object store's folders read one small object after another (`opened`), and the objects
+    being fetched and marked ahead of their opens right now (`fetching`: inode number -> the event
+    set when that is done; `Filesystem._fetch_ahead`)."""
+    FOLDERS = 256   # folders whose first opens are counted (the least recent ones are forgotten)
+
+    def __init__(self, after: int):
+        self.after = after   # `[mount] fast_opens_ahead` (0: never)
+        self.fetching: dict[int, trio.Event] = {}
+        self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
+    def opened(self, folder: str, listing: object | None) -> bool:
+        """A small object of `folder` got its first open in Python, and its mark, while `listing`
+        (the folder's kept listing) was current: True once per listing, at the `after`-th."""
+        if listing is None or self.after <= 0:
+            return False
+        key = id(listing)
+        got = self._counts.pop(folder, None)
+        n = got[1] + 1 if got is not None and got[0] == key else 1
+        self._counts[folder] = (key, n)
+        if len(self._counts) > self.FOLDERS:
+            self._counts.popitem(last=False)
+        return n == self.after
+
+
+__all__ = ["FastBackend", "FastNames", "FastPath", "FetchAhead", "NamesBackend", "OPEN_AHEAD_AFTER", "fast_eligible", "mark_limit"]

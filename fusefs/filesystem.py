@@ -38,7 +38,7 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs import workers
 from fusefs.walks import Walks
-from fusefs.fastpath import FastBackend, FastNames, FastPath, fast_eligible, mark_limit
+from fusefs.fastpath import FastBackend, FastNames, FastPath, FetchAhead, fast_eligible, mark_limit
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -103,6 +103,22 @@ NAME_CHUNK = 512
 AHEAD_CHUNK = 64
 # A local store's folder listed for lookups: entries read on the loop at a time (~3 µs each).
 LIST_CHUNK = 256
+# An object store's small objects fetched ahead (`_fetch_ahead`): opened in one worker-thread call
+# at a time (one GET each, then kept in the host cache), and such calls at once.
+FETCH_AHEAD_CHUNK = 16
+FETCH_AHEAD_CALLS = 8
+
+
+def _open_each(store: Store, rels: list[str]) -> list:
+    """Each of `rels` opened for reading (`Store.open_reader`: an object store's small object is
+    read whole and kept in the host cache), in one worker thread: (reader, stat) or the error."""
+    out: list = []
+    for rel in rels:
+        try:
+            out.append(store.open_reader(rel))
+        except Exception as err:   # (each file's own: the others are still opened)
+            out.append(err)
+    return out
 
 
 def _list_all(store: Store, folder: str, most: int) -> list[tuple[str, Stat]]:
@@ -187,6 +203,13 @@ class Filesystem:
         # Lookups of kept folders' names answered in pyfuse3 (fusefs/fastpath.py): set at FUSE init.
         self.names = FastNames(self._unname, options.fast_lookups, share=self.max_entries // 2)
         self.open_ahead = options.fast_opens_ahead   # (`_open_ahead`: after this many first opens; 0: never)
+        # An object store's small objects fetched ahead of their opens (`_fetch_ahead`): the sizes
+        # an open reads whole (ArrowStore's `whole_bytes`: one GET) and its host cache keeps (none
+        # without one), and the bytes one folder's fetch may take (a quarter of the cache's budget).
+        whole = getattr(store, "whole_bytes", 0) if not self.meta_inline else 0
+        self._ahead_sizes = (max(1, getattr(store, "min_bytes", 1)), min(whole, getattr(store, "max_bytes", 0)),
+                             getattr(store, "budget", 0) // 4)
+        self.ahead = FetchAhead(self.open_ahead)
         self.stats.fast_lookups = self.names.snapshot
         self.listings.on_drop = self.names.drop
         if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
@@ -257,11 +280,96 @@ class Filesystem:
             log.exception("marking the files of %r ahead failed", folder)
         self.fast.counts["marked_ahead"] += marked
 
+    async def _fetch_ahead(self, folder: str, uid: int) -> None:
+        """A reader is going through `folder` of an object store with a host cache (its
+        `fast_opens_ahead`-th small object opened and marked, `FetchAhead.opened`): its other small
+        objects (`_ahead_sizes`) that the kernel knows, in the listing's order, are opened now
+        as their own first opens would open them (one GET each, the copy kept in the host cache)
+        and marked for the fast path (`_mark_opened`), so that their opens and releases are
+        answered in pyfuse3. FETCH_AHEAD_CHUNK objects per worker-thread call, FETCH_AHEAD_CALLS
+        calls at once; as many as `_open_ahead` would mark (`FastPath.room_for`), a quarter of the
+        host cache's budget in bytes at most, never past a change in the folder. An open of an object being fetched waits for it and shares it
+        (`FetchAhead.fetching`). A system task: it never fails the mount."""
+        listing = self.listings.folder(folder)
+        if listing is None:
+            return
+        prefix = folder + "/" if folder else ""
+        budget = self.fast.room_for(uid)
+        smallest, largest, room = self._ahead_sizes
+        nodes: list[Inode] = []
+        for name, st in listing.items():
+            if len(nodes) >= budget:
+                break
+            if st is None or not st.is_file or not smallest <= st.size <= largest:
+                continue
+            node = self.inodes.by_path_get(prefix + name)
+            if node is not None and self._ahead_ok(node):
+                room -= st.size
+                if room < 0:
+                    break
+                nodes.append(node)
+        chunks = [nodes[i:i + FETCH_AHEAD_CHUNK] for i in range(0, len(nodes), FETCH_AHEAD_CHUNK)]
+        chunks.reverse()
+        marked = 0
+
+        async def fetch_chunks() -> None:
+            nonlocal marked
+            while chunks and self.fast.on and self.listings.folder(folder) is listing:
+                chunk = [n for n in chunks.pop() if self._ahead_ok(n) and n.ino not in self.ahead.fetching]
+                if not chunk:
+                    continue
+                for n in chunk:
+                    self.ahead.fetching[n.ino] = trio.Event()
+                try:
+                    opened = await self.io(_open_each, self.store, [n.path for n in chunk])
+                    for node, got in zip(chunk, opened):
+                        if isinstance(got, BaseException):
+                            log.debug("%s not fetched ahead: %s", node.path, got)
+                            continue
+                        try:
+                            marked += await self._mark_opened(node, got[0], got[1], uid)
+                        except (Refused, OSError) as err:   # (its own open would have met the same)
+                            log.debug("%s not marked ahead: %s", node.path, err)
+                finally:
+                    for n in chunk:
+                        self.ahead.fetching.pop(n.ino).set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(FETCH_AHEAD_CALLS):
+                    nursery.start_soon(fetch_chunks)
+        except Exception:   # (a system task's error would end the mount: opens go to Python)
+            log.exception("fetching the files of %r ahead failed", folder)
+        self.fast.counts["fetched_ahead"] += marked
+
+    def _ahead_ok(self, node: Inode) -> bool:
+        """Whether `node` may be marked ahead of its open now: known to the kernel, no handle,
+        mark, writer or pending write open, not unlinked, not routed (`fast_eligible`)."""
+        routes = self.reads.routes
+        return not (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
+                    or node.unlinked or node.lookups <= 0 or self.inodes.get(node.ino) is not node
+                    or (routes is not None and routes.routes_path(node.path)))
+
+    async def _mark_opened(self, node: Inode, reader: Reader, st: Stat, uid: int) -> bool:
+        """`_mark_ahead` for a file opened ahead (`_fetch_ahead`): what its open sees with that
+        store file (`_seen_open`), if it may still be marked now."""
+        if not self._ahead_ok(node):
+            reader.close()
+            return False
+        seen = await self._seen_open(node, reader, st)
+        if seen.reader is None or not self._ahead_ok(node):
+            if seen.reader is not None:
+                seen.reader.close()
+            return False
+        return await self._mark_seen(node, seen, uid)
+
     async def _mark_ahead(self, node: Inode, uid: int) -> bool:
         """What a read-only open of `node` would do, up to its mark, without the open: its
         close-to-open check, the handle kind (`choose_handle`), the backing id and the mark
         (`_fast_mark`), then the handle goes (the mark holds an open of its own)."""
-        seen = await self._see(node, os.O_RDONLY)
+        return await self._mark_seen(node, await self._see(node, os.O_RDONLY), uid)
+
+    async def _mark_seen(self, node: Inode, seen: _Seen, uid: int) -> bool:
         kind = self._kind(node, seen)
         if kind is HandleKind.CONTROL or kind is HandleKind.TENSOR:   # (never a named file)
             return False
@@ -1153,6 +1261,9 @@ class Filesystem:
         """What the open sees (`_see`: its close-to-open checks, the reader or the staging it
         opens) decides the kind of handle (`choose_handle`, a pure function); `_make` builds it."""
         node = self._inode(inode)
+        fetching = self.ahead.fetching.get(inode)
+        if fetching is not None:   # (fetched and marked ahead right now: this open shares that)
+            await fetching.wait()
         seen = await self._see(node, flags)
         kind = self._kind(node, seen)
         if kind is HandleKind.CONTROL:
@@ -1165,9 +1276,13 @@ class Filesystem:
         self.handles[fh] = handle
         if backing_id and self.fast.on and self._immutable_match is not None:   # (`fast_eligible`: immutable only)
             uid = ctx.uid if ctx is not None else os.getuid()
-            if (self._fast_mark(node, kind, backing_id, seen.st, uid) and node.fast_named and self.open_ahead
-                    and self.meta_inline and self.names.opened(folder := node.path.rpartition("/")[0], self.open_ahead)):
-                trio.lowlevel.spawn_system_task(self._open_ahead, folder, uid)
+            if self._fast_mark(node, kind, backing_id, seen.st, uid) and self.open_ahead:
+                folder = node.path.rpartition("/")[0]
+                if self.meta_inline:
+                    if node.fast_named and self.names.opened(folder, self.open_ahead):
+                        trio.lowlevel.spawn_system_task(self._open_ahead, folder, uid)
+                elif self._ahead_sizes[1] and self.ahead.opened(folder, self.listings.folder(folder)):
+                    trio.lowlevel.spawn_system_task(self._fetch_ahead, folder, uid)
         # (keep_cache with a backing id makes the kernel fail the open: the pages are the backing file's)
         # A read-only handle does nothing at close: no FLUSH request, close(2) does not wait.
         # (OpenFile's fields in order: fh, keep_cache, direct_io, backing_id, noflush)
@@ -1189,9 +1304,12 @@ class Filesystem:
         if writing:
             return await self._see_write(node, truncate=bool(flags & os.O_TRUNC))
         if node.pt_refs:
-            # Passthrough opens are active: this one must share their backing file.
+            # Passthrough opens are active: this one must share their backing file. (A file marked
+            # for the fast path is immutable by the config: its opens in pyfuse3 skip this check,
+            # and so does one that came here, e.g. while it was being marked ahead.)
             if node.pt_staging is None:
-                await self._check_backing_current(node)
+                if node.ino not in self.fast.marked:
+                    await self._check_backing_current(node)
             elif node.writer is None:
                 await self._check_staging_current(node, node.pt_staging)
             if node.pt_refs:   # (else they were all released while the check waited: a first open)
@@ -1204,6 +1322,10 @@ class Filesystem:
             reader, st = self.store.open_reader(node.path)
         else:
             reader, st = await self.io(self.store.open_reader, node.path)
+        return await self._seen_open(node, reader, st)
+
+    async def _seen_open(self, node: Inode, reader: Reader, st: Stat) -> _Seen:
+        """What a read open of `node` sees once its store file is open (`reader`, `st`)."""
         if node.opens > 0 and self._replaced_under_open_handles(node, st):
             reader.close()
             raise self._renew(node, "was replaced in the store")
