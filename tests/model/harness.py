@@ -197,6 +197,11 @@ class Run:
         for w in self.procs:
             w.close()
 
+    def _renewed(self, mount: int) -> int:
+        """Opens that gave a name a new inode on `mount` (`Filesystem._renew`)."""
+        with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
+            return json.loads(f.read())["counters"].get("opens_renewed", 0)
+
     def _releases(self, mount: int) -> int:
         with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
             doc = json.loads(f.read())
@@ -242,11 +247,16 @@ class Run:
         self.ops += 1
         if op == "open":
             rel, fl = a
+            # (an object store: readers open on an object the mount may not tell from the one at
+            # the name now; whether it did is its `opens_renewed` counter's to say)
+            unsure = self.rig.read_tree is not None and model.renew_unsure(step.mount, rel)
+            before = self._renewed(step.mount) if unsure else 0
             got = w.call("open", self.path(step.mount, rel), FLAGS[fl])
+            renewed = self._renewed(step.mount) > before if unsure else None
             # (S3 with a host cache: whether a reader is served by passthrough is timing's, so a
             # writer's ETXTBSY is the system's to say; file:// is exact)
             timing = self.rig.read_tree is not None and self.rig.passthrough and got != ("err", errno.ETXTBSY)
-            want = model.open(step.mount, rel, FLAGS[fl], served_by_daemon=timing)
+            want = model.open(step.mount, rel, FLAGS[fl], served_by_daemon=timing, renewed=renewed)
             self._same(i, step, got[0], want[0], got, want)
             if got[0] == "err":
                 self._same(i, step, got, want)

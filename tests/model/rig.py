@@ -116,8 +116,10 @@ attr_timeout_s = 0
 entry_timeout_s = 0
 spool_dir = "{spool}"
 {cache_dir}
+{immutable}
 [mount]
 passthrough = "{passthrough}"
+{mount_extra}
 
 [logging]
 file = "{log}"
@@ -127,12 +129,15 @@ level = "INFO"
 
 @contextlib.contextmanager
 def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = None,
-                 blocks: bool = False) -> Iterator[Rig]:
+                 blocks: bool = False, fast_path: bool = False) -> Iterator[Rig]:
     """An S3 store (JuiceFS's S3 gateway on loopback) and `mounts` mounts of it; with `host_cache`,
     each mount has a `[cache] dir` (its writes then go by passthrough from the spool file, and
     complete files are read from the cache). `blocks` (with `host_cache`): no object is read whole
     at open (`whole_object_bytes = 0`) and fetches go by 64 KiB blocks, so the model's files
-    (up to ~170 KB) are read from fetches in flight and their mapped blocks (docs/hostcache.md)."""
+    (up to ~170 KB) are read from fetches in flight and their mapped blocks (docs/hostcache.md).
+    `fast_path` (with `host_cache`, one mount): every path immutable, as `model_rig`'s, so that
+    reopened objects are answered by the fast path and a folder's small objects are fetched ahead
+    after one open (docs/fastpath.md, "Fetches ahead")."""
     from tests.helpers.s3server import JuiceFSGateway
     own = base is None
     base = Path(tempfile.mkdtemp(prefix="hintfs-model-s3-")) if base is None else base
@@ -152,7 +157,9 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
                 spool=base / f"spool{i}",
                 cache_dir=(f'dir = "{base / f"hc{i}"}"' + ("\nfetch_block_bytes = 65536" if blocks else ""))
                 if host_cache else "",
-                passthrough="auto" if host_cache else "off", log=base / f"m{i}.log"))
+                passthrough="auto" if host_cache else "off", log=base / f"m{i}.log",
+                immutable='immutable_globs = ["*"]\nrelist_quiet_s = 0' if fast_path else "",
+                mount_extra="fast_opens_ahead = 1" if fast_path else ""))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)

