@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import stat as stat_mod
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -109,11 +110,14 @@ FETCH_AHEAD_CHUNK = 16
 FETCH_AHEAD_CALLS = 8
 
 
-def _open_each(store: Store, rels: list[str]) -> list:
+def _open_each(store: Store, rels: list[str], stop: threading.Event) -> list:
     """Each of `rels` opened for reading (`Store.open_reader`: an object store's small object is
-    read whole and kept in the host cache), in one worker thread: (reader, stat) or the error."""
+    read whole and kept in the host cache), in one worker thread: (reader, stat) or the error;
+    the first ones only once `stop` is set (the request was cancelled: an unmount)."""
     out: list = []
     for rel in rels:
+        if stop.is_set():
+            break
         try:
             out.append(store.open_reader(rel))
         except Exception as err:   # (each file's own: the others are still opened)
@@ -320,16 +324,25 @@ class Filesystem:
                     continue
                 for n in chunk:
                     self.ahead.fetching[n.ino] = trio.Event()
+                stop = threading.Event()
                 try:
-                    opened = await self.io(_open_each, self.store, [n.path for n in chunk])
-                    for node, got in zip(chunk, opened):
-                        if isinstance(got, BaseException):
-                            log.debug("%s not fetched ahead: %s", node.path, got)
-                            continue
-                        try:
-                            marked += await self._mark_opened(node, got[0], got[1], uid)
-                        except (Refused, OSError) as err:   # (its own open would have met the same)
-                            log.debug("%s not marked ahead: %s", node.path, err)
+                    opened = await workers.run_sync(_open_each, self.store, [n.path for n in chunk], stop,
+                                                    limiter=self.io_limiter, on_cancel=stop.set)
+                    done = 0
+                    try:
+                        for node, got in zip(chunk, opened):
+                            done += 1
+                            if isinstance(got, BaseException):
+                                log.debug("%s not fetched ahead: %s", node.path, got)
+                                continue
+                            try:
+                                marked += await self._mark_opened(node, got[0], got[1], uid)
+                            except (Refused, OSError) as err:   # (its own open would have met the same)
+                                log.debug("%s not marked ahead: %s", node.path, err)
+                    finally:   # (cancelled meanwhile: the readers not marked are closed)
+                        for got in opened[done:]:
+                            if not isinstance(got, BaseException):
+                                got[0].close()
                 finally:
                     for n in chunk:
                         self.ahead.fetching.pop(n.ino).set()

@@ -24,9 +24,11 @@ def _no_abort(_raise_cancel) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
 
-async def run_sync(fn: Callable[..., T], *args, limiter: trio.CapacityLimiter) -> T:
+async def run_sync(fn: Callable[..., T], *args, limiter: trio.CapacityLimiter,
+                   on_cancel: Callable[[], None] | None = None) -> T:
     """`fn(*args)` in one of trio's cached worker threads, at most `limiter`'s tokens at once; its
-    value, or its exception raised here."""
+    value, or its exception raised here. `on_cancel`: called (in the loop's thread) when the
+    request is cancelled while `fn` runs, so that a call of many steps can stop early."""
     marker = object()
     await limiter.acquire_on_behalf_of(marker)
     try:
@@ -40,7 +42,12 @@ async def run_sync(fn: Callable[..., T], *args, limiter: trio.CapacityLimiter) -
                 pass
 
         trio.lowlevel.start_thread_soon(functools.partial(fn, *args), deliver)
-        value: T = await trio.lowlevel.wait_task_rescheduled(_no_abort)
+        abort = _no_abort
+        if on_cancel is not None:
+            def abort(_raise_cancel) -> trio.lowlevel.Abort:
+                on_cancel()
+                return trio.lowlevel.Abort.FAILED
+        value: T = await trio.lowlevel.wait_task_rescheduled(abort)
         return value
     finally:
         limiter.release_on_behalf_of(marker)

@@ -76,3 +76,33 @@ def test_a_cancelled_request_waits_for_its_call_and_is_cancelled_after():
                 got.append("not cancelled")
         assert done == [True] and got == [7] and scope.cancelled_caught and lim.borrowed_tokens == 0
     trio.run(main)
+
+
+def test_on_cancel_tells_a_call_of_many_steps_to_stop_early():
+    """`on_cancel` runs when the request is cancelled while its call runs (an unmount during a
+    fetch ahead of 16 objects: `Filesystem._fetch_ahead` stops after the one in progress)."""
+    started, stop = threading.Event(), threading.Event()
+    steps = []
+
+    def call():
+        started.set()
+        for i in range(1000):
+            if stop.is_set():
+                return "stopped"
+            steps.append(i)
+            stop.wait(0.01)
+        return "ran to the end"
+
+    async def main():
+        lim = trio.CapacityLimiter(1)
+        got = []
+        with trio.CancelScope() as scope:
+            async def cancel_when_started():
+                await trio.to_thread.run_sync(started.wait, 10)
+                scope.cancel()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_when_started)
+                got.append(await workers.run_sync(call, limiter=lim, on_cancel=stop.set))
+                await trio.lowlevel.checkpoint()
+        assert got == ["stopped"] and scope.cancelled_caught and stop.is_set() and len(steps) < 1000
+    trio.run(main)
