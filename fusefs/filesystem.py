@@ -198,6 +198,10 @@ class Filesystem:
         # Folders whose listing the kernel may keep (opened with FOPEN_CACHE_DIR): a file published
         # in one later is a name that listing lacks (`_published` tells the kernel).
         self._kernel_listed: set[int] = set()
+        # Such folders a file was published in since (inode -> when, ns): the kernel keeps an empty
+        # listing whatever drops its pages, and lists again only for a new mtime of the folder,
+        # which a store's folder may not have of its own (S3's): `getattr` gives at least this one.
+        self._listing_changed: dict[int, int] = {}
         self._root_daemon = os.geteuid() == 0
         # FUSE passthrough: on at FUSE init when the kernel granted it (`set_passthrough`).
         self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
@@ -795,6 +799,7 @@ class Filesystem:
             self.inodes.forget(ino, n)
             if ino not in self.inodes.by_ino:
                 self._kernel_listed.discard(ino)
+                self._listing_changed.pop(ino, None)
 
     async def getattr(self, inode: int, ctx=None) -> Attributes:
         node = self._inode(inode)
@@ -802,7 +807,11 @@ class Filesystem:
             return self.control_attrs(node)
         if node.virtual is not None:
             return self._virtual_attrs(node, await self._source_stat(node))
-        return self.attrs(node, await self._stat_inode(node))
+        st = await self._stat_inode(node)
+        changed = self._listing_changed.get(inode)
+        if changed is not None and st.is_dir and st.mtime_ns < changed:
+            st = st._replace(mtime_ns=changed, ctime_ns=max(st.ctime_ns, changed))
+        return self.attrs(node, st)
 
     async def setattr(self, inode: int, attr, fields, fh: int | None, ctx) -> Attributes:
         node = self._inode(inode)
@@ -1740,6 +1749,9 @@ class Filesystem:
         parent = self.inodes.by_path_get(folder)
         if parent is not None and parent.ino in self._kernel_listed and self.kernel is not None:
             self._kernel_listed.discard(parent.ino)
+            if not self.meta_inline:   # (a local folder's own mtime changed with the publish)
+                # (dropping its pages does not drop an empty listing: a new mtime does, `getattr`)
+                self._listing_changed[parent.ino] = time.time_ns()
             await trio.to_thread.run_sync(self.kernel.invalidate_listing, parent.ino)
         self.stats.add("commits")
         self.stats.add("bytes_uploaded", st.size)

@@ -338,3 +338,21 @@ def test_a_change_in_the_folder_ends_the_marks_made_ahead(hc_immutable):
     assert (folder / "f5.bin").read_bytes() == b"new"
     assert hc.get("ds/f5.bin") == b"new"
     assert (folder / "f6.bin").read_bytes() == bytes([6]) * 3000
+
+
+def test_a_file_created_in_an_immutable_folder_is_listed_once_published(hc_immutable):
+    """The kernel keeps an immutable folder's listing; one taken while a new file was being
+    written lacks it (listed only once published). At the publish the daemon drops that listing,
+    and since the kernel keeps an empty listing whatever drops its pages, the folder's mtime moves
+    too (an S3 folder has none of its own): the file is listed after its close (seed 5700007)."""
+    folder = hc_immutable.m.mnt / "new"
+    folder.mkdir()
+    fd = os.open(folder / "f0", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"x" * 100)
+        assert os.listdir(folder) == []          # not published yet
+    finally:
+        os.close(fd)
+    assert os.listdir(folder) == ["f0"]
+    assert (folder / "f0").read_bytes() == b"x" * 100
+    assert hc_immutable.get("new/f0") == b"x" * 100
