@@ -62,7 +62,8 @@ class StoreConfig(Section):
     whole_object_bytes: int = Field(
         1 << 20, ge=0, le=64 << 20,
         description="Remote stores: an object up to this size is read whole at open (then every read of "
-        "that open is served from memory, and the host cache keeps it from those bytes); on S3 with "
+        "that open is served from memory, or with a host cache from the copy it keeps of those bytes, by "
+        "passthrough where the kernel has it); on S3 with "
         "`access_key` set, one a listing or a stat said is this small is opened by a single GET whose "
         "response gives its version too (no HEAD); 0: never.",
     )
