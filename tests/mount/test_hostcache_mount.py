@@ -68,16 +68,20 @@ class HostCacheMount:
         return p.get("backing_open", 0) == p.get("backing_close", 0)
 
 
-@pytest.fixture
-def hc(s3_server, mount_factory, tmp_path):
+def _hc_mount(s3_server, mount_factory, tmp_path, cache_extra: str) -> HostCacheMount:
     fs = s3fs(s3_server)
     fs.create_dir(BUCKET)
     cache_dir = tmp_path / "hostcache"
-    extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{cache_dir}"\nfetch_block_bytes = {MiB}\n'
+    extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{cache_dir}"\n{cache_extra}\n'
              '\n[mount]\npassthrough = "auto"\n')
     m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(s3_server))
     assert "hostcache_hits" in m.stats()["counters"]   # `hintfs mount` wired the host cache
     return HostCacheMount(m, fs, str(cache_dir))
+
+
+@pytest.fixture
+def hc(s3_server, mount_factory, tmp_path):
+    return _hc_mount(s3_server, mount_factory, tmp_path, f"fetch_block_bytes = {MiB}")
 
 
 def test_second_open_is_served_from_the_host_cache(hc):
@@ -278,13 +282,7 @@ def test_fetch_buffered_false_reads_blocks_through_pyarrow(s3_server, mount_fact
 @pytest.fixture
 def hc_immutable(s3_server, mount_factory, tmp_path):
     """A host-cached S3 mount whose every path is declared immutable (the fast path may mark)."""
-    fs = s3fs(s3_server)
-    fs.create_dir(BUCKET)
-    cache_dir = tmp_path / "hostcache"
-    extra = (f'\n[cache]\nspool_dir = "{tmp_path / "spool"}"\ndir = "{cache_dir}"\nimmutable_globs = ["*"]\n'
-             '\n[mount]\npassthrough = "auto"\n')
-    m = mount_factory(extra=extra, store_uri=f"s3://{BUCKET}", store_extra=store_extra(s3_server))
-    return HostCacheMount(m, fs, str(cache_dir))
+    return _hc_mount(s3_server, mount_factory, tmp_path, 'immutable_globs = ["*"]')
 
 
 def test_a_folder_of_small_objects_read_in_order_is_fetched_ahead(hc_immutable):

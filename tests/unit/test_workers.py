@@ -61,21 +61,30 @@ def test_a_cancelled_request_waits_for_its_call_and_is_cancelled_after():
         done.append(True)
         return 7
 
+    lim, got, scope = _cancelled_once_started(call, started, then=finish.set)
+    assert done == [True] and got == [7] and scope.cancelled_caught and lim.borrowed_tokens == 0
+
+
+def _cancelled_once_started(call, started: threading.Event, then=lambda: None, **kw):
+    """`workers.run_sync(call, **kw)` in a scope cancelled once `started` is set (then `then()`):
+    (its limiter, [its value], the scope)."""
+    lim = trio.CapacityLimiter(1)
+    got: list = []
+    scope = trio.CancelScope()
+
     async def main():
-        lim = trio.CapacityLimiter(1)
-        got = []
-        with trio.CancelScope() as scope:
+        with scope:
             async def cancel_when_started():
                 await trio.to_thread.run_sync(started.wait, 10)
                 scope.cancel()
-                finish.set()
+                then()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(cancel_when_started)
-                got.append(await workers.run_sync(call, limiter=lim))
+                got.append(await workers.run_sync(call, limiter=lim, **kw))
                 await trio.lowlevel.checkpoint()
                 got.append("not cancelled")
-        assert done == [True] and got == [7] and scope.cancelled_caught and lim.borrowed_tokens == 0
     trio.run(main)
+    return lim, got, scope
 
 
 def test_on_cancel_tells_a_call_of_many_steps_to_stop_early():
@@ -93,16 +102,6 @@ def test_on_cancel_tells_a_call_of_many_steps_to_stop_early():
             stop.wait(0.01)
         return "ran to the end"
 
-    async def main():
-        lim = trio.CapacityLimiter(1)
-        got = []
-        with trio.CancelScope() as scope:
-            async def cancel_when_started():
-                await trio.to_thread.run_sync(started.wait, 10)
-                scope.cancel()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(cancel_when_started)
-                got.append(await workers.run_sync(call, limiter=lim, on_cancel=stop.set))
-                await trio.lowlevel.checkpoint()
-        assert got == ["stopped"] and scope.cancelled_caught and stop.is_set() and len(steps) < 1000
-    trio.run(main)
+    lim, got, scope = _cancelled_once_started(call, started, on_cancel=stop.set)
+    assert got == ["stopped"] and scope.cancelled_caught and stop.is_set() and len(steps) < 1000
+    assert lim.borrowed_tokens == 0
