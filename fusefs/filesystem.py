@@ -1179,7 +1179,8 @@ class Filesystem:
                 key = (await self._store_now(node.path)).file_key()
             except OSError:
                 key = ("object", "gone")    # removed meanwhile: the next open finds another file
-            if key[0] == "object" and len(key) == 4 and key[1] != node.file_key[1]:
+            theirs = node.file_key
+            if theirs is not None and key[0] == "object" and len(key) == 4 and key[1] != theirs[1]:
                 # another size: not the handles' file but one published at its name since (a
                 # truncate through this mount): theirs is not at the new name either
                 continue
