@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusefs.fastpath import FastPath, fast_eligible
+from fusefs.fastpath import FastPath, FetchAhead, fast_eligible
 from fusefs.handles import HandleKind
 from fusefs.inodes import Inode
 from tests.helpers.backing import FakeFastTable
@@ -287,3 +287,16 @@ def test_each_user_holds_at_most_its_share_of_the_names_registered():
     names.drop("a2")
     names.drop("a3")
     assert set(names.users.by_uid) == {2} and names.snapshot()["users"] == 1
+
+
+def test_fetch_ahead_starts_once_per_kept_listing_at_the_configured_open():
+    """`FetchAhead.opened`: True at the `after`-th first open of a folder while one kept listing is
+    current, once; a new listing of the folder counts afresh; none without a listing or with 0."""
+    ahead = FetchAhead(2)
+    first, second = {"a": 1}, {"a": 1}
+    assert [ahead.opened("d", first) for _ in range(4)] == [False, True, False, False]
+    assert [ahead.opened("d", second) for _ in range(3)] == [False, True, False]
+    assert ahead.opened("e", None) is False and ahead.opened("e", None) is False
+    assert [ahead.opened("e", first), ahead.opened("e", first)] == [False, True]   # (folders apart)
+    off = FetchAhead(0)
+    assert not any(off.opened("d", first) for _ in range(3))
