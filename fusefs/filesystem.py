@@ -265,7 +265,6 @@ class Filesystem:
         got = self.names.folders.get(folder)
         if got is None:
             return
-        routes = self.reads.routes
         marked = 0
         budget = self.fast.room_for(uid)
         try:
@@ -276,10 +275,8 @@ class Filesystem:
                         break
                 if marked >= budget or not self.fast.on:
                     break
-                if (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
-                        or node.unlinked or not node.fast_named or self.inodes.get(node.ino) is not node
-                        or (routes is not None and routes.routes_path(node.path))):
-                    continue   # (a routed path is never marked, `fast_eligible`: its open may read elsewhere)
+                if not node.fast_named or not self._markable_ahead(node):
+                    continue
                 try:
                     marked += await self._mark_ahead(node, uid)
                 except (Refused, OSError) as err:   # (its own open would have met the same)
@@ -359,13 +356,19 @@ class Filesystem:
             log.exception("fetching the files of %r ahead failed", folder)
         self.fast.counts["fetched_ahead"] += marked
 
-    def _ahead_ok(self, node: Inode) -> bool:
-        """Whether `node` may be marked ahead of its open now: known to the kernel, no handle,
-        mark, writer or pending write open, not unlinked, not routed (`fast_eligible`)."""
+    def _markable_ahead(self, node: Inode) -> bool:
+        """Whether `node` may be marked ahead of its open now (`_open_ahead`, `_fetch_ahead`): still
+        the table's, no handle, mark, writer or pending write open, not unlinked, not routed (a
+        routed path is never marked, `fast_eligible`: its open may read elsewhere)."""
         routes = self.reads.routes
         return not (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
-                    or node.unlinked or node.lookups <= 0 or self.inodes.get(node.ino) is not node
+                    or node.unlinked or self.inodes.get(node.ino) is not node
                     or (routes is not None and routes.routes_path(node.path)))
+
+    def _ahead_ok(self, node: Inode) -> bool:
+        """`_markable_ahead`, of an inode the kernel knows (a mark of one it does not know could never
+        be used): what `_fetch_ahead` may mark."""
+        return node.lookups > 0 and self._markable_ahead(node)
 
     async def _mark_opened(self, node: Inode, reader: Reader, st: Stat, uid: int) -> bool:
         """`_mark_ahead` for a file opened ahead (`_fetch_ahead`): what its open sees with that

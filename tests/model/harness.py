@@ -197,14 +197,16 @@ class Run:
         for w in self.procs:
             w.close()
 
+    def _stats(self, mount: int) -> dict:
+        with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
+            return json.loads(f.read())
+
     def _renewed(self, mount: int) -> int:
         """Opens that gave a name a new inode on `mount` (`Filesystem._renew`)."""
-        with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
-            return json.loads(f.read())["counters"].get("opens_renewed", 0)
+        return self._stats(mount)["counters"].get("opens_renewed", 0)
 
     def _releases(self, mount: int) -> int:
-        with open(self.rig.mounts[mount] / ".hintfs" / "stats", "rb") as f:
-            doc = json.loads(f.read())
+        doc = self._stats(mount)
         # (releases of opens the fast path answered never reach Python: counted there)
         return doc["counters"].get("file_releases", 0) + doc.get("fast_path", {}).get("releases", 0)
 

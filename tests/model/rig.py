@@ -70,6 +70,14 @@ def _remount_and_pids(mnts: list[Path], cfgs: list[Path]):
     return remount, pid_of
 
 
+def _fast_keys(fast_path: bool) -> dict[str, str]:
+    """The config keys of a fast-path rig (`model_rig`, `model_rig_s3`): every path immutable, its
+    folders listed for lookups at once, files marked ahead after one open; none otherwise."""
+    if not fast_path:
+        return {"immutable": "", "mount_extra": ""}
+    return {"immutable": 'immutable_globs = ["*"]\nrelist_quiet_s = 0', "mount_extra": "fast_opens_ahead = 1"}
+
+
 @contextlib.contextmanager
 def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = None,
               fast_path: bool = False) -> Iterator[Rig]:
@@ -91,9 +99,7 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             cfg = base / f"m{i}.toml"
             cfg.write_text(CONFIG.format(store=store, passthrough="auto" if passthrough else "off",
                                          log=base / f"m{i}.log",
-                                         immutable='immutable_globs = ["*"]\nrelist_quiet_s = 0'
-                                         if fast_path else "",
-                                         mount_extra="fast_opens_ahead = 1" if fast_path else ""))
+                                         **_fast_keys(fast_path)))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)
@@ -158,8 +164,7 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
                 cache_dir=(f'dir = "{base / f"hc{i}"}"' + ("\nfetch_block_bytes = 65536" if blocks else ""))
                 if host_cache else "",
                 passthrough="auto" if host_cache else "off", log=base / f"m{i}.log",
-                immutable='immutable_globs = ["*"]\nrelist_quiet_s = 0' if fast_path else "",
-                mount_extra="fast_opens_ahead = 1" if fast_path else ""))
+                **_fast_keys(fast_path)))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)
