@@ -122,11 +122,12 @@ def write_config(path: Path, store_uri: str, extra: str = "", log: Path | None =
 
 
 @contextlib.contextmanager
-def world_mount(setup: Callable[[Path], str], prefix: str = "hintfs-world-") -> Iterator[Mounted]:
-    """A mount of a `file://` store in a fresh folder every user may traverse (0755; pytest's
-    tmp_path is 0700 under root's name), for tests that act as another user. `setup(base)` fills
-    `base / "store"` (made, empty) and returns the config's extra text; unmounted and removed at
-    the end."""
+def world_mount(setup: Callable[[Path], str], prefix: str = "hintfs-world-", store_uri: str = "",
+                store_extra: str = "") -> Iterator[Mounted]:
+    """A mount of a `file://` store (or of `store_uri`, with `store_extra` in its [store]) in a
+    fresh folder every user may traverse (0755; pytest's tmp_path is 0700 under root's name), for
+    tests that act as another user. `setup(base)` fills `base / "store"` (made, empty) and returns
+    the config's extra text; unmounted and removed at the end."""
     base = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         base.chmod(0o755)
@@ -134,7 +135,7 @@ def world_mount(setup: Callable[[Path], str], prefix: str = "hintfs-world-") -> 
         store.mkdir()
         mnt.mkdir()
         log = base / "mount.log"
-        cfg = write_config(base / "hintfs.toml", f"file://{store}", setup(base), log)
+        cfg = write_config(base / "hintfs.toml", store_uri or f"file://{store}", setup(base), log, store_extra)
         mount_in_process(cfg, mnt, log)
         m = Mounted(store, mnt, cfg, log)
         try:

@@ -5,6 +5,7 @@ and unlinks through the mount drop the cached copy."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import itertools
 import os
 import stat as stat_mod
@@ -16,6 +17,8 @@ import pytest
 
 from hintfs.stores.hostcache import cache_name
 from tests.conftest import Mounted, needs_fuse, wait_for
+from tests.helpers.mounts import world_mount
+from tests.helpers.security import as_nobody, can_run_as_nobody
 from tests.helpers.s3 import s3_server as _s3_server
 from tests.helpers.s3 import s3fs, store_extra
 
@@ -354,3 +357,54 @@ def test_a_file_created_in_an_immutable_folder_is_listed_once_published(hc_immut
     assert os.listdir(folder) == ["f0"]
     assert (folder / "f0").read_bytes() == b"x" * 100
     assert hc_immutable.get("new/f0") == b"x" * 100
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_another_users_reads_fetch_ahead_within_its_bounds(s3_server):
+    """The attack: uid 65534 goes through a folder of small objects on an immutable path, so the
+    daemon fetches the rest into the host cache for it. What that user makes the daemon fetch is
+    bounded: a quarter of the cache's budget per folder (here 1 MiB: 8 objects of 30,000 bytes),
+    its marks are its own (`fast_path.users`), and every byte it reads is the object's."""
+    fs = s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    datas = {f"f{i:03d}.bin": os.urandom(30_000) for i in range(40)}
+    for name, data in datas.items():
+        with fs.open_output_stream(f"{BUCKET}/ds/{name}") as f:
+            f.write(data)
+
+    def setup(base) -> str:
+        return (f'\n[cache]\nspool_dir = "{base / "spool"}"\ndir = "{base / "hostcache"}"\n'
+                f'budget_bytes = {MiB}\nimmutable_globs = ["*"]\n\n[mount]\npassthrough = "auto"\n')
+
+    with world_mount(setup, prefix="hintfs-fetchahead-", store_uri=f"s3://{BUCKET}",
+                     store_extra=store_extra(s3_server)) as m:
+        folder = m.mnt / "ds"
+        names = sorted(datas)
+        got = as_nobody(f"""
+            import json, os
+            folder = {str(folder)!r}
+            names = sorted(os.listdir(folder))
+            out = {{"names": names, "same": []}}
+            for n in names[:2]:
+                with open(os.path.join(folder, n), "rb") as f:
+                    out["same"].append(f.read())
+            out["same"] = [len(b) for b in out["same"]]
+            print(json.dumps(out))
+        """)
+        assert got["names"] == names and got["same"] == [30_000, 30_000], got
+        if m.stats()["passthrough"]["state"] != "on":   # (no passthrough here: no marks, no fetches ahead)
+            assert m.stats()["fast_path"].get("fetched_ahead", 0) == 0
+            return
+        assert wait_for(lambda: m.stats()["fast_path"]["fetched_ahead"] >= 1, timeout=30), m.stats()["fast_path"]
+        time.sleep(0.5)   # (what is in flight lands)
+        fast, c = m.stats()["fast_path"], m.stats()["counters"]
+        assert 1 <= fast["fetched_ahead"] <= (MiB // 4) // 30_000, fast        # a quarter of the budget
+        assert c["hostcache_whole"] <= 2 + (MiB // 4) // 30_000, c
+        assert fast["users"] == 1, fast                                        # its marks: its own
+        read = as_nobody(f"""
+            import hashlib, json, os
+            folder = {str(folder)!r}
+            print(json.dumps({{n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
+                              for n in sorted(os.listdir(folder))}}))
+        """)
+        assert read == {n: hashlib.sha256(d).hexdigest() for n, d in datas.items()}
