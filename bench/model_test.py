@@ -12,6 +12,9 @@ operations. Reports operations, crashes, divergences (the goal is 0) and the see
 
 Configurations (`--configs`, comma-separated names or groups):
     1off, 1pt, 2off, 2pt     file://: 1 or 2 mounts, passthrough off or on (group `file`)
+    1ptr, 2ptr               file://, 1 or 2 mounts, passthrough, more opens read-only: reopens
+                             answered inside pyfuse3, each checked (docs/fastpath.md "Checked
+                             marks"; with 2, each mount replaces files the other has marked)
     1fast                    file://, 1 mount, passthrough, every path immutable and more opens
                              read-only: reopened files go through the fast path (in no group: the
                              model does not model what immutable paths may show late)
@@ -67,11 +70,12 @@ class Config(NamedTuple):
     passthrough: bool   # file://: FUSE passthrough; S3: the host cache (which brings passthrough)
     fast: bool = False  # file://: every path immutable, reads reopened more: the fast path (fusefs/fastpath.py)
     blocks: bool = False  # S3 with the host cache: no whole-object opens, fetches by 64 KiB blocks
+    reads: bool = False   # more opens read-only (file:// with passthrough: reopens answered in pyfuse3, checked)
 
     @property
     def read_bias(self) -> float:
         """Extra share of read-only opens (tests/model/harness.py `Run.read_bias`)."""
-        return 0.6 if self.fast or self.blocks else 0.0
+        return 0.6 if self.fast or self.blocks or self.reads else 0.0
 
     @property
     def regression_store(self) -> str:
@@ -82,7 +86,8 @@ class Config(NamedTuple):
 
 
 FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1, True),
-                Config("2off", "file://", 2, False), Config("2pt", "file://", 2, True)]
+                Config("2off", "file://", 2, False), Config("2pt", "file://", 2, True),
+                Config("1ptr", "file://", 1, True, reads=True), Config("2ptr", "file://", 2, True, reads=True)]
 # Not in a group: every path declared immutable, which the model does not model (attributes and
 # listings the kernel keeps for `immutable_timeout_s`): a divergence there is the fast path's only
 # if the same seed does not diverge with `[mount] fast_path_inodes = 0` (bench/notes/model_test.md).
@@ -140,6 +145,10 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                "folders_named": 0, "marked": 0, "marked_ahead": 0, "fetched_ahead": 0}
     if cfg.blocks:
         out = {"config": cfg.name, **out, "blocks": True, "mapped_block_gets": 0}
+    checked = cfg.store == "file://" and cfg.passthrough and not cfg.fast
+    if checked:   # (reopens answered inside pyfuse3, each checked: docs/fastpath.md, "Checked marks")
+        out = {**({"config": cfg.name, "read_bias": cfg.read_bias} if cfg.reads else {}), **out,
+               "checked_opens": 0, "checked_opens_missed": 0}
     t0 = time.monotonic()
     seed = first_seed
     seen: dict[str, list[int]] = {}   # each mount's counters at the last look (`count`)
@@ -190,6 +199,9 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
                 print(f"  divergence: seed {seed}: {str(err)[:300]}", file=log, flush=True)
             if cfg.blocks:   # (reads of blocks fetched into a mapping: docs/hostcache.md)
                 count(rig, "mapped_block_gets", lambda doc: doc["counters"].get("store_gets_into", 0))
+            if checked:
+                count(rig, "checked_opens", lambda doc: doc.get("fast_path", {}).get("opens_checked", 0))
+                count(rig, "checked_opens_missed", lambda doc: doc.get("fast_path", {}).get("opens_check_missed", 0))
             if cfg.fast:     # (lookups answered inside pyfuse3: docs/fastpath.md, "Lookups")
                 count(rig, "fast_lookups", lambda doc: doc.get("fast_lookups", {}).get("lookups", 0))
                 count(rig, "folders_named", lambda doc: doc.get("fast_lookups", {}).get("folders_named", 0))

@@ -77,7 +77,9 @@ class Mounts:
         (the floor with FUSE passthrough, a backing id per open as hintfs), floor_fast (the floor on
         pyfuse3's fast path, patches/pyfuse3-fastpath.patch: docs/fastpath.md), hintfs_imm_nolookups
         (hintfs_imm with `[mount] fast_lookups = false`: every lookup in Python), hintfs_imm_noahead
-        (hintfs_imm with `[mount] fast_opens_ahead = 0`: each file marked at its own first open)."""
+        (hintfs_imm with `[mount] fast_opens_ahead = 0`: each file marked at its own first open),
+        hintfs_nochecked (hintfs with `[mount] fast_checked_opens = false`: no path marked but
+        those declared immutable, docs/fastpath.md "Checked marks")."""
         if system == "floor_fast":
             return run([sys.executable, "-c", "import pyfuse3; pyfuse3.fast_supported"], timeout=60).returncode == 0
         if system.startswith("bindfs"):
@@ -107,7 +109,8 @@ class Mounts:
                     + ('[mount]\npassthrough = "off"\n\n' if system == "hintfs_nopt" else "")
                     + ('[mount]\nfast_path_inodes = 0\n\n' if system == "hintfs_imm_nofast" else "")
                     + ('[mount]\nfast_lookups = false\n\n' if system == "hintfs_imm_nolookups" else "")
-                    + ('[mount]\nfast_opens_ahead = 0\n\n' if system == "hintfs_imm_noahead" else "") +
+                    + ('[mount]\nfast_opens_ahead = 0\n\n' if system == "hintfs_imm_noahead" else "")
+                    + ('[mount]\nfast_checked_opens = false\n\n' if system == "hintfs_nochecked" else "") +
                     f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
         return [*self.pin, self.hintfs, "mount", cfg, mnt]
 

@@ -1,5 +1,10 @@
 """The fast path: later read-only opens of a plain store file answered inside pyfuse3.
 
+(Where the path is not declared immutable, a file:// store's marks are checked: each open
+pyfuse3 answers first checks that the path still names the marked file, the store's own
+close-to-open under passthrough; docs/fastpath.md, "Checked marks". What follows is written
+for immutable paths; a checked mark differs in that check and in leaving GETATTR to Python.)
+
 A fresh small file costs the daemon three requests answered in Python (LOOKUP, OPEN, RELEASE); a
 second pass over a dataset two (OPEN, RELEASE). For a file this mount reads from its store
 through FUSE passthrough, where the config declares the path immutable (`cache.immutable_globs`)
@@ -60,10 +65,14 @@ class NamesBackend(Protocol):
 
 class FastBackend(Protocol):
     """The patched pyfuse3's fast-path table (`fusefs.fuse.fast_backend`)."""
-    def mark(self, ino: int, backing_id: int, attrs: Attributes) -> None: ...
+    def mark(self, ino: int, backing_id: int, attrs: Attributes | None,
+             check: tuple[int, bytes, int, int] | None = None) -> None: ...
     def unmark(self, ino: int) -> int: ...
     def opens(self, ino: int) -> int: ...
     def stats(self) -> tuple[int, int, int, int]: ...
+    @property
+    def checks(self) -> bool: ...
+    def check_stats(self) -> tuple[int, int]: ...
 
 
 def mark_limit(configured: int) -> int:
@@ -72,15 +81,19 @@ def mark_limit(configured: int) -> int:
     return min(configured, share_of_open_files(0.25, floor=0))
 
 
-def fast_eligible(kind: HandleKind, immutable: bool, routed: bool, unlinked: bool) -> bool:
+def fast_eligible(kind: HandleKind, immutable: bool, checkable: bool, routed: bool, unlinked: bool) -> bool:
     """Whether an open that got `kind` may mark its inode for the fast path; pure.
 
     Only `PASSTHROUGH_STORE`: a read of the store file itself, on this host, by passthrough, with no
     writer, no staging and no other source (`choose_handle` gives it to nothing else: no hint
     replica of the path now; one made later ends the mark, `ReplicaRouter.routed`). Only where the
-    config declares the path `immutable`, never on a path a route names (`routed`: the eval side's
-    tier may hold it later), and not once unlinked."""
-    return kind is HandleKind.PASSTHROUGH_STORE and immutable and not routed and not unlinked
+    config declares the path `immutable` (close-to-open is that declaration) or where pyfuse3 can
+    make each open's close-to-open check itself (`checkable`: a local store's path, resolved
+    beneath its root, must still name the marked file; "Checked marks" in docs/fastpath.md);
+    never on a path a route names (`routed`: the eval side's tier may hold it later), and not once
+    unlinked."""
+    return (kind is HandleKind.PASSTHROUGH_STORE and (immutable or checkable) and not routed
+            and not unlinked)
 
 
 class FastPath:
@@ -95,9 +108,11 @@ class FastPath:
         self.backend: FastBackend | None = None
         self._release = release
         self.marked: dict[int, tuple[Inode, int]] = {}
+        self.checked: set[int] = set()           # marks whose opens pyfuse3 checks (not immutable)
         self.by_uid: dict[int, OrderedDict[int, None]] = {}   # each user's marks, oldest first
         self.draining: dict[int, Inode] = {}     # unmarked, fast opens still open
-        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0, "fetched_ahead": 0}
+        self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0, "fetched_ahead": 0,
+                       "let_go_removed": 0}
 
     @property
     def on(self) -> bool:
@@ -106,11 +121,13 @@ class FastPath:
     def __contains__(self, ino: int) -> bool:
         return ino in self.marked or ino in self.draining
 
-    def mark(self, node: Inode, backing_id: int, attrs: Attributes, uid: int, own: bool = False) -> None:
+    def mark(self, node: Inode, backing_id: int, attrs: Attributes | None, uid: int, own: bool = False,
+             check: tuple[int, bytes, int, int] | None = None) -> None:
         """Answer later read-only opens of `node` from `backing_id` (its passthrough backing), and
-        its GETATTRs with `attrs`, while the mark holds its open. A full table first gives up the
-        oldest mark of the user that holds the most; `own` (a mark made ahead of an open): only
-        `uid`'s own oldest marks, never another user's."""
+        its GETATTRs with `attrs` (None: in Python), while the mark holds its open; with `check`,
+        only the opens whose path still names the marked file (`FastBackend.mark`). A full table
+        first gives up the oldest mark of the user that holds the most; `own` (a mark made ahead
+        of an open): only `uid`'s own oldest marks, never another user's."""
         assert self.backend is not None and node.ino not in self
         while len(self.marked) + len(self.draining) >= self.limit and self.marked:
             most = self.by_uid.get(uid) if own else max(self.by_uid.values(), key=len)
@@ -120,8 +137,10 @@ class FastPath:
         if len(self.marked) + len(self.draining) >= self.limit:
             self._release(node)       # every place is held by opens not yet released: no mark
             return
-        self.backend.mark(node.ino, backing_id, attrs)
+        self.backend.mark(node.ino, backing_id, attrs, check)
         self.marked[node.ino] = (node, uid)
+        if check is not None:
+            self.checked.add(node.ino)
         mine = self.by_uid.get(uid)
         if mine is None:
             mine = self.by_uid[uid] = OrderedDict()
@@ -133,6 +152,7 @@ class FastPath:
         now; else at a later `unmark` or `settle` once they are released)."""
         m = self.marked.pop(node.ino, None)
         if m is not None:
+            self.checked.discard(node.ino)
             mine = self.by_uid[m[1]]
             del mine[node.ino]
             if not mine:
@@ -174,9 +194,16 @@ class FastPath:
             return {"state": "off" if self.limit == 0 else "unavailable (pyfuse3 without the fast path, or no passthrough)"}
         assert self.backend is not None
         opened, released, serving, getattrs = self.backend.stats()
+        checked, missed = self.backend.check_stats()
         return {"state": "on", "opens": opened, "releases": released, "getattrs": getattrs, "inodes": serving,
+                "inodes_checked": len(self.checked), "opens_checked": checked, "opens_check_missed": missed,
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 
+
+# How often the marks of files no longer in the store are let go (`Filesystem.let_go_removed_marks`),
+# and how many are looked at between two passes of the loop.
+MARK_SWEEP_S = 10.0
+MARK_SWEEP_CHUNK = 4096
 
 # A registration's time, at most (pyfuse3's deadline is a signed 64-bit count of nanoseconds; the
 # listing it comes from expires by `immutable_timeout_s`, which the config does not bound).
@@ -311,4 +338,5 @@ class FetchAhead:
         return n == self.after
 
 
-__all__ = ["FastBackend", "FastNames", "FastPath", "FetchAhead", "NamesBackend", "OPEN_AHEAD_AFTER", "fast_eligible", "mark_limit"]
+__all__ = ["FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
+           "fast_eligible", "mark_limit"]

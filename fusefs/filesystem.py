@@ -39,7 +39,7 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs import workers
 from fusefs.walks import Walks
-from fusefs.fastpath import FastBackend, FastNames, FastPath, FetchAhead, fast_eligible, mark_limit
+from fusefs.fastpath import MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead, fast_eligible, mark_limit
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -207,6 +207,9 @@ class Filesystem:
         self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
         # The fast path (fusefs/fastpath.py): on with passthrough where pyfuse3 has it.
         self.fast = FastPath(mark_limit(options.fast_path_inodes), self._let_go)
+        # Marks of paths not declared immutable, each open checked by pyfuse3 (`_fast_mark`): where
+        # the store can say how (a local store) and pyfuse3 can check (`set_passthrough`).
+        self._checked_marks = options.fast_checked_opens and hasattr(store, "same_file_check")
         self.stats.fast_path = self.fast.snapshot
         # Lookups of kept folders' names answered in pyfuse3 (fusefs/fastpath.py): set at FUSE init.
         self.names = FastNames(self._unname, options.fast_lookups, share=self.max_entries // 2)
@@ -233,6 +236,7 @@ class Filesystem:
         fast path's table where pyfuse3 has one (used only with passthrough on)."""
         self.pt.set(result)
         self.fast.backend = fast if result[0] is not None else None
+        self._checked_marks = self._checked_marks and fast is not None and fast.checks
 
     def _fast_mark(self, node: Inode, kind: HandleKind, backing_id: int, st: Stat | None, uid: int,
                    ahead: bool = False) -> bool:
@@ -243,14 +247,19 @@ class Filesystem:
         if self.fast.draining:
             self.fast.settle()
         ttl = self.immutable(node.path)   # (an eligible path's timeouts, for `attrs`: matched once)
+        check = None
+        if not ttl and self._checked_marks and st is not None:   # (close-to-open made by pyfuse3)
+            check = self.store.same_file_check(node.path, st)   # type: ignore[attr-defined]
         if node.ino in self.fast or not fast_eligible(
-                kind, ttl > 0, self.reads.routes is not None and self.reads.routes.routes_path(node.path),
-                node.unlinked):
+                kind, ttl > 0, check is not None,
+                self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
             return False
         assert st is not None
         self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
         node.opens += 1
-        self.fast.mark(node, backing_id, self.attrs(node, st, (ttl, ttl)), uid, own=ahead)
+        # (a checked mark's GETATTRs stay Python's: its attributes may change in place)
+        self.fast.mark(node, backing_id, self.attrs(node, st, (ttl, ttl)) if ttl else None, uid, own=ahead,
+                       check=check)
         return node.ino in self.fast
 
     async def _open_ahead(self, folder: str, uid: int) -> None:
@@ -399,6 +408,32 @@ class Filesystem:
             return bool(backing_id) and self._fast_mark(node, kind, backing_id, seen.st, uid, ahead=True)
         finally:
             await handle.release(self)
+
+    async def let_go_removed_marks(self) -> int:
+        """A mark holds its file open (fusefs/fastpath.py): once the store no longer has that file
+        (its last name removed or replaced outside this mount, or a host cache's copy evicted: no
+        link left, `st_nlink` 0 through the fd the mark holds), the mark goes, so the file is not
+        kept allocated past this pass (`MARK_SWEEP_S` apart, `mount._let_go_removed_marks`). Its
+        next open, if any, is Python's. How many went."""
+        if self.fast.draining:
+            self.fast.settle()
+        gone = 0
+        for i, (ino, (node, _uid)) in enumerate(list(self.fast.marked.items())):
+            if i and i % MARK_SWEEP_CHUNK == 0:
+                await trio.sleep(0)
+            got = self.fast.marked.get(ino)
+            fd = getattr(node.pt_reader, "fd", -1)
+            if got is None or got[0] is not node or fd < 0:
+                continue
+            try:
+                removed = os.fstat(fd).st_nlink == 0
+            except OSError:
+                removed = True
+            if removed:
+                self.fast.unmark(node)
+                gone += 1
+        self.fast.counts["let_go_removed"] += gone
+        return gone
 
     def _let_go(self, node: Inode) -> None:
         """The open a fast-path mark held is released (as `PassthroughRead.release`)."""
@@ -1304,7 +1339,7 @@ class Filesystem:
         node.opens += 1
         fh = next(self._fh)
         self.handles[fh] = handle
-        if backing_id and self.fast.on and self._immutable_match is not None:   # (`fast_eligible`: immutable only)
+        if backing_id and self.fast.on and (self._immutable_match is not None or self._checked_marks):
             uid = ctx.uid if ctx is not None else os.getuid()
             if self._fast_mark(node, kind, backing_id, seen.st, uid) and self.open_ahead:
                 folder = node.path.rpartition("/")[0]
@@ -1335,10 +1370,11 @@ class Filesystem:
             return await self._see_write(node, truncate=bool(flags & os.O_TRUNC))
         if node.pt_refs:
             # Passthrough opens are active: this one must share their backing file. (A file marked
-            # for the fast path is immutable by the config: its opens in pyfuse3 skip this check,
-            # and so does one that came here, e.g. while it was being marked ahead.)
+            # for the fast path as immutable by the config: its opens in pyfuse3 skip this check,
+            # and so does one that came here, e.g. while it was being marked ahead. A checked mark's
+            # open comes here when pyfuse3's check found another file: this one decides.)
             if node.pt_staging is None:
-                if node.ino not in self.fast.marked:
+                if node.ino not in self.fast.marked or node.ino in self.fast.checked:
                     await self._check_backing_current(node)
             elif node.writer is None:
                 await self._check_staging_current(node, node.pt_staging)
@@ -1499,6 +1535,8 @@ class Filesystem:
         writer still publishes to the name (a dup of a file published in place)."""
         self.stats.add("opens_renewed")
         self.names.drop(node.path.rpartition("/")[0])   # (pyfuse3 answers the name with this inode no more)
+        if node.ino in self.fast.marked:   # (nor opens it: the name is another file now)
+            self.fast.unmark(node)
         self.inodes.detach(node.path)
         if still_named:
             node.unlinked = False

@@ -239,8 +239,12 @@ def passthrough_backend(setting: str, store_capable: bool,
 class _Fast:
     """The fast path's table in the patched pyfuse3 (patches/pyfuse3-fastpath.patch)."""
 
-    def mark(self, ino: int, backing_id: int, attrs: Attributes) -> None:
-        _patched.fast_mark(ino, backing_id, _entry(attrs))
+    def mark(self, ino: int, backing_id: int, attrs: Attributes | None,
+             check: tuple[int, bytes, int, int] | None = None) -> None:
+        if check is None:
+            _patched.fast_mark(ino, backing_id, None if attrs is None else _entry(attrs))
+        else:
+            _patched.fast_mark(ino, backing_id, None if attrs is None else _entry(attrs), check)
 
     def unmark(self, ino: int) -> int:
         left: int = _patched.fast_unmark(ino)
@@ -253,6 +257,15 @@ class _Fast:
     def stats(self) -> tuple[int, int, int, int]:
         opened, released, serving, getattrs = _patched.fast_stats()
         return opened, released, serving, getattrs
+
+    @property
+    def checks(self) -> bool:
+        """Whether marks may carry a close-to-open check (patches/pyfuse3-fastverify.patch)."""
+        return bool(getattr(_patched, "fast_check_supported", lambda: False)())
+
+    def check_stats(self) -> tuple[int, int]:
+        checked, missed = _patched.fast_check_stats() if self.checks else (0, 0)
+        return checked, missed
 
 
 def fast_backend() -> _Fast | None:

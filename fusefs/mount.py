@@ -40,7 +40,7 @@ from hintfs.common.systemd import sd_notify
 from fusefs.control import ControlDir, ControlFile, loglevel_file
 from fusefs.filesystem import Filesystem, fuse_device_of
 from fusefs.interfaces import StreamHooks
-from fusefs.fastpath import mark_limit
+from fusefs.fastpath import MARK_SWEEP_S, mark_limit
 from fusefs.fuse import FuseOperations, KernelNotices, names_listings, queued_reads, spun_reads, statx_dir
 from fusefs.hints import HintsManager
 from fusefs.journal_writer import JournalWriter
@@ -447,6 +447,7 @@ async def _serve(mount: Assembly, mp: str, on_ready, options: MountOptions, jour
         if journal.enabled:
             nursery.start_soon(_prune_journal, mount.store, journal)
         nursery.start_soon(_release_listings, mount.fs)
+        nursery.start_soon(_let_go_removed_marks, mount.fs)
         await pyfuse3.main(min_tasks=1, max_tasks=options.max_tasks)
         nursery.cancel_scope.cancel()
 
@@ -457,6 +458,14 @@ async def _release_listings(fs: Filesystem) -> None:
     while True:
         await trio.sleep(1.0)
         await fs.listings_released()
+
+
+async def _let_go_removed_marks(fs: Filesystem) -> None:
+    """Fast-path marks of files the store no longer has go every MARK_SWEEP_S (fusefs/fastpath.py)."""
+    while True:
+        await trio.sleep(MARK_SWEEP_S)
+        if fs.fast.marked:
+            await fs.let_go_removed_marks()
 
 
 async def _watch_signals(fs: Filesystem, timeout_s: float) -> None:

@@ -238,11 +238,21 @@ class MountOptions(Section):
         65536, ge=0, le=1 << 22,
         description="Files whose later read-only opens are answered inside the daemon's FUSE library "
         "without Python (the fast path, docs/fastpath.md): only plain files of this host's store, "
-        "under FUSE passthrough, matching `cache.immutable_globs`, never a path a route names or a hint "
-        "has replicas of. Each holds one open fd and one backing id until the kernel forgets the file, a "
+        "under FUSE passthrough, matching `cache.immutable_globs` (or any, each open checked: "
+        "`fast_checked_opens`), never a path a route names or a hint has replicas of. Each holds one open fd and one backing id until the kernel forgets the file, a "
         "write, truncate, rename or unlink through this mount, a hint's replica of it, or a newer file "
         "needs its place (the user holding the most gives up its oldest). At most a quarter of the "
         "daemon's open-file limit. 0: off.",
+    )
+    fast_checked_opens: bool = Field(
+        True,
+        description="On a file:// store, the fast path (`fast_path_inodes`) takes files not declared "
+        "immutable too: each read-only open answered inside the FUSE library first checks, as the "
+        "store's close-to-open check does under passthrough, that the path (resolved beneath the store "
+        "root) still names the file the mark was made on; another file, none or a symlink sends the "
+        "open to Python, which opens the name's new file. Their GETATTRs stay in Python "
+        "(docs/fastpath.md, \"Checked marks\"). Needs the patched pyfuse3 and openat2. false: only "
+        "immutable paths are marked.",
     )
     fast_lookups: bool = Field(
         True,

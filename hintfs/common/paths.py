@@ -243,6 +243,16 @@ def _open_long(root_fd: int, rel: str, flags: int, mode: int) -> int:
             os.close(cur)
 
 
+def beneath_in_one_call(rel: str) -> bytes | None:
+    """`rel` (checked by `relpath`, not the root) as the bytes one `openat2(RESOLVE_BENEATH |
+    RESOLVE_NO_MAGICLINKS)` call resolves as `open_beneath` does; None where `open_beneath` would
+    not use that one call (no openat2 here, or a path opened a piece at a time)."""
+    raw = os.fsencode(rel)
+    if not raw or len(raw) > _CHUNK_BYTES or not have_openat2():
+        return None
+    return raw
+
+
 def open_beneath(root_fd: int, rel: str, flags: int, mode: int = 0o644) -> int:
     """Open `rel` (already checked by `relpath`; '' is the root) beneath `root_fd`. A path that
     would leave the root (a symlink out of it, a magic link) fails with EACCES; other failures

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from hintfs.common.paths import Beneath, open_beneath
+from hintfs.common.paths import Beneath, beneath_in_one_call, open_beneath
 
 from hintfs.common.errors import HintfsError
 from hintfs.common.procs import pid_alive
@@ -259,6 +259,14 @@ class LocalStore:
         if exact_without_sync(st.dev):
             return st
         return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
+
+    def same_file_check(self, rel: str, st: Stat) -> tuple[int, bytes, int, int] | None:
+        """What the fast path's checked marks give the patched pyfuse3 (docs/fastpath.md, "Checked
+        marks"): the root's fd, `rel` as one beneath-resolution call takes it, and the file (dev,
+        ino) it must still name at each open, which is this store's close-to-open under
+        passthrough (`fusefs.passthrough.backing_key`). None where it cannot be checked so."""
+        raw = beneath_in_one_call(rel)
+        return None if raw is None or not st.ino else (self.root_fd, raw, st.dev, st.ino)
 
     def stat(self, rel: str) -> Stat:
         if not rel:

@@ -25,12 +25,16 @@ class FakeFastTable:
     """A stand-in for pyfuse3's fast-path table (`fusefs.fastpath.FastBackend`): the marks, and
     the opens it served that are still open (set `open[ino]` to play them)."""
 
+    checks = True   # (marks may carry a close-to-open check: kept in `check`, never run here)
+
     def __init__(self) -> None:
         self.serving: dict[int, int] = {}
         self.open: dict[int, int] = {}
+        self.check: dict[int, tuple | None] = {}
 
-    def mark(self, ino: int, backing_id: int, attrs) -> None:
+    def mark(self, ino: int, backing_id: int, attrs, check=None) -> None:
         self.serving[ino] = backing_id
+        self.check[ino] = check
 
     def unmark(self, ino: int) -> int:
         self.serving.pop(ino, None)
@@ -41,3 +45,6 @@ class FakeFastTable:
 
     def stats(self) -> tuple[int, int, int, int]:
         return 0, 0, len(self.serving), 0
+
+    def check_stats(self) -> tuple[int, int]:
+        return 0, 0

@@ -51,6 +51,20 @@ def test_random_operations_match_the_model(mounts, passthrough):
         _run_seeds(rig, f"{mounts} mount(s), passthrough {passthrough}")
 
 
+def test_random_operations_with_checked_reopens_match_the_model():
+    """Two mounts, passthrough on, more opens read-only: files reopened after their first open are
+    answered inside pyfuse3 after its close-to-open check (docs/fastpath.md, "Checked marks"),
+    while the other mount replaces, truncates, renames and unlinks them."""
+    with model_rig(2, True) as rig:
+        fast = _stats(rig)["fast_path"]
+        if fast["state"] != "on" or "opens_checked" not in fast:
+            pytest.skip(f"checked reopens are not available here: {fast['state']}")
+        _run_seeds(rig, "checked reopens", read_bias=0.6)
+        import json
+        checked = [json.loads((m / ".hintfs" / "stats").read_text())["fast_path"]["opens_checked"] for m in rig.mounts]
+        assert sum(checked) > 0, checked
+
+
 def test_random_operations_with_the_fast_path_match_the_model():
     """One mount, passthrough on, every path declared immutable: files reopened after their first
     open are answered by the fast path (fusefs/fastpath.py), and names of folders listed for

@@ -67,7 +67,8 @@ def test_second_opens_of_an_immutable_file_never_reach_python_and_read_the_same(
     assert os.stat(m.mnt / "data" / names[5]).st_size == 1005
 
 
-def test_files_outside_the_immutable_globs_are_never_marked(mount_factory):
+def test_files_outside_the_immutable_globs_are_marked_only_with_each_open_checked(mount_factory):
+    """(tests/mount/test_fastpath_checked.py: what the check does)"""
     m = mount_factory(IMMUTABLE)
     _skip_unless_on(m)
     names = _files(m, 5, folder="other")
@@ -75,7 +76,8 @@ def test_files_outside_the_immutable_globs_are_never_marked(mount_factory):
         for name in names:
             (m.mnt / "other" / name).read_bytes()
     f = _fast(m)
-    assert f["inodes"] == 0 and f["opens"] == 0 and f["marked"] == 0
+    assert f["inodes"] == f["inodes_checked"] == 5 and f["opens_checked"] == f["opens"] == 5
+    assert f["getattrs"] == 0
 
 
 def test_a_write_through_the_mount_ends_the_mark_and_later_reads_see_the_new_bytes(mount_factory):

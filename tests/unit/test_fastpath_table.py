@@ -18,11 +18,24 @@ def _table(limit: int):
 
 
 @pytest.mark.parametrize("kind", list(HandleKind))
-def test_only_a_plain_store_read_of_an_immutable_unrouted_linked_path_is_eligible(kind):
-    assert fast_eligible(kind, True, False, False) is (kind is HandleKind.PASSTHROUGH_STORE)
-    assert not fast_eligible(kind, False, False, False)     # not declared immutable
-    assert not fast_eligible(kind, True, True, False)       # a route names the path
-    assert not fast_eligible(kind, True, False, True)       # unlinked
+def test_only_a_plain_store_read_of_an_immutable_or_checked_unrouted_linked_path_is_eligible(kind):
+    plain = kind is HandleKind.PASSTHROUGH_STORE
+    assert fast_eligible(kind, True, False, False, False) is plain
+    assert fast_eligible(kind, False, True, False, False) is plain   # each open checked by pyfuse3
+    assert fast_eligible(kind, True, True, False, False) is plain
+    assert not fast_eligible(kind, False, False, False, False)     # neither immutable nor checked
+    assert not fast_eligible(kind, True, True, True, False)        # a route names the path
+    assert not fast_eligible(kind, True, True, False, True)        # unlinked
+
+
+def test_a_checked_mark_is_known_as_checked_until_it_goes():
+    fp, released = _table(4)
+    fp.mark(Inode(10, "d/10"), 5, None, uid=1, check=(3, b"d/10", 7, 10))
+    fp.mark(Inode(11, "d/11"), 5, None, uid=1)
+    assert fp.checked == {10} and fp.backend.check == {10: (3, b"d/10", 7, 10), 11: None}
+    assert fp.snapshot()["inodes_checked"] == 1
+    fp.unmark(fp.marked[10][0])
+    assert fp.checked == set() and released == [10]
 
 
 def test_a_full_table_takes_room_from_the_user_holding_the_most():

@@ -1,0 +1,92 @@
+"""Checked marks without a kernel (docs/fastpath.md, "Checked marks"): what a plain path's mark
+gives pyfuse3 to check at each open, that an open pyfuse3 sent back is checked in Python, and
+that a mark never keeps a file the store removed allocated past the next sweep."""
+from __future__ import annotations
+
+import os
+
+import trio
+
+from fusefs.attrs import ROOT_INODE
+from tests.fs.test_filesystem_api import CTX, make_fs
+from tests.helpers.backing import CountingBacking, FakeFastTable
+
+
+def _checked_fs(tmp_path, **mount):
+    fs = make_fs(tmp_path, mount=mount)
+    backing, fast = CountingBacking(), FakeFastTable()
+    fs.set_passthrough((backing, "on"), fast)
+    root = tmp_path / "store"
+    (root / "d").mkdir()
+    for i in range(3):
+        (root / "d" / f"f{i}").write_bytes(b"x" * (i + 1))
+    return fs, root, backing, fast
+
+
+async def _read(fs, name: str) -> int:
+    d = await fs.lookup(ROOT_INODE, b"d", CTX)
+    ino = (await fs.lookup(d.st_ino, name.encode(), CTX)).st_ino
+    h = await fs.open(ino, os.O_RDONLY, CTX)
+    await fs.release(h.fh)
+    return ino
+
+
+def test_a_plain_files_mark_carries_the_check_of_its_store_path(tmp_path):
+    fs, root, backing, fast = _checked_fs(tmp_path)
+
+    async def test():
+        ino = await _read(fs, "f1")
+        st = os.stat(root / "d" / "f1")
+        assert ino in fs.fast.checked and fast.check[ino][1:] == (b"d/f1", st.st_dev, st.st_ino)
+        root_fd = fast.check[ino][0]
+        assert os.path.samestat(os.fstat(root_fd), os.stat(root))
+        assert fast.serving[ino] in backing.live
+    trio.run(test)
+
+
+def test_checked_marks_off_leaves_plain_files_unmarked(tmp_path):
+    fs, _root, _backing, fast = _checked_fs(tmp_path, fast_checked_opens=False)
+
+    async def test():
+        await _read(fs, "f1")
+        assert not fs.fast.marked and not fast.serving
+    trio.run(test)
+
+
+def test_an_open_pyfuse3_sent_back_is_checked_and_renews_a_replaced_name(tmp_path):
+    """pyfuse3 sends an open of a checked mark to Python when the path names another file: the
+    Python open makes the store's check (an immutable mark's would skip it), the name becomes a
+    new inode (ESTALE: the kernel looks it up again) and the old mark goes."""
+    fs, root, _backing, _fast = _checked_fs(tmp_path)
+
+    async def test():
+        ino = await _read(fs, "f1")
+        (root / "d" / "new").write_bytes(b"new bytes")
+        os.replace(root / "d" / "new", root / "d" / "f1")
+        try:
+            await fs.open(ino, os.O_RDONLY, CTX)
+        except OSError as err:
+            assert err.errno == 116                       # ESTALE
+        else:
+            raise AssertionError("the replaced file was opened as the marked one")
+        assert ino not in fs.fast.marked and ino not in fs.fast.checked
+        assert await _read(fs, "f1") != ino              # the new file, a new inode, marked anew
+    trio.run(test)
+
+
+def test_marks_of_files_the_store_removed_go_at_the_next_sweep(tmp_path):
+    """Removed or replaced outside the mount, a marked file has no link left: the sweep lets its
+    mark go (and its backing id, its fd), the others stay."""
+    fs, root, backing, _fast = _checked_fs(tmp_path)
+
+    async def test():
+        inos = [await _read(fs, f"f{i}") for i in range(3)]
+        assert set(fs.fast.marked) == set(inos) and len(backing.live) == 3
+        assert await fs.let_go_removed_marks() == 0
+        os.unlink(root / "d" / "f0")
+        (root / "d" / "n").write_bytes(b"n")
+        os.replace(root / "d" / "n", root / "d" / "f2")
+        assert await fs.let_go_removed_marks() == 2
+        assert set(fs.fast.marked) == {inos[1]} and len(backing.live) == 1
+        assert fs.fast.snapshot()["let_go_removed"] == 2
+    trio.run(test)

@@ -1,0 +1,167 @@
+"""Checked marks (docs/fastpath.md, "Checked marks"; patches/pyfuse3-fastverify.patch): on a
+file:// store, files not declared immutable are marked for the fast path too, and each open
+pyfuse3 answers first checks that the path, resolved beneath the store root, still names the
+marked file: close-to-open as the store's own check makes it under passthrough. Whatever changes
+in the store outside the mount, an open reads what a Python open would: the new file at the
+name, ENOENT for none, never a file outside the root, never one a symlink leads to."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_fuse
+from tests.helpers.mounts import world_mount
+from tests.helpers.security import can_run_as_nobody, nobody_read_files
+
+pytestmark = needs_fuse
+
+
+def _fast(m) -> dict:
+    return m.stats()["fast_path"]
+
+
+def _ops(m) -> dict:
+    return {k: v["count"] for k, v in m.stats()["ops"].items()}
+
+
+def _checked_on(m) -> None:
+    f = _fast(m)
+    if f["state"] != "on" or "opens_checked" not in f:
+        pytest.skip(f"fast path {f['state']} (needs FUSE passthrough and the patched pyfuse3)")
+
+
+def _files(m, n: int, folder: str = "plain") -> list[str]:
+    (m.store / folder).mkdir(exist_ok=True)
+    for i in range(n):
+        (m.store / folder / f"f{i:03d}").write_bytes(bytes([i]) * (1000 + i))
+    return [f"f{i:03d}" for i in range(n)]
+
+
+def test_later_opens_of_a_plain_file_are_answered_in_pyfuse3_each_checked(mount_factory):
+    m = mount_factory("")
+    _checked_on(m)
+    names = _files(m, 10)
+    for i, name in enumerate(names):                        # first opens: Python, marked checked
+        assert (m.mnt / "plain" / name).read_bytes() == bytes([i]) * (1000 + i)
+    f0, before = _fast(m), _ops(m)
+    assert f0["inodes"] == 10 and f0["inodes_checked"] == 10
+    for _ in range(3):
+        for i, name in enumerate(names):
+            assert (m.mnt / "plain" / name).read_bytes() == bytes([i]) * (1000 + i)
+    f1, after = _fast(m), _ops(m)
+    assert after["open"] - before["open"] <= 2, (before, after)    # (the stats file's own)
+    assert f1["opens"] - f0["opens"] == 30 and f1["opens_checked"] - f0["opens_checked"] == 30
+    assert f1["opens_check_missed"] == f0["opens_check_missed"] == 0
+    assert f1["getattrs"] == f0["getattrs"] == 0      # a checked mark's attributes stay Python's
+
+
+def test_a_file_replaced_in_the_store_is_opened_anew_by_python(mount_factory):
+    m = mount_factory("")
+    _checked_on(m)
+    _files(m, 1)
+    f, raw = m.mnt / "plain" / "f000", m.store / "plain" / "f000"
+    assert f.read_bytes() == b"\0" * 1000 and _fast(m)["inodes_checked"] == 1
+    with open(f, "rb") as old:                               # a reader of the old file, fast
+        (raw.parent / "new").write_bytes(b"the new file")
+        os.replace(raw.parent / "new", raw)                  # another host's publish: a new inode
+        before = _fast(m)
+        assert f.read_bytes() == b"the new file"             # pyfuse3's check sent it to Python
+        after = _fast(m)
+        assert after["opens_check_missed"] - before["opens_check_missed"] >= 1
+        assert m.stats()["counters"].get("opens_renewed", 0) >= 1
+        assert old.read() == b"\0" * 1000                    # the old reader reads its own file
+    for _ in range(2):                                       # the new file is marked, and fast
+        assert f.read_bytes() == b"the new file"
+    assert _fast(m)["opens"] > after["opens"]
+
+
+def test_a_file_changed_in_place_in_the_store_is_the_same_file(mount_factory):
+    """In place is the same file (dev, ino) to the store's check too: read through passthrough,
+    the open sees the new bytes."""
+    m = mount_factory("")
+    _checked_on(m)
+    _files(m, 1)
+    f, raw = m.mnt / "plain" / "f000", m.store / "plain" / "f000"
+    f.read_bytes()
+    with open(raw, "r+b") as w:
+        w.write(b"xyz")
+    before = _fast(m)
+    assert f.read_bytes()[:4] == b"xyz\0"
+    assert _fast(m)["opens"] - before["opens"] == 1 and _fast(m)["opens_check_missed"] == 0
+
+
+def test_a_file_removed_from_the_store_is_enoent_and_a_folder_moved_away_is_not_followed(mount_factory):
+    m = mount_factory("")
+    _checked_on(m)
+    _files(m, 2)
+    a, b = m.mnt / "plain" / "f000", m.mnt / "plain" / "f001"
+    a.read_bytes(), b.read_bytes()
+    os.unlink(m.store / "plain" / "f000")
+    with pytest.raises(FileNotFoundError):
+        a.read_bytes()
+    # The folder moved away and another put at its name: the marked file is no longer at the path.
+    os.rename(m.store / "plain", m.store / "moved")
+    (m.store / "plain").mkdir()
+    (m.store / "plain" / "f001").write_bytes(b"not the marked file")
+    assert b.read_bytes() == b"not the marked file"
+    assert _fast(m)["opens_check_missed"] >= 2
+
+
+@pytest.fixture
+def world():
+    """A mount in a folder every user may traverse, with a secret outside its store."""
+    def setup(base: Path) -> str:
+        (base / "store" / "pub").mkdir()
+        (base / "store").chmod(0o755)
+        (base / "store" / "pub").chmod(0o777)
+        (base / "store" / "pub" / "a").write_bytes(b"public a")
+        (base / "store" / "pub" / "a").chmod(0o644)
+        (base / "outside").mkdir()
+        (base / "outside" / "a").write_bytes(b"outside the store")
+        (base / "outside" / "a").chmod(0o644)
+        return ""
+
+    with world_mount(setup, prefix="hintfs-checked-") as m:
+        yield m
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_a_symlink_swapped_in_the_store_never_leads_a_fast_open_out(world):
+    """A user who may write the store's folder swaps a marked file, then its folder, for symlinks
+    to a file outside the store: the opens that follow read neither that file nor the marked
+    one's bytes through the mark. A symlink in the store is a symlink in the mount, refused where
+    it points out (EACCES); a folder that leads out of the root is EACCES too, or EIO where the
+    kernel still held the name's folder as a folder (a folder turned symlink is a stale inode)."""
+    m = world
+    _checked_on(m)
+    pub = m.mnt / "pub"
+    outside = m.store.parent / "outside"
+    assert nobody_read_files([str(pub / "a")])[str(pub / "a")] == "public a"   # marked by 65534's open
+    nobody_read_files([str(pub / "a")])
+    assert _fast(m)["inodes_checked"] == 1 and _fast(m)["opens"] >= 1
+    os.unlink(m.store / "pub" / "a")
+    os.symlink(outside / "a", m.store / "pub" / "a")
+    got = nobody_read_files([str(pub / "a")])[str(pub / "a")]
+    assert got == f"errno {errno.EACCES}", got
+    assert _fast(m)["opens_check_missed"] >= 1
+    os.unlink(m.store / "pub" / "a")
+    os.rename(m.store / "pub", m.store / "pub.old")
+    os.symlink(outside, m.store / "pub")                      # the folder itself leads out
+    got = nobody_read_files([str(pub / "a")])[str(pub / "a")]
+    assert got != "outside the store", got
+    assert got.startswith("errno"), got
+    assert int(got.split()[1]) in (errno.EACCES, errno.EIO), got
+
+
+def test_checked_marks_off_marks_only_immutable_paths(mount_factory):
+    m = mount_factory("\n[mount]\nfast_checked_opens = false\n")
+    _checked_on(m)
+    names = _files(m, 3)
+    for _ in range(2):
+        for name in names:
+            (m.mnt / "plain" / name).read_bytes()
+    f = _fast(m)
+    assert f["inodes"] == 0 and f["opens"] == 0 and f["marked"] == 0
