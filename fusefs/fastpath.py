@@ -75,6 +75,10 @@ class FastBackend(Protocol):
     def check_stats(self) -> tuple[int, int]: ...
 
 
+# The file handle of an open pyfuse3 answered: FAST_BIT | ino (Python's handles stay below it).
+FAST_BIT = 1 << 63
+
+
 def mark_limit(configured: int) -> int:
     """How many marks this process may hold: `[mount] fast_path_inodes`, at most a quarter of the
     soft open-file limit (each mark holds an fd)."""
@@ -112,7 +116,7 @@ class FastPath:
         self.by_uid: dict[int, OrderedDict[int, None]] = {}   # each user's marks, oldest first
         self.draining: dict[int, Inode] = {}     # unmarked, fast opens still open
         self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0, "fetched_ahead": 0,
-                       "let_go_removed": 0}
+                       "marked_at_lookup": 0, "let_go_removed": 0}
 
     @property
     def on(self) -> bool:
@@ -168,6 +172,13 @@ class FastPath:
             del self.draining[node.ino]
             self._release(held)
         return left
+
+    def node_of(self, fh: int) -> Inode | None:
+        """The inode of an open pyfuse3 answered (`fh` = FAST_BIT | ino), while its mark holds it."""
+        if not fh & FAST_BIT:
+            return None
+        got = self.marked.get(fh & ~FAST_BIT)
+        return got[0] if got is not None else self.draining.get(fh & ~FAST_BIT)
 
     def settle(self) -> None:
         """Let go the holds of unmarked inodes whose fast opens have all been released."""
@@ -313,6 +324,27 @@ class FastNames:
                 "users": len(self.users.by_uid), "share": self.users.share, **self.counts}
 
 
+class ReadFolders:
+    """Folders of a local store whose plain files are being opened one after another (a loader's
+    pass): once `after` of them got checked marks at their first opens in Python (`opened`), the
+    lookups of the folder's other files mark them (`reading`; `Filesystem._mark_at_lookup`), so
+    that their first opens and releases are answered in pyfuse3 too."""
+    FOLDERS = 256   # folders whose first opens are counted (the least recent ones are forgotten)
+
+    def __init__(self, after: int):
+        self.after = after   # `[mount] fast_opens_ahead` (0: never)
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def opened(self, folder: str) -> None:
+        n = self._counts.pop(folder, 0) + 1
+        self._counts[folder] = n
+        if len(self._counts) > self.FOLDERS:
+            self._counts.popitem(last=False)
+
+    def reading(self, folder: str) -> bool:
+        return self.after > 0 and self._counts.get(folder, 0) >= self.after
+
+
 class FetchAhead:
     """An object store's folders read one small object after another (`opened`), and the objects
     being fetched and marked ahead of their opens right now (`fetching`: inode number -> the event
@@ -339,4 +371,4 @@ class FetchAhead:
 
 
 __all__ = ["FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
-           "fast_eligible", "mark_limit"]
+           "ReadFolders", "fast_eligible", "mark_limit"]

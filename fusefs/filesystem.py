@@ -39,7 +39,8 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs import workers
 from fusefs.walks import Walks
-from fusefs.fastpath import MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead, fast_eligible, mark_limit
+from fusefs.fastpath import (MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead, ReadFolders, fast_eligible,
+                             mark_limit)
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -221,6 +222,7 @@ class Filesystem:
         self._ahead_sizes = (max(1, getattr(store, "min_bytes", 1)), min(whole, getattr(store, "max_bytes", 0)),
                              getattr(store, "budget", 0) // 4)
         self.ahead = FetchAhead(self.open_ahead)
+        self.reading = ReadFolders(self.open_ahead)   # (`_mark_at_lookup`)
         self.stats.fast_lookups = self.names.snapshot
         self.listings.on_drop = self.names.drop
         if self.reads.replicas is not None:   # a hint's first replica of a path: reads go there now
@@ -378,6 +380,20 @@ class Filesystem:
         """`_markable_ahead`, of an inode the kernel knows (a mark of one it does not know could never
         be used): what `_fetch_ahead` may mark."""
         return node.lookups > 0 and self._markable_ahead(node)
+
+    async def _mark_at_lookup(self, node: Inode, uid: int) -> None:
+        """A lookup of a plain file in a folder a reader is going through (`ReadFolders`: its files
+        got checked marks at their first opens): the file is marked now, as its own first open
+        would mark it (`_mark_ahead`: the same open, the same check), so that the open that
+        follows, and its release, are answered in pyfuse3. In the table's free places or in place
+        of `uid`'s own oldest marks, never another user's. Any failure leaves it to that open."""
+        if not self.fast.on or self.fast.room_for(uid) <= 0 or not self._markable_ahead(node):
+            return
+        try:
+            if await self._mark_ahead(node, uid):
+                self.fast.counts["marked_at_lookup"] += 1
+        except (Refused, OSError) as err:
+            log.debug("%s not marked at its lookup: %s", node.path, err)
 
     async def _mark_opened(self, node: Inode, reader: Reader, st: Stat, uid: int) -> bool:
         """`_mark_ahead` for a file opened ahead (`_fetch_ahead`): what its open sees with that
@@ -751,6 +767,8 @@ class Filesystem:
             inode = self.inode_for(path, st)
             if not st.is_dir and self.names_listings:
                 self.walks.looked_up(getattr(ctx, "pid", 0), parent_inode)   # a walker that stats
+            if st.is_file and self.reading.reading(parent.path) and kept is None:
+                await self._mark_at_lookup(inode, ctx.uid if ctx is not None else os.getuid())
         inode.lookups += 1
         if inode.lookups == 1:
             self.bound_entries()
@@ -1343,7 +1361,9 @@ class Filesystem:
             uid = ctx.uid if ctx is not None else os.getuid()
             if self._fast_mark(node, kind, backing_id, seen.st, uid) and self.open_ahead:
                 folder = node.path.rpartition("/")[0]
-                if self.meta_inline:
+                if node.ino in self.fast.checked:
+                    self.reading.opened(folder)
+                elif self.meta_inline:
                     if node.fast_named and self.names.opened(folder, self.open_ahead):
                         trio.lowlevel.spawn_system_task(self._open_ahead, folder, uid)
                 elif self._ahead_sizes[1] and self.ahead.opened(folder, self.listings.folder(folder)):
@@ -1632,7 +1652,16 @@ class Filesystem:
 
     # The data path returns the handle's coroutine (no await of its own: one frame per read).
     def read(self, fh: int, off: int, size: int) -> Awaitable[bytes]:
-        return self.handles[fh].read(self, off, size)
+        h = self.handles.get(fh)
+        if h is None:
+            # An open pyfuse3 answered (the fast path): the kernel fills the FUSE file's own pages
+            # (readahead asked for through it, `posix_fadvise(WILLNEED)`), answered from the
+            # mark's backing file as a Python passthrough open's READ is.
+            node = self.fast.node_of(fh)
+            if node is None:
+                raise Refused(errno.EBADF, f"no open file {fh}")
+            h = PassthroughRead(node)
+        return h.read(self, off, size)
 
     def write(self, fh: int, off: int, buf: bytes) -> Awaitable[int]:
         return self.handles[fh].write(self, off, buf)

@@ -271,7 +271,9 @@ class MountOptions(Section):
         "for the fast path ahead of their opens (`fast_path_inodes`: each holds an fd and a backing id; "
         "free places are taken, then those of the same user's oldest marks, never another user's), so their first opens and releases are "
         "answered without Python too (a loader going through a folder of small files; docs/fastpath.md, "
-        "\"Opens ahead\"). On an object store with a host cache, once this many small objects of a listed "
+        "\"Opens ahead\"). On a file:// store, once this many files of a folder not declared immutable got "
+        "checked marks (`fast_checked_opens`) at their first opens, the lookups of its other files mark "
+        "them (docs/fastpath.md, \"Marks at lookup\"). On an object store with a host cache, once this many small objects of a listed "
         "folder were opened so, its other small objects the kernel knows are fetched whole into the host cache "
         "and marked the same way (at most a quarter of `cache.budget_bytes`; docs/fastpath.md, \"Fetches "
         "ahead\"). 0: a file is marked at its own first open.",

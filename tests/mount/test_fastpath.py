@@ -76,7 +76,7 @@ def test_files_outside_the_immutable_globs_are_marked_only_with_each_open_checke
         for name in names:
             (m.mnt / "other" / name).read_bytes()
     f = _fast(m)
-    assert f["inodes"] == f["inodes_checked"] == 5 and f["opens_checked"] == f["opens"] == 5
+    assert f["inodes"] == f["inodes_checked"] == 5 and f["opens_checked"] == f["opens"] >= 5
     assert f["getattrs"] == 0
 
 

@@ -165,3 +165,46 @@ def test_checked_marks_off_marks_only_immutable_paths(mount_factory):
             (m.mnt / "plain" / name).read_bytes()
     f = _fast(m)
     assert f["inodes"] == 0 and f["opens"] == 0 and f["marked"] == 0
+
+
+def test_a_reader_going_through_a_folder_gets_its_files_marked_at_their_lookups(mount_factory):
+    """Once `fast_opens_ahead` (2) files of a folder got checked marks at their first opens, the
+    lookups of its other files mark them (`Filesystem._mark_at_lookup`): their first opens and
+    releases are answered in pyfuse3 too, each checked, and read their own bytes. A folder whose
+    files are only looked up (`stat`) is never marked."""
+    m = mount_factory("")
+    _checked_on(m)
+    names = _files(m, 12)
+    stat_only = _files(m, 6, folder="statted")
+    for name in stat_only:
+        os.stat(m.mnt / "statted" / name)
+    before = _ops(m)
+    for i, name in enumerate(names):
+        assert (m.mnt / "plain" / name).read_bytes() == bytes([i]) * (1000 + i)
+    after, f = _ops(m), _fast(m)
+    assert after["open"] - before["open"] <= 2 + 2, (before, after)    # (the stats file's own)
+    assert f["marked_at_lookup"] == 10 and f["opens"] == 10 and f["opens_checked"] == 10, f
+    assert f["inodes"] == 12
+    (m.store / "plain" / "f011").write_bytes(b"changed in the store")     # a new file, in place
+    assert (m.mnt / "plain" / "f011").read_bytes() == b"changed in the store"
+
+
+def test_readahead_through_an_open_pyfuse3_answered_is_answered_from_the_mark(mount_factory):
+    """posix_fadvise(WILLNEED) on an open answered inside pyfuse3 makes the kernel READ the FUSE
+    file's own pages through the daemon with that open's handle: answered from the mark's backing
+    file (it was an error: no such handle in Python)."""
+    m = mount_factory("")
+    _checked_on(m)
+    data = os.urandom(300_000)
+    (m.store / "ra.bin").write_bytes(data)
+    assert (m.mnt / "ra.bin").read_bytes() == data                       # marked
+    fd = os.open(m.mnt / "ra.bin", os.O_RDONLY)                          # answered in pyfuse3
+    try:
+        assert _fast(m)["opens"] == 1
+        os.posix_fadvise(fd, 0, len(data), os.POSIX_FADV_WILLNEED)
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+    s = m.stats()
+    assert s["ops"].get("read", {}).get("errors", 0) == 0, s["ops"].get("read")
+    assert s["counters"].get("passthrough_daemon_reads", 0) >= 1         # the kernel did ask

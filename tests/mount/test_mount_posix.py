@@ -110,7 +110,10 @@ def test_close_to_open_sees_changes_made_in_the_store(mounted):
     # Attributes are trusted for attr_timeout_s (1 s by default); the next open after that
     # sees the new size and drops the cached pages.
     assert wait_for(lambda: p.read_bytes() == b"version-2!", timeout=5)
-    assert mounted.stats()["cache"]["opens_invalidated"] >= 1
+    # (Python's open dropped the kernel's pages of the old version; under passthrough a reopen
+    # pyfuse3 answered after its check reads the store file itself: no pages of the mount's kept)
+    s = mounted.stats()
+    assert s["cache"]["opens_invalidated"] >= 1 or s["fast_path"].get("opens_checked", 0) >= 1
 
 
 def test_reread_keeps_kernel_cache(mount_factory):
@@ -226,8 +229,9 @@ def test_control_stats_count_operations(mounted):
     for _ in range(3):
         os.stat(mounted.mnt / "a")
         (mounted.mnt / "a").read_bytes()
-    ops = mounted.stats()["ops"]
-    assert ops["open"]["count"] >= 3
+    s = mounted.stats()
+    ops = s["ops"]
+    assert ops["open"]["count"] + s["fast_path"].get("opens", 0) >= 3   # (reopens: in pyfuse3)
     assert ops["lookup"]["p99_us"] >= ops["lookup"]["p50_us"] > 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusefs.fastpath import FastPath, FetchAhead, fast_eligible
+from fusefs.fastpath import FastPath, FetchAhead, ReadFolders, fast_eligible
 from fusefs.handles import HandleKind
 from fusefs.inodes import Inode
 from tests.helpers.backing import FakeFastTable
@@ -313,3 +313,17 @@ def test_fetch_ahead_starts_once_per_kept_listing_at_the_configured_open():
     assert [ahead.opened("e", first), ahead.opened("e", first)] == [False, True]   # (folders apart)
     off = FetchAhead(0)
     assert not any(off.opened("d", first) for _ in range(3))
+
+
+def test_a_folder_is_being_read_after_its_configured_first_opens_and_few_folders_are_kept():
+    r = ReadFolders(2)
+    r.opened("a")
+    assert not r.reading("a")
+    r.opened("a")
+    assert r.reading("a") and not r.reading("b")
+    for i in range(ReadFolders.FOLDERS):
+        r.opened(f"other{i}")
+    assert not r.reading("a")                 # forgotten: the least recent
+    off = ReadFolders(0)
+    off.opened("a"), off.opened("a"), off.opened("a")
+    assert not off.reading("a")               # `fast_opens_ahead = 0`: never
