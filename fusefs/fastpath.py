@@ -56,7 +56,8 @@ from hintfs.common.fdlimit import share_of_open_files
 
 class NamesBackend(Protocol):
     """The patched pyfuse3's table of names answered at LOOKUP (`fusefs.fuse.names_backend`)."""
-    def put(self, parent: int, entries: list[tuple[bytes, Attributes]], deadline_ns: int) -> None: ...
+    def put(self, parent: int, entries: list[tuple[bytes, Attributes, tuple[int, bytes, int, int] | None]],
+            deadline_ns: int) -> None: ...
     def drop(self, parent: int) -> int: ...
     def take(self, ino: int) -> int: ...
     def stats(self) -> tuple[int, int, int]: ...
@@ -72,7 +73,7 @@ class FastBackend(Protocol):
     def stats(self) -> tuple[int, int, int, int]: ...
     @property
     def checks(self) -> bool: ...
-    def check_stats(self) -> tuple[int, int]: ...
+    def check_stats(self) -> tuple[int, int, int, int]: ...
 
 
 # The file handle of an open pyfuse3 answered: FAST_BIT | ino (Python's handles stay below it).
@@ -205,9 +206,10 @@ class FastPath:
             return {"state": "off" if self.limit == 0 else "unavailable (pyfuse3 without the fast path, or no passthrough)"}
         assert self.backend is not None
         opened, released, serving, getattrs = self.backend.stats()
-        checked, missed = self.backend.check_stats()
+        checked, missed, names_checked, names_missed = self.backend.check_stats()
         return {"state": "on", "opens": opened, "releases": released, "getattrs": getattrs, "inodes": serving,
                 "inodes_checked": len(self.checked), "opens_checked": checked, "opens_check_missed": missed,
+                "lookups_checked": names_checked, "lookups_check_missed": names_missed,
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 
 
@@ -215,6 +217,10 @@ class FastPath:
 # and how many are looked at between two passes of the loop.
 MARK_SWEEP_S = 10.0
 MARK_SWEEP_CHUNK = 4096
+# How long the names of a folder not declared immutable are answered in pyfuse3, each checked
+# (`Filesystem._name_checked`): the check makes each answer as fresh as Python's; the time only
+# bounds how long unused names hold their inodes.
+CHECKED_NAMES_S = 300.0
 
 # A registration's time, at most (pyfuse3's deadline is a signed 64-bit count of nanoseconds; the
 # listing it comes from expires by `immutable_timeout_s`, which the config does not bound).
@@ -250,15 +256,18 @@ class FastNames:
         # across a drop is not made (`Filesystem._name_folder`).
         self.epoch = 0
         self.opened_in: dict[str, int] = {}     # folder -> its named files' first opens answered in Python
+        self.checked_until: dict[str, int] = {}  # folders of checked names -> their deadline (`now_ns`)
 
     @property
     def on(self) -> bool:
         return self.backend is not None
 
     def register(self, folder: str, parent: Inode, named: list[tuple[bytes, Inode, Attributes]],
-                 ttl_s: float, uid: int = 0) -> bool:
+                 ttl_s: float, uid: int = 0, checks: list[tuple[int, bytes, int, int]] | None = None) -> bool:
         """Answer LOOKUPs of `named` (name, its inode, its entry) in `folder` for `ttl_s`, counted to
-        `uid`; whether they are. The folder's inode is held too: pyfuse3 knows the names by its
+        `uid`; whether they are. With `checks` (one per name: a folder not declared immutable),
+        each LOOKUP pyfuse3 answers first checks the name is still that file and answers with its
+        attributes then (docs/fastpath.md, "Checked names"). The folder's inode is held too: pyfuse3 knows the names by its
         number, and a folder the kernel forgot and looks up again must get the same one. A user past
         its share (`share` names) first gives up its oldest folders; more names than the share
         alone are not registered (Python answers them from the listing, as before)."""
@@ -269,8 +278,11 @@ class FastNames:
         while not self.users.fits(uid, len(named)):
             self.counts["given_up_for_share"] += 1
             self.drop(self.users.oldest(uid))
-        self.backend.put(parent.ino, [(name, attrs) for name, _node, attrs in named],
+        self.backend.put(parent.ino, [(name, attrs, checks[i] if checks is not None else None)
+                                      for i, (name, _node, attrs) in enumerate(named)],
                          self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9))
+        if checks is not None:
+            self.checked_until[folder] = self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9)
         parent.lookups += 1
         inodes = []
         for _name, node, _attrs in named:
@@ -296,6 +308,7 @@ class FastNames:
         """No more LOOKUPs in `folder` answered in pyfuse3; each named inode's hold ends."""
         self.epoch += 1
         self.opened_in.pop(folder, None)
+        self.checked_until.pop(folder, None)
         got = self.folders.pop(folder, None)
         if got is None:
             return
@@ -335,11 +348,13 @@ class ReadFolders:
         self.after = after   # `[mount] fast_opens_ahead` (0: never)
         self._counts: OrderedDict[str, int] = OrderedDict()
 
-    def opened(self, folder: str) -> None:
+    def opened(self, folder: str) -> bool:
+        """Counted; True once, at the `after`-th (`Filesystem._name_checked`)."""
         n = self._counts.pop(folder, 0) + 1
         self._counts[folder] = n
         if len(self._counts) > self.FOLDERS:
             self._counts.popitem(last=False)
+        return n == self.after
 
     def reading(self, folder: str) -> bool:
         return self.after > 0 and self._counts.get(folder, 0) >= self.after
@@ -370,5 +385,5 @@ class FetchAhead:
         return n == self.after
 
 
-__all__ = ["FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
+__all__ = ["CHECKED_NAMES_S", "FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
            "ReadFolders", "fast_eligible", "mark_limit"]

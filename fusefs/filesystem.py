@@ -39,8 +39,8 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs import workers
 from fusefs.walks import Walks
-from fusefs.fastpath import (MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead, ReadFolders, fast_eligible,
-                             mark_limit)
+from fusefs.fastpath import (CHECKED_NAMES_S, MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead,
+                             ReadFolders, fast_eligible, mark_limit)
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
 from fusefs.inodes import Inode, InodeTable
@@ -476,13 +476,48 @@ class Filesystem:
             self.fast.unmark(node)
         self.inodes.maybe_drop(node)
 
-    async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float, uid: int = 0) -> None:
+    async def _name_checked(self, folder: str, uid: int) -> None:
+        """A reader is going through `folder` of a local store, not declared immutable
+        (`ReadFolders`: two of its files got checked marks at their first opens): its plain files'
+        names are registered for LOOKUPs answered in pyfuse3, each checked there (the path still
+        that file; its attributes read then: docs/fastpath.md, "Checked names") for
+        CHECKED_NAMES_S, and its other files are marked ahead (`_open_ahead`), so that their
+        LOOKUP, OPEN and RELEASE are all answered in pyfuse3. A system task: it never fails the mount."""
+        if folder in self.names.folders:
+            return
+        most = self.names.users.share
+        try:
+            listing = await self._list_inline(folder, most + 1)
+        except Exception as err:   # (its lookups go to Python, as before)
+            log.debug("listing %r for checked names failed: %s", folder, err)
+            return
+        if len(listing) > most:
+            return
+        await self._name_folder(folder, listing, CHECKED_NAMES_S, uid, checked=True)
+        if folder in self.names.folders:
+            await self._open_ahead(folder, uid)
+
+    async def fast_sweep(self) -> None:
+        """Every MARK_SWEEP_S (`mount._fast_sweep`): checked names past their time go, and the
+        marks of files the store no longer has (`let_go_removed_marks`)."""
+        if self.names.checked_until and self.names.backend is not None:
+            now = self.names.backend.now_ns()
+            for folder in [f for f, until in self.names.checked_until.items() if until <= now]:
+                self.names.drop(folder)
+        if self.fast.marked:
+            await self.let_go_removed_marks()
+
+    async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float, uid: int = 0,
+                           checked: bool = False) -> None:
         """Register the plain files of `folder`'s kept listing for lookups answered in pyfuse3
         (`FastNames`): each name whose Python lookup would answer from that listing, as it would,
         counted to `uid` (whose lookups had it listed: `FastNames.users`: a share per user). Not past
         FAST_NAMES_MAX names or `[cache] max_entries`. The entries are made NAME_CHUNK at
         a time, the loop free between (~8 µs a name here); anything that drops names meanwhile
-        (a change in the folder, the listing gone) ends it with nothing registered."""
+        (a change in the folder, the listing gone) ends it with nothing registered. `checked`: the
+        folder is not declared immutable (`_name_checked`): its plain files not declared so are
+        registered, each with its check (`LocalStore.same_file_check`) and the mount's timeouts,
+        and no kept listing is involved."""
         parent = self.inodes.by_path_get(folder)
         if (parent is None or parent.path != folder or parent.control is not None or len(listing) > FAST_NAMES_MAX
                 or len(self.inodes.by_ino) + len(listing) > self.max_entries):
@@ -490,15 +525,18 @@ class Filesystem:
         epoch, kept = self.names.epoch, self.listings.folder(folder)
 
         def undisturbed() -> bool:
-            return self.names.epoch == epoch and self.listings.folder(folder) is kept
+            return self.names.epoch == epoch and (checked or self.listings.folder(folder) is kept)
 
         prefix = folder + "/" if folder else ""
         # (per name, what costs: a reserved name can be in a few folders only; an immutable path's
         # timeouts are the immutable ones, without matching it again as `attrs` would)
         reserved = self.reserved if paths.may_hold_reserved(folder, self.journal_dir) else None
-        timeouts = (self._immutable_timeout, self._immutable_timeout)
+        timeouts = (self._attr_timeout, self._entry_timeout) if checked else (self._immutable_timeout,
+                                                                              self._immutable_timeout)
         immutable, by_path, own_dev = self.immutable, self.inodes.by_path_get, self.own_dev
         named: list[tuple[bytes, Inode, Attributes]] = []
+        checks: list[tuple[int, bytes, int, int]] = []
+        same_file_check = getattr(self.store, "same_file_check", None)
         for i, (name, st) in enumerate(listing):
             if i and i % NAME_CHUNK == 0:
                 await trio.sleep(0)
@@ -507,7 +545,7 @@ class Filesystem:
             path = prefix + name
             if (st is None or not st.is_file or st.nlink > 1 or (own_dev and st.dev == own_dev)
                     or paths.is_hidden_name(name) or (reserved is not None and reserved(path))
-                    or not immutable(path)):
+                    or bool(immutable(path)) == checked):
                 continue
             known = by_path(path)
             if known is not None and (known.writer is not None or known.writers_pending or known.path != path
@@ -515,10 +553,15 @@ class Filesystem:
                 continue   # (a write open pending dropped the names before this began: its size will change)
             if self._named_still and self._still_named_at(path):
                 continue
+            if checked:
+                check = same_file_check(path, st, True) if same_file_check is not None else None
+                if check is None:
+                    continue
+                checks.append(check)
             node = self.inode_for(path, st)
             named.append((name.encode("utf-8", "surrogateescape"), node, self.attrs(node, st, timeouts)))
         if (undisturbed() and self.inodes.get(parent.ino) is parent
-                and self.names.register(folder, parent, named, ttl, uid)):
+                and self.names.register(folder, parent, named, ttl, uid, checks if checked else None)):
             return
         for _name, node, _attrs in named:   # (made for this: no one else holds them)
             self.inodes.maybe_drop(node)
@@ -1362,7 +1405,8 @@ class Filesystem:
             if self._fast_mark(node, kind, backing_id, seen.st, uid) and self.open_ahead:
                 folder = node.path.rpartition("/")[0]
                 if node.ino in self.fast.checked:
-                    self.reading.opened(folder)
+                    if self.reading.opened(folder) and self.names.on and self.meta_inline:
+                        trio.lowlevel.spawn_system_task(self._name_checked, folder, uid)
                 elif self.meta_inline:
                     if node.fast_named and self.names.opened(folder, self.open_ahead):
                         trio.lowlevel.spawn_system_task(self._open_ahead, folder, uid)

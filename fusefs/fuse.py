@@ -263,9 +263,9 @@ class _Fast:
         """Whether marks may carry a close-to-open check (patches/pyfuse3-fastverify.patch)."""
         return bool(getattr(_patched, "fast_check_supported", lambda: False)())
 
-    def check_stats(self) -> tuple[int, int]:
-        checked, missed = _patched.fast_check_stats() if self.checks else (0, 0)
-        return checked, missed
+    def check_stats(self) -> tuple[int, int, int, int]:
+        checked, missed, names_checked, names_missed = _patched.fast_check_stats() if self.checks else (0, 0, 0, 0)
+        return checked, missed, names_checked, names_missed
 
 
 def fast_backend() -> _Fast | None:
@@ -276,8 +276,10 @@ def fast_backend() -> _Fast | None:
 class _Names:
     """The names answered at LOOKUP in the patched pyfuse3 (patches/pyfuse3-fastlookup.patch)."""
 
-    def put(self, parent: int, entries: list[tuple[bytes, Attributes]], deadline_ns: int) -> None:
-        _patched.fast_names_put(parent, [(name, _entry(a)) for name, a in entries], deadline_ns)
+    def put(self, parent: int, entries: list[tuple[bytes, Attributes, tuple[int, bytes, int, int] | None]],
+            deadline_ns: int) -> None:
+        _patched.fast_names_put(parent, [(name, _entry(a)) if c is None else (name, _entry(a), c)
+                                         for name, a, c in entries], deadline_ns)
 
     def drop(self, parent: int) -> int:
         n: int = _patched.fast_names_drop(parent)

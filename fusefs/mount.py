@@ -447,7 +447,7 @@ async def _serve(mount: Assembly, mp: str, on_ready, options: MountOptions, jour
         if journal.enabled:
             nursery.start_soon(_prune_journal, mount.store, journal)
         nursery.start_soon(_release_listings, mount.fs)
-        nursery.start_soon(_let_go_removed_marks, mount.fs)
+        nursery.start_soon(_fast_sweep, mount.fs)
         await pyfuse3.main(min_tasks=1, max_tasks=options.max_tasks)
         nursery.cancel_scope.cancel()
 
@@ -460,12 +460,12 @@ async def _release_listings(fs: Filesystem) -> None:
         await fs.listings_released()
 
 
-async def _let_go_removed_marks(fs: Filesystem) -> None:
-    """Fast-path marks of files the store no longer has go every MARK_SWEEP_S (fusefs/fastpath.py)."""
+async def _fast_sweep(fs: Filesystem) -> None:
+    """Every MARK_SWEEP_S: fast-path marks of files the store no longer has go, and checked names
+    past their time (`Filesystem.fast_sweep`)."""
     while True:
         await trio.sleep(MARK_SWEEP_S)
-        if fs.fast.marked:
-            await fs.let_go_removed_marks()
+        await fs.fast_sweep()
 
 
 async def _watch_signals(fs: Filesystem, timeout_s: float) -> None:

@@ -260,13 +260,18 @@ class LocalStore:
             return st
         return Stat.from_os(os.stat(name, dir_fd=d, follow_symlinks=False))
 
-    def same_file_check(self, rel: str, st: Stat) -> tuple[int, bytes, int, int] | None:
+    def same_file_check(self, rel: str, st: Stat, attrs: bool = False) -> tuple[int, bytes, int, int] | None:
         """What the fast path's checked marks give the patched pyfuse3 (docs/fastpath.md, "Checked
         marks"): the root's fd, `rel` as one beneath-resolution call takes it, and the file (dev,
         ino) it must still name at each open, which is this store's close-to-open under
-        passthrough (`fusefs.passthrough.backing_key`). None where it cannot be checked so."""
+        passthrough (`fusefs.passthrough.backing_key`). None where it cannot be checked so, and,
+        with `attrs` (a name whose LOOKUP pyfuse3 answers with the attributes it reads then), on a
+        file system whose attributes `statx(AT_STATX_DONT_SYNC)` may give stale (`_stat_at` asks
+        those again)."""
         raw = beneath_in_one_call(rel)
-        return None if raw is None or not st.ino else (self.root_fd, raw, st.dev, st.ino)
+        if raw is None or not st.ino or (attrs and not exact_without_sync(st.dev)):
+            return None
+        return (self.root_fd, raw, st.dev, st.ino)
 
     def stat(self, rel: str) -> Stat:
         if not rel:

@@ -504,10 +504,12 @@ class _FakeNames:
 
     def __init__(self) -> None:
         self.folders: dict[int, dict[bytes, object]] = {}
+        self.checks: dict[int, dict[bytes, object]] = {}
         self.counts: dict[int, int] = {}
 
     def put(self, parent, entries, deadline_ns):
-        self.folders[parent] = dict(entries)
+        self.folders[parent] = {e[0]: e[1] for e in entries}
+        self.checks[parent] = {e[0]: e[2] for e in entries}
 
     def drop(self, parent):
         return len(self.folders.pop(parent, {}))

@@ -46,5 +46,5 @@ class FakeFastTable:
     def stats(self) -> tuple[int, int, int, int]:
         return 0, 0, len(self.serving), 0
 
-    def check_stats(self) -> tuple[int, int]:
-        return 0, 0
+    def check_stats(self) -> tuple[int, int, int, int]:
+        return 0, 0, 0, 0

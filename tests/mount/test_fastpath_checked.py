@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -169,7 +170,8 @@ def test_checked_marks_off_marks_only_immutable_paths(mount_factory):
 
 def test_a_reader_going_through_a_folder_gets_its_files_marked_at_their_lookups(mount_factory):
     """Once `fast_opens_ahead` (2) files of a folder got checked marks at their first opens, the
-    lookups of its other files mark them (`Filesystem._mark_at_lookup`): their first opens and
+    lookups of its other files mark them (`Filesystem._mark_at_lookup`), or, once the folder's
+    names are registered (`_name_checked`), they are marked ahead: their first opens and
     releases are answered in pyfuse3 too, each checked, and read their own bytes. A folder whose
     files are only looked up (`stat`) is never marked."""
     m = mount_factory("")
@@ -183,8 +185,9 @@ def test_a_reader_going_through_a_folder_gets_its_files_marked_at_their_lookups(
         assert (m.mnt / "plain" / name).read_bytes() == bytes([i]) * (1000 + i)
     after, f = _ops(m), _fast(m)
     assert after["open"] - before["open"] <= 2 + 2, (before, after)    # (the stats file's own)
-    assert f["marked_at_lookup"] == 10 and f["opens"] == 10 and f["opens_checked"] == 10, f
-    assert f["inodes"] == 12
+    assert f["opens"] == 10 and f["opens_checked"] == 10, f
+    # (each marked at its lookup, or ahead once the folder's names were registered, if first)
+    assert f["marked_at_lookup"] + f["marked_ahead"] == 10 and f["inodes"] == 12, f
     (m.store / "plain" / "f011").write_bytes(b"changed in the store")     # a new file, in place
     assert (m.mnt / "plain" / "f011").read_bytes() == b"changed in the store"
 
@@ -208,3 +211,95 @@ def test_readahead_through_an_open_pyfuse3_answered_is_answered_from_the_mark(mo
     s = m.stats()
     assert s["ops"].get("read", {}).get("errors", 0) == 0, s["ops"].get("read")
     assert s["counters"].get("passthrough_daemon_reads", 0) >= 1         # the kernel did ask
+
+
+ZERO = "\n[cache]\nattr_timeout_s = 0\nentry_timeout_s = 0\n"
+
+
+def _registered(m, names: list[str], folder: str = "plain") -> None:
+    """Read the files in order until the folder's names are registered (`_name_checked` runs
+    beside the reads, after the second open)."""
+    for name in names:
+        (m.mnt / folder / name).read_bytes()
+    for _ in range(200):
+        if m.stats()["fast_lookups"].get("folders_named", 0) >= 1:
+            return
+        time.sleep(0.01)
+    raise AssertionError(m.stats()["fast_lookups"])
+
+
+def test_checked_names_answer_lookups_in_pyfuse3_with_the_attributes_of_now(mount_factory):
+    """A folder a reader goes through has its names registered in pyfuse3, each LOOKUP checked:
+    with no kernel caching (timeouts 0), every stat is a LOOKUP, answered inside pyfuse3 with the
+    size, mode and times the store has now; a file replaced, removed or turned symlink in the
+    store goes to Python, which answers as it always did."""
+    m = mount_factory(ZERO)
+    _checked_on(m)
+    names = _files(m, 8)
+    _registered(m, names)
+    f0 = _fast(m)
+    for i in (3, 4):
+        assert os.stat(m.mnt / "plain" / names[i]).st_size == 1000 + i
+    assert _fast(m)["lookups_checked"] - f0["lookups_checked"] >= 2
+    raw = m.store / "plain"
+    with open(raw / names[3], "ab") as w:                              # changed in place
+        w.write(b"more")
+    os.chmod(raw / names[3], 0o600)
+    st = os.stat(m.mnt / "plain" / names[3])
+    assert st.st_size == 1007 and st.st_mode & 0o777 == 0o600
+    assert (m.mnt / "plain" / names[3]).read_bytes() == bytes([3]) * 1003 + b"more"
+    os.unlink(raw / names[5])                                          # removed
+    with pytest.raises(FileNotFoundError):
+        os.stat(m.mnt / "plain" / names[5])
+    os.unlink(raw / names[6])
+    os.symlink(names[0], raw / names[6])                               # a symlink now
+    assert os.path.islink(m.mnt / "plain" / names[6])
+    (raw / "n").write_bytes(b"a new file")
+    os.replace(raw / "n", raw / names[4])                              # replaced (its open renews
+    assert os.stat(m.mnt / "plain" / names[4]).st_size == 10            # the name: the folder's
+    assert (m.mnt / "plain" / names[4]).read_bytes() == b"a new file"  # names go then)
+    f1 = _fast(m)
+    assert f1["lookups_check_missed"] - f0["lookups_check_missed"] >= 3, f1
+    assert m.stats()["ops"].get("lookup", {}).get("errors", 0) >= 1      # (the ENOENT)
+
+
+@pytest.fixture
+def world_zero():
+    """A mount with no kernel caching in a folder every user may traverse."""
+    def setup(base: Path) -> str:
+        (base / "store" / "pub").mkdir()
+        (base / "store").chmod(0o755)
+        (base / "store" / "pub").chmod(0o755)
+        for i in range(6):
+            (base / "store" / "pub" / f"f{i:03d}").write_bytes(b"open %d" % i)
+            (base / "store" / "pub" / f"f{i:03d}").chmod(0o644)
+        return ZERO
+
+    with world_mount(setup, prefix="hintfs-checkednames-") as m:
+        yield m
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_a_mode_changed_in_the_store_is_what_the_kernel_checks_after_a_checked_lookup(world_zero):
+    """The kernel's permission check uses the attributes of the LOOKUP: a checked name's are read
+    at that lookup, so a file the store made private since its registration is refused to
+    another user at once, and one made public again is readable."""
+    m = world_zero
+    _checked_on(m)
+    pub = m.mnt / "pub"
+    names = [f"f{i:03d}" for i in range(6)]
+    got = nobody_read_files([str(pub / n) for n in names])             # uid 65534 goes through them
+    assert all(got[str(pub / n)] == "open %d" % i for i, n in enumerate(names)), got
+    for _ in range(200):
+        if m.stats()["fast_lookups"].get("folders_named", 0) >= 1:
+            break
+        time.sleep(0.01)
+    assert m.stats()["fast_lookups"]["folders_named"] >= 1
+    os.chmod(m.store / "pub" / "f004", 0o600)
+    before = _fast(m)["lookups_checked"]
+    got = nobody_read_files([str(pub / "f004"), str(pub / "f005")])
+    assert got[str(pub / "f004")] == f"errno {errno.EACCES}", got
+    assert got[str(pub / "f005")] == "open 5"
+    assert _fast(m)["lookups_checked"] > before
+    os.chmod(m.store / "pub" / "f004", 0o644)
+    assert nobody_read_files([str(pub / "f004")])[str(pub / "f004")] == "open 4"
