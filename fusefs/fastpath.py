@@ -3,7 +3,9 @@
 (Where the path is not declared immutable, a file:// store's marks are checked: each open
 pyfuse3 answers first checks that the path still names the marked file, the store's own
 close-to-open under passthrough; docs/fastpath.md, "Checked marks". What follows is written
-for immutable paths; a checked mark differs in that check and in leaving GETATTR to Python.)
+for immutable paths; a checked mark differs in that check and in leaving GETATTR to Python. A
+folder a reader goes through has its names registered the same way, each LOOKUP checked and
+answered with the attributes of then: "Checked names", `FastNames.register(checks=...)`.)
 
 A fresh small file costs the daemon three requests answered in Python (LOOKUP, OPEN, RELEASE); a
 second pass over a dataset two (OPEN, RELEASE). For a file this mount reads from its store

@@ -70,17 +70,19 @@ def _remount_and_pids(mnts: list[Path], cfgs: list[Path]):
     return remount, pid_of
 
 
-def _fast_keys(fast_path: bool) -> dict[str, str]:
+def _fast_keys(fast_path: bool, reads: bool = False) -> dict[str, str]:
     """The config keys of a fast-path rig (`model_rig`, `model_rig_s3`): every path immutable, its
-    folders listed for lookups at once, files marked ahead after one open; none otherwise."""
+    folders listed for lookups at once, files marked ahead after one open; none otherwise. `reads`
+    (nothing immutable): a folder's names registered, checked, after one open
+    (docs/fastpath.md, "Checked names"), or the model's small folders would rarely meet them."""
     if not fast_path:
-        return {"immutable": "", "mount_extra": ""}
+        return {"immutable": "", "mount_extra": "fast_opens_ahead = 1" if reads else ""}
     return {"immutable": 'immutable_globs = ["*"]\nrelist_quiet_s = 0', "mount_extra": "fast_opens_ahead = 1"}
 
 
 @contextlib.contextmanager
 def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = None,
-              fast_path: bool = False) -> Iterator[Rig]:
+              fast_path: bool = False, reads: bool = False) -> Iterator[Rig]:
     """A store and `mounts` mounts of it; everything unmounted and removed at the end. With
     `fast_path`, every path is declared immutable, so that reopened files are answered by the
     fast path (fusefs/fastpath.py): meant for one mount, whose own changes the kernel sees (two
@@ -99,7 +101,7 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             cfg = base / f"m{i}.toml"
             cfg.write_text(CONFIG.format(store=store, passthrough="auto" if passthrough else "off",
                                          log=base / f"m{i}.log",
-                                         **_fast_keys(fast_path)))
+                                         **_fast_keys(fast_path, reads)))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)

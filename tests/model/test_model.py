@@ -55,7 +55,7 @@ def test_random_operations_with_checked_reopens_match_the_model():
     """Two mounts, passthrough on, more opens read-only: files reopened after their first open are
     answered inside pyfuse3 after its close-to-open check (docs/fastpath.md, "Checked marks"),
     while the other mount replaces, truncates, renames and unlinks them."""
-    with model_rig(2, True) as rig:
+    with model_rig(2, True, reads=True) as rig:
         fast = _stats(rig)["fast_path"]
         if fast["state"] != "on" or "opens_checked" not in fast:
             pytest.skip(f"checked reopens are not available here: {fast['state']}")
