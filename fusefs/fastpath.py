@@ -218,7 +218,7 @@ class FastPath:
 # How often the marks of files no longer in the store are let go (`Filesystem.let_go_removed_marks`),
 # and how many are looked at between two passes of the loop.
 MARK_SWEEP_S = 10.0
-MARK_SWEEP_CHUNK = 4096
+MARK_SWEEP_CHUNK = 1024
 # How long the names of a folder not declared immutable are answered in pyfuse3, each checked
 # (`Filesystem._name_checked`): the check makes each answer as fresh as Python's; the time only
 # bounds how long unused names hold their inodes.

@@ -111,21 +111,27 @@ def test_a_file_removed_from_the_store_is_enoent_and_a_folder_moved_away_is_not_
     assert _fast(m)["opens_check_missed"] >= 2
 
 
-@pytest.fixture
-def world():
-    """A mount in a folder every user may traverse, with a secret outside its store."""
+def _world(files: dict[str, bytes], pub_mode: int, cfg: str = ""):
+    """A mount in a folder every user may traverse: `files` (0644) in the store's `pub` folder
+    (`pub_mode`), and a file `outside/a` beside the store, outside it."""
     def setup(base: Path) -> str:
         (base / "store" / "pub").mkdir()
         (base / "store").chmod(0o755)
-        (base / "store" / "pub").chmod(0o777)
-        (base / "store" / "pub" / "a").write_bytes(b"public a")
-        (base / "store" / "pub" / "a").chmod(0o644)
+        (base / "store" / "pub").chmod(pub_mode)
+        for name, data in files.items():
+            (base / "store" / "pub" / name).write_bytes(data)
+            (base / "store" / "pub" / name).chmod(0o644)
         (base / "outside").mkdir()
         (base / "outside" / "a").write_bytes(b"outside the store")
         (base / "outside" / "a").chmod(0o644)
-        return ""
+        return cfg
 
-    with world_mount(setup, prefix="hintfs-checked-") as m:
+    return world_mount(setup, prefix="hintfs-checked-")
+
+
+@pytest.fixture
+def world():
+    with _world({"a": b"public a"}, 0o777) as m:
         yield m
 
 
@@ -265,17 +271,8 @@ def test_checked_names_answer_lookups_in_pyfuse3_with_the_attributes_of_now(moun
 
 @pytest.fixture
 def world_zero():
-    """A mount with no kernel caching in a folder every user may traverse."""
-    def setup(base: Path) -> str:
-        (base / "store" / "pub").mkdir()
-        (base / "store").chmod(0o755)
-        (base / "store" / "pub").chmod(0o755)
-        for i in range(6):
-            (base / "store" / "pub" / f"f{i:03d}").write_bytes(b"open %d" % i)
-            (base / "store" / "pub" / f"f{i:03d}").chmod(0o644)
-        return ZERO
-
-    with world_mount(setup, prefix="hintfs-checkednames-") as m:
+    """`world`'s, with no kernel caching, six readable files."""
+    with _world({f"f{i:03d}": b"open %d" % i for i in range(6)}, 0o755, ZERO) as m:
         yield m
 
 
