@@ -21,6 +21,13 @@ pytestmark = needs_fuse
 IMMUTABLE = '\n[cache]\nimmutable_globs = ["data/*"]\n'
 
 
+@pytest.fixture(params=["immutable", "checked"])
+def marks(request) -> str:
+    """The rules that end a mark or never let one start hold for both kinds of mark: a path
+    declared immutable, and one that is not (each open checked in pyfuse3: "Checked marks")."""
+    return IMMUTABLE if request.param == "immutable" else ""
+
+
 def _fast(m) -> dict:
     return m.stats()["fast_path"]
 
@@ -80,8 +87,8 @@ def test_files_outside_the_immutable_globs_are_marked_only_with_each_open_checke
     assert f["getattrs"] == 0
 
 
-def test_a_write_through_the_mount_ends_the_mark_and_later_reads_see_the_new_bytes(mount_factory):
-    m = mount_factory(IMMUTABLE)
+def test_a_write_through_the_mount_ends_the_mark_and_later_reads_see_the_new_bytes(mount_factory, marks):
+    m = mount_factory(marks)
     _skip_unless_on(m)
     _files(m, 1)
     f = m.mnt / "data" / "f000"
@@ -95,10 +102,10 @@ def test_a_write_through_the_mount_ends_the_mark_and_later_reads_see_the_new_byt
     assert f.read_bytes() == b"new+" and (m.store / "data" / "f000").read_bytes() == b"new+"
 
 
-def test_a_writer_waits_for_nothing_but_is_refused_while_a_fast_open_is_still_open(mount_factory):
+def test_a_writer_waits_for_nothing_but_is_refused_while_a_fast_open_is_still_open(mount_factory, marks):
     """A write open while a reader is open through passthrough is ETXTBSY (the kernel serves one
     inode from one backing file): the same with the reader's open answered by the fast path."""
-    m = mount_factory(IMMUTABLE)
+    m = mount_factory(marks)
     _skip_unless_on(m)
     _files(m, 1)
     f = m.mnt / "data" / "f000"
@@ -116,8 +123,8 @@ def test_a_writer_waits_for_nothing_but_is_refused_while_a_fast_open_is_still_op
     assert f.read_bytes() == b"x" + b"\0" * 999
 
 
-def test_unlink_and_rename_through_the_mount_end_the_mark(mount_factory):
-    m = mount_factory(IMMUTABLE)
+def test_unlink_and_rename_through_the_mount_end_the_mark(mount_factory, marks):
+    m = mount_factory(marks)
     _skip_unless_on(m)
     _files(m, 2)
     a, b = m.mnt / "data" / "f000", m.mnt / "data" / "f001"
@@ -135,8 +142,8 @@ def test_unlink_and_rename_through_the_mount_end_the_mark(mount_factory):
     assert a.read_bytes() == b"\1" * 1001 and a.read_bytes() == b"\1" * 1001
 
 
-def test_a_truncate_by_path_ends_the_mark(mount_factory):
-    m = mount_factory(IMMUTABLE)
+def test_a_truncate_by_path_ends_the_mark(mount_factory, marks):
+    m = mount_factory(marks)
     _skip_unless_on(m)
     _files(m, 1)
     f = m.mnt / "data" / "f000"
@@ -145,8 +152,8 @@ def test_a_truncate_by_path_ends_the_mark(mount_factory):
     assert f.read_bytes() == b"\0" * 10 and (m.store / "data" / "f000").stat().st_size == 10
 
 
-def test_control_files_and_staging_files_are_never_fast(mount_factory):
-    m = mount_factory(IMMUTABLE.replace('"data/*"', '"*"'))
+def test_control_files_and_staging_files_are_never_fast(mount_factory, marks):
+    m = mount_factory(marks.replace('"data/*"', '"*"'))
     _skip_unless_on(m)
     for _ in range(3):
         (m.mnt / ".hintfs" / "stats").read_bytes()
@@ -165,9 +172,9 @@ def test_control_files_and_staging_files_are_never_fast(mount_factory):
     assert _fast(m)["marked"] == 0
 
 
-def test_a_hints_first_replica_ends_the_mark_and_reads_go_to_the_replica(mount_factory, tmp_path):
+def test_a_hints_first_replica_ends_the_mark_and_reads_go_to_the_replica(mount_factory, tmp_path, marks):
     from hintfs import client
-    m = mount_factory(IMMUTABLE + f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
+    m = mount_factory(marks + f'\n[agent]\ndata_dir = "{tmp_path / "rep"}"\n')
     _skip_unless_on(m)
     _files(m, 2)
     f = m.mnt / "data" / "f000"
