@@ -262,6 +262,9 @@ class MountOptions(Section):
         "expires or anything in the folder changes through this mount (docs/fastpath.md, "
         "\"Lookups\"). Each name listed then holds one cached entry (bounded by `cache.max_entries`; the "
         "names registered for one user's lookups by half of it, that user's oldest folders given up first). "
+        "On a file:// store, a folder not declared immutable whose files a reader is opening has its names "
+        "registered too, each lookup checked against the store and answered with the attributes of then "
+        "(`fast_checked_opens`; docs/fastpath.md, \"Checked names\"). "
         "Needs the patched pyfuse3. false: every lookup in Python.",
     )
     fast_opens_ahead: int = Field(
