@@ -429,7 +429,7 @@ class Filesystem:
         """A mark holds its file open (fusefs/fastpath.py): once the store no longer has that file
         (its last name removed or replaced outside this mount, or a host cache's copy evicted: no
         link left, `st_nlink` 0 through the fd the mark holds), the mark goes, so the file is not
-        kept allocated past this pass (`MARK_SWEEP_S` apart, `mount._let_go_removed_marks`). Its
+        kept allocated past this pass (`MARK_SWEEP_S` apart: `fast_sweep`). Its
         next open, if any, is Python's. How many went."""
         if self.fast.draining:
             self.fast.settle()

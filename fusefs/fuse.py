@@ -258,10 +258,15 @@ class _Fast:
         opened, released, serving, getattrs = _patched.fast_stats()
         return opened, released, serving, getattrs
 
+    _checks: bool | None = None
+
     @property
     def checks(self) -> bool:
-        """Whether marks may carry a close-to-open check (patches/pyfuse3-fastverify.patch)."""
-        return bool(getattr(_patched, "fast_check_supported", lambda: False)())
+        """Whether marks may carry a close-to-open check (patches/pyfuse3-fastverify.patch; it
+        probes openat2 once)."""
+        if self._checks is None:
+            self._checks = bool(getattr(_patched, "fast_check_supported", lambda: False)())
+        return self._checks
 
     def check_stats(self) -> tuple[int, int, int, int]:
         checked, missed, names_checked, names_missed = _patched.fast_check_stats() if self.checks else (0, 0, 0, 0)
