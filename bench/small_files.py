@@ -79,7 +79,8 @@ class Mounts:
         (hintfs_imm with `[mount] fast_lookups = false`: every lookup in Python), hintfs_imm_noahead
         (hintfs_imm with `[mount] fast_opens_ahead = 0`: each file marked at its own first open),
         hintfs_nochecked (hintfs with `[mount] fast_checked_opens = false`: no path marked but
-        those declared immutable, docs/fastpath.md "Checked marks")."""
+        those declared immutable, docs/fastpath.md "Checked marks"), hintfs_nospin (hintfs with
+        `[mount] request_spin_us = 0`: the loop waits at once after each request)."""
         if system == "floor_fast":
             return run([sys.executable, "-c", "import pyfuse3; pyfuse3.fast_supported"], timeout=60).returncode == 0
         if system.startswith("bindfs"):
@@ -110,7 +111,8 @@ class Mounts:
                     + ('[mount]\nfast_path_inodes = 0\n\n' if system == "hintfs_imm_nofast" else "")
                     + ('[mount]\nfast_lookups = false\n\n' if system == "hintfs_imm_nolookups" else "")
                     + ('[mount]\nfast_opens_ahead = 0\n\n' if system == "hintfs_imm_noahead" else "")
-                    + ('[mount]\nfast_checked_opens = false\n\n' if system == "hintfs_nochecked" else "") +
+                    + ('[mount]\nfast_checked_opens = false\n\n' if system == "hintfs_nochecked" else "")
+                    + ('[mount]\nrequest_spin_us = 0\n\n' if system == "hintfs_nospin" else "") +
                     f'[logging]\nfile = "{os.path.join(self.base, f"hintfs-{self.seq}.log")}"\n')
         return [*self.pin, self.hintfs, "mount", cfg, mnt]
 
