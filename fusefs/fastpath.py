@@ -223,6 +223,11 @@ MARK_SWEEP_CHUNK = 1024
 # (`Filesystem._name_checked`): the check makes each answer as fresh as Python's; the time only
 # bounds how long unused names hold their inodes.
 CHECKED_NAMES_S = 300.0
+# The most files a folder not declared immutable may hold for its names to be registered and its
+# files marked ahead (`Filesystem._name_checked`): a reader that opens two files of a bigger one
+# makes no more up-front work than this (a listing, a name and a mark each); its other files are
+# marked at their lookups instead (`_mark_at_lookup`).
+CHECKED_NAMES_MAX = 8192
 
 # A registration's time, at most (pyfuse3's deadline is a signed 64-bit count of nanoseconds; the
 # listing it comes from expires by `immutable_timeout_s`, which the config does not bound).
@@ -387,5 +392,5 @@ class FetchAhead:
         return n == self.after
 
 
-__all__ = ["CHECKED_NAMES_S", "FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
+__all__ = ["CHECKED_NAMES_MAX", "CHECKED_NAMES_S", "FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
            "ReadFolders", "fast_eligible", "mark_limit"]

@@ -39,7 +39,7 @@ from fusefs.attrs import (BLOCK_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_IN
 from fusefs.control import Caller, ControlDir, ControlFile
 from fusefs import workers
 from fusefs.walks import Walks
-from fusefs.fastpath import (CHECKED_NAMES_S, MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead,
+from fusefs.fastpath import (CHECKED_NAMES_MAX, CHECKED_NAMES_S, MARK_SWEEP_CHUNK, FastBackend, FastNames, FastPath, FetchAhead,
                              ReadFolders, fast_eligible, mark_limit)
 from fusefs.handles import (ControlDirHandle, ControlHandle, DirHandle, Handle, HandleKind, OpenFacts, PassthroughRead,
                             PassthroughWrite, Reply, ReplyNames, StagingRead, StoreRead, TensorHandle, WriteHandle, choose_handle)
@@ -482,10 +482,11 @@ class Filesystem:
         names are registered for LOOKUPs answered in pyfuse3, each checked there (the path still
         that file; its attributes read then: docs/fastpath.md, "Checked names") for
         CHECKED_NAMES_S, and its other files are marked ahead (`_open_ahead`), so that their
-        LOOKUP, OPEN and RELEASE are all answered in pyfuse3. A system task: it never fails the mount."""
+        LOOKUP, OPEN and RELEASE are all answered in pyfuse3. Not for a folder of more than
+        CHECKED_NAMES_MAX entries (nor past the user's share). A system task: it never fails the mount."""
         if folder in self.names.folders:
             return
-        most = self.names.users.share
+        most = min(self.names.users.share, CHECKED_NAMES_MAX)
         try:
             listing = await self._list_inline(folder, most + 1)
         except Exception as err:   # (its lookups go to Python, as before)

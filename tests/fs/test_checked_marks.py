@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import trio
+import trio.testing
 
 from fusefs.attrs import ROOT_INODE
 from tests.fs.test_filesystem_api import CTX, make_fs
@@ -89,4 +90,42 @@ def test_marks_of_files_the_store_removed_go_at_the_next_sweep(tmp_path):
         assert await fs.let_go_removed_marks() == 2
         assert set(fs.fast.marked) == {inos[1]} and len(backing.live) == 1
         assert fs.fast.snapshot()["let_go_removed"] == 2
+    trio.run(test)
+
+
+def test_a_folder_too_big_for_checked_names_is_left_to_marks_at_lookup(tmp_path, monkeypatch):
+    """Two opens in a folder of more than CHECKED_NAMES_MAX files register none of its names and
+    mark nothing ahead (the up-front work a reader of two files could cause is bounded); the
+    lookups of its other files still mark them."""
+    import fusefs.filesystem as filesystem
+    from tests.fs.test_metadata_cache import _FakeNames
+    monkeypatch.setattr(filesystem, "CHECKED_NAMES_MAX", 2)
+    fs, _root, _backing, _fast = _checked_fs(tmp_path)          # 3 files in d
+    names = fs.names.backend = _FakeNames()
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        assert not names.folders and fs.fast.counts["marked_ahead"] == 0
+        await _read(fs, "f2")
+        assert fs.fast.counts["marked_at_lookup"] == 1
+    trio.run(test)
+
+
+def test_a_folder_read_by_a_reader_gets_checked_names_and_its_files_marked_ahead(tmp_path):
+    from tests.fs.test_metadata_cache import _FakeNames
+    fs, root, _backing, _fast = _checked_fs(tmp_path)
+    names = fs.names.backend = _FakeNames()
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        (parent,) = names.folders
+        assert set(names.folders[parent]) == {b"f2"}             # (f0 and f1 are marked already)
+        check = names.checks[parent][b"f2"]
+        st = os.stat(root / "d" / "f2")
+        assert check[1:] == (b"d/f2", st.st_dev, st.st_ino)
+        assert fs.fast.counts["marked_ahead"] == 1 and len(fs.fast.checked) == 3
     trio.run(test)
