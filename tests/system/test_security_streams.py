@@ -322,13 +322,14 @@ def test_a_publish_with_a_huge_crc_list_is_refused_and_costs_bounded_memory(worl
         assert got["errors"] == [errno.EINVAL] * callers, got
         grew = tier.peak_rss() - base_rss
         transport = callers * 2 * got["body_bytes"]
-        # Slack: with the fix the peak grew 84-129 MiB over the buffers in three runs side by side
-        # and 217 MiB once in a fresh-clone make test (glibc's arenas, gRPC's threads); with parses
-        # at once, 111-265 MiB; the reference cycle kept ~35 MiB per caller more (~350 MiB with 10
-        # callers). Peak RSS cannot tell those apart reliably: tests/unit/test_agent_rpc.py checks
-        # exactly that large parses never overlap and that a refusal keeps nothing; this bounds
-        # the whole.
-        assert grew < transport + (300 << 20), \
+        # Slack: with the fix the peak grew 84-129 MiB over the buffers in three runs side by side,
+        # 217 MiB once and 306 MiB once in a fresh-clone make test (glibc's arenas, gRPC's threads:
+        # 3 runs of this test alone then passed); with parses at once, 111-265 MiB; the reference
+        # cycle kept ~35 MiB per caller more (~350 MiB with 10 callers, so 460-615 MiB over the
+        # buffers in all). Peak RSS cannot tell those apart reliably: tests/unit/test_agent_rpc.py
+        # checks exactly that large parses never overlap and that a refusal keeps nothing; this
+        # bounds the whole.
+        assert grew < transport + (400 << 20), \
             f"the agent's peak memory grew by {grew >> 20} MiB ({transport >> 20} MiB of it gRPC's buffers)"
         assert tier.v6.ping()
     finally:
