@@ -1074,6 +1074,7 @@ class Filesystem:
         await self._own_new(parent, path, ctx, bits, is_dir=True)
         st = await self.io(self.store.stat, path, inline=self.meta_inline)
         inode = self.inodes.ensure(path)
+        inode.kind = stat_mod.S_IFDIR   # (as `create`'s)
         inode.lookups += 1
         return self.attrs(inode, st)
 
@@ -1668,6 +1669,9 @@ class Filesystem:
         set_owner = self._root_daemon and bool(ctx.uid or ctx.gid)
         parent_st = await self._stat_inode(parent) if set_owner else None
         inode = self.inodes.ensure(path)
+        # (the kernel knows it as a regular file from this reply on: a lookup that later finds
+        # another kind of node at the name gives the name a new inode, `inode_for`)
+        inode.kind = stat_mod.S_IFREG
         self._fast_off(inode)
         async with self.publish_lock(inode):    # (as `_see_write`: never a staging a release drops)
             if self.inodes.by_ino.get(inode.ino) is not inode:
