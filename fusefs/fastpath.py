@@ -285,11 +285,11 @@ class FastNames:
         while not self.users.fits(uid, len(named)):
             self.counts["given_up_for_share"] += 1
             self.drop(self.users.oldest(uid))
+        deadline_ns = self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9)
         self.backend.put(parent.ino, [(name, attrs, checks[i] if checks is not None else None)
-                                      for i, (name, _node, attrs) in enumerate(named)],
-                         self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9))
+                                      for i, (name, _node, attrs) in enumerate(named)], deadline_ns)
         if checks is not None:
-            self.checked_until[folder] = self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9)
+            self.checked_until[folder] = deadline_ns
         parent.lookups += 1
         inodes = []
         for _name, node, _attrs in named:
@@ -344,52 +344,55 @@ class FastNames:
                 "users": len(self.users.by_uid), "share": self.users.share, **self.counts}
 
 
-class ReadFolders:
+class _FolderOpens:
+    """First opens counted per folder, for the last FOLDERS folders (the least recent ones are
+    forgotten), each count tied to a key (a count under another key starts again)."""
+    FOLDERS = 256
+
+    def __init__(self, after: int):
+        self.after = after   # `[mount] fast_opens_ahead` (0: never)
+        self._counts: OrderedDict[str, tuple[object, int]] = OrderedDict()
+
+    def _count(self, folder: str, key: object) -> int:
+        """One more first open in `folder` under `key`: how many now."""
+        got = self._counts.pop(folder, None)
+        n = got[1] + 1 if got is not None and got[0] == key else 1
+        self._counts[folder] = (key, n)
+        if len(self._counts) > self.FOLDERS:
+            self._counts.popitem(last=False)
+        return n
+
+
+class ReadFolders(_FolderOpens):
     """Folders of a local store whose plain files are being opened one after another (a loader's
     pass): once `after` of them got checked marks at their first opens in Python (`opened`), the
     lookups of the folder's other files mark them (`reading`; `Filesystem._mark_at_lookup`), so
     that their first opens and releases are answered in pyfuse3 too."""
-    FOLDERS = 256   # folders whose first opens are counted (the least recent ones are forgotten)
-
-    def __init__(self, after: int):
-        self.after = after   # `[mount] fast_opens_ahead` (0: never)
-        self._counts: OrderedDict[str, int] = OrderedDict()
 
     def opened(self, folder: str) -> bool:
         """Counted; True once, at the `after`-th (`Filesystem._name_checked`)."""
-        n = self._counts.pop(folder, 0) + 1
-        self._counts[folder] = n
-        if len(self._counts) > self.FOLDERS:
-            self._counts.popitem(last=False)
-        return n == self.after
+        return self._count(folder, None) == self.after
 
     def reading(self, folder: str) -> bool:
-        return self.after > 0 and self._counts.get(folder, 0) >= self.after
+        got = self._counts.get(folder)
+        return self.after > 0 and got is not None and got[1] >= self.after
 
 
-class FetchAhead:
+class FetchAhead(_FolderOpens):
     """An object store's folders read one small object after another (`opened`), and the objects
     being fetched and marked ahead of their opens right now (`fetching`: inode number -> the event
     set when that is done; `Filesystem._fetch_ahead`)."""
-    FOLDERS = 256   # folders whose first opens are counted (the least recent ones are forgotten)
 
     def __init__(self, after: int):
-        self.after = after   # `[mount] fast_opens_ahead` (0: never)
+        super().__init__(after)
         self.fetching: dict[int, trio.Event] = {}
-        self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
     def opened(self, folder: str, listing: object | None) -> bool:
         """A small object of `folder` got its first open in Python, and its mark, while `listing`
         (the folder's kept listing) was current: True once per listing, at the `after`-th."""
         if listing is None or self.after <= 0:
             return False
-        key = id(listing)
-        got = self._counts.pop(folder, None)
-        n = got[1] + 1 if got is not None and got[0] == key else 1
-        self._counts[folder] = (key, n)
-        if len(self._counts) > self.FOLDERS:
-            self._counts.popitem(last=False)
-        return n == self.after
+        return self._count(folder, id(listing)) == self.after
 
 
 __all__ = ["CHECKED_NAMES_MAX", "CHECKED_NAMES_S", "FastBackend", "FastNames", "FastPath", "FetchAhead", "MARK_SWEEP_S", "NamesBackend", "OPEN_AHEAD_AFTER",
