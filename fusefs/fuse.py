@@ -258,15 +258,11 @@ class _Fast:
         opened, released, serving, getattrs = _patched.fast_stats()
         return opened, released, serving, getattrs
 
-    _checks: bool | None = None
-
     @property
     def checks(self) -> bool:
-        """Whether marks may carry a close-to-open check (patches/pyfuse3-fastverify.patch; it
-        probes openat2 once)."""
-        if self._checks is None:
-            self._checks = bool(getattr(_patched, "fast_check_supported", lambda: False)())
-        return self._checks
+        """Whether marks may carry a close-to-open check (patches/pyfuse3-fastverify.patch; a
+        check needs openat2 too, which `LocalStore.same_file_check` asks)."""
+        return hasattr(_patched, "fast_check_supported")
 
     def check_stats(self) -> tuple[int, int, int, int]:
         checked, missed, names_checked, names_missed = _patched.fast_check_stats() if self.checks else (0, 0, 0, 0)
