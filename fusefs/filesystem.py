@@ -240,29 +240,42 @@ class Filesystem:
         self.fast.backend = fast if result[0] is not None else None
         self._checked_marks = self._checked_marks and fast is not None and fast.checks
 
-    def _fast_mark(self, node: Inode, kind: HandleKind, backing_id: int, st: Stat | None, uid: int,
-                   ahead: bool = False) -> bool:
+    def _fast_mark(self, node: Inode, kind: HandleKind, backing_id: int, st: Stat | None, uid: int) -> bool:
         """Mark `node` for the fast path if this open of it (`kind`, `backing_id`) may
-        (`fast_eligible`), held as one more passthrough open, with the attributes its GETATTRs get
-        meanwhile (fusefs/fastpath.py); whether it was. `ahead` (`_mark_ahead`): a full table gives
-        up only `uid`'s own oldest marks for it."""
+        (`_fast_markable`), held as one more passthrough open, with the attributes its GETATTRs get
+        meanwhile (fusefs/fastpath.py); whether it was."""
+        got = self._fast_markable(node, kind, st)
+        if got is None or st is None:
+            return False
+        self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
+        node.opens += 1
+        self._mark_held(node, backing_id, st, uid, False, *got)
+        return node.ino in self.fast
+
+    def _fast_markable(self, node: Inode, kind: HandleKind, st: Stat | None) -> tuple[float, tuple | None] | None:
+        """Whether an open of `node` that got `kind` and saw `st` may mark it (`fast_eligible`):
+        (its immutable timeout, or 0, and the check pyfuse3 makes at each open: a path not declared
+        immutable), else None."""
         if self.fast.draining:
             self.fast.settle()
         ttl = self.immutable(node.path)   # (an eligible path's timeouts, for `attrs`: matched once)
         check = None
         if not ttl and self._checked_marks and st is not None:   # (close-to-open made by pyfuse3)
             check = self.store.same_file_check(node.path, st)   # type: ignore[attr-defined]
-        if node.ino in self.fast or not fast_eligible(
+        if node.ino in self.fast or st is None or not fast_eligible(
                 kind, ttl > 0, check is not None,
                 self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
-            return False
-        assert st is not None
-        self.pt.attach(node, -1, None)    # (shares the backing id this open just got)
-        node.opens += 1
+            return None
+        return ttl, check
+
+    def _mark_held(self, node: Inode, backing_id: int, st: Stat, uid: int, ahead: bool, ttl: float,
+                   check: tuple | None) -> None:
+        """The mark of `node` (`_fast_markable` said it may be), holding one passthrough open of it
+        that the caller took; a table with no place lets that hold go (`FastPath.mark`). `ahead`
+        (`_mark_ahead`): a full table gives up only `uid`'s own oldest marks for it."""
         # (a checked mark's GETATTRs stay Python's: its attributes may change in place)
         self.fast.mark(node, backing_id, self.attrs(node, st, (ttl, ttl)) if ttl else None, uid, own=ahead,
                        check=check)
-        return node.ino in self.fast
 
     async def _open_ahead(self, folder: str, uid: int) -> None:
         """A reader is going through `folder`, whose names pyfuse3 answers (`FastNames.opened`):
@@ -278,20 +291,48 @@ class Filesystem:
             return
         marked = 0
         budget = self.fast.room_for(uid)
+        # (a local store opens a chunk's files in one call: the folder resolved beneath its root
+        # once, `LocalStore.open_readers_in`; what each open then sees is `_seen_open`'s, as for
+        # the open of `_see`, which a node `_markable_ahead` goes straight to)
+        open_in = getattr(self.store, "open_readers_in", None)
         try:
-            for i, node in enumerate(list(got[1])):   # (its inodes named)
-                if i and i % AHEAD_CHUNK == 0:
+            left = iter(list(got[1]))   # (its inodes named)
+            for first in itertools.count():
+                if first:
                     await trio.sleep(0)
                     if self.names.folders.get(folder) is not got:
                         break
                 if marked >= budget or not self.fast.on:
                     break
-                if not node.fast_named or not self._markable_ahead(node):
-                    continue
-                try:
-                    marked += await self._mark_ahead(node, uid)
-                except (Refused, OSError) as err:   # (its own open would have met the same)
-                    log.debug("%s not marked ahead: %s", node.path, err)
+                chunk = list(itertools.islice((n for n in left if n.fast_named and self._markable_ahead(n)
+                                               and n.path.rpartition("/")[0] == folder),
+                                              min(AHEAD_CHUNK, budget - marked)))
+                if not chunk:
+                    break
+                opened: list = [None] * len(chunk)
+                if open_in is not None:
+                    try:
+                        opened = open_in(folder, [n.path.rpartition("/")[2] for n in chunk])
+                    except OSError as err:   # (the folder itself: gone, or now leading out of the store)
+                        log.debug("the files of %r not marked ahead: %s", folder, err)
+                        break
+                for i, (node, got_open) in enumerate(zip(chunk, opened)):
+                    try:
+                        if got_open is None:
+                            marked += await self._mark_ahead(node, uid)
+                        elif isinstance(got_open, BaseException):
+                            log.debug("%s not marked ahead: %s", node.path, got_open)
+                        elif not self.fast.on or not self._markable_ahead(node):
+                            got_open[0].close()
+                        else:
+                            marked += await self._mark_seen(node, await self._seen_open(node, *got_open), uid)
+                    except (Refused, OSError) as err:   # (its own open would have met the same)
+                        log.debug("%s not marked ahead: %s", node.path, err)
+                    except BaseException:   # (the readers not yet used are closed)
+                        for rest in opened[i + 1:]:
+                            if rest is not None and not isinstance(rest, BaseException):
+                                rest[0].close()
+                        raise
         except Exception:   # (a system task's error would end the mount: opens go to Python)
             log.exception("marking the files of %r ahead failed", folder)
         self.fast.counts["marked_ahead"] += marked
@@ -411,7 +452,7 @@ class Filesystem:
     async def _mark_ahead(self, node: Inode, uid: int) -> bool:
         """What a read-only open of `node` would do, up to its mark, without the open: its
         close-to-open check, the handle kind (`choose_handle`), the backing id and the mark
-        (`_fast_mark`), then the handle goes (the mark holds an open of its own)."""
+        (`_fast_markable`), which keeps that open as its hold (no handle is kept)."""
         return await self._mark_seen(node, await self._see(node, os.O_RDONLY), uid)
 
     async def _mark_seen(self, node: Inode, seen: _Seen, uid: int) -> bool:
@@ -420,10 +461,15 @@ class Filesystem:
             return False
         handle, backing_id = self._make(kind, node, seen)
         node.opens += 1
-        try:
-            return bool(backing_id) and self._fast_mark(node, kind, backing_id, seen.st, uid, ahead=True)
-        finally:
+        got = self._fast_markable(node, kind, seen.st) if backing_id else None
+        if got is None:
             await handle.release(self)
+            return False
+        # The mark takes this open as its hold: the handle (a PassthroughRead, whose release would
+        # only let that hold go) is not kept.
+        assert isinstance(handle, PassthroughRead) and seen.st is not None
+        self._mark_held(node, backing_id, seen.st, uid, True, *got)
+        return node.ino in self.fast
 
     async def let_go_removed_marks(self) -> int:
         """A mark holds its file open (fusefs/fastpath.py): once the store no longer has that file

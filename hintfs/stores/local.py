@@ -446,6 +446,41 @@ class LocalStore:
             raise
         return LocalReader(fd, raw.st_dev), Stat.from_os(raw)
 
+    def open_readers_in(self, folder: str, names: list[str]) -> list[tuple[LocalReader, Stat] | OSError]:
+        """`open_reader` of each `folder/name` (each name one component of a listing of `folder`),
+        in order: (reader, stat) or that file's error. The folder is resolved beneath the root once
+        (`open_beneath`), each name opened in it with O_NOFOLLOW: a name can lead nowhere but to
+        that folder's own entry, so this opens what `open_reader` would have opened at the moment
+        the folder was resolved (a mark made ahead of an open, `Filesystem._open_ahead`: 1.3 µs a
+        file against 5 through ctypes' openat2 each). A name that is not one component is refused
+        (EINVAL) without being opened."""
+        out: list[tuple[LocalReader, Stat] | OSError] = []
+        dir_fd = open_beneath(self.root_fd, folder, os.O_PATH | os.O_DIRECTORY)
+        try:
+            for name in names:
+                if not name or "/" in name or name in (".", ".."):
+                    out.append(HintfsError(errno.EINVAL, f"{name!r} is not a name in {folder!r}"))
+                    continue
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+                except OSError as err:
+                    out.append(err)
+                    continue
+                try:
+                    raw = os.fstat(fd)
+                except OSError as err:
+                    os.close(fd)
+                    out.append(err)
+                    continue
+                if not stat_mod.S_ISREG(raw.st_mode):
+                    os.close(fd)
+                    out.append(HintfsError(errno.EINVAL, f"{folder}/{name} is not a regular file"))
+                    continue
+                out.append((LocalReader(fd, raw.st_dev), Stat.from_os(raw)))
+        finally:
+            os.close(dir_fd)
+        return out
+
     def _staging_name(self, rel: str) -> str:
         head = rel.rpartition("/")[0]
         name = f"{STAGING_PREFIX}{os.getpid()}.{next(_seq)}.{_HOST}"

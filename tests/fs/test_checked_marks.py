@@ -3,8 +3,10 @@ gives pyfuse3 to check at each open, that an open pyfuse3 sent back is checked i
 that a mark never keeps a file the store removed allocated past the next sweep."""
 from __future__ import annotations
 
+import errno
 import os
 
+import pytest
 import trio
 import trio.testing
 
@@ -128,4 +130,67 @@ def test_a_folder_read_by_a_reader_gets_checked_names_and_its_files_marked_ahead
         st = os.stat(root / "d" / "f2")
         assert check[1:] == (b"d/f2", st.st_dev, st.st_ino)
         assert fs.fast.counts["marked_ahead"] == 1 and len(fs.fast.checked) == 3
+    trio.run(test)
+
+
+def test_a_local_stores_readers_opened_in_a_folder_are_what_open_reader_opens(tmp_path):
+    """`LocalStore.open_readers_in` (the opens of `_open_ahead`): each name in the folder resolved
+    beneath the root once; a name that is a symlink (ELOOP), not a regular file (a FIFO: EINVAL,
+    never blocking) or not one component (EINVAL, not opened) is that name's error alone; a
+    folder that leads out of the store is refused whole (EACCES)."""
+    from hintfs.stores.local import LocalStore
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    (root / "d").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (root / "d" / "a").write_bytes(b"aa")
+    os.symlink(outside / "secret", root / "d" / "link")
+    os.mkfifo(root / "d" / "fifo")
+    (root / "d" / "sub").mkdir()
+    (root / "d" / "sub" / "b").write_bytes(b"b")
+    os.symlink(outside, root / "out")
+    store = LocalStore(str(root))
+    got = store.open_readers_in("d", ["a", "link", "fifo", "sub/b", "..", "missing"])
+    reader, st = got[0]
+    try:
+        assert reader.read(0, 10) == b"aa" and st.size == 2 and st.ino == os.stat(root / "d" / "a").st_ino
+    finally:
+        reader.close()
+    assert [e.errno for e in got[1:]] == [errno.ELOOP, errno.EINVAL, errno.EINVAL, errno.EINVAL, errno.ENOENT]
+    with pytest.raises(OSError) as err:
+        store.open_readers_in("out", ["secret"])
+    assert err.value.errno == errno.EACCES
+
+
+def test_files_swapped_before_they_are_marked_ahead_are_not_marked(tmp_path):
+    """Between a folder's names and the marks made ahead of its files, the store swaps one file
+    for a symlink out of it and another for a FIFO: neither is marked (nor is the outside file),
+    the others are, each with the check of the file it holds."""
+    from tests.fs.test_metadata_cache import _FakeNames
+    fs, root, _backing, fast = _checked_fs(tmp_path)
+    for i in range(3, 6):
+        (root / "d" / f"f{i}").write_bytes(b"z")
+    (tmp_path / "secret").write_bytes(b"secret")
+    fs.names.backend = _FakeNames()
+    real = fs._open_ahead
+
+    async def swapped_first(folder, uid):
+        os.unlink(root / "d" / "f2")
+        os.symlink(tmp_path / "secret", root / "d" / "f2")
+        os.unlink(root / "d" / "f3")
+        os.mkfifo(root / "d" / "f3")
+        await real(folder, uid)
+    fs._open_ahead = swapped_first
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        marked = {fs.inodes[ino].path for ino in fs.fast.marked}
+        assert marked == {"d/f0", "d/f1", "d/f4", "d/f5"} and fs.fast.counts["marked_ahead"] == 2
+        secret = os.stat(tmp_path / "secret")
+        for ino in fs.fast.marked:
+            _fd, rel, dev, st_ino = fast.check[ino]
+            assert (dev, st_ino) == (os.stat(root / os.fsdecode(rel)).st_dev, os.stat(root / os.fsdecode(rel)).st_ino)
+            assert st_ino != secret.st_ino
     trio.run(test)
