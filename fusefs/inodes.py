@@ -245,7 +245,16 @@ class InodeTable:
         """Rename: the inode at `old` and every known path below it now live under `new`."""
         if self.by_path.get(old) is not None and self.by_path.get(old) is self.by_path.get(new):
             return   # two names of one file: rename(2) does nothing
-        self.detach(new)
+        if self.detach(new) is not None:
+            # A folder renamed over: rename(2) replaces only an empty one, so the names this table
+            # still knows beneath it are another host's, changed since (removed, or moved away and
+            # perhaps back beneath what replaces it). They are found again as new inodes: one of
+            # them given to the kernel under the new folder would be a folder it still has under
+            # the old one, which it cannot move while a rename holds its lock (ESTALE). Their open
+            # handles keep their inodes, and a writer its path to publish to, as before.
+            prefix = new + "/"
+            for p in [p for p in self.by_path if p.startswith(prefix)]:
+                del self.by_path[p]
         self._rename_one(old, new)
         prefix = old + "/"
         for p in [p for p in self.by_path if p.startswith(prefix)]:
