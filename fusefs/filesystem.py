@@ -1191,13 +1191,25 @@ class Filesystem:
         """`path` went through this mount (unlinked, or a file renamed over it): the writers of
         a file published in place there whose name a new open took since (`_still_named`) no
         longer publish to it (their descriptors keep working, on a nameless file), as the
-        writer of an unlinked file never publishes."""
+        writer of an unlinked file never publishes. Such an inode whose writers are all gone
+        while readers are still open (`_reads_name_file`) reads a file that has left the name too:
+        its attributes are now that file's, through its open descriptors, as for any file
+        unlinked while open (before, a GETATTR stat'ed the path: the new file's)."""
         for node in self._still_named_at(path):
             if not node.unlinked:
                 node.unlinked = True
                 if self.streams is not None:
                     self.streams.dropped(node.ino)
+        for node in self._named_still.get(path, ()):
+            if self._reads_name_file(node, path):
+                node.unlinked = True
         self._named_still.pop(path, None)
+
+    def _reads_name_file(self, node: Inode, path: str) -> bool:
+        """`node` (of `_named_still[path]`) is not the name's inode any more and has no writer, but
+        readers still read the file it had at the name (kept for them, `keep_for_readers`)."""
+        return (node.writer is None and node.opens > 0 and not node.unlinked and node.path == path
+                and self.inodes.by_path_get(path) is not node)
 
     def _still_named_at(self, path: str) -> list[Inode]:
         """The writers of a file published in place at `path` whose name a new inode took since
@@ -1652,8 +1664,10 @@ class Filesystem:
         self.inodes.detach(node.path)
         if still_named:
             node.unlinked = False
-            if len(self._named_still) > 4096:   # (names whose writers are gone: let go)
-                self._named_still = {p: live for p in self._named_still if (live := self._still_named_at(p))}
+            if len(self._named_still) > 4096:   # (names whose writers and readers are gone: let go)
+                self._named_still = {p: live for p, nodes in self._named_still.items()
+                                     if (live := [n for n in nodes if (self._still_named(n) and n.path == p)
+                                                  or self._reads_name_file(n, p)])}
             self._named_still.setdefault(node.path, []).append(node)
         if self.kernel is not None:
             # the old inode is now the older file its handles read: attributes the kernel keeps
