@@ -9,6 +9,7 @@ it or a handle is open on it; `forget` drops it. Rename moves a whole subtree of
 from __future__ import annotations
 
 import itertools
+import stat as stat_mod
 from typing import TYPE_CHECKING
 
 from fusefs.attrs import ROOT_INODE
@@ -248,12 +249,15 @@ class InodeTable:
         if self.detach(new) is not None:
             # A folder renamed over: rename(2) replaces only an empty one, so the names this table
             # still knows beneath it are another host's, changed since (removed, or moved away and
-            # perhaps back beneath what replaces it). They are found again as new inodes: one of
-            # them given to the kernel under the new folder would be a folder it still has under
-            # the old one, which it cannot move while a rename holds its lock (ESTALE). Their open
-            # handles keep their inodes, and a writer its path to publish to, as before.
+            # perhaps back beneath what replaces it). Its folders, and files with nothing open, are
+            # found again as new inodes: one of those folders given to the kernel under the new
+            # folder would be a folder it still has under the old one, which it cannot move while
+            # a rename holds its lock (ESTALE). A file with handles open stays known at its path,
+            # as before: a new file made or found there later renews the name (`_stale_name`,
+            # close-to-open), its readers keep their file, its writer its path to publish to.
             prefix = new + "/"
-            for p in [p for p in self.by_path if p.startswith(prefix)]:
+            for p in [p for p, n in self.by_path.items() if p.startswith(prefix)
+                      and (n.kind == stat_mod.S_IFDIR or not (n.opens or n.writer is not None))]:
                 del self.by_path[p]
         self._rename_one(old, new)
         prefix = old + "/"

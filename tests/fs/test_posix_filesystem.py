@@ -96,17 +96,22 @@ def test_inode_table_forgets_every_name_of_a_linked_inode():
     assert t.by_path_get("a") is None and t.by_path_get("b") is None and t.linked((1, 2)) is None
 
 
-def test_a_folder_renamed_over_forgets_the_names_known_beneath_it_but_not_their_open_inodes():
+def test_a_folder_renamed_over_forgets_the_folders_and_idle_files_known_beneath_it():
     """rename(2) replaces only an empty folder: names the table still knows beneath one renamed
-    over are another host's, changed since. They go (a lookup there makes a new inode), while
-    their inodes keep their paths (a writer's to publish to) and are not taken for unlinked; the
-    renamed folder's own names move beneath the new name."""
+    over are another host's, changed since. Its folders and the files with nothing open go (a
+    lookup there makes a new inode; those inodes keep their paths and are not taken for
+    unlinked); a file with a handle open stays known at its path (a new file made there later
+    renews the name); the renamed folder's own names move beneath the new name."""
     t = InodeTable()
     old_d0, old_e, old_f = t.ensure("d0"), t.ensure("d0/e"), t.ensure("d0/e/f0")
+    old_e.kind, old_f.kind = stat_mod.S_IFDIR, stat_mod.S_IFREG
+    read = t.ensure("d0/e/r")
+    read.kind, read.opens = stat_mod.S_IFREG, 1
     d1, d1_g = t.ensure("d1"), t.ensure("d1/g")
     t.move("d1", "d0")
     assert t.by_path_get("d0") is d1 and t.by_path_get("d0/g") is d1_g and d1_g.path == "d0/g"
     assert t.by_path_get("d0/e") is None and t.by_path_get("d0/e/f0") is None
+    assert t.by_path_get("d0/e/r") is read and not read.unlinked
     assert old_d0.unlinked and not old_e.unlinked and not old_f.unlinked
     assert (old_e.path, old_f.path) == ("d0/e", "d0/e/f0")
     assert t.ensure("d0/e") is not old_e
