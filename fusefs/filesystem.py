@@ -1200,10 +1200,17 @@ class Filesystem:
                 node.unlinked = True
                 if self.streams is not None:
                     self.streams.dropped(node.ino)
+        self._readers_keep_their_file(path)
+        self._named_still.pop(path, None)
+
+    def _readers_keep_their_file(self, path: str) -> None:
+        """The name `path` left the file its older inodes' readers read (`_reads_name_file`): a
+        rename or unlink through this mount, or a publish of the name's inode. Those inodes are
+        nameless from now on, their attributes their own file's (as for a file unlinked while
+        open), not the name's."""
         for node in self._named_still.get(path, ()):
             if self._reads_name_file(node, path):
                 node.unlinked = True
-        self._named_still.pop(path, None)
 
     def _reads_name_file(self, node: Inode, path: str) -> bool:
         """`node` (of `_named_still[path]`) is not the name's inode any more and has no writer, but
@@ -1923,6 +1930,8 @@ class Filesystem:
         """A version of `node` is in the store: count it, journal it, tell the stream; a listing the
         kernel keeps of its folder may lack its name (it was created through this mount and
         listed before its close): the kernel drops it first."""
+        if self._named_still and self.inodes.by_path_get(node.path) is node:
+            self._readers_keep_their_file(node.path)   # (the name holds this version now)
         folder = node.path.rpartition("/")[0]
         self.listings.drop(folder)
         if folder:
