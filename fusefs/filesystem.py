@@ -280,7 +280,7 @@ class Filesystem:
     async def _open_ahead(self, folder: str, uid: int) -> None:
         """A reader is going through `folder`, whose names pyfuse3 answers (`FastNames.opened`):
         mark its other registered files for the fast path now, as their own first opens would
-        (`_mark_ahead`), so that those opens and their releases are answered in pyfuse3 too. In
+        (`_mark_seen`, as `_mark_ahead`), so that those opens and their releases are answered in pyfuse3 too. In
         the table's free places, then in place of `uid`'s own oldest marks (a reader going through
         more files than the table holds: those it read before), never another user's; at most as
         many as were free or the user's when it started, so that these never give up each other.
@@ -292,8 +292,9 @@ class Filesystem:
         marked = 0
         budget = self.fast.room_for(uid)
         # (a local store opens a chunk's files in one call: the folder resolved beneath its root
-        # once, `LocalStore.open_readers_in`; what each open then sees is `_seen_open`'s, as for
-        # the open of `_see`, which a node `_markable_ahead` goes straight to)
+        # once, `LocalStore.open_readers_in`; another store each by its path, `_open_each`; what
+        # each open then sees is `_seen_open`'s, as for the open of `_see`, which a node
+        # `_markable_ahead` goes straight to)
         open_in = getattr(self.store, "open_readers_in", None)
         try:
             left = iter(list(got[1]))   # (its inodes named)
@@ -309,18 +310,15 @@ class Filesystem:
                                               min(AHEAD_CHUNK, budget - marked)))
                 if not chunk:
                     break
-                opened: list = [None] * len(chunk)
-                if open_in is not None:
-                    try:
-                        opened = open_in(folder, [n.path.rpartition("/")[2] for n in chunk])
-                    except OSError as err:   # (the folder itself: gone, or now leading out of the store)
-                        log.debug("the files of %r not marked ahead: %s", folder, err)
-                        break
+                try:
+                    opened = (open_in(folder, [n.path.rpartition("/")[2] for n in chunk]) if open_in is not None
+                              else _open_each(self.store, [n.path for n in chunk], threading.Event()))
+                except OSError as err:   # (the folder itself: gone, or now leading out of the store)
+                    log.debug("the files of %r not marked ahead: %s", folder, err)
+                    break
                 for i, (node, got_open) in enumerate(zip(chunk, opened)):
                     try:
-                        if got_open is None:
-                            marked += await self._mark_ahead(node, uid)
-                        elif isinstance(got_open, BaseException):
+                        if isinstance(got_open, BaseException):
                             log.debug("%s not marked ahead: %s", node.path, got_open)
                         elif not self.fast.on or not self._markable_ahead(node):
                             got_open[0].close()
@@ -330,7 +328,7 @@ class Filesystem:
                         log.debug("%s not marked ahead: %s", node.path, err)
                     except BaseException:   # (the readers not yet used are closed)
                         for rest in opened[i + 1:]:
-                            if rest is not None and not isinstance(rest, BaseException):
+                            if not isinstance(rest, BaseException):
                                 rest[0].close()
                         raise
         except Exception:   # (a system task's error would end the mount: opens go to Python)

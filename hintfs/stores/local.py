@@ -162,6 +162,19 @@ class LocalReader:
             self.fd = -1
 
 
+def _reader_of(fd: int, rel: str) -> tuple[LocalReader, Stat]:
+    """The reader of `fd`, just opened for reading at `rel`, and its attributes; a file that is not
+    a regular file is refused (EINVAL), and `fd` closed on any failure."""
+    try:
+        raw = os.fstat(fd)
+        if not stat_mod.S_ISREG(raw.st_mode):
+            raise HintfsError(errno.EINVAL, f"{rel} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return LocalReader(fd, raw.st_dev), Stat.from_os(raw)
+
+
 class LocalStore:
     """Every path is resolved beneath one fd of the root (`hintfs.common.paths`): no symlink in the store
     leads a call out of it, and paths are never joined onto the root as strings (so a path up to
@@ -436,15 +449,7 @@ class LocalStore:
     def open_reader(self, rel: str, lazy: bool = False) -> tuple[LocalReader, Stat]:
         # O_NONBLOCK: a FIFO must never block this open (the kernel serves FIFOs and devices of the
         # mount itself; one reached here is refused).
-        fd = open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            raw = os.fstat(fd)
-            if not stat_mod.S_ISREG(raw.st_mode):
-                raise HintfsError(errno.EINVAL, f"{rel} is not a regular file")
-        except BaseException:
-            os.close(fd)
-            raise
-        return LocalReader(fd, raw.st_dev), Stat.from_os(raw)
+        return _reader_of(open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), rel)
 
     def open_readers_in(self, folder: str, names: list[str]) -> list[tuple[LocalReader, Stat] | OSError]:
         """`open_reader` of each `folder/name` (each name one component of a listing of `folder`),
@@ -462,21 +467,10 @@ class LocalStore:
                     out.append(HintfsError(errno.EINVAL, f"{name!r} is not a name in {folder!r}"))
                     continue
                 try:
-                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+                    out.append(_reader_of(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                                  dir_fd=dir_fd), f"{folder}/{name}"))
                 except OSError as err:
                     out.append(err)
-                    continue
-                try:
-                    raw = os.fstat(fd)
-                except OSError as err:
-                    os.close(fd)
-                    out.append(err)
-                    continue
-                if not stat_mod.S_ISREG(raw.st_mode):
-                    os.close(fd)
-                    out.append(HintfsError(errno.EINVAL, f"{folder}/{name} is not a regular file"))
-                    continue
-                out.append((LocalReader(fd, raw.st_dev), Stat.from_os(raw)))
         finally:
             os.close(dir_fd)
         return out

@@ -115,10 +115,15 @@ def test_a_folder_too_big_for_checked_names_is_left_to_marks_at_lookup(tmp_path,
     trio.run(test)
 
 
-def test_a_folder_read_by_a_reader_gets_checked_names_and_its_files_marked_ahead(tmp_path):
+@pytest.mark.parametrize("batch", [True, False], ids=["opened_in_one_call", "opened_each_by_path"])
+def test_a_folder_read_by_a_reader_gets_checked_names_and_its_files_marked_ahead(tmp_path, batch):
+    """Marked ahead the same whether the store opens a chunk's files in one call
+    (`LocalStore.open_readers_in`) or each by its path (`open_reader`, for a store without it)."""
     from tests.fs.test_metadata_cache import _FakeNames
     fs, root, _backing, _fast = _checked_fs(tmp_path)
     names = fs.names.backend = _FakeNames()
+    if not batch:
+        fs.store.open_readers_in = None
 
     async def test():
         await _read(fs, "f0")
