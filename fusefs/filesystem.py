@@ -504,7 +504,10 @@ class Filesystem:
         """`node` changes through this mount (a write open or create, a truncate or setattr, a
         link, rename or unlink) or its reads go elsewhere (a hint's first replica): no more fast
         opens or GETATTRs of it; the open its mark holds goes once the fast opens C served are
-        released (fusefs/fastpath.py). Its folder's names are no longer answered in pyfuse3."""
+        released (fusefs/fastpath.py). Its folder's names are no longer answered in pyfuse3.
+        A change whose store call lets the loop run meanwhile (unlink, rename: a worker thread)
+        calls it again once the store changed: the file may have been marked meanwhile, ahead of
+        its open (`_open_ahead`) or at a first open, as it was before the change."""
         if node is None:
             return
         if node.ino in self.fast:
@@ -1255,6 +1258,7 @@ class Filesystem:
             if inode is None or inode.writer is None:
                 raise
         else:
+            self._fast_off(inode)   # (again: marked meanwhile, `_fast_off`)
             if self.journal is not None:      # eval tiers drop their replica of it
                 await self.journal.removed(path)
         if inode is not None and inode.writer is not None and self.streams is not None:
@@ -1287,6 +1291,8 @@ class Filesystem:
         if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
             self._refuse_if_writing_in(new)
         await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
+        self._fast_off(inode)       # (again: marked meanwhile, `_fast_off`)
+        self._fast_off(replaced)
         if new != old and new in self._named_still:
             try:                            # (a file renamed over a name still-named writers had)
                 moved_dir = (await self._store_now(new)).is_dir
