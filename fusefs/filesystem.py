@@ -18,6 +18,7 @@ and the journal are collaborators behind the interfaces of `fusefs/interfaces.py
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fnmatch
@@ -28,7 +29,7 @@ import re
 import stat as stat_mod
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
@@ -262,7 +263,7 @@ class Filesystem:
         check = None
         if not ttl and self._checked_marks and st is not None:   # (close-to-open made by pyfuse3)
             check = self.store.same_file_check(node.path, st)   # type: ignore[attr-defined]
-        if node.ino in self.fast or st is None or not fast_eligible(
+        if node.ino in self.fast or node.changing or st is None or not fast_eligible(
                 kind, ttl > 0, check is not None,
                 self.reads.routes is not None and self.reads.routes.routes_path(node.path), node.unlinked):
             return None
@@ -412,7 +413,7 @@ class Filesystem:
         routed path is never marked, `fast_eligible`: its open may read elsewhere)."""
         routes = self.reads.routes
         return not (node.ino in self.fast or node.opens or node.writer is not None or node.writers_pending
-                    or node.unlinked or self.inodes.get(node.ino) is not node
+                    or node.changing or node.unlinked or self.inodes.get(node.ino) is not node
                     or (routes is not None and routes.routes_path(node.path)))
 
     def _ahead_ok(self, node: Inode) -> bool:
@@ -505,14 +506,30 @@ class Filesystem:
         link, rename or unlink) or its reads go elsewhere (a hint's first replica): no more fast
         opens or GETATTRs of it; the open its mark holds goes once the fast opens C served are
         released (fusefs/fastpath.py). Its folder's names are no longer answered in pyfuse3.
-        A change whose store call lets the loop run meanwhile (unlink, rename: a worker thread)
-        calls it again once the store changed: the file may have been marked meanwhile, ahead of
-        its open (`_open_ahead`) or at a first open, as it was before the change."""
+        A change whose store calls let the loop run meanwhile goes through `_changing`."""
         if node is None:
             return
         if node.ino in self.fast:
             self.fast.unmark(node)
         self.names.drop(node.path.rpartition("/")[0])
+
+    @contextlib.contextmanager
+    def _changing(self, *nodes: Inode | None) -> Iterator[None]:
+        """`nodes` change through this mount (an unlink, a rename, a link, a setattr) while this
+        lasts: their marks end now (`_fast_off`) and none is made until it is over
+        (`_fast_markable`, `_markable_ahead`), whatever the loop does while the change's store
+        calls run in a worker thread: a mark made meanwhile, ahead of its open (`_open_ahead`) or
+        at a first open, would be of the file as it was, and outlive the change (it did: the
+        unlink and rename ended the marks before the store call only)."""
+        held = [n for n in nodes if n is not None]
+        for n in held:
+            n.changing += 1
+            self._fast_off(n)
+        try:
+            yield
+        finally:
+            for n in held:
+                n.changing -= 1
 
     def _unname(self, node: Inode, answered: int) -> None:
         """A name's registration in pyfuse3 ends (`FastNames.drop`): the lookups pyfuse3 answered
@@ -962,7 +979,10 @@ class Filesystem:
 
     async def setattr(self, inode: int, attr, fields, fh: int | None, ctx) -> Attributes:
         node = self._inode(inode)
-        self._fast_off(node)       # (the fast path answers GETATTR from the attributes of its mark)
+        with self._changing(node):   # (the fast path answers GETATTR from the attributes of its mark)
+            return await self._setattr(node, attr, fields, fh)
+
+    async def _setattr(self, node: Inode, attr, fields, fh: int | None) -> Attributes:
         if node.control is not None:
             if fields.update_size:  # `echo x > .hintfs/loglevel` truncates first
                 h = self.handles.get(fh) if fh is not None else None
@@ -1153,14 +1173,14 @@ class Filesystem:
         path = self._new_name(parent, new_name)
         if node.unlinked:
             raise Refused(errno.ENOENT, f"{node.path} was unlinked")
-        self._fast_off(node)       # (its nlink changes)
-        if node.writer is not None and node.writer.changed():
-            await self.commit(node)   # link what was written so far (as rename does)
-        await self.io(self.store.link, node.path, path, inline=self.meta_inline)
-        st = await self.io(self.store.stat, path, inline=self.meta_inline)
-        self.inodes.alias(node, path)
-        if st.ino:
-            self.inodes.set_backing(node, (st.dev, st.ino))
+        with self._changing(node):   # (its nlink changes)
+            if node.writer is not None and node.writer.changed():
+                await self.commit(node)   # link what was written so far (as rename does)
+            await self.io(self.store.link, node.path, path, inline=self.meta_inline)
+            st = await self.io(self.store.stat, path, inline=self.meta_inline)
+            self.inodes.alias(node, path)
+            if st.ino:
+                self.inodes.set_backing(node, (st.dev, st.ino))
         node.lookups += 1
         return self.attrs(node, st)
 
@@ -1249,22 +1269,21 @@ class Filesystem:
         if self.reserved(path):
             raise Refused(errno.EACCES, "a reserved name")
         inode = self.inodes.by_path_get(path)
-        self._fast_off(inode)
-        try:
-            # In a thread even for file://: freeing a large file's blocks can take 100s of ms.
-            await self.io(self.store.unlink, path)
-        except FileNotFoundError:
-            # A file created through the mount but not yet closed exists only as staging.
-            if inode is None or inode.writer is None:
-                raise
-        else:
-            self._fast_off(inode)   # (again: marked meanwhile, `_fast_off`)
-            if self.journal is not None:      # eval tiers drop their replica of it
-                await self.journal.removed(path)
-        if inode is not None and inode.writer is not None and self.streams is not None:
-            self.streams.dropped(inode.ino)   # never published: the tier drops what it was sent
-        self.listings.drop(parent.path)
-        self.inodes.detach(path)
+        with self._changing(inode):
+            try:
+                # In a thread even for file://: freeing a large file's blocks can take 100s of ms.
+                await self.io(self.store.unlink, path)
+            except FileNotFoundError:
+                # A file created through the mount but not yet closed exists only as staging.
+                if inode is None or inode.writer is None:
+                    raise
+            else:
+                if self.journal is not None:      # eval tiers drop their replica of it
+                    await self.journal.removed(path)
+            if inode is not None and inode.writer is not None and self.streams is not None:
+                self.streams.dropped(inode.ino)   # never published: the tier drops what it was sent
+            self.listings.drop(parent.path)
+            self.inodes.detach(path)
         await self._unnamed(inode)
         self._end_still_named(path)
 
@@ -1286,23 +1305,20 @@ class Filesystem:
             # the rename moves the data the writer has produced (`mv` of a file still open).
             await self.commit(inode)
         replaced = self.inodes.by_path_get(new)
-        self._fast_off(inode)
-        self._fast_off(replaced)
-        if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
-            self._refuse_if_writing_in(new)
-        await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
-        self._fast_off(inode)       # (again: marked meanwhile, `_fast_off`)
-        self._fast_off(replaced)
-        if new != old and new in self._named_still:
-            try:                            # (a file renamed over a name still-named writers had)
-                moved_dir = (await self._store_now(new)).is_dir
-            except OSError:
-                moved_dir = False           # (gone again meanwhile: the name went all the same)
-            if not moved_dir:
-                self._end_still_named(new)
-        self.listings.drop_under(old)
-        self.listings.drop_under(new)
-        self.inodes.move(old, new)
+        with self._changing(inode, replaced):
+            if replaced is not None and replaced is not inode and replaced.kind in (0, stat_mod.S_IFDIR):
+                self._refuse_if_writing_in(new)
+            await self.io(self.store.rename, old, new, bool(flags & RENAME_NOREPLACE))
+            if new != old and new in self._named_still:
+                try:                            # (a file renamed over a name still-named writers had)
+                    moved_dir = (await self._store_now(new)).is_dir
+                except OSError:
+                    moved_dir = False           # (gone again meanwhile: the name went all the same)
+                if not moved_dir:
+                    self._end_still_named(new)
+            self.listings.drop_under(old)
+            self.listings.drop_under(new)
+            self.inodes.move(old, new)
         if replaced is not None and replaced is not inode:
             await self._unnamed(replaced)
         self._stagings_moved(old, new)

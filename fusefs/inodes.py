@@ -25,7 +25,7 @@ class Inode:
     __slots__ = ("ino", "path", "lookups", "opens", "writer", "writer_refs", "unlinked",
                  "cached_identity", "control", "virtual", "tensor_data", "aliases", "backing", "readers",
                  "pt_id", "pt_refs", "pt_staging", "pt_file", "pt_reader", "publishing", "kept", "file_key", "kind",
-                 "writers_pending", "fast_named")
+                 "writers_pending", "fast_named", "changing")
 
     def __init__(self, ino: int, path: str, control=None):
         self.ino = ino
@@ -73,6 +73,9 @@ class Inode:
         # Its name is answered inside pyfuse3 (`fusefs.fastpath.FastNames`): one lookup here is
         # that registration's, and the kernel's lookups answered there are added at FORGET.
         self.fast_named = False
+        # Changes through this mount under way (`Filesystem._changing`: an unlink, rename, link or
+        # setattr whose store calls let the loop run): no fast-path mark is made meanwhile.
+        self.changing = 0
 
     def add_reader(self, reader) -> None:
         self.readers = (*self.readers, reader)

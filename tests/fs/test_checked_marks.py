@@ -199,3 +199,54 @@ def test_files_swapped_before_they_are_marked_ahead_are_not_marked(tmp_path):
             assert (dev, st_ino) == (os.stat(root / os.fsdecode(rel)).st_dev, os.stat(root / os.fsdecode(rel)).st_ino)
             assert st_ino != secret.st_ino
     trio.run(test)
+
+
+
+@pytest.mark.parametrize("change,call", [("unlink", "unlink"), ("rename", "rename"), ("truncate", "commit"),
+                                         ("link", "link")])
+def test_no_mark_is_made_while_a_change_is_in_the_store(tmp_path, change, call):
+    """The store calls of an unlink, a rename, a truncate or a link run in a worker thread, so the
+    loop may try to mark the file meanwhile (ahead of a folder's opens, at a lookup or at a first
+    open): such a mark would be of the file as it was and outlive the change, and later opens
+    would be answered from a file no longer at its name, or GETATTRs from attributes from before.
+    `Filesystem._changing` refuses it until the change is over (the unlink and rename once ended
+    the marks before their store call only, and the truncate and link not even again: a mark made
+    meanwhile outlived them). The store call is held here while the mark is tried."""
+    import threading
+    from types import SimpleNamespace
+    from tests.fs.test_filesystem_api import fields
+    fs, _root, backing, fast = _checked_fs(tmp_path)
+    fs.meta_inline = False    # (a local store's link runs on the loop; an object store's does not)
+    entered, go = threading.Event(), threading.Event()
+    real = getattr(fs.store, call)
+
+    def held(*args):
+        entered.set()
+        assert go.wait(10)
+        return real(*args)
+    setattr(fs.store, call, held)
+
+    async def test():
+        ino = await _read(fs, "f1")
+        assert ino in fs.fast.marked
+        d = (await fs.lookup(ROOT_INODE, b"d", CTX)).st_ino
+        node = fs.inodes[ino]
+        async with trio.open_nursery() as nursery:
+            if change == "unlink":
+                nursery.start_soon(fs.unlink, d, b"f1", CTX)
+            elif change == "rename":
+                nursery.start_soon(fs.rename, d, b"f1", d, b"g1", 0, CTX)
+            elif change == "truncate":
+                nursery.start_soon(fs.setattr, ino, SimpleNamespace(st_size=1), fields(update_size=True), None, CTX)
+            else:
+                nursery.start_soon(fs.link, ino, d, b"h1", CTX)
+            await trio.to_thread.run_sync(entered.wait)
+            assert ino not in fs.fast.marked and node.changing == 1    # (ended before the store call)
+            assert not await fs._mark_ahead(node, 0)                    # (tried meanwhile: refused)
+            assert ino not in fs.fast.marked and ino not in fast.serving
+            go.set()
+        assert node.changing == 0
+        assert ino not in fs.fast.marked and ino not in fast.serving and not backing.live
+        if change != "unlink":     # (a later first open marks it again, as the file is now)
+            assert await fs._mark_ahead(node, 0) and ino in fs.fast.marked
+    trio.run(test)
