@@ -76,6 +76,11 @@ class FastBackend(Protocol):
     @property
     def checks(self) -> bool: ...
     def check_stats(self) -> tuple[int, int, int, int]: ...
+    @property
+    def lazy(self) -> bool: ...
+    def mark_lazy(self, entries: list[tuple[int, tuple[int, bytes, int, int]]]) -> None: ...
+    def lazy_opened(self) -> list[tuple[int, int, int]]: ...
+    def lazy_stats(self) -> tuple[int, int]: ...
 
 
 # The file handle of an open pyfuse3 answered: FAST_BIT | ino (Python's handles stay below it).
@@ -110,16 +115,23 @@ class FastPath:
     (inode, uid): every mark made on a first pass over a dataset stays alive, so each is kept small
     (objects made per open cost the daemon's garbage collector more than their making)."""
 
-    def __init__(self, limit: int, release: Callable[[Inode], None]):
+    def __init__(self, limit: int, release: Callable[[Inode], None],
+                 adopt: Callable[[Inode, int, int], None] | None = None,
+                 release_unopened: Callable[[Inode], None] | None = None):
         self.limit = max(0, limit)
         self.backend: FastBackend | None = None
         self._release = release
+        # Lazy marks (`mark_lazy`): the hold of one pyfuse3 opened, handed over (node, fd, backing
+        # id); the hold of one never opened let go (the inode's open count only).
+        self._adopt = adopt
+        self._release_unopened = release_unopened
         self.marked: dict[int, tuple[Inode, int]] = {}
         self.checked: set[int] = set()           # marks whose opens pyfuse3 checks (not immutable)
+        self.lazy: set[int] = set()              # lazy marks not opened, as far as `take_opened` knows
         self.by_uid: dict[int, OrderedDict[int, None]] = {}   # each user's marks, oldest first
         self.draining: dict[int, Inode] = {}     # unmarked, fast opens still open
         self.counts = {"marked": 0, "unmarked": 0, "given_up_for_room": 0, "marked_ahead": 0, "fetched_ahead": 0,
-                       "marked_at_lookup": 0, "let_go_removed": 0}
+                       "marked_at_lookup": 0, "let_go_removed": 0, "marked_lazy": 0, "lazy_adopted": 0}
 
     @property
     def on(self) -> bool:
@@ -127,6 +139,67 @@ class FastPath:
 
     def __contains__(self, ino: int) -> bool:
         return ino in self.marked or ino in self.draining
+
+    @property
+    def lazy_on(self) -> bool:
+        """Whether marks may be made before any open (`mark_lazy`: a pyfuse3 that opens them)."""
+        return self.on and self._adopt is not None and getattr(self.backend, "lazy", False)
+
+    def _room(self, uid: int, own: bool) -> bool:
+        """A place for one more mark of `uid`, a full table first giving up the oldest mark of the
+        user that holds the most (`own`: only `uid`'s own); whether there is one."""
+        while len(self.marked) + len(self.draining) >= self.limit and self.marked:
+            most = self.by_uid.get(uid) if own else max(self.by_uid.values(), key=len)
+            if not most:
+                break
+            self._give_up(next(iter(most)))
+        return len(self.marked) + len(self.draining) < self.limit
+
+    def _add(self, node: Inode, uid: int, checked: bool) -> None:
+        self.marked[node.ino] = (node, uid)
+        if checked:
+            self.checked.add(node.ino)
+        mine = self.by_uid.get(uid)
+        if mine is None:
+            mine = self.by_uid[uid] = OrderedDict()
+        mine[node.ino] = None
+
+    def mark_lazy(self, marks: list[tuple[Inode, tuple[int, bytes, int, int]]], uid: int) -> int:
+        """Mark each (inode, check) before any open of it (`lazy_on`; docs/fastpath.md, "Lazy
+        marks"): pyfuse3's first read-only open of it opens the checked path and registers it as
+        its backing file, as a first open in Python would have, and answers it; the fd and backing id
+        are then the filesystem's (`take_opened`). The caller took each one's hold (one more open of
+        the inode, no fd yet). In places as `mark(own=True)` gives them: free ones, then `uid`'s own
+        oldest marks; a mark with no place lets its hold go. How many were marked."""
+        assert self.backend is not None and self._release_unopened is not None
+        made: list[tuple[int, tuple[int, bytes, int, int]]] = []
+        for node, check in marks:
+            assert node.ino not in self
+            if not self._room(uid, True):
+                self._release_unopened(node)
+                continue
+            self._add(node, uid, True)
+            self.lazy.add(node.ino)
+            made.append((node.ino, check))
+        if made:
+            self.backend.mark_lazy(made)
+        self.counts["marked_lazy"] += len(made)
+        return len(made)
+
+    def take_opened(self) -> None:
+        """The lazy marks pyfuse3 opened since the last call are held here from now on: each one's fd
+        and backing id are handed to the filesystem (`adopt`), whose passthrough state of the inode
+        then holds them as a mark made by a first open in Python would. Called before anything looks
+        at a marked inode's holds (an open or a change through this mount, the end of a mark, a
+        READ of an open pyfuse3 answered, the sweep)."""
+        if not self.lazy or self.backend is None:
+            return
+        for ino, fd, backing_id in self.backend.lazy_opened():
+            self.lazy.discard(ino)
+            got = self.marked.get(ino)
+            assert got is not None and self._adopt is not None, ino   # (unmarked only after taking these)
+            self._adopt(got[0], fd, backing_id)
+            self.counts["lazy_adopted"] += 1
 
     def mark(self, node: Inode, backing_id: int, attrs: Attributes | None, uid: int, own: bool = False,
              check: tuple[int, bytes, int, int] | None = None) -> None:
@@ -136,27 +209,17 @@ class FastPath:
         first gives up the oldest mark of the user that holds the most; `own` (a mark made ahead
         of an open): only `uid`'s own oldest marks, never another user's."""
         assert self.backend is not None and node.ino not in self
-        while len(self.marked) + len(self.draining) >= self.limit and self.marked:
-            most = self.by_uid.get(uid) if own else max(self.by_uid.values(), key=len)
-            if not most:
-                break
-            self._give_up(next(iter(most)))
-        if len(self.marked) + len(self.draining) >= self.limit:
+        if not self._room(uid, own):
             self._release(node)       # every place is held by opens not yet released: no mark
             return
         self.backend.mark(node.ino, backing_id, attrs, check)
-        self.marked[node.ino] = (node, uid)
-        if check is not None:
-            self.checked.add(node.ino)
-        mine = self.by_uid.get(uid)
-        if mine is None:
-            mine = self.by_uid[uid] = OrderedDict()
-        mine[node.ino] = None
+        self._add(node, uid, check is not None)
         self.counts["marked"] += 1
 
     def unmark(self, node: Inode) -> int:
         """No more fast opens of `node`; how many it served are still open (0: the hold is let go
         now; else at a later `unmark` or `settle` once they are released)."""
+        self.take_opened()
         m = self.marked.pop(node.ino, None)
         if m is not None:
             self.checked.discard(node.ino)
@@ -165,6 +228,12 @@ class FastPath:
             if not mine:
                 del self.by_uid[m[1]]
             self.counts["unmarked"] += 1
+            if node.ino in self.lazy:   # (never opened: pyfuse3 drops it, its hold holds no fd)
+                self.lazy.discard(node.ino)
+                assert self.backend is not None and self._release_unopened is not None
+                self.backend.unmark(node.ino)
+                self._release_unopened(m[0])
+                return 0
             self.draining[node.ino] = m[0]
         held = self.draining.get(node.ino)
         if held is None:
@@ -180,6 +249,7 @@ class FastPath:
         """The inode of an open pyfuse3 answered (`fh` = FAST_BIT | ino), while its mark holds it."""
         if not fh & FAST_BIT:
             return None
+        self.take_opened()
         got = self.marked.get(fh & ~FAST_BIT)
         return got[0] if got is not None else self.draining.get(fh & ~FAST_BIT)
 
@@ -209,8 +279,10 @@ class FastPath:
         assert self.backend is not None
         opened, released, serving, getattrs = self.backend.stats()
         checked, missed, names_checked, names_missed = self.backend.check_stats()
+        lazy_opens, lazy_missed = self.backend.lazy_stats() if self.lazy_on else (0, 0)
         return {"state": "on", "opens": opened, "releases": released, "getattrs": getattrs, "inodes": serving,
                 "inodes_checked": len(self.checked), "opens_checked": checked, "opens_check_missed": missed,
+                "inodes_lazy": len(self.lazy), "lazy_first_opens": lazy_opens, "lazy_first_opens_missed": lazy_missed,
                 "lookups_checked": names_checked, "lookups_check_missed": names_missed,
                 "draining": len(self.draining), "limit": self.limit, "users": len(self.by_uid), **self.counts}
 

@@ -208,7 +208,8 @@ class Filesystem:
         # FUSE passthrough: on at FUSE init when the kernel granted it (`set_passthrough`).
         self.pt = Passthrough(self.stats, options.passthrough_min_free_mb << 20)
         # The fast path (fusefs/fastpath.py): on with passthrough where pyfuse3 has it.
-        self.fast = FastPath(mark_limit(options.fast_path_inodes), self._let_go)
+        self.fast = FastPath(mark_limit(options.fast_path_inodes), self._let_go, self._adopt_lazy,
+                             self.inodes.release_open)
         # Marks of paths not declared immutable, each open checked by pyfuse3 (`_fast_mark`): where
         # the store can say how (a local store) and pyfuse3 can check (`set_passthrough`).
         self._checked_marks = options.fast_checked_opens and hasattr(store, "same_file_check")
@@ -478,6 +479,7 @@ class Filesystem:
         next open, if any, is Python's. How many went."""
         if self.fast.draining:
             self.fast.settle()
+        self.fast.take_opened()   # (a lazy mark pyfuse3 opened holds its fd here from now on)
         gone = 0
         for i, (ino, (node, _uid)) in enumerate(list(self.fast.marked.items())):
             if i and i % MARK_SWEEP_CHUNK == 0:
@@ -558,9 +560,51 @@ class Filesystem:
             return
         if len(listing) > most:
             return
-        await self._name_folder(folder, listing, CHECKED_NAMES_S, uid, checked=True)
+        named = await self._name_folder(folder, listing, CHECKED_NAMES_S, uid, checked=True)
         if folder in self.names.folders:
-            await self._open_ahead(folder, uid)
+            if self.fast.lazy_on and hasattr(self.store, "held_reader"):
+                self._mark_lazy(folder, named, uid)
+            else:
+                await self._open_ahead(folder, uid)
+
+    def _mark_lazy(self, folder: str, named: list[tuple[Inode, tuple[int, bytes, int, int]]], uid: int) -> None:
+        """`_open_ahead` without the opens: the files of `folder` just named (`named`: each with the
+        check its name was registered with) are marked now, each opened by pyfuse3 at its own first
+        open (`FastPath.mark_lazy`; docs/fastpath.md, "Lazy marks"). Each mark is one its first
+        open in Python would make: the handle kind `choose_handle` gives a read open of the store
+        file with nothing else open (`fast_eligible`), and the open that pyfuse3 makes is that
+        open (the store's `open_reader`, the same check). As many as `_open_ahead` would mark, in
+        the same places."""
+        budget = self.fast.room_for(uid)
+        marks: list[tuple[Inode, tuple[int, bytes, int, int]]] = []
+        for node, check in named:
+            if len(marks) >= budget:
+                break
+            if (not node.fast_named or not self._markable_ahead(node) or node.path.rpartition("/")[0] != folder
+                    or node.ino not in self.inodes.by_ino):
+                continue
+            source = self.reads.source_unopened(node.path)
+            if source is None:
+                continue   # (routed: the tier decides at the open, which is then Python's)
+            # (OpenFacts of a read open of the store's file with nothing else open: in field order)
+            kind = choose_handle(OpenFacts(node.control is not None, node.virtual is not None, False, self.pt.on,
+                                           False, False, False, source, source is Source.STORE, True))
+            if not fast_eligible(kind, False, True, False, node.unlinked):
+                continue
+            node.opens += 1                    # (the mark's hold, with no fd until pyfuse3 opens it)
+            node.file_key = (check[2], check[3])
+            marks.append((node, check))
+        self.fast.counts["marked_ahead"] += self.fast.mark_lazy(marks, uid)
+
+    def _adopt_lazy(self, node: Inode, fd: int, backing_id: int) -> None:
+        """A lazy mark pyfuse3 opened (`FastPath.take_opened`): its fd and backing id become the
+        mark's hold, as the first open in Python that would have made it leaves them
+        (`_make`, `Passthrough.read_handle`)."""
+        key = node.file_key   # ((dev, ino): what the mark's check and pyfuse3's open found)
+        assert key is not None
+        node.pt_id, node.pt_refs, node.pt_staging = backing_id, 1, None
+        self.pt.read_handle(node, key, self.store.held_reader(fd, key[0]))   # type: ignore[attr-defined]
+        self.stats.add("passthrough_backing_open")
 
     async def fast_sweep(self) -> None:
         """Every MARK_SWEEP_S (`mount._fast_sweep`): checked names past their time go, and the
@@ -573,7 +617,7 @@ class Filesystem:
             await self.let_go_removed_marks()
 
     async def _name_folder(self, folder: str, listing: list[tuple[str, Stat]], ttl: float, uid: int = 0,
-                           checked: bool = False) -> None:
+                           checked: bool = False) -> list[tuple[Inode, tuple[int, bytes, int, int]]]:
         """Register the plain files of `folder`'s kept listing for lookups answered in pyfuse3
         (`FastNames`): each name whose Python lookup would answer from that listing, as it would,
         counted to `uid` (whose lookups had it listed: `FastNames.users`: a share per user). Not past
@@ -582,11 +626,11 @@ class Filesystem:
         (a change in the folder, the listing gone) ends it with nothing registered. `checked`: the
         folder is not declared immutable (`_name_checked`): its plain files not declared so are
         registered, each with its check (`LocalStore.same_file_check`) and the mount's timeouts,
-        and no kept listing is involved."""
+        and no kept listing is involved. What was registered with a check: (inode, check) each."""
         parent = self.inodes.by_path_get(folder)
         if (parent is None or parent.path != folder or parent.control is not None or len(listing) > FAST_NAMES_MAX
                 or len(self.inodes.by_ino) + len(listing) > self.max_entries):
-            return
+            return []
         epoch, kept = self.names.epoch, self.listings.folder(folder)
 
         def undisturbed() -> bool:
@@ -627,9 +671,10 @@ class Filesystem:
             named.append((name.encode("utf-8", "surrogateescape"), node, self.attrs(node, st, timeouts)))
         if (undisturbed() and self.inodes.get(parent.ino) is parent
                 and self.names.register(folder, parent, named, ttl, uid, checks if checked else None)):
-            return
+            return [(node, check) for (_name, node, _attrs), check in zip(named, checks)]
         for _name, node, _attrs in named:   # (made for this: no one else holds them)
             self.inodes.maybe_drop(node)
+        return []
 
     def passthrough_detach(self, node: Inode) -> None:
         """One passthrough handle of `node` released (`fusefs.passthrough.Passthrough.detach`)."""
@@ -1477,6 +1522,13 @@ class Filesystem:
         fetching = self.ahead.fetching.get(inode)
         if fetching is not None:   # (fetched and marked ahead right now: this open shares that)
             await fetching.wait()
+        if self.fast.lazy:
+            self.fast.take_opened()
+            if inode in self.fast.lazy:
+                # A lazy mark pyfuse3 could not open (the path names another file now, or none):
+                # it ends, and this is the inode's first open (the kernel serves an inode from one
+                # backing file: a mark never opened must not register one of its own later).
+                self.fast.unmark(node)
         seen = await self._see(node, flags)
         kind = self._kind(node, seen)
         if kind is HandleKind.CONTROL:

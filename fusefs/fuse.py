@@ -268,6 +268,23 @@ class _Fast:
         checked, missed, names_checked, names_missed = _patched.fast_check_stats() if self.checks else (0, 0, 0, 0)
         return checked, missed, names_checked, names_missed
 
+    @property
+    def lazy(self) -> bool:
+        """Whether marks may be made before any open, pyfuse3 opening each at its first open
+        (patches/pyfuse3-fastlazy.patch)."""
+        return hasattr(_patched, "fast_mark_lazy")
+
+    def mark_lazy(self, entries: list[tuple[int, tuple[int, bytes, int, int]]]) -> None:
+        _patched.fast_mark_lazy(entries)
+
+    def lazy_opened(self) -> list[tuple[int, int, int]]:
+        got: list[tuple[int, int, int]] = _patched.fast_lazy_opened()
+        return got
+
+    def lazy_stats(self) -> tuple[int, int]:
+        opened, missed = _patched.fast_lazy_stats()
+        return opened, missed
+
 
 def fast_backend() -> _Fast | None:
     """The fast path's table, or None with a pyfuse3 that has none (stock, or an older build)."""

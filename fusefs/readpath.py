@@ -53,6 +53,16 @@ class ReadPath:
             return reader, Source.REPLICAS
         return reader, source_of(reader)
 
+    def source_unopened(self, path: str) -> Source | None:
+        """What `source` gives an open of `path` whose store reader is the store's own (a plain
+        store reader), known before the open: None for a routed path (the tier decides at the
+        open, `RoutedStore.at_open`). For a mark made before any open (`Filesystem._mark_lazy`)."""
+        if self.routes is not None and self.routes.routes_path(path):
+            return None
+        if self.replicas is not None and self.replicas.has_replicas(path):
+            return Source.REPLICAS
+        return Source.STORE
+
     async def local_fd(self, path: str, reader: Reader, source: Source, identity: tuple[int, int]) -> int:
         """A new fd of a complete replica of exactly this version on this host, or -1."""
         if source is Source.TIER and isinstance(reader, TierReplicaReader):

@@ -11,7 +11,8 @@
 #      patches/pyfuse3-statdir.patch (a folder's entries with their statx, for listings on the
 #      event loop) and patches/pyfuse3-spin-nogil.patch (the loop's spin for the next request
 #      without the GIL) and patches/pyfuse3-fastverify.patch (the fast path's close-to-open check
-#      for paths not declared immutable), linked against it (rpath).
+#      for paths not declared immutable) and patches/pyfuse3-fastlazy.patch (marks made before
+#      any open, opened by pyfuse3 at the first), linked against it (rpath).
 # Idempotent (a stamp keyed by this script and the patches). Any failure leaves the stock pyfuse3 in
 # place, prints one line and exits 0: hintfs then runs without passthrough.
 set -u
@@ -24,7 +25,7 @@ WORK=$VENV/libfuse-build
 STAMP=$VENV/.passthrough-done
 LOG=$WORK/build.log
 SUITE=${PASSTHROUGH_SUITE:-trixie}
-PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch pyfuse3-read-reply-nogil.patch pyfuse3-fastlookup.patch pyfuse3-statdir.patch pyfuse3-spin-nogil.patch pyfuse3-fastverify.patch"
+PATCHES="pyfuse3-passthrough.patch pyfuse3-queued-reads.patch pyfuse3-readdir.patch pyfuse3-fastpath.patch pyfuse3-readdir-names.patch pyfuse3-read-reply-nogil.patch pyfuse3-fastlookup.patch pyfuse3-statdir.patch pyfuse3-spin-nogil.patch pyfuse3-fastverify.patch pyfuse3-fastlazy.patch"
 KEY=$( (cat "$0" && cd "$HERE" && cat $PATCHES) | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$KEY" ]; then

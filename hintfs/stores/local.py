@@ -451,6 +451,13 @@ class LocalStore:
         # mount itself; one reached here is refused).
         return _reader_of(open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), rel)
 
+    @staticmethod
+    def held_reader(fd: int, dev: int) -> LocalReader:
+        """The reader of `fd`, a regular file of this store on device `dev` opened for reading as
+        `open_reader` opens it, elsewhere (a lazy mark's first open in pyfuse3, which checked it:
+        `Filesystem._adopt_lazy`)."""
+        return LocalReader(fd, dev)
+
     def open_readers_in(self, folder: str, names: list[str]) -> list[tuple[LocalReader, Stat] | OSError]:
         """`open_reader` of each `folder/name` (each name one component of a listing of `folder`),
         in order: (reader, stat) or that file's error. The folder is resolved beneath the root once

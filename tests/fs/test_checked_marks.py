@@ -250,3 +250,108 @@ def test_no_mark_is_made_while_a_change_is_in_the_store(tmp_path, change, call):
         if change != "unlink":     # (a later first open marks it again, as the file is now)
             assert await fs._mark_ahead(node, 0) and ino in fs.fast.marked
     trio.run(test)
+
+
+def _lazy_fs(tmp_path, n=4):
+    """A checked-marks filesystem whose pyfuse3 makes lazy marks (`FakeLazyTable`), a folder of `n`
+    files, and pyfuse3's names (`_FakeNames`)."""
+    from tests.fs.test_metadata_cache import _FakeNames
+    from tests.helpers.backing import FakeLazyTable
+    fs = make_fs(tmp_path)
+    backing, fast = CountingBacking(), FakeLazyTable()
+    fs.set_passthrough((backing, "on"), fast)
+    fs.names.backend = _FakeNames()
+    root = tmp_path / "store"
+    (root / "d").mkdir()
+    for i in range(n):
+        (root / "d" / f"f{i}").write_bytes(bytes([i]) * (i + 1))
+    return fs, root, backing, fast
+
+
+def _first_open_in_pyfuse3(fs, fast, backing, ino: int) -> int:
+    """What pyfuse3 does at a lazy mark's first open (patches/pyfuse3-fastlazy.patch): the checked
+    path opened beneath the root, checked to be the marked file, registered as a backing file."""
+    root_fd, rel, dev, st_ino = fast.lazy_marks[ino]
+    fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root_fd)
+    st = os.fstat(fd)
+    assert (st.st_dev, st.st_ino) == (dev, st_ino)
+    bid = backing.open(fd)
+    fast.first_open(ino, fd, bid)
+    return bid
+
+
+def test_a_folder_read_by_a_reader_gets_lazy_marks_that_hold_nothing_until_pyfuse3_opens_them(tmp_path):
+    """With a pyfuse3 that opens marks itself (docs/fastpath.md, "Lazy marks"), the other files of
+    a folder a reader goes through are marked without being opened: each mark carries the check
+    of its name and holds the inode (one open) but no fd and no backing id. pyfuse3's first open
+    of one hands its fd and backing id over, and they are the mark's hold from then on: a Python
+    open shares that backing id, and the end of the mark lets both go."""
+    fs, root, backing, fast = _lazy_fs(tmp_path)
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        lazy = {fs.inodes[ino].path: ino for ino in fs.fast.lazy}
+        assert set(lazy) == {"d/f2", "d/f3"} and fs.fast.counts["marked_ahead"] == 2
+        assert len(backing.live) == 2                        # (f0's and f1's marks only)
+        for path, ino in lazy.items():
+            st = os.stat(root / path)
+            assert fast.lazy_marks[ino][1:] == (path.encode(), st.st_dev, st.st_ino)
+            assert fs.inodes[ino].opens == 1 and fs.inodes[ino].pt_refs == 0
+        ino = lazy["d/f2"]
+        bid = _first_open_in_pyfuse3(fs, fast, backing, ino)
+        node = fs.inodes[ino]
+        h = await fs.open(ino, os.O_RDONLY, CTX)              # (adopts what pyfuse3 opened, then shares it)
+        assert h.backing_id == bid and node.pt_refs == 2 and ino not in fs.fast.lazy
+        assert os.pread(node.pt_reader.fd, 10, 0) == b"\x02" * 3
+        await fs.release(h.fh)
+        fast.open[ino] = 0                                   # (pyfuse3's open released)
+        fs._fast_off(node)
+        assert bid not in backing.live and node.pt_refs == 0 and node.opens == 0
+    trio.run(test)
+
+
+def test_a_lazy_mark_pyfuse3_could_not_open_ends_at_the_open_python_gets(tmp_path):
+    """pyfuse3 sends a lazy mark's first open to Python when the path no longer names the marked
+    file: the mark ends (its hold, no fd) and the open is a first open of what the name holds now,
+    whose backing is the only one the inode gets."""
+    fs, root, backing, fast = _lazy_fs(tmp_path)
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        ino = next(i for i in fs.fast.lazy if fs.inodes[i].path == "d/f3")
+        os.unlink(root / "d" / "f3")
+        (root / "d" / "f3").write_bytes(b"replaced")
+        h = await fs.open(ino, os.O_RDONLY, CTX)
+        node = fs.inodes[ino]
+        assert ino not in fast.lazy_marks and ino not in fs.fast.lazy
+        assert node.pt_refs >= 1 and os.pread(node.pt_reader.fd, 20, 0) == b"replaced"
+        await fs.release(h.fh)
+    trio.run(test)
+
+
+def test_lazy_marks_end_with_the_names_and_with_changes(tmp_path):
+    """A lazy mark never opened ends like any mark: when the folder's names go (`_unname`: the
+    kernel never looked it up) and at an unlink through the mount, its hold let go with nothing
+    to close."""
+    fs, root, backing, fast = _lazy_fs(tmp_path, n=6)
+    d_ino = []
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        lazy = {fs.inodes[ino].path: ino for ino in fs.fast.lazy}
+        assert len(lazy) == 4
+        d_ino.append((await fs.lookup(ROOT_INODE, b"d", CTX)).st_ino)
+        f5 = fs.inodes[lazy["d/f5"]]
+        f5.lookups += 1    # (the kernel looked it up: the unlink, not the names, ends it)
+        await fs.unlink(d_ino[0], b"f5", CTX)
+        assert f5.ino not in fs.fast and f5.opens == 0 and f5.ino not in fast.lazy_marks
+        assert not fs.names.folders                          # (the unlink dropped the folder's names)
+        assert not fs.fast.lazy and not fast.lazy_marks       # (the others were never looked up)
+        assert len(backing.live) == 2
+    trio.run(test)

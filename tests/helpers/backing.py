@@ -48,3 +48,38 @@ class FakeFastTable:
 
     def check_stats(self) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0
+
+
+class FakeLazyTable(FakeFastTable):
+    """`FakeFastTable` with lazy marks (patches/pyfuse3-fastlazy.patch): `first_open(ino, fd,
+    backing_id)` plays pyfuse3 opening one at its first open (`lazy_opened` hands it over)."""
+
+    lazy = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lazy_marks: dict[int, tuple] = {}
+        self.opened: list[tuple[int, int, int]] = []
+
+    def mark_lazy(self, entries) -> None:
+        for ino, check in entries:
+            assert ino not in self.serving and ino not in self.lazy_marks
+            self.lazy_marks[ino] = check
+            self.check[ino] = check
+
+    def first_open(self, ino: int, fd: int, backing_id: int) -> None:
+        del self.lazy_marks[ino]
+        self.serving[ino] = backing_id
+        self.open[ino] = self.open.get(ino, 0) + 1
+        self.opened.append((ino, fd, backing_id))
+
+    def unmark(self, ino: int) -> int:
+        self.lazy_marks.pop(ino, None)
+        return super().unmark(ino)
+
+    def lazy_opened(self) -> list[tuple[int, int, int]]:
+        got, self.opened = self.opened, []
+        return got
+
+    def lazy_stats(self) -> tuple[int, int]:
+        return 0, 0

@@ -300,3 +300,64 @@ def test_a_mode_changed_in_the_store_is_what_the_kernel_checks_after_a_checked_l
     assert _fast(m)["lookups_checked"] > before
     os.chmod(m.store / "pub" / "f004", 0o644)
     assert nobody_read_files([str(pub / "f004")])[str(pub / "f004")] == "open 4"
+
+
+def test_files_marked_before_their_first_open_are_opened_by_pyfuse3_each_checked(mount_factory):
+    """Lazy marks (docs/fastpath.md, "Lazy marks"; patches/pyfuse3-fastlazy.patch): once a reader
+    opened two files of a folder, its other files are marked with no open; pyfuse3 opens each at
+    its first open, beneath the store root and only if it is still the marked file, and answers
+    it. Files replaced, removed or swapped for a symlink out of the store before their first open
+    read what a Python open reads: the new file, ENOENT, never the outside file."""
+    m = mount_factory("")
+    _checked_on(m)
+    names = _files(m, 8)
+    outside = m.store.parent / "outside-lazy"
+    outside.write_bytes(b"outside the store")
+    _registered(m, names[:2])
+    for _ in range(200):
+        if _fast(m)["marked_lazy"] >= 6:
+            break
+        time.sleep(0.01)
+    f0, before = _fast(m), _ops(m)
+    assert f0["marked_lazy"] == 6 and f0["inodes_lazy"] == 6, f0
+    (m.store / "plain" / "f005.new").write_bytes(b"a new five")     # (another inode: the old one still is)
+    os.replace(m.store / "plain" / "f005.new", m.store / "plain" / "f005")
+    os.unlink(m.store / "plain" / "f006")
+    os.symlink(outside, m.store / "plain" / "f006")
+    os.unlink(m.store / "plain" / "f007")
+    for i in (2, 3, 4):
+        assert (m.mnt / "plain" / names[i]).read_bytes() == bytes([i]) * (1000 + i)
+    assert (m.mnt / "plain" / "f005").read_bytes() == b"a new five"
+    with pytest.raises(OSError) as err:
+        (m.mnt / "plain" / "f006").read_bytes()
+    assert err.value.errno == errno.EACCES
+    assert not (m.mnt / "plain" / "f007").exists()
+    f1, after = _fast(m), _ops(m)
+    assert f1["lazy_first_opens"] - f0["lazy_first_opens"] == 3, f1     # (f002-f004, in pyfuse3)
+    assert f1["lazy_adopted"] == f1["lazy_first_opens"]                 # (handed over: the stats' open)
+    assert after["open"] - before["open"] <= 1 + 2, (before, after)     # (f005's, and the stats files')
+    for i in (2, 3, 4):                                                 # (again: a checked mark's opens)
+        assert (m.mnt / "plain" / names[i]).read_bytes() == bytes([i]) * (1000 + i)
+    assert _fast(m)["opens"] - f1["opens"] == 3
+
+
+@pytest.mark.skipif(not can_run_as_nobody(), reason="needs root and setpriv")
+def test_a_lazy_mark_root_made_opens_for_another_user_only_what_its_mode_allows():
+    """Root's reads of a folder mark its other files lazily; uid 65534's first opens of them are
+    the ones pyfuse3 answers: a 0600 file stays EACCES (the kernel's check comes before the OPEN),
+    a 0644 one reads its bytes."""
+    files = {f"f{i}": bytes([65 + i]) * 10 for i in range(4)}
+    with _world(files, 0o755) as m:
+        _checked_on(m)
+        (m.store / "pub" / "f2").chmod(0o600)
+        for name in ("f0", "f1"):
+            (m.mnt / "pub" / name).read_bytes()
+        for _ in range(200):
+            if _fast(m)["marked_lazy"] >= 2:
+                break
+            time.sleep(0.01)
+        assert _fast(m)["marked_lazy"] == 2
+        got = nobody_read_files([str(m.mnt / "pub" / "f2"), str(m.mnt / "pub" / "f3")])
+        assert got == {str(m.mnt / "pub" / "f2"): f"errno {errno.EACCES}",
+                       str(m.mnt / "pub" / "f3"): "D" * 10}, got
+        assert _fast(m)["lazy_first_opens"] == 1

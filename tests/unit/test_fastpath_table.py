@@ -327,3 +327,32 @@ def test_a_folder_is_being_read_after_its_configured_first_opens_and_few_folders
     off = ReadFolders(0)
     off.opened("a"), off.opened("a"), off.opened("a")
     assert not off.reading("a")               # `fast_opens_ahead = 0`: never
+
+
+def test_lazy_marks_take_only_free_places_or_their_users_own_and_end_without_a_release():
+    """`mark_lazy` (marks pyfuse3 opens at their first open) takes places as a mark made ahead
+    does: free ones, then the same user's oldest marks, never another user's; a mark with no place
+    lets its hold go at once. One never opened ends without the passthrough release (no fd, no
+    backing id: `release_unopened`); one pyfuse3 opened is handed over (`adopt`) first, and then
+    ends as any mark."""
+    from tests.helpers.backing import FakeLazyTable
+    released: list[int] = []
+    unopened: list[int] = []
+    adopted: list[tuple[int, int, int]] = []
+    fp = FastPath(4, lambda node: released.append(node.ino), lambda node, fd, bid: adopted.append((node.ino, fd, bid)),
+                  lambda node: unopened.append(node.ino))
+    fp.backend = table = FakeLazyTable()
+    assert fp.lazy_on
+    fp.mark(Inode(20, "e/20"), 5, None, uid=2)
+    fp.mark(Inode(10, "d/10"), 5, None, uid=1)
+    check = (3, b"d/x", 7, 1)
+    made = fp.mark_lazy([(Inode(ino, f"d/{ino}"), check) for ino in (11, 12, 13, 14)], uid=1)
+    assert made == 4 and set(fp.marked) == {20, 12, 13, 14} and fp.lazy == {12, 13, 14}
+    assert released == [10] and unopened == [11]           # (user 1's own oldest: 10, then 11)
+    assert fp.mark_lazy([(Inode(30, "f/30"), check)], uid=3) == 0 and unopened == [11, 30]   # (no place of its own)
+    table.first_open(13, 99, 8)
+    fp.take_opened()
+    assert adopted == [(13, 99, 8)] and fp.lazy == {12, 14} and fp.counts["lazy_adopted"] == 1
+    table.open[13] = 0
+    assert fp.unmark(fp.marked[12][0]) == 0 and unopened == [11, 30, 12] and 12 not in table.lazy_marks
+    assert fp.unmark(fp.marked[13][0]) == 0 and released == [10, 13]
