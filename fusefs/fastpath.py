@@ -58,8 +58,8 @@ from hintfs.common.fdlimit import share_of_open_files
 
 class NamesBackend(Protocol):
     """The patched pyfuse3's table of names answered at LOOKUP (`fusefs.fuse.names_backend`)."""
-    def put(self, parent: int, entries: list[tuple[bytes, Attributes, tuple[int, bytes, int, int] | None]],
-            deadline_ns: int) -> None: ...
+    def put(self, parent: int, entries: list[tuple[bytes, Attributes | int, tuple[int, bytes, int, int] | None]],
+            deadline_ns: int, template: Attributes | None = None) -> None: ...
     def drop(self, parent: int) -> int: ...
     def take(self, ino: int) -> int: ...
     def stats(self) -> tuple[int, int, int]: ...
@@ -341,15 +341,18 @@ class FastNames:
     def on(self) -> bool:
         return self.backend is not None
 
-    def register(self, folder: str, parent: Inode, named: list[tuple[bytes, Inode, Attributes]],
-                 ttl_s: float, uid: int = 0, checks: list[tuple[int, bytes, int, int]] | None = None) -> bool:
+    def register(self, folder: str, parent: Inode, named: list[tuple[bytes, Inode, Attributes | None]],
+                 ttl_s: float, uid: int = 0, checks: list[tuple[int, bytes, int, int]] | None = None,
+                 template: Attributes | None = None) -> bool:
         """Answer LOOKUPs of `named` (name, its inode, its entry) in `folder` for `ttl_s`, counted to
         `uid`; whether they are. With `checks` (one per name: a folder not declared immutable),
         each LOOKUP pyfuse3 answers first checks the name is still that file and answers with its
         attributes then (docs/fastpath.md, "Checked names"). The folder's inode is held too: pyfuse3 knows the names by its
         number, and a folder the kernel forgot and looks up again must get the same one. A user past
         its share (`share` names) first gives up its oldest folders; more names than the share
-        alone are not registered (Python answers them from the listing, as before)."""
+        alone are not registered (Python answers them from the listing, as before). A checked name
+        may come without its entry (None): pyfuse3 answers it with `template`'s timeouts and block
+        size, its inode number and the attributes its check reads (`NamesBackend.templates`)."""
         assert self.backend is not None
         self.drop(folder)
         if not named or ttl_s <= 0 or len(named) > self.users.share:
@@ -358,8 +361,12 @@ class FastNames:
             self.counts["given_up_for_share"] += 1
             self.drop(self.users.oldest(uid))
         deadline_ns = self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9)
-        self.backend.put(parent.ino, [(name, attrs, checks[i] if checks is not None else None)
-                                      for i, (name, _node, attrs) in enumerate(named)], deadline_ns)
+        entries = [(name, attrs if attrs is not None else node.ino, checks[i] if checks is not None else None)
+                   for i, (name, node, attrs) in enumerate(named)]
+        if template is None:
+            self.backend.put(parent.ino, entries, deadline_ns)
+        else:
+            self.backend.put(parent.ino, entries, deadline_ns, template)
         if checks is not None:
             self.checked_until[folder] = deadline_ns
         parent.lookups += 1

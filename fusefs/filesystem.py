@@ -643,9 +643,18 @@ class Filesystem:
         timeouts = (self._attr_timeout, self._entry_timeout) if checked else (self._immutable_timeout,
                                                                               self._immutable_timeout)
         immutable, by_path, own_dev = self.immutable, self.inodes.by_path_get, self.own_dev
-        named: list[tuple[bytes, Inode, Attributes]] = []
+        named: list[tuple[bytes, Inode, Attributes | None]] = []
         checks: list[tuple[int, bytes, int, int]] = []
         same_file_check = getattr(self.store, "same_file_check", None)
+        encoded = [name.encode("utf-8", "surrogateescape") for name, _st in listing]
+        # (a checked name's entry: its inode number, its attributes read at each LOOKUP, and the
+        # rest the same for every name, given once where pyfuse3 takes that; each check made with
+        # the folder's part of the path encoded once, where the store can)
+        template = None
+        if checked and getattr(self.names.backend, "templates", False):
+            template = Attributes(0, stat_mod.S_IFREG, 1, 0, 0, 0, BLOCK_SIZE, 0, 0, 0, 0, *timeouts, 0)
+        checks_in = getattr(self.store, "same_file_checks_in", None) if checked else None
+        all_checks = checks_in(folder, list(zip(encoded, (st for _name, st in listing)))) if checks_in else None
         for i, (name, st) in enumerate(listing):
             if i and i % NAME_CHUNK == 0:
                 await trio.sleep(0)
@@ -663,14 +672,17 @@ class Filesystem:
             if self._named_still and self._still_named_at(path):
                 continue
             if checked:
-                check = same_file_check(path, st, True) if same_file_check is not None else None
+                if all_checks is not None:
+                    check = all_checks[i]
+                else:
+                    check = same_file_check(path, st, True) if same_file_check is not None else None
                 if check is None:
                     continue
                 checks.append(check)
             node = self.inode_for(path, st)
-            named.append((name.encode("utf-8", "surrogateescape"), node, self.attrs(node, st, timeouts)))
+            named.append((encoded[i], node, None if template is not None else self.attrs(node, st, timeouts)))
         if (undisturbed() and self.inodes.get(parent.ino) is parent
-                and self.names.register(folder, parent, named, ttl, uid, checks if checked else None)):
+                and self.names.register(folder, parent, named, ttl, uid, checks if checked else None, template)):
             return [(node, check) for (_name, node, _attrs), check in zip(named, checks)]
         for _name, node, _attrs in named:   # (made for this: no one else holds them)
             self.inodes.maybe_drop(node)

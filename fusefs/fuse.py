@@ -294,10 +294,23 @@ def fast_backend() -> _Fast | None:
 class _Names:
     """The names answered at LOOKUP in the patched pyfuse3 (patches/pyfuse3-fastlookup.patch)."""
 
-    def put(self, parent: int, entries: list[tuple[bytes, Attributes, tuple[int, bytes, int, int] | None]],
-            deadline_ns: int) -> None:
-        _patched.fast_names_put(parent, [(name, _entry(a)) if c is None else (name, _entry(a), c)
-                                         for name, a, c in entries], deadline_ns)
+    @property
+    def templates(self) -> bool:
+        """Whether a checked name may be given by its inode number, with one template for the other
+        fields of its entry (patches/pyfuse3-fastlazy.patch)."""
+        return hasattr(_patched, "fast_names_put_template")
+
+    def put(self, parent: int, entries: list[tuple[bytes, Attributes | int, tuple[int, bytes, int, int] | None]],
+            deadline_ns: int, template: Attributes | None = None) -> None:
+        if template is not None:
+            _patched.fast_names_put(parent, [(name, a if isinstance(a, int) else _entry(a), c) for name, a, c in entries],
+                                    deadline_ns, _entry(template))
+            return
+        items: list[tuple] = []
+        for name, a, c in entries:
+            assert not isinstance(a, int), "an entry given by its inode number needs a template"
+            items.append((name, _entry(a)) if c is None else (name, _entry(a), c))
+        _patched.fast_names_put(parent, items, deadline_ns)
 
     def drop(self, parent: int) -> int:
         n: int = _patched.fast_names_drop(parent)

@@ -247,7 +247,11 @@ def beneath_in_one_call(rel: str) -> bytes | None:
     """`rel` (checked by `relpath`, not the root) as the bytes one `openat2(RESOLVE_BENEATH |
     RESOLVE_NO_MAGICLINKS)` call resolves as `open_beneath` does; None where `open_beneath` would
     not use that one call (no openat2 here, or a path opened a piece at a time)."""
-    raw = os.fsencode(rel)
+    return beneath_in_one_call_raw(os.fsencode(rel))
+
+
+def beneath_in_one_call_raw(raw: bytes) -> bytes | None:
+    """`beneath_in_one_call` of a path already encoded."""
     if not raw or len(raw) > _CHUNK_BYTES or not have_openat2():
         return None
     return raw

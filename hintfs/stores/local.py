@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from hintfs.common.paths import Beneath, beneath_in_one_call, open_beneath
+from hintfs.common.paths import Beneath, beneath_in_one_call, beneath_in_one_call_raw, open_beneath
 
 from hintfs.common.errors import HintfsError
 from hintfs.common.procs import pid_alive
@@ -285,6 +285,24 @@ class LocalStore:
         if raw is None or not st.ino or (attrs and not exact_without_sync(st.dev)):
             return None
         return (self.root_fd, raw, st.dev, st.ino)
+
+    def same_file_checks_in(self, folder: str, entries: list[tuple[bytes, Stat | None]]) -> list[tuple[int, bytes, int, int] | None]:
+        """`same_file_check(folder/name, st, attrs=True)` of each (name, st) of a listing of
+        `folder` (each name one component, as bytes), in one call: the folder's part of the path
+        encoded once (`Filesystem._name_folder`, a folder's names registered with checks)."""
+        prefix = b""
+        if folder:
+            head = beneath_in_one_call(folder)
+            if head is None:
+                return [None] * len(entries)
+            prefix = head + b"/"
+        out: list[tuple[int, bytes, int, int] | None] = []
+        fd = self.root_fd
+        for name, st in entries:
+            raw = beneath_in_one_call_raw(prefix + name)
+            out.append(None if raw is None or st is None or not st.ino or not exact_without_sync(st.dev)
+                       else (fd, raw, st.dev, st.ino))
+        return out
 
     def stat(self, rel: str) -> Stat:
         if not rel:

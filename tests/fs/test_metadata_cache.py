@@ -502,14 +502,20 @@ class _FakeNames:
     """pyfuse3's table of names answered at LOOKUP (`fusefs.fastpath.NamesBackend`): `answer`
     plays a LOOKUP pyfuse3 answered, as fuse_lookup counts it."""
 
+    templates = True   # (a checked name may come by its inode number, with a template: `entry`)
+
     def __init__(self) -> None:
         self.folders: dict[int, dict[bytes, object]] = {}
         self.checks: dict[int, dict[bytes, object]] = {}
+        self.templates_given: dict[int, object] = {}
         self.counts: dict[int, int] = {}
 
-    def put(self, parent, entries, deadline_ns):
+    def put(self, parent, entries, deadline_ns, template=None):
+        assert template is not None or not any(isinstance(e[1], int) for e in entries)
+        assert all(e[2] is not None for e in entries if isinstance(e[1], int))
         self.folders[parent] = {e[0]: e[1] for e in entries}
         self.checks[parent] = {e[0]: e[2] for e in entries}
+        self.templates_given[parent] = template
 
     def drop(self, parent):
         return len(self.folders.pop(parent, {}))
@@ -525,8 +531,9 @@ class _FakeNames:
 
     def answer(self, parent: int, name: bytes) -> int:
         attrs = self.folders[parent][name]
-        self.counts[attrs.st_ino] = self.counts.get(attrs.st_ino, 0) + 1
-        return attrs.st_ino
+        ino = attrs if isinstance(attrs, int) else attrs.st_ino
+        self.counts[ino] = self.counts.get(ino, 0) + 1
+        return ino
 
 
 def _named_fs(tmp_path, files: int):
