@@ -422,13 +422,19 @@ class Filesystem:
         be used): what `_fetch_ahead` may mark."""
         return node.lookups > 0 and self._markable_ahead(node)
 
-    async def _mark_at_lookup(self, node: Inode, uid: int) -> None:
+    async def _mark_at_lookup(self, node: Inode, st: Stat, uid: int) -> None:
         """A lookup of a plain file in a folder a reader is going through (`ReadFolders`: its files
         got checked marks at their first opens): the file is marked now, as its own first open
-        would mark it (`_mark_ahead`: the same open, the same check), so that the open that
+        would mark it (`_mark_ahead`: the same open, the same check; or a lazy mark, pyfuse3 making
+        that open, with the check of the file the lookup found, `st`), so that the open that
         follows, and its release, are answered in pyfuse3. In the table's free places or in place
         of `uid`'s own oldest marks, never another user's. Any failure leaves it to that open."""
         if not self.fast.on or self.fast.room_for(uid) <= 0 or not self._markable_ahead(node):
+            return
+        if self.fast.lazy_on and hasattr(self.store, "held_reader"):
+            check = self.store.same_file_check(node.path, st)   # type: ignore[attr-defined]
+            if check is not None and self._lazy_markable(node, check):
+                self.fast.counts["marked_at_lookup"] += self.fast.mark_lazy([(node, check)], uid)
             return
         try:
             if await self._mark_ahead(node, uid):
@@ -580,21 +586,27 @@ class Filesystem:
         for node, check in named:
             if len(marks) >= budget:
                 break
-            if (not node.fast_named or not self._markable_ahead(node) or node.path.rpartition("/")[0] != folder
-                    or node.ino not in self.inodes.by_ino):
-                continue
-            source = self.reads.source_unopened(node.path)
-            if source is None:
-                continue   # (routed: the tier decides at the open, which is then Python's)
-            # (OpenFacts of a read open of the store's file with nothing else open: in field order)
-            kind = choose_handle(OpenFacts(node.control is not None, node.virtual is not None, False, self.pt.on,
-                                           False, False, False, source, source is Source.STORE, True))
-            if not fast_eligible(kind, False, True, False, node.unlinked):
-                continue
-            node.opens += 1                    # (the mark's hold, with no fd until pyfuse3 opens it)
-            node.file_key = (check[2], check[3])
-            marks.append((node, check))
+            if (node.fast_named and self._markable_ahead(node) and node.path.rpartition("/")[0] == folder
+                    and node.ino in self.inodes.by_ino and self._lazy_markable(node, check)):
+                marks.append((node, check))
         self.fast.counts["marked_ahead"] += self.fast.mark_lazy(marks, uid)
+
+    def _lazy_markable(self, node: Inode, check: tuple[int, bytes, int, int]) -> bool:
+        """Whether `node` (`_markable_ahead`) gets a lazy mark: the mark its first open would make,
+        the handle kind `choose_handle` gives a read open of the store's file with nothing else
+        open (`fast_eligible`), whose open pyfuse3 makes (the store's `open_reader`, `check`'s).
+        If so, the mark's hold is taken (one open of the inode, no fd until pyfuse3 opens it)."""
+        source = self.reads.source_unopened(node.path)
+        if source is None:
+            return False   # (routed: the tier decides at the open, which is then Python's)
+        # (OpenFacts of a read open of the store's file with nothing else open: in field order)
+        kind = choose_handle(OpenFacts(node.control is not None, node.virtual is not None, False, self.pt.on,
+                                       False, False, False, source, source is Source.STORE, True))
+        if not fast_eligible(kind, False, True, False, node.unlinked):
+            return False
+        node.opens += 1
+        node.file_key = (check[2], check[3])
+        return True
 
     def _adopt_lazy(self, node: Inode, fd: int, backing_id: int) -> None:
         """A lazy mark pyfuse3 opened (`FastPath.take_opened`): its fd and backing id become the
@@ -933,7 +945,7 @@ class Filesystem:
             if not st.is_dir and self.names_listings:
                 self.walks.looked_up(getattr(ctx, "pid", 0), parent_inode)   # a walker that stats
             if st.is_file and self.reading.reading(parent.path) and kept is None:
-                await self._mark_at_lookup(inode, ctx.uid if ctx is not None else os.getuid())
+                await self._mark_at_lookup(inode, st, ctx.uid if ctx is not None else os.getuid())
         inode.lookups += 1
         if inode.lookups == 1:
             self.bound_entries()

@@ -355,3 +355,27 @@ def test_lazy_marks_end_with_the_names_and_with_changes(tmp_path):
         assert not fs.fast.lazy and not fast.lazy_marks       # (the others were never looked up)
         assert len(backing.live) == 2
     trio.run(test)
+
+
+def test_a_file_of_a_folder_too_big_for_names_gets_a_lazy_mark_at_its_lookup(tmp_path, monkeypatch):
+    """With lazy marks, a lookup in a folder a reader goes through but too big for its names to
+    be registered marks the file without opening it, with the check of the file the lookup found;
+    the open that follows is pyfuse3's (played here), and its fd becomes the mark's hold."""
+    import fusefs.filesystem as filesystem
+    monkeypatch.setattr(filesystem, "CHECKED_NAMES_MAX", 2)
+    fs, root, backing, fast = _lazy_fs(tmp_path, n=3)
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        assert not fs.names.folders and fs.fast.counts["marked_ahead"] == 0
+        d = (await fs.lookup(ROOT_INODE, b"d", CTX)).st_ino
+        ino = (await fs.lookup(d, b"f2", CTX)).st_ino
+        st = os.stat(root / "d" / "f2")
+        assert fs.fast.counts["marked_at_lookup"] == 1 and fs.fast.lazy == {ino}
+        assert fast.lazy_marks[ino][1:] == (b"d/f2", st.st_dev, st.st_ino) and len(backing.live) == 2
+        bid = _first_open_in_pyfuse3(fs, fast, backing, ino)
+        fs.fast.take_opened()
+        assert fs.inodes[ino].pt_id == bid and not fs.fast.lazy
+    trio.run(test)
