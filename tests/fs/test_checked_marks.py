@@ -379,3 +379,21 @@ def test_a_file_of_a_folder_too_big_for_names_gets_a_lazy_mark_at_its_lookup(tmp
         fs.fast.take_opened()
         assert fs.inodes[ino].pt_id == bid and not fs.fast.lazy
     trio.run(test)
+
+
+def test_no_lazy_mark_for_a_path_whose_reads_may_go_elsewhere(tmp_path):
+    """A lazy mark is the one the file's first open would make, and that open is never a fast
+    one where the read may go elsewhere than the store's file: a hinted path with replicas (the
+    kind is a replica read) or a routed path (the tier decides at the open) gets no lazy mark; the
+    other files of the folder do."""
+    from types import SimpleNamespace
+    fs, _root, _backing, fast = _lazy_fs(tmp_path, n=5)
+    fs.reads.replicas = SimpleNamespace(has_replicas=lambda path: path == "d/f2")
+    fs.reads.routes = SimpleNamespace(routes_path=lambda path: path == "d/f3")
+
+    async def test():
+        await _read(fs, "f0")
+        await _read(fs, "f1")
+        await trio.testing.wait_all_tasks_blocked()
+        assert {fs.inodes[ino].path for ino in fs.fast.lazy} == {"d/f4"}
+    trio.run(test)
