@@ -318,7 +318,7 @@ def shrink_seed(args, cfg: Config) -> int:
                 print(f"  {i}: {s}")
             if args.save:
                 print(save_regression(steps, args.save, str(again or err)[:200], cfg.mounts, cfg.passthrough,
-                                      store=cfg.regression_store, fast_path=cfg.fast))
+                                      store=cfg.regression_store, fast_path=cfg.fast, reads=cfg.reads))
             return 1
     print("no divergence")
     return 0

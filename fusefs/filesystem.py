@@ -735,6 +735,8 @@ class Filesystem:
             self.inodes.detach(path)
 
     def _inode(self, ino: int) -> Inode:
+        if self.fast.lazy:   # (lazy marks pyfuse3 opened: their fds are the inodes' open files from now on)
+            self.fast.take_opened()
         inode = self.inodes.get(ino)
         if inode is None:
             raise Refused(errno.ESTALE, f"inode {ino} is not known")

