@@ -361,12 +361,9 @@ class FastNames:
             self.counts["given_up_for_share"] += 1
             self.drop(self.users.oldest(uid))
         deadline_ns = self.backend.now_ns() + int(min(ttl_s, MAX_TTL_S) * 1e9)
-        entries = [(name, attrs if attrs is not None else node.ino, checks[i] if checks is not None else None)
-                   for i, (name, node, attrs) in enumerate(named)]
-        if template is None:
-            self.backend.put(parent.ino, entries, deadline_ns)
-        else:
-            self.backend.put(parent.ino, entries, deadline_ns, template)
+        self.backend.put(parent.ino, [(name, attrs if attrs is not None else node.ino,
+                                       checks[i] if checks is not None else None)
+                                      for i, (name, node, attrs) in enumerate(named)], deadline_ns, template)
         if checks is not None:
             self.checked_until[folder] = deadline_ns
         parent.lookups += 1

@@ -431,7 +431,7 @@ class Filesystem:
         of `uid`'s own oldest marks, never another user's. Any failure leaves it to that open."""
         if not self.fast.on or self.fast.room_for(uid) <= 0 or not self._markable_ahead(node):
             return
-        if self.fast.lazy_on and hasattr(self.store, "held_reader"):
+        if self._marks_lazily():
             check = self.store.same_file_check(node.path, st)   # type: ignore[attr-defined]
             if check is not None and self._lazy_markable(node, check):
                 self.fast.counts["marked_at_lookup"] += self.fast.mark_lazy([(node, check)], uid)
@@ -568,7 +568,7 @@ class Filesystem:
             return
         named = await self._name_folder(folder, listing, CHECKED_NAMES_S, uid, checked=True)
         if folder in self.names.folders:
-            if self.fast.lazy_on and hasattr(self.store, "held_reader"):
+            if self._marks_lazily():
                 self._mark_lazy(folder, named, uid)
             else:
                 await self._open_ahead(folder, uid)
@@ -587,9 +587,13 @@ class Filesystem:
             if len(marks) >= budget:
                 break
             if (node.fast_named and self._markable_ahead(node) and node.path.rpartition("/")[0] == folder
-                    and node.ino in self.inodes.by_ino and self._lazy_markable(node, check)):
+                    and self._lazy_markable(node, check)):
                 marks.append((node, check))
         self.fast.counts["marked_ahead"] += self.fast.mark_lazy(marks, uid)
+
+    def _marks_lazily(self) -> bool:
+        """Marks made ahead of an open are lazy ones (pyfuse3 opens them; a local store's files)."""
+        return self.fast.lazy_on and hasattr(self.store, "held_reader")
 
     def _lazy_markable(self, node: Inode, check: tuple[int, bytes, int, int]) -> bool:
         """Whether `node` (`_markable_ahead`) gets a lazy mark: the mark its first open would make,
@@ -657,11 +661,10 @@ class Filesystem:
         immutable, by_path, own_dev = self.immutable, self.inodes.by_path_get, self.own_dev
         named: list[tuple[bytes, Inode, Attributes | None]] = []
         checks: list[tuple[int, bytes, int, int]] = []
-        same_file_check = getattr(self.store, "same_file_check", None)
         encoded = [name.encode("utf-8", "surrogateescape") for name, _st in listing]
         # (a checked name's entry: its inode number, its attributes read at each LOOKUP, and the
-        # rest the same for every name, given once where pyfuse3 takes that; each check made with
-        # the folder's part of the path encoded once, where the store can)
+        # rest the same for every name, given once where pyfuse3 takes that; the checks made in
+        # one store call, the folder's part of the path encoded once: `LocalStore.same_file_checks_in`)
         template = None
         if checked and getattr(self.names.backend, "templates", False):
             template = Attributes(0, stat_mod.S_IFREG, 1, 0, 0, 0, BLOCK_SIZE, 0, 0, 0, 0, *timeouts, 0)
@@ -684,10 +687,7 @@ class Filesystem:
             if self._named_still and self._still_named_at(path):
                 continue
             if checked:
-                if all_checks is not None:
-                    check = all_checks[i]
-                else:
-                    check = same_file_check(path, st, True) if same_file_check is not None else None
+                check = all_checks[i] if all_checks is not None else None
                 if check is None:
                     continue
                 checks.append(check)
@@ -1548,7 +1548,7 @@ class Filesystem:
         fetching = self.ahead.fetching.get(inode)
         if fetching is not None:   # (fetched and marked ahead right now: this open shares that)
             await fetching.wait()
-        if self.fast.lazy:
+        if self.fast.lazy:   # (again here: `fetching` may have waited since `_inode` took them)
             self.fast.take_opened()
             if inode in self.fast.lazy:
                 # A lazy mark pyfuse3 could not open (the path names another file now, or none):

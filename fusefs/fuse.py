@@ -302,15 +302,12 @@ class _Names:
 
     def put(self, parent: int, entries: list[tuple[bytes, Attributes | int, tuple[int, bytes, int, int] | None]],
             deadline_ns: int, template: Attributes | None = None) -> None:
-        if template is not None:
-            _patched.fast_names_put(parent, [(name, a if isinstance(a, int) else _entry(a), c) for name, a, c in entries],
-                                    deadline_ns, _entry(template))
-            return
-        items: list[tuple] = []
-        for name, a, c in entries:
-            assert not isinstance(a, int), "an entry given by its inode number needs a template"
-            items.append((name, _entry(a)) if c is None else (name, _entry(a), c))
-        _patched.fast_names_put(parent, items, deadline_ns)
+        # (an entry given by its inode number without a template: pyfuse3 refuses it, TypeError)
+        items = [(name, a if isinstance(a, int) else _entry(a), c) for name, a, c in entries]
+        if template is None:
+            _patched.fast_names_put(parent, items, deadline_ns)
+        else:
+            _patched.fast_names_put(parent, items, deadline_ns, _entry(template))
 
     def drop(self, parent: int) -> int:
         n: int = _patched.fast_names_drop(parent)

@@ -281,8 +281,11 @@ class LocalStore:
         with `attrs` (a name whose LOOKUP pyfuse3 answers with the attributes it reads then), on a
         file system whose attributes `statx(AT_STATX_DONT_SYNC)` may give stale (`_stat_at` asks
         those again)."""
-        raw = beneath_in_one_call(rel)
-        if raw is None or not st.ino or (attrs and not exact_without_sync(st.dev)):
+        return self._check_of(beneath_in_one_call(rel), st, attrs)
+
+    def _check_of(self, raw: bytes | None, st: Stat | None, attrs: bool) -> tuple[int, bytes, int, int] | None:
+        """`same_file_check`'s rule, of the path as one beneath-resolution call takes it (`raw`)."""
+        if raw is None or st is None or not st.ino or (attrs and not exact_without_sync(st.dev)):
             return None
         return (self.root_fd, raw, st.dev, st.ino)
 
@@ -296,13 +299,7 @@ class LocalStore:
             if head is None:
                 return [None] * len(entries)
             prefix = head + b"/"
-        out: list[tuple[int, bytes, int, int] | None] = []
-        fd = self.root_fd
-        for name, st in entries:
-            raw = beneath_in_one_call_raw(prefix + name)
-            out.append(None if raw is None or st is None or not st.ino or not exact_without_sync(st.dev)
-                       else (fd, raw, st.dev, st.ino))
-        return out
+        return [self._check_of(beneath_in_one_call_raw(prefix + name), st, True) for name, st in entries]
 
     def stat(self, rel: str) -> Stat:
         if not rel:

@@ -263,7 +263,7 @@ def test_each_user_holds_at_most_its_share_of_the_names_registered():
         def __init__(self):
             self.kept: dict[int, int] = {}
 
-        def put(self, parent, entries, deadline_ns):
+        def put(self, parent, entries, deadline_ns, template=None):
             self.kept[parent] = len(entries)
 
         def drop(self, parent):
