@@ -410,7 +410,7 @@ def measure(gw: JuiceFSGateway, mounts: Mounts, fs_factory, system: str, case: s
                                                "hostcache_partial_reads", "hostcache_whole", "hostcache_read_waits",
                                                "hostcache_fetch_jumps", "read_thread",
                                                "read_nowait_hit", "stat_from_listing", "store_heads",
-                                               "store_gets", "store_lists", "get_opens", "get_open_misses",
+                                               "store_gets", "store_lists", "store_list_windows", "stat_from_relisting", "get_opens", "get_open_misses",
                                                "stat_dir_by_child", "store_gets_into", "store_gets_into_refused")
                          if k in c}
         rec["hintfs"]["ops"] = {k: v.get("count") for k, v in mounts.last_stats.get("ops", {}).items()

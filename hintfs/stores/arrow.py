@@ -34,11 +34,16 @@ _READ_THREADS = 16          # ranged reads ahead in flight, over all open files 
 _READ_CHUNK = 8 << 20       # bytes per ranged read ahead (less where read_ahead_bytes is small)
 _LISTED_MAX = 100_000       # entries of listings kept for stat (about 300 bytes each)
 # A folder whose listed names keep being asked for after the listing's answers expired (a reader
-# going through a big folder for longer than the attribute timeout) is listed again, once, instead
-# of a HEAD per name: after RELIST_AFTER_MISSES such stats, if its last listing had at most
-# RELIST_MAX_ENTRIES entries (one LIST page is 1,000).
+# going through a big folder for longer than the attribute timeout) is listed again instead of a
+# HEAD per name, after RELIST_AFTER_MISSES such stats: where the store lists from a name (S3 with
+# explicit keys, `S3Getter.list_after`), one LIST page of RELIST_WINDOW_KEYS names from the name
+# asked for (a window: what a reader going through the folder in order asks for next), whatever
+# the folder's size; else the folder whole, if its last listing had at most RELIST_MAX_ENTRIES
+# entries. A stat of a name the listing running now may answer waits for it (RELIST_WAIT_S at most).
 RELIST_AFTER_MISSES = 8
 RELIST_MAX_ENTRIES = 10_000
+RELIST_WINDOW_KEYS = 1000
+RELIST_WAIT_S = 30.0
 
 
 class ArrowReader:
@@ -255,9 +260,11 @@ class ArrowStore:
         self._listed: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if listing_ttl is not None else None
         self._listed_lock = threading.Lock()
         # folder -> [stats of its expired names since its last listing, entries of that listing]
-        # (`_relist_due`); the folders being listed again now.
+        # (`_relist_due`); the folders being listed again now -> the name their listing starts
+        # after ("" for a whole folder), and the condition their end is told by.
         self._relist: LRUCache = LRUCache(maxsize=1024)
-        self._relisting: set[str] = set()
+        self._relisting: dict[str, str] = {}
+        self._relisted = threading.Condition(self._listed_lock)
         # Small objects opened in one GET (hintfs.stores.s3get): the sizes listings and stats said
         # (any age: only which request the open makes depends on it), bounded like `_listed`.
         self._getter = getter if self._is_s3 and whole_object_bytes > 0 else None
@@ -303,21 +310,10 @@ class ArrowStore:
                 self._count("stat_from_listing")
                 st: Stat = kept[0]
                 return st
-            if kept is not None and rel and self._is_s3 and self._relist_due(folder := rel.rpartition("/")[0]):
-                try:
-                    for _ in self.iter_dir(folder):   # (its answers for the next attribute timeout)
-                        pass
-                except OSError:
-                    pass   # (the HEAD below says what is wrong, if anything)
-                finally:
-                    with self._listed_lock:
-                        self._relisting.discard(folder)
-                with self._listed_lock:
-                    kept = listed.get(rel)
-                if kept is not None and self._clock() < kept[1]:
-                    self._count("stat_from_relisting")
-                    st = kept[0]
-                    return st
+            if kept is not None and rel and self._is_s3:
+                again = self._relisted_stat(rel)
+                if again is not None:
+                    return again
         if self._children is not None:
             known = self._dir_by_child(rel)
             if known is not None:
@@ -329,19 +325,91 @@ class ArrowStore:
             self._size_seen(rel, st.size)
         return st
 
-    def _relist_due(self, folder: str) -> bool:
+    def _relisted_stat(self, rel: str) -> Stat | None:
+        """A stat of `rel`, a name a listing gave whose answer expired, answered by listing its
+        folder again (RELIST_AFTER_MISSES): by this caller when due (`_relist_due`), or by the
+        listing another thread is making now, waited for, if that listing may hold `rel`. None:
+        not answered so (the caller asks the store for `rel` alone)."""
+        folder, _, name = rel.rpartition("/")
+        listed = self._listed
+        assert listed is not None
+        window = self._lister is not None
+        with self._relisted:
+            after = self._relisting.get(folder)
+            if after is not None:
+                if name <= after:
+                    return None   # (a window that starts after this name: a HEAD is quicker)
+                self._relisted.wait_for(lambda: folder not in self._relisting, timeout=RELIST_WAIT_S)
+            elif self._relist_due(folder, window):
+                after = name[:-1] if window else ""   # (a prefix sorts before the name itself)
+                self._relisting[folder] = after
+                try:
+                    self._relisted.release()   # (the listing is made with the lock let go)
+                    try:
+                        self._list_again(folder, after if window else None)
+                    except OSError:
+                        pass   # (the HEAD after this says what is wrong, if anything)
+                finally:
+                    self._relisted.acquire()
+                    del self._relisting[folder]
+                    self._relisted.notify_all()
+            else:
+                return None
+            kept = listed.get(rel)
+        if kept is not None and self._clock() < kept[1]:
+            self._count("stat_from_relisting")
+            st: Stat = kept[0]
+            return st
+        return None
+
+    def _relist_due(self, folder: str, window: bool) -> bool:   # under self._listed_lock
         """One more stat of a name `folder`'s listing gave, after that answer expired: True (and
-        this caller lists it again) on the RELIST_AFTER_MISSES-th since its last listing, if that
-        listing was small enough and no other thread is listing it now."""
-        with self._listed_lock:
-            seen = self._relist.get(folder)
-            if seen is None or seen[1] > RELIST_MAX_ENTRIES or folder in self._relisting:
+        this caller lists it again) on the RELIST_AFTER_MISSES-th since its last listing, if the
+        folder can be listed again: a window of it always, the whole folder if its last listing
+        was small enough."""
+        seen = self._relist.get(folder)
+        if seen is None:
+            if not window:
                 return False
-            seen[0] += 1
-            if seen[0] < RELIST_AFTER_MISSES:
-                return False
-            self._relisting.add(folder)
-            return True
+            seen = self._relist[folder] = [0, 0]
+        if seen[1] > RELIST_MAX_ENTRIES and not window:
+            return False
+        seen[0] += 1
+        if seen[0] < RELIST_AFTER_MISSES:
+            return False
+        seen[0] = 0
+        return True
+
+    def _list_again(self, folder: str, after: str | None) -> None:
+        """List `folder` again for the stats to come: whole (`after` None), or one LIST page of
+        RELIST_WINDOW_KEYS names sorting after `after` (`S3Getter.list_after`); each entry is
+        answered for its attribute timeout, as `iter_dir`'s are."""
+        if after is None:
+            for _ in self.iter_dir(folder):
+                pass
+            return
+        assert self._lister is not None
+        now = self._clock()   # (when the listing was asked for: its entries are that old)
+        key = self._key(folder) if folder or "/" in self.root else ""
+        entries = self._lister.list_after(f"{key}/" if key else "", after, max_keys=RELIST_WINDOW_KEYS)
+        if entries is None:
+            return
+        self._count("store_list_windows")
+        for name, size, ns, is_dir in entries:
+            if not name.startswith(STAGING_PREFIX):
+                self._note_listed(folder, name, _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1), now)
+
+    def _note_listed(self, folder: str, name: str, st: Stat, now: float) -> None:
+        """A listing made at `now` said `st` of `folder`'s entry `name`: stats of it are answered
+        so for its attribute timeout, and its next open is one GET if it is small."""
+        child = f"{folder}/{name}" if folder else name
+        if self._listed is not None and self._listing_ttl is not None:
+            ttl = self._listing_ttl(child)
+            if ttl > 0:
+                with self._listed_lock:
+                    self._listed[child] = (st, now + ttl)
+        if st.is_file and self._sizes is not None:
+            self._size_seen(child, st.size)
 
     def _dir_by_child(self, rel: str) -> Stat | None:
         """A folder a listing showed with an object in it, asked in two HEADs: `rel` is no object
@@ -398,14 +466,7 @@ class ArrowStore:
                 st = _stat_of(info)
             except FileNotFoundError:
                 continue
-            if listed is not None and self._listing_ttl is not None:
-                child = f"{rel}/{name}" if rel else name
-                ttl = self._listing_ttl(child)
-                if ttl > 0:
-                    with self._listed_lock:
-                        listed[child] = (st, now + ttl)
-            if st.is_file and self._sizes is not None:
-                self._size_seen(f"{rel}/{name}" if rel else name, st.size)
+            self._note_listed(rel, name, st, now)
             if st.is_file and self._children is not None and not child_seen:
                 child_seen = True
                 with self._listed_lock:

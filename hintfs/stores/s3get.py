@@ -258,19 +258,24 @@ class S3Getter:
 
         return self._get(path, path, "", rng, exact, extra={"if-match": etag}, into=buf) is not None
 
-    def list_after(self, folder_key: str, after: str) -> list[tuple[str, int, int, bool]] | None:
+    def list_after(self, folder_key: str, after: str, max_keys: int | None = None
+                   ) -> list[tuple[str, int, int, bool]] | None:
         """The entries of the folder whose keys start with `folder_key` (ending in "/"; "" for
         the bucket's top) named after `after` (S3's order: bytewise UTF-8), as (name, size,
         mtime_ns, is_folder), sorted; None where this listing cannot be answered here (an error
         status, a page too large, more than LIST_MAX_PAGES pages, a document not as S3 writes
-        it): list through pyarrow. TimeoutError where the server does not answer in time."""
-        params = {"list-type": "2", "delimiter": "/", "encoding-type": "url", "max-keys": str(LIST_PAGE_KEYS),
+        it): list through pyarrow. TimeoutError where the server does not answer in time.
+        `max_keys` (at most LIST_PAGE_KEYS): only the first page, of that many entries at most
+        (the first names after `after`, not all of them)."""
+        one_page = max_keys is not None
+        keys = min(max_keys, LIST_PAGE_KEYS) if max_keys is not None else LIST_PAGE_KEYS
+        params = {"list-type": "2", "delimiter": "/", "encoding-type": "url", "max-keys": str(keys),
                   "prefix": folder_key}
         if after:
             params["start-after"] = folder_key + after
         path = self._prefix + "/"
         out: list[tuple[str, int, int, bool]] = []
-        for _page in range(LIST_MAX_PAGES):
+        for _page in range(1 if one_page else LIST_MAX_PAGES):
             query = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted(params.items()))
             body = self._get_page(path, query)
             if body is None:
@@ -280,7 +285,7 @@ class S3Getter:
                 return None
             entries, token = page
             out += entries
-            if token is None:
+            if token is None or one_page:
                 return sorted(out)
             params["continuation-token"] = token
         return None

@@ -454,3 +454,79 @@ def test_a_folder_whose_listed_names_keep_being_stated_after_expiry_is_listed_ag
     for i in range(2 * n):
         store.stat(f"d/f{i % 19:02d}")
     assert c["store_lists"] == lists
+
+
+def test_a_folder_is_listed_again_from_the_name_asked_for_one_page_at_a_time(s3_server, tmp_path, monkeypatch):
+    """Issue 39 (small objects with the defaults; folders of any size): where the store can list
+    from a name (S3 with explicit keys), the stat that makes a folder due to be listed again lists
+    one page (RELIST_WINDOW_KEYS names) from that name, not the folder whole (a whole listing
+    costs a server like JuiceFS's gateway ~0.17 ms of CPU per entry, each time): the names after
+    it are answered from that page for their attribute timeout; a name before the page, or one it
+    does not reach, is a HEAD; a folder of any size gets windows. A stat that comes while the page is
+    being listed waits for it instead of a HEAD."""
+    import threading
+
+    from hintfs.stores import arrow
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    for i in range(30):
+        with fs.open_output_stream(f"{BUCKET}/d/f{i:02d}.bin") as f:
+            f.write(b"x" * (i + 1))
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    now = [100.0]
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 1.0,
+                       clock=lambda: now[0], getter=S3Getter.of(cfg, BUCKET))
+    monkeypatch.setattr(arrow, "RELIST_WINDOW_KEYS", 10)
+    monkeypatch.setattr(arrow, "RELIST_MAX_ENTRIES", 5)     # (never listed whole again: windows still)
+    c = store.read_counters
+    assert len(list(store.iter_dir("d"))) == 30 and c["store_lists"] == 1
+    now[0] += 2.0                                           # every listed answer expired
+    n = arrow.RELIST_AFTER_MISSES
+    for i in range(n - 1):
+        assert store.stat(f"d/f{i:02d}.bin").size == i + 1  # a HEAD each
+    assert c["store_heads"] == n - 1 and c.get("store_list_windows", 0) == 0
+    fs.delete_file(f"{BUCKET}/d/f{n + 2:02d}.bin")
+    assert store.stat(f"d/f{n - 1:02d}.bin").size == n      # due: a page from this name
+    assert c["store_list_windows"] == 1 and c["stat_from_relisting"] == 1 and c["store_lists"] == 1
+    heads = c["store_heads"]
+    for i in range(n, n + 9):                               # the page: f07 ... f16
+        if i == n + 2:
+            continue
+        assert store.stat(f"d/f{i:02d}.bin").size == i + 1
+    assert c["store_heads"] == heads                        # answered from the page
+    with pytest.raises(FileNotFoundError):
+        store.stat(f"d/f{n + 2:02d}.bin")                   # gone: not in the page, a HEAD says so
+    assert store.stat(f"d/f{n + 9:02d}.bin").size == n + 10   # past the page: still listed earlier
+    assert c["store_heads"] == heads + 1
+    now[0] += 2.0
+    # A stat arriving while a page is being listed (held here) waits for it: no HEAD.
+    entered, release = threading.Event(), threading.Event()
+    real = store._lister.list_after
+
+    def held(*a, **kw):
+        entered.set()
+        assert release.wait(10)
+        return real(*a, **kw)
+    monkeypatch.setattr(store._lister, "list_after", held)
+    store._relist["d"][0] = 0                               # (the two misses above: counted from 0)
+    for i in range(n - 1):
+        store.stat(f"d/f{i:02d}.bin")
+    heads = c["store_heads"]
+    first = threading.Thread(target=store.stat, args=(f"d/f{n - 1:02d}.bin",))
+    first.start()
+    assert entered.wait(10)
+    got: list = []
+    second = threading.Thread(target=lambda: got.append(store.stat(f"d/f{n + 1:02d}.bin")))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()                                # waiting for the page, not a HEAD
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert got and got[0].size == n + 2 and c["store_heads"] == heads and c["store_list_windows"] == 2
+    with pytest.raises(FileNotFoundError):
+        store.stat(f"d/f{n + 2:02d}.bin")
