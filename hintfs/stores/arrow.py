@@ -44,6 +44,7 @@ RELIST_AFTER_MISSES = 8
 RELIST_MAX_ENTRIES = 10_000
 RELIST_WINDOW_KEYS = 1000
 RELIST_WAIT_S = 30.0
+_CHANGED_MAX = 10_000      # names changed while a listing runs, remembered one by one (then: all)
 
 
 class ArrowReader:
@@ -265,6 +266,13 @@ class ArrowStore:
         self._relist: LRUCache = LRUCache(maxsize=1024)
         self._relisting: dict[str, str] = {}
         self._relisted = threading.Condition(self._listed_lock)
+        # Listings in flight, and what changed through this store while one was (`_forget_listed`):
+        # a listing asked for before a change may answer from before it, so it keeps no answer of
+        # what changed after it began (`_listing_began`, `_keeps`).
+        self._changes = 0
+        self._listings_running = 0
+        self._changed: dict[str, int] = {}
+        self._changed_all = -1   # (a tree changed, or too many names to remember: every name)
         # Small objects opened in one GET (hintfs.stores.s3get): the sizes listings and stats said
         # (any age: only which request the open makes depends on it), bounded like `_listed`.
         self._getter = getter if self._is_s3 and whole_object_bytes > 0 else None
@@ -391,23 +399,43 @@ class ArrowStore:
         assert self._lister is not None
         now = self._clock()   # (when the listing was asked for: its entries are that old)
         key = self._key(folder) if folder or "/" in self.root else ""
-        entries = self._lister.list_after(f"{key}/" if key else "", after, max_keys=RELIST_WINDOW_KEYS)
-        if entries is None:
-            return
-        self._count("store_list_windows")
-        for name, size, ns, is_dir in entries:
-            if not name.startswith(STAGING_PREFIX):
-                self._note_listed(folder, name, _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1), now)
+        began = self._listing_began()
+        try:
+            entries = self._lister.list_after(f"{key}/" if key else "", after, max_keys=RELIST_WINDOW_KEYS)
+            if entries is None:
+                return
+            self._count("store_list_windows")
+            for name, size, ns, is_dir in entries:
+                if not name.startswith(STAGING_PREFIX):
+                    st = _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1)
+                    self._note_listed(folder, name, st, now, began)
+        finally:
+            self._listing_ended()
 
-    def _note_listed(self, folder: str, name: str, st: Stat, now: float) -> None:
-        """A listing made at `now` said `st` of `folder`'s entry `name`: stats of it are answered
-        so for its attribute timeout, and its next open is one GET if it is small."""
+    def _listing_began(self) -> int:
+        """A listing is asked for now: the count of changes it comes after (`_note_listed`'s
+        `began`); `_listing_ended` once it is read."""
+        with self._listed_lock:
+            self._listings_running += 1
+            return self._changes
+
+    def _listing_ended(self) -> None:
+        with self._listed_lock:
+            self._listings_running -= 1
+            if not self._listings_running:
+                self._changed.clear()
+
+    def _note_listed(self, folder: str, name: str, st: Stat, now: float, began: int) -> None:
+        """A listing made at `now`, after `began` changes, said `st` of `folder`'s entry `name`:
+        stats of it are answered so for its attribute timeout, unless it changed through this
+        store since (the listing may be from before that); its next open is one GET if small."""
         child = f"{folder}/{name}" if folder else name
         if self._listed is not None and self._listing_ttl is not None:
             ttl = self._listing_ttl(child)
             if ttl > 0:
                 with self._listed_lock:
-                    self._listed[child] = (st, now + ttl)
+                    if self._changed_all < began and self._changed.get(child, -1) < began:
+                        self._listed[child] = (st, now + ttl)
         if st.is_file and self._sizes is not None:
             self._size_seen(child, st.size)
 
@@ -452,26 +480,31 @@ class ArrowStore:
         path = self._p(rel)
         now = self._clock()   # (when the listing was asked for: its entries are that old)
         self._count("store_lists")
-        child_seen = not rel   # (the root needs none: it is never asked for)
-        infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
-        listed = self._listed
-        if listed is not None:
+        began = self._listing_began()
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
+            entries: list[tuple[str, Stat]] = []
+            for info in infos:
+                name = info.base_name
+                if not name or name.startswith(STAGING_PREFIX):
+                    continue
+                try:
+                    st = _stat_of(info)
+                except FileNotFoundError:
+                    continue
+                self._note_listed(rel, name, st, now, began)
+                entries.append((name, st))
+        finally:
+            self._listing_ended()
+        if self._listed is not None:
             with self._listed_lock:
                 self._relist[rel] = [0, len(infos)]
-        for info in infos:
-            name = info.base_name
-            if not name or name.startswith(STAGING_PREFIX):
-                continue
-            try:
-                st = _stat_of(info)
-            except FileNotFoundError:
-                continue
-            self._note_listed(rel, name, st, now)
-            if st.is_file and self._children is not None and not child_seen:
-                child_seen = True
+        if rel and self._children is not None:   # (the root needs none: it is never asked for)
+            child = next((name for name, st in entries if st.is_file), None)
+            if child is not None:
                 with self._listed_lock:
-                    self._children[rel] = f"{rel}/{name}" if rel else name
-            yield name, st
+                    self._children[rel] = f"{rel}/{child}"
+        yield from entries
 
     @property
     def lists_after(self) -> bool:
@@ -506,6 +539,12 @@ class ArrowStore:
         """A change through this store: what listings said of `rels` (with `tree`, of everything
         below them too) is not answered any more."""
         with self._listed_lock:
+            self._changes += 1
+            if self._listings_running:
+                if tree or len(self._changed) >= _CHANGED_MAX:
+                    self._changed_all = self._changes
+                else:
+                    self._changed.update((rel, self._changes) for rel in rels)
             for kept in (self._listed, self._sizes):
                 if kept is None:
                     continue

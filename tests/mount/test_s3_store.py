@@ -530,3 +530,62 @@ def test_a_folder_is_listed_again_from_the_name_asked_for_one_page_at_a_time(s3_
     assert got and got[0].size == n + 2 and c["store_heads"] == heads and c["store_list_windows"] == 2
     with pytest.raises(FileNotFoundError):
         store.stat(f"d/f{n + 2:02d}.bin")
+
+
+def test_a_listing_under_way_while_a_file_changes_through_the_store_keeps_no_answer_of_it(s3_server, tmp_path):
+    """A listing asked for before a change through this store may answer from before it: a stat
+    of the changed name must not be answered from it afterwards (it asks the store), whether the
+    listing is a folder listed whole (`iter_dir`) or a page from a name (`_list_again`); the
+    other names it gave are answered from it."""
+    import threading
+
+    import pyarrow.fs as pafs
+
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    for i in range(4):
+        with fs.open_output_stream(f"{BUCKET}/d/f{i}.bin") as f:
+            f.write(b"x" * (i + 1))
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 60.0,
+                       getter=S3Getter.of(cfg, BUCKET))
+    answered, go = threading.Event(), threading.Event()
+
+    class Held:   # the store's listing call, held once the server answered it
+        def __getattr__(self, name):
+            return getattr(fs, name)
+
+        def get_file_info(self, what):
+            out = fs.get_file_info(what)
+            if isinstance(what, pafs.FileSelector):
+                answered.set()
+                assert go.wait(10)
+            return out
+    store.fs = Held()
+    real = store._lister.list_after
+
+    def held(*a, **kw):   # the page's listing call, held the same way
+        out = real(*a, **kw)
+        answered.set()
+        assert go.wait(10)
+        return out
+    store._lister.list_after = held
+    for listing, victim in ((lambda: list(store.iter_dir("d")), "d/f1.bin"),
+                            (lambda: store._list_again("d", "f"), "d/f2.bin")):
+        answered.clear()
+        go.clear()
+        t = threading.Thread(target=listing)
+        t.start()
+        assert answered.wait(10)
+        store.unlink(victim)                                 # a change while the listing is under way
+        go.set()
+        t.join(10)
+        heads = store.read_counters.get("store_heads", 0)
+        with pytest.raises(FileNotFoundError):
+            store.stat(victim)                               # asked of the store: gone
+        assert store.read_counters["store_heads"] == heads + 1
+        assert store.stat("d/f3.bin").size == 4 and store.read_counters["store_heads"] == heads + 1
