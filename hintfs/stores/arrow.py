@@ -40,7 +40,11 @@ _LISTED_MAX = 100_000       # entries of listings kept for stat (about 300 bytes
 # asked for (a window: what a reader going through the folder in order asks for next), whatever
 # the folder's size; else the folder whole, if its last listing had at most RELIST_MAX_ENTRIES
 # entries. A stat of a name the listing running now may answer waits for it (RELIST_WAIT_S at most).
+# A listing made so that answered fewer than RELIST_AFTER_MISSES stats (a reader going through the
+# folder in random order: a page of 1,000 names for a few answers) doubles the misses the next
+# one waits for, up to RELIST_MAX_MISSES; one that answered that many brings them back.
 RELIST_AFTER_MISSES = 8
+RELIST_MAX_MISSES = 1024
 RELIST_MAX_ENTRIES = 10_000
 RELIST_WINDOW_KEYS = 1000
 RELIST_WAIT_S = 30.0
@@ -260,8 +264,10 @@ class ArrowStore:
         self._clock = clock
         self._listed: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if listing_ttl is not None else None
         self._listed_lock = threading.Lock()
-        # folder -> [stats of its expired names since its last listing, entries of that listing]
-        # (`_relist_due`); the folders being listed again now -> the name their listing starts
+        # folder -> [stats of its expired names since its last listing, entries of that listing,
+        # the stats its last listing again answered (a list shared by the entries it gave: see
+        # `_listed`), the misses the next one waits for] (`_relist_due`); the folders being
+        # listed again now -> the name their listing starts
         # after ("" for a whole folder), and the condition their end is told by.
         self._relist: LRUCache = LRUCache(maxsize=1024)
         self._relisting: dict[str, str] = {}
@@ -316,6 +322,8 @@ class ArrowStore:
                 kept = listed.get(rel)
             if kept is not None and self._clock() < kept[1]:
                 self._count("stat_from_listing")
+                if kept[2] is not None:
+                    kept[2][0] += 1   # (a listing made again: counted, `_relist_due`; no lock: a tally)
                 st: Stat = kept[0]
                 return st
             if kept is not None and rel and self._is_s3:
@@ -348,13 +356,13 @@ class ArrowStore:
                 if name <= after:
                     return None   # (a window that starts after this name: a HEAD is quicker)
                 self._relisted.wait_for(lambda: folder not in self._relisting, timeout=RELIST_WAIT_S)
-            elif self._relist_due(folder, window):
+            elif (tally := self._relist_due(folder, window)) is not None:
                 after = name[:-1] if window else ""   # (a prefix sorts before the name itself)
                 self._relisting[folder] = after
                 try:
                     self._relisted.release()   # (the listing is made with the lock let go)
                     try:
-                        self._list_again(folder, after if window else None)
+                        self._list_again(folder, after if window else None, tally)
                     except OSError:
                         pass   # (the HEAD after this says what is wrong, if anything)
                 finally:
@@ -366,35 +374,42 @@ class ArrowStore:
             kept = listed.get(rel)
         if kept is not None and self._clock() < kept[1]:
             self._count("stat_from_relisting")
+            if kept[2] is not None:
+                kept[2][0] += 1
             st: Stat = kept[0]
             return st
         return None
 
-    def _relist_due(self, folder: str, window: bool) -> bool:   # under self._listed_lock
-        """One more stat of a name `folder`'s listing gave, after that answer expired: True (and
-        this caller lists it again) on the RELIST_AFTER_MISSES-th since its last listing, if the
-        folder can be listed again: a window of it always, the whole folder if its last listing
-        was small enough."""
+    def _relist_due(self, folder: str, window: bool) -> list[int] | None:   # under self._listed_lock
+        """One more stat of a name `folder`'s listing gave, after that answer expired: on the
+        last of the misses its next listing waits for (RELIST_AFTER_MISSES, doubled after each
+        listing again that answered fewer stats than that, up to RELIST_MAX_MISSES), if the
+        folder can be listed again (a window of it always, the whole folder if its last listing
+        was small enough), the tally of stats the listing this caller makes now will answer;
+        else None."""
         seen = self._relist.get(folder)
         if seen is None:
             if not window:
-                return False
-            seen = self._relist[folder] = [0, 0]
+                return None
+            seen = self._relist[folder] = [0, 0, None, RELIST_AFTER_MISSES]
         if seen[1] > RELIST_MAX_ENTRIES and not window:
-            return False
+            return None
         seen[0] += 1
-        if seen[0] < RELIST_AFTER_MISSES:
-            return False
-        seen[0] = 0
-        return True
+        last, need = seen[2], seen[3]
+        if last is not None:   # (what the last listing made again answered so far)
+            need = RELIST_AFTER_MISSES if last[0] >= RELIST_AFTER_MISSES else min(2 * need, RELIST_MAX_MISSES)
+        if seen[0] < need:
+            return None
+        tally = [0]
+        seen[0], seen[2], seen[3] = 0, tally, need
+        return tally
 
-    def _list_again(self, folder: str, after: str | None) -> None:
+    def _list_again(self, folder: str, after: str | None, tally: list[int] | None = None) -> None:
         """List `folder` again for the stats to come: whole (`after` None), or one LIST page of
         RELIST_WINDOW_KEYS names sorting after `after` (`S3Getter.list_after`); each entry is
-        answered for its attribute timeout, as `iter_dir`'s are."""
+        answered for its attribute timeout, as `iter_dir`'s are, and counted in `tally` when it is."""
         if after is None:
-            for _ in self.iter_dir(folder):
-                pass
+            self._list_whole(folder, tally)
             return
         assert self._lister is not None
         now = self._clock()   # (when the listing was asked for: its entries are that old)
@@ -408,7 +423,7 @@ class ArrowStore:
             for name, size, ns, is_dir in entries:
                 if not name.startswith(STAGING_PREFIX):
                     st = _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1)
-                    self._note_listed(folder, name, st, now, began)
+                    self._note_listed(folder, name, st, now, began, tally)
         finally:
             self._listing_ended()
 
@@ -425,17 +440,19 @@ class ArrowStore:
             if not self._listings_running:
                 self._changed.clear()
 
-    def _note_listed(self, folder: str, name: str, st: Stat, now: float, began: int) -> None:
+    def _note_listed(self, folder: str, name: str, st: Stat, now: float, began: int,
+                     tally: list[int] | None = None) -> None:
         """A listing made at `now`, after `began` changes, said `st` of `folder`'s entry `name`:
-        stats of it are answered so for its attribute timeout, unless it changed through this
-        store since (the listing may be from before that); its next open is one GET if small."""
+        stats of it are answered so for its attribute timeout (counted in `tally`, for a listing
+        made again), unless it changed through this store since (the listing may be from before
+        that); its next open is one GET if small."""
         child = f"{folder}/{name}" if folder else name
         if self._listed is not None and self._listing_ttl is not None:
             ttl = self._listing_ttl(child)
             if ttl > 0:
                 with self._listed_lock:
                     if self._changed_all < began and self._changed.get(child, -1) < began:
-                        self._listed[child] = (st, now + ttl)
+                        self._listed[child] = (st, now + ttl, tally)
         if st.is_file and self._sizes is not None:
             self._size_seen(child, st.size)
 
@@ -477,6 +494,11 @@ class ArrowStore:
                     sizes.pop(rel, None)
 
     def iter_dir(self, rel: str) -> Iterator[tuple[str, Stat]]:
+        yield from self._list_whole(rel)
+
+    def _list_whole(self, rel: str, tally: list[int] | None = None) -> list[tuple[str, Stat]]:
+        """Folder `rel`'s entries, listed whole; each is answered by stats for its attribute
+        timeout (`_note_listed`, `tally`)."""
         path = self._p(rel)
         now = self._clock()   # (when the listing was asked for: its entries are that old)
         self._count("store_lists")
@@ -492,19 +514,23 @@ class ArrowStore:
                     st = _stat_of(info)
                 except FileNotFoundError:
                     continue
-                self._note_listed(rel, name, st, now, began)
+                self._note_listed(rel, name, st, now, began, tally)
                 entries.append((name, st))
         finally:
             self._listing_ended()
         if self._listed is not None:
             with self._listed_lock:
-                self._relist[rel] = [0, len(infos)]
+                seen = self._relist.get(rel)
+                if seen is None:
+                    self._relist[rel] = [0, len(infos), None, RELIST_AFTER_MISSES]
+                else:
+                    seen[0], seen[1] = 0, len(infos)
         if rel and self._children is not None:   # (the root needs none: it is never asked for)
             child = next((name for name, st in entries if st.is_file), None)
             if child is not None:
                 with self._listed_lock:
                     self._children[rel] = f"{rel}/{child}"
-        yield from entries
+        return entries
 
     @property
     def lists_after(self) -> bool:

@@ -530,6 +530,34 @@ def test_a_folder_is_listed_again_from_the_name_asked_for_one_page_at_a_time(s3_
     assert got and got[0].size == n + 2 and c["store_heads"] == heads and c["store_list_windows"] == 2
     with pytest.raises(FileNotFoundError):
         store.stat(f"d/f{n + 2:02d}.bin")
+    # A reader in random order: a page that answers fewer than RELIST_AFTER_MISSES stats doubles
+    # the misses the next one waits for (up to RELIST_MAX_MISSES), one that answers that many
+    # brings them back. (Each batch below comes after every answer expired: every stat a miss.)
+    monkeypatch.setattr(store._lister, "list_after", real)
+    monkeypatch.setattr(arrow, "RELIST_MAX_MISSES", 4 * n)
+    monkeypatch.setattr(arrow, "RELIST_WINDOW_KEYS", 1)     # (a page answers only its own name)
+    store._relist["d"] = [0, 30, None, n]
+
+    def windows_after(names):
+        now[0] += 2.0
+        before = c["store_list_windows"]
+        for name in names:
+            store.stat(name)
+        return c["store_list_windows"] - before
+    far = [f"d/f{i:02d}.bin" for i in (29, 0, 28, 1, 27, 3, 26, 4)]
+    assert windows_after(far[:n - 1]) == 0 and windows_after(far[:1]) == 1      # the 8th miss
+    assert windows_after(far * 2) == 1                                          # it answered 1: the 16th
+    assert windows_after(far * 4) == 1                                          # the 32nd,
+    assert windows_after(far * 4) == 1                                          # and 32 at most
+    assert windows_after((far * 4)[:-1]) == 0
+    monkeypatch.setattr(arrow, "RELIST_WINDOW_KEYS", 10)
+    assert windows_after(["d/f11.bin"]) == 1                                    # the 32nd: a page of
+    now[0] -= 2.0                                                               # f11 ... f20 (fresh),
+    heads = c["store_heads"]
+    for i in range(12, 21):
+        store.stat(f"d/f{i:02d}.bin")                                           # which answers 9 more
+    assert c["store_heads"] == heads
+    assert windows_after(far[:n - 1]) == 0 and windows_after(far[:1]) == 1      # so: the 8th again
 
 
 def test_a_listing_under_way_while_a_file_changes_through_the_store_keeps_no_answer_of_it(s3_server, tmp_path):
