@@ -160,13 +160,23 @@ def _last_modified_ns(meta) -> int | None:
     return int(dt.timestamp()) * 1_000_000_000
 
 
-def _stat_of(info: pafs.FileInfo) -> Stat:
+def _stat_of(info: pafs.FileInfo, s3: bool = False) -> Stat:
+    """The attributes of a pyarrow entry; on S3 (`s3`) a file's time in whole seconds (`_s3_file`)."""
     mtime = info.mtime_ns or 0
     if info.type == pafs.FileType.Directory:
         return Stat(_DIR_MODE, 0, mtime, mtime, 2)
     if info.type == pafs.FileType.File:
-        return Stat(_FILE_MODE, info.size or 0, mtime, mtime, 1)
+        return _s3_file(info.size or 0, mtime) if s3 else Stat(_FILE_MODE, info.size or 0, mtime, mtime, 1)
     raise FileNotFoundError(errno.ENOENT, "not found", info.path)
+
+
+def _s3_file(size: int, mtime_ns: int) -> Stat:
+    """An S3 object's attributes, its time in whole seconds: a listing gives milliseconds, a HEAD
+    or a GET (Last-Modified, an HTTP date) whole seconds, and a file whose time changed from one
+    answer to the next would look changed (the kernel drops its cached pages; tools that compare
+    times read it again)."""
+    mtime = mtime_ns - mtime_ns % 1_000_000_000
+    return Stat(_FILE_MODE, size, mtime, mtime, 1)
 
 
 # A folder's attributes (the root's, and what pyarrow's stat gives an S3 folder: no mtime).
@@ -336,7 +346,7 @@ class ArrowStore:
                 return known
         self._count("store_heads")
         info = self.fs.get_file_info(self._p(rel))
-        st = _stat_of(info)
+        st = _stat_of(info, self._is_s3)
         if st.is_file:
             self._size_seen(rel, st.size)
         return st
@@ -422,8 +432,7 @@ class ArrowStore:
             self._count("store_list_windows")
             for name, size, ns, is_dir in entries:
                 if not name.startswith(STAGING_PREFIX):
-                    st = _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1)
-                    self._note_listed(folder, name, st, now, began, tally)
+                    self._note_listed(folder, name, _DIR_STAT if is_dir else _s3_file(size, ns), now, began, tally)
         finally:
             self._listing_ended()
 
@@ -511,7 +520,7 @@ class ArrowStore:
                 if not name or name.startswith(STAGING_PREFIX):
                     continue
                 try:
-                    st = _stat_of(info)
+                    st = _stat_of(info, self._is_s3)
                 except FileNotFoundError:
                     continue
                 self._note_listed(rel, name, st, now, began, tally)
@@ -550,12 +559,11 @@ class ArrowStore:
         if listed is None:
             self._count("store_lists")
             infos = self.fs.get_file_info(pafs.FileSelector(self._p(rel), allow_not_found=False, recursive=False))
-            entries = [(info.base_name, _stat_of(info)) for info in infos
+            entries = [(info.base_name, _stat_of(info, self._is_s3)) for info in infos
                        if info.type in (pafs.FileType.File, pafs.FileType.Directory)]
         else:
             self._count("store_lists_after")
-            entries = [(name, _DIR_STAT if is_dir else Stat(_FILE_MODE, size, ns, ns, 1))
-                       for name, size, ns, is_dir in listed]
+            entries = [(name, _DIR_STAT if is_dir else _s3_file(size, ns)) for name, size, ns, is_dir in listed]
         for name, st in sorted(entries, key=lambda e: e[0]):
             # (S3 lists a folder `after/` after `after`: names are compared here too)
             if name > after and not name.startswith(STAGING_PREFIX):
@@ -603,7 +611,7 @@ class ArrowStore:
                     return reader, Stat(_FILE_MODE, size, mtime, mtime, 1, etag=reader.etag)
                 f.close()
         info = self.fs.get_file_info(self._p(rel))
-        st = _stat_of(info)
+        st = _stat_of(info, self._is_s3)
         if st.is_dir:
             raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
         f = self.fs.open_input_file(self._p(rel))

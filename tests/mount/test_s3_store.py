@@ -617,3 +617,38 @@ def test_a_listing_under_way_while_a_file_changes_through_the_store_keeps_no_ans
             store.stat(victim)                               # asked of the store: gone
         assert store.read_counters["store_heads"] == heads + 1
         assert store.stat("d/f3.bin").size == 4 and store.read_counters["store_heads"] == heads + 1
+
+
+def test_an_objects_time_is_the_same_whichever_answer_gives_it(s3_server, tmp_path):
+    """An S3 listing gives an object's time in milliseconds, a HEAD or a GET (an HTTP date) in
+    whole seconds: a stat answered from a listing and the next one answered by a HEAD gave two
+    times for an unchanged object (the kernel dropped its cached pages at each such flip, and
+    tools that compare times saw a change). Every answer gives whole seconds now: a listing whole,
+    a page from a name, a HEAD, an open's GET."""
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    with fs.open_output_stream(f"{BUCKET}/d/a.bin") as f:
+        f.write(b"a" * 100)
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    now = [100.0]
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 1.0,
+                       clock=lambda: now[0], getter=S3Getter.of(cfg, BUCKET))
+    import pyarrow.fs as pafs
+    raw = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/d"))[0].mtime_ns
+    listed = dict(store.iter_dir("d"))["a.bin"].mtime_ns
+    from_listing = store.stat("d/a.bin").mtime_ns
+    now[0] += 2.0
+    c = store.read_counters
+    heads = c.get("store_heads", 0)
+    from_head = store.stat("d/a.bin").mtime_ns
+    assert c["store_heads"] == heads + 1
+    store._list_again("d", "a")
+    from_page = store.stat("d/a.bin").mtime_ns
+    reader, from_open = store.open_reader("d/a.bin")
+    reader.close()
+    assert from_head % 1_000_000_000 == 0 and raw // 1_000_000_000 == from_head // 1_000_000_000
+    assert listed == from_listing == from_head == from_page == from_open.mtime_ns
