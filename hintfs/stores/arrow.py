@@ -275,16 +275,16 @@ class ArrowStore:
         self._listed: LRUCache | None = LRUCache(maxsize=_LISTED_MAX) if listing_ttl is not None else None
         self._listed_lock = threading.Lock()
         # folder -> [stats of its expired names since its last listing, entries of that listing,
-        # the stats its last listing again answered (a list shared by the entries it gave: see
-        # `_listed`), the misses the next one waits for] (`_relist_due`); the folders being
-        # listed again now -> the name their listing starts
-        # after ("" for a whole folder), and the condition their end is told by.
+        # the stats its last listing made again answered (a list shared by the entries it gave:
+        # see `_listed`), the misses the next one waits for] (`_relist_due`); the folders being
+        # listed again now -> the name their listing starts after ("" for a whole folder), and
+        # the condition their end is told by.
         self._relist: LRUCache = LRUCache(maxsize=1024)
         self._relisting: dict[str, str] = {}
         self._relisted = threading.Condition(self._listed_lock)
         # Listings in flight, and what changed through this store while one was (`_forget_listed`):
         # a listing asked for before a change may answer from before it, so it keeps no answer of
-        # what changed after it began (`_listing_began`, `_keeps`).
+        # what changed after it began (`_listing_began`, `_note_listed`).
         self._changes = 0
         self._listings_running = 0
         self._changed: dict[str, int] = {}
@@ -373,7 +373,7 @@ class ArrowStore:
                     self._relisted.release()   # (the listing is made with the lock let go)
                     try:
                         self._list_again(folder, after if window else None, tally)
-                    except OSError:
+                    except (OSError, ValueError):   # (ValueError: a name S3 cannot carry)
                         pass   # (the HEAD after this says what is wrong, if anything)
                 finally:
                     self._relisted.acquire()
