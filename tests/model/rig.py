@@ -150,11 +150,11 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
     own = base is None
     base = Path(tempfile.mkdtemp(prefix="hintfs-model-s3-")) if base is None else base
     server = JuiceFSGateway(str(base / "s3")).start()
-    fs = server.filesystem()
     bucket = "model"
-    fs.create_dir(bucket)
     mnts, cfgs = [], []
     try:
+        fs = server.filesystem()
+        fs.create_dir(bucket)
         for i in range(mounts):
             mnt = base / f"mnt{i}"
             mnt.mkdir(exist_ok=True)
