@@ -470,26 +470,35 @@ class ArrowStore:
         (404) and that object is still there, so the prefix exists: a folder, as pyarrow's stat
         would find with two HEADs and a LIST (the LIST costs a server like JuiceFS's gateway a
         listing of the whole folder: ~9 ms of its CPU per stat of a folder of 400, against 0.8
-        for a HEAD). None: ask as before."""
+        for a HEAD). The answer is kept as a listing's is, for the folder's attribute timeout
+        (the kernel asks again for a folder every reader's lookups walk through). None: ask as
+        before."""
         assert self._children is not None
         with self._listed_lock:
             child = self._children.get(rel)
         if child is None:
             return None
-        self._count("store_heads")
+        now = self._clock()
+        began = self._listing_began()
         try:
-            self.fs.open_input_file(self._p(rel)).close()   # (a HEAD; an object by that name: ask as before)
-            return None
-        except FileNotFoundError:
-            pass
-        self._count("store_heads")
-        try:
-            self.fs.open_input_file(self._p(child)).close()
-        except FileNotFoundError:
-            with self._listed_lock:
-                self._children.pop(rel, None)
-            return None
-        self._count("stat_dir_by_child")
+            self._count("store_heads")
+            try:
+                self.fs.open_input_file(self._p(rel)).close()   # (a HEAD; an object by that name: ask as before)
+                return None
+            except FileNotFoundError:
+                pass
+            self._count("store_heads")
+            try:
+                self.fs.open_input_file(self._p(child)).close()
+            except FileNotFoundError:
+                with self._listed_lock:
+                    self._children.pop(rel, None)
+                return None
+            self._count("stat_dir_by_child")
+            parent, _, name = rel.rpartition("/")
+            self._note_listed(parent, name, _DIR_STAT, now, began)
+        finally:
+            self._listing_ended()
         return _DIR_STAT
 
     def _size_seen(self, rel: str, size: int) -> None:

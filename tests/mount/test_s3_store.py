@@ -232,6 +232,33 @@ def test_a_listed_folder_is_stated_by_heads_not_a_listing(s3_server, tmp_path):
     assert store.stat("d") == plain and store.read_counters["stat_dir_by_child"] == 2
 
 
+def test_a_folder_stated_by_heads_is_answered_so_for_its_attribute_timeout(s3_server, tmp_path):
+    """A folder's stat by two HEADs (`_dir_by_child`) is kept as a listing's answer is, for its
+    attribute timeout: the kernel asks for a folder again whenever its readers' lookups walk
+    through it after that timeout (2,000 small objects by 8 readers: 21-26 times, two HEADs
+    each). A change of the folder through the store forgets it."""
+    from hintfs.stores.arrow import ArrowStore
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    with fs.open_output_stream(f"{BUCKET}/d/a.bin") as f:
+        f.write(b"x")
+    now = [100.0]
+    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 1.0,
+                       clock=lambda: now[0])
+    c = store.read_counters
+    list(store.iter_dir(""))
+    list(store.iter_dir("d"))
+    now[0] += 2.0                                       # every listed answer expired
+    assert store.stat("d").is_dir and c["stat_dir_by_child"] == 1
+    heads = c["store_heads"]
+    assert store.stat("d").is_dir and c["store_heads"] == heads and c["stat_dir_by_child"] == 1
+    now[0] += 2.0
+    assert store.stat("d").is_dir and c["stat_dir_by_child"] == 2
+    store.rename("d", "e", noreplace=False)             # forgets what it knew of "d"
+    with pytest.raises(FileNotFoundError):
+        store.stat("d")
+
+
 def test_a_folder_is_listed_from_a_name_by_one_signed_request_and_matches_pyarrows_listing(s3_server, tmp_path,
                                                                                            monkeypatch):
     """Issue 37: the journal's readers list a time slice from its newest record (ListObjectsV2's
