@@ -440,6 +440,22 @@ def test_a_ranged_get_into_a_buffer_reads_only_the_version_asked(s3_server, tmp_
     r3.close()
 
 
+def _keyed_store(s3_server, tmp_path, objects: dict[str, bytes], **kw):
+    """An ArrowStore of the test bucket with explicit keys (its S3Getter: one-GET opens, listings
+    from a name), after writing `objects` (key -> bytes) into the bucket."""
+    from hintfs.stores.arrow import ArrowStore
+    from hintfs.stores.s3get import S3Getter
+    from mountconfig.schema import StoreConfig
+    fs = _s3fs(s3_server)
+    fs.create_dir(BUCKET)
+    for key, data in objects.items():
+        with fs.open_output_stream(f"{BUCKET}/{key}") as f:
+            f.write(data)
+    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
+                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    return fs, ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", getter=S3Getter.of(cfg, BUCKET), **kw)
+
+
 def test_a_folder_whose_listed_names_keep_being_stated_after_expiry_is_listed_again(s3_server, tmp_path,
                                                                                   monkeypatch):
     """Issue 39 (small objects with the defaults): a reader going through a folder for longer than
@@ -494,19 +510,9 @@ def test_a_folder_is_listed_again_from_the_name_asked_for_one_page_at_a_time(s3_
     import threading
 
     from hintfs.stores import arrow
-    from hintfs.stores.arrow import ArrowStore
-    from hintfs.stores.s3get import S3Getter
-    from mountconfig.schema import StoreConfig
-    fs = _s3fs(s3_server)
-    fs.create_dir(BUCKET)
-    for i in range(30):
-        with fs.open_output_stream(f"{BUCKET}/d/f{i:02d}.bin") as f:
-            f.write(b"x" * (i + 1))
-    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
-                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
     now = [100.0]
-    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 1.0,
-                       clock=lambda: now[0], getter=S3Getter.of(cfg, BUCKET))
+    fs, store = _keyed_store(s3_server, tmp_path, {f"d/f{i:02d}.bin": b"x" * (i + 1) for i in range(30)},
+                             listing_ttl=lambda _p: 1.0, clock=lambda: now[0])
     monkeypatch.setattr(arrow, "RELIST_WINDOW_KEYS", 10)
     monkeypatch.setattr(arrow, "RELIST_MAX_ENTRIES", 5)     # (never listed whole again: windows still)
     c = store.read_counters
@@ -595,19 +601,8 @@ def test_a_listing_under_way_while_a_file_changes_through_the_store_keeps_no_ans
     import threading
 
     import pyarrow.fs as pafs
-
-    from hintfs.stores.arrow import ArrowStore
-    from hintfs.stores.s3get import S3Getter
-    from mountconfig.schema import StoreConfig
-    fs = _s3fs(s3_server)
-    fs.create_dir(BUCKET)
-    for i in range(4):
-        with fs.open_output_stream(f"{BUCKET}/d/f{i}.bin") as f:
-            f.write(b"x" * (i + 1))
-    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
-                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
-    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 60.0,
-                       getter=S3Getter.of(cfg, BUCKET))
+    fs, store = _keyed_store(s3_server, tmp_path, {f"d/f{i}.bin": b"x" * (i + 1) for i in range(4)},
+                             listing_ttl=lambda _p: 60.0)
     answered, go = threading.Event(), threading.Event()
 
     class Held:   # the store's listing call, held once the server answered it
@@ -652,18 +647,9 @@ def test_an_objects_time_is_the_same_whichever_answer_gives_it(s3_server, tmp_pa
     times for an unchanged object (the kernel dropped its cached pages at each such flip, and
     tools that compare times saw a change). Every answer gives whole seconds now: a listing whole,
     a page from a name, a HEAD, an open's GET."""
-    from hintfs.stores.arrow import ArrowStore
-    from hintfs.stores.s3get import S3Getter
-    from mountconfig.schema import StoreConfig
-    fs = _s3fs(s3_server)
-    fs.create_dir(BUCKET)
-    with fs.open_output_stream(f"{BUCKET}/d/a.bin") as f:
-        f.write(b"a" * 100)
-    cfg = StoreConfig(uri=f"s3://{BUCKET}", endpoint_override=s3_server.endpoint, scheme="http",
-                      region="us-east-1", access_key=s3_server.access_key, secret_key=s3_server.secret_key)
     now = [100.0]
-    store = ArrowStore(fs, BUCKET, str(tmp_path), f"s3://{BUCKET}", listing_ttl=lambda _p: 1.0,
-                       clock=lambda: now[0], getter=S3Getter.of(cfg, BUCKET))
+    fs, store = _keyed_store(s3_server, tmp_path, {"d/a.bin": b"a" * 100}, listing_ttl=lambda _p: 1.0,
+                             clock=lambda: now[0])
     import pyarrow.fs as pafs
     raw = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/d"))[0].mtime_ns
     listed = dict(store.iter_dir("d"))["a.bin"].mtime_ns
