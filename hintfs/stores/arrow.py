@@ -7,6 +7,7 @@ atomic rename.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -284,7 +285,7 @@ class ArrowStore:
         self._relisted = threading.Condition(self._listed_lock)
         # Listings in flight, and what changed through this store while one was (`_forget_listed`):
         # a listing asked for before a change may answer from before it, so it keeps no answer of
-        # what changed after it began (`_listing_began`, `_note_listed`).
+        # what changed after it began (`_listing`, `_note_listed`).
         self._changes = 0
         self._listings_running = 0
         self._changed: dict[str, int] = {}
@@ -423,31 +424,34 @@ class ArrowStore:
             return
         assert self._lister is not None
         now = self._clock()   # (when the listing was asked for: its entries are that old)
-        key = self._key(folder) if folder or "/" in self.root else ""
-        began = self._listing_began()
-        try:
-            entries = self._lister.list_after(f"{key}/" if key else "", after, max_keys=RELIST_WINDOW_KEYS)
+        with self._listing() as began:
+            entries = self._lister.list_after(self._folder_key(folder), after, max_keys=RELIST_WINDOW_KEYS)
             if entries is None:
                 return
             self._count("store_list_windows")
             for name, size, ns, is_dir in entries:
                 if not name.startswith(STAGING_PREFIX):
                     self._note_listed(folder, name, _DIR_STAT if is_dir else _s3_file(size, ns), now, began, tally)
-        finally:
-            self._listing_ended()
 
-    def _listing_began(self) -> int:
-        """A listing is asked for now: the count of changes it comes after (`_note_listed`'s
-        `began`); `_listing_ended` once it is read."""
+    def _folder_key(self, rel: str) -> str:
+        """The key prefix of folder `rel`'s entries ("" for the bucket's top)."""
+        key = self._key(rel) if rel or "/" in self.root else ""
+        return f"{key}/" if key else ""
+
+    @contextlib.contextmanager
+    def _listing(self) -> Iterator[int]:
+        """A listing asked for now, until it is read: gives the count of changes it comes after
+        (`_note_listed`'s `began`); changes meanwhile are remembered (`_forget_listed`)."""
         with self._listed_lock:
             self._listings_running += 1
-            return self._changes
-
-    def _listing_ended(self) -> None:
-        with self._listed_lock:
-            self._listings_running -= 1
-            if not self._listings_running:
-                self._changed.clear()
+            began = self._changes
+        try:
+            yield began
+        finally:
+            with self._listed_lock:
+                self._listings_running -= 1
+                if not self._listings_running:
+                    self._changed.clear()
 
     def _note_listed(self, folder: str, name: str, st: Stat, now: float, began: int,
                      tally: list[int] | None = None) -> None:
@@ -479,8 +483,7 @@ class ArrowStore:
         if child is None:
             return None
         now = self._clock()
-        began = self._listing_began()
-        try:
+        with self._listing() as began:
             self._count("store_heads")
             try:
                 self.fs.open_input_file(self._p(rel)).close()   # (a HEAD; an object by that name: ask as before)
@@ -497,8 +500,6 @@ class ArrowStore:
             self._count("stat_dir_by_child")
             parent, _, name = rel.rpartition("/")
             self._note_listed(parent, name, _DIR_STAT, now, began)
-        finally:
-            self._listing_ended()
         return _DIR_STAT
 
     def _size_seen(self, rel: str, size: int) -> None:
@@ -520,8 +521,7 @@ class ArrowStore:
         path = self._p(rel)
         now = self._clock()   # (when the listing was asked for: its entries are that old)
         self._count("store_lists")
-        began = self._listing_began()
-        try:
+        with self._listing() as began:
             infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=False, recursive=False))
             entries: list[tuple[str, Stat]] = []
             for info in infos:
@@ -534,8 +534,6 @@ class ArrowStore:
                     continue
                 self._note_listed(rel, name, st, now, began, tally)
                 entries.append((name, st))
-        finally:
-            self._listing_ended()
         if self._listed is not None:
             with self._listed_lock:
                 seen = self._relist.get(rel)
@@ -563,8 +561,7 @@ class ArrowStore:
         folder through pyarrow, filtered."""
         listed = None
         if self._lister is not None:
-            key = self._key(rel) if rel or "/" in self.root else ""
-            listed = self._lister.list_after(f"{key}/" if key else "", after)
+            listed = self._lister.list_after(self._folder_key(rel), after)
         if listed is None:
             self._count("store_lists")
             infos = self.fs.get_file_info(pafs.FileSelector(self._p(rel), allow_not_found=False, recursive=False))
