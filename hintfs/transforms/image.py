@@ -66,9 +66,12 @@ def _seed(aug_seed: int) -> int:
 
 
 def to_rgb(frame: av.VideoFrame, width: int, height: int, params: _Pixels) -> np.ndarray:
-    """One swscale pass: decoded frame → rgb24 at (width, height). Returns HxWx3 uint8."""
+    """One swscale pass: decoded frame → rgb24 at (width, height), in the calling thread. Returns
+    HxWx3 uint8. (PyAV 18 asks swscale for a pool of threads by default, one per CPU, made at each
+    call: the transforms promise no threads of their own, and a DataLoader worker forked from a
+    process with such a pool hung here in CI, in a futex wait.)"""
     out = frame.reformat(width=width, height=height, format="rgb24",
-                         interpolation=sws_flags(params))
+                         interpolation=sws_flags(params), threads=1)
     arr = out.to_ndarray()
     if arr.shape != (height, width, 3):  # to_ndarray drops line padding; be sure
         raise TransformError(f"unexpected converted frame shape {arr.shape}")

@@ -371,3 +371,22 @@ def test_picture_over_max_pixels_is_refused_before_decoding(images, fmt):
     with pytest.raises(TransformError, match="97x61 = 5917 pixels is over max_pixels=5916"):
         apply("image", raw, {"max_pixels": 5916}, 0)
     assert apply("image", raw, {"max_pixels": 5917}, 0)["pixels"].shape == (61, 97, 3)
+
+
+def test_the_resize_runs_in_the_calling_thread():
+    """The transforms make no threads of their own (one decode thread per call: they run in
+    process pools, and a client's DataLoader workers are forked). PyAV 18's `reformat` asks
+    swscale for a pool of one thread per CPU by default, kept while the frame lives; a DataLoader
+    worker forked in CI hung in that pool's futex wait. `to_rgb` scales in the calling thread."""
+    import os
+
+    from hintfs.transforms.image import decode_image, to_rgb
+    from hintfs.transforms.params import ImageParams
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+    params = ImageParams(size=64)
+    frame = decode_image(make_image("jpeg", 640, 480, seed=2), params)
+    before = threads()
+    rgb = to_rgb(frame, 160, 120, params)
+    assert rgb.shape == (120, 160, 3) and threads() == before
