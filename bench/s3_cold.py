@@ -475,6 +475,10 @@ def main() -> int:
         return 2
     systems = [s for s in args.systems.split(",") if s]
     cases = [c for c in args.cases.split(",") if c]
+    if not cases or set(cases) - {"seq", "par8", "small"}:
+        log(f"--cases: a comma-separated list of seq, par8, small (got {args.cases!r}; "
+            "the re-read from the host cache runs with seq)")
+        return 2
     def stop(_sig, _frame):   # (a timeout's SIGTERM: unmount and stop the gateway on the way out)
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
