@@ -390,3 +390,42 @@ def test_the_resize_runs_in_the_calling_thread():
     before = threads()
     rgb = to_rgb(frame, 160, 120, params)
     assert rgb.shape == (120, 160, 3) and threads() == before
+
+
+def _encoded(codec: str, pix: str, w: int, h: int, options: dict | None = None) -> bytes:
+    import fractions
+
+    import av
+    if not has_encoder(codec):
+        pytest.skip(f"PyAV has no {codec} encoder")
+    ctx = av.CodecContext.create(codec, "w")
+    ctx.width, ctx.height, ctx.pix_fmt = w, h, pix
+    ctx.time_base = fractions.Fraction(1, 25)
+    ctx.options = options or {}
+    frame = av.VideoFrame.from_ndarray(pattern(5, w, h, 5), format="rgb24").reformat(format=pix)
+    return b"".join(bytes(p) for p in list(ctx.encode(frame)) + list(ctx.encode(None)))
+
+
+def test_a_jpeg_png_or_webp_goes_straight_to_its_decoder(images, monkeypatch):
+    """A format whose header `image_header` reads is one packet to its decoder: no demuxer, whose
+    probe decoded the picture once more (2.4x the decode's own time for a 2048x1536 JPEG). The
+    picture is the one the probed path gives, byte for byte, so tensors made before and after
+    agree."""
+    from hintfs.transforms import image as im
+    params = ImageParams()
+    cases = dict(images)
+    cases.update({"jpeg-444": _encoded("mjpeg", "yuvj444p", 75, 40),
+                  "jpeg-422": _encoded("mjpeg", "yuvj422p", 33, 17),
+                  "png-rgba": _encoded("png", "rgba", 31, 9),
+                  "png-gray16": _encoded("png", "gray16be", 20, 11),
+                  "webp-lossless": _encoded("libwebp", "bgra", 23, 19, {"lossless": "1"})})
+    probed = {name: im._decode_probed(raw, params) for name, raw in cases.items()}
+
+    def no_demuxer(*_a, **_k):
+        raise AssertionError("a demuxer was opened")
+    monkeypatch.setattr(im.av, "open", no_demuxer)
+    for name, raw in cases.items():
+        frame, before = im.decode_image(raw, params), probed[name]
+        assert (frame.format.name, frame.width, frame.height) == \
+            (before.format.name, before.width, before.height), name
+        assert [bytes(p) for p in frame.planes] == [bytes(p) for p in before.planes], name
