@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import io
 import logging
+from typing import cast
 
 import av
 import numpy as np
+from av.video.codeccontext import VideoCodecContext
 from av.video.reformatter import Interpolation
 
 from .errors import TransformError
@@ -157,7 +159,7 @@ def decode_image(raw: bytes, params: _Pixels | None = None) -> av.VideoFrame:
 
 
 def _decode_packet(codec: str, raw: bytes, params: _Pixels) -> av.VideoFrame | None:
-    cc = av.CodecContext.create(codec, "r")
+    cc = cast(VideoCodecContext, av.CodecContext.create(codec, "r"))
     cc.options = decoder_options(params)
     cc.thread_count = 1
     for frame in cc.decode(av.Packet(raw)):
