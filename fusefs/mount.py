@@ -268,8 +268,9 @@ def assemble(cfg: MountConfig, store: Store) -> Assembly:
         log.warning("the log is readable by other users: its errno lines leave out paths (chmod 600 the log file)")
     stats = Stats(queued_reads=queued_reads, errno_log=ErrnoLog(with_paths=private), spun_reads=spun_reads)
     host_cache = store if isinstance(store, HostCachedStore) else None
-    if host_cache is not None:
-        host_cache.attach_stats(stats)
+    attach = getattr(store, "attach_stats", None)   # the store's own counters (S3: requests, stats
+    if attach is not None:                          # answered from listings), with a host cache or not
+        attach(stats)
     control = ControlDir(paths.CONTROL_DIR)
     io_limiter = trio.CapacityLimiter(cfg.mount.io_threads)   # store calls in worker threads
     # (with a host cache, hinted files are fetched into it ahead)

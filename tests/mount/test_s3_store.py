@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -68,6 +69,18 @@ def test_read_write_list_rename_delete(s3_mount):
     assert sorted(os.listdir(m.mnt)) == ["existing"]
     with pytest.raises(FileNotFoundError):
         (m.mnt / "nope").read_bytes()
+
+
+def test_the_s3_stores_request_counters_show_without_a_host_cache(s3_mount):
+    """`.hintfs/stats` counts the store's requests and the stats a listing answered on every S3
+    mount: they showed only behind a host cache, which attached them (`fusefs.mount.assemble`)."""
+    m, fs, _ = s3_mount
+    with fs.open_output_stream(f"{BUCKET}/counted/a.txt") as f:
+        f.write(b"a")
+    assert os.listdir(m.mnt / "counted") == ["a.txt"]
+    assert os.stat(m.mnt / "existing" / "a.txt").st_size == len(b"from s3")
+    counters = json.loads((m.mnt / ".hintfs" / "stats").read_text())["counters"]
+    assert counters.get("store_lists", 0) >= 1 and counters.get("store_heads", 0) >= 1, counters
 
 
 def test_partial_overwrite_and_append(s3_mount):
