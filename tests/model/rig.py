@@ -116,11 +116,14 @@ def model_rig(mounts: int = 1, passthrough: bool = True, base: Path | None = Non
             shutil.rmtree(base, ignore_errors=True)
 
 
+# `model_rig_s3(listed=True)`: short, so that listed answers expire within a seed's steps.
+LISTED_ATTR_TIMEOUT_S = 0.3
+
 S3_CONFIG = """[store]
 uri = "s3://{bucket}"
 {keys}
 [cache]
-attr_timeout_s = 0
+attr_timeout_s = {attr_timeout}
 entry_timeout_s = 0
 spool_dir = "{spool}"
 {cache_dir}
@@ -137,7 +140,7 @@ level = "INFO"
 
 @contextlib.contextmanager
 def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = None,
-                 blocks: bool = False, fast_path: bool = False) -> Iterator[Rig]:
+                 blocks: bool = False, fast_path: bool = False, listed: bool = False) -> Iterator[Rig]:
     """An S3 store (JuiceFS's S3 gateway on loopback) and `mounts` mounts of it; with `host_cache`,
     each mount has a `[cache] dir` (its writes then go by passthrough from the spool file, and
     complete files are read from the cache). `blocks` (with `host_cache`): no object is read whole
@@ -145,7 +148,11 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
     (up to ~170 KB) are read from fetches in flight and their mapped blocks (docs/hostcache.md).
     `fast_path` (with `host_cache`, one mount): every path immutable, as `model_rig`'s, so that
     reopened objects are answered by the fast path and a folder's small objects are fetched ahead
-    after one open (docs/fastpath.md, "Fetches ahead")."""
+    after one open (docs/fastpath.md, "Fetches ahead").
+    `listed`: attributes are kept for LISTED_ATTR_TIMEOUT_S, so a `stat` of a name a listing
+    returned is answered from that listing, and a folder whose listed answers expired is listed
+    again (docs/semantics.md, the S3 stat row). One mount sees its own changes at once, so the
+    model holds as it is."""
     from tests.helpers.s3server import JuiceFSGateway
     own = base is None
     base = Path(tempfile.mkdtemp(prefix="hintfs-model-s3-")) if base is None else base
@@ -166,7 +173,7 @@ def model_rig_s3(mounts: int = 1, host_cache: bool = False, base: Path | None = 
                 cache_dir=(f'dir = "{base / f"hc{i}"}"' + ("\nfetch_block_bytes = 65536" if blocks else ""))
                 if host_cache else "",
                 passthrough="auto" if host_cache else "off", log=base / f"m{i}.log",
-                **_fast_keys(fast_path)))
+                attr_timeout=LISTED_ATTR_TIMEOUT_S if listed else 0, **_fast_keys(fast_path)))
             _mount(cfg, mnt)
             mnts.append(mnt)
             cfgs.append(cfg)
