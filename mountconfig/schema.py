@@ -488,8 +488,9 @@ class TransformLoadConfig(Section):
                                           "of following the capacity; no other fallback then.")
     fixed_raw_order: Literal["client", "relief"] = Field(
         "client", description="For measurement, with `fixed_raw_share`: which samples that share is: "
-        "`client`, the cheapest for the client first (issue 40's order); `relief`, the schedule's own "
-        "order (the most storage work saved per unit of client work first).")
+        "`client`, the cheapest for the client first (issue 40's order); `relief`, the most storage work "
+        "saved per unit of client work first (the schedule's own order until issue 40's run 14; now "
+        "`client` is).")
     image_raw_check: Literal["decode", "header"] = Field(
         "decode", description="What an image gets on storage before its raw container goes out (fallback): "
         "`decode` decodes it once, as the transform would, so a `.tensor` never holds an image the transform "

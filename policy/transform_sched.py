@@ -14,9 +14,9 @@ its plan step is read. This module decides, from predictions only:
 - **the order** (`schedule`): by latest start time, deadline minus predicted wall cost, so heavy
   samples start earliest and nothing starts later than it must;
 - **what goes raw** (`schedule`): the samples storage cannot finish before their step at the
-  measured capacity, chosen by the client work per storage work saved (an image's raw container
-  still costs its decode check on storage; one saving storage less than MIN_SAVED_SHARE of its
-  cost, such as an image not checked yet, is not sent raw), then cheapest first, within a client budget per
+  measured capacity, the cheapest for the client first (`raw_rank`; a sample whose raw container
+  saves storage less than MIN_SAVED_SHARE of its cost, such as an image not checked yet, whose raw
+  container still costs its decode check on storage, is not sent raw), within a client budget per
   step of a job (a sample's client work is its transform and its raw bytes, `client_cost_s`; what was
   handed out raw already counted: `client_used`), with hysteresis: a
   sample is newly sent raw only when the schedule misses at `slowdown x (1 + h)`, and one sent raw
@@ -279,22 +279,22 @@ def _shed(items: list[Item], t0: float, per_worker: float, slowdown: float, pref
             t += it.raw_cost_s * per_worker
             continue
         t += it.cost_s * per_worker
-        # by client work per storage work saved, then cheapest first. Not `raw_rank` (cheapest for
-        # the client first, as issue 40 asks): under the bench's burner the per-step client budget
-        # binds, and cheap samples save storage less per client work (their bytes weigh more), so
-        # storage fell behind: B in run 10, interleaved, n = 2,000 each, p99 111 and 55 ms, 60 and
-        # 24 samples raw late, against 0.2, 56 and 0.2 ms, 28, 18 and 9 in this order (which misses
-        # the trainer-CPU bound by 14-26% where cheapest first met it within 2%: the stall comes
-        # first). An image's raw container
-        # costs its decode check on storage, 0.86-0.92 of its transform's CPU in the bench's
-        # first epoch, so an image sent raw saved storage a tenth of its cost and costs the
-        # client all of it: cheapest first sent 41% raw (mostly images; checks 5.7 s of storage
-        # CPU in a traced 150-step L95, p99 298 ms), this order 25% (checks 2.2 s, p99 140 ms;
-        # issue 40, run 6). Videos raw first stalled the client in the second run (p99 111 and
-        # 188 ms at 0.9 and 0.95 against 67 and 85 ms cheapest first), before the per-step client
-        # budget (`client_s`), which now bounds them.
+        # cheapest for the client first (`raw_rank`: its client work times its client work per
+        # storage work saved), as issue 40 asks: the client decodes those fastest. Run 14 (issue
+        # 40; images decoded without FFmpeg's probe, so an image costs storage 7.3 ms and a video
+        # 87 in the bench): under the burner, n = 2,000 samples a run, p99 0.2 ms in every run,
+        # raw 0.47 and 0.47 with decode checks, 0.76 with header checks, the trainer 13.7-13.8 and
+        # 13.1 ms a sample, within its bound (raw share x the client-only mean + 1 ms: 18.4-18.6,
+        # 28.5). In the order before (`relief_rank`, the most storage saved per client work first)
+        # the same run set sent 0.17-0.20 raw, mostly videos at ~59 ms of client CPU each: 14.1 and
+        # 12.2 ms against bounds of 7.4 and 7.8. Measured per kind (C0, traced, n = 1,334 images and
+        # 666 videos), the client spends 1.14x storage's transform on an image and 1.06x on a video:
+        # shedding cheap samples costs the trainer a few percent more for the same relief. (Run 10,
+        # when an image's decode was 0.86-0.92 of its transform through the demuxer's probe and
+        # before the per-step client budget, cheapest first stalled under the burner: p99 111 and
+        # 55 ms; an image not checked yet is still never sent raw here: `worth_raw`.)
         if worth:
-            heapq.heappush(heap, (0 if it.key in prefer else 1, relief_rank(it), it.cost_s,
+            heapq.heappush(heap, (0 if it.key in prefer else 1, raw_rank(it), it.cost_s,
                                   it.seq, id(it), it))
         while t > d and heap:
             victim = heapq.heappop(heap)[-1]
@@ -316,16 +316,15 @@ def raw_rank(it: Item) -> float:
     times its client work per storage work saved. Among samples that save storage all their cost
     (a video; an image checked before) and cost the client about that much, the cheapest go first,
     since the client decodes them fastest (issue 40); a raw container that costs the client more
-    than it saves storage (a long clip's bytes) goes later. The schedule (`_shed`) does not use it:
-    see there (run 10)."""
+    than it saves storage (a long clip's bytes) goes later. The schedule's order too (`_shed`,
+    since run 14)."""
     return it.client_work * relief_rank(it)
 
 
 def relief_rank(it: Item) -> float:
-    """The schedule's order of what goes raw (`_shed`), lowest first: the client's work per
-    storage work saved (the most storage relief per unit of client work). Also a fixed share's
-    order for measurement (`transform_load.fixed_raw_order = "relief"`), so that the sweep of fixed
-    shares can be read against the schedule in its own order (issue 40, run 12)."""
+    """The client's work per storage work saved, lowest first (the most storage relief per unit of
+    client work): a fixed share's order for measurement (`transform_load.fixed_raw_order =
+    "relief"`; issue 40, run 12), and the schedule's own order until run 14 (`_shed`)."""
     return it.client_work / max(it.saved_s, 1e-9)
 
 

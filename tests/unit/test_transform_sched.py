@@ -345,6 +345,24 @@ def test_a_raw_containers_bytes_count_as_client_work():
     assert not late_goes_raw(0.0, 0.3, 2.5, client_s=client_cost_s(0.3, 62_000_000))
 
 
+def test_the_schedule_sends_raw_the_cheapest_for_the_client_first():
+    """Issue 40's order in `_shed` (run 14): of two samples either of which would let the rest
+    finish in time, the one the client decodes fastest goes raw, though a dear video saves storage
+    a little more per unit of client work (its bytes weigh less against its decode). Before run 14
+    the schedule took the dear one, and under the burner the trainer paid ~59 ms a raw sample
+    against the 35 ms mean its CPU bound allows."""
+    from policy.transform_sched import client_cost_s, raw_rank, relief_rank
+    dear = Item("dear", 1.0, 0.6, seq=0, client_s=client_cost_s(0.6, 1_000_000))
+    cheap = Item("cheap", 1.0, 0.3, seq=1, client_s=client_cost_s(0.3, 3_000_000))
+    unchecked = [Item(f"i{i}", 1.0, 0.1, raw_cost_s=0.09, seq=2 + i) for i in range(3)]  # not worth it
+    assert relief_rank(dear) < relief_rank(cheap) and raw_rank(cheap) < raw_rank(dear)
+    s = schedule([dear, cheap, *unchecked], now=0.0, hysteresis=0.0)     # 1.2 s due at 1 s
+    assert s.raw == {"cheap"}
+    # more behind: the next cheapest follows
+    s = schedule([dear, cheap, *unchecked], now=0.0, hysteresis=0.0, slowdown=1.5)
+    assert s.raw == {"cheap", "dear"}
+
+
 def test_raw_rank_puts_the_cheapest_for_the_client_first_and_a_long_clip_last():
     # a fixed share's order (issue 40: cheap ones first, since the client decodes them fastest);
     # a clip whose bytes cost the client more than its transform saves storage goes last
@@ -373,9 +391,9 @@ def test_a_fixed_share_ranks_by_raw_rank_among_samples_worth_sending():
     assert sent / (sent + kept) == pytest.approx(0.5, abs=0.05)
 
 
-def test_the_schedules_order_is_the_most_storage_saved_per_client_work_first():
-    """`relief_rank`: the order `_shed` picks what goes raw in, and a fixed share's order with
-    `fixed_raw_order = "relief"` (the bench's second sweep). A dear video saves storage all its cost
+def test_relief_rank_puts_the_most_storage_saved_per_client_work_first():
+    """`relief_rank`: a fixed share's order with `fixed_raw_order = "relief"` (the bench's second
+    sweep; the schedule's own order until run 14). A dear video saves storage all its cost
     for about as much client work: before a cheap one whose bytes weigh more on the client, and
     before an image whose raw container still costs storage its decode check."""
     from policy.transform_sched import client_cost_s, raw_rank, relief_rank
